@@ -1,0 +1,73 @@
+// `moeplan`: plans, predicts and verifies MoE training. One subcommand per job; each owns its options.
+#include <cstdio>
+#include <iostream>
+#include <map>
+
+#include <fmt/format.h>
+
+#include "planner/cli/cli_common.h"
+
+namespace moeplan::cli {
+
+int bad_input(const std::string& message) {
+  std::string line = message;
+  for (char& c : line) {
+    if (c == '\n' || c == '\r') c = ' ';
+  }
+  std::fprintf(stderr, "moeplan: error: %s\n", line.c_str());
+  return kExitBadInput;
+}
+
+std::string human_count(double n) {
+  if (n >= 1e12) return fmt::format("{:.2f} T", n / 1e12);
+  if (n >= 1e9) return fmt::format("{:.2f} B", n / 1e9);
+  if (n >= 1e6) return fmt::format("{:.1f} M", n / 1e6);
+  if (n >= 1e3) return fmt::format("{:.1f} K", n / 1e3);
+  return fmt::format("{:.0f}", n);
+}
+
+std::string human_bytes(double b) {
+  if (b >= 1e12) return fmt::format("{:.2f} TB", b / 1e12);
+  if (b >= 1e9) return fmt::format("{:.2f} GB", b / 1e9);
+  if (b >= 1e6) return fmt::format("{:.1f} MB", b / 1e6);
+  return fmt::format("{:.0f} B", b);
+}
+
+void print_json(const nlohmann::json& j) {
+  std::cout << j.dump(2) << "\n";
+}
+
+}  // namespace moeplan::cli
+
+int main(int argc, char** argv) {
+  using namespace moeplan::cli;
+  CLI::App app{"moeplan: plan, predict and verify the training of Mixture-of-Experts models on GPU clusters"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", "moeplan 0.1.0");
+  std::map<const CLI::App*, Runner> runners;
+  auto add = [&](const char* name, const char* help, Runner (*make)(CLI::App&)) {
+    CLI::App* sub = app.add_subcommand(name, help);
+    runners[sub] = make(*sub);
+  };
+  add("inspect",
+      "Parameters, FLOPs per token and training bytes per parameter of a model, or a hardware profile",
+      add_inspect);
+  add("validate", "Check a plan file against its model and hardware: every broken rule with its reason",
+      add_validate);
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForVersion& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    return bad_input(std::string(e.what()) + " (see moeplan --help)");
+  }
+  for (const auto& [sub, run] : runners) {
+    if (sub->parsed()) return run();
+  }
+  return bad_input("no subcommand given (see moeplan --help)");
+}

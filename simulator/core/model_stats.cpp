@@ -1,0 +1,204 @@
+// Parameter and FLOP counting from the architecture alone; formulas are in model_stats.h.
+#include "simulator/core/model_stats.h"
+
+#include <algorithm>
+
+namespace moeplan {
+namespace {
+
+double norm_params(NormKind kind, int64_t width) {
+  const auto w = static_cast<double>(width);
+  return kind == NormKind::kLayerNorm ? 2.0 * w : w;
+}
+
+double ffn_matrices(FfnActivation a) {
+  return a == FfnActivation::kSwiGlu ? 3.0 : 2.0;
+}
+
+// Weights of the q/k/v/o (or MLA) projections of one layer: these are also the GEMM weights a token
+// multiplies.
+double attention_matmul_params(const ModelSpec& m, const LayerSpec& layer) {
+  const auto& a = m.attention;
+  const auto h = static_cast<double>(m.hidden);
+  const auto heads = static_cast<double>(a.num_heads);
+  if (a.kind == AttentionKind::kMla) {
+    const auto& d = a.mla;
+    const auto qk = static_cast<double>(d.qk_nope_head_dim + d.qk_rope_head_dim);
+    const double q = d.q_lora_rank > 0 ? h * static_cast<double>(d.q_lora_rank) +
+                                             static_cast<double>(d.q_lora_rank) * heads * qk
+                                       : h * heads * qk;
+    const double kv_a = h * static_cast<double>(d.kv_lora_rank + d.qk_rope_head_dim);
+    const double kv_b =
+        static_cast<double>(d.kv_lora_rank) * heads * static_cast<double>(d.qk_nope_head_dim + d.v_head_dim);
+    const double o = heads * static_cast<double>(d.v_head_dim) * h;
+    return q + kv_a + kv_b + o;
+  }
+  const auto hd = static_cast<double>(a.head_dim);
+  const double q = h * heads * hd;
+  const double kv = layer.kv_projection ? 2.0 * h * static_cast<double>(a.num_kv_heads) * hd : 0.0;
+  const double o = heads * hd * h;
+  return q + kv + o;
+}
+
+// Biases, sinks, q/k norms and MLA's low-rank norms of one layer.
+double attention_small_params(const ModelSpec& m, const LayerSpec& layer) {
+  const auto& a = m.attention;
+  const auto heads = static_cast<double>(a.num_heads);
+  double p = 0;
+  if (a.kind == AttentionKind::kMla) {
+    if (a.mla.q_lora_rank > 0) p += norm_params(m.norm, a.mla.q_lora_rank);
+    p += norm_params(m.norm, a.mla.kv_lora_rank);
+    return p;
+  }
+  const auto hd = static_cast<double>(a.head_dim);
+  const auto kv = static_cast<double>(a.num_kv_heads);
+  if (a.qkv_bias) p += heads * hd + (layer.kv_projection ? 2.0 * kv * hd : 0.0);
+  if (a.out_bias) p += static_cast<double>(m.hidden);
+  switch (a.qk_norm) {
+    case QkNorm::kPerHead:
+      p += 2.0 * hd;
+      break;
+    case QkNorm::kFull:
+      p += heads * hd + kv * hd;
+      break;
+    case QkNorm::kNone:
+    case QkNorm::kUnweighted:
+      break;
+  }
+  if (a.sinks) p += heads;
+  return p;
+}
+
+struct MoeLayerParams {
+  double routed_total = 0;
+  double routed_active = 0;
+  double shared = 0;
+  double router = 0;
+};
+
+MoeLayerParams moe_layer_params(const ModelSpec& m) {
+  const auto& e = m.moe;
+  const auto h = static_cast<double>(m.hidden);
+  const double mats = ffn_matrices(m.activation);
+  const auto f = static_cast<double>(e.expert_ffn);
+  // GPT-OSS expert biases: fused gate/up bias [2f] and down bias [h].
+  const double per_expert = mats * h * f + (e.expert_bias ? (mats - 1.0) * f + h : 0.0);
+  MoeLayerParams p;
+  p.routed_total = static_cast<double>(e.num_experts) * per_expert;
+  p.routed_active = static_cast<double>(e.top_k) * per_expert;
+  p.shared = static_cast<double>(e.num_shared_experts) * mats * h * static_cast<double>(e.shared_expert_ffn) +
+             (e.shared_expert_gate ? h : 0.0);
+  const auto experts = static_cast<double>(e.num_experts);
+  p.router = h * experts + (e.router_bias ? experts : 0.0) + (e.router_score_bias ? experts : 0.0);
+  return p;
+}
+
+// Parameters of one decoder layer added into `total` and `active`.
+void add_layer(const ModelSpec& m, const LayerSpec& layer, ParamBreakdown& total, ParamBreakdown& active) {
+  const double attn = attention_matmul_params(m, layer) + attention_small_params(m, layer);
+  const double norms = 2.0 * norm_params(m.norm, m.hidden);
+  total.attention += attn;
+  active.attention += attn;
+  total.norms += norms;
+  active.norms += norms;
+  if (layer.moe) {
+    const MoeLayerParams p = moe_layer_params(m);
+    total.routed_experts += p.routed_total;
+    active.routed_experts += p.routed_active;
+    total.shared_experts += p.shared;
+    active.shared_experts += p.shared;
+    total.router += p.router;
+    active.router += p.router;
+  } else {
+    const double dense =
+        ffn_matrices(m.activation) * static_cast<double>(m.hidden) * static_cast<double>(m.dense_ffn);
+    total.dense_ffn += dense;
+    active.dense_ffn += dense;
+  }
+}
+
+}  // namespace
+
+ParamCounts count_params(const ModelSpec& m) {
+  ParamCounts c;
+  const auto h = static_cast<double>(m.hidden);
+  const auto v = static_cast<double>(m.vocab);
+  c.total.embedding = v * h;
+  c.total.output = m.tied_embeddings ? 0.0 : v * h + (m.lm_head_bias ? v : 0.0);
+  c.total.norms = norm_params(m.norm, m.hidden);  // final norm
+  c.active = c.total;
+  for (const auto& layer : m.layers) add_layer(m, layer, c.total, c.active);
+
+  if (m.mtp_layers > 0) {
+    // One MTP module: norms of the hidden state and of the next token's embedding, a projection [2h -> h],
+    // one MoE decoder layer and its output norm; embedding and output head are shared with the main model.
+    ParamBreakdown t, a;
+    const LayerSpec mtp_layer{.moe = m.is_moe(), .window = 0, .kv_projection = true};
+    add_layer(m, mtp_layer, t, a);
+    const double per_module = t.total() + 3.0 * norm_params(m.norm, m.hidden) + 2.0 * h * h;
+    c.mtp = static_cast<double>(m.mtp_layers) * per_module;
+  }
+  return c;
+}
+
+double mean_attended_keys(int64_t seq_len, int64_t window) {
+  const auto s = static_cast<double>(seq_len);
+  if (window <= 0 || window >= seq_len) return (s + 1.0) / 2.0;
+  const auto w = static_cast<double>(window);
+  return (w * (w + 1.0) / 2.0 + (s - w) * w) / s;
+}
+
+namespace {
+
+void add_layer_flops(const ModelSpec& m, const LayerSpec& layer, int64_t seq_len, FlopBreakdown& f) {
+  const auto& a = m.attention;
+  f.attention_proj += 2.0 * attention_matmul_params(m, layer);
+  f.attention_core += 2.0 * static_cast<double>(a.num_heads) * static_cast<double>(a.qk_dim() + a.v_dim()) *
+                      mean_attended_keys(seq_len, layer.window);
+  const auto h = static_cast<double>(m.hidden);
+  const double mats = ffn_matrices(m.activation);
+  if (layer.moe) {
+    const auto& e = m.moe;
+    f.routed_experts += 2.0 * static_cast<double>(e.top_k) * mats * h * static_cast<double>(e.expert_ffn);
+    f.shared_experts += 2.0 * (static_cast<double>(e.num_shared_experts) * mats * h *
+                                   static_cast<double>(e.shared_expert_ffn) +
+                               (e.shared_expert_gate ? h : 0.0));
+    f.router += 2.0 * h * static_cast<double>(e.num_experts);
+  } else {
+    f.dense_ffn += 2.0 * mats * h * static_cast<double>(m.dense_ffn);
+  }
+}
+
+}  // namespace
+
+FlopsPerToken flops_per_token(const ModelSpec& m, int64_t seq_len) {
+  FlopsPerToken r;
+  for (const auto& layer : m.layers) add_layer_flops(m, layer, seq_len, r.forward);
+  r.forward.lm_head = 2.0 * static_cast<double>(m.hidden) * static_cast<double>(m.vocab);
+  r.train_step = kTrainFlopsPerForwardFlop * r.forward.total();
+  if (m.mtp_layers > 0) {
+    FlopBreakdown f;
+    const LayerSpec mtp_layer{.moe = m.is_moe(), .window = 0, .kv_projection = true};
+    add_layer_flops(m, mtp_layer, seq_len, f);
+    const auto h = static_cast<double>(m.hidden);
+    // + the [2h -> h] projection and a second pass through the shared output head
+    r.mtp_forward = static_cast<double>(m.mtp_layers) *
+                    (f.total() + 2.0 * 2.0 * h * h + 2.0 * h * static_cast<double>(m.vocab));
+  }
+  return r;
+}
+
+TrainingBytesPerParam bytes_per_param(DType compute) {
+  switch (compute) {
+    case DType::kFp32:
+      return {.weights = 4, .gradients = 4, .optimizer = 8};
+    case DType::kFp8:
+      return {.weights = 2 + 1, .gradients = 4, .optimizer = 12};
+    case DType::kBf16:
+    case DType::kFp16:
+      return {.weights = 2, .gradients = 4, .optimizer = 12};
+  }
+  return {};
+}
+
+}  // namespace moeplan

@@ -1,0 +1,77 @@
+// Parameter counts and FLOPs per token of a ModelSpec: what `moeplan inspect` prints and what MFU divides by.
+#pragma once
+
+#include <cstdint>
+
+#include "simulator/core/model_spec.h"
+#include "simulator/core/units.h"
+
+namespace moeplan {
+
+// Parameters by component. "Active" counts what one token touches: routed experts scaled by top_k /
+// num_experts.
+struct ParamBreakdown {
+  double embedding = 0;       // input token embedding [vocab, h]
+  double output = 0;          // output projection [h, vocab] (+ bias); 0 when tied to the embedding
+  double attention = 0;       // q/k/v/o projections, MLA low-rank projections and their norms, biases, sinks
+  double dense_ffn = 0;       // FFN of the non-MoE layers
+  double routed_experts = 0;  // all routed experts (total) or the top_k a token uses (active)
+  double shared_experts = 0;  // shared experts and their gates
+  double router = 0;          // router projection, its bias and score-correction bias
+  double norms = 0;           // pre-attention, pre-FFN and final norms
+  double total() const {
+    return embedding + output + attention + dense_ffn + routed_experts + shared_experts + router + norms;
+  }
+};
+
+struct ParamCounts {
+  ParamBreakdown total;
+  ParamBreakdown active;
+  double mtp = 0;  // multi-token-prediction modules, not included in total or active (as DeepSeek counts)
+};
+
+ParamCounts count_params(const ModelSpec& m);
+
+// FLOPs per token by kind, counting multiply and add as 2 FLOPs.
+//   GEMMs:     2 * (weights the token multiplies: q/k/v/o or MLA projections, active experts, router, LM
+//   head) attention: 2 * heads * (qk_dim + v_dim) * L, with L the mean number of keys a query attends to
+//              (causal: (S+1)/2; with a sliding window W < S: (W(W+1)/2 + (S-W)W) / S)
+//   training step = 3 * forward (dgrad and wgrad each cost one forward); recompute is not counted,
+//   norms, activations and softmax are not counted (they are memory-bound and negligible in FLOPs).
+struct FlopBreakdown {
+  double attention_proj = 0;  // q/k/v/o (or MLA) projection GEMMs
+  double attention_core = 0;  // QK^T and PV
+  double dense_ffn = 0;
+  double routed_experts = 0;
+  double shared_experts = 0;
+  double router = 0;
+  double lm_head = 0;
+  double total() const {
+    return attention_proj + attention_core + dense_ffn + routed_experts + shared_experts + router + lm_head;
+  }
+};
+
+struct FlopsPerToken {
+  FlopBreakdown forward;
+  double train_step = 0;   // 3 * forward.total()
+  double mtp_forward = 0;  // MTP modules' forward FLOPs, not included above
+};
+
+inline constexpr double kTrainFlopsPerForwardFlop = 3.0;
+
+FlopsPerToken flops_per_token(const ModelSpec& m, int64_t seq_len);
+
+// Mean number of keys a query attends to under causal masking with an optional sliding window (0 = none).
+double mean_attended_keys(int64_t seq_len, int64_t window);
+
+// Bytes per parameter kept on GPUs during mixed-precision Adam training, before any ZeRO sharding.
+struct TrainingBytesPerParam {
+  double weights = 0;    // the copy the GEMMs read (bf16; plus an fp8 cache under fp8)
+  double gradients = 0;  // fp32 main gradients (Megatron accumulates bf16 training grads in fp32)
+  double optimizer = 0;  // fp32 master weights + Adam m + v (master omitted for fp32 training)
+  double total() const { return weights + gradients + optimizer; }
+};
+
+TrainingBytesPerParam bytes_per_param(DType compute);
+
+}  // namespace moeplan

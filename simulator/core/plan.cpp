@@ -1,0 +1,152 @@
+// The legality rules of a plan (degrees, divisibility, schedule constraints), each with its reason.
+#include "simulator/core/plan.h"
+
+#include <numeric>
+#include <sstream>
+
+namespace moeplan {
+namespace {
+
+class Rules {
+ public:
+  template <class... Args>
+  void check(bool ok, const char* rule, const Args&... parts) {
+    if (ok) return;
+    std::ostringstream s;
+    (s << ... << parts);
+    out.push_back({rule, s.str()});
+  }
+  std::vector<Violation> out;
+};
+
+bool divides(int64_t d, int64_t n) {
+  return d > 0 && n % d == 0;
+}
+
+}  // namespace
+
+std::vector<Violation> validate(const Plan& p, const ModelSpec& m, const HardwareProfile& hw) {
+  Rules r;
+  const auto& a = p.attention;
+  const auto& e = p.experts;
+  const auto& pp = p.pipeline;
+
+  // Meshes: pp stages, each split into the attention mesh x dp and (folded) into the expert mesh x expert-dp.
+  r.check(divides(pp.pp, p.gpus), "gpus_divisible_by_pp", "gpus (", p.gpus, ") is not divisible by pp (",
+          pp.pp, ")");
+  const bool stage_ok = divides(pp.pp, p.gpus);
+  const int64_t per_stage = stage_ok ? p.gpus / pp.pp : 0;
+  r.check(!stage_ok || divides(p.attention_mesh(), per_stage), "attention_mesh_divides_stage", "tp*sp*cp (",
+          a.tp, "*", a.sp, "*", a.cp, " = ", p.attention_mesh(), ") does not divide the ", per_stage,
+          " GPUs of a pipeline stage");
+  r.check(!stage_ok || divides(p.expert_mesh(), per_stage), "expert_mesh_divides_stage", "ep*etp (", e.ep,
+          "*", e.etp, " = ", p.expert_mesh(), ") does not divide the ", per_stage,
+          " GPUs of a pipeline stage");
+
+  // Attention: heads split over tp and sp; KV heads split over tp (or replicated when fewer than tp*sp).
+  const auto& att = m.attention;
+  r.check(divides(a.tp * a.sp, att.num_heads), "heads_divisible", "attention heads (", att.num_heads,
+          ") are not divisible by tp*sp (", a.tp * a.sp, ")");
+  const int64_t kv_split = a.tp * a.sp;
+  r.check(divides(kv_split, att.num_kv_heads) || divides(att.num_kv_heads, kv_split), "kv_heads_vs_tp",
+          "KV heads (", att.num_kv_heads, ") neither divide nor are divisible by tp*sp (", kv_split, ")");
+  r.check(divides(a.tp, m.hidden), "hidden_divisible_by_tp", "hidden size (", m.hidden,
+          ") is not divisible by tp (", a.tp, ")");
+  r.check(m.dense_ffn == 0 || divides(a.tp, m.dense_ffn), "dense_ffn_divisible_by_tp", "dense FFN size (",
+          m.dense_ffn, ") is not divisible by tp (", a.tp, ")");
+
+  // Sequence: SP (Megatron, over tp) and Ulysses split it; CP splits it into 2*cp load-balanced chunks.
+  const int64_t seq_split = a.tp * a.sp * a.cp * (a.cp > 1 ? 2 : 1);
+  r.check(divides(seq_split, p.seq_len), "seq_divisible", "sequence length (", p.seq_len,
+          ") is not divisible by tp*sp*cp", (a.cp > 1 ? "*2" : ""), " (", seq_split, ")");
+
+  // Experts.
+  if (m.is_moe()) {
+    r.check(divides(e.ep, m.moe.num_experts), "experts_divisible_by_ep", "routed experts (",
+            m.moe.num_experts, ") are not divisible by ep (", e.ep, ")");
+    r.check(divides(e.etp, m.moe.expert_ffn), "expert_ffn_divisible_by_etp", "expert FFN size (",
+            m.moe.expert_ffn, ") is not divisible by etp (", e.etp, ")");
+    r.check(m.moe.num_shared_experts == 0 || divides(e.etp, m.moe.shared_expert_ffn),
+            "shared_ffn_divisible_by_etp", "shared-expert FFN size (", m.moe.shared_expert_ffn,
+            ") is not divisible by etp (", e.etp, ")");
+  } else {
+    r.check(e.ep == 1 && e.etp == 1, "dense_model_no_ep",
+            "the model has no routed experts, so ep and etp must be 1");
+  }
+
+  // Pipeline: layers per (virtual) stage.
+  const int64_t chunks = pp.pp * pp.vpp;
+  if (pp.layers_per_stage.empty()) {
+    r.check(divides(chunks, m.num_layers()), "layers_divisible", "layers (", m.num_layers(),
+            ") are not divisible by pp*vpp (", chunks,
+            "); give pipeline.layers_per_stage for an uneven split");
+  } else {
+    const auto n = static_cast<int64_t>(pp.layers_per_stage.size());
+    const int64_t sum = std::accumulate(pp.layers_per_stage.begin(), pp.layers_per_stage.end(), int64_t{0});
+    r.check(n == chunks, "layers_per_stage_length", "pipeline.layers_per_stage has ", n,
+            " entries, expected pp*vpp = ", chunks);
+    r.check(sum == m.num_layers(), "layers_per_stage_sum", "pipeline.layers_per_stage sums to ", sum,
+            ", expected the model's ", m.num_layers(), " layers");
+  }
+  r.check(pp.vpp == 1 || pp.schedule == Schedule::kInterleaved1F1B, "vpp_needs_interleaved", "vpp = ", pp.vpp,
+          " needs schedule interleaved_1f1b");
+  r.check(pp.schedule != Schedule::kInterleaved1F1B || (pp.vpp > 1 && pp.pp > 1), "interleaved_needs_vpp",
+          "interleaved_1f1b needs pp > 1 and vpp > 1 (pp = ", pp.pp, ", vpp = ", pp.vpp, ")");
+
+  // Batch: global batch = micro_batch * dp * micro-batches.
+  if (stage_ok && divides(p.attention_mesh(), per_stage)) {
+    const int64_t dp = p.dp();
+    r.check(divides(p.micro_batch * dp, p.global_batch), "batch_divisible", "global batch (", p.global_batch,
+            ") is not divisible by micro_batch*dp (", p.micro_batch, "*", dp, " = ", p.micro_batch * dp, ")");
+    if (divides(p.micro_batch * dp, p.global_batch) && pp.schedule == Schedule::kInterleaved1F1B) {
+      r.check(divides(pp.pp, p.num_micro_batches()), "interleaved_micro_batches",
+              "interleaved_1f1b needs the ", p.num_micro_batches(), " micro-batches to be a multiple of pp (",
+              pp.pp, ")");
+    }
+  }
+
+  r.check(p.data.zero >= 0 && p.data.zero <= 3, "zero_stage", "data.zero is ", p.data.zero,
+          ", expected 0..3");
+  // Cluster shape: whole nodes, or a part of one node.
+  const int64_t g = hw.node.gpus_per_node.value;
+  r.check(g <= 0 || p.gpus < g || p.gpus % g == 0, "whole_nodes", "gpus (", p.gpus,
+          ") is neither a multiple of the ", g, " GPUs per node nor less than one node");
+  return r.out;
+}
+
+const char* name_of(Dispatch d) {
+  switch (d) {
+    case Dispatch::kAllToAll:
+      return "all_to_all";
+    case Dispatch::kAllGather:
+      return "all_gather";
+    case Dispatch::kDedup:
+      return "dedup";
+  }
+  return "?";
+}
+const char* name_of(Schedule s) {
+  return s == Schedule::k1F1B ? "1f1b" : "interleaved_1f1b";
+}
+const char* name_of(GradSync g) {
+  return g == GradSync::kFp32ReduceScatter ? "fp32_reduce_scatter" : "bf16_all_to_all";
+}
+const char* name_of(DispatchPrecision d) {
+  return d == DispatchPrecision::kBf16 ? "bf16" : "fp8";
+}
+const char* name_of(Precision p) {
+  return p == Precision::kBf16 ? "bf16" : "fp8";
+}
+const char* name_of(Recompute r) {
+  switch (r) {
+    case Recompute::kNone:
+      return "none";
+    case Recompute::kSelective:
+      return "selective";
+    case Recompute::kFull:
+      return "full";
+  }
+  return "?";
+}
+
+}  // namespace moeplan

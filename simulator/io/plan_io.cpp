@@ -1,0 +1,148 @@
+// Reading and writing plan files. Unknown keys are errors; absent sections take the defaults of core/plan.h.
+#include "simulator/io/plan_io.h"
+
+#include <filesystem>
+
+#include <fmt/format.h>
+
+#include "simulator/io/hardware_loader.h"
+#include "simulator/io/model_loader.h"
+
+namespace moeplan::io {
+namespace {
+
+constexpr int64_t kMaxDegree = 1 << 20;
+
+Plan read_plan(const JsonNode& r) {
+  r.only_keys({"model", "hardware", "stack", "gpus", "seq_len", "global_batch", "micro_batch", "attention",
+               "experts", "pipeline", "data", "overlap", "compression", "precision", "recompute", "routing"});
+  Plan p;
+  p.model = r.string("model");
+  p.hardware = r.string("hardware");
+  p.stack = r.string_or("stack", "");
+  p.gpus = r.integer("gpus", 1, kMaxDegree);
+  p.seq_len = r.integer("seq_len", 1, int64_t{1} << 30);
+  p.global_batch = r.integer("global_batch", 1, int64_t{1} << 40);
+  p.micro_batch = r.integer_or("micro_batch", 1, 1, int64_t{1} << 30);
+
+  if (auto a = r.optional_object("attention")) {
+    a->only_keys({"tp", "sp", "cp"});
+    p.attention.tp = a->integer_or("tp", 1, 1, kMaxDegree);
+    p.attention.sp = a->integer_or("sp", 1, 1, kMaxDegree);
+    p.attention.cp = a->integer_or("cp", 1, 1, kMaxDegree);
+  }
+  if (auto e = r.optional_object("experts")) {
+    e->only_keys({"ep", "etp", "dispatch"});
+    p.experts.ep = e->integer_or("ep", 1, 1, kMaxDegree);
+    p.experts.etp = e->integer_or("etp", 1, 1, kMaxDegree);
+    p.experts.dispatch = e->choice_or<Dispatch>("dispatch", Dispatch::kAllToAll,
+                                                {{"all_to_all", Dispatch::kAllToAll},
+                                                 {"all_gather", Dispatch::kAllGather},
+                                                 {"dedup", Dispatch::kDedup}});
+  }
+  if (auto pp = r.optional_object("pipeline")) {
+    pp->only_keys({"pp", "vpp", "schedule", "layers_per_stage"});
+    p.pipeline.pp = pp->integer_or("pp", 1, 1, kMaxDegree);
+    p.pipeline.vpp = pp->integer_or("vpp", 1, 1, 1024);
+    p.pipeline.schedule = pp->choice_or<Schedule>(
+        "schedule", Schedule::k1F1B,
+        {{"1f1b", Schedule::k1F1B}, {"interleaved_1f1b", Schedule::kInterleaved1F1B}});
+    if (pp->has("layers_per_stage")) {
+      for (const auto& n : pp->array("layers_per_stage"))
+        p.pipeline.layers_per_stage.push_back(n.as_integer(0, 100000));
+    }
+  }
+  if (auto d = r.optional_object("data")) {
+    d->only_keys({"zero"});
+    p.data.zero = d->integer_or("zero", 1, 0, 3);
+  }
+  if (auto o = r.optional_object("overlap")) {
+    o->only_keys({"inter_op", "intra_op", "dp_comm", "pp_comm"});
+    p.overlap.inter_op = o->boolean_or("inter_op", false);
+    p.overlap.intra_op = o->boolean_or("intra_op", false);
+    p.overlap.dp_comm = o->boolean_or("dp_comm", false);
+    p.overlap.pp_comm = o->boolean_or("pp_comm", false);
+  }
+  if (auto c = r.optional_object("compression")) {
+    c->only_keys({"grad_sync", "dispatch"});
+    p.compression.grad_sync = c->choice_or<GradSync>("grad_sync", GradSync::kFp32ReduceScatter,
+                                                     {{"fp32_reduce_scatter", GradSync::kFp32ReduceScatter},
+                                                      {"bf16_all_to_all", GradSync::kBf16AllToAll}});
+    p.compression.dispatch = c->choice_or<DispatchPrecision>(
+        "dispatch", DispatchPrecision::kBf16,
+        {{"bf16", DispatchPrecision::kBf16}, {"fp8", DispatchPrecision::kFp8}});
+  }
+  p.precision = r.choice_or<Precision>("precision", Precision::kBf16,
+                                       {{"bf16", Precision::kBf16}, {"fp8", Precision::kFp8}});
+  p.recompute = r.choice_or<Recompute>(
+      "recompute", Recompute::kNone,
+      {{"none", Recompute::kNone}, {"selective", Recompute::kSelective}, {"full", Recompute::kFull}});
+  if (auto rt = r.optional_object("routing")) {
+    rt->only_keys({"distribution", "capacity_factor"});
+    p.routing.distribution = rt->string_or("distribution", "uniform");
+    const std::string& d = p.routing.distribution;
+    if (d.starts_with("zipf:")) {
+      try {
+        size_t used = 0;
+        const double s = std::stod(d.substr(5), &used);
+        if (used != d.size() - 5 || !(s > 0 && s < 100)) throw std::invalid_argument("range");
+      } catch (const std::exception&) {
+        rt->fail("distribution", "\"uniform\", \"zipf:<s>\" with 0 < s < 100, or a router-trace file");
+      }
+    } else if (d.empty()) {
+      rt->fail("distribution", "\"uniform\", \"zipf:<s>\", or a router-trace file");
+    }
+    if (rt->has("capacity_factor")) p.routing.capacity_factor = rt->number("capacity_factor", 1e-3, 1e3);
+  }
+  return p;
+}
+
+}  // namespace
+
+Result<Plan> plan_from_json(const json& j, const std::string& label) {
+  return catch_input_errors([&]() { return read_plan(JsonNode(j, label)); });
+}
+
+json plan_to_json(const Plan& p) {
+  json j;
+  j["model"] = p.model;
+  j["hardware"] = p.hardware;
+  if (!p.stack.empty()) j["stack"] = p.stack;
+  j["gpus"] = p.gpus;
+  j["seq_len"] = p.seq_len;
+  j["global_batch"] = p.global_batch;
+  j["micro_batch"] = p.micro_batch;
+  j["attention"] = {{"tp", p.attention.tp}, {"sp", p.attention.sp}, {"cp", p.attention.cp}};
+  j["experts"] = {{"ep", p.experts.ep}, {"etp", p.experts.etp}, {"dispatch", name_of(p.experts.dispatch)}};
+  j["pipeline"] = {
+      {"pp", p.pipeline.pp}, {"vpp", p.pipeline.vpp}, {"schedule", name_of(p.pipeline.schedule)}};
+  if (!p.pipeline.layers_per_stage.empty()) j["pipeline"]["layers_per_stage"] = p.pipeline.layers_per_stage;
+  j["data"] = {{"zero", p.data.zero}};
+  j["overlap"] = {{"inter_op", p.overlap.inter_op},
+                  {"intra_op", p.overlap.intra_op},
+                  {"dp_comm", p.overlap.dp_comm},
+                  {"pp_comm", p.overlap.pp_comm}};
+  j["compression"] = {{"grad_sync", name_of(p.compression.grad_sync)},
+                      {"dispatch", name_of(p.compression.dispatch)}};
+  j["precision"] = name_of(p.precision);
+  j["recompute"] = name_of(p.recompute);
+  j["routing"] = {
+      {"distribution", p.routing.distribution},
+      {"capacity_factor", p.routing.capacity_factor ? json(*p.routing.capacity_factor) : json(nullptr)}};
+  return j;
+}
+
+Result<LoadedPlan> load_plan(const std::string& path) {
+  Result<json> j = parse_json_file(path);
+  if (!j) return j.error();
+  Result<Plan> plan = plan_from_json(j.value(), path);
+  if (!plan) return plan.error();
+  const std::string base = std::filesystem::path(path).parent_path().string();
+  Result<ModelSpec> model = load_model(plan.value().model, base);
+  if (!model) return Error{fmt::format("{} (model named by {})", model.error().message, path)};
+  Result<HardwareProfile> hw = load_hardware(plan.value().hardware, base);
+  if (!hw) return Error{fmt::format("{} (hardware named by {})", hw.error().message, path)};
+  return LoadedPlan{std::move(plan).value(), std::move(model).value(), std::move(hw).value(), path};
+}
+
+}  // namespace moeplan::io

@@ -1,0 +1,159 @@
+// The `moeplan` binary as a user meets it: exit codes, one-line errors for every file of the bad-input
+// corpus, and `inspect --json` for every shipped model.
+#include <doctest/doctest.h>
+
+#include <sys/wait.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+namespace fs = std::filesystem;
+
+namespace {
+
+struct Run {
+  int exit_code = -1;
+  std::string out;
+  std::string err;
+};
+
+std::string slurp(const std::string& path) {
+  std::ifstream f(path);
+  std::ostringstream s;
+  s << f.rdbuf();
+  return s.str();
+}
+
+// Runs moeplan with `args` (already shell-quoted) from the repository root.
+Run moeplan(const std::string& args) {
+  static int counter = 0;
+  const std::string base = fs::temp_directory_path() / ("moeplan_cli_test_" + std::to_string(::getpid()) +
+                                                        "_" + std::to_string(counter++));
+  const std::string cmd = std::string("cd '") + MOEPLAN_SOURCE_DIR + "' && '" + MOEPLAN_BIN + "' " + args +
+                          " >'" + base + ".out' 2>'" + base + ".err'";
+  const int status = std::system(cmd.c_str());
+  Run r;
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  r.out = slurp(base + ".out");
+  r.err = slurp(base + ".err");
+  fs::remove(base + ".out");
+  fs::remove(base + ".err");
+  return r;
+}
+
+int lines(const std::string& s) {
+  return static_cast<int>(std::count(s.begin(), s.end(), '\n'));
+}
+
+}  // namespace
+
+TEST_SUITE("cli") {
+  TEST_CASE("inspect with no arguments prints the default model") {
+    const Run r = moeplan("inspect");
+    CHECK(r.exit_code == 0);
+    CHECK(r.out.find("mixtral-8x22b") != std::string::npos);
+    CHECK(r.err.empty());
+  }
+
+  TEST_CASE("inspect --json prints one object with the contract's keys for every shipped model") {
+    for (const auto& entry : fs::directory_iterator(fs::path(MOEPLAN_SOURCE_DIR) / "models")) {
+      if (entry.path().extension() != ".json") continue;
+      CAPTURE(entry.path().string());
+      const Run r = moeplan("inspect --json --seq-len 4096 --model '" + entry.path().string() + "'");
+      REQUIRE(r.exit_code == 0);
+      const auto j = nlohmann::json::parse(r.out);
+      CHECK(j.at("params_total").get<double>() > 0);
+      CHECK(j.at("params_active").get<double>() <= j.at("params_total").get<double>());
+      CHECK(j.at("flops_per_token_train").get<double>() ==
+            doctest::Approx(3 * j.at("flops_per_token_forward").get<double>()));
+    }
+  }
+
+  TEST_CASE("inspect --hardware summarises a profile") {
+    const Run r = moeplan("inspect --hardware h800-sxm --json");
+    REQUIRE(r.exit_code == 0);
+    const auto j = nlohmann::json::parse(r.out);
+    CHECK(j.at("gpus_per_node") == 8);
+  }
+
+  TEST_CASE("bad arguments exit 2 with one line") {
+    for (const char* args : {"", "frobnicate", "inspect --seq-len 0", "inspect --model", "inspect --bogus",
+                             "inspect --model mixtral-8x7b --hardware h100-sxm", "validate"}) {
+      CAPTURE(args);
+      const Run r = moeplan(args);
+      CHECK(r.exit_code == 2);
+      CHECK(lines(r.err) == 1);
+      CHECK(r.err.rfind("moeplan: error: ", 0) == 0);
+      CHECK(r.out.empty());
+    }
+  }
+
+  TEST_CASE("every file of the bad-input corpus exits 2 with one line naming the file and the field") {
+    // tests/bad_input/expected.tsv: <file> TAB <text the message must contain>
+    const fs::path root = fs::path(MOEPLAN_SOURCE_DIR) / "tests" / "bad_input";
+    std::map<std::string, std::string> expected;
+    std::ifstream tsv(root / "expected.tsv");
+    std::string line;
+    while (std::getline(tsv, line)) {
+      if (line.empty() || line[0] == '#') continue;
+      const auto tab = line.find('\t');
+      REQUIRE(tab != std::string::npos);
+      expected[line.substr(0, tab)] = line.substr(tab + 1);
+    }
+    int seen = 0;
+    for (const auto& entry : fs::recursive_directory_iterator(root)) {
+      if (!entry.is_regular_file() || entry.path().filename() == "expected.tsv" ||
+          entry.path().filename() == "README.md") {
+        continue;
+      }
+      const std::string rel = fs::relative(entry.path(), root).string();
+      CAPTURE(rel);
+      REQUIRE_MESSAGE(expected.contains(rel), "corpus file without an entry in expected.tsv");
+      const std::string kind = rel.substr(0, rel.find('/'));
+      const std::string file = "tests/bad_input/" + rel;
+      std::string args;
+      if (kind == "models") args = "inspect --model '" + file + "'";
+      if (kind == "hwprofiles") args = "inspect --hardware '" + file + "'";
+      if (kind == "plans") args = "validate '" + file + "'";
+      REQUIRE_MESSAGE(!args.empty(), "corpus folders are models/, hwprofiles/ and plans/");
+      const Run r = moeplan(args);
+      CHECK(r.exit_code == 2);
+      CHECK(lines(r.err) == 1);
+      CHECK(r.out.empty());
+      CHECK_MESSAGE(r.err.find(expected[rel]) != std::string::npos, r.err);
+      CHECK_MESSAGE(r.err.find(entry.path().filename().string()) != std::string::npos, r.err);
+      ++seen;
+    }
+    CHECK(seen == static_cast<int>(expected.size()));
+    CHECK(seen >= 30);  // the corpus exists and covers every loader
+    MESSAGE(seen << " bad-input files checked");
+  }
+
+  TEST_CASE("validate exits 3 with every broken rule, 0 for a legal plan") {
+    const std::string dir = fs::temp_directory_path() / ("moeplan_validate_" + std::to_string(::getpid()));
+    fs::create_directories(dir);
+    {
+      std::ofstream(dir + "/bad.json") << R"({"model": "mixtral-8x22b", "hardware": "h100-sxm", "gpus": 128,
+        "seq_len": 4096, "global_batch": 256, "attention": {"tp": 5}, "experts": {"ep": 16}})";
+      std::ofstream(dir + "/good.json") << R"({"model": "mixtral-8x22b", "hardware": "h100-sxm", "gpus": 128,
+        "seq_len": 4096, "global_batch": 256, "attention": {"tp": 2}, "experts": {"ep": 8},
+        "pipeline": {"pp": 8}})";
+    }
+    const Run bad = moeplan("validate --json '" + dir + "/bad.json'");
+    CHECK(bad.exit_code == 3);
+    const auto j = nlohmann::json::parse(bad.out);
+    CHECK(j.at("valid") == false);
+    CHECK(j.at("violations").size() >= 3);
+    const Run good = moeplan("validate '" + dir + "/good.json'");
+    CHECK(good.exit_code == 0);
+    CHECK(good.out.find("valid") != std::string::npos);
+    fs::remove_all(dir);
+  }
+}

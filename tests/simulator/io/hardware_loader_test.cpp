@@ -1,0 +1,63 @@
+// The shipped Hopper profiles load, convert to SI once, and keep the facts their sources state.
+#include <doctest/doctest.h>
+
+#include "simulator/core/units.h"
+#include "simulator/io/builtin_catalog.h"
+#include "simulator/io/hardware_loader.h"
+
+using namespace moeplan;
+
+namespace {
+HardwareProfile load(const char* name) {
+  auto h = io::load_hardware(name);
+  REQUIRE_MESSAGE(h.ok(), (h.ok() ? "" : h.error().message));
+  return h.value();
+}
+}  // namespace
+
+TEST_SUITE("io") {
+  TEST_CASE("the three Hopper profiles load with datasheet peaks in SI units") {
+    for (const char* name : {"h100-sxm", "h800-sxm", "h200-sxm"}) {
+      CAPTURE(name);
+      const HardwareProfile h = load(name);
+      CHECK(h.gpu.peak_flops_per_s.at("bf16").value == doctest::Approx(989e12).epsilon(0.01));
+      CHECK(h.gpu.sm_count.value == 132);
+      CHECK(h.node.gpus_per_node.value == 8);
+      CHECK_FALSE(h.calibration.collectives.empty());
+      CHECK_FALSE(h.calibration.gemm.empty());
+      CHECK_FALSE(h.calibration.attention.empty());
+    }
+    CHECK(load("h200-sxm").gpu.hbm_capacity_bytes.value == doctest::Approx(141e9));
+    CHECK(load("h100-sxm").gpu.hbm_capacity_bytes.value == doctest::Approx(80e9));
+  }
+
+  TEST_CASE("H800 NVLink is about 160 GB/s achieved per direction, H100's 450 line rate") {
+    CHECK(load("h800-sxm").node.nvlink_bw_achieved_bytes_per_s.value == doctest::Approx(160e9));
+    CHECK(load("h100-sxm").node.nvlink_bw_uni_bytes_per_s.value == doctest::Approx(450e9));
+  }
+
+  TEST_CASE("the NVLS all-reduce curve of H100 reaches its sources' plateau") {
+    const HardwareProfile h = load("h100-sxm");
+    bool found = false;
+    for (const auto& c : h.calibration.collectives) {
+      if (c.collective != Collective::kAllReduce || c.algorithm != CollectiveAlgorithm::kNvls ||
+          c.ranks != 8 || c.points.size() < 10) {
+        continue;
+      }
+      found = true;
+      CHECK(c.points.front().first == 1024);
+      CHECK(c.points.back().second == doctest::Approx(478.87e9));  // 8 GiB, hopper-hardware.md §2.1
+    }
+    CHECK(found);
+  }
+
+  TEST_CASE("every scalar needs a source") {
+    auto j = io::read_input("h100-sxm", "hwprofiles", "", nullptr, nullptr);
+    REQUIRE(j.ok());
+    j.value()["gpu"]["sm_count"]["source"] = "  ";
+    auto h = io::hardware_from_json(j.value(), "p.json");
+    REQUIRE_FALSE(h.ok());
+    CHECK(h.error().message ==
+          "p.json: field 'gpu.sm_count.source': expected a non-empty citation, got string \"  \"");
+  }
+}

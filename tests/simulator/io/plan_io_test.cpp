@@ -1,0 +1,81 @@
+// Plan files: defaults for absent sections, strict keys, and a write/read round trip.
+#include <doctest/doctest.h>
+
+#include <cstdio>
+#include <fstream>
+
+#include "simulator/io/plan_io.h"
+
+using namespace moeplan;
+
+namespace {
+Result<Plan> parse(const char* text) {
+  auto j = io::parse_json_text(text, "plan.json");
+  REQUIRE(j.ok());
+  return io::plan_from_json(j.value(), "plan.json");
+}
+}  // namespace
+
+TEST_SUITE("io") {
+  TEST_CASE("a minimal plan takes the documented defaults") {
+    auto p = parse(R"({"model": "mixtral-8x7b", "hardware": "h100-sxm", "gpus": 8, "seq_len": 4096,
+                       "global_batch": 64})");
+    REQUIRE(p.ok());
+    CHECK(p.value().micro_batch == 1);
+    CHECK(p.value().attention.tp == 1);
+    CHECK(p.value().experts.dispatch == Dispatch::kAllToAll);
+    CHECK(p.value().pipeline.schedule == Schedule::k1F1B);
+    CHECK(p.value().data.zero == 1);
+    CHECK(p.value().recompute == Recompute::kNone);
+    CHECK(p.value().routing.distribution == "uniform");
+    CHECK_FALSE(p.value().routing.capacity_factor.has_value());
+  }
+
+  TEST_CASE("a plan survives writing and reading back") {
+    auto p = parse(R"({"model": "m", "hardware": "h", "gpus": 1440, "seq_len": 8192, "global_batch": 720,
+                       "attention": {"sp": 8}, "experts": {"ep": 8, "dispatch": "all_gather"},
+                       "pipeline": {"pp": 15, "vpp": 2, "schedule": "interleaved_1f1b"},
+                       "overlap": {"inter_op": true, "intra_op": true}, "compression": {"grad_sync": "bf16_all_to_all"},
+                       "precision": "fp8", "recompute": "selective",
+                       "routing": {"distribution": "zipf:1.2", "capacity_factor": 1.25}})");
+    REQUIRE(p.ok());
+    const auto j = io::plan_to_json(p.value());
+    auto back = io::plan_from_json(j, "again.json");
+    REQUIRE(back.ok());
+    CHECK(io::plan_to_json(back.value()) == j);
+    CHECK(back.value().pipeline.vpp == 2);
+    CHECK(back.value().routing.capacity_factor == doctest::Approx(1.25));
+  }
+
+  TEST_CASE("bad plan values are one-line errors") {
+    CHECK(parse(R"({"model": "m", "hardware": "h", "gpus": 8, "seq_len": 1, "global_batch": 1,
+                    "pipeline": {"schedule": "gpipe"}})")
+              .error()
+              .message ==
+          "plan.json: field 'pipeline.schedule': expected one of \"1f1b\" \"interleaved_1f1b\", got "
+          "string \"gpipe\"");
+    CHECK(parse(R"({"model": "m", "hardware": "h", "gpus": 8, "seq_len": 1, "global_batch": 1,
+                    "routing": {"distribution": "zipf:-1"}})")
+              .error()
+              .message.find("'routing.distribution'") != std::string::npos);
+    CHECK(
+        parse(
+            R"({"model": "m", "hardware": "h", "gpus": 8, "seq_len": 1, "global_batch": 1, "atention": {}})")
+            .error()
+            .message == "plan.json: field 'atention': unknown key (did you mean 'attention'?)");
+  }
+
+  TEST_CASE("a plan file loads its model and hardware relative to itself or by built-in name") {
+    const std::string path = "/tmp/moeplan_plan_io_test.json";
+    {
+      std::ofstream f(path);
+      f << R"({"model": "models/mixtral-8x7b.json", "hardware": "h100-sxm", "gpus": 8, "seq_len": 4096,
+               "global_batch": 64, "experts": {"ep": 8}})";
+    }
+    auto loaded = io::load_plan(path);
+    REQUIRE_MESSAGE(loaded.ok(), (loaded.ok() ? "" : loaded.error().message));
+    CHECK(loaded.value().model.moe.num_experts == 8);
+    CHECK(loaded.value().hardware.name == "h100-sxm");
+    std::remove(path.c_str());
+  }
+}
