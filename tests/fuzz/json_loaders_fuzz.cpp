@@ -1,6 +1,6 @@
-// Fuzzes every JSON loader with the same bytes: parse, then read as a model, a hardware profile and a plan, and
-// run what consumes a loaded spec (parameter and FLOP counts, plan validation). Any crash, sanitizer report or
-// assertion is a bug; a rejected input is the expected outcome for most bytes.
+// Fuzzes every JSON loader with the same bytes: parse, then read as a model, a hardware profile and a plan,
+// and run what consumes a loaded spec (parameter and FLOP counts, plan validation). Any crash, sanitizer
+// report or assertion is a bug; a rejected input is the expected outcome for most bytes.
 #include <cstddef>
 #include <cstdint>
 #include <string_view>
