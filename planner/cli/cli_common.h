@@ -29,5 +29,6 @@ void print_json(const nlohmann::json& j);
 using Runner = std::function<int()>;
 Runner add_inspect(CLI::App& app);
 Runner add_validate(CLI::App& app);
+Runner add_simulate(CLI::App& app);
 
 }  // namespace moeplan::cli

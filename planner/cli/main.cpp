@@ -54,6 +54,8 @@ int main(int argc, char** argv) {
       add_inspect);
   add("validate", "Check a plan file against its model and hardware: every broken rule with its reason",
       add_validate);
+  add("simulate", "Predict one training step of a plan: step time, tokens/s, MFU, memory, breakdown, trace",
+      add_simulate);
 
   try {
     app.parse(argc, argv);

@@ -33,6 +33,17 @@ struct CollectiveCurve {
   std::vector<std::pair<double, double>> points;  // (message bytes, bandwidth bytes/s), bytes increasing
 };
 
+// A large-message bus bandwidth quoted without its message size (vendor slides): usable as the asymptote
+// only.
+struct CollectivePlateau {
+  Collective collective = Collective::kAllToAll;
+  Scope scope = Scope::kIntraNode;
+  int64_t ranks = 0;
+  int64_t nodes = 0;
+  double busbw_bytes_per_s = 0;
+  std::string source;
+};
+
 struct GemmPoint {
   int64_t m = 0, n = 0, k = 0;
   double flops_per_s = 0;
@@ -96,6 +107,7 @@ struct ScaleOutSpec {
 
 struct Calibration {
   std::vector<CollectiveCurve> collectives;
+  std::vector<CollectivePlateau> plateaus;
   std::vector<GemmTable> gemm;
   std::vector<GroupedGemmTable> grouped_gemm;
   std::vector<AttentionTable> attention;

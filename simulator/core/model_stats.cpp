@@ -119,6 +119,12 @@ void add_layer(const ModelSpec& m, const LayerSpec& layer, ParamBreakdown& total
 
 }  // namespace
 
+ParamBreakdown layer_params(const ModelSpec& m, const LayerSpec& layer) {
+  ParamBreakdown total, active;
+  add_layer(m, layer, total, active);
+  return total;
+}
+
 ParamCounts count_params(const ModelSpec& m) {
   ParamCounts c;
   const auto h = static_cast<double>(m.hidden);

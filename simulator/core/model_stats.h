@@ -32,6 +32,9 @@ struct ParamCounts {
 
 ParamCounts count_params(const ModelSpec& m);
 
+// Parameters of one decoder layer by component (routed_experts: all of them); embedding and output are 0.
+ParamBreakdown layer_params(const ModelSpec& m, const LayerSpec& layer);
+
 // FLOPs per token by kind, counting multiply and add as 2 FLOPs.
 //   GEMMs:     2 * (weights the token multiplies: q/k/v/o or MLA projections, active experts, router, LM
 //   head) attention: 2 * heads * (qk_dim + v_dim) * L, with L the mean number of keys a query attends to

@@ -97,25 +97,44 @@ std::vector<JsonNode> row(const JsonNode& p, size_t n) {
   return cells;
 }
 
+Collective read_collective_kind(const JsonNode& c) {
+  return c.choice<Collective>("collective", {{"all_reduce", Collective::kAllReduce},
+                                             {"all_gather", Collective::kAllGather},
+                                             {"reduce_scatter", Collective::kReduceScatter},
+                                             {"all_to_all", Collective::kAllToAll},
+                                             {"send_recv", Collective::kSendRecv}});
+}
+
+// ranks, nodes and scope must agree: one node exactly when intra_node.
+void read_span(const JsonNode& c, Scope& scope, int64_t& ranks, int64_t& nodes) {
+  scope = c.choice<Scope>("scope", {{"intra_node", Scope::kIntraNode}, {"inter_node", Scope::kInterNode}});
+  ranks = c.integer("ranks", 2, 1 << 20);
+  nodes = c.integer("nodes", 1, 1 << 20);
+  if (nodes > ranks) c.fail("nodes", fmt::format("at most ranks ({})", ranks));
+  if ((scope == Scope::kIntraNode) != (nodes == 1)) c.fail("nodes", "1 exactly when scope is intra_node");
+}
+
+CollectivePlateau read_plateau(const JsonNode& c) {
+  c.only_keys({"collective", "scope", "ranks", "nodes", "busbw_GBps", "source"});
+  CollectivePlateau p;
+  p.collective = read_collective_kind(c);
+  read_span(c, p.scope, p.ranks, p.nodes);
+  p.busbw_bytes_per_s = c.number("busbw_GBps", 1e-3, 1e5) * kGB;
+  p.source = source_of(c);
+  return p;
+}
+
 CollectiveCurve read_collective(const JsonNode& c) {
   c.only_keys({"collective", "algorithm", "scope", "ranks", "nodes", "metric", "source", "points"});
   CollectiveCurve k;
-  k.collective = c.choice<Collective>("collective", {{"all_reduce", Collective::kAllReduce},
-                                                     {"all_gather", Collective::kAllGather},
-                                                     {"reduce_scatter", Collective::kReduceScatter},
-                                                     {"all_to_all", Collective::kAllToAll},
-                                                     {"send_recv", Collective::kSendRecv}});
+  k.collective = read_collective_kind(c);
   k.algorithm =
       c.choice<CollectiveAlgorithm>("algorithm", {{"ring", CollectiveAlgorithm::kRing},
                                                   {"nvls", CollectiveAlgorithm::kNvls},
                                                   {"nvls_tree", CollectiveAlgorithm::kNvlsTree},
                                                   {"tree", CollectiveAlgorithm::kTree},
                                                   {"unspecified", CollectiveAlgorithm::kUnspecified}});
-  k.scope = c.choice<Scope>("scope", {{"intra_node", Scope::kIntraNode}, {"inter_node", Scope::kInterNode}});
-  k.ranks = c.integer("ranks", 2, 1 << 20);
-  k.nodes = c.integer("nodes", 1, 1 << 20);
-  if (k.nodes > k.ranks) c.fail("nodes", fmt::format("at most ranks ({})", k.ranks));
-  if ((k.scope == Scope::kIntraNode) != (k.nodes == 1)) c.fail("nodes", "1 exactly when scope is intra_node");
+  read_span(c, k.scope, k.ranks, k.nodes);
   k.metric = c.choice<BandwidthMetric>(
       "metric", {{"busbw_GBps", BandwidthMetric::kBusBw}, {"algbw_GBps", BandwidthMetric::kAlgBw}});
   k.source = source_of(c);
@@ -135,10 +154,13 @@ std::string read_dtype(const JsonNode& c) {
 }
 
 Calibration read_calibration(const JsonNode& c) {
-  c.only_keys({"collectives", "gemm", "grouped_gemm", "attention", "hbm"});
+  c.only_keys({"collectives", "plateaus", "gemm", "grouped_gemm", "attention", "hbm"});
   Calibration cal;
   if (c.has("collectives")) {
     for (const auto& e : c.array("collectives")) cal.collectives.push_back(read_collective(e));
+  }
+  if (c.has("plateaus")) {
+    for (const auto& e : c.array("plateaus")) cal.plateaus.push_back(read_plateau(e));
   }
   if (c.has("gemm")) {
     for (const auto& e : c.array("gemm")) {

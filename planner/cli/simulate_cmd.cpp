@@ -1,0 +1,99 @@
+// `moeplan simulate PLAN`: predicts one training step of a plan (step time, throughput, MFU, memory per GPU,
+// a breakdown) and writes its Chrome trace; exit 3 when the plan is illegal or does not fit.
+#include <filesystem>
+
+#include <fmt/format.h>
+
+#include "planner/cli/cli_common.h"
+#include "simulator/io/plan_io.h"
+#include "simulator/io/router_trace.h"
+#include "simulator/io/stack_loader.h"
+#include "simulator/predict/report.h"
+
+namespace moeplan::cli {
+namespace {
+
+constexpr const char* kDefaultStack = "moerun";
+
+void print_text(const Prediction& p, const ReportContext& ctx) {
+  const auto& m = p.memory;
+  fmt::print("{} on {} x {} ({} stack{})\n", ctx.model.name, ctx.plan.gpus, ctx.hardware.name, ctx.stack.name,
+             ctx.stack.calibrated ? "" : ", uncalibrated assumptions");
+  fmt::print("step {:.3f} s | {:.0f} tokens/s ({:.0f}-{:.0f}) | {:.1f} tokens/s/GPU | MFU {:.1f}%\n",
+             p.step_time_s, p.tokens_per_s, p.tokens_per_s_low, p.tokens_per_s_high, p.tokens_per_s_per_gpu,
+             100 * p.mfu);
+  fmt::print("memory per GPU (stage {}): {} of {} -> {}\n", m.stage, human_bytes(m.total()),
+             human_bytes(m.capacity), m.fits() ? "fits" : "DOES NOT FIT");
+  fmt::print(
+      "  weights {}, gradients {}, optimizer {}, activations {} ({} micro-batch chunks in flight), comm "
+      "buffers {}, reserve {}\n",
+      human_bytes(m.weights), human_bytes(m.gradients), human_bytes(m.optimizer), human_bytes(m.activations),
+      m.in_flight, human_bytes(m.comm_buffers), human_bytes(m.reserve));
+  const auto& b = p.breakdown;
+  fmt::print("breakdown of stage {} (seconds):\n", p.critical_stage);
+  for (const auto& [k, v] : b.compute) fmt::print("  compute {:<18} {:9.4f}\n", k, v);
+  for (const auto& [k, v] : b.exposed_comm) fmt::print("  exposed comm {:<13} {:9.4f}\n", k, v);
+  fmt::print("  bubble / idle              {:9.4f}\n  optimizer                  {:9.4f}\n", b.bubble,
+             b.optimizer);
+  if (p.routing.mean_rank_assignments > 0) {
+    fmt::print("routing: busiest EP rank gets {:.3f}x the mean; {:.2f}% of assignments dropped\n",
+               p.routing.imbalance(), 100 * p.routing.dropped_fraction);
+  }
+  if (!p.extrapolations.empty()) {
+    fmt::print("outside the calibrated data ({}):\n", p.extrapolations.size());
+    for (const auto& e : p.extrapolations) fmt::print("  - {}\n", e);
+  }
+}
+
+}  // namespace
+
+Runner add_simulate(CLI::App& app) {
+  struct Options {
+    std::string plan, trace, stack;
+    bool json = false;
+  };
+  auto o = std::make_shared<Options>();
+  app.add_option("plan", o->plan, "Plan file (JSON)")->required();
+  app.add_option("--trace", o->trace, "Write the step's Chrome trace (opens in Perfetto) to this file");
+  app.add_option("--stack", o->stack, "Software stack profile (overrides the plan's; default moerun)");
+  app.add_flag("--json", o->json, "Print one JSON object");
+  return [o]() {
+    Result<io::LoadedPlan> loaded = io::load_plan(o->plan);
+    if (!loaded) return bad_input(loaded.error().message);
+    const auto& [plan, model, hw, path] = loaded.value();
+    const std::string base = std::filesystem::path(path).parent_path().string();
+    const std::string stack_ref =
+        !o->stack.empty() ? o->stack : (plan.stack.empty() ? kDefaultStack : plan.stack);
+    Result<StackProfile> stack = io::load_stack(stack_ref, o->stack.empty() ? base : "");
+    if (!stack) return bad_input(stack.error().message);
+    Result<cost::RoutingDistribution> routing = io::routing_distribution(
+        plan.routing.distribution, std::max<int64_t>(1, model.moe.num_experts), base);
+    if (!routing) return bad_input(routing.error().message);
+
+    const Prediction p = predict(model, plan, hw, stack.value(), routing.value());
+    const ReportContext ctx{plan, model, hw, stack.value()};
+    if (!o->trace.empty() && p.violations.empty()) {
+      Result<bool> w = write_file_atomic(o->trace, chrome_trace(p.graph, p.timeline));
+      if (!w) return bad_input(w.error().message);
+    }
+    if (o->json) {
+      nlohmann::json j = prediction_json(p, ctx);
+      j["plan"] = io::plan_to_json(plan);
+      print_json(j);
+    } else if (!p.violations.empty()) {
+      fmt::print("{}: the plan cannot run, {} rule(s) broken:\n", path, p.violations.size());
+      for (const auto& v : p.violations) fmt::print("  {}: {}\n", v.rule, v.reason);
+    } else {
+      print_text(p, ctx);
+    }
+    if (!p.violations.empty()) return kExitInfeasible;
+    if (!p.memory.fits()) {
+      std::fprintf(stderr, "moeplan: the plan does not fit: %.1f GB per GPU of %.1f GB\n",
+                   p.memory.total() / 1e9, p.memory.capacity / 1e9);
+      return kExitInfeasible;
+    }
+    return kExitOk;
+  };
+}
+
+}  // namespace moeplan::cli

@@ -1,0 +1,26 @@
+// Parameters of moerun's fused tile-level GEMM + communication kernels, read by both the cost model (to
+// predict the kernel) and the CUDA backend (to launch it), so the prediction models the kernel that runs.
+#pragma once
+
+#include <cstdint>
+
+namespace moeplan {
+
+struct FusedKernelParams {
+  int64_t tile_m = 128;         // rows of one output tile
+  int64_t tile_n = 256;         // columns of one output tile
+  int64_t comm_sms = 0;         // SMs given to communication (0: copy engines move the data)
+  int64_t chunks_per_peer = 4;  // row blocks per source/destination rank: the tile pipeline's granularity
+};
+
+// GEMM + all-to-all (QKV projection, epilogue writes remote tiles) and all-to-all + GEMM (output projection,
+// copy engines fetch remote tiles): MegaScale-MoE §4.2 gives communication a small number of SMs for the
+// former.
+inline constexpr FusedKernelParams kGemmAllToAll{128, 256, 8, 4};
+inline constexpr FusedKernelParams kAllToAllGemm{128, 256, 0, 4};
+// All-gather + scatter + grouped GEMM and grouped GEMM + gather + reduce-scatter for experts (COMET
+// layer0/1).
+inline constexpr FusedKernelParams kAllGatherGroupedGemm{128, 256, 0, 4};
+inline constexpr FusedKernelParams kGroupedGemmReduceScatter{128, 256, 16, 4};
+
+}  // namespace moeplan

@@ -1,0 +1,129 @@
+// The op graph of one training step: the contract between prediction (simulator) and execution (moerun). One
+// op is one kernel, one collective or one point-to-point transfer on one stream of one representative rank
+// per pipeline stage. Both sides name ops identically (op_label), so predicted and measured traces join op by
+// op.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "simulator/core/hardware.h"
+#include "simulator/core/units.h"
+
+namespace moeplan {
+
+enum class OpKind : uint8_t {
+  kGemm,           // dense GEMM [m, k] x [k, n]
+  kGroupedGemm,    // one GEMM per local expert; gemm.m is the busiest expert's rows
+  kAttention,      // fused causal attention (flash)
+  kMemoryBound,    // norms, activations, permutes, casts, embedding, loss
+  kCollective,     // all-gather, reduce-scatter, all-reduce, all-to-all over a group
+  kSendRecv,       // pipeline point-to-point
+  kFusedGemmComm,  // tile-pipelined GEMM with a collective (intra-operator overlap)
+  kOptimizer,      // Adam step over the rank's parameter shard
+};
+
+enum class Phase : uint8_t { kForward, kBackward, kRecompute, kOptimizer };
+
+// Which half of a GEMM's backward an op is (its label ends in ".dgrad" / ".wgrad").
+enum class GemmPart : uint8_t { kNone, kDgrad, kWgrad };
+
+// Process groups of a plan; CommGroup::kAttnReplica is dp x sp x cp (the ranks that hold the same attention
+// weights), kExpertDp the ranks that hold the same experts.
+enum class CommGroup : uint8_t { kNone, kTp, kSp, kCp, kEp, kEtp, kDp, kAttnReplica, kExpertDp, kPp };
+
+// Streams of one rank. Ops on a stream run in order; edges across streams are events.
+enum class Stream : uint8_t { kCompute = 0, kComm = 1, kSide = 2, kDpComm = 3, kPpComm = 4 };
+inline constexpr int kNumStreams = 5;
+
+// What a memory-bound op does (for the breakdown and the stack's efficiency).
+enum class MemOp : uint8_t {
+  kNone,
+  kNorm,
+  kActivation,
+  kRope,
+  kPermute,
+  kCast,
+  kEmbedding,
+  kLoss,
+  kRouting,
+  kReduce
+};
+
+struct GemmShape {
+  int64_t m = 0, n = 0, k = 0;  // rows, output columns, reduction
+  int64_t groups = 1;           // local experts for grouped GEMMs
+};
+
+struct AttentionShape {
+  int64_t batch = 0, seq_q = 0, seq_kv = 0, heads = 0, qk_dim = 0, v_dim = 0;
+  bool causal = true;
+  int64_t window = 0;  // 0 = full causal
+};
+
+struct CommSpec {
+  Collective collective = Collective::kAllReduce;
+  CommGroup group = CommGroup::kNone;
+  int64_t group_size = 1;
+  int64_t stride = 1;  // rank distance between consecutive group members (placement on nodes)
+  double bytes = 0;    // message size as nccl-tests counts it (the full buffer of the collective)
+  DType dtype = DType::kBf16;
+  double nic_bytes_scale =
+      1.0;  // bytes over the NIC relative to a plain collective (node-deduplicated dispatch < 1)
+};
+
+struct Op {
+  int32_t id = 0;
+  uint16_t name = 0;  // index into kOpNames
+  OpKind kind = OpKind::kMemoryBound;
+  Phase phase = Phase::kForward;
+  Stream stream = Stream::kCompute;
+  MemOp mem = MemOp::kNone;
+  GemmPart part = GemmPart::kNone;
+  DType dtype = DType::kBf16;
+  int16_t stage = 0;   // pipeline stage (the representative rank)
+  int16_t chunk = 0;   // virtual pipeline chunk on that stage
+  int32_t layer = -1;  // model layer, -1 for embedding, head, optimizer
+  int32_t micro_batch = -1;
+  double flops = 0;      // FLOPs this op executes (attention backward counts its recomputation)
+  double hbm_bytes = 0;  // bytes read + written in HBM
+  GemmShape gemm;
+  AttentionShape attn;
+  CommSpec comm;
+  uint32_t dep_begin = 0, dep_count = 0;  // into OpGraph::deps
+};
+
+// Base names of ops; an op's label is "<name>" or "L<layer>.<name>" (op_label), with phase and micro-batch
+// beside it.
+inline constexpr const char* kOpNames[] = {
+#define MOEPLAN_OP_NAME(id, text) text,
+#include "simulator/core/op_names.def"
+#undef MOEPLAN_OP_NAME
+};
+enum class OpName : uint16_t {
+#define MOEPLAN_OP_NAME(id, text) id,
+#include "simulator/core/op_names.def"
+#undef MOEPLAN_OP_NAME
+  kCount
+};
+
+struct OpGraph {
+  std::vector<Op> ops;
+  std::vector<int32_t> deps;  // flat dependency lists
+  int num_stages = 1;
+  int chunks_per_stage = 1;
+  int64_t micro_batches = 1;
+
+  std::span<const int32_t> deps_of(const Op& op) const { return {deps.data() + op.dep_begin, op.dep_count}; }
+};
+
+std::string op_label(const Op& op);  // "L3.qkv_proj", "L3.qkv_proj.dgrad", "embedding"
+const char* name_of(OpKind k);
+const char* name_of(Phase p);
+const char* name_of(Stream s);
+const char* name_of(CommGroup g);
+const char* name_of(Collective c);
+
+}  // namespace moeplan

@@ -1,0 +1,414 @@
+// The cost of each op kind from the hardware profile's measurements and the stack profile (see cost_model.h).
+#include "simulator/cost/cost_model.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include <fmt/format.h>
+
+#include "simulator/core/fused_kernels.h"
+#include "simulator/core/units.h"
+
+namespace moeplan::cost {
+namespace {
+
+double d(int64_t x) {
+  return static_cast<double>(x);
+}
+
+// Tile of the GEMM kernels the efficiency tables were measured with (CUTLASS / cuBLAS Hopper default).
+constexpr int64_t kTileM = 128, kTileN = 256;
+
+double interpolate(const std::vector<std::pair<double, double>>& pts, double x, bool log_x) {
+  if (pts.empty()) return 0;
+  if (x <= pts.front().first) return pts.front().second;
+  if (x >= pts.back().first) return pts.back().second;
+  auto hi = std::upper_bound(pts.begin(), pts.end(), x, [](double v, const auto& p) { return v < p.first; });
+  auto lo = hi - 1;
+  const double x0 = log_x ? std::log(lo->first) : lo->first, x1 = log_x ? std::log(hi->first) : hi->first;
+  const double xx = log_x ? std::log(x) : x;
+  return lo->second + (hi->second - lo->second) * (xx - x0) / (x1 - x0);
+}
+
+const char* dtype_key(DType t) {
+  return t == DType::kFp8 ? "fp8" : "bf16";
+}
+
+}  // namespace
+
+CostModel::CostModel(const HardwareProfile& hw, const StackProfile& stack) : hw_(hw), stack_(stack) {
+  for (const char* dtype : {"bf16", "fp8"}) gemm_[dtype] = fit_gemm(dtype);
+  for (const auto& c : hw.calibration.collectives) {
+    Curve k{c.collective,          c.algorithm,         c.scope, c.ranks, c.nodes, {}, c.points.front().first,
+            c.points.back().first, c.points.size() == 1};
+    k.fit = fit_alpha_beta(c.collective, c.ranks, c.points);
+    if (k.single_point) {
+      // One large-message point fixes the bandwidth; the latency is NCCL's per-step constant (ring steps).
+      const double lat =
+          c.scope == Scope::kIntraNode ? hw.node.nvlink_latency_s.value : hw.scale_out.net_latency_s.value;
+      k.fit.alpha_s = lat * d(c.ranks - 1);
+      k.fit.rel_error_large = k.fit.rel_error_small = kAssumedRelError;
+    }
+    curves_.push_back(k);
+  }
+}
+
+void CostModel::note(std::string what) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  extrapolations_.insert(std::move(what));
+}
+
+std::vector<std::string> CostModel::extrapolations() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return {extrapolations_.begin(), extrapolations_.end()};
+}
+
+double CostModel::nic_bytes_per_s_per_gpu() const {
+  return hw_.scale_out.nic_bw_achieved_bytes_per_s.value * d(hw_.scale_out.nics_per_node.value) /
+         d(hw_.node.gpus_per_node.value);
+}
+
+// Fraction of the SMs busy in the last wave: tiles / (waves * SMs), tiles counted per group.
+double CostModel::wave_efficiency(int64_t rows_per_group, int64_t n, int64_t groups) const {
+  const int64_t sms = hw_.gpu.sm_count.value;
+  const int64_t tiles =
+      groups * ((std::max<int64_t>(1, rows_per_group) + kTileM - 1) / kTileM) * ((n + kTileN - 1) / kTileN);
+  const int64_t waves = (tiles + sms - 1) / sms;
+  return d(tiles) / d(waves * sms);
+}
+
+// Efficiency of the dense GEMMs of a dtype: geometric mean over the table of measured / (peak x wave
+// efficiency) for compute-bound shapes; its error is the median relative error of the resulting model over
+// all points.
+CostModel::GemmModel CostModel::fit_gemm(const std::string& dtype) const {
+  GemmModel g;
+  const auto peak_it = hw_.gpu.peak_flops_per_s.find(dtype);
+  if (peak_it == hw_.gpu.peak_flops_per_s.end()) return g;
+  const double peak = peak_it->second.value;
+  const double bw = hw_.gpu.hbm_bw_achieved_bytes_per_s.value;
+  const double bytes_per = dtype == "fp8" ? 1.0 : 2.0;
+  std::vector<GemmPoint> pts;
+  for (const auto& t : hw_.calibration.gemm) {
+    if (t.dtype == dtype) pts.insert(pts.end(), t.points.begin(), t.points.end());
+  }
+  g.points = pts.size();
+  if (pts.empty()) return g;
+  double log_sum = 0;
+  int used = 0;
+  g.min_dim = std::numeric_limits<int64_t>::max();
+  for (const auto& p : pts) {
+    g.min_dim = std::min({g.min_dim, p.m, p.n, p.k});
+    g.max_dim = std::max({g.max_dim, p.m, p.n, p.k});
+    const double flops = 2.0 * d(p.m) * d(p.n) * d(p.k);
+    const double bytes = (d(p.m) * d(p.k) + d(p.k) * d(p.n) + d(p.m) * d(p.n)) * bytes_per;
+    if (flops / peak < bytes / bw) continue;  // memory-bound: says nothing about compute efficiency
+    log_sum += std::log(p.flops_per_s / (peak * wave_efficiency(p.m, p.n, 1)));
+    ++used;
+  }
+  if (used == 0) return g;
+  g.efficiency = std::min(1.0, std::exp(log_sum / used));
+  std::vector<double> errs;
+  for (const auto& p : pts) {
+    const double flops = 2.0 * d(p.m) * d(p.n) * d(p.k);
+    const double bytes = (d(p.m) * d(p.k) + d(p.k) * d(p.n) + d(p.m) * d(p.n)) * bytes_per;
+    const double t = std::max(flops / (peak * g.efficiency * wave_efficiency(p.m, p.n, 1)), bytes / bw);
+    errs.push_back(std::abs(flops / t / p.flops_per_s - 1.0));
+  }
+  std::nth_element(errs.begin(), errs.begin() + static_cast<long>(errs.size() / 2), errs.end());
+  g.rel_error = pts.size() >= 3 ? errs[errs.size() / 2] : kAssumedRelError;
+  return g;
+}
+
+double CostModel::gemm_seconds(const GemmShape& s, DType dtype, double* rel_error) const {
+  const char* key = dtype_key(dtype);
+  GemmModel g = gemm_.at(key);
+  if (g.efficiency <= 0) {
+    // No table for this dtype (e.g. FP8 on a profile without FP8 GEMMs): fall back to BF16's efficiency.
+    g = gemm_.at("bf16");
+    note(fmt::format("{} GEMM: no {} GEMM measurements in the profile; BF16 efficiency used", key, key));
+  }
+  const int64_t lo = std::min({s.m, s.n, s.k}), hi = std::max({s.m, s.n, s.k});
+  if (g.points < 3) {
+    note(
+        fmt::format("{} GEMM efficiency from {} measured shape(s) only ({}-{} per dim); every other shape "
+                    "relies on the wave-quantisation model",
+                    key, g.points, g.min_dim, g.max_dim));
+  } else if (lo < g.min_dim || hi > g.max_dim) {
+    note(fmt::format("{} GEMM dims outside the measured range [{}, {}] (e.g. {}x{}x{})", key, g.min_dim,
+                     g.max_dim, s.m / std::max<int64_t>(1, s.groups), s.n, s.k));
+  }
+  const double peak = hw_.gpu.peak_flops_per_s.contains(key) ? hw_.gpu.peak_flops_per_s.at(key).value
+                                                             : hw_.gpu.peak_flops_per_s.at("bf16").value;
+  const int64_t rows = s.m / std::max<int64_t>(1, s.groups);
+  const double flops = 2.0 * d(s.m) * d(s.n) * d(s.k);
+  const double bytes = (d(s.m) * d(s.k) + d(s.groups) * d(s.k) * d(s.n) + d(s.m) * d(s.n)) * bytes_of(dtype);
+  if (rel_error) *rel_error = g.rel_error;
+  return std::max(flops / (peak * g.efficiency * wave_efficiency(rows, s.n, s.groups)),
+                  bytes / hw_.gpu.hbm_bw_achieved_bytes_per_s.value);
+}
+
+double CostModel::grouped_gemm_seconds(const GemmShape& s, DType dtype, double* rel_error) const {
+  const double dense = gemm_seconds(s, dtype, rel_error);
+  const double rows = d(s.m) / d(std::max<int64_t>(1, s.groups));
+  const auto& eff = stack_.grouped_gemm_efficiency;
+  double e = 1.0;
+  if (!eff.empty()) {
+    e = interpolate(eff, rows, true);
+    if (rows < eff.front().first)
+      note(
+          fmt::format("grouped GEMM with {:.0f} rows per expert: below the stack's "
+                      "smallest measured {:.0f}",
+                      rows, eff.front().first));
+  }
+  if (rel_error && !stack_.calibrated) *rel_error = std::max(*rel_error, kAssumedRelError);
+  return dense / e + stack_.host_s_per_local_expert.value * d(s.groups);
+}
+
+// Attention time = FLOPs / rate, the rate interpolated from the profile's flash-attention tables in log(seq)
+// and linearly in head dim. A causal backward without its own table scales the non-causal backward by the
+// forward's causal / non-causal ratio at the same length.
+double CostModel::attention_seconds(const Op& op, double* rel_error) const {
+  const bool fwd = op.phase != Phase::kBackward;
+  const auto& a = op.attn;
+  const double seq = d(a.window > 0 ? std::min(a.window, a.seq_kv) : a.seq_kv);
+  auto rate = [&](const char* dir, bool causal, int64_t hd) -> double {
+    const AttentionTable* best = nullptr;
+    for (const auto& t : hw_.calibration.attention) {
+      if (t.direction != dir || t.causal != causal || t.head_dim != hd || t.dtype != "bf16") continue;
+      if (!best || (t.impl == "fa3" && best->impl != "fa3")) best = &t;
+    }
+    if (!best) return 0;
+    std::vector<std::pair<double, double>> pts;
+    for (const auto& [s, r] : best->points) pts.emplace_back(d(s), r);
+    if (seq < pts.front().first || seq > pts.back().first) {
+      note(fmt::format("attention at {:.0f} keys outside the measured {:.0f}-{:.0f}", seq, pts.front().first,
+                       pts.back().first));
+    }
+    return interpolate(pts, seq, true);
+  };
+  auto rate_hd = [&](const char* dir, bool causal) -> double {
+    std::vector<int64_t> dims;
+    for (const auto& t : hw_.calibration.attention) {
+      if (t.direction == dir && t.causal == causal && t.dtype == "bf16") dims.push_back(t.head_dim);
+    }
+    if (dims.empty()) return 0;
+    std::sort(dims.begin(), dims.end());
+    dims.erase(std::unique(dims.begin(), dims.end()), dims.end());
+    const int64_t hd = a.qk_dim;
+    if (hd <= dims.front()) return rate(dir, causal, dims.front());
+    if (hd >= dims.back()) return rate(dir, causal, dims.back());
+    auto hi = std::lower_bound(dims.begin(), dims.end(), hd);
+    if (*hi == hd) return rate(dir, causal, hd);
+    auto lo = hi - 1;
+    const double w = d(hd - *lo) / d(*hi - *lo);
+    return rate(dir, causal, *lo) * (1 - w) + rate(dir, causal, *hi) * w;
+  };
+  double r = rate_hd(fwd ? "fwd" : "bwd", a.causal);
+  if (r <= 0 && !fwd) {
+    const double nc = rate_hd("bwd", false), cf = rate_hd("fwd", true), nf = rate_hd("fwd", false);
+    if (nc > 0 && cf > 0 && nf > 0) r = nc * cf / nf;
+  }
+  if (r <= 0) {
+    r = hw_.gpu.peak_flops_per_s.at("bf16").value * 0.5;
+    note("attention: no flash-attention table in the profile; 50% of the BF16 peak assumed");
+  }
+  if (a.qk_dim < 64 || a.qk_dim > 256) note(fmt::format("attention head dim {} outside 64-256", a.qk_dim));
+  if (rel_error) *rel_error = 0.05;  // FA tables are read off published figures (±5-10 units on ~500)
+  return op.flops / r;
+}
+
+double CostModel::memory_bound_seconds(double bytes) const {
+  return bytes / (hw_.gpu.hbm_bw_achieved_bytes_per_s.value * stack_.memory_bound_efficiency.value);
+}
+
+Placement CostModel::placement(const CommSpec& c) const {
+  return place_group(c.group_size, c.stride, hw_.node.gpus_per_node.value);
+}
+
+const CollectivePlateau* CostModel::plateau(Collective c, Scope s) const {
+  for (const auto& p : hw_.calibration.plateaus) {
+    if (p.collective == c && p.scope == s) return &p;
+  }
+  return nullptr;
+}
+
+// Inside a node: the fastest fitted curve of this collective (NCCL picks the fastest algorithm), preferring
+// the measured rank count; without a curve, a plateau; without that, NVLink's achieved bandwidth.
+double CostModel::intra_node_seconds(Collective c, int64_t n, double bytes, double* rel_error) const {
+  double best = -1;
+  int64_t best_ranks = 0;
+  const Curve* used = nullptr;
+  int64_t nearest = 0;
+  for (const auto& k : curves_) {
+    if (k.collective != c || k.scope != Scope::kIntraNode) continue;
+    if (!nearest || std::abs(std::log(d(k.ranks) / d(n))) < std::abs(std::log(d(nearest) / d(n))))
+      nearest = k.ranks;
+  }
+  for (const auto& k : curves_) {
+    if (k.collective != c || k.scope != Scope::kIntraNode || k.ranks != nearest) continue;
+    const double t = alpha_beta_seconds(c, n, bytes, k.fit.alpha_s, k.fit.busbw_bytes_per_s);
+    if (best < 0 || t < best) best = t, best_ranks = k.ranks, used = &k;
+  }
+  if (used) {
+    if (best_ranks != n)
+      note(fmt::format("{} over {} ranks in a node: measured at {} ranks", name_of(c), n, best_ranks));
+    if (bytes > used->max_bytes * 1.0001 || bytes < used->min_bytes * 0.9999) {
+      if (!used->single_point) {
+        note(fmt::format("{} of {:.3g} B in a node outside the measured {:.3g}-{:.3g} B", name_of(c), bytes,
+                         used->min_bytes, used->max_bytes));
+      }
+    }
+    if (rel_error)
+      *rel_error = bytes >= kMiB ? used->fit.rel_error_large
+                                 : std::max(used->fit.rel_error_small, used->fit.rel_error_large);
+    return best;
+  }
+  const double alpha = hw_.node.nvlink_latency_s.value * d(n - 1);
+  if (const CollectivePlateau* p = plateau(c, Scope::kIntraNode)) {
+    if (p->ranks != n)
+      note(fmt::format("{} over {} ranks in a node: plateau measured at {} ranks", name_of(c), n, p->ranks));
+    if (rel_error) *rel_error = kAssumedRelError;
+    return alpha_beta_seconds(c, n, bytes, alpha, p->busbw_bytes_per_s);
+  }
+  note(fmt::format("{} in a node: no measurement; NVLink achieved bandwidth assumed", name_of(c)));
+  if (rel_error) *rel_error = kAssumedRelError;
+  return alpha_beta_seconds(c, n, bytes, alpha, hw_.node.nvlink_bw_achieved_bytes_per_s.value);
+}
+
+// Across nodes. Ring-style collectives (all-gather, reduce-scatter, all-reduce) run hierarchically: the
+// per-GPU NIC carries busbw * (k-1)/(n-1) for n ranks on k nodes (hopper-hardware.md §2.5, S2), so
+//   busbw = min(intra-node busbw, NIC per GPU * (n-1)/(k-1)).
+// All-to-all: the (n - g)/n of each rank's message that leaves its node crosses one NIC per GPU, at the
+// efficiency the profile's inter-node all-to-all plateau implies; the rest moves over NVLink at the same
+// time.
+double CostModel::inter_node_seconds(const CommSpec& c, const Placement& p, double* rel_error) const {
+  const int64_t n = p.ranks, k = p.nodes, g = p.per_node;
+  const double nic = nic_bytes_per_s_per_gpu();
+  const double net_lat = hw_.scale_out.net_latency_s.value, nv_lat = hw_.node.nvlink_latency_s.value;
+  if (c.collective == Collective::kAllToAll) {
+    double eff = 1.0;
+    double err = kAssumedRelError;
+    if (const CollectivePlateau* pl = plateau(Collective::kAllToAll, Scope::kInterNode)) {
+      const double algbw = pl->busbw_bytes_per_s * d(pl->ranks) / d(pl->ranks - 1);
+      const int64_t g0 = pl->ranks / pl->nodes;
+      eff = std::min(1.0, algbw * d(pl->ranks - g0) / (d(pl->ranks) * nic));
+      if (pl->ranks != n || pl->nodes != k) {
+        note(fmt::format("all_to_all over {} ranks on {} nodes: plateau measured at {} ranks on {} nodes", n,
+                         k, pl->ranks, pl->nodes));
+      }
+    } else {
+      note("all_to_all across nodes: no measurement; NIC achieved bandwidth assumed");
+    }
+    const double off_node = c.bytes * d(n - g) / d(n) * c.nic_bytes_scale;
+    const double on_node = c.bytes * d(g - 1) / d(n);
+    double intra_err = 0;
+    const double t_nvlink =
+        g > 1 ? intra_node_seconds(Collective::kAllToAll, g, on_node * d(g) / d(g - 1), &intra_err) : 0;
+    if (rel_error) *rel_error = std::max(err, intra_err);
+    return net_lat * d(k - 1) + std::max(off_node / (nic * eff), t_nvlink);
+  }
+  // Measured inter-node curve of this collective (nearest rank count in log), else the hierarchical model.
+  const Curve* best = nullptr;
+  for (const auto& cv : curves_) {
+    if (cv.collective != c.collective || cv.scope != Scope::kInterNode) continue;
+    if (!best || std::abs(std::log(d(cv.ranks) / d(n))) < std::abs(std::log(d(best->ranks) / d(n))))
+      best = &cv;
+  }
+  if (best) {
+    if (best->ranks != n) {
+      note(fmt::format("{} over {} ranks across nodes: measured at {} ranks", name_of(c.collective), n,
+                       best->ranks));
+    }
+    if (rel_error) *rel_error = c.bytes >= kMiB ? best->fit.rel_error_large : best->fit.rel_error_small;
+    return alpha_beta_seconds(c.collective, n, c.bytes, best->fit.alpha_s, best->fit.busbw_bytes_per_s);
+  }
+  double intra_err = kAssumedRelError;
+  double intra_busbw = hw_.node.nvlink_bw_achieved_bytes_per_s.value;
+  if (g > 1) {
+    // The intra-node busbw of this collective at g ranks, read from its curve at this message size.
+    const double t = intra_node_seconds(c.collective, g, c.bytes, &intra_err);
+    intra_busbw = c.bytes * busbw_factor(c.collective, g) / std::max(t, 1e-12);
+  }
+  const double busbw = std::min(intra_busbw, nic * d(n - 1) / d(k - 1));
+  const double steps = c.collective == Collective::kAllReduce ? 2.0 : 1.0;
+  const double alpha = steps * (nv_lat * d(g - 1) + net_lat * d(k - 1));
+  if (rel_error) *rel_error = std::max(intra_err, kAssumedRelError);
+  return alpha_beta_seconds(c.collective, n, c.bytes, alpha, busbw);
+}
+
+double CostModel::collective_seconds(const CommSpec& c, double* rel_error, Resource* resource) const {
+  if (c.collective == Collective::kSendRecv) {
+    const bool cross = c.stride >= hw_.node.gpus_per_node.value;
+    if (resource) *resource = cross ? Resource::kNic : Resource::kNvlink;
+    if (rel_error) *rel_error = kAssumedRelError;
+    return cross ? hw_.scale_out.net_latency_s.value + c.bytes / nic_bytes_per_s_per_gpu()
+                 : hw_.node.nvlink_latency_s.value + c.bytes / hw_.node.nvlink_bw_achieved_bytes_per_s.value;
+  }
+  const Placement p = placement(c);
+  if (p.ranks <= 1) {
+    if (resource) *resource = Resource::kNvlink;
+    if (rel_error) *rel_error = 0;
+    return 0;
+  }
+  if (p.nodes == 1) {
+    if (resource) *resource = Resource::kNvlink;
+    return intra_node_seconds(c.collective, p.ranks, c.bytes, rel_error);
+  }
+  if (resource) *resource = Resource::kNic;
+  return inter_node_seconds(c, p, rel_error);
+}
+
+OpCost CostModel::cost(const Op& op) const {
+  OpCost r;
+  const double launch = stack_.launch_s_per_kernel.value;
+  double err = 0;
+  switch (op.kind) {
+    case OpKind::kGemm:
+      r.seconds = gemm_seconds(op.gemm, op.dtype, &err) + launch;
+      break;
+    case OpKind::kGroupedGemm:
+      r.seconds = grouped_gemm_seconds(op.gemm, op.dtype, &err) + launch;
+      break;
+    case OpKind::kAttention:
+      r.seconds = attention_seconds(op, &err) + launch;
+      break;
+    case OpKind::kMemoryBound:
+    case OpKind::kOptimizer:
+      r.seconds = memory_bound_seconds(op.hbm_bytes) + launch;
+      err = stack_.calibrated ? 0.05 : kAssumedRelError;
+      break;
+    case OpKind::kCollective:
+    case OpKind::kSendRecv: {
+      r.seconds = collective_seconds(op.comm, &err, &r.resource) + launch;
+      if (op.kind == OpKind::kSendRecv) r.seconds += stack_.host_s_per_micro_batch.value / 2.0;
+      r.link_bytes_per_s = r.seconds > 0 ? op.comm.bytes / r.seconds : 0;
+      break;
+    }
+    case OpKind::kFusedGemmComm: {
+      // Tile pipeline: compute on the SMs left to it, communication of the first chunk exposed, then the
+      // slower of the two streams, then the other's last chunk:  T = max(comp, comm) + min(comp, comm) /
+      // chunks.
+      const bool grouped = op.gemm.groups > 1;
+      double e1 = 0, e2 = 0;
+      Resource res;
+      const FusedKernelParams& fp = grouped ? (op.comm.collective == Collective::kAllGather ||
+                                                       op.comm.collective == Collective::kAllToAll
+                                                   ? kAllGatherGroupedGemm
+                                                   : kGroupedGemmReduceScatter)
+                                            : (op.part == GemmPart::kNone ? kGemmAllToAll : kAllToAllGemm);
+      const double sms = d(hw_.gpu.sm_count.value);
+      const double comp =
+          (grouped ? grouped_gemm_seconds(op.gemm, op.dtype, &e1) : gemm_seconds(op.gemm, op.dtype, &e1)) *
+          sms / (sms - d(fp.comm_sms));
+      const double comm = collective_seconds(op.comm, &e2, &res);
+      const double chunks = d(fp.chunks_per_peer * std::max<int64_t>(1, op.comm.group_size));
+      r.seconds = std::max(comp, comm) + std::min(comp, comm) / chunks + launch;
+      err = std::max(e1, e2);
+      break;
+    }
+  }
+  r.rel_error = err;
+  return r;
+}
+
+}  // namespace moeplan::cost

@@ -1,0 +1,87 @@
+// CostModel: the time one op takes on its own, for a (hardware, stack) pair. Compute follows a roofline with
+// efficiency fitted to the profile's GEMM and attention tables; collectives follow alpha-beta curves fitted
+// to the profile's nccl-tests sweeps, placed on nodes from rank order. Each cost carries the fit error of the
+// curve it used, and inputs outside the calibrated data are recorded as extrapolations.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "simulator/core/hardware.h"
+#include "simulator/core/op_graph.h"
+#include "simulator/core/stack.h"
+#include "simulator/cost/collective.h"
+
+namespace moeplan::cost {
+
+// The resource an op occupies on its rank while it runs (the engine shares each among concurrent ops).
+enum class Resource : uint8_t { kSm, kNvlink, kNic };
+
+struct OpCost {
+  double seconds = 0;
+  double rel_error = 0;  // relative fit error of the calibrated curve(s) used
+  Resource resource = Resource::kSm;
+  double link_bytes_per_s = 0;  // communication: the rate at which it moves bytes through HBM (interference)
+};
+
+// Uncertainty assumed where a number has no fit behind it (a single measured point, a datasheet value or an
+// assumed stack parameter): stated in each use, never fitted.
+inline constexpr double kAssumedRelError = 0.15;
+
+class CostModel {
+ public:
+  CostModel(const HardwareProfile& hw, const StackProfile& stack);
+
+  OpCost cost(const Op& op) const;
+
+  // Components (also used by tests and the memory model).
+  double gemm_seconds(const GemmShape& s, DType dtype, double* rel_error) const;
+  double grouped_gemm_seconds(const GemmShape& s, DType dtype, double* rel_error) const;
+  double attention_seconds(const Op& op, double* rel_error) const;
+  double memory_bound_seconds(double bytes) const;
+  double collective_seconds(const CommSpec& c, double* rel_error, Resource* resource) const;
+  Placement placement(const CommSpec& c) const;
+
+  const HardwareProfile& hardware() const { return hw_; }
+  const StackProfile& stack() const { return stack_; }
+  std::vector<std::string> extrapolations() const;
+
+  // Per-GPU NIC bandwidth: achieved per NIC x NICs per node / GPUs per node.
+  double nic_bytes_per_s_per_gpu() const;
+
+ private:
+  struct GemmModel {
+    double efficiency = 0;  // of the dtype's dense peak, after wave quantisation
+    double rel_error = kAssumedRelError;
+    int64_t min_dim = 0, max_dim = 0;
+    size_t points = 0;
+  };
+  struct Curve {
+    Collective collective;
+    CollectiveAlgorithm algorithm;
+    Scope scope;
+    int64_t ranks, nodes;
+    AlphaBetaFit fit;
+    double min_bytes, max_bytes;
+    bool single_point;
+  };
+  GemmModel fit_gemm(const std::string& dtype) const;
+  double wave_efficiency(int64_t rows_per_group, int64_t n, int64_t groups) const;
+  double intra_node_seconds(Collective c, int64_t n, double bytes, double* rel_error) const;
+  double inter_node_seconds(const CommSpec& c, const Placement& p, double* rel_error) const;
+  const CollectivePlateau* plateau(Collective c, Scope s) const;
+  void note(std::string what) const;
+
+  const HardwareProfile& hw_;
+  const StackProfile& stack_;
+  std::map<std::string, GemmModel> gemm_;  // by dtype
+  std::vector<Curve> curves_;
+  mutable std::mutex mu_;
+  mutable std::set<std::string> extrapolations_;
+};
+
+}  // namespace moeplan::cost

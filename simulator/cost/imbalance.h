@@ -1,0 +1,64 @@
+// Expert load imbalance: how many token-expert assignments the busiest EP rank and the busiest expert receive
+// when the router's choices are random, and how many a capacity factor drops. Pure functions, no I/O.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+namespace moeplan::cost {
+
+// Token distribution over routed experts: probabilities p_e (sum 1), one per expert. p_e is the share of
+// token-expert assignments that go to expert e.
+struct RoutingDistribution {
+  std::vector<double> expert_probability;  // size E
+};
+
+// p_e = 1/E.
+RoutingDistribution uniform_routing(int64_t experts);
+// p_e = (e+1)^-s / H(E, s), H(E, s) = sum_{e=0}^{E-1} (e+1)^-s; expert 0 is the most popular. s >= 0.
+RoutingDistribution zipf_routing(int64_t experts, double s);
+// p_e = c_e / sum(c); counts >= 0 and finite, sum > 0.
+RoutingDistribution routing_from_counts(const std::vector<double>& counts);
+
+struct RoutingLoad {
+  double assignments = 0;            // T*k token-expert assignments entering the EP group
+  double mean_rank_assignments = 0;  // T*k/ep
+  double busiest_rank_assignments =
+      0;                           // expected max over the ep ranks (after dropping, if a capacity applies)
+  double mean_expert_rows = 0;     // T*k/E
+  double busiest_expert_rows = 0;  // expected max over experts (after dropping)
+  double dropped_fraction = 0;     // expected fraction of assignments dropped by the capacity
+  // busiest / mean rank load, >= 1 typically; 1 when there are no tokens.
+  double imbalance() const {
+    return mean_rank_assignments > 0 ? busiest_rank_assignments / mean_rank_assignments : 1.0;
+  }
+};
+
+// T tokens, each routed to top_k distinct experts, experts placed contiguously on ep ranks (rank r holds
+// experts [r*E/ep, (r+1)*E/ep)). Loads are random and taken as independent normals:
+//   expert e: L_e ~ N(T*k*p_e, T*k*p_e*(1-p_e))        (Binomial(T*k, p_e))
+//   rank r:   L_r ~ N(T*k*P_r, T*k*P_r*(1-P_r)),  P_r = sum_{e in r} p_e
+// (exact marginals for top_k = 1; the multinomial's negative covariances are ignored).
+// Busiest: E[max_i L_i] = a + int_a^inf (1 - F(x)) dx, F(x) = prod_i Phi((x - mu_i)/sigma_i), a below
+// which F ~ 0, by Gauss-Legendre quadrature: error < 1e-6 sigma; 5-9 us for uniform or zipf routing over
+// E = 256 experts, 40-65 us when all 256 experts have distinct, overlapping loads (-O2, one core).
+// Capacity (optional, capacity_factor = cf):
+//   per expert (default):  C = cf*T*k/E on each L_e;
+//   per rank (per_rank_capacity; MegaScale-MoE sizes capacity per GPU): C = cf*T*k/ep on each L_r.
+//   A unit with L ~ N(mu, sigma^2) drops E[(L-C)+] = sigma*phi(z) + (mu - C)*(1 - Phi(z)),
+//   z = (C - mu)/sigma ((mu - C)+ when sigma = 0); dropped_fraction = sum over units / (T*k).
+//   Busiest after dropping: E[min(C, max_i L_i)] = a + int_a^C (1 - F(x)) dx (<= min(C, E[max])).
+//   Per-expert capacity, E/ep > 1: rank r keeps sum_e min(L_e, C), taken as normal with mean
+//   sum_e (mu_e - D_e) and variance sigma_r^2 * sum_e Var(min(L_e, C)) / sum_e sigma_e^2, at most (E/ep)*C.
+//   Per-rank capacity, E/ep > 1: each expert of rank r keeps 1 - D_r/mu_r of its load, at most C.
+// sigma = 0 (a deterministic unit, e.g. p_e in {0, 1}) is exact: its step CDF sets a = mu.
+// Preconditions (asserted): E >= 1, ep >= 1, E % ep == 0, 1 <= top_k <= E, tokens >= 0, capacity_factor > 0.
+RoutingLoad routing_load(const RoutingDistribution& dist, double tokens, int64_t top_k, int64_t ep,
+                         std::optional<double> capacity_factor, bool per_rank_capacity);
+
+// Expected max of n iid standard normals (n >= 1): int x d(Phi(x)^n). n=1 -> 0, n=2 -> 1/sqrt(pi),
+// n=3 -> 3/(2 sqrt(pi)). Same integrator as routing_load; exposed for tests.
+double expected_max_std_normal(int64_t n);
+
+}  // namespace moeplan::cost

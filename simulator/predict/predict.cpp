@@ -1,0 +1,221 @@
+// The simulator's one way through: plan -> op graph -> op costs -> timeline -> report numbers.
+#include "simulator/predict/predict.h"
+
+#include <algorithm>
+#include <array>
+#include <cstring>
+#include <unordered_map>
+
+#include "simulator/core/model_stats.h"
+#include "simulator/workload/lower.h"
+
+namespace moeplan {
+namespace {
+
+// Ops with equal cost-relevant fields cost the same; a step repeats each op once per micro-batch, so the
+// costs are computed once per distinct op.
+struct CostKey {
+  uint64_t h;
+  bool operator==(const CostKey& o) const { return h == o.h; }
+};
+struct CostKeyHash {
+  size_t operator()(const CostKey& k) const { return static_cast<size_t>(k.h); }
+};
+
+uint64_t mix(uint64_t h, uint64_t v) {
+  h ^= v + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2);
+  return h;
+}
+uint64_t bits(double x) {
+  uint64_t b;
+  std::memcpy(&b, &x, sizeof b);
+  return b;
+}
+
+CostKey cost_key(const Op& op) {
+  uint64_t h = 1469598103934665603ULL;
+  h = mix(h, static_cast<uint64_t>(op.kind) | (static_cast<uint64_t>(op.dtype) << 8) |
+                 (static_cast<uint64_t>(op.part) << 16) | (static_cast<uint64_t>(op.phase) << 24) |
+                 (static_cast<uint64_t>(op.mem) << 32) | (static_cast<uint64_t>(op.name) << 40));
+  h = mix(h, bits(op.flops));
+  h = mix(h, bits(op.hbm_bytes));
+  for (int64_t v : {op.gemm.m, op.gemm.n, op.gemm.k, op.gemm.groups, op.attn.seq_kv, op.attn.window,
+                    op.attn.qk_dim, op.comm.group_size, op.comm.stride}) {
+    h = mix(h, static_cast<uint64_t>(v));
+  }
+  h = mix(h, static_cast<uint64_t>(op.comm.collective) | (static_cast<uint64_t>(op.comm.group) << 8));
+  h = mix(h, bits(op.comm.bytes));
+  h = mix(h, bits(op.comm.nic_bytes_scale));
+  return {h};
+}
+
+}  // namespace
+
+double StepBreakdown::total() const {
+  double t = bubble + optimizer;
+  for (const auto& [k, v] : compute) t += v;
+  for (const auto& [k, v] : exposed_comm) t += v;
+  return t;
+}
+
+// Sweep over the stage's timeline: each instant goes to the compute ops running (split evenly), else to the
+// communication running (split evenly by group), else to the bubble.
+StepBreakdown stage_breakdown(const OpGraph& graph, const std::vector<cost::OpCost>& costs,
+                              const engine::Timeline& timeline, int64_t stage) {
+  std::vector<int32_t> ids;
+  for (const Op& op : graph.ops) {
+    if (op.stage == stage) ids.push_back(op.id);
+  }
+  return stage_breakdown(graph, costs, timeline, ids);
+}
+
+StepBreakdown stage_breakdown(const OpGraph& graph, const std::vector<cost::OpCost>& costs,
+                              const engine::Timeline& timeline, const std::vector<int32_t>& stage_ops) {
+  struct Edge {
+    double t;
+    int32_t op;
+    bool start;
+  };
+  std::vector<Edge> edges;
+  edges.reserve(2 * stage_ops.size());
+  for (int32_t id : stage_ops) {
+    const auto& tm = timeline.ops[static_cast<size_t>(id)];
+    if (tm.end <= tm.start) continue;
+    edges.push_back({tm.start, id, true});
+    edges.push_back({tm.end, id, false});
+  }
+  std::sort(edges.begin(), edges.end(), [](const Edge& a, const Edge& b) {
+    return a.t != b.t ? a.t < b.t : (a.start != b.start ? !a.start : a.op < b.op);
+  });
+  // Accumulate by op kind and comm group index, then name them.
+  constexpr size_t kKinds = static_cast<size_t>(OpKind::kOptimizer) + 1;
+  constexpr size_t kGroups = static_cast<size_t>(CommGroup::kPp) + 1;
+  std::array<double, kKinds> by_kind{};
+  std::array<double, kGroups> by_group{};
+  double bubble = 0;
+  std::vector<int32_t> compute, comm;
+  double prev = 0;
+  auto attribute = [&](double span) {
+    if (span <= 0) return;
+    if (!compute.empty()) {
+      const double share = span / static_cast<double>(compute.size());
+      for (int32_t id : compute)
+        by_kind[static_cast<size_t>(graph.ops[static_cast<size_t>(id)].kind)] += share;
+    } else if (!comm.empty()) {
+      const double share = span / static_cast<double>(comm.size());
+      for (int32_t id : comm)
+        by_group[static_cast<size_t>(graph.ops[static_cast<size_t>(id)].comm.group)] += share;
+    } else {
+      bubble += span;
+    }
+  };
+  for (const Edge& e : edges) {
+    attribute(e.t - prev);
+    prev = e.t;
+    auto& set = costs[static_cast<size_t>(e.op)].resource == cost::Resource::kSm ? compute : comm;
+    if (e.start) {
+      set.push_back(e.op);
+    } else {
+      set.erase(std::find(set.begin(), set.end(), e.op));
+    }
+  }
+  attribute(timeline.step_time - prev);  // the stage idles until the slowest stage ends
+  StepBreakdown b;
+  b.bubble = bubble;
+  for (size_t k = 0; k < kKinds; ++k) {
+    if (by_kind[k] <= 0) continue;
+    if (static_cast<OpKind>(k) == OpKind::kOptimizer) {
+      b.optimizer = by_kind[k];
+    } else {
+      b.compute[name_of(static_cast<OpKind>(k))] = by_kind[k];
+    }
+  }
+  for (size_t g = 0; g < kGroups; ++g) {
+    if (by_group[g] > 0) b.exposed_comm[name_of(static_cast<CommGroup>(g))] = by_group[g];
+  }
+  return b;
+}
+
+Prediction predict(const ModelSpec& model, const Plan& plan, const HardwareProfile& hw,
+                   const StackProfile& stack, const cost::RoutingDistribution& routing,
+                   const PredictOptions& options) {
+  Prediction r;
+  r.violations = validate(plan, model, hw);
+  if (!r.violations.empty()) return r;
+
+  // Routing: the busiest EP rank's share of one micro-batch's token-expert assignments.
+  const int64_t t = plan.micro_batch * plan.seq_len / plan.attention_mesh();
+  LoweringOptions lo;
+  lo.gpus_per_node = hw.node.gpus_per_node.value;
+  if (model.is_moe()) {
+    r.routing = cost::routing_load(routing, static_cast<double>(t * plan.experts.ep), model.moe.top_k,
+                                   plan.experts.ep, plan.routing.capacity_factor, false);
+    lo.dropped_fraction = r.routing.dropped_fraction;
+    // Rows the busiest rank computes relative to the mean of the kept rows (>= 1).
+    const double kept_mean = r.routing.mean_rank_assignments * (1.0 - r.routing.dropped_fraction);
+    lo.expert_load_scale =
+        kept_mean > 0 ? std::max(1.0, r.routing.busiest_rank_assignments / kept_mean) : 1.0;
+  }
+  r.graph = lower(model, plan, lo);
+
+  // Costs, once per distinct op.
+  const cost::CostModel cm(hw, stack);
+  std::unordered_map<CostKey, cost::OpCost, CostKeyHash> cache;
+  r.costs.resize(r.graph.ops.size());
+  for (const Op& op : r.graph.ops) {
+    const CostKey key = cost_key(op);
+    auto it = cache.find(key);
+    if (it == cache.end()) it = cache.emplace(key, cm.cost(op)).first;
+    r.costs[static_cast<size_t>(op.id)] = it->second;
+  }
+  engine::EngineOptions eo;
+  eo.comm_sm_fraction = stack.comm_sm_fraction.value;
+  eo.hbm_bytes_per_s = hw.gpu.hbm_bw_achieved_bytes_per_s.value;
+  r.timeline = engine::simulate(r.graph, r.costs, eo);
+  r.extrapolations = cm.extrapolations();
+
+  r.step_time_s = r.timeline.step_time;
+  r.tokens_per_step = static_cast<double>(plan.global_batch * plan.seq_len);
+  r.tokens_per_s = r.tokens_per_step / r.step_time_s;
+  r.tokens_per_s_per_gpu = r.tokens_per_s / static_cast<double>(plan.gpus);
+  r.model_flops_per_step = flops_per_token(model, plan.seq_len).train_step * r.tokens_per_step;
+  r.mfu = r.model_flops_per_step /
+          (r.step_time_s * static_cast<double>(plan.gpus) * hw.gpu.peak_flops_per_s.at("bf16").value);
+
+  // Memory: activations live for the peak number of in-flight chunks of each stage's schedule.
+  std::vector<int64_t> in_flight;
+  for (int64_t s = 0; s < plan.pipeline.pp; ++s) {
+    in_flight.push_back(
+        peak_in_flight(pipeline_order(s, plan.pipeline.pp, plan.pipeline.vpp, plan.num_micro_batches())));
+  }
+  r.memory = cost::memory_per_gpu(model, plan, hw, in_flight, lo.expert_load_scale);
+
+  // The breakdown shown is the busiest stage's: the one whose ops' summed durations are largest (it sets the
+  // pipeline's pace; the others wait for it in the bubble).
+  std::vector<double> busy(static_cast<size_t>(plan.pipeline.pp), 0.0);
+  for (const Op& op : r.graph.ops) {
+    const auto& tm = r.timeline.ops[static_cast<size_t>(op.id)];
+    if (r.costs[static_cast<size_t>(op.id)].resource == cost::Resource::kSm)
+      busy[static_cast<size_t>(op.stage)] += tm.end - tm.start;
+  }
+  r.critical_stage = std::max_element(busy.begin(), busy.end()) - busy.begin();
+  r.breakdown = stage_breakdown(r.graph, r.costs, r.timeline, r.critical_stage);
+
+  // Uncertainty: each op on the critical path may be off by its curve's fit error (errors of one curve move
+  // together, so they add): step in [T - sum e_i d_i, T + sum e_i d_i].
+  r.tokens_per_s_low = r.tokens_per_s_high = r.tokens_per_s;
+  if (options.critical_path) {
+    r.critical_path = engine::critical_path(r.graph, r.timeline);
+    double spread = 0;
+    for (int32_t id : r.critical_path) {
+      const auto& tm = r.timeline.ops[static_cast<size_t>(id)];
+      spread += r.costs[static_cast<size_t>(id)].rel_error * (tm.end - tm.start);
+    }
+    spread = std::min(spread, 0.9 * r.step_time_s);
+    r.tokens_per_s_low = r.tokens_per_step / (r.step_time_s + spread);
+    r.tokens_per_s_high = r.tokens_per_step / (r.step_time_s - spread);
+  }
+  return r;
+}
+
+}  // namespace moeplan

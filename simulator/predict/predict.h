@@ -1,0 +1,66 @@
+// predict(): one plan through the whole simulator, the way `moeplan simulate` and the planner run it:
+// validate -> routing load -> lower -> cost every op -> event simulation -> memory, breakdown and
+// uncertainty.
+#pragma once
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "simulator/core/hardware.h"
+#include "simulator/core/model_spec.h"
+#include "simulator/core/op_graph.h"
+#include "simulator/core/plan.h"
+#include "simulator/core/stack.h"
+#include "simulator/cost/cost_model.h"
+#include "simulator/cost/imbalance.h"
+#include "simulator/cost/memory.h"
+#include "simulator/engine/engine.h"
+
+namespace moeplan {
+
+// Seconds of one stage's step by what the rank was doing: compute by op kind, communication not hidden behind
+// compute by group, idle (pipeline bubble and waits), and the optimizer. The parts sum to the step time.
+struct StepBreakdown {
+  std::map<std::string, double> compute;       // gemm, grouped_gemm, attention, memory_bound, fused_gemm_comm
+  std::map<std::string, double> exposed_comm;  // tp, sp, cp, ep, etp, dp_attn, dp_expert, pp
+  double bubble = 0;
+  double optimizer = 0;
+  double total() const;
+};
+
+struct Prediction {
+  std::vector<Violation> violations;  // non-empty: the plan is illegal and nothing else is filled
+  double step_time_s = 0;
+  double tokens_per_step = 0;
+  double tokens_per_s = 0;
+  double tokens_per_s_per_gpu = 0;
+  double tokens_per_s_low = 0, tokens_per_s_high = 0;
+  double model_flops_per_step =
+      0;           // training FLOPs the model needs (no recompute): flops_per_token_train * tokens
+  double mfu = 0;  // model FLOPs / (step time * GPUs * dense BF16 peak)
+  cost::MemoryBreakdown memory;
+  cost::RoutingLoad routing;
+  StepBreakdown breakdown;  // of the busiest stage (most compute time), which sets the pace
+  int64_t critical_stage = 0;
+  std::vector<std::string> extrapolations;
+  OpGraph graph;
+  std::vector<cost::OpCost> costs;
+  engine::Timeline timeline;
+  std::vector<int32_t> critical_path;
+};
+
+struct PredictOptions {
+  bool critical_path = true;  // the report's critical path and uncertainty range (costs a graph pass)
+};
+
+Prediction predict(const ModelSpec& model, const Plan& plan, const HardwareProfile& hw,
+                   const StackProfile& stack, const cost::RoutingDistribution& routing,
+                   const PredictOptions& options = {});
+
+StepBreakdown stage_breakdown(const OpGraph& graph, const std::vector<cost::OpCost>& costs,
+                              const engine::Timeline& timeline, int64_t stage);
+StepBreakdown stage_breakdown(const OpGraph& graph, const std::vector<cost::OpCost>& costs,
+                              const engine::Timeline& timeline, const std::vector<int32_t>& stage_ops);
+
+}  // namespace moeplan

@@ -1,0 +1,121 @@
+// Collective costs: alpha-beta closed forms, the fit to nccl-tests sweeps, placement from rank order, and the
+// facts the Hopper sources state (NVLS above ring on 8 GPUs; all-to-all across nodes bounded by one NIC per
+// GPU).
+#include <doctest/doctest.h>
+
+#include <cmath>
+
+#include "simulator/core/units.h"
+#include "simulator/cost/collective.h"
+#include "simulator/cost/cost_model.h"
+#include "simulator/io/hardware_loader.h"
+#include "simulator/io/stack_loader.h"
+#include "simulator/workload/lower.h"
+
+using namespace moeplan;
+
+namespace {
+struct Profiles {
+  HardwareProfile hw;
+  StackProfile stack;
+};
+Profiles load(const char* hw) {
+  return {io::load_hardware(hw).value(), io::load_stack("moerun").value()};
+}
+CommSpec spec(Collective c, int64_t size, int64_t stride, double bytes) {
+  CommSpec s;
+  s.collective = c;
+  s.group = CommGroup::kEp;
+  s.group_size = size;
+  s.stride = stride;
+  s.bytes = bytes;
+  return s;
+}
+}  // namespace
+
+TEST_SUITE("cost") {
+  TEST_CASE("ring all-gather time equals the alpha-beta form") {
+    // H200 profile: all_gather ring over 8 GPUs measured at one size (361.4 GB/s busbw at 16 GiB); latency is
+    // NCCL's NVLink per-step constant times n-1 steps. t = 7 * lat + bytes * 7/8 / busbw.
+    const auto p = load("h200-sxm");
+    const cost::CostModel cm(p.hw, p.stack);
+    const double lat = p.hw.node.nvlink_latency_s.value;
+    double busbw = 0;
+    for (const auto& c : p.hw.calibration.collectives) {
+      if (c.collective == Collective::kAllGather && c.scope == Scope::kIntraNode && c.ranks == 8)
+        busbw = c.points.back().second;
+    }
+    REQUIRE(busbw > 0);
+    for (double bytes : {1.0 * kMiB, 64.0 * kMiB, 1.0 * kGiB}) {
+      const double t = cm.collective_seconds(spec(Collective::kAllGather, 8, 1, bytes), nullptr, nullptr);
+      CHECK(t == doctest::Approx(7 * lat + bytes * 7.0 / 8.0 / busbw));
+      CHECK(t == doctest::Approx(cost::alpha_beta_seconds(Collective::kAllGather, 8, bytes, 7 * lat, busbw)));
+    }
+  }
+
+  TEST_CASE("the alpha-beta fit recovers latency and bandwidth from exact data") {
+    // t = 20 us + bytes * 2(n-1)/n / 400 GB/s over 8 ranks, sampled as nccl-tests busbw.
+    std::vector<std::pair<double, double>> pts;
+    for (double b = 1024; b <= 8.0 * kGiB; b *= 4) {
+      const double t = 20e-6 + b * 1.75 / 400e9;
+      pts.emplace_back(b, b * 1.75 / t);
+    }
+    const auto fit = cost::fit_alpha_beta(Collective::kAllReduce, 8, pts);
+    CHECK(fit.alpha_s == doctest::Approx(20e-6).epsilon(1e-6));
+    CHECK(fit.busbw_bytes_per_s == doctest::Approx(400e9).epsilon(1e-6));
+    CHECK(fit.max_rel_error < 1e-9);
+  }
+
+  TEST_CASE("groups are placed on nodes from rank order") {
+    CHECK(cost::place_group(8, 1, 8).nodes == 1);  // tp = 8 innermost: one node
+    CHECK(cost::place_group(4, 8, 8).nodes == 4);  // a group strided by a whole node: one rank per node
+    const auto p = cost::place_group(8, 2, 8);     // stride 2: 4 per node, 2 nodes
+    CHECK(p.per_node == 4);
+    CHECK(p.nodes == 2);
+    CHECK(cost::place_group(64, 1, 8).nodes == 8);
+  }
+
+  TEST_CASE("NVLS all-reduce beats the ring on 8 GPUs for large messages") {
+    const auto p = load("h100-sxm");
+    const cost::CostModel cm(p.hw, p.stack);
+    const double bytes = 4.0 * kGiB;
+    const double t = cm.collective_seconds(spec(Collective::kAllReduce, 8, 1, bytes), nullptr, nullptr);
+    const double busbw = bytes * 1.75 / t;
+    CHECK(busbw > 400e9);  // above the ~370 GB/s ring ceiling (hopper-hardware.md §2.2, §2.3)
+  }
+
+  TEST_CASE("all-to-all across nodes is capped by one NIC per GPU") {
+    for (const char* hw : {"h100-sxm", "h800-sxm", "h200-sxm"}) {
+      CAPTURE(hw);
+      const auto p = load(hw);
+      const cost::CostModel cm(p.hw, p.stack);
+      for (int64_t n : {16, 32, 64, 256}) {
+        const double bytes = 256.0 * kMiB;
+        const double t = cm.collective_seconds(spec(Collective::kAllToAll, n, 1, bytes), nullptr, nullptr);
+        // The (n-8)/n of the message leaving the node cannot beat one NIC's line rate.
+        const double bound = bytes * static_cast<double>(n - 8) / static_cast<double>(n) /
+                             p.hw.scale_out.nic_bw_bytes_per_s.value;
+        CHECK(t >= bound);
+        CHECK(t < 3 * bound);
+      }
+    }
+  }
+
+  TEST_CASE("H800's NVLink makes intra-node collectives slower than H100's") {
+    const auto a = load("h100-sxm"), b = load("h800-sxm");
+    const cost::CostModel ca(a.hw, a.stack), cb(b.hw, b.stack);
+    for (Collective c : {Collective::kAllGather, Collective::kReduceScatter, Collective::kAllToAll}) {
+      const double ta = ca.collective_seconds(spec(c, 8, 1, 256.0 * kMiB), nullptr, nullptr);
+      const double tb = cb.collective_seconds(spec(c, 8, 1, 256.0 * kMiB), nullptr, nullptr);
+      CHECK(tb > 1.8 * ta);
+    }
+  }
+
+  TEST_CASE("node-deduplicated dispatch sends fewer bytes over the NIC") {
+    // DeepSeek-V3 on 8 nodes: 256 experts, top-8. Plain: 8*7/8 = 7 copies leave the node; dedup: at most 7.
+    const double s = moeplan::dedup_nic_scale(256, 8, 8);
+    CHECK(s < 1.0);
+    CHECK(s > 0.5);
+    CHECK(moeplan::dedup_nic_scale(256, 8, 1) == 1.0);
+  }
+}

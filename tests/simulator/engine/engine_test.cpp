@@ -1,0 +1,165 @@
+// The event engine on hand-built graphs whose timelines have closed forms: pipeline bubbles of 1F1B and
+// interleaved 1F1B, link sharing, stream order, determinism and the critical path.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <vector>
+
+#include "simulator/engine/engine.h"
+#include "simulator/workload/lower.h"
+
+using namespace moeplan;
+
+namespace {
+
+struct Built {
+  OpGraph g;
+  std::vector<cost::OpCost> costs;
+};
+
+// p stages, m micro-batches, v chunks per stage: one compute op per (task), forward costing tf / v and
+// backward tb / v, sends costing nothing; the order of each stage is pipeline_order().
+Built pipeline_graph(int64_t p, int64_t m, int64_t v, double tf, double tb) {
+  Built b;
+  b.g.num_stages = static_cast<int>(p);
+  b.g.chunks_per_stage = static_cast<int>(v);
+  b.g.micro_batches = m;
+  std::vector<std::pair<int32_t, int32_t>> deps;
+  // task id of (mb, virtual stage, fwd) -> op id; send op ids likewise
+  std::vector<int32_t> first(static_cast<size_t>(m * p * v * 2), -1), send(first.size(), -1);
+  auto idx = [&](int64_t mb, int64_t vs, bool fwd) {
+    return static_cast<size_t>((mb * p * v + vs) * 2 + (fwd ? 0 : 1));
+  };
+  auto add = [&](int64_t stage, Stream s, double seconds) {
+    Op op;
+    op.id = static_cast<int32_t>(b.g.ops.size());
+    op.stage = static_cast<int16_t>(stage);
+    op.stream = s;
+    op.kind = s == Stream::kCompute ? OpKind::kGemm : OpKind::kSendRecv;
+    b.g.ops.push_back(op);
+    cost::OpCost c;
+    c.seconds = seconds;
+    c.resource = s == Stream::kCompute ? cost::Resource::kSm : cost::Resource::kNvlink;
+    b.costs.push_back(c);
+    return op.id;
+  };
+  for (int64_t s = 0; s < p; ++s) {
+    for (const auto& t : pipeline_order(s, p, v, m)) {
+      const int64_t vs = t.chunk * p + s;
+      const int32_t op = add(s, Stream::kCompute, (t.forward ? tf : tb) / static_cast<double>(v));
+      first[idx(t.micro_batch, vs, t.forward)] = op;
+      const bool sends = t.forward ? vs < p * v - 1 : vs > 0;
+      if (sends) {
+        const int32_t sop = add(s, Stream::kPpComm, 0.0);
+        deps.emplace_back(sop, op);
+        send[idx(t.micro_batch, vs, t.forward)] = sop;
+      }
+    }
+  }
+  for (int64_t mb = 0; mb < m; ++mb) {
+    for (int64_t vs = 0; vs < p * v; ++vs) {
+      if (vs > 0) deps.emplace_back(first[idx(mb, vs, true)], send[idx(mb, vs - 1, true)]);
+      if (vs < p * v - 1) deps.emplace_back(first[idx(mb, vs, false)], send[idx(mb, vs + 1, false)]);
+      if (vs == p * v - 1) deps.emplace_back(first[idx(mb, vs, false)], first[idx(mb, vs, true)]);
+    }
+  }
+  std::sort(deps.begin(), deps.end());
+  for (auto& op : b.g.ops) {
+    op.dep_begin = static_cast<uint32_t>(b.g.deps.size());
+    for (auto [o, on] : deps) {
+      if (o == op.id) b.g.deps.push_back(on);
+    }
+    op.dep_count = static_cast<uint32_t>(b.g.deps.size()) - op.dep_begin;
+  }
+  return b;
+}
+
+}  // namespace
+
+TEST_SUITE("engine") {
+  TEST_CASE("the 1F1B bubble fraction is (p-1)/(m+p-1)") {
+    // p stages, m micro-batches, forward 1 s and backward 2 s per stage: step = (m + p - 1) * 3 s.
+    for (auto [p, m] : {std::pair{4L, 8L}, std::pair{8L, 8L}, std::pair{2L, 16L}, std::pair{15L, 60L}}) {
+      CAPTURE(p);
+      CAPTURE(m);
+      Built b = pipeline_graph(p, m, 1, 1.0, 2.0);
+      const auto t = engine::simulate(b.g, b.costs, {});
+      const double ideal = static_cast<double>(m) * 3.0;
+      CHECK(t.step_time == doctest::Approx(static_cast<double>(m + p - 1) * 3.0));
+      CHECK(1.0 - ideal / t.step_time ==
+            doctest::Approx(static_cast<double>(p - 1) / static_cast<double>(m + p - 1)));
+    }
+  }
+
+  TEST_CASE("interleaving over v chunks shrinks the bubble by v") {
+    // Megatron's interleaved schedule: bubble time (p-1)(tf+tb)/v.
+    const int64_t p = 4, m = 8;
+    for (int64_t v : {2L, 4L}) {
+      CAPTURE(v);
+      Built b = pipeline_graph(p, m, v, 1.0, 2.0);
+      const auto t = engine::simulate(b.g, b.costs, {});
+      CHECK(t.step_time == doctest::Approx(static_cast<double>(m) * 3.0 +
+                                           static_cast<double>(p - 1) * 3.0 / static_cast<double>(v)));
+    }
+  }
+
+  TEST_CASE("transfers sharing a link split its bandwidth; kernels sharing the SMs split them") {
+    Built b;
+    b.g.num_stages = 1;
+    for (int i = 0; i < 2; ++i) {
+      Op op;
+      op.id = i;
+      op.stream = i == 0 ? Stream::kComm : Stream::kDpComm;
+      op.kind = OpKind::kCollective;
+      b.g.ops.push_back(op);
+      cost::OpCost c;
+      c.seconds = 1.0;
+      c.resource = cost::Resource::kNic;
+      b.costs.push_back(c);
+    }
+    auto t = engine::simulate(b.g, b.costs, {});
+    CHECK(t.ops[0].end == doctest::Approx(2.0));
+    CHECK(t.ops[1].end == doctest::Approx(2.0));
+    // One on NVLink, one on the NIC: no sharing.
+    b.costs[1].resource = cost::Resource::kNvlink;
+    t = engine::simulate(b.g, b.costs, {});
+    CHECK(t.step_time == doctest::Approx(1.0));
+  }
+
+  TEST_CASE("compute beside communication loses the SMs the communication kernels take") {
+    Built b;
+    b.g.num_stages = 1;
+    for (int i = 0; i < 2; ++i) {
+      Op op;
+      op.id = i;
+      op.stream = i == 0 ? Stream::kCompute : Stream::kComm;
+      op.kind = i == 0 ? OpKind::kGemm : OpKind::kCollective;
+      b.g.ops.push_back(op);
+      cost::OpCost c;
+      c.seconds = i == 0 ? 1.0 : 0.5;
+      c.resource = i == 0 ? cost::Resource::kSm : cost::Resource::kNvlink;
+      b.costs.push_back(c);
+    }
+    engine::EngineOptions o;
+    o.comm_sm_fraction = 0.2;
+    const auto t = engine::simulate(b.g, b.costs, o);
+    // First 0.5 s at 80% speed (0.4 s of work), the remaining 0.6 s alone: ends at 1.1 s.
+    CHECK(t.ops[0].end == doctest::Approx(1.1));
+    CHECK(t.ops[1].end == doctest::Approx(0.5));
+  }
+
+  TEST_CASE("the same graph gives the same timeline and the critical path spans the step") {
+    Built b = pipeline_graph(4, 8, 1, 1.0, 2.0);
+    const auto t1 = engine::simulate(b.g, b.costs, {});
+    const auto t2 = engine::simulate(b.g, b.costs, {});
+    for (size_t i = 0; i < t1.ops.size(); ++i) {
+      CHECK(t1.ops[i].start == t2.ops[i].start);
+      CHECK(t1.ops[i].end == t2.ops[i].end);
+    }
+    const auto path = engine::critical_path(b.g, t1);
+    double sum = 0;
+    for (int32_t id : path)
+      sum += t1.ops[static_cast<size_t>(id)].end - t1.ops[static_cast<size_t>(id)].start;
+    CHECK(sum == doctest::Approx(t1.step_time));
+  }
+}

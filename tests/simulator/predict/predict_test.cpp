@@ -1,0 +1,119 @@
+// Invariants of whole-step predictions: more bandwidth or FLOP/s never slows a step, overlap never loses to
+// the same plan serialised, doubling DP at a fixed per-replica batch leaves per-GPU compute unchanged; and
+// the breakdown accounts for the whole step.
+#include <doctest/doctest.h>
+
+#include "simulator/io/hardware_loader.h"
+#include "simulator/io/model_loader.h"
+#include "simulator/io/stack_loader.h"
+#include "simulator/predict/predict.h"
+
+using namespace moeplan;
+
+namespace {
+
+struct Case {
+  ModelSpec model = io::load_model("mixtral-8x7b").value();
+  HardwareProfile hw = io::load_hardware("h100-sxm").value();
+  StackProfile stack = io::load_stack("moerun").value();
+  Plan plan = [] {
+    Plan p;
+    p.gpus = 32;
+    p.seq_len = 4096;
+    p.global_batch = 32;
+    p.attention.tp = 2;
+    p.experts.ep = 8;
+    p.pipeline.pp = 2;
+    p.overlap = {true, false, true, true};
+    p.recompute = Recompute::kSelective;
+    return p;
+  }();
+  Prediction run() const {
+    return predict(model, plan, hw, stack, cost::uniform_routing(model.moe.num_experts));
+  }
+};
+
+double compute_flops(const Prediction& p, int64_t stage) {
+  double f = 0;
+  for (const Op& op : p.graph.ops) {
+    if (op.stage == stage && op.kind != OpKind::kOptimizer && op.kind != OpKind::kCollective) f += op.flops;
+  }
+  return f;
+}
+
+}  // namespace
+
+TEST_SUITE("predict") {
+  TEST_CASE("the breakdown of the critical stage sums to the step time") {
+    const Prediction p = Case{}.run();
+    REQUIRE(p.violations.empty());
+    CHECK(p.breakdown.total() == doctest::Approx(p.step_time_s).epsilon(1e-9));
+    CHECK(p.tokens_per_s_low <= p.tokens_per_s);
+    CHECK(p.tokens_per_s_high >= p.tokens_per_s);
+    CHECK(p.mfu > 0.05);
+    CHECK(p.mfu < 0.8);
+  }
+
+  TEST_CASE("more bandwidth or more FLOP/s never makes a step slower") {
+    Case c;
+    const double base = c.run().step_time_s;
+    SUBCASE("NVLink") {
+      c.hw.node.nvlink_bw_achieved_bytes_per_s.value *= 2;
+      c.hw.node.nvlink_bw_uni_bytes_per_s.value *= 2;
+      for (auto& k : c.hw.calibration.collectives) {
+        if (k.scope == Scope::kIntraNode) {
+          for (auto& pt : k.points) pt.second *= 2;
+        }
+      }
+      for (auto& k : c.hw.calibration.plateaus) k.busbw_bytes_per_s *= 2;
+      CHECK(c.run().step_time_s <= base);
+    }
+    SUBCASE("NIC") {
+      c.hw.scale_out.nic_bw_achieved_bytes_per_s.value *= 2;
+      c.hw.scale_out.nic_bw_bytes_per_s.value *= 2;
+      CHECK(c.run().step_time_s <= base);
+    }
+    SUBCASE("peak FLOP/s") {
+      for (auto& [k, v] : c.hw.gpu.peak_flops_per_s) v.value *= 2;
+      for (auto& t : c.hw.calibration.attention) {
+        for (auto& pt : t.points) pt.second *= 2;
+      }
+      CHECK(c.run().step_time_s < base);
+    }
+    SUBCASE("HBM") {
+      c.hw.gpu.hbm_bw_achieved_bytes_per_s.value *= 2;
+      c.hw.gpu.hbm_bw_peak_bytes_per_s.value *= 2;
+      CHECK(c.run().step_time_s < base);
+    }
+  }
+
+  TEST_CASE("an overlapped schedule is never slower than the same plan serialised") {
+    Case c;
+    for (Dispatch d : {Dispatch::kAllToAll, Dispatch::kAllGather}) {
+      c.plan.experts.dispatch = d;
+      c.plan.overlap = {false, false, false, false};
+      const double serial = c.run().step_time_s;
+      c.plan.overlap = {true, false, true, true};
+      const double inter = c.run().step_time_s;
+      CHECK(inter <= serial);
+    }
+  }
+
+  TEST_CASE("doubling DP at a fixed per-replica batch leaves per-GPU compute unchanged") {
+    Case c;
+    const Prediction a = c.run();
+    c.plan.gpus *= 2;
+    c.plan.global_batch *= 2;
+    const Prediction b = c.run();
+    for (int64_t s = 0; s < c.plan.pipeline.pp; ++s)
+      CHECK(compute_flops(a, s) == doctest::Approx(compute_flops(b, s)));
+  }
+
+  TEST_CASE("an illegal plan is a value with its reasons") {
+    Case c;
+    c.plan.experts.ep = 3;
+    const Prediction p = c.run();
+    CHECK_FALSE(p.violations.empty());
+    CHECK(p.graph.ops.empty());
+  }
+}
