@@ -30,5 +30,7 @@ using Runner = std::function<int()>;
 Runner add_inspect(CLI::App& app);
 Runner add_validate(CLI::App& app);
 Runner add_simulate(CLI::App& app);
+Runner add_launch(CLI::App& app);
+Runner add_plan(CLI::App& app);
 
 }  // namespace moeplan::cli

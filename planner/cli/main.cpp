@@ -49,6 +49,9 @@ int main(int argc, char** argv) {
     CLI::App* sub = app.add_subcommand(name, help);
     runners[sub] = make(*sub);
   };
+  add("plan",
+      "Search the plan space: the best layouts for a model, cluster and job, ranked by simulated tokens/s",
+      add_plan);
   add("inspect",
       "Parameters, FLOPs per token and training bytes per parameter of a model, or a hardware profile",
       add_inspect);
@@ -56,6 +59,10 @@ int main(int argc, char** argv) {
       add_validate);
   add("simulate", "Predict one training step of a plan: step time, tokens/s, MFU, memory, breakdown, trace",
       add_simulate);
+  add("launch",
+      "Launch configuration of a plan: moerun plan file + mpirun/srun lines, sbatch script, or Megatron-LM "
+      "arguments",
+      add_launch);
 
   try {
     app.parse(argc, argv);

@@ -318,11 +318,11 @@ Clipped clip(double mean, double sd, double capacity) {
 class ClipCache {
  public:
   explicit ClipCache(double capacity) : capacity_(capacity) {}
-  const Clipped& operator()(const NormalUnit& u) {
-    if (!valid_ || u.mean != mean_ || u.sd != sd_) {
-      last_ = clip(u.mean, u.sd, capacity_);
-      mean_ = u.mean;
-      sd_ = u.sd;
+  const Clipped& operator()(double mean, double sd) {
+    if (!valid_ || mean != mean_ || sd != sd_) {
+      last_ = clip(mean, sd, capacity_);
+      mean_ = mean;
+      sd_ = sd;
       valid_ = true;
     }
     return last_;
@@ -378,20 +378,38 @@ RoutingLoad routing_load(const RoutingDistribution& dist, double tokens, int64_t
   load.mean_expert_rows = a / static_cast<double>(experts);
   if (a == 0) return load;
 
-  // Binomial(T*k, p) as N(T*k p, T*k p (1-p)).
-  auto binomial = [a](double p) {
-    const double q = std::clamp(p, 0.0, 1.0);
-    return NormalUnit{a * q, std::sqrt(a * q * (1.0 - q)), 1};
+  // Per token: expert e is one of the k distinct picks with probability q_e = min(1, k p_e) (variance
+  // q_e (1 - q_e)); the number of picks on rank r has mean k P_r and the hypergeometric variance
+  // k P_r (1 - P_r) (E - k)/(E - 1). T independent tokens sum them. Drops use these marginal sds; maxima
+  // use sd / sqrt(1 - w), w the unit's share p_e or P_r (the units sum to T k: see the header).
+  const double e_count = static_cast<double>(experts), k = static_cast<double>(top_k);
+  const double without_replacement = experts > 1 ? (e_count - k) / (e_count - 1.0) : 0.0;
+  auto max_sd = [](double variance, double share) {
+    return std::sqrt(share < 1.0 ? variance / (1.0 - share) : variance);
   };
   std::vector<NormalUnit> expert(static_cast<size_t>(experts));
+  std::vector<double> expert_sd(expert.size());  // marginal: sqrt(T q_e (1 - q_e))
   std::vector<NormalUnit> rank(static_cast<size_t>(ep));
+  std::vector<double> rank_sd(rank.size());  // marginal
   for (size_t r = 0; r < rank.size(); ++r) {
     double p_rank = 0;
     for (size_t e = r * per_rank; e < (r + 1) * per_rank; ++e) {
-      expert[e] = binomial(dist.expert_probability[e]);
-      p_rank += dist.expert_probability[e];
+      const double p = std::clamp(dist.expert_probability[e], 0.0, 1.0);
+      const double q = std::min(1.0, k * p);
+      const double variance = tokens * q * (1.0 - q);
+      expert[e] = {tokens * q, max_sd(variance, p), 1};
+      expert_sd[e] = std::sqrt(variance);
+      p_rank += p;
     }
-    rank[r] = binomial(p_rank);
+    if (per_rank == 1) {  // the rank is its expert
+      rank[r] = expert[r];
+      rank_sd[r] = expert_sd[r];
+      continue;
+    }
+    p_rank = std::min(1.0, p_rank);
+    const double variance = a * p_rank * (1.0 - p_rank) * without_replacement;
+    rank[r] = {a * p_rank, max_sd(variance, p_rank), 1};
+    rank_sd[r] = std::sqrt(variance);
   }
   const double inf = std::numeric_limits<double>::infinity();
 
@@ -410,7 +428,7 @@ RoutingLoad routing_load(const RoutingDistribution& dist, double tokens, int64_t
     const double c_rank = *capacity_factor * load.mean_rank_assignments;
     ClipCache clip_rank(c_rank);
     for (size_t r = 0; r < rank.size(); ++r) {
-      const double d = clip_rank(rank[r]).dropped;
+      const double d = clip_rank(rank[r].mean, rank_sd[r]).dropped;
       dropped += d;
       const double kept = rank[r].mean > 0 ? 1.0 - d / rank[r].mean : 1.0;
       for (size_t e = r * per_rank; e < (r + 1) * per_rank; ++e) {
@@ -424,24 +442,25 @@ RoutingLoad routing_load(const RoutingDistribution& dist, double tokens, int64_t
   } else {
     // C = cf*T*k/E on each expert's load. A rank's kept load sum_e min(L_e, C) is taken as normal with mean
     // sum_e (mu_e - D_e) and variance sigma_r^2 * sum_e Var(min(L_e, C)) / sum_e sigma_e^2 (the clipped
-    // experts' variance, keeping the rank's covariance structure), and is at most (E/ep)*C.
+    // experts' variance, keeping the rank's covariance structure), and is at most (E/ep)*C. Drops and kept
+    // variances use the marginal sds.
     const double c_expert = *capacity_factor * load.mean_expert_rows;
     std::vector<NormalUnit> rank_kept = rank;
     ClipCache clip_expert(c_expert);
     for (size_t r = 0; r < rank.size(); ++r) {
       double d_rank = 0, var_kept = 0, var_raw = 0;
       for (size_t e = r * per_rank; e < (r + 1) * per_rank; ++e) {
-        const Clipped& c = clip_expert(expert[e]);
+        const Clipped& c = clip_expert(expert[e].mean, expert_sd[e]);
         d_rank += c.dropped;
         var_kept += c.kept_variance;
-        var_raw += expert[e].sd * expert[e].sd;
+        var_raw += expert_sd[e] * expert_sd[e];
       }
       dropped += d_rank;
       rank_kept[r].mean = rank[r].mean - d_rank;
       rank_kept[r].sd = var_raw > 0 ? rank[r].sd * std::sqrt(var_kept / var_raw) : 0.0;
     }
     load.busiest_expert_rows = expected_capped_max(expert, c_expert);
-    // One expert per rank: the rank is the expert, and E[min(C, max)] is exact.
+    // One expert per rank: the rank is the expert.
     load.busiest_rank_assignments =
         per_rank == 1 ? load.busiest_expert_rows
                       : expected_capped_max(rank_kept, static_cast<double>(per_rank) * c_expert);

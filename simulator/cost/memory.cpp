@@ -99,6 +99,37 @@ MemoryBreakdown memory_per_gpu(const ModelSpec& m, const Plan& p, const Hardware
   std::vector<int64_t> first(layers.size() + 1, 0);
   for (size_t i = 0; i < layers.size(); ++i) first[i + 1] = first[i] + layers[i];
 
+  // Per distinct layer kind: parameters on this rank and saved activations (layers of a kind are identical).
+  struct Kind {
+    LayerSpec spec;
+    double dense = 0, experts = 0, activations = 0;
+  };
+  std::vector<Kind> kinds;
+  std::vector<size_t> kind_of(m.layers.size());
+  for (size_t l = 0; l < m.layers.size(); ++l) {
+    const LayerSpec& spec = m.layers[l];
+    auto it = std::find_if(kinds.begin(), kinds.end(), [&](const Kind& k) {
+      return k.spec.moe == spec.moe && k.spec.window == spec.window &&
+             k.spec.kv_projection == spec.kv_projection;
+    });
+    if (it == kinds.end()) {
+      const ParamBreakdown lp = layer_params(m, spec);
+      kinds.push_back({spec, (lp.total() - lp.routed_experts) / d(tp), lp.routed_experts / d(ep * etp),
+                       layer_activation_elements(m, p, spec, expert_load_scale).total() * dt});
+      it = kinds.end() - 1;
+    }
+    kind_of[l] = static_cast<size_t>(it - kinds.begin());
+  }
+  double largest_full = 0;  // one layer's full working set while it is recomputed
+  if (p.recompute != Recompute::kNone) {
+    Plan full = p;
+    full.recompute = Recompute::kNone;
+    for (const Kind& k : kinds) {
+      largest_full =
+          std::max(largest_full, layer_activation_elements(m, full, k.spec, expert_load_scale).total() * dt);
+    }
+  }
+
   MemoryBreakdown worst;
   for (int64_t s = 0; s < pp; ++s) {
     MemoryBreakdown b;
@@ -109,13 +140,11 @@ MemoryBreakdown memory_per_gpu(const ModelSpec& m, const Plan& p, const Hardware
     for (int64_t c = 0; c < vpp; ++c) {
       const int64_t v = c * pp + s;
       for (int64_t l = first[static_cast<size_t>(v)]; l < first[static_cast<size_t>(v) + 1]; ++l) {
-        const LayerSpec& spec = m.layers[static_cast<size_t>(l)];
-        const ParamBreakdown lp = layer_params(m, spec);
-        dense += (lp.total() - lp.routed_experts) / d(tp);
-        experts += lp.routed_experts / d(ep * etp);
-        largest_layer = std::max(largest_layer,
-                                 (lp.total() - lp.routed_experts) / d(tp) + lp.routed_experts / d(ep * etp));
-        act_per_chunk += layer_activation_elements(m, p, spec, expert_load_scale).total() * dt;
+        const Kind& k = kinds[kind_of[static_cast<size_t>(l)]];
+        dense += k.dense;
+        experts += k.experts;
+        largest_layer = std::max(largest_layer, k.dense + k.experts);
+        act_per_chunk += k.activations;
         ++chunks_layers;
       }
     }
@@ -135,14 +164,7 @@ MemoryBreakdown memory_per_gpu(const ModelSpec& m, const Plan& p, const Hardware
     // stage's chunks), plus one layer's full working set while it is recomputed.
     b.in_flight = in_flight.empty() ? 1 : in_flight[static_cast<size_t>(s)];
     b.activations = d(b.in_flight) * act_per_chunk / d(std::max<int64_t>(1, vpp));
-    if (p.recompute != Recompute::kNone && chunks_layers > 0) {
-      Plan full = p;
-      full.recompute = Recompute::kNone;
-      double largest = 0;
-      for (const auto& spec : m.layers)
-        largest = std::max(largest, layer_activation_elements(m, full, spec, expert_load_scale).total());
-      b.activations += largest * dt;
-    }
+    if (chunks_layers > 0) b.activations += largest_full;
     const double t = d(p.micro_batch * p.seq_len / (tp * p.attention.sp * p.attention.cp));
     if (s == pp - 1) b.activations += t * d(tp) * d(m.vocab) / d(tp) * 4.0;  // fp32 logits for the loss
 

@@ -9,32 +9,6 @@
 namespace moeplan::io {
 namespace {
 
-std::string source_of(const JsonNode& v) {
-  std::string s = v.string("source");
-  if (s.find_first_not_of(" \t") == std::string::npos) v.fail("source", "a non-empty citation");
-  return s;
-}
-
-// {"value": x, "source": "..."} with x in [lo, hi], scaled by `unit` into SI.
-Sourced<double> sourced_number(const JsonNode& parent, std::string_view key, double lo, double hi,
-                               double unit = 1.0) {
-  const JsonNode v = parent.object(key);
-  v.only_keys({"value", "source"});
-  return {v.number("value", lo, hi) * unit, source_of(v)};
-}
-
-Sourced<int64_t> sourced_integer(const JsonNode& parent, std::string_view key, int64_t lo, int64_t hi) {
-  const JsonNode v = parent.object(key);
-  v.only_keys({"value", "source"});
-  return {v.integer("value", lo, hi), source_of(v)};
-}
-
-Sourced<bool> sourced_bool(const JsonNode& parent, std::string_view key) {
-  const JsonNode v = parent.object(key);
-  v.only_keys({"value", "source"});
-  return {v.boolean("value"), source_of(v)};
-}
-
 GpuSpec read_gpu(const JsonNode& g) {
   g.only_keys(
       {"model", "sm_count", "peak_tflops", "hbm_capacity_GB", "hbm_bw_peak_GBps", "hbm_bw_achieved_GBps"});

@@ -206,4 +206,29 @@ void JsonNode::only_keys(std::initializer_list<std::string_view> known) const {
   }
 }
 
+std::string source_of(const JsonNode& v) {
+  std::string s = v.string("source");
+  if (s.find_first_not_of(" \t") == std::string::npos) v.fail("source", "a non-empty citation");
+  return s;
+}
+
+Sourced<double> sourced_number(const JsonNode& parent, std::string_view key, double lo, double hi,
+                               double unit) {
+  const JsonNode v = parent.object(key);
+  v.only_keys({"value", "source"});
+  return {v.number("value", lo, hi) * unit, source_of(v)};
+}
+
+Sourced<int64_t> sourced_integer(const JsonNode& parent, std::string_view key, int64_t lo, int64_t hi) {
+  const JsonNode v = parent.object(key);
+  v.only_keys({"value", "source"});
+  return {v.integer("value", lo, hi), source_of(v)};
+}
+
+Sourced<bool> sourced_bool(const JsonNode& parent, std::string_view key) {
+  const JsonNode v = parent.object(key);
+  v.only_keys({"value", "source"});
+  return {v.boolean("value"), source_of(v)};
+}
+
 }  // namespace moeplan::io

@@ -14,6 +14,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "simulator/core/hardware.h"
 #include "simulator/core/status.h"
 
 namespace moeplan::io {
@@ -100,6 +101,16 @@ E JsonNode::choice_or(std::string_view key, E fallback,
                       std::initializer_list<std::pair<const char*, E>> options) const {
   return has(key) ? choice(key, options) : fallback;
 }
+
+// {value, source} pairs of hardware and stack profiles: {"value": x, "source": "..."}, no other keys, the
+// source a non-empty citation.
+// The "source" string of `v`; blank is an error.
+std::string source_of(const JsonNode& v);
+// x in [lo, hi], scaled by `unit` into SI.
+Sourced<double> sourced_number(const JsonNode& parent, std::string_view key, double lo, double hi,
+                               double unit = 1.0);
+Sourced<int64_t> sourced_integer(const JsonNode& parent, std::string_view key, int64_t lo, int64_t hi);
+Sourced<bool> sourced_bool(const JsonNode& parent, std::string_view key);
 
 // Runs `body` (which reads JSON through JsonNode and may throw InputError) and turns errors into a Result.
 template <class F>

@@ -10,26 +10,6 @@
 namespace moeplan::io {
 namespace {
 
-std::string source_of(const JsonNode& v) {
-  std::string s = v.string("source");
-  if (s.find_first_not_of(" \t") == std::string::npos) v.fail("source", "a non-empty citation");
-  return s;
-}
-
-// {"value": x, "source": "..."} with x in [lo, hi], scaled by `unit` into SI.
-Sourced<double> sourced_number(const JsonNode& parent, std::string_view key, double lo, double hi,
-                               double unit = 1.0) {
-  const JsonNode v = parent.object(key);
-  v.only_keys({"value", "source"});
-  return {v.number("value", lo, hi) * unit, source_of(v)};
-}
-
-Sourced<bool> sourced_bool(const JsonNode& parent, std::string_view key) {
-  const JsonNode v = parent.object(key);
-  v.only_keys({"value", "source"});
-  return {v.boolean("value"), source_of(v)};
-}
-
 // Efficiencies lie in (0, 1]: zero would make a cost infinite. Shares of the SMs lie in [0, 1): comm kernels
 // may take none (copy engines), but never all of them.
 enum class Interval { kEfficiency, kShare };

@@ -108,15 +108,15 @@ nlohmann::json prediction_json(const Prediction& p, const ReportContext& ctx) {
   j["stack_calibrated"] = ctx.stack.calibrated;
   j["ops_in_graph"] = p.graph.ops.size();
   j["micro_batches"] = p.graph.micro_batches;
-  nlohmann::json cp = nlohmann::json::array();
+  // What the critical path is made of: seconds by op kind (communication by group).
+  std::map<std::string, double> along;
   for (int32_t id : p.critical_path) {
     const Op& op = p.graph.ops[static_cast<size_t>(id)];
-    if (!cp.empty() && cp.back()["op"] == op_label(op) && cp.back()["stage"] == op.stage) continue;
-    cp.push_back({{"stage", op.stage},
-                  {"op", op_label(op)},
-                  {"phase", name_of(op.phase)},
-                  {"micro_batch", op.micro_batch}});
+    const auto& t = p.timeline.ops[static_cast<size_t>(id)];
+    const bool is_comm = op.kind == OpKind::kCollective || op.kind == OpKind::kSendRecv;
+    along[is_comm ? std::string("comm_") + name_of(op.comm.group) : std::string(name_of(op.kind))] += t.end - t.start;
   }
+  j["critical_path_seconds"] = along;
   j["critical_path_ops"] = p.critical_path.size();
   j["ops"] = op_summary_json(p.graph, p.timeline);
   return j;

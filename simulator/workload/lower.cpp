@@ -92,43 +92,7 @@ class Builder {
     return op;
   }
   CommSpec comm(Collective c, CommGroup g, double bytes, DType dtype) const {
-    CommSpec s;
-    s.collective = c;
-    s.group = g;
-    s.bytes = bytes;
-    s.dtype = dtype;
-    switch (g) {
-      case CommGroup::kTp:
-        s.group_size = tp_, s.stride = 1;
-        break;
-      case CommGroup::kSp:
-        s.group_size = sp_, s.stride = tp_;
-        break;
-      case CommGroup::kCp:
-        s.group_size = cp_, s.stride = tp_ * sp_;
-        break;
-      case CommGroup::kDp:
-        s.group_size = dp_, s.stride = tp_ * sp_ * cp_;
-        break;
-      case CommGroup::kAttnReplica:
-        s.group_size = sp_ * cp_ * dp_, s.stride = tp_;
-        break;
-      case CommGroup::kEtp:
-        s.group_size = etp_, s.stride = 1;
-        break;
-      case CommGroup::kEp:
-        s.group_size = ep_, s.stride = etp_;
-        break;
-      case CommGroup::kExpertDp:
-        s.group_size = edp_, s.stride = ep_ * etp_;
-        break;
-      case CommGroup::kPp:
-        s.group_size = 2, s.stride = p_.gpus / pp_;
-        break;
-      case CommGroup::kNone:
-        break;
-    }
-    return s;
+    return group_comm(p_, c, g, bytes, dtype);
   }
   Op coll(OpName name, Collective c, CommGroup g, double bytes, DType dtype = DType::kBf16) const {
     Op op = base(name, OpKind::kCollective, comm_stream_);
@@ -492,7 +456,7 @@ std::pair<int32_t, int32_t> Builder::emit_layer_forward(int64_t layer, int16_t s
       if (in >= 0) dep(ids[i], ids[static_cast<size_t>(in)]);
     }
   }
-  if (p_.data.zero == 3)
+  if (p_.data.zero == 3 && o_.data_parallel)
     dep(ids.front(), emit_param_gather(layer, stage, chunk, mb, Phase::kForward, dp_stream_));
   if (layer_first_fwd_[static_cast<size_t>(layer)] < 0)
     layer_first_fwd_[static_cast<size_t>(layer)] = ids.front();
@@ -512,8 +476,9 @@ std::pair<int32_t, int32_t> Builder::emit_layer_backward(int64_t layer, int16_t 
   const auto L = static_cast<int32_t>(layer);
   int32_t first = -1;
 
-  const int32_t zero3_gather =
-      p_.data.zero == 3 ? emit_param_gather(layer, stage, chunk, mb, Phase::kBackward, dp_stream_) : -1;
+  const int32_t zero3_gather = p_.data.zero == 3 && o_.data_parallel
+                                   ? emit_param_gather(layer, stage, chunk, mb, Phase::kBackward, dp_stream_)
+                                   : -1;
 
   // Recompute pass.
   std::vector<int32_t>& re = scratch_re_;
@@ -616,15 +581,16 @@ void Builder::emit_task(int16_t stage, const PipelineTask& task) {
     cur = id;
   };
   if (task.forward) {
-    if (v == 0)
+    if (v == 0 && o_.embedding_and_head) {
       track(emit(mem(OpName::kEmbedding, MemOp::kEmbedding, 2.0 * d(t_ * h) * dt), stage, task.chunk, -1, mb,
                  Phase::kForward, {}));
+    }
     for (int64_t l = l0; l < l1; ++l) {
       auto [f, last] = emit_layer_forward(l, stage, task.chunk, mb, cur);
       if (first < 0) first = f;
       cur = last;
     }
-    if (v == last_v) {
+    if (v == last_v && o_.embedding_and_head) {
       const int64_t tg = t_ * tp_;
       track(emit(mem(OpName::kFinalNorm, MemOp::kNorm, 3.0 * d(t_ * h) * dt), stage, task.chunk, -1, mb,
                  Phase::kForward, {cur}));
@@ -634,7 +600,7 @@ void Builder::emit_task(int16_t stage, const PipelineTask& task) {
                  -1, mb, Phase::kForward, {cur}));
     }
   } else {
-    if (v == last_v) {
+    if (v == last_v && o_.embedding_and_head) {
       const int64_t tg = t_ * tp_;
       track(emit(mem(OpName::kLoss, MemOp::kLoss, 2.0 * d(tg * (m_.vocab / tp_)) * 4.0), stage, task.chunk,
                  -1, mb, Phase::kBackward, {}));
@@ -651,16 +617,17 @@ void Builder::emit_task(int16_t stage, const PipelineTask& task) {
       auto [f, out] = emit_layer_backward(l, stage, task.chunk, mb, cur);
       if (first < 0) first = f;
       cur = out;
-      // Gradients of the layer are final after its last micro-batch (ZeRO-3: reduce-scattered every
-      // micro-batch).
-      if (mb == p_.num_micro_batches() - 1 || p_.data.zero == 3) {
+      // Gradients of the layer are final after its last micro-batch; ZeRO-2/3 keep only their gradient shard,
+      // so every micro-batch's gradients are reduce-scattered.
+      if (mb == p_.num_micro_batches() - 1 || p_.data.zero >= 2) {
         layer_last_bwd_[static_cast<size_t>(l)] = g_.ops.back().id;
-        if (p_.data.zero == 3) emit_data_parallel(stage);
+        if (p_.data.zero >= 2 && o_.data_parallel) emit_data_parallel(stage);
       }
     }
-    if (v == 0)
+    if (v == 0 && o_.embedding_and_head) {
       track(emit(mem(OpName::kEmbedding, MemOp::kEmbedding, 2.0 * d(t_ * h) * dt), stage, task.chunk, -1, mb,
                  Phase::kBackward, {cur}));
+    }
   }
   task_first_[task_index(mb, v, task.forward)] = first;
   // Send the activation (forward) or its gradient (backward) to the neighbouring virtual stage.
@@ -764,7 +731,7 @@ OpGraph Builder::build() {
     }
     // ZeRO-1/2 with overlapped DP communication: parameters updated by the previous step are gathered layer
     // by layer ahead of their first forward (Megatron overlaps this all-gather with the forward pass).
-    const bool prefetch = (p_.data.zero == 1 || p_.data.zero == 2) && p_.overlap.dp_comm;
+    const bool prefetch = (p_.data.zero == 1 || p_.data.zero == 2) && p_.overlap.dp_comm && o_.data_parallel;
     if (prefetch) {
       for (int64_t l : stage_layers) {
         layer_param_gather_[static_cast<size_t>(l)] =
@@ -773,13 +740,14 @@ OpGraph Builder::build() {
     }
     for (const PipelineTask& task : pipeline_order(stage, pp_, vpp_, mbs)) {
       emit_task(stage, task);
-      if (!task.forward && p_.data.zero != 3) emit_data_parallel(stage);
+      if (!task.forward && p_.data.zero < 2 && o_.data_parallel) emit_data_parallel(stage);
     }
     if (prefetch) {
       for (int64_t l : stage_layers) {
         dep(layer_first_fwd_[static_cast<size_t>(l)], layer_param_gather_[static_cast<size_t>(l)]);
       }
     }
+    if (!o_.data_parallel) continue;
     // Optimizer step over this rank's shard, once every gradient of the stage is synchronised.
     double shard = 0;
     for (int64_t l : stage_layers) {
@@ -823,6 +791,49 @@ OpGraph Builder::build() {
 }
 
 }  // namespace
+
+CommSpec group_comm(const Plan& p, Collective c, CommGroup g, double bytes, DType dtype) {
+  const int64_t tp = p.attention.tp, sp = p.attention.sp, cp = p.attention.cp;
+  const int64_t ep = p.experts.ep, etp = p.experts.etp;
+  CommSpec s;
+  s.collective = c;
+  s.group = g;
+  s.bytes = bytes;
+  s.dtype = dtype;
+  // Rank order, innermost first: attention tp, sp, cp, dp; experts etp, ep, expert-dp; then pp.
+  switch (g) {
+    case CommGroup::kTp:
+      s.group_size = tp, s.stride = 1;
+      break;
+    case CommGroup::kSp:
+      s.group_size = sp, s.stride = tp;
+      break;
+    case CommGroup::kCp:
+      s.group_size = cp, s.stride = tp * sp;
+      break;
+    case CommGroup::kDp:
+      s.group_size = p.dp(), s.stride = tp * sp * cp;
+      break;
+    case CommGroup::kAttnReplica:
+      s.group_size = sp * cp * p.dp(), s.stride = tp;
+      break;
+    case CommGroup::kEtp:
+      s.group_size = etp, s.stride = 1;
+      break;
+    case CommGroup::kEp:
+      s.group_size = ep, s.stride = etp;
+      break;
+    case CommGroup::kExpertDp:
+      s.group_size = p.expert_dp(), s.stride = ep * etp;
+      break;
+    case CommGroup::kPp:
+      s.group_size = 2, s.stride = p.gpus / p.pipeline.pp;
+      break;
+    case CommGroup::kNone:
+      break;
+  }
+  return s;
+}
 
 std::vector<int64_t> layers_per_virtual_stage(const ModelSpec& model, const Plan& plan) {
   const int64_t chunks = plan.pipeline.pp * plan.pipeline.vpp;

@@ -16,6 +16,8 @@ struct LoweringOptions {
   int64_t gpus_per_node = 8;       // for node-deduplicated dispatch volumes
   double expert_load_scale = 1.0;  // busiest EP rank's routed rows / the mean (>= 1; from the routing model)
   double dropped_fraction = 0.0;   // routed assignments dropped by the capacity factor
+  bool embedding_and_head = true;  // the embedding (first virtual stage) and output layer + loss (last)
+  bool data_parallel = true;       // gradient synchronisation, parameter gathers and the optimizer step
 };
 
 OpGraph lower(const ModelSpec& model, const Plan& plan, const LoweringOptions& options);
@@ -34,6 +36,9 @@ std::vector<PipelineTask> pipeline_order(int64_t stage, int64_t stages, int64_t 
 // Largest number of micro-batch chunks whose forward is done and backward is not, over the stage's order:
 // what sets activation memory.
 int64_t peak_in_flight(const std::vector<PipelineTask>& order);
+
+// A collective over one of the plan's groups, with its size and the rank stride that places it on nodes.
+CommSpec group_comm(const Plan& plan, Collective c, CommGroup g, double bytes, DType dtype);
 
 // Layers of each virtual stage (pp * vpp entries, in virtual-stage order v = chunk * pp + stage).
 std::vector<int64_t> layers_per_virtual_stage(const ModelSpec& model, const Plan& plan);

@@ -1,0 +1,658 @@
+// Launch configurations for one plan (moerun plan file + mpirun/srun, sbatch script, Megatron-LM arguments).
+// The Megatron mapping follows shared/reference/megatron-flags.md (Megatron-LM d98e8a64); "A:", "TC:", ...
+// below are that file's line keys.
+#include "planner/launch.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <functional>
+#include <optional>
+#include <set>
+
+#include <fmt/format.h>
+
+#include "simulator/io/plan_io.h"
+
+namespace moeplan::planner {
+namespace {
+
+namespace fs = std::filesystem;
+
+// A word for a POSIX shell: as is when it holds only characters the shell leaves alone, else single-quoted.
+std::string shell_word(const std::string& s) {
+  static constexpr std::string_view kSafe =
+      "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_./=:,+@%";
+  if (!s.empty() && s.find_first_not_of(kSafe) == std::string::npos) return s;
+  std::string out = "'";
+  for (char c : s) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return out + "'";
+}
+
+std::string stem_of(const std::string& plan_path) {
+  std::string stem = fs::path(plan_path).stem().string();
+  for (char& c : stem) {
+    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' ||
+                    c == '_' || c == '.';
+    if (!ok) c = '_';
+  }
+  return stem.empty() ? std::string("plan") : stem;
+}
+
+std::string one_line_summary(const Plan& p, const ModelSpec& m, const HardwareProfile& hw) {
+  return fmt::format("{} on {} x {} GPUs", m.name.empty() ? p.model : m.name, p.gpus,
+                     hw.name.empty() ? p.hardware : hw.name);
+}
+
+// A per-layer 0/1 pattern in the list-expression form Megatron parses for --moe-layer-freq and
+// --window-attn-skip-freq (digits, ',', '[', ']', '(', ')', '+', '*' only; A:245-253): the shortest period
+// repeated, e.g. "([0,1]*24)", or runs, e.g. "([0]*3+[1]*58)".
+std::string pattern_expression(const std::vector<int>& bits) {
+  const size_t n = bits.size();
+  for (size_t period = 1; period < n; ++period) {
+    if (n % period != 0) continue;
+    bool repeats = true;
+    for (size_t i = period; i < n && repeats; ++i) repeats = bits[i] == bits[i - period];
+    if (!repeats) continue;
+    if (period == 1) break;  // constant: runs give "([1]*n)"
+    std::string body;
+    for (size_t i = 0; i < period; ++i) body += (i ? "," : "") + std::to_string(bits[i]);
+    return fmt::format("([{}]*{})", body, n / period);
+  }
+  std::string out = "(";
+  for (size_t i = 0; i < n;) {
+    size_t j = i;
+    while (j < n && bits[j] == bits[i]) ++j;
+    out += fmt::format("{}[{}]", i ? "+" : "", bits[i]);
+    if (j - i > 1) out += fmt::format("*{}", j - i);
+    i = j;
+  }
+  return out + ")";
+}
+
+// The integer N with bit i set exactly when (i + offset) % N == 0, if there is one (N >= 1).
+int64_t integer_frequency(const std::vector<int>& bits, size_t offset) {
+  for (size_t freq = 1; freq <= bits.size(); ++freq) {
+    bool match = true;
+    for (size_t i = 0; i < bits.size() && match; ++i) match = (bits[i] != 0) == ((i + offset) % freq == 0);
+    if (match) return static_cast<int64_t>(freq);
+  }
+  return 0;
+}
+
+class MegatronBuilder {
+ public:
+  MegatronBuilder(const Plan& p, const ModelSpec& m) : p_(p), m_(m) {}
+
+  MegatronArgs build() {
+    parallel();
+    pipeline();
+    batch();
+    model_shape();
+    attention();
+    experts();
+    recompute();
+    precision();
+    optimizer_and_overlap();
+    data();
+    if (needs_max_connections_) out_.env.push_back("CUDA_DEVICE_MAX_CONNECTIONS=1");
+    return std::move(out_);
+  }
+
+ private:
+  template <class... Values>
+  void flag(std::string_view name, const Values&... values) {
+    std::string line(name);
+    ((line += " " + shell_word(fmt::format("{}", values))), ...);
+    out_.flags.push_back(std::move(line));
+  }
+  void not_expressible(std::string reason) { out_.not_expressible.push_back(std::move(reason)); }
+  void note(std::string text) { out_.notes.push_back(std::move(text)); }
+
+  int64_t cp_total() const { return p_.attention.sp * p_.attention.cp; }
+
+  // Megatron's context parallelism takes both our Ulysses SP and our CP: its "a2a" type is Ulysses (heads
+  // scattered over the group, full sequence gathered; TE DotProductAttention cp_comm_type) and "a2a+p2p" is
+  // a2a inside sub-groups of hierarchical size [sp, cp] with a p2p ring between them.
+  void parallel() {
+    const auto& a = p_.attention;
+    flag("--tensor-model-parallel-size", a.tp);
+    flag("--pipeline-model-parallel-size", p_.pipeline.pp);
+    if (a.tp > 1) flag("--sequence-parallel");  // MoE layers raise without it (moe_layer.py:636-640)
+    const int64_t cp = cp_total();
+    if (cp > 1) {
+      flag("--context-parallel-size", cp);
+      // TE's a2a asserts that the q and k heads on each TP rank divide by the a2a group (context_parallel.py,
+      // AttnFuncWithCPAndQKVOA2A); Megatron replicates K/V heads when there are fewer than tp.
+      const int64_t kv = m_.attention.num_kv_heads;
+      const int64_t kv_per_tp_rank = kv >= a.tp ? kv / a.tp : 1;
+      const bool a2a_ok = a.sp == 1 || kv_per_tp_rank % a.sp == 0;
+      if (a.sp > 1 && !a2a_ok) {
+        not_expressible(fmt::format(
+            "Ulysses SP (sp = {}) with {} K/V head(s) per TP rank: Megatron's a2a context parallelism needs "
+            "them "
+            "divisible by sp and cannot replicate K/V heads over the SP group; mapped to --cp-comm-type "
+            "all_gather instead",
+            a.sp, kv_per_tp_rank));
+      }
+      if (a.sp > 1 && a.cp > 1 && a2a_ok) {
+        flag("--cp-comm-type", "a2a+p2p");
+        flag("--hierarchical-context-parallel-sizes", a.sp, a.cp);
+        not_expressible(fmt::format(
+            "K/V all-gather over the outer context-parallel group (cp = {}) under Ulysses SP: Megatron's "
+            "hierarchical a2a+p2p exchanges K/V in a p2p ring there",
+            a.cp));
+      } else if (a.sp > 1 && a2a_ok) {
+        flag("--cp-comm-type", "a2a");
+      } else {
+        flag("--cp-comm-type", "all_gather");  // the K/V all-gather the simulator models
+      }
+      if (p_.seq_len % (2 * cp) != 0) {
+        not_expressible(
+            fmt::format("sequence length {} with context-parallel size {}: Megatron needs it "
+                        "divisible by 2 x {} (A:1335-1338)",
+                        p_.seq_len, cp, cp));
+      }
+      needs_max_connections_ = true;
+    }
+    if (a.tp > 1) needs_max_connections_ = true;
+    if (m_.is_moe()) {
+      flag("--expert-model-parallel-size", p_.experts.ep);
+      flag("--expert-tensor-parallel-size", p_.experts.etp);  // default would be tp (A:587-588)
+    }
+  }
+
+  // Even split: Megatron's own (optionally by virtual stages per rank). Uneven: first/last stage counts when
+  // every middle rank holds the same layers (TC:2294-2368), else an explicit layout string (TC:2241-2292).
+  void pipeline() {
+    const auto& pp = p_.pipeline;
+    const std::vector<int64_t>& c = pp.layers_per_stage;
+    const bool uneven =
+        !c.empty() && std::adjacent_find(c.begin(), c.end(), std::not_equal_to<>()) != c.end();
+    if (!uneven) {
+      if (pp.vpp > 1) flag("--num-virtual-stages-per-pipeline-rank", pp.vpp);
+    } else if (auto fl = first_last_split()) {
+      flag("--decoder-first-pipeline-num-layers", fl->first);
+      flag("--decoder-last-pipeline-num-layers", fl->second);
+      if (pp.vpp > 1) flag("--num-virtual-stages-per-pipeline-rank", pp.vpp);
+    } else {
+      flag("--pipeline-model-parallel-layout", layout());  // VPP = stages / pp (A:941-952)
+    }
+    if (pp.pp > 1 && pp.vpp > 1 && !p_.overlap.pp_comm) {
+      if (pp.pp > 2) {
+        flag("--no-overlap-p2p-communication");
+      } else {
+        not_expressible(
+            "pipeline p2p without overlap (overlap.pp_comm = false) at pp = 2 with a virtual pipeline: "
+            "Megatron "
+            "allows --no-overlap-p2p-communication with VPP only for pp > 2 (A:1000-1010), so p2p overlap "
+            "stays "
+            "on");
+      }
+    }
+    if (pp.pp > 1 && pp.vpp == 1 && p_.overlap.pp_comm) {
+      not_expressible(
+          "overlapped pipeline p2p (overlap.pp_comm = true) without a virtual pipeline: Megatron turns p2p "
+          "overlap off when VPP is 1 (A:1011-1019)");
+    }
+  }
+
+  // (first, last) when rank 0's and rank pp-1's virtual stages each hold equal counts and all middle ranks'
+  // virtual stages hold one common count (possibly none when pp = 2).
+  std::optional<std::pair<int64_t, int64_t>> first_last_split() const {
+    const auto& pp = p_.pipeline;
+    const std::vector<int64_t>& c = pp.layers_per_stage;
+    if (pp.pp < 2 || static_cast<int64_t>(c.size()) != pp.pp * pp.vpp) return std::nullopt;
+    auto rank_count = [&](int64_t rank) -> std::optional<int64_t> {
+      const int64_t first = c[static_cast<size_t>(rank)];
+      for (int64_t v = 1; v < pp.vpp; ++v) {
+        if (c[static_cast<size_t>(v * pp.pp + rank)] != first) return std::nullopt;
+      }
+      return first;
+    };
+    const auto f = rank_count(0), l = rank_count(pp.pp - 1);
+    if (!f || !l || *f <= 0 || *l <= 0) return std::nullopt;
+    std::optional<int64_t> middle;
+    for (int64_t r = 1; r + 1 < pp.pp; ++r) {
+      const auto mr = rank_count(r);
+      if (!mr || (middle && *mr != *middle)) return std::nullopt;
+      middle = mr;
+    }
+    if (middle && *middle <= 0) return std::nullopt;  // middle stages without layers (TC:2294-2368)
+    return std::pair{*f * pp.vpp, *l * pp.vpp};
+  }
+
+  // "E,t*3|t*4|...|t*2,m,L": one '|'-separated stage per virtual stage in model order, E (embedding) first,
+  // MTP layers and L (loss) in the last.
+  std::string layout() const {
+    const std::vector<int64_t>& c = p_.pipeline.layers_per_stage;
+    std::string out;
+    for (size_t i = 0; i < c.size(); ++i) {
+      std::vector<std::string> items;
+      if (i == 0) items.emplace_back("E");
+      if (c[i] == 1) items.emplace_back("t");
+      if (c[i] > 1) items.push_back(fmt::format("t*{}", c[i]));
+      if (i + 1 == c.size()) {
+        if (m_.mtp_layers == 1) items.emplace_back("m");
+        if (m_.mtp_layers > 1) items.push_back(fmt::format("m*{}", m_.mtp_layers));
+        items.emplace_back("L");
+      }
+      out += (i ? "|" : "") + fmt::format("{}", fmt::join(items, ","));
+    }
+    return out;
+  }
+
+  void batch() {
+    flag("--micro-batch-size", p_.micro_batch);
+    flag("--global-batch-size", p_.global_batch);
+    flag("--seq-length", p_.seq_len);
+    flag("--max-position-embeddings", p_.seq_len);  // required (A:1314-1317); >= seq-length (A:1353-1356)
+  }
+
+  void model_shape() {
+    flag("--num-layers", m_.num_layers());
+    flag("--hidden-size", m_.hidden);
+    flag("--ffn-hidden-size", m_.dense_ffn > 0 ? m_.dense_ffn : m_.moe.expert_ffn);
+    flag("--num-attention-heads", m_.attention.num_heads);
+    flag("--normalization", m_.norm == NormKind::kRmsNorm ? "RMSNorm" : "LayerNorm");
+    if (m_.norm == NormKind::kLayerNormNoBias) not_expressible("LayerNorm without bias (Megatron's has one)");
+    if (m_.activation == FfnActivation::kSwiGlu) flag("--swiglu");
+    flag("--position-embedding-type", "rope");
+    if (!m_.tied_embeddings) flag("--untie-embeddings-and-output-weights");
+    if (m_.lm_head_bias) not_expressible("a bias on the output layer");
+    if (m_.mtp_layers > 0) flag("--mtp-num-layers", m_.mtp_layers);  // needs rope or none (A:882-886)
+
+    // Linear biases are all or nothing in Megatron (add_bias_linear), with q/k/v biases on their own flag; an
+    // MoE model with biases needs ETP = 1 (TC:2612-2615).
+    const bool biases = m_.attention.out_bias || m_.moe.expert_bias;
+    if (!biases || (m_.is_moe() && p_.experts.etp > 1)) {
+      flag("--disable-bias-linear");
+      if (m_.attention.qkv_bias) flag("--add-qkv-bias");
+      if (biases) {
+        not_expressible(
+            fmt::format("linear-layer biases with etp = {}: Megatron needs etp = 1 for an MoE model "
+                        "with biases (TC:2612-2615), so they are disabled",
+                        p_.experts.etp));
+      }
+    }
+  }
+
+  void attention() {
+    const AttentionSpec& a = m_.attention;
+    if (a.kind == AttentionKind::kMla) {
+      // Every MLA dimension explicitly: the CLI defaults would replace MLATransformerConfig's (AU:301-303).
+      flag("--multi-latent-attention");
+      if (a.mla.q_lora_rank > 0) flag("--q-lora-rank", a.mla.q_lora_rank);
+      flag("--kv-lora-rank", a.mla.kv_lora_rank);
+      flag("--qk-head-dim", a.mla.qk_nope_head_dim);
+      flag("--qk-pos-emb-head-dim", a.mla.qk_rope_head_dim);
+      flag("--v-head-dim", a.mla.v_head_dim);
+    } else {
+      flag("--kv-channels", a.head_dim);
+      if (a.num_kv_heads != a.num_heads) {
+        flag("--group-query-attention");
+        flag("--num-query-groups", a.num_kv_heads);
+      }
+      const int64_t tp = p_.attention.tp;
+      if (a.num_kv_heads % tp != 0 && tp % a.num_kv_heads != 0) {
+        not_expressible(
+            fmt::format("{} K/V heads with tp = {}: Megatron needs the query groups to be a "
+                        "multiple or a divisor of tp (TC:1461-1468)",
+                        a.num_kv_heads, tp));
+      }
+    }
+    switch (a.qk_norm) {
+      case QkNorm::kNone:
+        break;
+      case QkNorm::kPerHead:
+        flag("--qk-layernorm");
+        break;
+      case QkNorm::kUnweighted:
+        flag("--qk-l2-norm");
+        break;
+      case QkNorm::kFull:
+        not_expressible("a q/k norm over all heads' dimensions (Megatron's --qk-layernorm is per head)");
+        break;
+    }
+    if (a.sinks) flag("--softmax-type", "learnable");
+    if (a.kv_share_layers > 1) {
+      not_expressible(
+          fmt::format("cross-layer attention (one K/V projection per {} layers)", a.kv_share_layers));
+    }
+    sliding_windows();
+  }
+
+  // One window size for the windowed layers, full attention elsewhere: layer numbers (1-based) that are a
+  // multiple of --window-attn-skip-freq N attend fully, or a per-layer list with 1 for a windowed layer.
+  void sliding_windows() {
+    std::set<int64_t> windows;
+    std::vector<int> windowed;
+    for (const LayerSpec& l : m_.layers) {
+      const bool is_windowed = l.window > 0 && l.window < p_.seq_len;  // a wider window attends fully
+      if (is_windowed) windows.insert(l.window);
+      windowed.push_back(is_windowed ? 1 : 0);
+    }
+    if (windows.empty()) return;
+    if (windows.size() > 1) {
+      not_expressible(
+          fmt::format("sliding windows of {} different sizes ({}); Megatron has one --window-size",
+                      windows.size(), fmt::join(windows, ", ")));
+      return;
+    }
+    flag("--window-size", fmt::format("{},0", *windows.begin()));
+    if (std::all_of(windowed.begin(), windowed.end(), [](int w) { return w == 1; })) return;
+    std::vector<int> full(windowed.size());
+    for (size_t i = 0; i < windowed.size(); ++i) full[i] = 1 - windowed[i];
+    if (const int64_t n = integer_frequency(full, 1); n > 1) {
+      flag("--window-attn-skip-freq", n);
+    } else {
+      flag("--window-attn-skip-freq", pattern_expression(windowed));
+    }
+  }
+
+  std::string dispatcher() const {
+    switch (p_.experts.dispatch) {
+      case Dispatch::kAllGather:
+        return "allgather";
+      case Dispatch::kAllToAll:
+        return "alltoall";
+      case Dispatch::kDedup:
+        // DeepEP needs TP x EP > 1 (TD:1835-1836); with one rank there is nothing to deduplicate.
+        return p_.attention.tp * p_.experts.ep > 1 ? "flex" : "alltoall";
+    }
+    return "alltoall";
+  }
+
+  void experts() {
+    if (!m_.is_moe()) return;
+    const MoeSpec& e = m_.moe;
+    flag("--num-experts", e.num_experts);
+    flag("--moe-router-topk", e.top_k);
+    flag("--moe-ffn-hidden-size", e.expert_ffn);
+    if (e.num_shared_experts > 0) {
+      flag("--moe-shared-expert-intermediate-size", e.num_shared_experts * e.shared_expert_ffn);  // total
+      if (e.shared_expert_gate) flag("--moe-shared-expert-gate");
+    }
+    std::vector<int> moe_layers;
+    for (const LayerSpec& l : m_.layers) moe_layers.push_back(l.moe ? 1 : 0);
+    if (std::any_of(moe_layers.begin(), moe_layers.end(), [](int x) { return x == 0; })) {
+      // An int N: layer i (0-based) is MoE when i % N == 0 (gpt_layer_specs.py:643-671).
+      if (const int64_t n = integer_frequency(moe_layers, 0); n > 1) {
+        flag("--moe-layer-freq", n);
+      } else {
+        flag("--moe-layer-freq", pattern_expression(moe_layers));
+      }
+    }
+    flag("--moe-grouped-gemm");
+    flag("--moe-permute-fusion");
+    const std::string type = dispatcher();
+    flag("--moe-token-dispatcher-type", type);
+    if (type == "flex") flag("--moe-flex-dispatcher-backend", "deepep");
+    if (p_.experts.dispatch == Dispatch::kDedup && type != "flex") {
+      note("node-deduplicated dispatch with tp x ep = 1 sends nothing between ranks; alltoall used");
+    }
+
+    // Router. DeepSeek-V3-style score-correction bias: sigmoid scores and aux-loss-free balancing
+    // (expert bias needs sigmoid or sqrtsoftplus, TC:2617-2625). Top-1 with softmax needs pre-softmax
+    // (TC:2661-2669).
+    if (e.router_score_bias) {
+      flag("--moe-router-score-function", "sigmoid");
+      flag("--moe-router-enable-expert-bias");
+      flag("--moe-router-load-balancing-type", "none");
+    } else if (e.top_k == 1) {
+      flag("--moe-router-pre-softmax");
+    }
+    if (e.router_bias) not_expressible("a bias in the router projection");
+    if (e.num_experts >= 32) flag("--moe-router-dtype", "fp32");  // warns otherwise (TC:3119-3127)
+
+    // A capacity factor drops tokens (by router probability); dropless otherwise. Default load balancing
+    // (aux_loss) and none both allow it (TC:1836-1860).
+    if (p_.routing.capacity_factor) {
+      flag("--moe-expert-capacity-factor", *p_.routing.capacity_factor);
+      flag("--moe-token-drop-policy", "probs");
+    }
+    const std::string& d = p_.routing.distribution;
+    if (d == "uniform") {
+      note(
+          "routing.distribution is uniform: add --moe-router-force-load-balancing to benchmark under the "
+          "same "
+          "balanced routing");
+    } else {
+      not_expressible(
+          fmt::format("routing.distribution \"{}\" is a prediction input; Megatron routes with its "
+                      "learned router",
+                      d));
+    }
+    if (p_.compression.dispatch == DispatchPrecision::kFp8) {
+      not_expressible(
+          "FP8 token dispatch (compression.dispatch = fp8): Megatron's --moe-dispatch-fwd-dtype takes bf16 "
+          "or "
+          "mxfp8, which Hopper lacks");
+    }
+  }
+
+  // selective: MegaScale-MoE's rematerialization keeps the expert fc1/fc3 outputs and attention inputs and
+  // redoes norms, SwiGLU and the communication that produced the rest; Megatron's nearest modules are
+  // layernorm and moe_act (needs grouped GEMM, TC:1964-1967). full: every layer from its input.
+  void recompute() {
+    switch (p_.recompute) {
+      case Recompute::kNone:
+        return;
+      case Recompute::kSelective:
+        flag("--recompute-granularity", "selective");
+        if (m_.is_moe()) {
+          flag("--recompute-modules", "layernorm", "moe_act");
+        } else {
+          flag("--recompute-modules", "layernorm");
+        }
+        not_expressible(
+            "selective rematerialization of communication outputs (the dispatched tokens, the all-to-all "
+            "results) and of the dense SwiGLU: Megatron recomputes only --recompute-modules, so it keeps "
+            "more "
+            "activations than the plan assumes");
+        return;
+      case Recompute::kFull:
+        flag("--recompute-granularity", "full");  // needs a method and a layer count (TC:1901-1932)
+        flag("--recompute-method", "uniform");
+        flag("--recompute-num-layers", 1);
+        return;
+    }
+  }
+
+  void precision() {
+    flag("--bf16");
+    if (p_.precision == Precision::kFp8) {
+      // Not the delayed recipe: it cannot recompute moe_act or layernorm (TC:2000-2012).
+      flag("--fp8-format", "e4m3");
+      flag("--fp8-recipe", "blockwise");
+      note(
+          "FP8 compute with the blockwise recipe (E4M3, 1x128 and 128x128 scaling blocks); the plan names no "
+          "recipe");
+      // Router padding for quantization needs FP8 and a dispatcher other than allgather (TC:2641-2660).
+      if (m_.is_moe() && dispatcher() != "allgather") flag("--moe-router-padding-for-quantization");
+    }
+  }
+
+  void optimizer_and_overlap() {
+    const int64_t zero = p_.data.zero;
+    if (zero >= 2) {
+      // ZeRO-2/3 shard gradients (and parameters): Megatron-FSDP, as the Megatron-Core guide enables it.
+      flag("--use-megatron-fsdp");
+      flag("--data-parallel-sharding-strategy", zero == 2 ? "optim_grads" : "optim_grads_params");
+      flag("--no-gradient-accumulation-fusion");
+      needs_max_connections_ = false;  // only a warning under Megatron-FSDP (A:1453-1479)
+    }
+    if (zero >= 1) flag("--use-distributed-optimizer");
+    if (p_.overlap.dp_comm) {
+      flag("--overlap-grad-reduce");
+      if (zero >= 1) flag("--overlap-param-gather");  // needs the distributed optimizer (A:1024-1029)
+    }
+    if (p_.compression.grad_sync == GradSync::kBf16AllToAll) {
+      not_expressible(
+          "BF16 gradient sync by all-to-all with a local FP32 reduce; the nearest, --grad-reduce-in-bf16, "
+          "also "
+          "reduces in BF16");
+    }
+
+    if (p_.overlap.inter_op) {
+      // The nearest Megatron overlaps: EP all-to-all beside another micro-batch's compute (TC:3002-3072),
+      // else the shared experts beside the dispatch (TC:1813-1826).
+      const std::string type = dispatcher();
+      const bool a2a_or_flex = type == "alltoall" || type == "flex";
+      const bool ep_overlap = m_.is_moe() && p_.experts.ep > 1 && a2a_or_flex &&
+                              p_.recompute != Recompute::kFull && m_.mtp_layers <= 1 &&
+                              (p_.pipeline.pp == 1 || p_.pipeline.vpp > 1);
+      std::string instead = "no Megatron overlap flag added";
+      if (ep_overlap) {
+        flag("--overlap-moe-expert-parallel-comm");
+        needs_max_connections_ = false;  // only a warning with it (A:1453-1479)
+        instead =
+            "--overlap-moe-expert-parallel-comm overlaps the EP all-to-all with another micro-batch "
+            "instead";
+      } else if (m_.is_moe() && m_.moe.num_shared_experts > 0 && a2a_or_flex) {
+        flag("--moe-shared-expert-overlap");
+        instead = "--moe-shared-expert-overlap overlaps only the shared experts with the dispatch";
+      }
+      not_expressible(
+          "inter-operator overlap inside a micro-batch (communication on its own stream beside "
+          "independent compute, e.g. the K/V all-to-all beside the Q projection, recompute beside "
+          "the gradient all-gather); " +
+          instead);
+    }
+    if (p_.overlap.intra_op) {
+      not_expressible(
+          "intra-operator overlap (fused tile-level GEMM + all-to-all / all-gather / reduce-scatter "
+          "kernels); "
+          "Megatron's --tp-comm-overlap only chunks TP collectives beside GEMMs");
+    }
+  }
+
+  // Mock data and a null tokenizer of the model's vocabulary: a benchmark run that needs no data files
+  // (build_tokenizer.py:96-114).
+  void data() {
+    flag("--tokenizer-type", "NullTokenizer");
+    flag("--vocab-size", m_.vocab);
+    flag("--mock-data");
+    note(
+        fmt::format("mock data and a null tokenizer of {} tokens; for real training give --data-path and the "
+                    "model's tokenizer instead",
+                    m_.vocab));
+  }
+
+  const Plan& p_;
+  const ModelSpec& m_;
+  MegatronArgs out_;
+  bool needs_max_connections_ = false;
+};
+
+}  // namespace
+
+NodeLayout node_layout(const Plan& plan, const HardwareProfile& hw) {
+  const int64_t g = std::max<int64_t>(1, hw.node.gpus_per_node.value);
+  if (plan.gpus <= g) return {1, std::max<int64_t>(1, plan.gpus)};
+  return {(plan.gpus + g - 1) / g, g};
+}
+
+std::string default_run_dir(const std::string& plan_path) {
+  return "runs/" + stem_of(plan_path);
+}
+
+MoerunLaunch moerun_launch(const Plan& plan, const HardwareProfile& hw, const std::string& plan_path,
+                           const std::string& run_dir) {
+  const NodeLayout n = node_layout(plan, hw);
+  const std::string run = fmt::format("moerun run {} --out {}", shell_word(plan_path), shell_word(run_dir));
+  MoerunLaunch out;
+  out.plan_json = io::plan_to_json(plan).dump(2) + "\n";
+  out.mpirun = fmt::format("mpirun -np {} --map-by ppr:{}:node {}", plan.gpus, n.ranks_per_node, run);
+  out.srun = fmt::format("srun --nodes={} --ntasks-per-node={} --gpus-per-node={} {}", n.nodes,
+                         n.ranks_per_node, n.ranks_per_node, run);
+  return out;
+}
+
+std::string moerun_text(const Plan& plan, const ModelSpec& model, const HardwareProfile& hw,
+                        const std::string& plan_path, const std::string& run_dir) {
+  const NodeLayout n = node_layout(plan, hw);
+  const MoerunLaunch l = moerun_launch(plan, hw, plan_path, run_dir);
+  return fmt::format(
+      "# moerun plan {}: {} ({} node(s) x {} rank(s))\n{}# start one rank per GPU with either "
+      "line:\n{}\n{}\n",
+      plan_path, one_line_summary(plan, model, hw), n.nodes, n.ranks_per_node, l.plan_json, l.mpirun, l.srun);
+}
+
+std::string slurm_script(const Plan& plan, const ModelSpec& model, const HardwareProfile& hw,
+                         const std::string& plan_path, const std::string& run_dir) {
+  const NodeLayout n = node_layout(plan, hw);
+  const std::string stem = stem_of(plan_path);
+  std::string s = "#!/bin/bash\n";
+  s += fmt::format("#SBATCH --job-name=moerun-{}\n", stem);
+  s += fmt::format("#SBATCH --nodes={}\n", n.nodes);
+  s += fmt::format("#SBATCH --ntasks-per-node={}\n", n.ranks_per_node);
+  s += fmt::format("#SBATCH --gpus-per-node={}\n", n.ranks_per_node);
+  s += "#SBATCH --exclusive\n";
+  s += fmt::format("#SBATCH --output=moerun-{}-%j.out\n", stem);
+  s += fmt::format("# moerun on plan {}: {}\n", plan_path, one_line_summary(plan, model, hw));
+  s += "set -euo pipefail\n";
+  s += fmt::format("mkdir -p {}\n", shell_word(run_dir));
+  s += moerun_launch(plan, hw, plan_path, run_dir).srun + "\n";
+  return s;
+}
+
+MegatronArgs megatron_args(const Plan& plan, const ModelSpec& model, const HardwareProfile& /*hw*/) {
+  return MegatronBuilder(plan, model).build();
+}
+
+std::vector<std::string> megatron_flags(const Plan& plan, const ModelSpec& model, const HardwareProfile& hw) {
+  return megatron_args(plan, model, hw).flags;
+}
+
+std::string megatron_text(const Plan& plan, const ModelSpec& model, const HardwareProfile& hw,
+                          const std::string& plan_path) {
+  const MegatronArgs a = megatron_args(plan, model, hw);
+  const NodeLayout n = node_layout(plan, hw);
+  std::string s = fmt::format("# Megatron-LM (Megatron-Core) arguments for plan {}: {}\n", plan_path,
+                              one_line_summary(plan, model, hw));
+  s += fmt::format(
+      "# tp {}, cp {} (sp {} x cp {}), ep {}, etp {}, pp {}, vpp {}, dp {}; {} micro-batch(es) of "
+      "{} x {} tokens per step\n",
+      plan.attention.tp, plan.attention.sp * plan.attention.cp, plan.attention.sp, plan.attention.cp,
+      plan.experts.ep, plan.experts.etp, plan.pipeline.pp, plan.pipeline.vpp, plan.dp(),
+      plan.dp() > 0 ? plan.num_micro_batches() : 0, plan.micro_batch, plan.seq_len);
+  for (const std::string& e : a.env) s += fmt::format("# environment: export {}\n", e);
+  for (const std::string& r : a.not_expressible)
+    s += fmt::format("# not expressible in Megatron-LM: {}\n", r);
+  for (const std::string& r : a.notes) s += fmt::format("# note: {}\n", r);
+  s += "# add optimizer, schedule and checkpoint flags (--train-iters, --lr, --save, ...) as usual\n";
+  s += fmt::format(
+      "# torchrun --nnodes={} --nproc-per-node={} --rdzv-backend=c10d --rdzv-endpoint=$MASTER_ADDR:29500 "
+      "pretrain_gpt.py \\\n",
+      n.nodes, n.ranks_per_node);
+  for (size_t i = 0; i < a.flags.size(); ++i) s += a.flags[i] + (i + 1 < a.flags.size() ? " \\\n" : "\n");
+  return s;
+}
+
+Plan rebase_plan_paths(const Plan& plan, const std::string& from_plan_path, const std::string& to_plan_path) {
+  const fs::path from_dir = fs::path(from_plan_path).parent_path();
+  const fs::path to_dir = fs::path(to_plan_path).parent_path();
+  auto rebase = [&](const std::string& ref) {
+    if (ref.empty()) return ref;
+    const fs::path p(ref);
+    if (p.is_absolute()) return ref;
+    const fs::path src = from_dir / p;
+    std::error_code ec;
+    if (!fs::is_regular_file(src, ec)) return ref;  // a built-in name
+    const fs::path abs_src = fs::absolute(src, ec).lexically_normal();
+    if (ec) return ref;
+    const fs::path abs_to = fs::absolute(to_dir.empty() ? fs::path(".") : to_dir, ec).lexically_normal();
+    if (ec) return abs_src.string();
+    const fs::path rel = abs_src.lexically_relative(abs_to);
+    return rel.empty() ? abs_src.string() : rel.string();
+  };
+  Plan out = plan;
+  out.model = rebase(plan.model);
+  out.hardware = rebase(plan.hardware);
+  out.stack = rebase(plan.stack);
+  const std::string& d = plan.routing.distribution;
+  if (d != "uniform" && !d.starts_with("zipf:")) out.routing.distribution = rebase(d);
+  return out;
+}
+
+}  // namespace moeplan::planner

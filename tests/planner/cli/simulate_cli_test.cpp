@@ -1,0 +1,299 @@
+// `moeplan simulate` as a user meets it: the --json report contract of DESIGN.md on every shipped example,
+// exit 3 for illegal and non-fitting plans (and no trace for an illegal one), the Chrome trace's structure,
+// and exit 2 with one line for bad arguments.
+#include <doctest/doctest.h>
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+struct Run {
+  int exit_code = -1;
+  std::string out;
+  std::string err;
+};
+
+std::string slurp(const std::string& path) {
+  std::ifstream f(path);
+  std::ostringstream s;
+  s << f.rdbuf();
+  return s.str();
+}
+
+// Runs moeplan with `args` (already shell-quoted) from the repository root.
+Run moeplan(const std::string& args) {
+  static int counter = 0;
+  const std::string base =
+      fs::temp_directory_path() /
+      ("moeplan_simulate_cli_test_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
+  const std::string cmd = std::string("cd '") + MOEPLAN_SOURCE_DIR + "' && '" + MOEPLAN_BIN + "' " + args +
+                          " >'" + base + ".out' 2>'" + base + ".err'";
+  const int status = std::system(cmd.c_str());
+  Run r;
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  r.out = slurp(base + ".out");
+  r.err = slurp(base + ".err");
+  fs::remove(base + ".out");
+  fs::remove(base + ".err");
+  return r;
+}
+
+int lines(const std::string& s) {
+  return static_cast<int>(std::count(s.begin(), s.end(), '\n'));
+}
+
+// A fresh directory under the system temp dir, removed when the test case ends.
+struct TempDir {
+  fs::path path;
+  explicit TempDir(const std::string& name)
+      : path(fs::temp_directory_path() / (name + "_" + std::to_string(::getpid()))) {
+    fs::remove_all(path);
+    fs::create_directories(path);
+  }
+  ~TempDir() { fs::remove_all(path); }
+  std::string file(const std::string& name) const { return (path / name).string(); }
+};
+
+std::vector<fs::path> example_plans() {
+  std::vector<fs::path> out;
+  for (const auto& e : fs::directory_iterator(fs::path(MOEPLAN_SOURCE_DIR) / "planner" / "examples")) {
+    if (e.path().extension() == ".json") out.push_back(e.path());
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+double sum_values(const json& object) {
+  double s = 0;
+  for (const auto& [k, v] : object.items()) s += v.get<double>();
+  return s;
+}
+
+}  // namespace
+
+TEST_SUITE("cli") {
+  TEST_CASE(
+      "simulate --json on every example plan prints the contract's keys and a breakdown that sums to the "
+      "step time") {
+    const auto plans = example_plans();
+    CHECK(plans.size() >= 3);
+    for (const auto& plan : plans) {
+      CAPTURE(plan.string());
+      const Run r = moeplan("simulate --json '" + plan.string() + "'");
+      // 0, or 3 only when the plan does not fit; the reason is then on stderr.
+      REQUIRE((r.exit_code == 0 || r.exit_code == 3));
+      if (r.exit_code == 3) {
+        CHECK_MESSAGE(r.err.find("does not fit") != std::string::npos, r.err);
+      } else {
+        CHECK(r.err.empty());
+      }
+      const json j = json::parse(r.out);  // throws on anything but one JSON value
+      REQUIRE(j.is_object());
+      CHECK(j.at("valid") == true);
+
+      const double step = j.at("step_time_s").get<double>();
+      const double tps = j.at("tokens_per_s").get<double>();
+      CHECK(step > 0);
+      CHECK(tps > 0);
+      // tokens/s/GPU x GPUs = tokens/s
+      CHECK(j.at("tokens_per_s_per_gpu").get<double>() * j.at("gpus").get<double>() == doctest::Approx(tps));
+      CHECK(j.at("mfu").get<double>() > 0);
+      CHECK(j.at("mfu").get<double>() <= 1);
+
+      const json& memory = j.at("memory");
+      CHECK(memory.at("per_gpu_bytes").get<double>() > 0);
+      REQUIRE(memory.at("fits").is_boolean());
+      CHECK(memory.at("fits").get<bool>() == (r.exit_code == 0));
+
+      const json& range = j.at("tokens_per_s_range");
+      REQUIRE(range.is_array());
+      REQUIRE(range.size() == 2);
+      CHECK(range[0].get<double>() <= tps);
+      CHECK(tps <= range[1].get<double>());
+
+      const json& extrapolations = j.at("extrapolations");
+      REQUIRE(extrapolations.is_array());
+      for (const auto& e : extrapolations) CHECK(e.is_string());
+
+      // step_time_s = sum(compute) + sum(exposed_comm) + bubble + optimizer
+      const json& b = j.at("breakdown");
+      REQUIRE(b.at("compute").is_object());
+      REQUIRE(b.at("exposed_comm").is_object());
+      const double parts = sum_values(b.at("compute")) + sum_values(b.at("exposed_comm")) +
+                           b.at("bubble").get<double>() + b.at("optimizer").get<double>();
+      CHECK(parts == doctest::Approx(step).epsilon(1e-6));
+    }
+  }
+
+  TEST_CASE("an illegal plan exits 3, prints its broken rules and writes no trace") {
+    // mixtral-8x7b has 8 routed experts; ep 3 does not divide them.
+    const TempDir dir("moeplan_simulate_illegal");
+    std::ofstream(dir.file("illegal.json"))
+        << R"({"model": "mixtral-8x7b", "hardware": "h100-sxm", "gpus": 48,
+      "seq_len": 4096, "global_batch": 96, "attention": {"tp": 2}, "experts": {"ep": 3}, "pipeline": {"pp": 2}})";
+    const std::string trace = dir.file("trace.json");
+
+    const Run text = moeplan("simulate '" + dir.file("illegal.json") + "' --trace '" + trace + "'");
+    CHECK(text.exit_code == 3);
+    CHECK(text.out.find("cannot run") != std::string::npos);
+    CHECK_MESSAGE(text.out.find("experts_divisible_by_ep") != std::string::npos, text.out);
+    CHECK_FALSE(fs::exists(trace));
+    CHECK_FALSE(fs::exists(trace + ".tmp"));
+
+    const Run js = moeplan("simulate --json '" + dir.file("illegal.json") + "' --trace '" + trace + "'");
+    CHECK(js.exit_code == 3);
+    const json j = json::parse(js.out);
+    CHECK(j.at("valid") == false);
+    REQUIRE(j.at("violations").is_array());
+    REQUIRE(!j.at("violations").empty());
+    bool named = false;
+    for (const auto& v : j.at("violations")) {
+      CHECK(v.at("reason").is_string());
+      named = named || v.at("rule") == "experts_divisible_by_ep";
+    }
+    CHECK(named);
+    CHECK_FALSE(fs::exists(trace));
+    CHECK_FALSE(fs::exists(trace + ".tmp"));
+  }
+
+  TEST_CASE("a plan that does not fit exits 3 with one stderr line naming the per-GPU memory") {
+    // mixtral-8x22b (~141B parameters) on one node of 8 H100s with only ep 8 sharding the experts, no ZeRO
+    // and no recompute: fp32 Adam states alone exceed 80 GB per GPU.
+    const TempDir dir("moeplan_simulate_no_fit");
+    std::ofstream(dir.file("big.json")) << R"({"model": "mixtral-8x22b", "hardware": "h100-sxm", "gpus": 8,
+      "seq_len": 4096, "global_batch": 64, "attention": {"tp": 1}, "experts": {"ep": 8}, "pipeline": {"pp": 1},
+      "data": {"zero": 0}, "recompute": "none"})";
+
+    const Run text = moeplan("simulate '" + dir.file("big.json") + "'");
+    CHECK(text.exit_code == 3);
+    CHECK(lines(text.err) == 1);
+    CHECK_MESSAGE(text.err.find("does not fit") != std::string::npos, text.err);
+    CHECK(text.out.find("DOES NOT FIT") != std::string::npos);
+
+    const Run js = moeplan("simulate --json '" + dir.file("big.json") + "'");
+    CHECK(js.exit_code == 3);
+    CHECK(lines(js.err) == 1);
+    const json j = json::parse(js.out);
+    const json& memory = j.at("memory");
+    CHECK(memory.at("fits") == false);
+    const double per_gpu = memory.at("per_gpu_bytes").get<double>();
+    CHECK(per_gpu > memory.at("capacity_bytes").get<double>());
+    const std::string named = fmt::format("{:.1f} GB per GPU", per_gpu / 1e9);
+    CHECK_MESSAGE(js.err.find(named) != std::string::npos, "expected '" << named << "' in: " << js.err);
+    CHECK(js.err == text.err);
+  }
+
+  TEST_CASE(
+      "--trace writes a Chrome trace with a process per stage, threads per stream and the graph's op "
+      "labels") {
+    // Four stages and eight micro-batches: a trace small enough to parse quickly.
+    const TempDir dir("moeplan_simulate_trace");
+    std::ofstream(dir.file("plan.json")) << R"({"model": "mixtral-8x7b", "hardware": "h100-sxm", "gpus": 32,
+      "seq_len": 4096, "global_batch": 32, "attention": {"tp": 2}, "experts": {"ep": 8}, "pipeline": {"pp": 4},
+      "overlap": {"dp_comm": true, "pp_comm": true}})";
+    const std::string trace = dir.file("trace.json");
+    const Run r = moeplan("simulate --json '" + dir.file("plan.json") + "' --trace '" + trace + "'");
+    REQUIRE(r.exit_code == 0);
+    const json report = json::parse(r.out);
+    const int stages = report.at("plan").at("pipeline").at("pp").get<int>();
+    REQUIRE(stages > 1);
+
+    REQUIRE(fs::exists(trace));
+    CHECK_FALSE(fs::exists(trace + ".tmp"));
+    std::ifstream f(trace);
+    const json t = json::parse(f);
+    REQUIRE(t.at("traceEvents").is_array());
+
+    std::map<int, int> process_names;              // pid -> count
+    std::map<int, std::set<std::string>> threads;  // pid -> stream names
+    std::set<std::pair<int, int>> named_threads;   // (pid, tid)
+    std::set<std::pair<int, int>> used_threads;    // (pid, tid) of X events
+    std::set<std::string> op_names;
+    int64_t complete = 0;
+    double end_us = 0;
+    for (const json& e : t.at("traceEvents")) {
+      const std::string ph = e.at("ph").get<std::string>();
+      if (ph == "M" && e.at("name") == "process_name") {
+        process_names[e.at("pid").get<int>()] += 1;
+      } else if (ph == "M" && e.at("name") == "thread_name") {
+        const int pid = e.at("pid").get<int>();
+        const int tid = e.at("tid").get<int>();
+        CHECK(named_threads.insert({pid, tid}).second);
+        threads[pid].insert(e.at("args").at("name").get<std::string>());
+      } else if (ph == "X") {
+        ++complete;
+        const std::string name = e.at("name").get<std::string>();
+        const int pid = e.at("pid").get<int>();
+        const double ts = e.at("ts").get<double>();
+        const double dur = e.at("dur").get<double>();
+        if (name.empty() || ts < 0 || dur < 0 || pid < 0 || pid >= stages) {
+          FAIL_CHECK("malformed X event: " << e.dump());
+        }
+        used_threads.insert({pid, e.at("tid").get<int>()});
+        op_names.insert(name);
+        end_us = std::max(end_us, ts + dur);
+      }
+    }
+
+    // One process_name per stage, pids 0..stages-1.
+    CHECK(static_cast<int>(process_names.size()) == stages);
+    for (const auto& [pid, count] : process_names) {
+      CAPTURE(pid);
+      CHECK(pid >= 0);
+      CHECK(pid < stages);
+      CHECK(count == 1);
+    }
+    // Every stage names the same streams, compute among them.
+    REQUIRE(static_cast<int>(threads.size()) == stages);
+    for (const auto& [pid, names] : threads) {
+      CAPTURE(pid);
+      CHECK(names == threads.begin()->second);
+      CHECK(names.contains("compute"));
+      CHECK(names.size() >= 2);
+    }
+    // Every X event sits on a named thread.
+    for (const auto& [pid, tid] : used_threads) {
+      CAPTURE(pid);
+      CAPTURE(tid);
+      CHECK(named_threads.contains({pid, tid}));
+    }
+    // One X event per op of the graph, named by its label; the last one ends with the step.
+    CHECK(complete == report.at("ops_in_graph").get<int64_t>());
+    CHECK(op_names.contains("L0.qkv_proj"));
+    CHECK(op_names.contains("L0.attn_norm"));
+    CHECK(end_us * 1e-6 == doctest::Approx(report.at("step_time_s").get<double>()).epsilon(1e-6));
+  }
+
+  TEST_CASE("simulate with an unknown --stack or a missing plan file exits 2 with one line") {
+    const std::vector<std::pair<std::string, std::string>> cases = {
+        {"simulate planner/examples/mixtral-8x22b-128xh100.json --stack no-such-stack", "no-such-stack"},
+        {"simulate tests/no-such-plan.json", "no-such-plan.json"},
+    };
+    for (const auto& [args, named] : cases) {
+      CAPTURE(args);
+      const Run r = moeplan(args);
+      CHECK(r.exit_code == 2);
+      CHECK(lines(r.err) == 1);
+      CHECK(r.err.rfind("moeplan: error: ", 0) == 0);
+      CHECK_MESSAGE(r.err.find(named) != std::string::npos, r.err);
+      CHECK(r.out.empty());
+    }
+  }
+}

@@ -1,0 +1,899 @@
+// Launch configurations (planner/launch.h): every Megatron flag exists in Megatron-LM's list and each plan's
+// arguments keep the cross-flag rules of shared/reference/megatron-flags.md; the moerun plan file
+// round-trips; mpirun / srun / sbatch carry the right node and rank counts; `moeplan launch` behaves as a
+// CLI.
+#include <doctest/doctest.h>
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <numeric>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "planner/launch.h"
+#include "simulator/io/hardware_loader.h"
+#include "simulator/io/model_loader.h"
+#include "simulator/io/plan_io.h"
+
+using namespace moeplan;
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string slurp(const std::string& path) {
+  std::ifstream f(path);
+  std::ostringstream s;
+  s << f.rdbuf();
+  return s.str();
+}
+
+std::vector<std::string> flag_names_in(const std::string& path) {
+  std::vector<std::string> names;
+  std::istringstream in(slurp(path));
+  for (std::string line; std::getline(in, line);) {
+    if (line.starts_with("--")) names.push_back(line);
+  }
+  return names;
+}
+
+// Megatron-LM's accepted flags: the copy under tests/planner/data (so that the tests need no ../shared).
+const std::set<std::string>& known_flags() {
+  static const std::set<std::string> names = [] {
+    const auto v = flag_names_in(std::string(MOEPLAN_SOURCE_DIR) + "/tests/planner/data/megatron_flags.txt");
+    return std::set<std::string>(v.begin(), v.end());
+  }();
+  return names;
+}
+
+const ModelSpec& model(const std::string& name) {
+  static std::map<std::string, ModelSpec> cache;
+  auto it = cache.find(name);
+  if (it == cache.end()) {
+    Result<ModelSpec> m = io::load_model(name);
+    REQUIRE_MESSAGE(m.ok(), (m.ok() ? "" : m.error().message));
+    it = cache.emplace(name, m.value()).first;
+  }
+  return it->second;
+}
+
+const HardwareProfile& hardware(const std::string& name) {
+  static std::map<std::string, HardwareProfile> cache;
+  auto it = cache.find(name);
+  if (it == cache.end()) {
+    Result<HardwareProfile> h = io::load_hardware(name);
+    REQUIRE_MESSAGE(h.ok(), (h.ok() ? "" : h.error().message));
+    it = cache.emplace(name, h.value()).first;
+  }
+  return it->second;
+}
+
+Plan make_plan(const std::string& model_name, int64_t gpus, int64_t seq, int64_t global_batch) {
+  Plan p;
+  p.model = model_name;
+  p.hardware = "h100-sxm";
+  p.gpus = gpus;
+  p.seq_len = seq;
+  p.global_batch = global_batch;
+  return p;
+}
+
+// The flags as a map: name -> values, with single quotes removed (shell words as emitted).
+struct Flags {
+  std::map<std::string, std::vector<std::string>> values;
+  std::vector<std::string> order;
+
+  bool has(const std::string& n) const { return values.count(n) > 0; }
+  std::vector<std::string> list(const std::string& n) const {
+    auto it = values.find(n);
+    return it == values.end() ? std::vector<std::string>{} : it->second;
+  }
+  std::string str(const std::string& n, const std::string& fallback = "") const {
+    const auto v = list(n);
+    return v.empty() ? fallback : v[0];
+  }
+  int64_t num(const std::string& n, int64_t fallback) const {
+    const auto v = list(n);
+    return v.empty() ? fallback : std::stoll(v[0]);
+  }
+};
+
+std::vector<std::string> shell_words(const std::string& line) {
+  std::vector<std::string> words;
+  std::string cur;
+  bool quoted = false, any = false;
+  for (char c : line) {
+    if (c == '\'') {
+      quoted = !quoted;
+      any = true;
+    } else if (c == ' ' && !quoted) {
+      if (any) words.push_back(cur);
+      cur.clear();
+      any = false;
+    } else {
+      cur += c;
+      any = true;
+    }
+  }
+  if (any) words.push_back(cur);
+  return words;
+}
+
+Flags parse_flags(const std::vector<std::string>& lines) {
+  Flags f;
+  for (const std::string& line : lines) {
+    std::vector<std::string> w = shell_words(line);
+    REQUIRE(!w.empty());
+    CHECK_MESSAGE(f.values.count(w[0]) == 0, "flag given twice: " << w[0]);
+    f.order.push_back(w[0]);
+    f.values[w[0]] = std::vector<std::string>(w.begin() + 1, w.end());
+  }
+  return f;
+}
+
+// A Megatron list expression ("([0]*3+[1]*58)", "([0,1]*24)"): terms joined by '+', each a bracketed list or
+// a parenthesised expression, optionally '*' a count (A:327-350).
+class ListExpr {
+ public:
+  explicit ListExpr(std::string s) : s_(std::move(s)) {}
+  std::vector<int> parse() {
+    std::vector<int> v = expr();
+    CHECK(i_ == s_.size());
+    return v;
+  }
+
+ private:
+  std::vector<int> expr() {
+    std::vector<int> out = term();
+    while (peek('+')) {
+      ++i_;
+      const auto t = term();
+      out.insert(out.end(), t.begin(), t.end());
+    }
+    return out;
+  }
+  std::vector<int> term() {
+    std::vector<int> a;
+    if (peek('(')) {
+      ++i_;
+      a = expr();
+      REQUIRE(peek(')'));
+      ++i_;
+    } else {
+      REQUIRE(peek('['));
+      ++i_;
+      a.push_back(number());
+      while (peek(',')) {
+        ++i_;
+        a.push_back(number());
+      }
+      REQUIRE(peek(']'));
+      ++i_;
+    }
+    if (peek('*')) {
+      ++i_;
+      const int n = number();
+      std::vector<int> r;
+      for (int k = 0; k < n; ++k) r.insert(r.end(), a.begin(), a.end());
+      return r;
+    }
+    return a;
+  }
+  int number() {
+    size_t j = i_;
+    while (j < s_.size() && std::isdigit(static_cast<unsigned char>(s_[j]))) ++j;
+    REQUIRE(j > i_);
+    const int n = std::stoi(s_.substr(i_, j - i_));
+    i_ = j;
+    return n;
+  }
+  bool peek(char c) const { return i_ < s_.size() && s_[i_] == c; }
+  std::string s_;
+  size_t i_ = 0;
+};
+
+// The per-layer pattern an --moe-layer-freq / --window-attn-skip-freq value gives: an int N marks the layers
+// with index % N == 0 (index 0-based for MoE, 1-based layer numbers for windows), a list marks its 1s.
+std::vector<int> layer_pattern(const std::string& value, int64_t layers, size_t offset) {
+  const bool allowed = value.find_first_not_of("0123456789,[]()+*") == std::string::npos;
+  CHECK_MESSAGE(allowed, "only digits , [ ] ( ) + * are allowed (A:245-253): " << value);
+  std::vector<int> bits;
+  if (!value.empty() && std::isdigit(static_cast<unsigned char>(value[0]))) {
+    const int64_t n = std::stoll(value);
+    for (int64_t i = 0; i < layers; ++i) bits.push_back((i + static_cast<int64_t>(offset)) % n == 0 ? 1 : 0);
+  } else {
+    bits = ListExpr(value).parse();
+    CHECK_MESSAGE(static_cast<int64_t>(bits.size()) == layers,
+                  "one entry per layer (gpt_layer_specs.py:643-671)");
+  }
+  return bits;
+}
+
+// Every rule of megatron-flags.md that these flags can break, each with the line range it rests on.
+void check_megatron_rules(const Plan& p, const ModelSpec& m, const planner::MegatronArgs& args) {
+  const Flags f = parse_flags(args.flags);
+  for (const std::string& name : f.order)
+    CHECK_MESSAGE(known_flags().count(name) == 1, "unknown flag " << name);
+
+  const int64_t world = p.gpus;
+  const int64_t tp = f.num("--tensor-model-parallel-size", 1);
+  const int64_t pp = f.num("--pipeline-model-parallel-size", 1);
+  const int64_t cp = f.num("--context-parallel-size", 1);
+  const int64_t ep = f.num("--expert-model-parallel-size", 1);
+  const int64_t etp = f.num("--expert-tensor-parallel-size", tp);  // defaults to TP (A:587-588)
+  const int64_t layers = f.num("--num-layers", 0);
+  const int64_t experts = f.num("--num-experts", 0);
+  const int64_t mtp = f.num("--mtp-num-layers", 0);
+  const bool moe = experts > 0;
+
+  // The plan, as Megatron sees it: our Ulysses SP and CP both become context parallelism.
+  CHECK(tp == p.attention.tp);
+  CHECK(pp == p.pipeline.pp);
+  CHECK(cp == p.attention.sp * p.attention.cp);
+  CHECK(layers == m.num_layers());
+  CHECK(f.num("--hidden-size", 0) == m.hidden);
+  CHECK(f.num("--num-attention-heads", 0) == m.attention.num_heads);
+  CHECK(experts == m.moe.num_experts);
+  if (moe) CHECK(ep == p.experts.ep);
+  if (moe) CHECK(etp == p.experts.etp);
+
+  // Required shape flags (A:1314-1317); max positions at least the sequence (A:1353-1356).
+  for (const char* required :
+       {"--num-layers", "--hidden-size", "--num-attention-heads", "--max-position-embeddings"})
+    CHECK_MESSAGE(f.has(required), required << " is required");
+  CHECK(f.num("--max-position-embeddings", 0) >= f.num("--seq-length", 0));
+  CHECK(f.num("--seq-length", 0) == p.seq_len);
+
+  // Dense and expert grids (A:411-448, PS:815-902): DP = world / (TP x PP x CP); ETP x EP divides TP x CP x
+  // DP.
+  REQUIRE(world % (tp * pp * cp) == 0);
+  const int64_t dp = world / (tp * pp * cp);
+  CHECK(world % (etp * ep * pp) == 0);
+  CHECK((tp * cp * dp) % (etp * ep) == 0);
+  CHECK(dp == p.dp());
+
+  // Sequence parallel: every MoE plan with TP > 1 (moe_layer.py:636-640); never with TP = 1 (MPC:502-504);
+  // --tp-comm-overlap needs it (A:1441-1442).
+  if (tp > 1 && moe) CHECK(f.has("--sequence-parallel"));
+  if (tp == 1) CHECK_FALSE(f.has("--sequence-parallel"));
+  if (f.has("--tp-comm-overlap")) CHECK(f.has("--sequence-parallel"));
+
+  // Experts: --num-experts for EP > 1 and a multiple of EP (A:1654-1658); no linear bias when ETP > 1
+  // (TC:2612-2615).
+  if (ep > 1) CHECK(experts > 0);
+  if (ep > 1) CHECK(experts % ep == 0);
+  if (moe && etp > 1) CHECK(f.has("--disable-bias-linear"));
+
+  // Heads (TC:1446-1468).
+  CHECK(m.attention.num_heads % tp == 0);
+  if (f.has("--group-query-attention")) {
+    const int64_t groups = f.num("--num-query-groups", 1);
+    const bool ok = groups % tp == 0 || tp % groups == 0;
+    const bool reported =
+        std::any_of(args.not_expressible.begin(), args.not_expressible.end(),
+                    [](const std::string& r) { return r.find("query groups") != std::string::npos; });
+    CHECK((ok || reported));
+  }
+
+  // Context parallel (A:580-585, A:1335-1338, TC:3103-3112).
+  const auto cp_types = f.list("--cp-comm-type");
+  CHECK((cp_types.size() <= 1 || static_cast<int64_t>(cp_types.size()) == layers));
+  for (const std::string& t : cp_types) {
+    CHECK((t == "p2p" || t == "a2a" || t == "all_gather" || t == "a2a+p2p"));
+  }
+  if (cp > 1) CHECK(p.seq_len % (2 * cp) == 0);
+  if (std::find(cp_types.begin(), cp_types.end(), "a2a+p2p") != cp_types.end())
+    CHECK(f.has("--hierarchical-context-parallel-sizes"));
+  if (f.has("--hierarchical-context-parallel-sizes")) {
+    int64_t product = 1;
+    for (const auto& v : f.list("--hierarchical-context-parallel-sizes")) product *= std::stoll(v);
+    CHECK(product == cp);
+  }
+
+  // Virtual pipeline and uneven stages (A:927-1019, TC:2229-2415).
+  const bool by_layers = f.has("--num-layers-per-virtual-pipeline-stage");
+  const bool by_count = f.has("--num-virtual-stages-per-pipeline-rank");
+  const bool by_layout = f.has("--pipeline-model-parallel-layout");
+  CHECK(int(by_layers) + int(by_count) + int(by_layout) <= 1);
+  const bool has_first = f.has("--decoder-first-pipeline-num-layers");
+  const bool has_last = f.has("--decoder-last-pipeline-num-layers");
+  const int64_t account = int64_t(f.has("--account-for-embedding-in-pipeline-split")) +
+                          int64_t(f.has("--account-for-loss-in-pipeline-split"));
+  int64_t vpp = 1;
+  if (by_count) vpp = f.num("--num-virtual-stages-per-pipeline-rank", 1);
+  if (by_layers) {
+    CHECK_FALSE((has_first || has_last));
+    CHECK((layers + account) % pp == 0);
+    const int64_t per_stage = (layers + account) / pp;
+    const int64_t per_vstage = f.num("--num-layers-per-virtual-pipeline-stage", 1);
+    CHECK(per_stage % per_vstage == 0);
+    vpp = per_stage / per_vstage;
+  }
+  if (by_layout) {
+    CHECK_FALSE((has_first || has_last || account > 0));
+    std::vector<std::string> stages;
+    std::string layout = f.str("--pipeline-model-parallel-layout"), cur;
+    for (char c : layout + "|") {
+      if (c == '|') {
+        stages.push_back(cur);
+        cur.clear();
+      } else {
+        cur += c;
+      }
+    }
+    CHECK(static_cast<int64_t>(stages.size()) % pp == 0);
+    vpp = static_cast<int64_t>(stages.size()) / pp;
+    int64_t t = 0, mtp_count = 0, e_count = 0, l_count = 0;
+    for (size_t s = 0; s < stages.size(); ++s) {
+      std::istringstream items(stages[s]);
+      for (std::string item; std::getline(items, item, ',');) {
+        if (item.empty()) continue;
+        const int64_t n = item.size() > 2 && item[1] == '*' ? std::stoll(item.substr(2)) : 1;
+        if (item[0] == 't') t += n;
+        if (item[0] == 'm') {
+          mtp_count += n;
+          CHECK(static_cast<int64_t>(s) / pp == vpp - 1);  // in the last virtual stage of its rank
+        }
+        if (item[0] == 'E') {
+          e_count += n;
+          CHECK(s == 0);
+        }
+        if (item[0] == 'L') {
+          l_count += n;
+          CHECK(s + 1 == stages.size());
+        }
+      }
+    }
+    CHECK(e_count == 1);
+    CHECK(l_count == 1);
+    CHECK(t == layers);
+    CHECK(mtp_count == mtp);
+  }
+  if (vpp > 1) CHECK(pp > (f.has("--no-overlap-p2p-communication") ? 2 : 1));
+  if (has_first || has_last) {
+    CHECK(account == 0);
+    const int64_t first = f.num("--decoder-first-pipeline-num-layers", 0);
+    const int64_t last = f.num("--decoder-last-pipeline-num-layers", 0);
+    if (has_first) CHECK((first > 0 && first % vpp == 0));
+    if (has_last) CHECK((last > 0 && last % vpp == 0));
+    const int64_t middle_layers = layers - first - last;
+    const int64_t middle_stages = pp - int64_t(has_first) - int64_t(has_last);
+    CHECK((middle_layers == 0) == (middle_stages == 0));
+    if (middle_stages > 0) {
+      CHECK(middle_layers % middle_stages == 0);
+      CHECK((middle_layers / middle_stages) % vpp == 0);
+    }
+  } else if (!by_layout && !by_layers) {
+    CHECK((layers + account) % pp == 0);
+    CHECK(((layers + account) / pp) % vpp == 0);
+  }
+  CHECK(vpp == p.pipeline.vpp);
+
+  // Batch (num_microbatches_calculator.py:380-391; schedules.py:1160-1180 at the default group size PP).
+  const int64_t mbs = f.num("--micro-batch-size", 0), gbs = f.num("--global-batch-size", 0);
+  REQUIRE(mbs > 0);
+  CHECK(gbs % (mbs * dp) == 0);
+  const int64_t micro_batches = gbs / (mbs * dp);
+  CHECK(micro_batches >= 1);
+  if (vpp > 1) CHECK(micro_batches % pp == 0);
+
+  // Distributed optimizer and overlap (A:1024-1097, TC:1813-1826, TC:3002-3101).
+  const bool dist_opt = f.has("--use-distributed-optimizer") || f.has("--use-megatron-fsdp");
+  CHECK(f.has("--use-distributed-optimizer") == (p.data.zero >= 1));
+  if (f.has("--overlap-param-gather")) CHECK((f.has("--overlap-grad-reduce") && dist_opt));
+  if (f.has("--overlap-param-gather-with-optimizer-step")) {
+    CHECK((dist_opt && f.has("--overlap-param-gather") && vpp > 1 && f.str("--ckpt-format") == "torch"));
+  }
+  if (f.has("--fp8-param-gather")) CHECK((dist_opt && f.has("--fp8-format")));
+  const std::string dispatcher = f.str("--moe-token-dispatcher-type", "allgather");
+  const std::string granularity = f.str("--recompute-granularity");
+  const auto modules = f.list("--recompute-modules");
+  auto has_module = [&](const char* name) {
+    return std::find(modules.begin(), modules.end(), name) != modules.end();
+  };
+  if (f.has("--overlap-moe-expert-parallel-comm")) {
+    CHECK(ep > 1);
+    CHECK((dispatcher == "alltoall" || dispatcher == "flex"));
+    CHECK(granularity != "full");
+    CHECK_FALSE(f.has("--recompute-method"));
+    CHECK_FALSE(f.has("--recompute-num-layers"));
+    CHECK_FALSE(has_module("moe"));
+    CHECK((f.has("--bf16") || f.has("--fp16")));
+    CHECK_FALSE(f.has("--moe-shared-expert-overlap"));
+    CHECK(mtp <= 1);
+    if (pp > 1) CHECK(vpp > 1);
+  }
+  if (f.has("--delay-wgrad-compute")) CHECK(f.has("--overlap-moe-expert-parallel-comm"));
+  if (f.has("--ep-overlap-early-attn-memory-release")) CHECK(f.has("--overlap-moe-expert-parallel-comm"));
+  if (f.has("--moe-shared-expert-overlap")) {
+    CHECK(f.has("--moe-shared-expert-intermediate-size"));
+    CHECK((dispatcher == "alltoall" || dispatcher == "flex"));
+    CHECK_FALSE(has_module("shared_experts"));
+  }
+
+  // Dispatcher and backends (TC:1743-1774, TD:1835-1854).
+  CHECK((dispatcher == "allgather" || dispatcher == "alltoall" || dispatcher == "flex"));
+  const std::string backend = f.str("--moe-flex-dispatcher-backend", "deepep");
+  if (f.has("--moe-flex-dispatcher-backend") || f.has("--moe-enable-deepep")) CHECK(dispatcher == "flex");
+  if (f.has("--moe-enable-deepep")) CHECK(backend != "hybridep");
+  if (dispatcher == "flex" && (backend == "deepep" || backend == "ncclep")) CHECK(tp * ep > 1);
+  if (dispatcher == "flex" && backend == "deepep") CHECK_FALSE(f.has("--moe-pad-expert-input-to-capacity"));
+
+  // Capacity and padding (TC:1836-1882).
+  auto lb = f.list("--moe-router-load-balancing-type");
+  if (lb.empty()) lb = {"aux_loss"};
+  if (f.has("--moe-expert-capacity-factor")) {
+    for (const auto& t : lb)
+      CHECK((t == "aux_loss" || t == "seq_aux_loss" || t == "global_aux_loss" || t == "none"));
+  }
+  if (f.has("--moe-pad-expert-input-to-capacity")) CHECK(f.has("--moe-expert-capacity-factor"));
+  if (f.has("--moe-expert-rank-capacity-factor")) CHECK((backend == "hybridep" || backend == "ncclep"));
+  if (lb.size() > 1) CHECK(f.list("--moe-aux-loss-coeff").size() == lb.size());
+
+  // Router (TC:2617-2689, TC:2641-2660).
+  const std::string score = f.str("--moe-router-score-function", "softmax");
+  const bool sinkhorn = std::find(lb.begin(), lb.end(), "sinkhorn") != lb.end();
+  if (moe && f.num("--moe-router-topk", 2) == 1 && score == "softmax" && !sinkhorn)
+    CHECK(f.has("--moe-router-pre-softmax"));
+  if (f.has("--moe-router-enable-expert-bias")) CHECK((score == "sigmoid" || score == "sqrtsoftplus"));
+  if (f.has("--moe-router-group-topk")) {
+    const int64_t groups = f.num("--moe-router-num-groups", 0);
+    CHECK((groups > 0 && experts % groups == 0 && f.num("--moe-router-group-topk", 0) <= groups));
+  }
+  if (f.has("--moe-router-padding-for-quantization"))
+    CHECK((f.has("--fp8-format") && dispatcher != "allgather"));
+
+  // Grouped GEMM (TC:1413-1414) and recompute (TC:1901-2025, A:1410-1428).
+  if (f.has("--moe-use-grouped-tensor")) CHECK(f.has("--moe-grouped-gemm"));
+  if (granularity == "full") CHECK((f.has("--recompute-method") && f.has("--recompute-num-layers")));
+  if (granularity == "selective")
+    CHECK_FALSE((f.has("--recompute-method") || f.has("--recompute-num-layers")));
+  if (!modules.empty()) CHECK(granularity == "selective");
+  static const std::set<std::string> kModules = {
+      "core_attn",      "moe_act",      "layernorm",   "mla_up_proj", "mlp", "moe",
+      "shared_experts", "gdn_norm_out", "gdp_in_proj", "gdp_qkv",     "mhc"};
+  for (const auto& mod : modules) CHECK_MESSAGE(kModules.count(mod) == 1, "unknown recompute module " << mod);
+  if (has_module("moe_act")) CHECK(f.has("--moe-grouped-gemm"));
+  if (has_module("mla_up_proj")) CHECK(f.has("--multi-latent-attention"));
+  const std::string recipe = f.str("--fp8-recipe", "delayed");
+  if (f.has("--fp8-format") && recipe == "delayed")
+    CHECK_FALSE((has_module("moe_act") || has_module("layernorm")));
+  if (f.has("--distribute-saved-activations")) {
+    CHECK((tp > 1 && granularity == "full" && f.has("--recompute-method")));
+    CHECK_FALSE(f.has("--sequence-parallel"));
+  }
+  CHECK(granularity == (p.recompute == Recompute::kNone ? "" : name_of(p.recompute)));
+
+  // Precision (A:1193-1217, TC:1527-1567).
+  CHECK_FALSE((f.has("--bf16") && f.has("--fp16")));
+  if (recipe == "custom" && f.has("--fp8-format")) CHECK(f.has("--fp8-quantizer-factory"));
+  if (f.has("--first-last-layers-bf16")) CHECK(recipe != "delayed");
+  CHECK(f.has("--fp8-format") == (p.precision == Precision::kFp8));
+
+  // MTP (A:882-886) and MLA (AU:292-342, A:1973-1974, TC:2526-2527).
+  if (mtp > 0) {
+    const std::string pos = f.str("--position-embedding-type", "learned_absolute");
+    CHECK((pos == "rope" || pos == "none"));
+  }
+  if (f.has("--multi-latent-attention")) {
+    CHECK_FALSE(f.has("--group-query-attention"));
+    CHECK_FALSE(f.has("--rotary-interleaved"));
+    CHECK(f.str("--normalization") == "RMSNorm");
+    for (const char* dim : {"--kv-lora-rank", "--qk-head-dim", "--qk-pos-emb-head-dim", "--v-head-dim"})
+      CHECK_MESSAGE(f.has(dim), "MLA needs " << dim << " explicitly");
+  }
+
+  // Layer patterns match the model (gpt_layer_specs.py:643-671; transformer/utils.py
+  // is_layer_window_attention).
+  if (moe) {
+    std::vector<int> want;
+    for (const auto& l : m.layers) want.push_back(l.moe ? 1 : 0);
+    const std::vector<int> got = f.has("--moe-layer-freq")
+                                     ? layer_pattern(f.str("--moe-layer-freq"), layers, 0)
+                                     : std::vector<int>(want.size(), 1);
+    CHECK(got == want);
+  }
+  if (f.has("--window-attn-skip-freq")) {
+    REQUIRE(f.has("--window-size"));
+    const std::string v = f.str("--window-attn-skip-freq");
+    std::vector<int> windowed = layer_pattern(v, layers, 1);
+    if (std::isdigit(static_cast<unsigned char>(v[0]))) {
+      for (int& w : windowed) w = 1 - w;  // an int marks the full-attention layers
+    }
+    for (int64_t i = 0; i < layers; ++i) {
+      const int64_t w = m.layers[static_cast<size_t>(i)].window;
+      CHECK(windowed[static_cast<size_t>(i)] == (w > 0 && w < p.seq_len ? 1 : 0));
+    }
+  }
+
+  // Vocabulary (build_tokenizer.py:96-114) and environment (A:1453-1479).
+  if (f.str("--tokenizer-type") == "NullTokenizer") CHECK(f.num("--vocab-size", 0) == m.vocab);
+  const bool relaxed = f.has("--overlap-moe-expert-parallel-comm") || f.has("--use-megatron-fsdp");
+  const bool env_set =
+      std::find(args.env.begin(), args.env.end(), "CUDA_DEVICE_MAX_CONNECTIONS=1") != args.env.end();
+  if ((tp > 1 || cp > 1) && !relaxed) CHECK(env_set);
+}
+
+bool mentions(const std::vector<std::string>& lines, const std::string& what) {
+  return std::any_of(lines.begin(), lines.end(),
+                     [&](const std::string& l) { return l.find(what) != std::string::npos; });
+}
+
+// Checks the plan is legal for moeplan, then the Megatron rules; returns the arguments.
+planner::MegatronArgs checked(const Plan& p) {
+  const ModelSpec& m = model(p.model);
+  const HardwareProfile& hw = hardware(p.hardware);
+  const std::vector<Violation> v = validate(p, m, hw);
+  REQUIRE_MESSAGE(v.empty(), p.model << ": " << (v.empty() ? "" : v[0].reason));
+  const planner::MegatronArgs a = planner::megatron_args(p, m, hw);
+  check_megatron_rules(p, m, a);
+  return a;
+}
+
+Result<io::LoadedPlan> example(const std::string& name) {
+  return io::load_plan(std::string(MOEPLAN_SOURCE_DIR) + "/planner/examples/" + name);
+}
+
+struct Run {
+  int exit_code = -1;
+  std::string out, err;
+};
+
+Run moeplan_cli(const std::string& args) {
+  static int counter = 0;
+  const std::string base = fs::temp_directory_path() / ("moeplan_launch_test_" + std::to_string(::getpid()) +
+                                                        "_" + std::to_string(counter++));
+  const std::string cmd = std::string("cd '") + MOEPLAN_SOURCE_DIR + "' && '" + MOEPLAN_BIN + "' " + args +
+                          " >'" + base + ".out' 2>'" + base + ".err'";
+  const int status = std::system(cmd.c_str());
+  Run r;
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  r.out = slurp(base + ".out");
+  r.err = slurp(base + ".err");
+  fs::remove(base + ".out");
+  fs::remove(base + ".err");
+  return r;
+}
+
+}  // namespace
+
+TEST_SUITE("planner") {
+  TEST_CASE("the copied Megatron flag list matches the reference when the reference is present") {
+    CHECK(known_flags().size() == 878);
+    CHECK(known_flags().count("--tensor-model-parallel-size") == 1);
+    const std::string reference = std::string(MOEPLAN_SOURCE_DIR) + "/../shared/reference/megatron_flags.txt";
+    if (fs::exists(reference)) {
+      const auto v = flag_names_in(reference);
+      CHECK(std::set<std::string>(v.begin(), v.end()) == known_flags());
+    }
+  }
+
+  TEST_CASE("the shipped example plans give Megatron arguments that exist and keep Megatron's rules") {
+    for (const char* name :
+         {"mixtral-8x22b-128xh100.json", "deepseek-v3-2048xh800.json", "internal-352b-1440xh800.json"}) {
+      CAPTURE(name);
+      Result<io::LoadedPlan> l = example(name);
+      REQUIRE_MESSAGE(l.ok(), (l.ok() ? "" : l.error().message));
+      const auto& [plan, m, hw, path] = l.value();
+      REQUIRE(validate(plan, m, hw).empty());
+      check_megatron_rules(plan, m, planner::megatron_args(plan, m, hw));
+    }
+  }
+
+  TEST_CASE("every shipped model on one node with expert parallelism keeps Megatron's rules") {
+    for (const auto& entry : fs::directory_iterator(fs::path(MOEPLAN_SOURCE_DIR) / "models")) {
+      if (entry.path().extension() != ".json") continue;
+      const std::string name = entry.path().stem().string();
+      CAPTURE(name);
+      Plan p = make_plan(name, 8, 4096, 64);
+      p.experts.ep = 8;
+      p.overlap = {.inter_op = false, .intra_op = false, .dp_comm = true, .pp_comm = false};
+      checked(p);
+    }
+  }
+
+  TEST_CASE("a set of plans covering each mapping keeps Megatron's rules") {
+    // Interleaved 1F1B with ETP, EP overlap, a capacity factor and p2p overlap off.
+    Plan a = make_plan("mixtral-8x7b", 64, 4096, 256);
+    a.attention.tp = 2;
+    a.experts = {.ep = 4, .etp = 2, .dispatch = Dispatch::kAllToAll};
+    a.pipeline = {.pp = 4, .vpp = 2, .schedule = Schedule::kInterleaved1F1B, .layers_per_stage = {}};
+    a.overlap = {.inter_op = true, .intra_op = false, .dp_comm = true, .pp_comm = false};
+    a.routing.capacity_factor = 1.25;
+    const auto ma = checked(a);
+    CHECK(mentions(ma.flags, "--num-virtual-stages-per-pipeline-rank 2"));
+    CHECK(mentions(ma.flags, "--no-overlap-p2p-communication"));
+    CHECK(mentions(ma.flags, "--overlap-moe-expert-parallel-comm"));
+    CHECK(mentions(ma.flags, "--moe-expert-capacity-factor 1.25"));
+    CHECK(mentions(ma.flags, "--disable-bias-linear"));
+
+    // All-gather dispatch, ZeRO-0, a shared-expert gate and q/k/v biases.
+    Plan b = make_plan("qwen2-57b-a14b", 32, 4096, 64);
+    b.attention.tp = 4;
+    b.experts = {.ep = 8, .etp = 1, .dispatch = Dispatch::kAllGather};
+    b.data.zero = 0;
+    b.overlap = {.inter_op = true, .intra_op = false, .dp_comm = true, .pp_comm = false};
+    const auto mb = checked(b);
+    CHECK(mentions(mb.flags, "--moe-token-dispatcher-type allgather"));
+    CHECK(mentions(mb.flags, "--add-qkv-bias"));
+    CHECK(mentions(mb.flags, "--moe-shared-expert-gate"));
+    CHECK_FALSE(mentions(mb.flags, "--use-distributed-optimizer"));
+    CHECK_FALSE(mentions(mb.flags, "--overlap-param-gather"));
+
+    // Ulysses SP and CP together: hierarchical a2a+p2p.
+    Plan c = make_plan("qwen3-30b-a3b", 64, 8192, 64);
+    c.attention = {.tp = 1, .sp = 4, .cp = 2};
+    c.experts.ep = 8;
+    const auto mc = checked(c);
+    CHECK(mentions(mc.flags, "--cp-comm-type a2a+p2p"));
+    CHECK(mentions(mc.flags, "--hierarchical-context-parallel-sizes 4 2"));
+    CHECK(mentions(mc.flags, "--qk-layernorm"));
+
+    // CP alone, Megatron-FSDP for ZeRO-3, FP8, an interleaved MoE layer pattern, top-1 routing.
+    Plan d = make_plan("llama-4-maverick", 128, 8192, 128);
+    d.attention = {.tp = 4, .sp = 1, .cp = 2};
+    d.experts.ep = 16;
+    d.pipeline.pp = 2;
+    d.data.zero = 3;
+    d.precision = Precision::kFp8;
+    d.overlap.dp_comm = true;
+    const auto md = checked(d);
+    CHECK(mentions(md.flags, "--cp-comm-type all_gather"));
+    CHECK(mentions(md.flags, "--data-parallel-sharding-strategy optim_grads_params"));
+    CHECK(mentions(md.flags, "--moe-layer-freq '([0,1]*24)'"));
+    CHECK(mentions(md.flags, "--moe-router-pre-softmax"));
+    CHECK(mentions(md.flags, "--moe-router-padding-for-quantization"));
+
+    // MLA with MTP, an uneven split that first/last counts cannot express (a layout), selective recompute.
+    Plan e = make_plan("deepseek-v3", 256, 4096, 512);
+    e.hardware = "h800-sxm";
+    e.experts = {.ep = 64, .etp = 1, .dispatch = Dispatch::kDedup};
+    e.pipeline = {.pp = 4,
+                  .vpp = 2,
+                  .schedule = Schedule::kInterleaved1F1B,
+                  .layers_per_stage = {7, 8, 8, 8, 8, 8, 8, 6}};
+    e.recompute = Recompute::kSelective;
+    e.precision = Precision::kFp8;
+    e.overlap = {.inter_op = true, .intra_op = false, .dp_comm = true, .pp_comm = true};
+    const auto me = checked(e);
+    CHECK(mentions(me.flags, "--pipeline-model-parallel-layout 'E,t*7|t*8|t*8|t*8|t*8|t*8|t*8|t*6,m,L'"));
+    CHECK(mentions(me.flags, "--moe-token-dispatcher-type flex"));
+    CHECK(mentions(me.flags, "--moe-flex-dispatcher-backend deepep"));
+    CHECK(mentions(me.flags, "--recompute-modules layernorm moe_act"));
+    CHECK(mentions(me.flags, "--moe-layer-freq '([0]*3+[1]*58)'"));
+    CHECK(mentions(me.flags, "--moe-router-enable-expert-bias"));
+
+    // Sliding windows, sinks and linear biases with ETP > 1.
+    Plan g = make_plan("gpt-oss-20b", 16, 4096, 64);
+    g.attention.tp = 2;
+    g.experts = {.ep = 8, .etp = 2, .dispatch = Dispatch::kAllToAll};
+    g.recompute = Recompute::kFull;
+    const auto mg = checked(g);
+    CHECK(mentions(mg.flags, "--window-size 128,0"));
+    CHECK(mentions(mg.flags, "--window-attn-skip-freq 2"));
+    CHECK(mentions(mg.flags, "--softmax-type learnable"));
+    CHECK(mentions(mg.flags, "--recompute-method uniform"));
+    CHECK(mentions(mg.not_expressible, "linear-layer biases"));
+
+    // Cross-layer attention, top-1 routing, tied embeddings.
+    Plan h = make_plan("hunyuan-large", 128, 4096, 256);
+    h.attention.tp = 8;
+    h.experts.ep = 16;
+    h.pipeline.pp = 2;
+    const auto mh = checked(h);
+    CHECK(mentions(mh.not_expressible, "cross-layer attention"));
+    CHECK_FALSE(mentions(mh.flags, "--untie-embeddings-and-output-weights"));
+  }
+
+  TEST_CASE("Ulysses SP maps to Megatron's a2a context parallelism") {
+    Plan p = make_plan("mixtral-8x7b", 16, 4096, 32);
+    p.attention.sp = 8;
+    p.experts.ep = 8;
+    const auto a = checked(p);
+    CHECK(mentions(a.flags, "--context-parallel-size 8"));
+    CHECK(mentions(a.flags, "--cp-comm-type a2a"));
+    CHECK_FALSE(mentions(a.not_expressible, "Ulysses"));
+  }
+
+  TEST_CASE("an Ulysses SP plan with replicated K/V heads yields a not-expressible comment") {
+    // 8 K/V heads over tp 2 leave 4 per TP rank; Ulysses over 8 ranks replicates them, TE's a2a cannot.
+    Plan p = make_plan("mixtral-8x7b", 16, 4096, 32);
+    p.attention = {.tp = 2, .sp = 8, .cp = 1};
+    p.experts.ep = 8;
+    const auto a = checked(p);
+    CHECK(mentions(a.flags, "--cp-comm-type all_gather"));
+    const std::string text = planner::megatron_text(p, model(p.model), hardware(p.hardware), "plan.json");
+    CHECK(text.find("# not expressible in Megatron-LM: Ulysses SP (sp = 8)") != std::string::npos);
+  }
+
+  TEST_CASE("features Megatron lacks become comment lines before the flags") {
+    Result<io::LoadedPlan> l = example("internal-352b-1440xh800.json");
+    REQUIRE(l.ok());
+    const auto& [plan, m, hw, path] = l.value();
+    const std::string text = planner::megatron_text(plan, m, hw, path);
+    for (const char* what : {"intra-operator overlap", "BF16 gradient sync", "inter-operator overlap",
+                             "selective rematerialization", "overlapped pipeline p2p"}) {
+      CAPTURE(what);
+      CHECK(text.find(std::string("# not expressible in Megatron-LM: ") + what) != std::string::npos);
+    }
+    // Comments first, then one flag per line, each but the last ending in a backslash.
+    std::istringstream in(text);
+    std::vector<std::string> lines;
+    for (std::string line; std::getline(in, line);) lines.push_back(line);
+    const auto first_flag =
+        std::find_if(lines.begin(), lines.end(), [](const std::string& s) { return s.starts_with("--"); });
+    REQUIRE(first_flag != lines.end());
+    CHECK((first_flag - 1)->ends_with("pretrain_gpt.py \\"));
+    for (auto it = lines.begin(); it != first_flag; ++it) CHECK(it->starts_with("#"));
+    for (auto it = first_flag; it != lines.end(); ++it) {
+      CHECK(it->starts_with("--"));
+      CHECK(it->ends_with(" \\") == (it + 1 != lines.end()));
+    }
+    CHECK(static_cast<size_t>(lines.end() - first_flag) == planner::megatron_flags(plan, m, hw).size());
+  }
+
+  TEST_CASE("first and last pipeline stages map to Megatron's uneven split") {
+    Result<io::LoadedPlan> l = example("deepseek-v3-2048xh800.json");
+    REQUIRE(l.ok());
+    const auto& [plan, m, hw, path] = l.value();
+    const auto flags = planner::megatron_flags(plan, m, hw);
+    CHECK(mentions(flags, "--decoder-first-pipeline-num-layers 3"));
+    CHECK(mentions(flags, "--decoder-last-pipeline-num-layers 2"));
+    CHECK(mentions(flags, "--recompute-granularity full"));
+    CHECK(mentions(flags, "--mtp-num-layers 1"));
+    CHECK_FALSE(mentions(flags, "--pipeline-model-parallel-layout"));
+  }
+
+  TEST_CASE("the moerun plan file round-trips to an equal plan") {
+    Plan p = make_plan("deepseek-v3", 256, 4096, 512);
+    p.hardware = "h800-sxm";
+    p.stack = "megatron-core-deepep";
+    p.attention = {.tp = 2, .sp = 2, .cp = 2};
+    p.experts = {.ep = 32, .etp = 2, .dispatch = Dispatch::kDedup};
+    p.pipeline = {.pp = 4,
+                  .vpp = 2,
+                  .schedule = Schedule::kInterleaved1F1B,
+                  .layers_per_stage = {7, 8, 8, 8, 8, 8, 8, 6}};
+    p.data.zero = 2;
+    p.overlap = {.inter_op = true, .intra_op = true, .dp_comm = false, .pp_comm = true};
+    p.compression = {.grad_sync = GradSync::kBf16AllToAll, .dispatch = DispatchPrecision::kFp8};
+    p.precision = Precision::kFp8;
+    p.recompute = Recompute::kSelective;
+    p.routing = {.distribution = "zipf:1.2", .capacity_factor = 1.5};
+    const planner::MoerunLaunch l = planner::moerun_launch(p, hardware("h800-sxm"), "plan.json", "runs/plan");
+    Result<nlohmann::json> j = io::parse_json_text(l.plan_json, "plan.json");
+    REQUIRE(j.ok());
+    Result<Plan> back = io::plan_from_json(j.value(), "plan.json");
+    REQUIRE(back.ok());
+    const Plan& q = back.value();
+    CHECK(q.model == p.model);
+    CHECK(q.hardware == p.hardware);
+    CHECK(q.stack == p.stack);
+    CHECK(q.gpus == p.gpus);
+    CHECK(q.seq_len == p.seq_len);
+    CHECK(q.global_batch == p.global_batch);
+    CHECK(q.micro_batch == p.micro_batch);
+    CHECK(q.attention.tp == p.attention.tp);
+    CHECK(q.attention.sp == p.attention.sp);
+    CHECK(q.attention.cp == p.attention.cp);
+    CHECK(q.experts.ep == p.experts.ep);
+    CHECK(q.experts.etp == p.experts.etp);
+    CHECK(q.experts.dispatch == p.experts.dispatch);
+    CHECK(q.pipeline.pp == p.pipeline.pp);
+    CHECK(q.pipeline.vpp == p.pipeline.vpp);
+    CHECK(q.pipeline.schedule == p.pipeline.schedule);
+    CHECK(q.pipeline.layers_per_stage == p.pipeline.layers_per_stage);
+    CHECK(q.data.zero == p.data.zero);
+    CHECK(q.overlap.inter_op == p.overlap.inter_op);
+    CHECK(q.overlap.intra_op == p.overlap.intra_op);
+    CHECK(q.overlap.dp_comm == p.overlap.dp_comm);
+    CHECK(q.overlap.pp_comm == p.overlap.pp_comm);
+    CHECK(q.compression.grad_sync == p.compression.grad_sync);
+    CHECK(q.compression.dispatch == p.compression.dispatch);
+    CHECK(q.precision == p.precision);
+    CHECK(q.recompute == p.recompute);
+    CHECK(q.routing.distribution == p.routing.distribution);
+    CHECK(q.routing.capacity_factor == p.routing.capacity_factor);
+    CHECK(io::plan_to_json(q) == io::plan_to_json(p));
+  }
+
+  TEST_CASE("mpirun and srun start one rank per GPU on whole nodes") {
+    Plan p = make_plan("mixtral-8x7b", 16, 4096, 32);
+    p.experts.ep = 8;
+    const planner::MoerunLaunch l =
+        planner::moerun_launch(p, hardware("h100-sxm"), "plans/my plan.json", "runs/x");
+    CHECK(l.mpirun == "mpirun -np 16 --map-by ppr:8:node moerun run 'plans/my plan.json' --out runs/x");
+    CHECK(
+        l.srun ==
+        "srun --nodes=2 --ntasks-per-node=8 --gpus-per-node=8 moerun run 'plans/my plan.json' --out runs/x");
+    CHECK(planner::default_run_dir("plans/my plan.json") == "runs/my_plan");
+    const std::string text =
+        planner::moerun_text(p, model(p.model), hardware(p.hardware), "p.json", "runs/p");
+    CHECK(text.find(planner::moerun_launch(p, hardware("h100-sxm"), "p.json", "runs/p").plan_json) !=
+          std::string::npos);
+  }
+
+  TEST_CASE("the sbatch script asks for the plan's node count") {
+    Result<io::LoadedPlan> l = example("deepseek-v3-2048xh800.json");
+    REQUIRE(l.ok());
+    const auto& [plan, m, hw, path] = l.value();
+    const std::string s = planner::slurm_script(plan, m, hw, "ds.json", "runs/ds");
+    CHECK(s.starts_with("#!/bin/bash\n"));
+    CHECK(s.find("#SBATCH --nodes=256\n") != std::string::npos);
+    CHECK(s.find("#SBATCH --ntasks-per-node=8\n") != std::string::npos);
+    CHECK(s.find("#SBATCH --gpus-per-node=8\n") != std::string::npos);
+    CHECK(s.find("#SBATCH --exclusive\n") != std::string::npos);
+    CHECK(s.find("#SBATCH --job-name=moerun-ds\n") != std::string::npos);
+    CHECK(s.find("#SBATCH --output=") != std::string::npos);
+    CHECK(s.ends_with(
+        "srun --nodes=256 --ntasks-per-node=8 --gpus-per-node=8 moerun run ds.json --out runs/ds\n"));
+
+    // Fewer GPUs than a node: one node, one rank per GPU.
+    Plan small = make_plan("tiny-moe", 4, 256, 8);
+    small.experts.ep = 4;
+    const std::string t =
+        planner::slurm_script(small, model("tiny-moe"), hardware("h100-sxm"), "t.json", "runs/t");
+    CHECK(t.find("#SBATCH --nodes=1\n") != std::string::npos);
+    CHECK(t.find("#SBATCH --ntasks-per-node=4\n") != std::string::npos);
+  }
+
+  TEST_CASE("a plan copied elsewhere names the same model files") {
+    const fs::path dir = fs::temp_directory_path() / ("moeplan_rebase_" + std::to_string(::getpid()));
+    fs::create_directories(dir / "a" / "models");
+    fs::create_directories(dir / "b" / "c");
+    std::ofstream(dir / "a" / "models" / "m.json") << "{}";
+    Plan p = make_plan("models/m.json", 8, 4096, 8);
+    p.hardware = "h100-sxm";  // a built-in name stays as it is
+    const Plan q = planner::rebase_plan_paths(p, (dir / "a" / "plan.json").string(),
+                                              (dir / "b" / "c" / "p.json").string());
+    CHECK(q.model == "../../a/models/m.json");
+    CHECK(fs::equivalent(dir / "b" / "c" / q.model, dir / "a" / "models" / "m.json"));
+    CHECK(q.hardware == "h100-sxm");
+    fs::remove_all(dir);
+  }
+
+  TEST_CASE("moeplan launch writes each target and rejects bad input") {
+    const std::string plan = "planner/examples/mixtral-8x22b-128xh100.json";
+    Run r = moeplan_cli("launch " + plan + " --for megatron --json");
+    REQUIRE(r.exit_code == 0);
+    const auto j = nlohmann::json::parse(r.out);
+    CHECK(j.at("target") == "megatron");
+    CHECK(j.at("flags").size() > 20);
+    CHECK(j.at("text").get<std::string>().find("--tensor-model-parallel-size 2 \\\n") != std::string::npos);
+
+    const fs::path out =
+        fs::temp_directory_path() / ("moeplan_launch_" + std::to_string(::getpid()) + ".sbatch");
+    r = moeplan_cli("launch " + plan + " --for slurm --out '" + out.string() + "'");
+    CHECK(r.exit_code == 0);
+    CHECK(slurp(out.string()).find("#SBATCH --nodes=16\n") != std::string::npos);
+    CHECK_FALSE(fs::exists(out.string() + ".tmp"));
+    fs::remove(out);
+
+    const fs::path plan_out =
+        fs::temp_directory_path() / ("moeplan_launch_" + std::to_string(::getpid()) + ".json");
+    r = moeplan_cli("launch " + plan + " --for moerun --out '" + plan_out.string() + "' --json");
+    REQUIRE(r.exit_code == 0);
+    const auto k = nlohmann::json::parse(r.out);
+    CHECK(k.at("commands").at("mpirun").get<std::string>().starts_with("mpirun -np 128 --map-by ppr:8:node"));
+    Result<io::LoadedPlan> copied = io::load_plan(plan_out.string());  // the copy still finds its model
+    CHECK(copied.ok());
+    fs::remove(plan_out);
+
+    r = moeplan_cli("launch " + plan + " --for deepspeed");
+    CHECK(r.exit_code == 2);
+    CHECK(std::count(r.err.begin(), r.err.end(), '\n') == 1);
+    r = moeplan_cli("launch no-such-plan.json --for moerun");
+    CHECK(r.exit_code == 2);
+    CHECK(std::count(r.err.begin(), r.err.end(), '\n') == 1);
+  }
+}
