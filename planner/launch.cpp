@@ -536,6 +536,10 @@ class MegatronBuilder {
         fmt::format("mock data and a null tokenizer of {} tokens; for real training give --data-path and the "
                     "model's tokenizer instead",
                     m_.vocab));
+    note(
+        "the model's rotary base and scaling, norm epsilon and router details (group-limited routing, score "
+        "scaling) are not in moeplan's model form: Megatron's defaults apply unless --rotary-base, "
+        "--norm-epsilon, --moe-router-num-groups, ... are added from its config.json");
   }
 
   const Plan& p_;

@@ -1,5 +1,7 @@
 // `moeplan launch PLAN --for moerun|megatron|slurm`: the launch configuration of a legal plan, on stdout or
 // written atomically to --out (for moerun, --out is where the plan file goes and the command lines name it).
+#include <cstdio>
+
 #include <fmt/format.h>
 
 #include "planner/cli/cli_common.h"

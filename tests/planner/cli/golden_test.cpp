@@ -122,8 +122,10 @@ TEST_SUITE("cli") {
     for (const std::string& name : cases) {
       CAPTURE(name);
       const Run r = moeplan("simulate --json 'tests/golden/plans/" + name + ".json'");
-      REQUIRE_MESSAGE(r.exit_code == 0, r.err);
+      // A case that stops fitting still prints its report (exit 3); the diff then shows memory.fits.
+      REQUIRE_MESSAGE((r.exit_code == 0 || r.exit_code == 3), r.err);
       json report = json::parse(r.out);
+      REQUIRE(report.at("valid") == true);
       for (const auto& field : kStrippedFields) report.erase(field);
 
       const fs::path golden = root / (name + ".json");

@@ -103,7 +103,7 @@ TEST_SUITE("engine") {
     }
   }
 
-  TEST_CASE("transfers sharing a link split its bandwidth; kernels sharing the SMs split them") {
+  TEST_CASE("transfers sharing a link split its bandwidth, and kernels sharing the SMs split them") {
     Built b;
     b.g.num_stages = 1;
     for (int i = 0; i < 2; ++i) {

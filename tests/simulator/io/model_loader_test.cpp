@@ -35,7 +35,7 @@ TEST_SUITE("io") {
     CHECK(m.mtp_layers == 1);
   }
 
-  TEST_CASE("Qwen2-MoE has one gated shared expert and q/k/v biases; Qwen3 has per-head q/k norms") {
+  TEST_CASE("Qwen2-MoE has one gated shared expert and q/k/v biases, and Qwen3 has per-head q/k norms") {
     const ModelSpec q2 = load("qwen2-57b-a14b");
     CHECK(q2.moe.num_shared_experts == 1);
     CHECK(q2.moe.shared_expert_ffn == 20480);
@@ -101,7 +101,7 @@ TEST_SUITE("io") {
           "cfg.json: field 'num_layer': unknown key (did you mean 'num_layers'?)");
   }
 
-  TEST_CASE("built-in names and repository paths resolve; unknown names list the built-ins") {
+  TEST_CASE("built-in names and repository paths resolve, and unknown names list the built-ins") {
     CHECK(io::load_model("models/mixtral-8x7b.json").ok());
     auto r = io::load_model("no-such-model");
     REQUIRE_FALSE(r.ok());

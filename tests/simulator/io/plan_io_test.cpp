@@ -1,6 +1,8 @@
 // Plan files: defaults for absent sections, strict keys, and a write/read round trip.
 #include <doctest/doctest.h>
 
+#include <unistd.h>
+
 #include <cstdio>
 #include <fstream>
 
@@ -66,7 +68,7 @@ TEST_SUITE("io") {
   }
 
   TEST_CASE("a plan file loads its model and hardware relative to itself or by built-in name") {
-    const std::string path = "/tmp/moeplan_plan_io_test.json";
+    const std::string path = "/tmp/moeplan_plan_io_test_" + std::to_string(::getpid()) + ".json";
     {
       std::ofstream f(path);
       f << R"({"model": "models/mixtral-8x7b.json", "hardware": "h100-sxm", "gpus": 8, "seq_len": 4096,

@@ -2,6 +2,8 @@
 // routing.distribution spec becomes a distribution or one line naming the file and field.
 #include <doctest/doctest.h>
 
+#include <unistd.h>
+
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -16,7 +18,8 @@ namespace fs = std::filesystem;
 
 // A scratch folder for trace files, removed with the fixture.
 struct TraceDir {
-  fs::path dir = fs::temp_directory_path() / "moeplan_router_trace_test";
+  // Per process: ctest runs test cases in parallel processes.
+  fs::path dir = fs::temp_directory_path() / ("moeplan_router_trace_test_" + std::to_string(::getpid()));
   TraceDir() { fs::create_directories(dir); }
   ~TraceDir() {
     std::error_code ec;

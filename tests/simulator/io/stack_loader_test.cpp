@@ -83,7 +83,8 @@ TEST_SUITE("io") {
   }
 
   TEST_CASE(
-      "grouped-GEMM efficiency lies in (0, 1], rises with rows per expert and reaches 1 for large groups") {
+      "grouped-GEMM efficiency lies between 0 and 1, rises with rows per expert and reaches 1 for large "
+      "groups") {
     for (const char* stem : {"moerun", "megatron-core", "megatron-core-deepep"}) {
       CAPTURE(stem);
       const auto& curve = load(stem).grouped_gemm_efficiency;
