@@ -4,9 +4,9 @@
 #include <algorithm>
 #include <limits>
 
+#include <fmt/format.h>
 #include <boost/graph/adjacency_list.hpp>
 #include <boost/graph/breadth_first_search.hpp>
-#include <fmt/format.h>
 
 #include "simulator/core/status.h"
 
@@ -47,15 +47,18 @@ Topology::Topology(const HardwareProfile& hw, int64_t gpus, int64_t leaf_ports) 
   // GPUs first so that vertex i is GPU i.
   for (int64_t i = 0; i < gpus; ++i) t.add(fmt::format("gpu{}", i));
   std::vector<size_t> nvswitch(static_cast<size_t>(nodes));
-  for (int64_t n = 0; n < nodes; ++n) nvswitch[static_cast<size_t>(n)] = t.add(fmt::format("node{}.nvswitch", n));
+  for (int64_t n = 0; n < nodes; ++n)
+    nvswitch[static_cast<size_t>(n)] = t.add(fmt::format("node{}.nvswitch", n));
   std::vector<size_t> leaf(static_cast<size_t>(rails * leaves));
   for (int64_t r = 0; r < rails; ++r) {
-    for (int64_t l = 0; l < leaves; ++l) leaf[static_cast<size_t>(r * leaves + l)] = t.add(fmt::format("rail{}.leaf{}", r, l));
+    for (int64_t l = 0; l < leaves; ++l)
+      leaf[static_cast<size_t>(r * leaves + l)] = t.add(fmt::format("rail{}.leaf{}", r, l));
   }
   const size_t spine = leaves > 1 ? t.add("spine") : 0;
   for (int64_t i = 0; i < gpus; ++i) {
     const int64_t n = i / per_node;
-    boost::add_edge(static_cast<size_t>(i), nvswitch[static_cast<size_t>(n)], Link{LinkKind::kNvlink, nvlink}, t.g);
+    boost::add_edge(static_cast<size_t>(i), nvswitch[static_cast<size_t>(n)], Link{LinkKind::kNvlink, nvlink},
+                    t.g);
   }
   for (int64_t n = 0; n < nodes; ++n) {
     for (int64_t r = 0; r < rails; ++r) {
@@ -63,7 +66,8 @@ Topology::Topology(const HardwareProfile& hw, int64_t gpus, int64_t leaf_ports) 
       const size_t nic_v = t.add(fmt::format("node{}.nic{}", n, r));
       const int64_t owner = n * per_node + r * per_node / rails;
       if (owner < gpus) boost::add_edge(static_cast<size_t>(owner), nic_v, Link{LinkKind::kNic, nic}, t.g);
-      boost::add_edge(nic_v, leaf[static_cast<size_t>(r * leaves + n / nodes_per_leaf)], Link{LinkKind::kFabric, nic}, t.g);
+      boost::add_edge(nic_v, leaf[static_cast<size_t>(r * leaves + n / nodes_per_leaf)],
+                      Link{LinkKind::kFabric, nic}, t.g);
     }
   }
   if (leaves > 1) {
@@ -74,9 +78,13 @@ Topology::Topology(const HardwareProfile& hw, int64_t gpus, int64_t leaf_ports) 
   }
 }
 
-Topology::~Topology() { delete impl_; }
+Topology::~Topology() {
+  delete impl_;
+}
 
-int64_t Topology::num_vertices() const { return static_cast<int64_t>(boost::num_vertices(impl_->g)); }
+int64_t Topology::num_vertices() const {
+  return static_cast<int64_t>(boost::num_vertices(impl_->g));
+}
 
 Path Topology::path(int64_t gpu_a, int64_t gpu_b) const {
   const auto& t = *impl_;
@@ -85,9 +93,9 @@ Path Topology::path(int64_t gpu_a, int64_t gpu_b) const {
   std::vector<Vertex> pred(boost::num_vertices(t.g));
   for (size_t i = 0; i < pred.size(); ++i) pred[i] = i;
   const auto src = static_cast<Vertex>(gpu_a);
-  boost::breadth_first_search(
-      t.g, src,
-      boost::visitor(boost::make_bfs_visitor(boost::record_predecessors(pred.data(), boost::on_tree_edge()))));
+  boost::breadth_first_search(t.g, src,
+                              boost::visitor(boost::make_bfs_visitor(
+                                  boost::record_predecessors(pred.data(), boost::on_tree_edge()))));
   Path p;
   std::vector<Vertex> chain;
   for (Vertex v = static_cast<Vertex>(gpu_b); v != src; v = pred[v]) {

@@ -1,7 +1,7 @@
-// The cluster as a graph (Boost.Graph): GPUs, each node's NVSwitch, NICs (one rail each), leaf switches per rail
-// and spine switches, with the achieved bandwidth of each link. A transfer's path is the shortest path between
-// two GPUs; its bottleneck link bounds the transfer. Rail-optimised: GPU g of every node uses NIC g mod nics;
-// a cross-rail transfer first hops over NVLink to the GPU on the right rail (NCCL's PXN).
+// The cluster as a graph (Boost.Graph): GPUs, each node's NVSwitch, NICs (one rail each), leaf switches per
+// rail and spine switches, with the achieved bandwidth of each link. A transfer's path is the shortest path
+// between two GPUs; its bottleneck link bounds the transfer. Rail-optimised: GPU g of every node uses NIC g
+// mod nics; a cross-rail transfer first hops over NVLink to the GPU on the right rail (NCCL's PXN).
 #pragma once
 
 #include <cstdint>
@@ -28,8 +28,8 @@ struct Path {
 
 class Topology {
  public:
-  // `gpus` GPUs in nodes of the profile's size; leaves of `leaf_ports / 2` nodes per rail (half the ports face
-  // down), one spine tier above them.
+  // `gpus` GPUs in nodes of the profile's size; leaves of `leaf_ports / 2` nodes per rail (half the ports
+  // face down), one spine tier above them.
   Topology(const HardwareProfile& hw, int64_t gpus, int64_t leaf_ports = 64);
   ~Topology();
   Topology(const Topology&) = delete;

@@ -175,18 +175,21 @@ Prediction predict(const ModelSpec& model, const Plan& plan, const HardwareProfi
     const engine::Topology topo(hw, plan.gpus);
     const int64_t per_stage = plan.gpus / plan.pipeline.pp;
     std::vector<engine::Path> paths;
-    for (int64_t s = 0; s + 1 < plan.pipeline.pp; ++s) paths.push_back(topo.path(s * per_stage, (s + 1) * per_stage));
+    for (int64_t s = 0; s + 1 < plan.pipeline.pp; ++s)
+      paths.push_back(topo.path(s * per_stage, (s + 1) * per_stage));
     for (const Op& op : r.graph.ops) {
       if (op.kind != OpKind::kSendRecv) continue;
       // Forward sends go to stage + 1, backward sends to stage - 1 (the same link, reversed); interleaved
       // chunks wrap from the last stage to the first over the same kind of path.
       const int64_t link = op.phase == Phase::kForward ? op.stage : op.stage - 1;
-      const engine::Path& path = paths[static_cast<size_t>(std::clamp<int64_t>(link, 0, plan.pipeline.pp - 2))];
+      const engine::Path& path =
+          paths[static_cast<size_t>(std::clamp<int64_t>(link, 0, plan.pipeline.pp - 2))];
       auto& c = r.costs[static_cast<size_t>(op.id)];
       const bool remote = path.crosses_nodes();
       const double hop = remote ? hw.scale_out.net_latency_s.value : hw.node.nvlink_latency_s.value;
       c.seconds = stack.launch_s_per_kernel.value + stack.host_s_per_micro_batch.value / 2.0 +
-                  hop * static_cast<double>(path.links.size() - 1) + op.comm.bytes / path.bottleneck_bytes_per_s();
+                  hop * static_cast<double>(path.links.size() - 1) +
+                  op.comm.bytes / path.bottleneck_bytes_per_s();
       c.resource = remote ? cost::Resource::kNic : cost::Resource::kNvlink;
       c.link_bytes_per_s = op.comm.bytes / c.seconds;
     }

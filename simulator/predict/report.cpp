@@ -114,7 +114,8 @@ nlohmann::json prediction_json(const Prediction& p, const ReportContext& ctx) {
     const Op& op = p.graph.ops[static_cast<size_t>(id)];
     const auto& t = p.timeline.ops[static_cast<size_t>(id)];
     const bool is_comm = op.kind == OpKind::kCollective || op.kind == OpKind::kSendRecv;
-    along[is_comm ? std::string("comm_") + name_of(op.comm.group) : std::string(name_of(op.kind))] += t.end - t.start;
+    along[is_comm ? std::string("comm_") + name_of(op.comm.group) : std::string(name_of(op.kind))] +=
+        t.end - t.start;
   }
   j["critical_path_seconds"] = along;
   j["critical_path_ops"] = p.critical_path.size();

@@ -1,5 +1,6 @@
-// The cluster graph: transfers inside a node take NVLink through the NVSwitch; across nodes they leave through
-// the NIC of their rail, cross a leaf (and the spine between leaves), and NVLink bounds nothing there.
+// The cluster graph: transfers inside a node take NVLink through the NVSwitch; across nodes they leave
+// through the NIC of their rail, cross a leaf (and the spine between leaves), and NVLink bounds nothing
+// there.
 #include <doctest/doctest.h>
 
 #include "simulator/engine/topology.h"
@@ -26,7 +27,8 @@ TEST_SUITE("engine") {
     CHECK(p.bottleneck_bytes_per_s() == doctest::Approx(hw.scale_out.nic_bw_achieved_bytes_per_s.value));
   }
 
-  TEST_CASE("a cross-rail transfer hops over NVLink to the right rail first, and distant nodes cross the spine") {
+  TEST_CASE(
+      "a cross-rail transfer hops over NVLink to the right rail first, and distant nodes cross the spine") {
     const HardwareProfile hw = io::load_hardware("h800-sxm").value();
     const engine::Topology topo(hw, 8 * 64, 64);  // 64 nodes, 32 nodes per leaf: two leaves per rail
     const auto p = topo.path(0, 8 * 40 + 5);      // node 0 GPU 0 -> node 40 GPU 5
