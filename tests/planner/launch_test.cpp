@@ -4,6 +4,8 @@
 // CLI.
 #include <doctest/doctest.h>
 
+#include "tests/planner/cli/run_moeplan.h"
+
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -31,11 +33,10 @@ namespace fs = std::filesystem;
 
 namespace {
 
-std::string slurp(const std::string& path) {
-  std::ifstream f(path);
-  std::ostringstream s;
-  s << f.rdbuf();
-  return s.str();
+using moeplan::test::Run;
+using moeplan::test::slurp;
+inline Run moeplan_cli(const std::string& args) {
+  return moeplan::test::run_moeplan(args);
 }
 
 std::vector<std::string> flag_names_in(const std::string& path) {
@@ -542,27 +543,6 @@ planner::MegatronArgs checked(const Plan& p) {
 
 Result<io::LoadedPlan> example(const std::string& name) {
   return io::load_plan(std::string(MOEPLAN_SOURCE_DIR) + "/planner/examples/" + name);
-}
-
-struct Run {
-  int exit_code = -1;
-  std::string out, err;
-};
-
-Run moeplan_cli(const std::string& args) {
-  static int counter = 0;
-  const std::string base = fs::temp_directory_path() / ("moeplan_launch_test_" + std::to_string(::getpid()) +
-                                                        "_" + std::to_string(counter++));
-  const std::string cmd = std::string("cd '") + MOEPLAN_SOURCE_DIR + "' && '" + MOEPLAN_BIN + "' " + args +
-                          " >'" + base + ".out' 2>'" + base + ".err'";
-  const int status = std::system(cmd.c_str());
-  Run r;
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  r.out = slurp(base + ".out");
-  r.err = slurp(base + ".err");
-  fs::remove(base + ".out");
-  fs::remove(base + ".err");
-  return r;
 }
 
 }  // namespace

@@ -2,6 +2,8 @@
 // corpus, and `inspect --json` for every shipped model.
 #include <doctest/doctest.h>
 
+#include "tests/planner/cli/run_moeplan.h"
+
 #include <sys/wait.h>
 
 #include <algorithm>
@@ -18,45 +20,20 @@ namespace fs = std::filesystem;
 
 namespace {
 
-struct Run {
-  int exit_code = -1;
-  std::string out;
-  std::string err;
-};
-
-std::string slurp(const std::string& path) {
-  std::ifstream f(path);
-  std::ostringstream s;
-  s << f.rdbuf();
-  return s.str();
+using moeplan::test::Run;
+using moeplan::test::slurp;
+inline Run run_cli(const std::string& args) {
+  return moeplan::test::run_moeplan(args);
 }
-
-// Runs moeplan with `args` (already shell-quoted) from the repository root.
-Run moeplan(const std::string& args) {
-  static int counter = 0;
-  const std::string base = fs::temp_directory_path() / ("moeplan_cli_test_" + std::to_string(::getpid()) +
-                                                        "_" + std::to_string(counter++));
-  const std::string cmd = std::string("cd '") + MOEPLAN_SOURCE_DIR + "' && '" + MOEPLAN_BIN + "' " + args +
-                          " >'" + base + ".out' 2>'" + base + ".err'";
-  const int status = std::system(cmd.c_str());
-  Run r;
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  r.out = slurp(base + ".out");
-  r.err = slurp(base + ".err");
-  fs::remove(base + ".out");
-  fs::remove(base + ".err");
-  return r;
-}
-
-int lines(const std::string& s) {
-  return static_cast<int>(std::count(s.begin(), s.end(), '\n'));
+inline int lines(const std::string& s) {
+  return moeplan::test::count_lines(s);
 }
 
 }  // namespace
 
 TEST_SUITE("cli") {
   TEST_CASE("inspect with no arguments prints the default model") {
-    const Run r = moeplan("inspect");
+    const Run r = run_cli("inspect");
     CHECK(r.exit_code == 0);
     CHECK(r.out.find("mixtral-8x22b") != std::string::npos);
     CHECK(r.err.empty());
@@ -66,7 +43,7 @@ TEST_SUITE("cli") {
     for (const auto& entry : fs::directory_iterator(fs::path(MOEPLAN_SOURCE_DIR) / "models")) {
       if (entry.path().extension() != ".json") continue;
       CAPTURE(entry.path().string());
-      const Run r = moeplan("inspect --json --seq-len 4096 --model '" + entry.path().string() + "'");
+      const Run r = run_cli("inspect --json --seq-len 4096 --model '" + entry.path().string() + "'");
       REQUIRE(r.exit_code == 0);
       const auto j = nlohmann::json::parse(r.out);
       CHECK(j.at("params_total").get<double>() > 0);
@@ -77,7 +54,7 @@ TEST_SUITE("cli") {
   }
 
   TEST_CASE("inspect --hardware summarises a profile") {
-    const Run r = moeplan("inspect --hardware h800-sxm --json");
+    const Run r = run_cli("inspect --hardware h800-sxm --json");
     REQUIRE(r.exit_code == 0);
     const auto j = nlohmann::json::parse(r.out);
     CHECK(j.at("gpus_per_node") == 8);
@@ -87,7 +64,7 @@ TEST_SUITE("cli") {
     for (const char* args : {"", "frobnicate", "inspect --seq-len 0", "inspect --model", "inspect --bogus",
                              "inspect --model mixtral-8x7b --hardware h100-sxm", "validate"}) {
       CAPTURE(args);
-      const Run r = moeplan(args);
+      const Run r = run_cli(args);
       CHECK(r.exit_code == 2);
       CHECK(lines(r.err) == 1);
       CHECK(r.err.rfind("moeplan: error: ", 0) == 0);
@@ -123,7 +100,7 @@ TEST_SUITE("cli") {
       if (kind == "hwprofiles") args = "inspect --hardware '" + file + "'";
       if (kind == "plans") args = "validate '" + file + "'";
       REQUIRE_MESSAGE(!args.empty(), "corpus folders are models/, hwprofiles/ and plans/");
-      const Run r = moeplan(args);
+      const Run r = run_cli(args);
       CHECK(r.exit_code == 2);
       CHECK(lines(r.err) == 1);
       CHECK(r.out.empty());
@@ -146,12 +123,12 @@ TEST_SUITE("cli") {
         "seq_len": 4096, "global_batch": 256, "attention": {"tp": 2}, "experts": {"ep": 8},
         "pipeline": {"pp": 8}})";
     }
-    const Run bad = moeplan("validate --json '" + dir + "/bad.json'");
+    const Run bad = run_cli("validate --json '" + dir + "/bad.json'");
     CHECK(bad.exit_code == 3);
     const auto j = nlohmann::json::parse(bad.out);
     CHECK(j.at("valid") == false);
     CHECK(j.at("violations").size() >= 3);
-    const Run good = moeplan("validate '" + dir + "/good.json'");
+    const Run good = run_cli("validate '" + dir + "/good.json'");
     CHECK(good.exit_code == 0);
     CHECK(good.out.find("valid") != std::string::npos);
     fs::remove_all(dir);

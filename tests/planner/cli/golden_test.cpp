@@ -3,6 +3,8 @@
 // (see tests/golden/README.md).
 #include <doctest/doctest.h>
 
+#include "tests/planner/cli/run_moeplan.h"
+
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -22,41 +24,20 @@ using nlohmann::json;
 
 namespace {
 
+using moeplan::test::Run;
+using moeplan::test::slurp;
+inline Run run_cli(const std::string& args) {
+  return moeplan::test::run_moeplan(args);
+}
+inline int lines(const std::string& s) {
+  return moeplan::test::count_lines(s);
+}
+
 constexpr double kRelativeTolerance = 1e-9;
 constexpr size_t kMaxDiffsShown = 20;
 
 // Fields of the report left out of the golden files: "ops" is the per-op summary (thousands of rows).
 const std::vector<std::string> kStrippedFields = {"ops"};
-
-struct Run {
-  int exit_code = -1;
-  std::string out;
-  std::string err;
-};
-
-std::string slurp(const std::string& path) {
-  std::ifstream f(path);
-  std::ostringstream s;
-  s << f.rdbuf();
-  return s.str();
-}
-
-// Runs moeplan with `args` (already shell-quoted) from the repository root.
-Run moeplan(const std::string& args) {
-  static int counter = 0;
-  const std::string base = fs::temp_directory_path() / ("moeplan_golden_test_" + std::to_string(::getpid()) +
-                                                        "_" + std::to_string(counter++));
-  const std::string cmd = std::string("cd '") + MOEPLAN_SOURCE_DIR + "' && '" + MOEPLAN_BIN + "' " + args +
-                          " >'" + base + ".out' 2>'" + base + ".err'";
-  const int status = std::system(cmd.c_str());
-  Run r;
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  r.out = slurp(base + ".out");
-  r.err = slurp(base + ".err");
-  fs::remove(base + ".out");
-  fs::remove(base + ".err");
-  return r;
-}
 
 const char* type_of(const json& j) {
   if (j.is_number()) return "number";  // integer and floating point compare as numbers
@@ -121,7 +102,7 @@ TEST_SUITE("cli") {
 
     for (const std::string& name : cases) {
       CAPTURE(name);
-      const Run r = moeplan("simulate --json 'tests/golden/plans/" + name + ".json'");
+      const Run r = run_cli("simulate --json 'tests/golden/plans/" + name + ".json'");
       // A case that stops fitting still prints its report (exit 3); the diff then shows memory.fits.
       REQUIRE_MESSAGE((r.exit_code == 0 || r.exit_code == 3), r.err);
       json report = json::parse(r.out);

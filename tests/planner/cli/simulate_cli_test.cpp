@@ -3,6 +3,8 @@
 // and exit 2 with one line for bad arguments.
 #include <doctest/doctest.h>
 
+#include "tests/planner/cli/run_moeplan.h"
+
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -24,39 +26,13 @@ using nlohmann::json;
 
 namespace {
 
-struct Run {
-  int exit_code = -1;
-  std::string out;
-  std::string err;
-};
-
-std::string slurp(const std::string& path) {
-  std::ifstream f(path);
-  std::ostringstream s;
-  s << f.rdbuf();
-  return s.str();
+using moeplan::test::Run;
+using moeplan::test::slurp;
+inline Run run_cli(const std::string& args) {
+  return moeplan::test::run_moeplan(args);
 }
-
-// Runs moeplan with `args` (already shell-quoted) from the repository root.
-Run moeplan(const std::string& args) {
-  static int counter = 0;
-  const std::string base =
-      fs::temp_directory_path() /
-      ("moeplan_simulate_cli_test_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
-  const std::string cmd = std::string("cd '") + MOEPLAN_SOURCE_DIR + "' && '" + MOEPLAN_BIN + "' " + args +
-                          " >'" + base + ".out' 2>'" + base + ".err'";
-  const int status = std::system(cmd.c_str());
-  Run r;
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  r.out = slurp(base + ".out");
-  r.err = slurp(base + ".err");
-  fs::remove(base + ".out");
-  fs::remove(base + ".err");
-  return r;
-}
-
-int lines(const std::string& s) {
-  return static_cast<int>(std::count(s.begin(), s.end(), '\n'));
+inline int lines(const std::string& s) {
+  return moeplan::test::count_lines(s);
 }
 
 // A fresh directory under the system temp dir, removed when the test case ends.
@@ -96,7 +72,7 @@ TEST_SUITE("cli") {
     CHECK(plans.size() >= 3);
     for (const auto& plan : plans) {
       CAPTURE(plan.string());
-      const Run r = moeplan("simulate --json '" + plan.string() + "'");
+      const Run r = run_cli("simulate --json '" + plan.string() + "'");
       // 0, or 3 only when the plan does not fit; the reason is then on stderr.
       REQUIRE((r.exit_code == 0 || r.exit_code == 3));
       if (r.exit_code == 3) {
@@ -150,14 +126,14 @@ TEST_SUITE("cli") {
       "seq_len": 4096, "global_batch": 96, "attention": {"tp": 2}, "experts": {"ep": 3}, "pipeline": {"pp": 2}})";
     const std::string trace = dir.file("trace.json");
 
-    const Run text = moeplan("simulate '" + dir.file("illegal.json") + "' --trace '" + trace + "'");
+    const Run text = run_cli("simulate '" + dir.file("illegal.json") + "' --trace '" + trace + "'");
     CHECK(text.exit_code == 3);
     CHECK(text.out.find("cannot run") != std::string::npos);
     CHECK_MESSAGE(text.out.find("experts_divisible_by_ep") != std::string::npos, text.out);
     CHECK_FALSE(fs::exists(trace));
     CHECK_FALSE(fs::exists(trace + ".tmp"));
 
-    const Run js = moeplan("simulate --json '" + dir.file("illegal.json") + "' --trace '" + trace + "'");
+    const Run js = run_cli("simulate --json '" + dir.file("illegal.json") + "' --trace '" + trace + "'");
     CHECK(js.exit_code == 3);
     const json j = json::parse(js.out);
     CHECK(j.at("valid") == false);
@@ -181,13 +157,13 @@ TEST_SUITE("cli") {
       "seq_len": 4096, "global_batch": 64, "attention": {"tp": 1}, "experts": {"ep": 8}, "pipeline": {"pp": 1},
       "data": {"zero": 0}, "recompute": "none"})";
 
-    const Run text = moeplan("simulate '" + dir.file("big.json") + "'");
+    const Run text = run_cli("simulate '" + dir.file("big.json") + "'");
     CHECK(text.exit_code == 3);
     CHECK(lines(text.err) == 1);
     CHECK_MESSAGE(text.err.find("does not fit") != std::string::npos, text.err);
     CHECK(text.out.find("DOES NOT FIT") != std::string::npos);
 
-    const Run js = moeplan("simulate --json '" + dir.file("big.json") + "'");
+    const Run js = run_cli("simulate --json '" + dir.file("big.json") + "'");
     CHECK(js.exit_code == 3);
     CHECK(lines(js.err) == 1);
     const json j = json::parse(js.out);
@@ -209,7 +185,7 @@ TEST_SUITE("cli") {
       "seq_len": 4096, "global_batch": 32, "attention": {"tp": 2}, "experts": {"ep": 8}, "pipeline": {"pp": 4},
       "overlap": {"dp_comm": true, "pp_comm": true}})";
     const std::string trace = dir.file("trace.json");
-    const Run r = moeplan("simulate --json '" + dir.file("plan.json") + "' --trace '" + trace + "'");
+    const Run r = run_cli("simulate --json '" + dir.file("plan.json") + "' --trace '" + trace + "'");
     REQUIRE(r.exit_code == 0);
     const json report = json::parse(r.out);
     const int stages = report.at("plan").at("pipeline").at("pp").get<int>();
@@ -288,7 +264,7 @@ TEST_SUITE("cli") {
     };
     for (const auto& [args, named] : cases) {
       CAPTURE(args);
-      const Run r = moeplan(args);
+      const Run r = run_cli(args);
       CHECK(r.exit_code == 2);
       CHECK(lines(r.err) == 1);
       CHECK(r.err.rfind("moeplan: error: ", 0) == 0);
