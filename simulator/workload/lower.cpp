@@ -43,7 +43,7 @@ class Builder {
     dp_ = p.dp();
     edp_ = p.expert_dp();
     t_ = p.micro_batch * p.seq_len / (tp_ * sp_ * cp_);
-    dt_ = p.precision == Precision::kFp8 ? DType::kBf16 : DType::kBf16;  // activations stay bf16 on the wire
+    dt_ = DType::kBf16;  // activations travel in bf16 (FP8 only where the plan compresses the dispatch)
     comm_stream_ = p.overlap.inter_op ? Stream::kComm : Stream::kCompute;
     side_stream_ = p.overlap.inter_op ? Stream::kSide : Stream::kCompute;
     dp_stream_ = p.overlap.dp_comm ? Stream::kDpComm : Stream::kCompute;
