@@ -245,15 +245,9 @@ class Screener {
     LoweringOptions lo;
     lo.gpus_per_node = hw_.node.gpus_per_node.value;
     lo.data_parallel = false;
-    if (m_.is_moe()) {
-      const int64_t t = p.micro_batch * p.seq_len / p.attention_mesh();
-      const auto load = cost::routing_load(routing_, d(t * p.experts.ep), m_.moe.top_k, p.experts.ep,
-                                           p.routing.capacity_factor, false);
-      const double kept_mean = load.mean_rank_assignments * (1.0 - load.dropped_fraction);
-      lt.expert_load_scale = kept_mean > 0 ? std::max(1.0, load.busiest_rank_assignments / kept_mean) : 1.0;
-      lo.expert_load_scale = lt.expert_load_scale;
-      lo.dropped_fraction = load.dropped_fraction;
-    }
+    const cost::PlanRouting pr = cost::plan_routing(m_, p, routing_);
+    lt.expert_load_scale = lo.expert_load_scale = pr.scale;
+    lo.dropped_fraction = pr.load.dropped_fraction;
     for (const LayerSpec& s : m_.layers) {
       const auto k = std::make_tuple(s.moe, s.window, s.kv_projection);
       if (lt.layer.contains(k)) continue;
@@ -393,14 +387,7 @@ SearchResult search(const ModelSpec& model, const HardwareProfile& hw, const Sta
         continue;
       }
       ++counts[static_cast<size_t>(t)][1];
-      double scale = 1.0;
-      if (model.is_moe()) {
-        const int64_t tokens = p.micro_batch * p.seq_len / p.attention_mesh();
-        const auto load = cost::routing_load(routing, d(tokens * p.experts.ep), model.moe.top_k, p.experts.ep,
-                                             p.routing.capacity_factor, false);
-        const double mean = load.mean_rank_assignments * (1.0 - load.dropped_fraction);
-        scale = mean > 0 ? std::max(1.0, load.busiest_rank_assignments / mean) : 1.0;
-      }
+      const double scale = cost::plan_routing(model, p, routing).scale;
       const cost::MemoryBreakdown mem = cost::memory_per_gpu(model, p, hw, in_flight(p), scale);
       if (!mem.fits()) {
         ++rejected[static_cast<size_t>(t)]["memory: does not fit"];

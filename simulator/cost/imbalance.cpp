@@ -474,4 +474,15 @@ double expected_max_std_normal(int64_t n) {
   return expected_capped_max({NormalUnit{0.0, 1.0, n}}, std::numeric_limits<double>::infinity());
 }
 
+PlanRouting plan_routing(const ModelSpec& model, const Plan& plan, const RoutingDistribution& dist) {
+  PlanRouting r;
+  if (!model.is_moe()) return r;
+  const int64_t t = plan.micro_batch * plan.seq_len / plan.attention_mesh();
+  r.load = routing_load(dist, static_cast<double>(t * plan.experts.ep), model.moe.top_k, plan.experts.ep,
+                        plan.routing.capacity_factor, false);
+  const double kept_mean = r.load.mean_rank_assignments * (1.0 - r.load.dropped_fraction);
+  r.scale = kept_mean > 0 ? std::max(1.0, r.load.busiest_rank_assignments / kept_mean) : 1.0;
+  return r;
+}
+
 }  // namespace moeplan::cost

@@ -6,6 +6,9 @@
 #include <optional>
 #include <vector>
 
+#include "simulator/core/model_spec.h"
+#include "simulator/core/plan.h"
+
 namespace moeplan::cost {
 
 // Token distribution over routed experts: probabilities p_e (sum 1), one per expert. p_e is the share of
@@ -77,5 +80,15 @@ RoutingLoad routing_load(const RoutingDistribution& dist, double tokens, int64_t
 // Expected max of n iid standard normals (n >= 1): int x d(Phi(x)^n). n=1 -> 0, n=2 -> 1/sqrt(pi),
 // n=3 -> 3/(2 sqrt(pi)). Same integrator as routing_load; exposed for tests.
 double expected_max_std_normal(int64_t n);
+
+// The routing load of one micro-batch of a plan: each rank of the EP group routes its t = b*s/(tp*sp*cp)
+// tokens, T = t*ep enter the group; capacity per expert (plan.routing.capacity_factor). `scale` is the
+// busiest rank's rows relative to the mean of the kept rows (>= 1), what the lowering and the memory model
+// multiply expert rows by.
+struct PlanRouting {
+  RoutingLoad load;
+  double scale = 1.0;
+};
+PlanRouting plan_routing(const ModelSpec& model, const Plan& plan, const RoutingDistribution& dist);
 
 }  // namespace moeplan::cost

@@ -145,18 +145,12 @@ Prediction predict(const ModelSpec& model, const Plan& plan, const HardwareProfi
   if (!r.violations.empty()) return r;
 
   // Routing: the busiest EP rank's share of one micro-batch's token-expert assignments.
-  const int64_t t = plan.micro_batch * plan.seq_len / plan.attention_mesh();
+  const cost::PlanRouting pr = cost::plan_routing(model, plan, routing);
+  r.routing = pr.load;
   LoweringOptions lo;
   lo.gpus_per_node = hw.node.gpus_per_node.value;
-  if (model.is_moe()) {
-    r.routing = cost::routing_load(routing, static_cast<double>(t * plan.experts.ep), model.moe.top_k,
-                                   plan.experts.ep, plan.routing.capacity_factor, false);
-    lo.dropped_fraction = r.routing.dropped_fraction;
-    // Rows the busiest rank computes relative to the mean of the kept rows (>= 1).
-    const double kept_mean = r.routing.mean_rank_assignments * (1.0 - r.routing.dropped_fraction);
-    lo.expert_load_scale =
-        kept_mean > 0 ? std::max(1.0, r.routing.busiest_rank_assignments / kept_mean) : 1.0;
-  }
+  lo.expert_load_scale = pr.scale;
+  lo.dropped_fraction = pr.load.dropped_fraction;
   r.graph = lower(model, plan, lo);
 
   // Costs, once per distinct op.

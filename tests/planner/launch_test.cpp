@@ -33,11 +33,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-using moeplan::test::Run;
-using moeplan::test::slurp;
-inline Run moeplan_cli(const std::string& args) {
-  return moeplan::test::run_moeplan(args);
-}
+using namespace moeplan::test;  // Run, slurp, run_cli, lines
 
 std::vector<std::string> flag_names_in(const std::string& path) {
   std::vector<std::string> names;
@@ -844,7 +840,7 @@ TEST_SUITE("planner") {
 
   TEST_CASE("moeplan launch writes each target and rejects bad input") {
     const std::string plan = "planner/examples/mixtral-8x22b-128xh100.json";
-    Run r = moeplan_cli("launch " + plan + " --for megatron --json");
+    Run r = run_cli("launch " + plan + " --for megatron --json");
     REQUIRE(r.exit_code == 0);
     const auto j = nlohmann::json::parse(r.out);
     CHECK(j.at("target") == "megatron");
@@ -853,7 +849,7 @@ TEST_SUITE("planner") {
 
     const fs::path out =
         fs::temp_directory_path() / ("moeplan_launch_" + std::to_string(::getpid()) + ".sbatch");
-    r = moeplan_cli("launch " + plan + " --for slurm --out '" + out.string() + "'");
+    r = run_cli("launch " + plan + " --for slurm --out '" + out.string() + "'");
     CHECK(r.exit_code == 0);
     CHECK(slurp(out.string()).find("#SBATCH --nodes=16\n") != std::string::npos);
     CHECK_FALSE(fs::exists(out.string() + ".tmp"));
@@ -861,7 +857,7 @@ TEST_SUITE("planner") {
 
     const fs::path plan_out =
         fs::temp_directory_path() / ("moeplan_launch_" + std::to_string(::getpid()) + ".json");
-    r = moeplan_cli("launch " + plan + " --for moerun --out '" + plan_out.string() + "' --json");
+    r = run_cli("launch " + plan + " --for moerun --out '" + plan_out.string() + "' --json");
     REQUIRE(r.exit_code == 0);
     const auto k = nlohmann::json::parse(r.out);
     CHECK(k.at("commands").at("mpirun").get<std::string>().starts_with("mpirun -np 128 --map-by ppr:8:node"));
@@ -869,10 +865,10 @@ TEST_SUITE("planner") {
     CHECK(copied.ok());
     fs::remove(plan_out);
 
-    r = moeplan_cli("launch " + plan + " --for deepspeed");
+    r = run_cli("launch " + plan + " --for deepspeed");
     CHECK(r.exit_code == 2);
     CHECK(std::count(r.err.begin(), r.err.end(), '\n') == 1);
-    r = moeplan_cli("launch no-such-plan.json --for moerun");
+    r = run_cli("launch no-such-plan.json --for moerun");
     CHECK(r.exit_code == 2);
     CHECK(std::count(r.err.begin(), r.err.end(), '\n') == 1);
   }

@@ -20,14 +20,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-using moeplan::test::Run;
-using moeplan::test::slurp;
-inline Run run_cli(const std::string& args) {
-  return moeplan::test::run_moeplan(args);
-}
-inline int lines(const std::string& s) {
-  return moeplan::test::count_lines(s);
-}
+using namespace moeplan::test;  // Run, slurp, run_cli, lines
 
 }  // namespace
 

@@ -28,7 +28,7 @@ inline std::string slurp(const std::string& path) {
 }
 
 // `args` are already shell-quoted. Output goes through per-process temporary files (ctest runs in parallel).
-inline Run run_moeplan(const std::string& args) {
+inline Run run_cli(const std::string& args) {
   namespace fs = std::filesystem;
   static int counter = 0;
   const std::string base = fs::temp_directory_path() /
@@ -45,7 +45,7 @@ inline Run run_moeplan(const std::string& args) {
   return r;
 }
 
-inline int count_lines(const std::string& s) {
+inline int lines(const std::string& s) {
   return static_cast<int>(std::count(s.begin(), s.end(), '\n'));
 }
 

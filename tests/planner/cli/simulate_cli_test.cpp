@@ -26,14 +26,7 @@ using nlohmann::json;
 
 namespace {
 
-using moeplan::test::Run;
-using moeplan::test::slurp;
-inline Run run_cli(const std::string& args) {
-  return moeplan::test::run_moeplan(args);
-}
-inline int lines(const std::string& s) {
-  return moeplan::test::count_lines(s);
-}
+using namespace moeplan::test;  // Run, slurp, run_cli, lines
 
 // A fresh directory under the system temp dir, removed when the test case ends.
 struct TempDir {
