@@ -45,10 +45,26 @@ std::vector<int64_t> uneven_split(int64_t layers, int64_t chunks) {
   return out;
 }
 
+// Value of a dotted key in a plan's JSON form, or null when absent (or an object).
+const nlohmann::json* json_at(const nlohmann::json& j, const std::string& key) {
+  const nlohmann::json* cur = &j;
+  size_t start = 0;
+  while (true) {
+    const size_t dot = key.find('.', start);
+    const std::string part = key.substr(start, dot == std::string::npos ? std::string::npos : dot - start);
+    if (!cur->is_object() || !cur->contains(part)) return nullptr;
+    cur = &(*cur)[part];
+    if (dot == std::string::npos) break;
+    start = dot + 1;
+  }
+  return cur->is_object() ? nullptr : cur;
+}
+
 bool matches_fixed(const Plan& p, const SearchSpace& space) {
   if (space.fixed.empty()) return true;
+  const nlohmann::json j = io::plan_to_json(p);
   for (const auto& [key, value] : space.fixed) {
-    const auto v = plan_value(p, key);
+    const nlohmann::json* v = json_at(j, key);
     if (!v || *v != value) return false;
   }
   return true;
@@ -72,18 +88,9 @@ std::string describe(const Plan& p) {
 
 std::optional<nlohmann::json> plan_value(const Plan& plan, const std::string& key) {
   const nlohmann::json j = io::plan_to_json(plan);
-  const nlohmann::json* cur = &j;
-  size_t start = 0;
-  while (true) {
-    const size_t dot = key.find('.', start);
-    const std::string part = key.substr(start, dot == std::string::npos ? std::string::npos : dot - start);
-    if (!cur->is_object() || !cur->contains(part)) return std::nullopt;
-    cur = &(*cur)[part];
-    if (dot == std::string::npos) break;
-    start = dot + 1;
-  }
-  if (cur->is_object()) return std::nullopt;
-  return *cur;
+  const nlohmann::json* v = json_at(j, key);
+  if (!v) return std::nullopt;
+  return *v;
 }
 
 std::vector<std::string> plan_keys() {
@@ -99,9 +106,10 @@ std::vector<std::string> plan_keys() {
   return out;
 }
 
-std::vector<Plan> enumerate_plans(const ModelSpec& model, const HardwareProfile& hw,
-                                  const StackProfile& stack, const Job& job, const SearchSpace& space) {
-  std::vector<Plan> out;
+int64_t for_each_plan(const ModelSpec& model, const HardwareProfile& hw, const StackProfile& stack,
+                      const Job& job, const SearchSpace& space, const PlanVisitor& visit, int64_t stride,
+                      int64_t offset) {
+  int64_t index = 0;
   const int64_t n = job.gpus, g = hw.node.gpus_per_node.value, layers = model.num_layers();
   const int64_t experts = model.moe.num_experts;
   // Context parallelism pays off for long sequences only; below 16k tokens it is not enumerated.
@@ -142,6 +150,8 @@ std::vector<Plan> enumerate_plans(const ModelSpec& model, const HardwareProfile&
                             if (dp > 1 || per_stage / (ep * etp) > 1)
                               syncs.push_back(GradSync::kBf16AllToAll);
                             for (GradSync sync : syncs) {
+                              const int64_t at = index++;
+                              if (at % stride != offset) continue;
                               Plan p;
                               p.gpus = n;
                               p.seq_len = job.seq_len;
@@ -163,7 +173,7 @@ std::vector<Plan> enumerate_plans(const ModelSpec& model, const HardwareProfile&
                                                            : DispatchPrecision::kBf16;
                               p.precision = prec;
                               p.recompute = rc;
-                              out.push_back(std::move(p));
+                              visit(at, std::move(p));
                             }
                           }
                         }
@@ -178,6 +188,13 @@ std::vector<Plan> enumerate_plans(const ModelSpec& model, const HardwareProfile&
       }
     }
   }
+  return index;
+}
+
+std::vector<Plan> enumerate_plans(const ModelSpec& model, const HardwareProfile& hw,
+                                  const StackProfile& stack, const Job& job, const SearchSpace& space) {
+  std::vector<Plan> out;
+  for_each_plan(model, hw, stack, job, space, [&](int64_t, Plan&& p) { out.push_back(std::move(p)); });
   return out;
 }
 
@@ -187,8 +204,8 @@ namespace {
 // layer of each kind for one micro-batch (forward, recompute, backward) through the cost model and the
 // engine, and the embedding + output layer.
 struct LayerTimes {
-  std::map<std::tuple<bool, int64_t, bool>, double> layer;  // (moe, window, kv_projection) -> seconds
-  double head = 0;                                          // embedding + output layer + loss, fwd + bwd
+  std::vector<double> layer;  // seconds per model layer (computed once per distinct kind of layer)
+  double head = 0;            // embedding + output layer + loss, fwd + bwd
   double expert_load_scale = 1;
 };
 
@@ -196,7 +213,9 @@ class Screener {
  public:
   Screener(const ModelSpec& m, const HardwareProfile& hw, const StackProfile& st,
            const cost::RoutingDistribution& r)
-      : m_(m), hw_(hw), st_(st), routing_(r), cm_(hw, st) {}
+      : m_(m), hw_(hw), st_(st), routing_(r), cm_(hw, st) {
+    cm_.record_extrapolations(false);
+  }
 
   double step_time(const Plan& p) {
     const LayerTimes& lt = layer_times(p);
@@ -206,8 +225,7 @@ class Screener {
     int64_t l = 0;
     for (int64_t v = 0; v < pp * vpp; ++v) {
       for (int64_t i = 0; i < layers[static_cast<size_t>(v)]; ++i, ++l) {
-        const LayerSpec& s = m_.layers[static_cast<size_t>(l)];
-        stage[static_cast<size_t>(v % pp)] += lt.layer.at({s.moe, s.window, s.kv_projection});
+        stage[static_cast<size_t>(v % pp)] += lt.layer[static_cast<size_t>(l)];
       }
     }
     stage.back() += lt.head;
@@ -218,14 +236,40 @@ class Screener {
       const double t_send = cm_.collective_seconds(send, nullptr, nullptr) + st_.host_s_per_micro_batch.value;
       for (auto& t : stage) t += (p.overlap.pp_comm ? 0.1 : 2.0) * t_send * d(vpp);
     }
-    // 1F1B with v chunks: m micro-batches at the slowest stage's pace, plus the others' fill and drain / v.
     const int64_t m = p.num_micro_batches();
-    const double slowest = *std::max_element(stage.begin(), stage.end());
-    double sum = 0;
-    for (double t : stage) sum += t;
-    double step = d(m) * slowest + (sum - slowest) / d(vpp);
-    step += data_parallel_tail(p, layers);
-    return step;
+    const auto tail_key =
+        std::make_tuple(p.attention.tp, p.attention.sp, p.attention.cp, p.experts.ep, p.experts.etp, pp, vpp,
+                        p.data.zero, static_cast<int>(p.compression.grad_sync), p.overlap.dp_comm, m);
+    auto dp = tails_.find(tail_key);
+    if (dp == tails_.end()) dp = tails_.emplace(tail_key, data_parallel(p, layers)).first;
+    // 1F1B with v chunks: m micro-batches at the slowest stage's pace, plus the others' fill and drain / v.
+    // ZeRO-2/3 synchronise (and gather) every micro-batch on the data-parallel stream: beside the stage's
+    // compute when overlapped (the slower of the two sets the pace), after it otherwise.
+    double slowest = 0, sum = 0, per_mb = 0;
+    for (size_t s = 0; s < stage.size(); ++s) {
+      slowest = std::max(slowest, stage[s]);
+      sum += stage[s];
+      per_mb = std::max(per_mb, dp->second[s].per_micro_batch);
+    }
+    const double pace = per_mb <= 0         ? slowest
+                        : p.overlap.dp_comm ? std::max(slowest, per_mb)
+                                            : slowest + per_mb;
+    // Then the step's data-parallel tail: overlapped, the gradient synchronisation hides behind the last
+    // micro-batch's backward (about 2/3 of its time) and the parameter gathers behind the first forward
+    // (1/3), except their first layer's; otherwise all of it is exposed.
+    double tail = 0;
+    for (size_t s = 0; s < stage.size(); ++s) {
+      const StageDp& x = dp->second[s];
+      double t = x.optimizer;
+      if (p.overlap.dp_comm) {
+        t += std::max(x.sync_first, x.sync - stage[s] * 2.0 / 3.0);
+        if (x.gather > 0) t += std::max(x.gather_first, x.gather - stage[s] / 3.0);
+      } else {
+        t += x.sync + x.gather;
+      }
+      tail = std::max(tail, t);
+    }
+    return d(m) * pace + (sum - slowest) / d(vpp) + tail;
   }
 
  private:
@@ -248,13 +292,17 @@ class Screener {
     const cost::PlanRouting pr = cost::plan_routing(m_, p, routing_);
     lt.expert_load_scale = lo.expert_load_scale = pr.scale;
     lo.dropped_fraction = pr.load.dropped_fraction;
+    std::map<std::tuple<bool, int64_t, bool>, double> by_kind;  // (moe, window, kv_projection)
     for (const LayerSpec& s : m_.layers) {
       const auto k = std::make_tuple(s.moe, s.window, s.kv_projection);
-      if (lt.layer.contains(k)) continue;
-      ModelSpec one_layer = m_;
-      one_layer.layers = {s};
-      lo.embedding_and_head = false;
-      lt.layer[k] = simulate(lower(one_layer, one, lo));
+      auto kind = by_kind.find(k);
+      if (kind == by_kind.end()) {
+        ModelSpec one_layer = m_;
+        one_layer.layers = {s};
+        lo.embedding_and_head = false;
+        kind = by_kind.emplace(k, simulate(lower(one_layer, one, lo))).first;
+      }
+      lt.layer.push_back(kind->second);
     }
     ModelSpec no_layers = m_;
     no_layers.layers.clear();
@@ -272,23 +320,18 @@ class Screener {
     return g.ops.empty() ? 0.0 : engine::simulate(g, costs, eo).step_time;
   }
 
-  // Gradient synchronisation not hidden behind backward, the optimizer, and parameter gathers not hidden
-  // behind forward, for the stage holding the most parameters.
-  double data_parallel_tail(const Plan& p, const std::vector<int64_t>& layers) {
+  // Data-parallel work per stage: once per step the gradient synchronisation, the parameter all-gather
+  // (ZeRO >= 1) and the optimizer; for ZeRO-2/3 also per micro-batch (gradient reduce-scatter, and ZeRO-3's
+  // forward and backward parameter gathers). Layer by layer as the lowering emits them, with the stage's
+  // first layer apart: its gradients are synchronised last and its parameters gathered first.
+  struct StageDp {
+    double optimizer = 0;
+    double sync = 0, sync_first = 0;      // whole stage, its first layer
+    double gather = 0, gather_first = 0;  // ZeRO-1/2 step-level parameter all-gather
+    double per_micro_batch = 0;           // ZeRO-2/3
+  };
+  std::vector<StageDp> data_parallel(const Plan& p, const std::vector<int64_t>& layers) {
     const int64_t pp = p.pipeline.pp;
-    std::vector<std::pair<double, double>> per_stage(static_cast<size_t>(pp), {0.0, 0.0});  // dense, experts
-    double first_dense = 0, first_experts = 0;
-    int64_t l = 0;
-    for (int64_t v = 0; v < pp * p.pipeline.vpp; ++v) {
-      for (int64_t i = 0; i < layers[static_cast<size_t>(v)]; ++i, ++l) {
-        const ParamBreakdown lp = layer_params(m_, m_.layers[static_cast<size_t>(l)]);
-        const double dense = (lp.total() - lp.routed_experts) / d(p.attention.tp);
-        const double experts = lp.routed_experts / d(p.experts.ep * p.experts.etp);
-        per_stage[static_cast<size_t>(v % pp)].first += dense;
-        per_stage[static_cast<size_t>(v % pp)].second += experts;
-        if (l == 0) first_dense = dense, first_experts = experts;
-      }
-    }
     auto sync = [&](double dense, double experts) {
       double t = 0;
       for (auto [params, group] :
@@ -307,33 +350,43 @@ class Screener {
     };
     auto gather = [&](double dense, double experts) {
       if (p.data.zero == 0) return 0.0;
-      return cm_.collective_seconds(
-                 group_comm(p, Collective::kAllGather, CommGroup::kAttnReplica, dense * 2.0, DType::kBf16),
-                 nullptr, nullptr) +
-             cm_.collective_seconds(
-                 group_comm(p, Collective::kAllGather, CommGroup::kExpertDp, experts * 2.0, DType::kBf16),
-                 nullptr, nullptr);
+      double t = 0;
+      for (auto [params, group] :
+           {std::pair{dense, CommGroup::kAttnReplica}, std::pair{experts, CommGroup::kExpertDp}}) {
+        if (params > 0)
+          t += cm_.collective_seconds(
+              group_comm(p, Collective::kAllGather, group, params * 2.0, DType::kBf16), nullptr, nullptr);
+      }
+      return t;
     };
-    double worst = 0;
-    for (const auto& [dense, experts] : per_stage) {
-      const double shard =
-          p.data.zero == 0 ? dense + experts
-                           : dense / d(p.attention.sp * p.attention.cp * p.dp()) + experts / d(p.expert_dp());
-      double t = cm_.memory_bound_seconds(shard * 30.0);
-      if (p.overlap.dp_comm) {
-        t += sync(first_dense, first_experts) + gather(first_dense, first_experts);  // one layer each exposed
-      } else {
-        t += sync(dense, experts) + gather(dense, experts);
+    std::vector<StageDp> out(static_cast<size_t>(pp));
+    std::vector<double> shard(static_cast<size_t>(pp), 0.0);
+    std::map<std::tuple<bool, int64_t, bool>, std::pair<double, double>> by_kind;  // sync, gather of a layer
+    int64_t l = 0;
+    for (int64_t v = 0; v < pp * p.pipeline.vpp; ++v) {
+      StageDp& st = out[static_cast<size_t>(v % pp)];
+      for (int64_t i = 0; i < layers[static_cast<size_t>(v)]; ++i, ++l) {
+        const LayerSpec& spec = m_.layers[static_cast<size_t>(l)];
+        const ParamBreakdown lp = layer_params(m_, spec);
+        const double dense = (lp.total() - lp.routed_experts) / d(p.attention.tp);
+        const double experts = lp.routed_experts / d(p.experts.ep * p.experts.etp);
+        const auto k = std::make_tuple(spec.moe, spec.window, spec.kv_projection);
+        auto it = by_kind.find(k);
+        if (it == by_kind.end())
+          it = by_kind.emplace(k, std::pair{sync(dense, experts), gather(dense, experts)}).first;
+        const auto [ls, lg] = it->second;
+        if (v < pp && i == 0) st.sync_first = ls, st.gather_first = lg;
+        st.sync += ls;
+        if (p.data.zero == 1 || p.data.zero == 2) st.gather += lg;
+        if (p.data.zero >= 2) st.per_micro_batch += ls + (p.data.zero == 3 ? 2.0 * lg : 0.0);
+        shard[static_cast<size_t>(v % pp)] +=
+            p.data.zero == 0
+                ? dense + experts
+                : dense / d(p.attention.sp * p.attention.cp * p.dp()) + experts / d(p.expert_dp());
       }
-      if (p.data.zero >= 2) {
-        // Per micro-batch reduce-scatters (ZeRO-2/3) and gathers (forward and backward, ZeRO-3), mostly
-        // hidden when overlapped.
-        const double per_mb = (p.data.zero == 3 ? 2.0 * gather(dense, experts) : 0.0) + sync(dense, experts);
-        t += (p.overlap.dp_comm ? 0.1 : 1.0) * per_mb * d(p.num_micro_batches());
-      }
-      worst = std::max(worst, t);
     }
-    return worst;
+    for (size_t s = 0; s < out.size(); ++s) out[s].optimizer = cm_.memory_bound_seconds(shard[s] * 30.0);
+    return out;
   }
 
   const ModelSpec& m_;
@@ -344,6 +397,12 @@ class Screener {
   std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int, int64_t, int, bool, bool, int, int>,
            LayerTimes>
       cache_;
+  // The data-parallel work depends on the layout, pipeline, ZeRO stage, gradient sync and micro-batch
+  // count only: shared by the plans that differ in precision, recompute, dispatch or intra-op overlap.
+  std::map<
+      std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int, bool, int64_t>,
+      std::vector<StageDp>>
+      tails_;
 };
 
 // Peak live micro-batch chunks per stage under the plan's schedule (closed form for 1F1B).
@@ -355,6 +414,13 @@ std::vector<int64_t> in_flight(const Plan& p) {
                                       : peak_in_flight(pipeline_order(s, pp, p.pipeline.vpp, m)));
   }
   return out;
+}
+
+// The op graph, costs and timeline of a prediction, released (its numbers stay).
+void drop_graph(Prediction& p) {
+  p.graph = {};
+  p.costs = {};
+  p.timeline = {};
 }
 
 }  // namespace
@@ -370,31 +436,46 @@ SearchResult search(const ModelSpec& model, const HardwareProfile& hw, const Sta
                     const SearchOptions& options) {
   const auto t0 = std::chrono::steady_clock::now();
   SearchResult r;
-  std::vector<Plan> all = enumerate_plans(model, hw, stack, job, space);
-  // Pruning: --fix pins, the legality rules, then the memory model; split over the threads.
+  // Enumeration and pruning (--fix pins, the legality rules, then the memory model), the space split over
+  // the threads by index so that it is never held in memory whole.
   const int threads = std::max(1, options.threads);
-  std::vector<std::vector<Candidate>> kept(static_cast<size_t>(threads));
-  std::vector<std::map<std::string, int64_t>> rejected(static_cast<size_t>(threads));
-  std::vector<std::array<int64_t, 2>> counts(static_cast<size_t>(threads), {0, 0});  // enumerated, legal
+  struct Pruned {
+    std::vector<Candidate> kept;
+    std::map<std::string, int64_t> rejected;
+    int64_t enumerated = 0, legal = 0;
+  };
+  std::vector<Pruned> pruned(static_cast<size_t>(threads));
   auto prune = [&](int t) {
-    for (size_t i = static_cast<size_t>(t); i < all.size(); i += static_cast<size_t>(threads)) {
-      Plan& p = all[i];
-      if (!matches_fixed(p, space)) continue;
-      ++counts[static_cast<size_t>(t)][0];
-      const auto v = validate(p, model, hw);
-      if (!v.empty()) {
-        ++rejected[static_cast<size_t>(t)][v.front().rule];
-        continue;
-      }
-      ++counts[static_cast<size_t>(t)][1];
-      const double scale = cost::plan_routing(model, p, routing).scale;
-      const cost::MemoryBreakdown mem = cost::memory_per_gpu(model, p, hw, in_flight(p), scale);
-      if (!mem.fits()) {
-        ++rejected[static_cast<size_t>(t)]["memory: does not fit"];
-        continue;
-      }
-      kept[static_cast<size_t>(t)].push_back({std::move(p), 0.0, mem.total()});
-    }
+    Pruned& out = pruned[static_cast<size_t>(t)];
+    // Shared by many plans: peak in-flight micro-batches per (pp, vpp, m), routing scale per (tokens, ep).
+    std::map<std::tuple<int64_t, int64_t, int64_t>, std::vector<int64_t>> flights;
+    std::map<std::pair<int64_t, int64_t>, double> scales;
+    for_each_plan(
+        model, hw, stack, job, space,
+        [&](int64_t index, Plan&& p) {
+          if (!matches_fixed(p, space)) return;
+          ++out.enumerated;
+          const auto v = validate(p, model, hw, /*reasons=*/false);
+          if (!v.empty()) {
+            ++out.rejected[v.front().rule];
+            return;
+          }
+          ++out.legal;
+          const auto fk = std::make_tuple(p.pipeline.pp, p.pipeline.vpp, p.num_micro_batches());
+          auto fit = flights.find(fk);
+          if (fit == flights.end()) fit = flights.emplace(fk, in_flight(p)).first;
+          const auto sk = std::make_pair(p.micro_batch * p.seq_len / p.attention_mesh(), p.experts.ep);
+          auto sit = scales.find(sk);
+          if (sit == scales.end())
+            sit = scales.emplace(sk, cost::plan_routing(model, p, routing).scale).first;
+          const cost::MemoryBreakdown mem = cost::memory_per_gpu(model, p, hw, fit->second, sit->second);
+          if (!mem.fits()) {
+            ++out.rejected["memory: does not fit"];
+            return;
+          }
+          out.kept.push_back({std::move(p), 0.0, mem.total(), index});
+        },
+        threads, t);
   };
   {
     std::vector<std::thread> workers;
@@ -403,17 +484,16 @@ SearchResult search(const ModelSpec& model, const HardwareProfile& hw, const Sta
     for (auto& w : workers) w.join();
   }
   std::vector<Candidate> fitting;
-  for (int t = 0; t < threads; ++t) {
-    r.enumerated += counts[static_cast<size_t>(t)][0];
-    r.legal += counts[static_cast<size_t>(t)][1];
-    for (const auto& [why, n] : rejected[static_cast<size_t>(t)]) r.rejected[why] += n;
-    for (auto& c : kept[static_cast<size_t>(t)]) fitting.push_back(std::move(c));
+  for (Pruned& p : pruned) {
+    r.enumerated += p.enumerated;
+    r.legal += p.legal;
+    for (const auto& [why, n] : p.rejected) r.rejected[why] += n;
+    for (auto& c : p.kept) fitting.push_back(std::move(c));
+    p.kept = {};
   }
-  // A deterministic order whatever the thread interleaving.
-  std::stable_sort(fitting.begin(), fitting.end(), [](const Candidate& a, const Candidate& b) {
-    return describe(a.plan) < describe(b.plan);
-  });
-  all.clear();
+  // The enumeration's order, whatever the thread interleaving.
+  std::sort(fitting.begin(), fitting.end(),
+            [](const Candidate& a, const Candidate& b) { return a.index < b.index; });
   r.fitting = static_cast<int64_t>(fitting.size());
 
   // Screening on `threads` threads, each with its own layer-time cache.
@@ -438,22 +518,33 @@ SearchResult search(const ModelSpec& model, const HardwareProfile& hw, const Sta
   }
   for (auto& t : pool) t.join();
   r.screened = static_cast<int64_t>(fitting.size());
-  std::stable_sort(fitting.begin(), fitting.end(),
-                   [](const Candidate& a, const Candidate& b) { return a.screen_step_s < b.screen_step_s; });
+  // Fastest estimate first (ties in enumeration order); the plans themselves stay where they are.
+  std::vector<uint32_t> by_estimate(fitting.size());
+  for (size_t i = 0; i < fitting.size(); ++i) by_estimate[i] = static_cast<uint32_t>(i);
+  std::stable_sort(by_estimate.begin(), by_estimate.end(), [&](uint32_t a, uint32_t b) {
+    return fitting[a].screen_step_s < fitting[b].screen_step_s;
+  });
 
-  // Full simulation of the finalists.
-  const size_t finalists =
-      std::min(fitting.size(), static_cast<size_t>(std::max(options.finalists, options.top)));
+  // Full simulation of the finalists (see SearchOptions), graphs dropped as soon as their numbers are read.
+  size_t finalists = 0;
+  const double cutoff =
+      fitting.empty() ? 0.0 : fitting[by_estimate.front()].screen_step_s * (1.0 + options.finalist_window);
+  while (finalists < fitting.size() && finalists < static_cast<size_t>(options.finalists) &&
+         fitting[by_estimate[finalists]].screen_step_s <= cutoff) {
+    ++finalists;
+  }
+  finalists = std::min(fitting.size(), std::max(finalists, static_cast<size_t>(options.top)));
   std::vector<RankedPlan> ranked(finalists);
   std::atomic<size_t> fin{0};
   auto simulate_finalists = [&] {
     for (size_t i = fin++; i < finalists; i = fin++) {
-      ranked[i] = {fitting[i].plan,
-                   predict(model, fitting[i].plan, hw, stack, routing, {.critical_path = true})};
+      const Plan& plan = fitting[by_estimate[i]].plan;
+      ranked[i] = {plan, predict(model, plan, hw, stack, routing, {.critical_path = true})};
+      drop_graph(ranked[i].prediction);
     }
   };
   pool.clear();
-  for (int t = 1; t < std::max(1, options.threads); ++t) pool.emplace_back(simulate_finalists);
+  for (int t = 1; t < threads; ++t) pool.emplace_back(simulate_finalists);
   simulate_finalists();
   for (auto& t : pool) t.join();
   r.simulated = static_cast<int64_t>(finalists);
@@ -463,8 +554,23 @@ SearchResult search(const ModelSpec& model, const HardwareProfile& hw, const Sta
     return a.prediction.step_time_s < b.prediction.step_time_s;
   });
   ranked.resize(std::min(ranked.size(), static_cast<size_t>(options.top)));
+  if (options.keep_graphs) {
+    // Again for the few kept, with their graphs (deterministic: the same numbers).
+    std::atomic<size_t> again{0};
+    auto resimulate = [&] {
+      for (size_t i = again++; i < ranked.size(); i = again++)
+        ranked[i].prediction = predict(model, ranked[i].plan, hw, stack, routing, {.critical_path = true});
+    };
+    pool.clear();
+    for (int t = 1; t < threads; ++t) pool.emplace_back(resimulate);
+    resimulate();
+    for (auto& t : pool) t.join();
+  }
   r.plans = std::move(ranked);
-  if (options.keep_screened) r.screened_candidates = std::move(fitting);
+  if (options.keep_screened) {
+    r.screened_candidates.reserve(fitting.size());
+    for (uint32_t i : by_estimate) r.screened_candidates.push_back(std::move(fitting[i]));
+  }
   r.elapsed_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return r;
 }

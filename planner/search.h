@@ -43,6 +43,7 @@ struct Candidate {
   Plan plan;
   double screen_step_s = 0;  // fast estimate
   double memory_bytes = 0;
+  int64_t index = 0;  // position in the enumeration (for_each_plan)
 };
 
 struct RankedPlan {
@@ -64,13 +65,37 @@ struct SearchResult {
 
 struct SearchOptions {
   int64_t top = 5;
-  int64_t finalists = 24;  // plans re-scored by the full simulation (at least `top`)
+  // Finalists, re-scored by the full simulation: the plans whose estimate is within `finalist_window` of the
+  // best estimate (the screen's disagreement with the full simulation stays below it; see the screening
+  // tests), at most `finalists`, at least `top`.
+  int64_t finalists = 24;
+  double finalist_window = 0.15;
+  // Keep the op graph, costs and timeline of the top plans (for traces). Without it only the numbers are
+  // kept: a large job's graph takes hundreds of MB.
+  bool keep_graphs = false;
   int threads = 2;
   bool keep_screened = false;
   std::function<void(int64_t done, int64_t total)> progress;  // called from the calling thread
 };
 
-// Every plan of the space for the job (legal or not), in a deterministic order.
+// The space: pp dividing the GPUs (at most one stage per layer) with vpp from the SearchSpace; the attention
+// mesh tp x sp within a node, cp in {1, 2, 4, 8} from 16k tokens on (1 below); ep dividing the stage and the
+// experts, etp within a node; dispatch all-to-all, all-gather (ep > 1) and node-deduplicated (when the
+// expert mesh spans nodes and the stack has it); micro-batch, ZeRO stage, recompute and precision from the
+// SearchSpace; the stack's overlaps, with and without fused intra-operator kernels (sp or ep > 1, when the
+// stack has them); FP32 reduce-scatter or BF16 all-to-all gradient sync (the latter when some gradient is
+// replicated); FP8 dispatch exactly for FP8 plans with ep > 1; an uneven layer split (smaller first and
+// last chunks) when the layers do not divide.
+//
+// Calls `visit(index, plan)` for every plan of the space for the job (legal or not), in a deterministic
+// order; with a stride, only for the plans whose index % stride == offset (so threads can share the work
+// without materialising the space). Returns the size of the space.
+using PlanVisitor = std::function<void(int64_t index, Plan&& plan)>;
+int64_t for_each_plan(const ModelSpec& model, const HardwareProfile& hw, const StackProfile& stack,
+                      const Job& job, const SearchSpace& space, const PlanVisitor& visit, int64_t stride = 1,
+                      int64_t offset = 0);
+
+// Every plan of the space for the job (legal or not), in for_each_plan's order.
 std::vector<Plan> enumerate_plans(const ModelSpec& model, const HardwareProfile& hw,
                                   const StackProfile& stack, const Job& job, const SearchSpace& space);
 

@@ -1,11 +1,18 @@
 // Shared pieces of the `moeplan` subcommands: exit codes, one-line errors, number formatting.
 #pragma once
 
+#include <cstdint>
 #include <functional>
 #include <string>
+#include <vector>
 
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
+
+#include "planner/search.h"
+#include "simulator/core/stack.h"
+#include "simulator/cost/imbalance.h"
+#include "simulator/io/plan_io.h"
 
 namespace moeplan::cli {
 
@@ -25,6 +32,29 @@ std::string human_bytes(double b);
 // Writes a JSON object to stdout, indented, with a final newline.
 void print_json(const nlohmann::json& j);
 
+// The stack a plan runs on when neither the plan nor --stack names one.
+inline constexpr const char* kDefaultStack = "moerun";
+// The default job of `plan` and `sweep`: a well-known public MoE on a common Hopper cluster.
+inline constexpr const char* kDefaultModel = "mixtral-8x22b";
+inline constexpr const char* kDefaultHardware = "h100-sxm";
+inline constexpr int64_t kDefaultGpus = 128;
+inline constexpr int64_t kDefaultSeq = 4096;
+inline constexpr int64_t kDefaultBatch = 256;
+
+// A plan file with everything needed to simulate it: the plan, its model and hardware, the stack (--stack
+// overrides the plan's; a path in the plan is relative to the plan file) and its routing distribution.
+struct PlanInputs {
+  io::LoadedPlan loaded;
+  StackProfile stack;
+  cost::RoutingDistribution routing;
+  std::string dir;  // the plan file's folder (relative paths in the plan start there)
+};
+Result<PlanInputs> load_plan_inputs(const std::string& plan_path, const std::string& stack_override);
+
+// The search space of `plan`-style options: --precision bf16|fp8|any and --fix KEY=VALUE pins (a bare word is
+// a string); an unknown key is an error with a "did you mean".
+Result<planner::SearchSpace> search_space(const std::string& precision, const std::vector<std::string>& fix);
+
 // Each subcommand registers its options and sets `run` to the function that executes it.
 using Runner = std::function<int()>;
 Runner add_inspect(CLI::App& app);
@@ -32,5 +62,7 @@ Runner add_validate(CLI::App& app);
 Runner add_simulate(CLI::App& app);
 Runner add_launch(CLI::App& app);
 Runner add_plan(CLI::App& app);
+Runner add_explain(CLI::App& app);
+Runner add_sweep(CLI::App& app);
 
 }  // namespace moeplan::cli

@@ -10,8 +10,6 @@
 namespace moeplan::cli {
 namespace {
 
-constexpr const char* kDefaultModel = "mixtral-8x22b";
-
 constexpr const char* kFlopFormula =
     "FLOPs per token count multiply-add as 2. GEMMs: 2 x (weights the token multiplies: attention "
     "projections, "

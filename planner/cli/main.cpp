@@ -59,6 +59,14 @@ int main(int argc, char** argv) {
       add_validate);
   add("simulate", "Predict one training step of a plan: step time, tokens/s, MFU, memory, breakdown, trace",
       add_simulate);
+  add("explain",
+      "What each technique of a plan contributes: a cumulative table from a TP-only baseline without "
+      "overlap, compression or selective recompute",
+      add_explain);
+  add("sweep",
+      "What-if over one variable (GPUs, sequence, top-k, NIC/NVLink bandwidth, a plan key): re-plan or "
+      "re-simulate a plan per value",
+      add_sweep);
   add("launch",
       "Launch configuration of a plan: moerun plan file + mpirun/srun lines, sbatch script, or Megatron-LM "
       "arguments",

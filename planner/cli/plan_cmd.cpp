@@ -20,13 +20,6 @@
 namespace moeplan::cli {
 namespace {
 
-// The default job: a well-known public MoE on a common Hopper cluster.
-constexpr const char* kDefaultModel = "mixtral-8x22b";
-constexpr const char* kDefaultHardware = "h100-sxm";
-constexpr int64_t kDefaultGpus = 128;
-constexpr int64_t kDefaultSeq = 4096;
-constexpr int64_t kDefaultBatch = 256;
-
 double exposed_comm(const Prediction& p) {
   double t = 0;
   for (const auto& [k, v] : p.breakdown.exposed_comm) t += v;
@@ -98,29 +91,15 @@ Runner add_plan(CLI::App& app) {
         io::routing_distribution(o->routing, std::max<int64_t>(1, model.value().moe.num_experts), "");
     if (!routing) return bad_input(routing.error().message);
 
-    planner::SearchSpace space;
-    if (o->precision == "bf16") space.precisions = {Precision::kBf16};
-    if (o->precision == "fp8") space.precisions = {Precision::kFp8};
-    const std::vector<std::string> keys = planner::plan_keys();
-    for (const std::string& f : o->fix) {
-      const size_t eq = f.find('=');
-      if (eq == std::string::npos || eq == 0)
-        return bad_input(fmt::format("--fix {}: expected KEY=VALUE", f));
-      const std::string key = f.substr(0, eq), text = f.substr(eq + 1);
-      if (std::find(keys.begin(), keys.end(), key) == keys.end()) {
-        const std::string guess = io::closest_match(key, keys);
-        return bad_input(fmt::format("--fix {}: unknown plan key '{}'{}", f, key,
-                                     guess.empty() ? "" : fmt::format(" (did you mean '{}'?)", guess)));
-      }
-      nlohmann::json value = nlohmann::json::parse(text, nullptr, false);
-      if (value.is_discarded()) value = text;  // a bare word is a string ("all_gather")
-      space.fixed.emplace_back(key, value);
-    }
+    Result<planner::SearchSpace> parsed = search_space(o->precision, o->fix);
+    if (!parsed) return bad_input(parsed.error().message);
+    const planner::SearchSpace& space = parsed.value();
 
     planner::Job job{o->gpus, o->seq, o->batch};
     planner::SearchOptions opts;
     opts.top = o->top;
     opts.threads = o->threads;
+    opts.keep_graphs = !o->out_dir.empty();
     const bool tty = isatty(STDERR_FILENO) && !o->json;
     if (tty) {
       opts.progress = [](int64_t done, int64_t total) {
@@ -198,6 +177,12 @@ Runner add_plan(CLI::App& app) {
                    100 * p.mfu, p.step_time_s, p.memory.total() / 1e9, exposed_comm(p), p.breakdown.bubble,
                    p.memory.fits() ? "" : "  (does not fit)");
       }
+    }
+    if (!r.plans.empty()) {
+      fmt::print(
+          "\nMFU: model FLOPs (no recompute) / (step time x GPUs x dense BF16 peak); FP8 plans can exceed "
+          "the "
+          "BF16 ceiling.\n");
     }
     if (!r.rejected.empty()) {
       fmt::print("\nrejected:\n");

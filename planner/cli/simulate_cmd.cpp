@@ -13,8 +13,6 @@
 namespace moeplan::cli {
 namespace {
 
-constexpr const char* kDefaultStack = "moerun";
-
 void print_text(const Prediction& p, const ReportContext& ctx) {
   const auto& m = p.memory;
   fmt::print("{} on {} x {} ({} stack{})\n", ctx.model.name, ctx.plan.gpus, ctx.hardware.name, ctx.stack.name,
@@ -58,20 +56,14 @@ Runner add_simulate(CLI::App& app) {
   app.add_option("--stack", o->stack, "Software stack profile (overrides the plan's; default moerun)");
   app.add_flag("--json", o->json, "Print one JSON object");
   return [o]() {
-    Result<io::LoadedPlan> loaded = io::load_plan(o->plan);
-    if (!loaded) return bad_input(loaded.error().message);
-    const auto& [plan, model, hw, path] = loaded.value();
-    const std::string base = std::filesystem::path(path).parent_path().string();
-    const std::string stack_ref =
-        !o->stack.empty() ? o->stack : (plan.stack.empty() ? kDefaultStack : plan.stack);
-    Result<StackProfile> stack = io::load_stack(stack_ref, o->stack.empty() ? base : "");
-    if (!stack) return bad_input(stack.error().message);
-    Result<cost::RoutingDistribution> routing = io::routing_distribution(
-        plan.routing.distribution, std::max<int64_t>(1, model.moe.num_experts), base);
-    if (!routing) return bad_input(routing.error().message);
+    Result<PlanInputs> in = load_plan_inputs(o->plan, o->stack);
+    if (!in) return bad_input(in.error().message);
+    const auto& [plan, model, hw, path] = in.value().loaded;
+    const StackProfile& stack = in.value().stack;
+    const cost::RoutingDistribution& routing = in.value().routing;
 
-    const Prediction p = predict(model, plan, hw, stack.value(), routing.value());
-    const ReportContext ctx{plan, model, hw, stack.value()};
+    const Prediction p = predict(model, plan, hw, stack, routing);
+    const ReportContext ctx{plan, model, hw, stack};
     if (!o->trace.empty() && p.violations.empty()) {
       Result<bool> w = write_file_atomic(o->trace, chrome_trace(p.graph, p.timeline));
       if (!w) return bad_input(w.error().message);

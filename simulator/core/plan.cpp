@@ -9,14 +9,22 @@ namespace {
 
 class Rules {
  public:
+  explicit Rules(bool reasons) : reasons_(reasons) {}
   template <class... Args>
   void check(bool ok, const char* rule, const Args&... parts) {
     if (ok) return;
+    if (!reasons_) {
+      out.push_back({rule, {}});
+      return;
+    }
     std::ostringstream s;
     (s << ... << parts);
     out.push_back({rule, s.str()});
   }
   std::vector<Violation> out;
+
+ private:
+  bool reasons_;
 };
 
 bool divides(int64_t d, int64_t n) {
@@ -25,8 +33,8 @@ bool divides(int64_t d, int64_t n) {
 
 }  // namespace
 
-std::vector<Violation> validate(const Plan& p, const ModelSpec& m, const HardwareProfile& hw) {
-  Rules r;
+std::vector<Violation> validate(const Plan& p, const ModelSpec& m, const HardwareProfile& hw, bool reasons) {
+  Rules r(reasons);
   const auto& a = p.attention;
   const auto& e = p.experts;
   const auto& pp = p.pipeline;

@@ -89,7 +89,9 @@ struct Violation {
 
 // Every rule the plan breaks for this model on this hardware; empty when the plan is legal. Memory fit is not
 // a rule here: it is the cost model's verdict.
-std::vector<Violation> validate(const Plan& plan, const ModelSpec& model, const HardwareProfile& hw);
+// Without reasons, each violation names its rule only (the planner counts rules over millions of plans).
+std::vector<Violation> validate(const Plan& plan, const ModelSpec& model, const HardwareProfile& hw,
+                                bool reasons = true);
 
 // Names used in plan files and reports.
 const char* name_of(Dispatch d);

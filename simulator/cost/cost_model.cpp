@@ -53,7 +53,7 @@ CostModel::CostModel(const HardwareProfile& hw, const StackProfile& stack) : hw_
   }
 }
 
-void CostModel::note(std::string what) const {
+void CostModel::add_note(std::string what) const {
   std::lock_guard<std::mutex> lock(mu_);
   extrapolations_.insert(std::move(what));
 }
@@ -125,17 +125,17 @@ double CostModel::gemm_seconds(const GemmShape& s, DType dtype, double* rel_erro
   if (g.efficiency <= 0) {
     // No table for this dtype (e.g. FP8 on a profile without FP8 GEMMs): fall back to BF16's efficiency.
     g = gemm_.at("bf16");
-    note(fmt::format("{} GEMM: no {} GEMM measurements in the profile; BF16 efficiency used", key, key));
+    note("{} GEMM: no {} GEMM measurements in the profile; BF16 efficiency used", key, key);
   }
   const int64_t lo = std::min({s.m, s.n, s.k}), hi = std::max({s.m, s.n, s.k});
   if (g.points < 3) {
     note(
-        fmt::format("{} GEMM efficiency from {} measured shape(s) only ({}-{} per dim); every other shape "
-                    "relies on the wave-quantisation model",
-                    key, g.points, g.min_dim, g.max_dim));
+        "{} GEMM efficiency from {} measured shape(s) only ({}-{} per dim); every other shape relies on "
+        "the wave-quantisation model",
+        key, g.points, g.min_dim, g.max_dim);
   } else if (lo < g.min_dim || hi > g.max_dim) {
-    note(fmt::format("{} GEMM dims outside the measured range [{}, {}] (e.g. {}x{}x{})", key, g.min_dim,
-                     g.max_dim, s.m / std::max<int64_t>(1, s.groups), s.n, s.k));
+    note("{} GEMM dims outside the measured range [{}, {}] (e.g. {}x{}x{})", key, g.min_dim, g.max_dim,
+         s.m / std::max<int64_t>(1, s.groups), s.n, s.k);
   }
   const double peak = hw_.gpu.peak_flops_per_s.contains(key) ? hw_.gpu.peak_flops_per_s.at(key).value
                                                              : hw_.gpu.peak_flops_per_s.at("bf16").value;
@@ -155,10 +155,8 @@ double CostModel::grouped_gemm_seconds(const GemmShape& s, DType dtype, double* 
   if (!eff.empty()) {
     e = interpolate(eff, rows, true);
     if (rows < eff.front().first)
-      note(
-          fmt::format("grouped GEMM with {:.0f} rows per expert: below the stack's "
-                      "smallest measured {:.0f}",
-                      rows, eff.front().first));
+      note("grouped GEMM with {:.0f} rows per expert: below the stack's smallest measured {:.0f}", rows,
+           eff.front().first);
   }
   if (rel_error && !stack_.calibrated) *rel_error = std::max(*rel_error, kAssumedRelError);
   return dense / e + stack_.host_s_per_local_expert.value * d(s.groups);
@@ -181,8 +179,8 @@ double CostModel::attention_seconds(const Op& op, double* rel_error) const {
     std::vector<std::pair<double, double>> pts;
     for (const auto& [s, r] : best->points) pts.emplace_back(d(s), r);
     if (seq < pts.front().first || seq > pts.back().first) {
-      note(fmt::format("attention at {:.0f} keys outside the measured {:.0f}-{:.0f}", seq, pts.front().first,
-                       pts.back().first));
+      note("attention at {:.0f} keys outside the measured {:.0f}-{:.0f}", seq, pts.front().first,
+           pts.back().first);
     }
     return interpolate(pts, seq, true);
   };
@@ -212,7 +210,7 @@ double CostModel::attention_seconds(const Op& op, double* rel_error) const {
     r = hw_.gpu.peak_flops_per_s.at("bf16").value * 0.5;
     note("attention: no flash-attention table in the profile; 50% of the BF16 peak assumed");
   }
-  if (a.qk_dim < 64 || a.qk_dim > 256) note(fmt::format("attention head dim {} outside 64-256", a.qk_dim));
+  if (a.qk_dim < 64 || a.qk_dim > 256) note("attention head dim {} outside 64-256", a.qk_dim);
   if (rel_error) *rel_error = 0.05;  // FA tables are read off published figures (±5-10 units on ~500)
   return op.flops / r;
 }
@@ -250,12 +248,11 @@ double CostModel::intra_node_seconds(Collective c, int64_t n, double bytes, doub
     if (best < 0 || t < best) best = t, best_ranks = k.ranks, used = &k;
   }
   if (used) {
-    if (best_ranks != n)
-      note(fmt::format("{} over {} ranks in a node: measured at {} ranks", name_of(c), n, best_ranks));
+    if (best_ranks != n) note("{} over {} ranks in a node: measured at {} ranks", name_of(c), n, best_ranks);
     if (bytes > used->max_bytes * 1.0001 || bytes < used->min_bytes * 0.9999) {
       if (!used->single_point) {
-        note(fmt::format("{} of {:.3g} B in a node outside the measured {:.3g}-{:.3g} B", name_of(c), bytes,
-                         used->min_bytes, used->max_bytes));
+        note("{} of {:.3g} B in a node outside the measured {:.3g}-{:.3g} B", name_of(c), bytes,
+             used->min_bytes, used->max_bytes);
       }
     }
     if (rel_error)
@@ -266,11 +263,11 @@ double CostModel::intra_node_seconds(Collective c, int64_t n, double bytes, doub
   const double alpha = hw_.node.nvlink_latency_s.value * d(n - 1);
   if (const CollectivePlateau* p = plateau(c, Scope::kIntraNode)) {
     if (p->ranks != n)
-      note(fmt::format("{} over {} ranks in a node: plateau measured at {} ranks", name_of(c), n, p->ranks));
+      note("{} over {} ranks in a node: plateau measured at {} ranks", name_of(c), n, p->ranks);
     if (rel_error) *rel_error = kAssumedRelError;
     return alpha_beta_seconds(c, n, bytes, alpha, p->busbw_bytes_per_s);
   }
-  note(fmt::format("{} in a node: no measurement; NVLink achieved bandwidth assumed", name_of(c)));
+  note("{} in a node: no measurement; NVLink achieved bandwidth assumed", name_of(c));
   if (rel_error) *rel_error = kAssumedRelError;
   return alpha_beta_seconds(c, n, bytes, alpha, hw_.node.nvlink_bw_achieved_bytes_per_s.value);
 }
@@ -293,8 +290,8 @@ double CostModel::inter_node_seconds(const CommSpec& c, const Placement& p, doub
       const int64_t g0 = pl->ranks / pl->nodes;
       eff = std::min(1.0, algbw * d(pl->ranks - g0) / (d(pl->ranks) * nic));
       if (pl->ranks != n || pl->nodes != k) {
-        note(fmt::format("all_to_all over {} ranks on {} nodes: plateau measured at {} ranks on {} nodes", n,
-                         k, pl->ranks, pl->nodes));
+        note("all_to_all over {} ranks on {} nodes: plateau measured at {} ranks on {} nodes", n, k,
+             pl->ranks, pl->nodes);
       }
     } else {
       note("all_to_all across nodes: no measurement; NIC achieved bandwidth assumed");
@@ -316,8 +313,7 @@ double CostModel::inter_node_seconds(const CommSpec& c, const Placement& p, doub
   }
   if (best) {
     if (best->ranks != n) {
-      note(fmt::format("{} over {} ranks across nodes: measured at {} ranks", name_of(c.collective), n,
-                       best->ranks));
+      note("{} over {} ranks across nodes: measured at {} ranks", name_of(c.collective), n, best->ranks);
     }
     if (rel_error) *rel_error = c.bytes >= kMiB ? best->fit.rel_error_large : best->fit.rel_error_small;
     return alpha_beta_seconds(c.collective, n, c.bytes, best->fit.alpha_s, best->fit.busbw_bytes_per_s);

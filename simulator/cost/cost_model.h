@@ -9,7 +9,10 @@
 #include <mutex>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
+
+#include <fmt/format.h>
 
 #include "simulator/core/hardware.h"
 #include "simulator/core/op_graph.h"
@@ -49,6 +52,9 @@ class CostModel {
   const HardwareProfile& hardware() const { return hw_; }
   const StackProfile& stack() const { return stack_; }
   std::vector<std::string> extrapolations() const;
+  // Whether extrapolations are recorded (on by default). The planner's screen never reports them and turns
+  // recording off, which also saves formatting a note per call.
+  void record_extrapolations(bool on) { recording_ = on; }
 
   // Per-GPU NIC bandwidth: achieved per NIC x NICs per node / GPUs per node.
   double nic_bytes_per_s_per_gpu() const;
@@ -74,7 +80,11 @@ class CostModel {
   double intra_node_seconds(Collective c, int64_t n, double bytes, double* rel_error) const;
   double inter_node_seconds(const CommSpec& c, const Placement& p, double* rel_error) const;
   const CollectivePlateau* plateau(Collective c, Scope s) const;
-  void note(std::string what) const;
+  template <class... Args>
+  void note(fmt::format_string<Args...> text, Args&&... args) const {
+    if (recording_) add_note(fmt::format(text, std::forward<Args>(args)...));
+  }
+  void add_note(std::string what) const;
 
   const HardwareProfile& hw_;
   const StackProfile& stack_;
@@ -82,6 +92,7 @@ class CostModel {
   std::vector<Curve> curves_;
   mutable std::mutex mu_;
   mutable std::set<std::string> extrapolations_;
+  bool recording_ = true;
 };
 
 }  // namespace moeplan::cost

@@ -14,10 +14,9 @@ double d(int64_t x) {
   return static_cast<double>(x);
 }
 
-}  // namespace
-
-LayerActivations layer_activation_elements(const ModelSpec& m, const Plan& p, const LayerSpec& layer,
-                                           double expert_load_scale) {
+// Saved activations of one layer under a recompute policy (the plan's, or another one without copying it).
+LayerActivations activations_under(const ModelSpec& m, const Plan& p, const LayerSpec& layer,
+                                   double expert_load_scale, Recompute recompute) {
   const auto& a = m.attention;
   const int64_t tp = p.attention.tp, sp = p.attention.sp, cp = p.attention.cp;
   const double h = d(m.hidden);
@@ -36,11 +35,11 @@ LayerActivations layer_activation_elements(const ModelSpec& m, const Plan& p, co
   // Kept under every policy except full recompute: layer input, residual, attention inputs and output.
   const double attn_inputs = ta * (q_w + kv_w) / d(sp);  // q/k/v as attention reads them
   const double attn_out = ta * heads_a * v;
-  if (p.recompute == Recompute::kFull) {
+  if (recompute == Recompute::kFull) {
     r.attention = t * h;  // the layer input; everything else is recomputed
     return r;
   }
-  const bool selective = p.recompute == Recompute::kSelective;
+  const bool selective = recompute == Recompute::kSelective;
   if (selective) {
     r.attention = t * h + t * h + attn_inputs + attn_out;  // hidden, ln2_in, q/k/v, attention output
   } else {
@@ -80,6 +79,13 @@ LayerActivations layer_activation_elements(const ModelSpec& m, const Plan& p, co
     r.dense_ffn = selective ? 2.0 * tg * f_r : t * h + 3.0 * tg * f_r + t * h;
   }
   return r;
+}
+
+}  // namespace
+
+LayerActivations layer_activation_elements(const ModelSpec& m, const Plan& p, const LayerSpec& layer,
+                                           double expert_load_scale) {
+  return activations_under(m, p, layer, expert_load_scale, p.recompute);
 }
 
 MemoryBreakdown memory_per_gpu(const ModelSpec& m, const Plan& p, const HardwareProfile& hw,
@@ -122,11 +128,9 @@ MemoryBreakdown memory_per_gpu(const ModelSpec& m, const Plan& p, const Hardware
   }
   double largest_full = 0;  // one layer's full working set while it is recomputed
   if (p.recompute != Recompute::kNone) {
-    Plan full = p;
-    full.recompute = Recompute::kNone;
     for (const Kind& k : kinds) {
-      largest_full =
-          std::max(largest_full, layer_activation_elements(m, full, k.spec, expert_load_scale).total() * dt);
+      largest_full = std::max(
+          largest_full, activations_under(m, p, k.spec, expert_load_scale, Recompute::kNone).total() * dt);
     }
   }
 

@@ -3,7 +3,6 @@
 
 #include <algorithm>
 #include <limits>
-#include <queue>
 
 #include <boost/graph/compressed_sparse_row_graph.hpp>
 #include <boost/graph/topological_sort.hpp>
@@ -13,94 +12,109 @@
 namespace moeplan::engine {
 namespace {
 
-// The next completion on one stage (rank); stale when the stage's version moved on.
-struct Event {
-  double time;
-  int32_t stage;
-  uint32_t version;
-  bool operator>(const Event& o) const { return time != o.time ? time > o.time : stage > o.stage; }
-};
-
 // Ops end when their remaining work falls below this fraction of their standalone time (rounding of the
 // rate arithmetic), or below an absolute femtosecond.
 constexpr double kDoneFraction = 1e-12;
 constexpr double kDoneAbsolute = 1e-15;
 
+// What the event loop touches per op, together in one place (one cache line per op).
+struct OpState {
+  double remaining = 0;  // standalone seconds of work left
+  double rate = 0;       // share of the op's resource it gets now (work-seconds per second)
+  double seconds = 0;    // standalone cost
+  double link_bytes_per_s = 0;
+  uint32_t queue = 0;                     // stage * kNumStreams + stream
+  int32_t pending = 0;                    // unfinished dependencies
+  uint32_t dep_begin = 0, dep_count = 0;  // into OpGraph::deps
+  int16_t stage = 0;
+  uint8_t kind = 0;  // 0: compute-bound on SMs, 1: memory-bound on SMs (also shares HBM), 2: NVLink, 3: NIC
+  uint8_t started = 0;
+};
+
 class Simulation {
  public:
-  Simulation(const OpGraph& g, std::span<const cost::OpCost> costs, const EngineOptions& o)
-      : g_(g), costs_(costs), o_(o) {
+  Simulation(const OpGraph& g, std::span<const cost::OpCost> costs, const EngineOptions& o) : g_(g), o_(o) {
     const size_t n = g.ops.size();
     const auto stages = static_cast<size_t>(g.num_stages);
+    const size_t queues = stages * kNumStreams;
     MOEPLAN_ASSERT(costs.size() == n);
-    pending_.resize(n);
-    remaining_.resize(n);
-    rate_.assign(n, 0);
-    started_.assign(n, 0);
+    op_.resize(n);
     timeline_.ops.resize(n);
+    timeline_.gated_by.assign(n, -1);
     timeline_.stage_end.assign(stages, 0);
-    // Successors (reverse dependencies) as CSR.
-    std::vector<uint32_t> count(n + 1, 0);
-    for (int32_t dep : g.deps) ++count[static_cast<size_t>(dep) + 1];
-    for (size_t i = 1; i <= n; ++i) count[i] += count[i - 1];
-    succ_begin_ = count;
-    succ_.resize(g.deps.size());
-    std::vector<uint32_t> fill(count.begin(), count.end() - 1);
-    stage_.resize(n);
-    queue_.resize(n);
-    kind_.resize(n);
+    // Successors (reverse dependencies) and the streams' ops in id order, both as CSR.
+    std::vector<uint32_t> succ_count(n + 1, 0);
+    for (int32_t dep : g.deps) ++succ_count[static_cast<size_t>(dep) + 1];
+    std::vector<uint32_t> queue_count(queues + 1, 0);
     for (const Op& op : g.ops) {
       const auto i = static_cast<size_t>(op.id);
-      stage_[i] = op.stage;
-      queue_[i] =
-          static_cast<uint32_t>(static_cast<size_t>(op.stage) * kNumStreams + static_cast<size_t>(op.stream));
-      // 0: compute-bound on SMs, 1: memory-bound on SMs (also shares HBM), 2: NVLink, 3: NIC
+      OpState& st = op_[i];
       const auto& c = costs[i];
-      kind_[i] = c.resource == cost::Resource::kNvlink                                ? 2
-                 : c.resource == cost::Resource::kNic                                 ? 3
-                 : (op.kind == OpKind::kMemoryBound || op.kind == OpKind::kOptimizer) ? 1
-                                                                                      : 0;
-      pending_[i] = static_cast<int32_t>(op.dep_count);
-      for (int32_t dep : g.deps_of(op)) succ_[fill[static_cast<size_t>(dep)]++] = op.id;
+      st.seconds = c.seconds;
+      st.link_bytes_per_s = c.link_bytes_per_s;
+      st.stage = op.stage;
+      st.queue =
+          static_cast<uint32_t>(static_cast<size_t>(op.stage) * kNumStreams + static_cast<size_t>(op.stream));
+      st.kind = c.resource == cost::Resource::kNvlink                                ? 2
+                : c.resource == cost::Resource::kNic                                 ? 3
+                : (op.kind == OpKind::kMemoryBound || op.kind == OpKind::kOptimizer) ? 1
+                                                                                     : 0;
+      st.pending = static_cast<int32_t>(op.dep_count);
+      st.dep_begin = op.dep_begin;
+      st.dep_count = op.dep_count;
+      ++queue_count[st.queue + 1];
     }
-    // Streams: ops in id order.
-    queues_.resize(stages * kNumStreams);
-    for (const Op& op : g.ops) queues_[queue_[static_cast<size_t>(op.id)]].push_back(op.id);
-    heads_.assign(queues_.size(), 0);
+    for (size_t i = 1; i <= n; ++i) succ_count[i] += succ_count[i - 1];
+    for (size_t q = 1; q <= queues; ++q) queue_count[q] += queue_count[q - 1];
+    succ_begin_ = succ_count;
+    succ_.resize(g.deps.size());
+    queue_end_.assign(queue_count.begin() + 1, queue_count.end());
+    head_.assign(queue_count.begin(), queue_count.end() - 1);
+    queue_begin_ = head_;
+    queue_ops_.resize(n);
+    for (const Op& op : g.ops) {
+      for (int32_t dep : g.deps_of(op)) succ_[succ_count[static_cast<size_t>(dep)]++] = op.id;
+      queue_ops_[queue_count[op_[static_cast<size_t>(op.id)].queue]++] = op.id;
+    }
     active_.resize(stages);
     stage_updated_.assign(stages, 0);
-    stage_version_.assign(stages, 0);
+    stage_next_.assign(stages, kNever);
     dirty_flag_.assign(stages, 0);
   }
 
   Timeline run() {
-    for (size_t q = 0; q < queues_.size(); ++q) try_start_head(q);
+    for (size_t q = 0; q < head_.size(); ++q) try_start_head(q);
     reschedule_dirty();
     size_t done = 0;
     std::vector<int32_t> finished;
-    while (!events_.empty()) {
-      const Event e = events_.top();
-      events_.pop();
-      const auto s = static_cast<size_t>(e.stage);
-      if (e.version != stage_version_[s]) continue;
-      now_ = e.time;
+    for (;;) {
+      // The stage whose next completion comes first (the lowest stage on ties); pipelines have few stages,
+      // so a scan beats a heap.
+      size_t s = 0;
+      double first = stage_next_[0];
+      for (size_t k = 1; k < stage_next_.size(); ++k) {
+        const double t = stage_next_[k];
+        s = t < first ? k : s;  // branch-free: which stage is next is unpredictable
+        first = t < first ? t : first;
+      }
+      if (first == kNever) break;
+      now_ = first;
       advance(s);
       finished.clear();
       int32_t soonest = -1;
-      double soonest_t = std::numeric_limits<double>::infinity();
+      double soonest_t = kNever;
       for (int32_t id : active_[s]) {
-        const auto i = static_cast<size_t>(id);
-        const double left = remaining_[i] / rate_[i];
+        const OpState& st = op_[static_cast<size_t>(id)];
+        const double left = st.remaining / st.rate;
         // Done, or so close that the time would not move (floating-point rounding).
-        if (remaining_[i] <= std::max(kDoneAbsolute, kDoneFraction * costs_[i].seconds) ||
-            now_ + left <= now_) {
+        if (st.remaining <= std::max(kDoneAbsolute, kDoneFraction * st.seconds) || now_ + left <= now_) {
           finished.push_back(id);
         } else if (left < soonest_t) {
           soonest_t = left, soonest = id;
         }
       }
       if (finished.empty()) {
-        // The event fired for this op but rounding left a sliver: it ends now.
+        // The completion fired for this op but rounding left a sliver: it ends now.
         MOEPLAN_ASSERT(soonest >= 0);
         finished.push_back(soonest);
       }
@@ -110,8 +124,8 @@ class Simulation {
       reschedule_dirty();
     }
     MOEPLAN_ASSERT(done == g_.ops.size());  // a cycle or a dangling dependency would leave ops unrun
-    for (size_t i = 0; i < stage_.size(); ++i) {
-      auto& end = timeline_.stage_end[static_cast<size_t>(stage_[i])];
+    for (size_t i = 0; i < op_.size(); ++i) {
+      auto& end = timeline_.stage_end[static_cast<size_t>(op_[i].stage)];
       end = std::max(end, timeline_.ops[i].end);
     }
     timeline_.step_time = *std::max_element(timeline_.stage_end.begin(), timeline_.stage_end.end());
@@ -119,13 +133,15 @@ class Simulation {
   }
 
  private:
+  static constexpr double kNever = std::numeric_limits<double>::infinity();
+
   // Brings the stage's running ops up to now at their current rates.
   void advance(size_t s) {
     const double dt = now_ - stage_updated_[s];
     if (dt > 0) {
       for (int32_t id : active_[s]) {
-        const auto i = static_cast<size_t>(id);
-        remaining_[i] = std::max(0.0, remaining_[i] - rate_[i] * dt);
+        OpState& st = op_[static_cast<size_t>(id)];
+        st.remaining = std::max(0.0, st.remaining - st.rate * dt);
       }
     }
     stage_updated_[s] = now_;
@@ -136,34 +152,50 @@ class Simulation {
   }
 
   void try_start_head(size_t q) {
-    if (heads_[q] >= queues_[q].size()) return;
-    const int32_t id = queues_[q][heads_[q]];
-    const auto i = static_cast<size_t>(id);
-    if (pending_[i] > 0 || started_[i]) return;
-    const auto s = static_cast<size_t>(stage_[i]);
+    if (head_[q] >= queue_end_[q]) return;
+    const int32_t id = queue_ops_[head_[q]];
+    OpState& st = op_[static_cast<size_t>(id)];
+    if (st.pending > 0 || st.started) return;
+    const auto s = static_cast<size_t>(st.stage);
     advance(s);  // the others' progress so far is at the old rates
-    started_[i] = 1;
-    timeline_.ops[i].start = now_;
-    remaining_[i] = std::max(0.0, costs_[i].seconds);
+    st.started = 1;
+    st.remaining = std::max(0.0, st.seconds);
+    timeline_.ops[static_cast<size_t>(id)].start = now_;
+    record_gate(id, st, q);
     active_[s].push_back(id);
     mark_dirty(s);
     ++timeline_.events;
   }
 
+  // The predecessor that ended last before the op started (it started the moment that one ended); ties go
+  // to the lowest id so that the chain is deterministic.
+  void record_gate(int32_t id, const OpState& st, size_t q) {
+    int32_t gate = -1;
+    double latest = -1;
+    auto consider = [&](int32_t u) {
+      const double end = timeline_.ops[static_cast<size_t>(u)].end;
+      if (end > latest || (end == latest && u < gate)) latest = end, gate = u;
+    };
+    if (head_[q] > queue_begin_[q]) consider(queue_ops_[head_[q] - 1]);
+    for (uint32_t k = st.dep_begin; k < st.dep_begin + st.dep_count; ++k) consider(g_.deps[k]);
+    timeline_.gated_by[static_cast<size_t>(id)] = gate;
+  }
+
   void finish(int32_t id) {
     const auto i = static_cast<size_t>(id);
-    const auto s = static_cast<size_t>(stage_[i]);
+    const OpState& st = op_[i];
+    const auto s = static_cast<size_t>(st.stage);
     timeline_.ops[i].end = now_;
     ++timeline_.events;
     auto& act = active_[s];
     act.erase(std::find(act.begin(), act.end(), id));
     mark_dirty(s);
-    const size_t q = queue_[i];
-    ++heads_[q];
+    const size_t q = st.queue;
+    ++head_[q];
     try_start_head(q);
     for (uint32_t k = succ_begin_[i]; k < succ_begin_[i + 1]; ++k) {
-      const auto j = static_cast<size_t>(succ_[k]);
-      if (--pending_[j] == 0) try_start_head(queue_[j]);
+      OpState& next = op_[static_cast<size_t>(succ_[k])];
+      if (--next.pending == 0) try_start_head(next.queue);
     }
   }
 
@@ -178,18 +210,18 @@ class Simulation {
   // Shares of the rank's resources among its running ops, and the stage's next completion.
   void update_rates(size_t stage) {
     const auto& act = active_[stage];
-    ++stage_version_[stage];
+    stage_next_[stage] = kNever;
     if (act.empty()) return;
     int n_sm = 0, n_nv = 0, n_nic = 0;
     double nv_bytes = 0, nic_bytes = 0;
     for (int32_t id : act) {
-      const auto i = static_cast<size_t>(id);
-      switch (kind_[i]) {
+      const OpState& st = op_[static_cast<size_t>(id)];
+      switch (st.kind) {
         case 2:
-          ++n_nv, nv_bytes += costs_[i].link_bytes_per_s;
+          ++n_nv, nv_bytes += st.link_bytes_per_s;
           break;
         case 3:
-          ++n_nic, nic_bytes += costs_[i].link_bytes_per_s;
+          ++n_nic, nic_bytes += st.link_bytes_per_s;
           break;
         default:
           ++n_sm;
@@ -201,11 +233,11 @@ class Simulation {
     const double sm_share = comm_running ? 1.0 - o_.comm_sm_fraction : 1.0;
     const double hbm_share =
         o_.hbm_bytes_per_s > 0 ? std::max(0.2, 1.0 - comm_hbm / o_.hbm_bytes_per_s) : 1.0;
-    double next = std::numeric_limits<double>::infinity();
+    double next = kNever;
     for (int32_t id : act) {
-      const auto i = static_cast<size_t>(id);
+      OpState& st = op_[static_cast<size_t>(id)];
       double rate;
-      switch (kind_[i]) {
+      switch (st.kind) {
         case 0:
           rate = sm_share / n_sm;
           break;
@@ -219,32 +251,25 @@ class Simulation {
           rate = 1.0 / n_nic;
           break;
       }
-      rate_[i] = rate;
-      next = std::min(next, remaining_[i] / rate);
+      st.rate = rate;
+      next = std::min(next, st.remaining / rate);
     }
-    events_.push({now_ + next, static_cast<int32_t>(stage), stage_version_[stage]});
+    stage_next_[stage] = now_ + next;
   }
 
   const OpGraph& g_;
-  std::span<const cost::OpCost> costs_;
   const EngineOptions& o_;
   double now_ = 0;
-  std::vector<int32_t> pending_;
-  std::vector<double> remaining_, rate_;
-  std::vector<uint8_t> started_;
-  std::vector<int16_t> stage_;
-  std::vector<uint32_t> queue_;
-  std::vector<uint8_t> kind_;
+  std::vector<OpState> op_;
   std::vector<uint32_t> succ_begin_;
   std::vector<int32_t> succ_;
-  std::vector<std::vector<int32_t>> queues_;
-  std::vector<size_t> heads_;
-  std::vector<std::vector<int32_t>> active_;
-  std::vector<double> stage_updated_;
-  std::vector<uint32_t> stage_version_;
+  std::vector<int32_t> queue_ops_;                        // each stream's ops in order, stream after stream
+  std::vector<uint32_t> queue_begin_, head_, queue_end_;  // per stream: where its ops are in queue_ops_
+  std::vector<std::vector<int32_t>> active_;              // per stage: the ops running
+  std::vector<double> stage_updated_;                     // when the stage's running ops were last advanced
+  std::vector<double> stage_next_;                        // the stage's next completion (kNever when idle)
   std::vector<uint8_t> dirty_flag_;
   std::vector<int32_t> dirty_;
-  std::priority_queue<Event, std::vector<Event>, std::greater<>> events_;
   Timeline timeline_;
 };
 
@@ -254,33 +279,35 @@ Timeline simulate(const OpGraph& graph, std::span<const cost::OpCost> costs, con
   return Simulation(graph, costs, options).run();
 }
 
-std::vector<int32_t> critical_path(const OpGraph& graph, const Timeline& timeline) {
-  using Graph = boost::compressed_sparse_row_graph<boost::directedS>;
+std::vector<int32_t> longest_path(const OpGraph& graph, const Timeline& timeline) {
+  // 32-bit vertex and edge indices: op graphs stay far below 2^32 ops, and half the memory is half the time.
+  using Graph = boost::compressed_sparse_row_graph<boost::directedS, boost::no_property, boost::no_property,
+                                                   boost::no_property, uint32_t, uint32_t>;
   const size_t n = graph.ops.size();
   if (n == 0) return {};
   // Edges: dependencies and stream order (an op follows the previous op of its stream).
-  std::vector<std::pair<size_t, size_t>> edges;
+  std::vector<std::pair<uint32_t, uint32_t>> edges;
   edges.reserve(graph.deps.size() + n);
   std::vector<int32_t> last_on_stream(static_cast<size_t>(graph.num_stages) * kNumStreams, -1);
   for (const Op& op : graph.ops) {
-    for (int32_t dep : graph.deps_of(op))
-      edges.emplace_back(static_cast<size_t>(dep), static_cast<size_t>(op.id));
+    const auto v = static_cast<uint32_t>(op.id);
+    for (int32_t dep : graph.deps_of(op)) edges.emplace_back(static_cast<uint32_t>(dep), v);
     auto& prev = last_on_stream[static_cast<size_t>(op.stage) * kNumStreams + static_cast<size_t>(op.stream)];
-    if (prev >= 0) edges.emplace_back(static_cast<size_t>(prev), static_cast<size_t>(op.id));
+    if (prev >= 0) edges.emplace_back(static_cast<uint32_t>(prev), v);
     prev = op.id;
   }
-  const Graph dag(boost::edges_are_unsorted_multi_pass, edges.begin(), edges.end(), n);
-  std::vector<size_t> order;
+  const Graph dag(boost::edges_are_unsorted_multi_pass, edges.begin(), edges.end(), static_cast<uint32_t>(n));
+  std::vector<uint32_t> order;
   order.reserve(n);
   boost::topological_sort(dag, std::back_inserter(order));  // reverse topological order
   // Longest path by simulated duration, walking the topological order forwards.
   std::vector<double> length(n, 0);
   std::vector<int32_t> from(n, -1);
   for (auto it = order.rbegin(); it != order.rend(); ++it) {
-    const size_t u = *it;
+    const uint32_t u = *it;
     const double here = length[u] + (timeline.ops[u].end - timeline.ops[u].start);
     for (auto [e, end] = boost::out_edges(u, dag); e != end; ++e) {
-      const size_t v = boost::target(*e, dag);
+      const uint32_t v = boost::target(*e, dag);
       if (here > length[v] || (here == length[v] && from[v] >= 0 && static_cast<int32_t>(u) < from[v])) {
         length[v] = here;
         from[v] = static_cast<int32_t>(u);
@@ -295,6 +322,20 @@ std::vector<int32_t> critical_path(const OpGraph& graph, const Timeline& timelin
   }
   std::vector<int32_t> path;
   for (int32_t u = static_cast<int32_t>(last); u >= 0; u = from[static_cast<size_t>(u)]) path.push_back(u);
+  std::reverse(path.begin(), path.end());
+  return path;
+}
+
+std::vector<int32_t> critical_path(const Timeline& timeline) {
+  const auto& ops = timeline.ops;
+  if (ops.empty()) return {};
+  size_t last = 0;
+  for (size_t u = 1; u < ops.size(); ++u) {
+    if (ops[u].end > ops[last].end) last = u;
+  }
+  std::vector<int32_t> path;
+  for (int32_t u = static_cast<int32_t>(last); u >= 0; u = timeline.gated_by[static_cast<size_t>(u)])
+    path.push_back(u);
   std::reverse(path.begin(), path.end());
   return path;
 }

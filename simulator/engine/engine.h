@@ -24,6 +24,7 @@ struct OpTiming {
 
 struct Timeline {
   std::vector<OpTiming> ops;      // by op id
+  std::vector<int32_t> gated_by;  // by op id: the predecessor whose end started it (-1: nothing before it)
   std::vector<double> stage_end;  // when each stage's last op ends
   double step_time = 0;           // the latest end
   int64_t events = 0;             // op starts + completions processed
@@ -32,9 +33,15 @@ struct Timeline {
 // `costs[i]` is op i's standalone cost. Asserts that the graph has no cycle (every op runs).
 Timeline simulate(const OpGraph& graph, std::span<const cost::OpCost> costs, const EngineOptions& options);
 
-// The chain of ops that sets the step time: from the op that ends last, back through the dependency or stream
-// predecessor that ended latest before each op started (Boost.Graph topological order + longest path, with
-// each op weighted by its simulated duration). Returned in execution order.
-std::vector<int32_t> critical_path(const OpGraph& graph, const Timeline& timeline);
+// The chain of ops that sets the step time, in execution order: from the op that ends last, back through
+// the predecessor (dependency or previous op on its stream) that ended latest before each op started, as the
+// engine recorded it. Every op starts the moment its last predecessor ends, so this chain is a longest path
+// of the op graph weighted by simulated durations (longest_path computes that from the graph).
+std::vector<int32_t> critical_path(const Timeline& timeline);
+
+// The longest path of the op graph, with its stream-order edges, weighted by each op's simulated duration
+// (Boost.Graph topological sort, then one relaxation pass). The independent check of critical_path; it
+// costs a pass over the graph that critical_path does not.
+std::vector<int32_t> longest_path(const OpGraph& graph, const Timeline& timeline);
 
 }  // namespace moeplan::engine

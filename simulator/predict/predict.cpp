@@ -225,7 +225,7 @@ Prediction predict(const ModelSpec& model, const Plan& plan, const HardwareProfi
   // together, so they add): step in [T - sum e_i d_i, T + sum e_i d_i].
   r.tokens_per_s_low = r.tokens_per_s_high = r.tokens_per_s;
   if (options.critical_path) {
-    r.critical_path = engine::critical_path(r.graph, r.timeline);
+    r.critical_path = engine::critical_path(r.timeline);
     double spread = 0;
     for (int32_t id : r.critical_path) {
       const auto& tm = r.timeline.ops[static_cast<size_t>(id)];

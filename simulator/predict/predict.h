@@ -51,7 +51,7 @@ struct Prediction {
 };
 
 struct PredictOptions {
-  bool critical_path = true;  // the report's critical path and uncertainty range (costs a graph pass)
+  bool critical_path = true;  // the report's critical path and uncertainty range
 };
 
 Prediction predict(const ModelSpec& model, const Plan& plan, const HardwareProfile& hw,

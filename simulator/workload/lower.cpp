@@ -644,7 +644,9 @@ void Builder::emit_task(int16_t stage, const PipelineTask& task) {
 // optimizer step, and (ZeRO >= 1) the parameter all-gather.
 void Builder::emit_data_parallel(int16_t stage) {
   const bool bf16_a2a = p_.compression.grad_sync == GradSync::kBf16AllToAll;
-  for (size_t l = 0; l < layer_last_bwd_.size(); ++l) {
+  // Last layer first: the order in which backward finishes layers, so that the in-order DP stream starts
+  // each layer's synchronisation as soon as its gradients are complete.
+  for (size_t l = layer_last_bwd_.size(); l-- > 0;) {
     const int32_t after = layer_last_bwd_[l];
     if (after < 0) continue;
     layer_last_bwd_[l] = -1;

@@ -156,10 +156,11 @@ TEST_SUITE("engine") {
       CHECK(t1.ops[i].start == t2.ops[i].start);
       CHECK(t1.ops[i].end == t2.ops[i].end);
     }
-    const auto path = engine::critical_path(b.g, t1);
+    const auto path = engine::critical_path(t1);
     double sum = 0;
     for (int32_t id : path)
       sum += t1.ops[static_cast<size_t>(id)].end - t1.ops[static_cast<size_t>(id)].start;
     CHECK(sum == doctest::Approx(t1.step_time));
+    CHECK(path == engine::longest_path(b.g, t1));
   }
 }

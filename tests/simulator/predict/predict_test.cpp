@@ -3,6 +3,7 @@
 // the breakdown accounts for the whole step.
 #include <doctest/doctest.h>
 
+#include "simulator/engine/engine.h"
 #include "simulator/io/hardware_loader.h"
 #include "simulator/io/model_loader.h"
 #include "simulator/io/stack_loader.h"
@@ -52,6 +53,35 @@ TEST_SUITE("predict") {
     CHECK(p.tokens_per_s_high >= p.tokens_per_s);
     CHECK(p.mfu > 0.05);
     CHECK(p.mfu < 0.8);
+  }
+
+  TEST_CASE("the critical chain the engine records is a longest path of the simulated graph") {
+    // Under overlap and contention (processor sharing), for several layouts: the chain runs without gaps
+    // from time 0 to the step's end, and no path through the graph is longer (Boost.Graph longest path).
+    Case c;
+    for (int variant = 0; variant < 3; ++variant) {
+      if (variant == 1) {
+        c.plan.pipeline.vpp = 2;
+        c.plan.pipeline.schedule = Schedule::kInterleaved1F1B;
+        c.plan.overlap = {true, true, true, true};
+      }
+      if (variant == 2) c.plan.data.zero = 3, c.plan.recompute = Recompute::kFull;
+      const Prediction p = c.run();
+      REQUIRE(p.violations.empty());
+      const auto& tl = p.timeline;
+      const auto chain = engine::critical_path(tl);
+      REQUIRE(!chain.empty());
+      CHECK(tl.ops[static_cast<size_t>(chain.front())].start == 0.0);
+      CHECK(tl.ops[static_cast<size_t>(chain.back())].end == p.step_time_s);
+      for (size_t k = 1; k < chain.size(); ++k) {
+        CHECK(tl.ops[static_cast<size_t>(chain[k])].start == tl.ops[static_cast<size_t>(chain[k - 1])].end);
+      }
+      const auto longest = engine::longest_path(p.graph, tl);
+      double along = 0;
+      for (int32_t id : longest)
+        along += tl.ops[static_cast<size_t>(id)].end - tl.ops[static_cast<size_t>(id)].start;
+      CHECK(along == doctest::Approx(p.step_time_s).epsilon(1e-9));
+    }
   }
 
   TEST_CASE("more bandwidth or more FLOP/s never makes a step slower") {

@@ -1,0 +1,68 @@
+// Benchmark of the full plan search on the reference jobs: wall time on the given threads, plans
+// enumerated, pruned (by reason), screened and simulated, and plans per second.
+// Usage: moeplan_plan_bench [threads=2] [case...]; cases: 352b, dsv3, mixtral (default: all).
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "planner/search.h"
+#include "simulator/io/hardware_loader.h"
+#include "simulator/io/model_loader.h"
+#include "simulator/io/stack_loader.h"
+
+using namespace moeplan;
+
+namespace {
+
+struct Case {
+  const char* key;
+  const char* model;
+  const char* hardware;
+  planner::Job job;
+};
+
+void run(const Case& c, int threads) {
+  const ModelSpec model = io::load_model(c.model).value();
+  const HardwareProfile hw = io::load_hardware(c.hardware).value();
+  const StackProfile stack = io::load_stack("moerun").value();
+  const auto routing = cost::uniform_routing(std::max<int64_t>(1, model.moe.num_experts));
+  planner::SearchOptions opts;
+  opts.threads = threads;
+  opts.top = 3;
+  const auto t0 = std::chrono::steady_clock::now();
+  const planner::SearchResult r = planner::search(model, hw, stack, routing, c.job, {}, opts);
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  fmt::print("{} on {} x {}, seq {}, global batch {} ({} threads)\n", c.model, c.job.gpus, c.hardware,
+             c.job.seq_len, c.job.global_batch, threads);
+  fmt::print("  wall {:.2f} s: {} enumerated, {} legal, {} fit, {} screened, {} simulated; {:.0f} plans/s\n",
+             s, r.enumerated, r.legal, r.fitting, r.screened, r.simulated,
+             static_cast<double>(r.enumerated) / s);
+  for (const auto& [why, n] : r.rejected) fmt::print("  rejected {:>9}  {}\n", n, why);
+  for (size_t i = 0; i < r.plans.size(); ++i) {
+    const Prediction& p = r.plans[i].prediction;
+    fmt::print("  #{} {}  {:.0f} tokens/s ({:.1f}/GPU), MFU {:.1f}%, step {:.3f} s, {:.1f} GB\n", i + 1,
+               planner::describe(r.plans[i].plan), p.tokens_per_s, p.tokens_per_s_per_gpu, 100 * p.mfu,
+               p.step_time_s, p.memory.total() / 1e9);
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const int threads = argc > 1 ? std::max(1, std::atoi(argv[1])) : 2;
+  const std::vector<Case> cases{
+      {"352b", "internal-352b", "h800-sxm", {1440, 8192, 720}},
+      {"dsv3", "deepseek-v3", "h800-sxm", {2048, 4096, 15360}},
+      {"mixtral", "mixtral-8x22b", "h100-sxm", {128, 4096, 256}},
+  };
+  for (const Case& c : cases) {
+    bool wanted = argc <= 2;
+    for (int i = 2; i < argc; ++i) wanted = wanted || c.key == std::string(argv[i]);
+    if (wanted) run(c, threads);
+  }
+  return 0;
+}

@@ -1,0 +1,162 @@
+// The cumulative technique ablation of one plan (see explain.h).
+#include "planner/explain.h"
+
+#include <algorithm>
+#include <functional>
+#include <initializer_list>
+#include <utility>
+
+#include <fmt/format.h>
+
+#include "simulator/io/plan_io.h"
+
+namespace moeplan::planner {
+namespace {
+
+// The first rule among `rules` that the plan breaks, as "rule: reason"; empty when none is broken.
+std::string broken(const Plan& p, const ModelSpec& model, const HardwareProfile& hw,
+                   std::initializer_list<const char*> rules) {
+  for (const Violation& v : validate(p, model, hw)) {
+    if (std::find(rules.begin(), rules.end(), v.rule) != rules.end()) return v.reason;
+  }
+  return "";
+}
+
+// Rules that depend on how the attention mesh splits into tp and sp (its size is the plan's).
+constexpr std::initializer_list<const char*> kAttentionRules = {"heads_divisible", "kv_heads_vs_tp",
+                                                                "hidden_divisible_by_tp",
+                                                                "dense_ffn_divisible_by_tp", "seq_divisible"};
+// Rules that depend on how the expert mesh splits into ep and etp (its size is the plan's).
+constexpr std::initializer_list<const char*> kExpertRules = {
+    "experts_divisible_by_ep", "expert_ffn_divisible_by_etp", "shared_ffn_divisible_by_etp",
+    "dense_model_no_ep"};
+
+std::string joined_reasons(const std::vector<Violation>& vs) {
+  std::string out;
+  for (const Violation& v : vs) out += (out.empty() ? "" : "; ") + v.reason;
+  return out;
+}
+
+}  // namespace
+
+double exposed_comm_seconds(const Prediction& p) {
+  double t = 0;
+  for (const auto& [group, s] : p.breakdown.exposed_comm) t += s;
+  return t;
+}
+
+Plan explain_baseline(const ModelSpec& model, const Plan& plan, const HardwareProfile& hw,
+                      std::string* note) {
+  Plan b = plan;
+  b.overlap = {};
+  b.compression = {};  // FP32 reduce-scatter gradient sync, BF16 dispatch
+  b.recompute = plan.recompute == Recompute::kNone ? Recompute::kNone : Recompute::kFull;
+  std::vector<std::string> notes;
+
+  // Attention: all of tp*sp as Megatron TP; else the largest TP share of the same mesh that is legal.
+  const int64_t attn = plan.attention.tp * plan.attention.sp;
+  for (int64_t tp = attn; tp >= plan.attention.tp; --tp) {
+    if (attn % tp != 0) continue;
+    b.attention = {tp, attn / tp, plan.attention.cp};
+    if (tp == plan.attention.tp || broken(b, model, hw, kAttentionRules).empty()) break;
+  }
+
+  if (b.attention.tp != attn) {
+    Plan full = b;
+    full.attention = {attn, 1, plan.attention.cp};
+    notes.push_back(fmt::format("attention tp{} sp{} ({})", b.attention.tp, b.attention.sp,
+                                broken(full, model, hw, kAttentionRules)));
+  }
+
+  // Experts: ep = 1 and all of ep*etp as expert TP, at most one node; else the largest legal ETP share.
+  const int64_t mesh = plan.experts.ep * plan.experts.etp;
+  const int64_t per_node = std::max<int64_t>(1, hw.node.gpus_per_node.value);
+  b.experts = {1, mesh, Dispatch::kAllToAll};
+  std::string first_why =
+      mesh > per_node ? fmt::format("etp{} exceeds the {} GPUs of a node", mesh, per_node) : "";
+  if (first_why.empty()) first_why = broken(b, model, hw, kExpertRules);
+  if (!first_why.empty()) {
+    bool found = false;
+    for (int64_t etp = std::min(mesh, per_node); etp >= 1 && !found; --etp) {
+      if (mesh % etp != 0) continue;
+      Plan t = b;
+      t.experts = {mesh / etp, etp, Dispatch::kAllToAll};
+      if (broken(t, model, hw, kExpertRules).empty()) {
+        b.experts = t.experts;
+        found = true;
+      }
+    }
+    notes.push_back(found ? fmt::format("experts ep{} etp{} ({})", b.experts.ep, b.experts.etp, first_why)
+                          : fmt::format("no legal ETP split of ep*etp = {} ({})", mesh, first_why));
+  }
+  if (note) {
+    note->clear();
+    for (const std::string& n : notes) *note += (note->empty() ? "" : "; ") + n;
+  }
+  return b;
+}
+
+std::vector<ExplainRow> explain(const ModelSpec& model, const Plan& plan, const HardwareProfile& hw,
+                                const StackProfile& stack, const cost::RoutingDistribution& routing) {
+  // Each step copies one technique's fields from the plan onto the previous row's plan.
+  const std::vector<std::pair<const char*, std::function<void(Plan&)>>> steps = {
+      {"+ SP attention / EP experts",
+       [&](Plan& p) {
+         p.attention = plan.attention;
+         p.experts = plan.experts;
+       }},
+      {"+ inter-operator overlap",
+       [&](Plan& p) {
+         p.overlap.inter_op = plan.overlap.inter_op;
+         p.overlap.dp_comm = plan.overlap.dp_comm;
+         p.overlap.pp_comm = plan.overlap.pp_comm;
+       }},
+      {"+ intra-operator overlap", [&](Plan& p) { p.overlap.intra_op = plan.overlap.intra_op; }},
+      {"+ compression", [&](Plan& p) { p.compression = plan.compression; }},
+      {"+ selective recompute", [&](Plan& p) { p.recompute = plan.recompute; }},
+  };
+
+  std::vector<ExplainRow> rows;
+  ExplainRow base;
+  base.technique = "baseline: TP attention + TP experts, no overlap";
+  base.plan = explain_baseline(model, plan, hw, &base.note);
+  rows.push_back(std::move(base));
+  for (const auto& [technique, apply] : steps) {
+    ExplainRow r;
+    r.technique = technique;
+    r.plan = rows.back().plan;
+    apply(r.plan);
+    rows.push_back(std::move(r));
+  }
+
+  for (size_t i = 0; i < rows.size(); ++i) {
+    ExplainRow& r = rows[i];
+    if (i > 0 && io::plan_to_json(r.plan) == io::plan_to_json(rows[i - 1].plan)) {
+      // The plan does not use this technique: the row repeats the previous one.
+      r.in_plan = false;
+      r.prediction = rows[i - 1].prediction;
+      r.reason = rows[i - 1].reason;
+      r.exposed_comm_s = rows[i - 1].exposed_comm_s;
+      if (rows[i - 1].valid()) r.comm_removed_s = 0.0;
+      continue;
+    }
+    r.prediction = predict(model, r.plan, hw, stack, routing);
+    r.prediction.graph = {};
+    r.prediction.costs.clear();
+    r.prediction.timeline = {};
+    r.prediction.critical_path.clear();
+    if (!r.valid()) {
+      r.reason = joined_reasons(r.prediction.violations);
+      continue;
+    }
+    r.exposed_comm_s = exposed_comm_seconds(r.prediction);
+    if (!r.prediction.memory.fits()) {
+      r.reason = fmt::format("does not fit: {:.1f} GB per GPU of {:.1f} GB",
+                             r.prediction.memory.total() / 1e9, r.prediction.memory.capacity / 1e9);
+    }
+    if (i > 0 && rows[i - 1].valid()) r.comm_removed_s = rows[i - 1].exposed_comm_s - r.exposed_comm_s;
+  }
+  return rows;
+}
+
+}  // namespace moeplan::planner

@@ -1,0 +1,272 @@
+// The plan search: the enumeration misses no legal plan of its space (against brute force over every
+// degree), each rejection is counted under the rule that rejected it, and the fast screen never loses the
+// plan the full simulation ranks best (against a full simulation of every candidate).
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <set>
+#include <string>
+
+#include "planner/search.h"
+#include "simulator/io/hardware_loader.h"
+#include "simulator/io/model_loader.h"
+#include "simulator/io/plan_io.h"
+#include "simulator/io/stack_loader.h"
+
+using namespace moeplan;
+
+namespace {
+
+struct Setup {
+  ModelSpec model;
+  HardwareProfile hw = io::load_hardware("h100-sxm").value();
+  StackProfile stack = io::load_stack("moerun").value();
+  cost::RoutingDistribution routing;
+  explicit Setup(const char* name) : model(io::load_model(name).value()) {
+    routing = cost::uniform_routing(std::max<int64_t>(1, model.moe.num_experts));
+  }
+};
+
+std::string key_of(const Plan& p) {
+  return io::plan_to_json(p).dump();
+}
+
+// Every combination of degrees up to the job's size (no divisibility assumed), every dispatch, overlap and
+// compression choice, kept when validate() accepts it and it lies in the space the planner documents:
+// tp x sp within a node, cp only from 16k tokens, etp within a node, dispatch dedup only when the expert mesh
+// spans nodes and the stack has it, fused intra-op kernels only with sp or ep > 1 and when the stack has
+// them, FP8 dispatch exactly for FP8 plans with ep > 1, BF16 gradient all-to-all only when some gradient is
+// replicated, the stack's other overlaps, and the pipeline's uneven split when the layers do not divide.
+std::set<std::string> brute_force(const Setup& s, const planner::Job& job,
+                                  const planner::SearchSpace& space) {
+  std::set<std::string> out;
+  const int64_t g = s.hw.node.gpus_per_node.value, n = job.gpus, layers = s.model.num_layers();
+  const std::vector<int64_t> cps =
+      job.seq_len >= 16384 ? std::vector<int64_t>{1, 2, 4, 8} : std::vector<int64_t>{1};
+  for (int64_t pp = 1; pp <= n; ++pp) {
+    for (int64_t vpp : space.vpps) {
+      for (int64_t tp = 1; tp <= g; ++tp) {
+        for (int64_t sp = 1; tp * sp <= g; ++sp) {  // the attention mesh lies within a node
+          for (int64_t cp : cps) {
+            for (int64_t ep = 1; ep <= n; ++ep) {
+              for (int64_t etp = 1; etp <= g && ep * etp <= n; ++etp) {
+                for (Dispatch disp : {Dispatch::kAllToAll, Dispatch::kAllGather, Dispatch::kDedup}) {
+                  if (disp == Dispatch::kAllGather && ep == 1) continue;
+                  if (disp == Dispatch::kDedup && !(ep * etp > g && s.stack.dispatch_dedup.value)) continue;
+                  for (int64_t mb : space.micro_batches) {
+                    for (int64_t zero : space.zero_stages) {
+                      for (Recompute rc : space.recomputes) {
+                        for (Precision prec : space.precisions) {
+                          for (bool intra : {false, true}) {
+                            if (intra && !(s.stack.overlaps.intra_op.value && (sp > 1 || ep > 1))) continue;
+                            for (GradSync sync : {GradSync::kFp32ReduceScatter, GradSync::kBf16AllToAll}) {
+                              Plan p;
+                              p.gpus = n;
+                              p.seq_len = job.seq_len;
+                              p.global_batch = job.global_batch;
+                              p.micro_batch = mb;
+                              p.attention = {tp, sp, cp};
+                              p.experts = {ep, etp, disp};
+                              p.pipeline.pp = pp;
+                              p.pipeline.vpp = vpp;
+                              p.pipeline.schedule = vpp > 1 ? Schedule::kInterleaved1F1B : Schedule::k1F1B;
+                              if (pp * vpp <= layers && layers % (pp * vpp) != 0) {
+                                // The planner's uneven split: the first and last chunks take the smaller
+                                // shares.
+                                std::vector<int64_t> split(static_cast<size_t>(pp * vpp),
+                                                           layers / (pp * vpp));
+                                int64_t rem = layers % (pp * vpp);
+                                for (int64_t i = 1; i + 1 < pp * vpp && rem > 0; ++i, --rem)
+                                  ++split[static_cast<size_t>(i)];
+                                for (size_t i = 0; rem > 0; ++i, --rem) ++split[i];
+                                p.pipeline.layers_per_stage = split;
+                              }
+                              p.data.zero = zero;
+                              p.overlap = {s.stack.overlaps.inter_op.value, intra,
+                                           s.stack.overlaps.dp_comm.value, s.stack.overlaps.pp_comm.value};
+                              p.compression.grad_sync = sync;
+                              p.compression.dispatch = prec == Precision::kFp8 && ep > 1
+                                                           ? DispatchPrecision::kFp8
+                                                           : DispatchPrecision::kBf16;
+                              p.precision = prec;
+                              p.recompute = rc;
+                              if (!validate(p, s.model, s.hw, false).empty()) continue;
+                              if (sync == GradSync::kBf16AllToAll && p.dp() == 1 && p.expert_dp() == 1)
+                                continue;
+                              out.insert(key_of(p));
+                            }
+                          }
+                        }
+                      }
+                    }
+                  }
+                }
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+  return out;
+}
+
+std::set<std::string> enumerated_legal(const Setup& s, const planner::Job& job,
+                                       const planner::SearchSpace& space) {
+  std::set<std::string> out;
+  for (const Plan& p : planner::enumerate_plans(s.model, s.hw, s.stack, job, space)) {
+    if (validate(p, s.model, s.hw, false).empty()) out.insert(key_of(p));
+  }
+  return out;
+}
+
+// The search's best plan against a full simulation of every candidate it screened (bf16, selective
+// recompute, one micro-batch size and ZeRO stage: the layouts, pipelines, dispatch, overlap and compression
+// all vary).
+void check_screen(const char* model, const char* hardware, const planner::Job& job) {
+  Setup s(model);
+  s.hw = io::load_hardware(hardware).value();
+  planner::SearchSpace space;
+  space.micro_batches = {1};
+  space.vpps = {1, 2};
+  space.zero_stages = {1};
+  space.recomputes = {Recompute::kSelective};
+  space.precisions = {Precision::kBf16};
+  planner::SearchOptions opts;
+  opts.threads = 2;
+  opts.top = 1;
+  opts.keep_screened = true;
+  const planner::SearchResult r = planner::search(s.model, s.hw, s.stack, s.routing, job, space, opts);
+  REQUIRE(!r.plans.empty());
+  REQUIRE(r.screened_candidates.size() > 50);
+  double best = 0;
+  std::string best_plan;
+  for (const auto& cand : r.screened_candidates) {
+    const Prediction p = predict(s.model, cand.plan, s.hw, s.stack, s.routing, {.critical_path = false});
+    if (!p.memory.fits()) continue;
+    if (best == 0 || p.step_time_s < best) best = p.step_time_s, best_plan = planner::describe(cand.plan);
+  }
+  CAPTURE(best_plan);
+  CAPTURE(planner::describe(r.plans.front().plan));
+  CHECK(r.plans.front().prediction.step_time_s <= best * (1 + 1e-12));
+  CHECK(r.simulated < static_cast<int64_t>(r.screened_candidates.size()) / 4);  // the screen did prune
+}
+
+// A space small enough to enumerate by brute force.
+planner::SearchSpace small_space() {
+  planner::SearchSpace space;
+  space.micro_batches = {1, 2};
+  space.vpps = {1, 2};
+  space.zero_stages = {1, 3};
+  space.recomputes = {Recompute::kSelective, Recompute::kFull};
+  return space;
+}
+
+}  // namespace
+
+TEST_SUITE("planner.search") {
+  TEST_CASE("the enumeration holds every legal plan that brute force over all degrees finds") {
+    planner::SearchSpace space = small_space();
+    space.precisions = {Precision::kBf16};
+    space.zero_stages = {1};
+    space.recomputes = {Recompute::kSelective};
+    for (const auto& [name, job] : {std::pair{"mixtral-8x7b", planner::Job{16, 4096, 32}},
+                                    std::pair{"olmoe-1b-7b", planner::Job{8, 4096, 16}},
+                                    std::pair{"deepseek-moe-16b", planner::Job{16, 16384, 16}}}) {
+      CAPTURE(name);
+      const Setup s(name);
+      const std::set<std::string> brute = brute_force(s, job, space);
+      const std::set<std::string> ours = enumerated_legal(s, job, space);
+      CHECK(brute.size() > 10);
+      CHECK(ours.size() == brute.size());
+      std::vector<std::string> missing;
+      std::set_difference(brute.begin(), brute.end(), ours.begin(), ours.end(), std::back_inserter(missing));
+      for (size_t i = 0; i < std::min<size_t>(3, missing.size()); ++i) CAPTURE(missing[i]);
+      CHECK(missing.empty());
+      CHECK(ours == brute);
+    }
+  }
+
+  TEST_CASE("each rejection is counted under the first rule the plan breaks, and memory under its own") {
+    Setup s("mixtral-8x7b");
+    s.model.attention.num_heads = 12;  // heads no longer split 8 ways: a rule the space runs into
+    s.model.attention.num_kv_heads = 4;
+    const planner::Job job{16, 4096, 32};
+    const planner::SearchSpace space = small_space();
+    planner::SearchOptions opts;
+    opts.threads = 2;
+    opts.top = 1;
+    opts.finalists = 1;
+    const planner::SearchResult r = planner::search(s.model, s.hw, s.stack, s.routing, job, space, opts);
+
+    std::map<std::string, int64_t> expected;
+    int64_t legal = 0;
+    const auto all = planner::enumerate_plans(s.model, s.hw, s.stack, job, space);
+    for (const Plan& p : all) {
+      const auto v = validate(p, s.model, s.hw);
+      if (v.empty()) {
+        ++legal;
+      } else {
+        ++expected[v.front().rule];
+      }
+    }
+    CHECK(r.enumerated == static_cast<int64_t>(all.size()));
+    CHECK(r.legal == legal);
+    CHECK(expected.at("heads_divisible") > 0);
+    const int64_t memory =
+        r.rejected.contains("memory: does not fit") ? r.rejected.at("memory: does not fit") : 0;
+    CHECK(r.fitting + memory == r.legal);
+    for (const auto& [rule, n] : expected) {
+      CAPTURE(rule);
+      REQUIRE(r.rejected.contains(rule));
+      CHECK(r.rejected.at(rule) == n);
+    }
+    CHECK(r.rejected.size() == expected.size() + (memory > 0 ? 1 : 0));
+  }
+
+  TEST_CASE("a plan rejected for memory really does not fit, and the kept ones do") {
+    const Setup s("deepseek-moe-16b");
+    const planner::Job job{8, 4096, 16};  // 16B parameters on one node: replicated experts do not fit
+    planner::SearchOptions opts;
+    opts.threads = 1;
+    opts.top = 1;
+    opts.finalists = 1;
+    opts.keep_screened = true;
+    const planner::SearchResult r =
+        planner::search(s.model, s.hw, s.stack, s.routing, job, small_space(), opts);
+    REQUIRE(r.rejected.contains("memory: does not fit"));
+    CHECK(r.rejected.at("memory: does not fit") > 0);
+    CHECK(r.fitting > 0);
+    std::set<std::string> kept;
+    for (const auto& c : r.screened_candidates) {
+      CHECK(c.memory_bytes <= s.hw.gpu.hbm_capacity_bytes.value);
+      kept.insert(key_of(c.plan));
+    }
+    // The full prediction (its own schedule walk for the micro-batches in flight) agrees: legal plans the
+    // search dropped do not fit, the ones it kept do.
+    int64_t dropped = 0;
+    for (const Plan& p : planner::enumerate_plans(s.model, s.hw, s.stack, job, small_space())) {
+      if (!validate(p, s.model, s.hw).empty() || kept.contains(key_of(p)) || dropped >= 12) continue;
+      ++dropped;
+      CHECK_FALSE(predict(s.model, p, s.hw, s.stack, s.routing, {.critical_path = false}).memory.fits());
+    }
+    CHECK(dropped == 12);
+    REQUIRE(!r.plans.empty());
+    CHECK(r.plans.front().prediction.memory.fits());
+  }
+
+  // For each case every candidate is simulated in full; the search (screen, then the full simulation of its
+  // finalists) must return that best plan, having simulated only a few.
+  TEST_CASE("the screen never loses the best plan: Mixtral-8x7B on 16 H100") {
+    check_screen("mixtral-8x7b", "h100-sxm", {16, 4096, 16});
+  }
+  TEST_CASE("the screen never loses the best plan: OLMoE on 8 H800") {
+    check_screen("olmoe-1b-7b", "h800-sxm", {8, 4096, 16});
+  }
+  TEST_CASE("the screen never loses the best plan: Qwen3-30B-A3B on 8 H800") {
+    check_screen("qwen3-30b-a3b", "h800-sxm", {8, 4096, 16});
+  }
+  TEST_CASE("the screen never loses the best plan: DeepSeek-MoE-16B on 8 H200") {
+    check_screen("deepseek-moe-16b", "h200-sxm", {8, 4096, 16});
+  }
+}
