@@ -16,7 +16,7 @@ struct Sourced {
       source;  // citation: "hopper-hardware.md §2.1, S3 (...)", "[DERIVED] ...", "datasheet assumption: ..."
 };
 
-enum class Collective { kAllReduce, kAllGather, kReduceScatter, kAllToAll, kSendRecv };
+enum class Collective : uint8_t { kAllReduce, kAllGather, kReduceScatter, kAllToAll, kSendRecv };
 enum class CollectiveAlgorithm { kRing, kNvls, kNvlsTree, kTree, kUnspecified };
 enum class Scope { kIntraNode, kInterNode };
 enum class BandwidthMetric { kBusBw, kAlgBw };  // nccl-tests conventions (busbw = algbw * factor(n))

@@ -14,7 +14,7 @@ inline constexpr double kTera = 1e12;
 inline constexpr double kMicro = 1e-6;
 
 // Numeric formats of weights, activations and messages.
-enum class DType { kFp32, kBf16, kFp16, kFp8 };
+enum class DType : uint8_t { kFp32, kBf16, kFp16, kFp8 };
 
 constexpr double bytes_of(DType t) {
   switch (t) {

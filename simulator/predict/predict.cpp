@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <array>
 #include <cstring>
+#include <initializer_list>
 #include <unordered_map>
 
 #include "simulator/core/model_stats.h"
@@ -40,8 +41,9 @@ CostKey cost_key(const Op& op) {
                  (static_cast<uint64_t>(op.mem) << 32) | (static_cast<uint64_t>(op.name) << 40));
   h = mix(h, bits(op.flops));
   h = mix(h, bits(op.hbm_bytes));
-  for (int64_t v : {op.gemm.m, op.gemm.n, op.gemm.k, op.gemm.groups, op.attn.seq_kv, op.attn.window,
-                    op.attn.qk_dim, op.comm.group_size, op.comm.stride}) {
+  for (int64_t v : std::initializer_list<int64_t>{op.gemm.m, op.gemm.n, op.gemm.k, op.gemm.groups,
+                                                  op.attn.seq_kv, op.attn.window, op.attn.qk_dim,
+                                                  op.attn.causal, op.comm.group_size, op.comm.stride}) {
     h = mix(h, static_cast<uint64_t>(v));
   }
   h = mix(h, static_cast<uint64_t>(op.comm.collective) | (static_cast<uint64_t>(op.comm.group) << 8));
@@ -153,32 +155,27 @@ Prediction predict(const ModelSpec& model, const Plan& plan, const HardwareProfi
   lo.dropped_fraction = pr.load.dropped_fraction;
   r.graph = lower(model, plan, lo);
 
-  // Costs, once per distinct op.
+  // Costs, once per distinct op. Pipeline sends take the path between the stages' ranks on the cluster
+  // graph (same node: NVLink; otherwise NIC, leaf, maybe spine), bounded by its slowest link.
   const cost::CostModel cm(hw, stack);
-  std::unordered_map<CostKey, cost::OpCost, CostKeyHash> cache;
-  r.costs.resize(r.graph.ops.size());
-  for (const Op& op : r.graph.ops) {
-    const CostKey key = cost_key(op);
-    auto it = cache.find(key);
-    if (it == cache.end()) it = cache.emplace(key, cm.cost(op)).first;
-    r.costs[static_cast<size_t>(op.id)] = it->second;
-  }
-  // Pipeline sends take the path between the stages' ranks on the cluster graph (same node: NVLink; otherwise
-  // NIC, leaf, maybe spine), bounded by its slowest link.
+  std::vector<engine::Path> paths;
   if (plan.pipeline.pp > 1) {
     const engine::Topology topo(hw, plan.gpus);
     const int64_t per_stage = plan.gpus / plan.pipeline.pp;
-    std::vector<engine::Path> paths;
     for (int64_t s = 0; s + 1 < plan.pipeline.pp; ++s)
       paths.push_back(topo.path(s * per_stage, (s + 1) * per_stage));
-    for (const Op& op : r.graph.ops) {
-      if (op.kind != OpKind::kSendRecv) continue;
+  }
+  std::unordered_map<CostKey, cost::OpCost, CostKeyHash> cache;
+  r.costs.resize(r.graph.ops.size());
+  for (const Op& op : r.graph.ops) {
+    auto& c = r.costs[static_cast<size_t>(op.id)];
+    if (op.kind == OpKind::kSendRecv && !paths.empty()) {
       // Forward sends go to stage + 1, backward sends to stage - 1 (the same link, reversed); interleaved
       // chunks wrap from the last stage to the first over the same kind of path.
       const int64_t link = op.phase == Phase::kForward ? op.stage : op.stage - 1;
       const engine::Path& path =
           paths[static_cast<size_t>(std::clamp<int64_t>(link, 0, plan.pipeline.pp - 2))];
-      auto& c = r.costs[static_cast<size_t>(op.id)];
+      c = cm.cost(op);
       const bool remote = path.crosses_nodes();
       const double hop = remote ? hw.scale_out.net_latency_s.value : hw.node.nvlink_latency_s.value;
       c.seconds = stack.launch_s_per_kernel.value + stack.host_s_per_micro_batch.value / 2.0 +
@@ -186,7 +183,12 @@ Prediction predict(const ModelSpec& model, const Plan& plan, const HardwareProfi
                   op.comm.bytes / path.bottleneck_bytes_per_s();
       c.resource = remote ? cost::Resource::kNic : cost::Resource::kNvlink;
       c.link_bytes_per_s = op.comm.bytes / c.seconds;
+      continue;
     }
+    const CostKey key = cost_key(op);
+    auto it = cache.find(key);
+    if (it == cache.end()) it = cache.emplace(key, cm.cost(op)).first;
+    c = it->second;
   }
   engine::EngineOptions eo;
   eo.comm_sm_fraction = stack.comm_sm_fraction.value;
@@ -213,13 +215,16 @@ Prediction predict(const ModelSpec& model, const Plan& plan, const HardwareProfi
   // The breakdown shown is the busiest stage's: the one whose ops' summed durations are largest (it sets the
   // pipeline's pace; the others wait for it in the bubble).
   std::vector<double> busy(static_cast<size_t>(plan.pipeline.pp), 0.0);
+  std::vector<std::vector<int32_t>> stage_ops(static_cast<size_t>(plan.pipeline.pp));
   for (const Op& op : r.graph.ops) {
-    const auto& tm = r.timeline.ops[static_cast<size_t>(op.id)];
-    if (r.costs[static_cast<size_t>(op.id)].resource == cost::Resource::kSm)
-      busy[static_cast<size_t>(op.stage)] += tm.end - tm.start;
+    const auto i = static_cast<size_t>(op.id);
+    stage_ops[static_cast<size_t>(op.stage)].push_back(op.id);
+    if (r.costs[i].resource == cost::Resource::kSm)
+      busy[static_cast<size_t>(op.stage)] += r.timeline.ops[i].end - r.timeline.ops[i].start;
   }
   r.critical_stage = std::max_element(busy.begin(), busy.end()) - busy.begin();
-  r.breakdown = stage_breakdown(r.graph, r.costs, r.timeline, r.critical_stage);
+  r.breakdown =
+      stage_breakdown(r.graph, r.costs, r.timeline, stage_ops[static_cast<size_t>(r.critical_stage)]);
 
   // Uncertainty: each op on the critical path may be off by its curve's fit error (errors of one curve move
   // together, so they add): step in [T - sum e_i d_i, T + sum e_i d_i].

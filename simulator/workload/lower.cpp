@@ -244,7 +244,9 @@ int Builder::attention_fwd(int in) {
 
   // Attention over the full sequence for this rank's heads; CP splits the queries into 2*cp balanced chunks.
   // Per-layer sliding windows are applied by record_layer.
-  AttentionShape shape{p_.micro_batch, p_.seq_len / cp_, p_.seq_len, heads_a, qk, v, true, 0};
+  auto i32 = [](int64_t v32) { return static_cast<int32_t>(v32); };
+  AttentionShape shape{
+      i32(p_.micro_batch), i32(p_.seq_len / cp_), i32(p_.seq_len), i32(heads_a), i32(qk), i32(v), 0, true};
   const double attn_flops =
       d(p_.micro_batch * p_.seq_len / cp_) * 2.0 * d(heads_a) * d(qk + v) * mean_attended_keys(p_.seq_len, 0);
   Op core = base(OpName::kAttnCore, OpKind::kAttention, Stream::kCompute);
@@ -424,7 +426,7 @@ void Builder::record_layer(int64_t layer) {
   for (auto& lo : layer_ops_) {
     Op& op = lo.op;
     if (op.kind == OpKind::kAttention && l.window > 0) {
-      op.attn.window = l.window;
+      op.attn.window = static_cast<int32_t>(l.window);
       op.flops *= mean_attended_keys(p_.seq_len, l.window) / mean_attended_keys(p_.seq_len, 0);
     }
   }
@@ -802,34 +804,38 @@ CommSpec group_comm(const Plan& p, Collective c, CommGroup g, double bytes, DTyp
   s.group = g;
   s.bytes = bytes;
   s.dtype = dtype;
+  auto set = [&s](int64_t size, int64_t stride) {
+    s.group_size = static_cast<int32_t>(size);
+    s.stride = static_cast<int32_t>(stride);
+  };
   // Rank order, innermost first: attention tp, sp, cp, dp; experts etp, ep, expert-dp; then pp.
   switch (g) {
     case CommGroup::kTp:
-      s.group_size = tp, s.stride = 1;
+      set(tp, 1);
       break;
     case CommGroup::kSp:
-      s.group_size = sp, s.stride = tp;
+      set(sp, tp);
       break;
     case CommGroup::kCp:
-      s.group_size = cp, s.stride = tp * sp;
+      set(cp, tp * sp);
       break;
     case CommGroup::kDp:
-      s.group_size = p.dp(), s.stride = tp * sp * cp;
+      set(p.dp(), tp * sp * cp);
       break;
     case CommGroup::kAttnReplica:
-      s.group_size = sp * cp * p.dp(), s.stride = tp;
+      set(sp * cp * p.dp(), tp);
       break;
     case CommGroup::kEtp:
-      s.group_size = etp, s.stride = 1;
+      set(etp, 1);
       break;
     case CommGroup::kEp:
-      s.group_size = ep, s.stride = etp;
+      set(ep, etp);
       break;
     case CommGroup::kExpertDp:
-      s.group_size = p.expert_dp(), s.stride = ep * etp;
+      set(p.expert_dp(), ep * etp);
       break;
     case CommGroup::kPp:
-      s.group_size = 2, s.stride = p.gpus / p.pipeline.pp;
+      set(2, p.gpus / p.pipeline.pp);
       break;
     case CommGroup::kNone:
       break;

@@ -29,7 +29,7 @@ const StackProfile& moerun() {
   return s;
 }
 
-CommSpec comm(Collective c, int64_t ranks, double bytes) {
+CommSpec comm(Collective c, int32_t ranks, double bytes) {
   CommSpec s;
   s.collective = c;
   s.group_size = ranks;

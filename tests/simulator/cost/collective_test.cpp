@@ -22,7 +22,7 @@ struct Profiles {
 Profiles load(const char* hw) {
   return {io::load_hardware(hw).value(), io::load_stack("moerun").value()};
 }
-CommSpec spec(Collective c, int64_t size, int64_t stride, double bytes) {
+CommSpec spec(Collective c, int32_t size, int32_t stride, double bytes) {
   CommSpec s;
   s.collective = c;
   s.group = CommGroup::kEp;
@@ -89,7 +89,7 @@ TEST_SUITE("cost") {
       CAPTURE(hw);
       const auto p = load(hw);
       const cost::CostModel cm(p.hw, p.stack);
-      for (int64_t n : {16, 32, 64, 256}) {
+      for (int32_t n : {16, 32, 64, 256}) {
         const double bytes = 256.0 * kMiB;
         const double t = cm.collective_seconds(spec(Collective::kAllToAll, n, 1, bytes), nullptr, nullptr);
         // The (n-8)/n of the message leaving the node cannot beat one NIC's line rate.
