@@ -496,26 +496,21 @@ SearchResult search(const ModelSpec& model, const HardwareProfile& hw, const Sta
             [](const Candidate& a, const Candidate& b) { return a.index < b.index; });
   r.fitting = static_cast<int64_t>(fitting.size());
 
-  // Screening on `threads` threads, each with its own layer-time cache.
+  // Screening on `threads` threads, each with its own layer-time cache; the calling thread works too and
+  // reports progress between plans.
   std::atomic<int64_t> next{0}, done{0};
-  auto work = [&] {
+  auto screen = [&](bool report) {
     Screener s(model, hw, stack, routing);
-    for (int64_t i = next++; i < static_cast<int64_t>(fitting.size()); i = next++) {
+    const auto total = static_cast<int64_t>(fitting.size());
+    for (int64_t i = next++; i < total; i = next++) {
       fitting[static_cast<size_t>(i)].screen_step_s = s.step_time(fitting[static_cast<size_t>(i)].plan);
-      ++done;
+      const int64_t finished = ++done;
+      if (report && options.progress && finished % 256 == 0) options.progress(finished, total);
     }
   };
   std::vector<std::thread> pool;
-  for (int t = 1; t < std::max(1, options.threads); ++t) pool.emplace_back(work);
-  {
-    // The calling thread works too and reports progress between plans.
-    Screener s(model, hw, stack, routing);
-    for (int64_t i = next++; i < static_cast<int64_t>(fitting.size()); i = next++) {
-      fitting[static_cast<size_t>(i)].screen_step_s = s.step_time(fitting[static_cast<size_t>(i)].plan);
-      ++done;
-      if (options.progress && (done % 256 == 0)) options.progress(done, static_cast<int64_t>(fitting.size()));
-    }
-  }
+  for (int t = 1; t < threads; ++t) pool.emplace_back(screen, false);
+  screen(true);
   for (auto& t : pool) t.join();
   r.screened = static_cast<int64_t>(fitting.size());
   // Fastest estimate first (ties in enumeration order); the plans themselves stay where they are.
