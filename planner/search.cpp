@@ -35,16 +35,6 @@ std::vector<int64_t> divisors(int64_t n, int64_t cap) {
   return out;
 }
 
-// Uneven split when the layers do not divide: the first and last virtual stages (which also hold the
-// embedding and the output layer + loss) take the smaller shares.
-std::vector<int64_t> uneven_split(int64_t layers, int64_t chunks) {
-  std::vector<int64_t> out(static_cast<size_t>(chunks), layers / chunks);
-  int64_t rem = layers % chunks;
-  for (int64_t i = 1; i + 1 < chunks && rem > 0; ++i, --rem) ++out[static_cast<size_t>(i)];
-  for (size_t i = 0; rem > 0; ++i, --rem) ++out[i];
-  return out;
-}
-
 // Value of a dotted key in a plan's JSON form, or null when absent (or an object).
 const nlohmann::json* json_at(const nlohmann::json& j, const std::string& key) {
   const nlohmann::json* cur = &j;
@@ -71,6 +61,14 @@ bool matches_fixed(const Plan& p, const SearchSpace& space) {
 }
 
 }  // namespace
+
+std::vector<int64_t> uneven_split(int64_t layers, int64_t chunks) {
+  std::vector<int64_t> out(static_cast<size_t>(chunks), layers / chunks);
+  int64_t rem = layers % chunks;
+  for (int64_t i = 1; i + 1 < chunks && rem > 0; ++i, --rem) ++out[static_cast<size_t>(i)];
+  for (size_t i = 0; rem > 0; ++i, --rem) ++out[i];
+  return out;
+}
 
 std::string describe(const Plan& p) {
   const char* rc =

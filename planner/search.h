@@ -107,6 +107,10 @@ SearchResult search(const ModelSpec& model, const HardwareProfile& hw, const Sta
                     const cost::RoutingDistribution& routing, const Job& job, const SearchSpace& space,
                     const SearchOptions& options);
 
+// Layers per virtual stage when they do not divide evenly: the first and last chunks (which also hold the
+// embedding and the output layer + loss) take the smaller shares.
+std::vector<int64_t> uneven_split(int64_t layers, int64_t chunks);
+
 // A one-line description of a plan's layout: "tp2 sp1 cp1 | ep8 etp1 a2a | pp8 v1 | mb1 z1 | sel | inter |
 // bf16".
 std::string describe(const Plan& plan);

@@ -2,6 +2,7 @@
 #include "planner/cli/cli_common.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <filesystem>
 
 #include <fmt/format.h>
@@ -50,6 +51,12 @@ Result<planner::SearchSpace> search_space(const std::string& precision, const st
     space.fixed.emplace_back(key, value);
   }
   return space;
+}
+
+int does_not_fit(const cost::MemoryBreakdown& memory) {
+  std::fprintf(stderr, "moeplan: the plan does not fit: %.1f GB per GPU of %.1f GB\n", memory.total() / 1e9,
+               memory.capacity / 1e9);
+  return kExitInfeasible;
 }
 
 }  // namespace moeplan::cli

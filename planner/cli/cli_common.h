@@ -12,6 +12,7 @@
 #include "planner/search.h"
 #include "simulator/core/stack.h"
 #include "simulator/cost/imbalance.h"
+#include "simulator/cost/memory.h"
 #include "simulator/io/plan_io.h"
 
 namespace moeplan::cli {
@@ -54,6 +55,9 @@ Result<PlanInputs> load_plan_inputs(const std::string& plan_path, const std::str
 // The search space of `plan`-style options: --precision bf16|fp8|any and --fix KEY=VALUE pins (a bare word is
 // a string); an unknown key is an error with a "did you mean".
 Result<planner::SearchSpace> search_space(const std::string& precision, const std::vector<std::string>& fix);
+
+// Prints "moeplan: the plan does not fit: X GB per GPU of Y GB" on stderr and returns kExitInfeasible.
+int does_not_fit(const cost::MemoryBreakdown& memory);
 
 // Each subcommand registers its options and sets `run` to the function that executes it.
 using Runner = std::function<int()>;

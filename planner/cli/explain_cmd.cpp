@@ -135,11 +135,7 @@ Runner add_explain(CLI::App& app) {
           "each technique of the plan added in turn to a TP-only baseline (MegaScale-MoE's ablation):\n\n");
       print_table(rows);
     }
-    if (!last.memory.fits()) {
-      std::fprintf(stderr, "moeplan: the plan does not fit: %.1f GB per GPU of %.1f GB\n",
-                   last.memory.total() / 1e9, last.memory.capacity / 1e9);
-      return kExitInfeasible;
-    }
+    if (!last.memory.fits()) return does_not_fit(last.memory);
     return kExitOk;
   };
 }

@@ -79,11 +79,7 @@ Runner add_simulate(CLI::App& app) {
       print_text(p, ctx);
     }
     if (!p.violations.empty()) return kExitInfeasible;
-    if (!p.memory.fits()) {
-      std::fprintf(stderr, "moeplan: the plan does not fit: %.1f GB per GPU of %.1f GB\n",
-                   p.memory.total() / 1e9, p.memory.capacity / 1e9);
-      return kExitInfeasible;
-    }
+    if (!p.memory.fits()) return does_not_fit(p.memory);
     return kExitOk;
   };
 }

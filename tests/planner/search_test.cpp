@@ -70,17 +70,8 @@ std::set<std::string> brute_force(const Setup& s, const planner::Job& job,
                               p.pipeline.pp = pp;
                               p.pipeline.vpp = vpp;
                               p.pipeline.schedule = vpp > 1 ? Schedule::kInterleaved1F1B : Schedule::k1F1B;
-                              if (pp * vpp <= layers && layers % (pp * vpp) != 0) {
-                                // The planner's uneven split: the first and last chunks take the smaller
-                                // shares.
-                                std::vector<int64_t> split(static_cast<size_t>(pp * vpp),
-                                                           layers / (pp * vpp));
-                                int64_t rem = layers % (pp * vpp);
-                                for (int64_t i = 1; i + 1 < pp * vpp && rem > 0; ++i, --rem)
-                                  ++split[static_cast<size_t>(i)];
-                                for (size_t i = 0; rem > 0; ++i, --rem) ++split[i];
-                                p.pipeline.layers_per_stage = split;
-                              }
+                              if (pp * vpp <= layers && layers % (pp * vpp) != 0)
+                                p.pipeline.layers_per_stage = planner::uneven_split(layers, pp * vpp);
                               p.data.zero = zero;
                               p.overlap = {s.stack.overlaps.inter_op.value, intra,
                                            s.stack.overlaps.dp_comm.value, s.stack.overlaps.pp_comm.value};

@@ -17,18 +17,7 @@ using nlohmann::json;
 
 namespace {
 
-using namespace moeplan::test;  // Run, run_cli, lines
-
-// A plan file under the system temp dir, unique to this process, removed when the test case ends.
-struct TempPlan {
-  fs::path path;
-  TempPlan(const std::string& name, const std::string& text)
-      : path(fs::temp_directory_path() / (name + "_" + std::to_string(::getpid()) + ".json")) {
-    std::ofstream(path) << text;
-  }
-  ~TempPlan() { fs::remove(path); }
-  std::string quoted() const { return "'" + path.string() + "'"; }
-};
+using namespace moeplan::test;  // Run, run_cli, lines, TempPlan
 
 // Mixtral-8x7B on 4 nodes with Ulysses attention, EP, two stages, inter-operator overlap and selective
 // recompute: a few seconds of simulation for the six rows.

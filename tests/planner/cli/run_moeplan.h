@@ -49,4 +49,15 @@ inline int lines(const std::string& s) {
   return static_cast<int>(std::count(s.begin(), s.end(), '\n'));
 }
 
+// A plan file under the system temp dir, unique to this process, removed when it goes out of scope.
+struct TempPlan {
+  std::filesystem::path path;
+  TempPlan(const std::string& name, const std::string& text)
+      : path(std::filesystem::temp_directory_path() / (name + "_" + std::to_string(::getpid()) + ".json")) {
+    std::ofstream(path) << text;
+  }
+  ~TempPlan() { std::filesystem::remove(path); }
+  std::string quoted() const { return "'" + path.string() + "'"; }
+};
+
 }  // namespace moeplan::test

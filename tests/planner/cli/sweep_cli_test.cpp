@@ -20,17 +20,7 @@ using nlohmann::json;
 
 namespace {
 
-using namespace moeplan::test;  // Run, run_cli, lines
-
-struct TempPlan {
-  fs::path path;
-  TempPlan(const std::string& name, const std::string& text)
-      : path(fs::temp_directory_path() / (name + "_" + std::to_string(::getpid()) + ".json")) {
-    std::ofstream(path) << text;
-  }
-  ~TempPlan() { fs::remove(path); }
-  std::string quoted() const { return "'" + path.string() + "'"; }
-};
+using namespace moeplan::test;  // Run, run_cli, lines, TempPlan
 
 // tiny-moe on one node: two pipeline stages, EP over 4 GPUs, dp 4 (fast to simulate).
 constexpr const char* kTinyPipeline = R"({"model": "tiny-moe", "hardware": "h100-sxm", "gpus": 8,
