@@ -130,7 +130,8 @@ Runner add_plan(CLI::App& app) {
         for (const auto& [path, text] :
              {std::pair{base + ".json", io::plan_to_json(rp.plan).dump(2) + "\n"},
               std::pair{base + ".report.json", report.dump(2) + "\n"},
-              std::pair{base + ".trace.json", chrome_trace(rp.prediction.graph, rp.prediction.timeline)}}) {
+              std::pair{base + ".trace.json",
+                        chrome_trace(rp.prediction.graph, rp.prediction.timeline.ops)}}) {
           Result<bool> w = write_file_atomic(path, text);
           if (!w) return bad_input(w.error().message);
         }

@@ -65,7 +65,7 @@ Runner add_simulate(CLI::App& app) {
     const Prediction p = predict(model, plan, hw, stack, routing);
     const ReportContext ctx{plan, model, hw, stack};
     if (!o->trace.empty() && p.violations.empty()) {
-      Result<bool> w = write_file_atomic(o->trace, chrome_trace(p.graph, p.timeline));
+      Result<bool> w = write_file_atomic(o->trace, chrome_trace(p.graph, p.timeline.ops));
       if (!w) return bad_input(w.error().message);
     }
     if (o->json) {

@@ -121,6 +121,11 @@ struct OpGraph {
   std::span<const int32_t> deps_of(const Op& op) const { return {deps.data() + op.dep_begin, op.dep_count}; }
 };
 
+// When one op ran (simulated or measured), in seconds from the step's start. Indexed by op id.
+struct OpTiming {
+  double start = 0, end = 0;
+};
+
 std::string op_label(const Op& op);  // "L3.qkv_proj", "L3.qkv_proj.dgrad", "embedding"
 const char* name_of(OpKind k);
 const char* name_of(Phase p);

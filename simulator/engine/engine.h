@@ -18,10 +18,6 @@ struct EngineOptions {
   double hbm_bytes_per_s = 0;   // achieved HBM bandwidth, shared by memory-bound kernels and transfers
 };
 
-struct OpTiming {
-  double start = 0, end = 0;
-};
-
 struct Timeline {
   std::vector<OpTiming> ops;      // by op id
   std::vector<int32_t> gated_by;  // by op id: the predecessor whose end started it (-1: nothing before it)

@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "simulator/core/status.h"
+#include "simulator/io/op_trace.h"
 #include "simulator/predict/predict.h"
 
 namespace moeplan {
@@ -20,13 +21,5 @@ struct ReportContext {
 };
 
 nlohmann::json prediction_json(const Prediction& p, const ReportContext& ctx);
-
-// Per (stage, op label, phase): count and mean / total seconds, the join key for predicted vs measured.
-nlohmann::json op_summary_json(const OpGraph& graph, const engine::Timeline& timeline);
-
-std::string chrome_trace(const OpGraph& graph, const engine::Timeline& timeline);
-
-// Writes `content` to `path` via a temporary file and a rename, so no reader ever sees half a file.
-Result<bool> write_file_atomic(const std::string& path, const std::string& content);
 
 }  // namespace moeplan
