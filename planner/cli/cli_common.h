@@ -68,5 +68,6 @@ Runner add_launch(CLI::App& app);
 Runner add_plan(CLI::App& app);
 Runner add_explain(CLI::App& app);
 Runner add_sweep(CLI::App& app);
+Runner add_calibrate(CLI::App& app);
 
 }  // namespace moeplan::cli

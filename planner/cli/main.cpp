@@ -71,6 +71,10 @@ int main(int argc, char** argv) {
       "Launch configuration of a plan: moerun plan file + mpirun/srun lines, sbatch script, or Megatron-LM "
       "arguments",
       add_launch);
+  add("calibrate",
+      "Build a hardware profile from nccl-tests logs, kernel tables or a moerun bench folder (or a stack "
+      "profile from traces) and report how well the cost model predicts each measurement",
+      add_calibrate);
 
   try {
     app.parse(argc, argv);

@@ -78,4 +78,78 @@ AlphaBetaFit fit_alpha_beta(Collective c, int64_t n, const std::vector<std::pair
   return fit;
 }
 
+namespace {
+
+double median_of(std::vector<double> v) {
+  if (v.empty()) return 0.0;
+  std::nth_element(v.begin(), v.begin() + static_cast<long>(v.size() / 2), v.end());
+  return v[v.size() / 2];
+}
+
+// busbw at `bytes` by linear interpolation in (log bytes, log busbw); `pts` sorted by bytes, bytes inside.
+double log_interpolate(const std::vector<std::pair<double, double>>& pts, double bytes) {
+  auto hi =
+      std::upper_bound(pts.begin(), pts.end(), bytes, [](double b, const auto& p) { return b < p.first; });
+  if (hi == pts.end()) return pts.back().second;
+  if (hi == pts.begin()) return pts.front().second;
+  const auto lo = hi - 1;
+  const double w = std::log(bytes / lo->first) / std::log(hi->first / lo->first);
+  return std::exp(std::log(lo->second) + w * (std::log(hi->second) - std::log(lo->second)));
+}
+
+}  // namespace
+
+CurveModel fit_curve(Collective c, int64_t n, const std::vector<std::pair<double, double>>& points) {
+  CurveModel m;
+  m.fit = fit_alpha_beta(c, n, points);
+  m.rel_error_large = m.fit.rel_error_large;
+  m.rel_error_small = m.fit.rel_error_small;
+  m.max_rel_error = m.fit.max_rel_error;
+  if (points.size() < kMinInterpolatedSizes) return m;
+  // Both models predict each interior size from the others; the one with the lower median error wins
+  // (over sizes >= 1 MiB when there are any). Dense sweeps favour interpolation, sparse smooth ones (e.g.
+  // digitized curves with 4x steps) favour the two-parameter line.
+  const double f = busbw_factor(c, n);
+  std::vector<double> interp_large, interp_small, line_large, line_small;
+  double interp_max = 0, line_max = 0;
+  for (size_t i = 1; i + 1 < points.size(); ++i) {
+    std::vector<std::pair<double, double>> rest = points;
+    rest.erase(rest.begin() + static_cast<long>(i));
+    const auto [bytes, busbw] = points[i];
+    const double measured_s = bytes * f / busbw;
+    const double e_interp = std::abs(busbw / log_interpolate(rest, bytes) - 1.0);
+    const AlphaBetaFit line = fit_alpha_beta(c, n, rest);
+    const double e_line =
+        std::abs(alpha_beta_seconds(c, n, bytes, line.alpha_s, line.busbw_bytes_per_s) / measured_s - 1.0);
+    (bytes >= kMiB ? interp_large : interp_small).push_back(e_interp);
+    (bytes >= kMiB ? line_large : line_small).push_back(e_line);
+    interp_max = std::max(interp_max, e_interp);
+    line_max = std::max(line_max, e_line);
+  }
+  const bool by_large = !interp_large.empty();
+  const double interp_score = median_of(by_large ? interp_large : interp_small);
+  const double line_score = median_of(by_large ? line_large : line_small);
+  m.loo_points = static_cast<int64_t>(interp_large.size() + interp_small.size());
+  if (interp_score <= line_score) {
+    m.points = points;
+    m.rel_error_large = median_of(interp_large);
+    m.rel_error_small = median_of(interp_small);
+    m.max_rel_error = interp_max;
+  } else {
+    m.rel_error_large = median_of(line_large);
+    m.rel_error_small = median_of(line_small);
+    m.max_rel_error = line_max;
+  }
+  return m;
+}
+
+double curve_seconds(const CurveModel& m, Collective c, int64_t n, double bytes) {
+  if (!m.interpolated()) return alpha_beta_seconds(c, n, bytes, m.fit.alpha_s, m.fit.busbw_bytes_per_s);
+  if (n <= 1 && c != Collective::kSendRecv) return 0.0;
+  const double f = busbw_factor(c, n);
+  const auto& first = m.points.front();
+  if (bytes <= first.first) return first.first * f / first.second;  // latency floor
+  return bytes * f / log_interpolate(m.points, bytes);
+}
+
 }  // namespace moeplan::cost

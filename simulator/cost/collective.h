@@ -38,4 +38,29 @@ struct AlphaBetaFit {
 };
 AlphaBetaFit fit_alpha_beta(Collective c, int64_t n, const std::vector<std::pair<double, double>>& points);
 
+// A measured sweep as the cost model uses it. With at least kMinInterpolatedSizes sizes the bus bandwidth is
+// interpolated linearly in (log bytes, log busbw) between measured sizes: NCCL changes protocol and channel
+// count with the message size, which one alpha-beta line does not follow (on the 8-GPU NVLS all-reduce sweeps
+// it errs by up to 21% at 8-16 MiB and by 10% at 8 GiB). Below the smallest size the time stays at the
+// smallest size's time (the latency floor); above the largest the busbw stays at the largest size's.
+// Interpolation is chosen when its leave-one-out error (each interior size predicted from the others) is
+// no worse than that of the alpha-beta line refitted without the size; otherwise, and with fewer sizes, the
+// alpha-beta fit is used. The errors are the chosen model's leave-one-out errors (in-sample below
+// kMinInterpolatedSizes sizes), i.e. errors at sizes that were not measured.
+inline constexpr size_t kMinInterpolatedSizes = 4;
+struct CurveModel {
+  AlphaBetaFit fit;                               // always computed (reported beside the interpolation)
+  std::vector<std::pair<double, double>> points;  // (bytes, busbw bytes/s); empty: alpha-beta is used
+  double rel_error_large = 0;                     // median over messages >= 1 MiB
+  double rel_error_small = 0;                     // median over messages < 1 MiB
+  double max_rel_error = 0;
+  int64_t loo_points = 0;  // sizes the leave-one-out error covers (interior sizes)
+  bool interpolated() const { return !points.empty(); }
+};
+CurveModel fit_curve(Collective c, int64_t n, const std::vector<std::pair<double, double>>& points);
+
+// Time of `bytes` over n ranks from a curve measured at any rank count (busbw is per-size, the factor is
+// n's).
+double curve_seconds(const CurveModel& m, Collective c, int64_t n, double bytes);
+
 }  // namespace moeplan::cost

@@ -41,13 +41,13 @@ CostModel::CostModel(const HardwareProfile& hw, const StackProfile& stack) : hw_
   for (const auto& c : hw.calibration.collectives) {
     Curve k{c.collective,          c.algorithm,         c.scope, c.ranks, c.nodes, {}, c.points.front().first,
             c.points.back().first, c.points.size() == 1};
-    k.fit = fit_alpha_beta(c.collective, c.ranks, c.points);
+    k.model = fit_curve(c.collective, c.ranks, c.points);
     if (k.single_point) {
       // One large-message point fixes the bandwidth; the latency is NCCL's per-step constant (ring steps).
       const double lat =
           c.scope == Scope::kIntraNode ? hw.node.nvlink_latency_s.value : hw.scale_out.net_latency_s.value;
-      k.fit.alpha_s = lat * d(c.ranks - 1);
-      k.fit.rel_error_large = k.fit.rel_error_small = kAssumedRelError;
+      k.model.fit.alpha_s = lat * d(c.ranks - 1);
+      k.model.rel_error_large = k.model.rel_error_small = kAssumedRelError;
     }
     curves_.push_back(k);
   }
@@ -244,7 +244,7 @@ double CostModel::intra_node_seconds(Collective c, int64_t n, double bytes, doub
   }
   for (const auto& k : curves_) {
     if (k.collective != c || k.scope != Scope::kIntraNode || k.ranks != nearest) continue;
-    const double t = alpha_beta_seconds(c, n, bytes, k.fit.alpha_s, k.fit.busbw_bytes_per_s);
+    const double t = curve_seconds(k.model, c, n, bytes);
     if (best < 0 || t < best) best = t, best_ranks = k.ranks, used = &k;
   }
   if (used) {
@@ -256,8 +256,8 @@ double CostModel::intra_node_seconds(Collective c, int64_t n, double bytes, doub
       }
     }
     if (rel_error)
-      *rel_error = bytes >= kMiB ? used->fit.rel_error_large
-                                 : std::max(used->fit.rel_error_small, used->fit.rel_error_large);
+      *rel_error = bytes >= kMiB ? used->model.rel_error_large
+                                 : std::max(used->model.rel_error_small, used->model.rel_error_large);
     return best;
   }
   const double alpha = hw_.node.nvlink_latency_s.value * d(n - 1);
@@ -315,8 +315,8 @@ double CostModel::inter_node_seconds(const CommSpec& c, const Placement& p, doub
     if (best->ranks != n) {
       note("{} over {} ranks across nodes: measured at {} ranks", name_of(c.collective), n, best->ranks);
     }
-    if (rel_error) *rel_error = c.bytes >= kMiB ? best->fit.rel_error_large : best->fit.rel_error_small;
-    return alpha_beta_seconds(c.collective, n, c.bytes, best->fit.alpha_s, best->fit.busbw_bytes_per_s);
+    if (rel_error) *rel_error = c.bytes >= kMiB ? best->model.rel_error_large : best->model.rel_error_small;
+    return curve_seconds(best->model, c.collective, n, c.bytes);
   }
   double intra_err = kAssumedRelError;
   double intra_busbw = hw_.node.nvlink_bw_achieved_bytes_per_s.value;

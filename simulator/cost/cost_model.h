@@ -71,7 +71,7 @@ class CostModel {
     CollectiveAlgorithm algorithm;
     Scope scope;
     int64_t ranks, nodes;
-    AlphaBetaFit fit;
+    CurveModel model;
     double min_bytes, max_bytes;
     bool single_point;
   };

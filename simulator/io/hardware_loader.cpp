@@ -169,7 +169,12 @@ Calibration read_calibration(const JsonNode& c) {
       t.direction = e.choice<std::string>("direction", {{"fwd", "fwd"}, {"bwd", "bwd"}});
       t.head_dim = e.integer("head_dim", 1, 4096);
       t.causal = e.boolean("causal");
-      t.impl = e.choice<std::string>("impl", {{"fa3", "fa3"}, {"fa2", "fa2"}, {"cudnn", "cudnn"}});
+      // The kernel that was measured: fa3, fa2, cudnn, or another implementation's name (moerun bench writes
+      // "moerun-cpu"). The cost model prefers fa3 where it has a choice.
+      t.impl = e.string("impl");
+      if (t.impl.empty() ||
+          t.impl.find_first_not_of("abcdefghijklmnopqrstuvwxyz0123456789_-") != std::string::npos)
+        e.fail("impl", "an implementation name in lower case (fa3, fa2, cudnn, ...)");
       t.source = source_of(e);
       for (const auto& p : e.array("points")) {
         const auto cells = row(p, 2);

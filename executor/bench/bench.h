@@ -1,0 +1,47 @@
+// moerun bench: measures this machine (GEMM, grouped GEMM, attention, memory bandwidth, collectives over the
+// Communicator) with all MPI ranks running at once, and writes the files `moeplan calibrate` fits a hardware
+// profile from: profile.json, gemm.csv, grouped_gemm.csv, attention.csv, hbm.csv and one nccl-tests-format
+// <collective>_perf.n<ranks>.txt per collective and group size.
+#pragma once
+
+#include <mpi.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "simulator/core/status.h"
+
+namespace moeplan::executor {
+
+struct BenchOptions {
+  std::string out_dir;    // created if missing; rank 0 writes into it
+  std::string name;       // profile name; empty: "cpu-" + hostname
+  bool quick = false;     // few shapes, small arrays, collectives up to 64 KiB (for tests)
+  int64_t max_bytes = 0;  // largest collective message (nccl-tests size), bytes; 0: 64 MiB (quick: 64 KiB)
+};
+
+struct BenchSummary {
+  double best_gemm_tflops = 0;       // per rank, fp32
+  double triad_GBps = 0;             // per rank, all ranks at once
+  double sendrecv_latency_us = 0;    // one way, 8 B (half a ping-pong)
+  double sendrecv_bw_GBps = 0;       // one way, largest message
+  double all_reduce_busbw_1MiB = 0;  // world group; 0 when not measured
+  double all_reduce_busbw_max = 0;   // world group, largest message
+  double seconds = 0;                // wall time of the whole bench
+  std::vector<std::string> files;    // written, in order (profile.json last)
+};
+
+// Collective over `world`: every rank must call it. Errors (an unwritable out_dir) are returned on every
+// rank.
+Result<BenchSummary> run_bench(const BenchOptions& options, MPI_Comm world);
+
+// nccl-tests' number formatting (util.cu getFloatStr): width columns, 2 decimals while they fit, then fewer,
+// then exponent notation.
+std::string nccl_float(double value, int width);
+
+// nccl-tests' bus bandwidth factor for n ranks: all_reduce 2(n-1)/n; all_gather, reduce_scatter, alltoall
+// (n-1)/n; sendrecv 1.
+double busbw_factor(const std::string& collective, int n);
+
+}  // namespace moeplan::executor

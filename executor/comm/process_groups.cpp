@@ -1,0 +1,145 @@
+// Rank layout of a plan's process groups and their MPI communicators (see process_groups.h).
+#include "executor/comm/process_groups.h"
+
+#include <fmt/format.h>
+
+#include "executor/comm/mpi_check.h"
+
+namespace moeplan::executor {
+namespace {
+
+struct SizeStride {
+  int64_t size = 1;
+  int64_t stride = 1;
+};
+
+SizeStride size_stride(const Plan& p, CommGroup g) {
+  const int64_t tp = p.attention.tp, sp = p.attention.sp, cp = p.attention.cp;
+  const int64_t ep = p.experts.ep, etp = p.experts.etp;
+  const int64_t per_stage = p.gpus / p.pipeline.pp;
+  const int64_t dp = per_stage / (tp * sp * cp);
+  switch (g) {
+    case CommGroup::kTp:
+      return {tp, 1};
+    case CommGroup::kSp:
+      return {sp, tp};
+    case CommGroup::kCp:
+      return {cp, tp * sp};
+    case CommGroup::kDp:
+      return {dp, tp * sp * cp};
+    case CommGroup::kAttnReplica:
+      return {sp * cp * dp, tp};
+    case CommGroup::kEtp:
+      return {etp, 1};
+    case CommGroup::kEp:
+      return {ep, etp};
+    case CommGroup::kExpertDp:
+      return {per_stage / (ep * etp), ep * etp};
+    case CommGroup::kPp:
+      return {p.pipeline.pp, per_stage};
+    case CommGroup::kNone:
+      return {1, 1};
+  }
+  return {1, 1};
+}
+
+}  // namespace
+
+const char* group_kind_name(CommGroup g) {
+  switch (g) {
+    case CommGroup::kTp:
+      return "tp";
+    case CommGroup::kSp:
+      return "sp";
+    case CommGroup::kCp:
+      return "cp";
+    case CommGroup::kEp:
+      return "ep";
+    case CommGroup::kEtp:
+      return "etp";
+    case CommGroup::kDp:
+      return "dp";
+    case CommGroup::kAttnReplica:
+      return "attn_replica";
+    case CommGroup::kExpertDp:
+      return "expert_dp";
+    case CommGroup::kPp:
+      return "pp";
+    case CommGroup::kNone:
+      return "world";
+  }
+  return "?";
+}
+
+std::string layout_error(const Plan& plan, int world_size) {
+  if (plan.gpus != world_size) {
+    return fmt::format("the plan needs {} ranks but the job has {} (start it with mpirun -n {})", plan.gpus,
+                       world_size, plan.gpus);
+  }
+  const int64_t pp = plan.pipeline.pp;
+  if (pp < 1 || plan.gpus % pp != 0) return fmt::format("pp = {} does not divide {} ranks", pp, plan.gpus);
+  const int64_t per_stage = plan.gpus / pp;
+  if (plan.attention_mesh() < 1 || per_stage % plan.attention_mesh() != 0) {
+    return fmt::format("attention tp x sp x cp = {} does not divide the {} ranks of a stage",
+                       plan.attention_mesh(), per_stage);
+  }
+  if (plan.expert_mesh() < 1 || per_stage % plan.expert_mesh() != 0) {
+    return fmt::format("experts ep x etp = {} does not divide the {} ranks of a stage", plan.expert_mesh(),
+                       per_stage);
+  }
+  return {};
+}
+
+RankLayout rank_layout(const Plan& plan, int world_rank) {
+  MOEPLAN_ASSERT(layout_error(plan, static_cast<int>(plan.gpus)).empty());
+  MOEPLAN_ASSERT(world_rank >= 0 && world_rank < plan.gpus);
+  RankLayout layout;
+  layout.world_rank = world_rank;
+  layout.stage = static_cast<int>(world_rank / plan.gpus_per_stage());
+  layout.groups[static_cast<size_t>(CommGroup::kNone)] = {0, {world_rank}};
+  for (CommGroup g : kGroupKinds) {
+    // Every group is one digit range of the mixed-radix rank: members differ only in (rank / stride) % size.
+    const auto [size, stride] = size_stride(plan, g);
+    const int64_t index = (world_rank / stride) % size;
+    const int64_t first = world_rank - index * stride;
+    GroupPlace& place = layout.groups[static_cast<size_t>(g)];
+    place.index = static_cast<int>(index);
+    for (int64_t i = 0; i < size; ++i) place.members.push_back(static_cast<int>(first + i * stride));
+  }
+  return layout;
+}
+
+Communicator& ProcessGroups::of(CommGroup g) {
+  if (g == CommGroup::kNone) return *world_;
+  return *groups_[static_cast<size_t>(g)];
+}
+
+Communicator& ProcessGroups::world() {
+  return *world_;
+}
+
+Result<ProcessGroups> make_process_groups(const Plan& plan, MPI_Comm world) {
+  int rank = 0, size = 0;
+  MOEPLAN_MPI_CHECK(MPI_Comm_rank(world, &rank));
+  MOEPLAN_MPI_CHECK(MPI_Comm_size(world, &size));
+  if (std::string why = layout_error(plan, size); !why.empty()) return Error{why};
+  ProcessGroups groups;
+  groups.layout_ = rank_layout(plan, rank);
+  std::vector<int> all(static_cast<size_t>(size));
+  for (int r = 0; r < size; ++r) all[static_cast<size_t>(r)] = r;
+  MPI_Comm dup = MPI_COMM_NULL;
+  MOEPLAN_MPI_CHECK(MPI_Comm_dup(world, &dup));
+  groups.world_ = std::make_unique<MpiCommunicator>(dup, group_name("world", all));
+  for (CommGroup g : kGroupKinds) {
+    const GroupPlace& place = groups.layout_.of(g);
+    // Color: the group's first world rank (unique per group); key: the rank within the group.
+    MPI_Comm comm = MPI_COMM_NULL;
+    MOEPLAN_MPI_CHECK(MPI_Comm_split(world, place.members.front(), place.index, &comm));
+    auto c = std::make_unique<MpiCommunicator>(comm, group_name(group_kind_name(g), place.members));
+    MOEPLAN_ASSERT(c->rank() == place.index && c->size() == static_cast<int>(place.members.size()));
+    groups.groups_[static_cast<size_t>(g)] = std::move(c);
+  }
+  return groups;
+}
+
+}  // namespace moeplan::executor

@@ -1,0 +1,358 @@
+// Fit quality of a hardware profile (see fit_report.h).
+#include "simulator/calibrate/fit_report.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include <fmt/format.h>
+
+#include "simulator/core/op_graph.h"
+
+#include "simulator/core/units.h"
+#include "simulator/cost/collective.h"
+#include "simulator/cost/cost_model.h"
+
+namespace moeplan::calibrate {
+namespace {
+
+double d(int64_t x) {
+  return static_cast<double>(x);
+}
+
+ErrorStats stats(std::vector<double> errs) {
+  ErrorStats s;
+  s.points = static_cast<int64_t>(errs.size());
+  if (errs.empty()) return s;
+  std::sort(errs.begin(), errs.end());
+  s.median =
+      errs.size() % 2 ? errs[errs.size() / 2] : 0.5 * (errs[errs.size() / 2 - 1] + errs[errs.size() / 2]);
+  s.max = errs.back();
+  return s;
+}
+
+const char* algo_name(CollectiveAlgorithm a) {
+  switch (a) {
+    case CollectiveAlgorithm::kRing:
+      return "ring";
+    case CollectiveAlgorithm::kNvls:
+      return "nvls";
+    case CollectiveAlgorithm::kNvlsTree:
+      return "nvls_tree";
+    case CollectiveAlgorithm::kTree:
+      return "tree";
+    case CollectiveAlgorithm::kUnspecified:
+      return "unspecified";
+  }
+  return "?";
+}
+
+std::string size_label(double bytes) {
+  if (bytes >= kGiB) return fmt::format("{:g} GiB", bytes / kGiB);
+  if (bytes >= kMiB) return fmt::format("{:g} MiB", bytes / kMiB);
+  if (bytes >= 1024) return fmt::format("{:g} KiB", bytes / 1024);
+  return fmt::format("{:g} B", bytes);
+}
+
+// Splits per-point errors into the two groups and fills the table's statistics.
+void finish(TableFit* t, const std::vector<std::pair<double, bool>>& errs) {
+  std::vector<double> large, small;
+  for (const auto& [e, is_large] : errs) (is_large ? large : small).push_back(e);
+  t->large = stats(large);
+  t->small = stats(small);
+}
+
+TableFit collective_fit(const CollectiveCurve& c, const HardwareProfile& hw) {
+  TableFit t;
+  t.kind = "collective";
+  t.label = fmt::format("{} {} {} ranks / {} node{}", name_of(c.collective), algo_name(c.algorithm), c.ranks,
+                        c.nodes, c.nodes > 1 ? "s" : "");
+  const cost::CurveModel m = cost::fit_curve(c.collective, c.ranks, c.points);
+  const double f = cost::busbw_factor(c.collective, c.ranks);
+  std::vector<std::pair<double, bool>> errs;
+  if (c.points.size() == 1) {
+    // The cost model's single-point rule: the measured bandwidth plus NCCL's per-step latency constant.
+    const double lat =
+        c.scope == Scope::kIntraNode ? hw.node.nvlink_latency_s.value : hw.scale_out.net_latency_s.value;
+    const auto [bytes, busbw] = c.points.front();
+    const double pred =
+        bytes * f / cost::alpha_beta_seconds(c.collective, c.ranks, bytes, lat * d(c.ranks - 1), busbw);
+    t.model =
+        "one size, not scored (nothing to predict it from): its bandwidth, latency = NCCL per-step "
+        "constant x (ranks - 1)";
+    t.points.push_back({size_label(bytes), busbw / 1e9, pred / 1e9});
+  } else if (m.loo_points > 0) {
+    t.model = m.interpolated()
+                  ? fmt::format(
+                        "interpolated in log-log (beat alpha-beta leave-one-out); errors leave-one-out "
+                        "over the {} interior sizes",
+                        m.loo_points)
+                  : fmt::format(
+                        "alpha-beta (alpha {:.1f} us, busbw {:.1f} GB/s; beat interpolation leave-one-out); "
+                        "errors leave-one-out over the {} interior sizes",
+                        m.fit.alpha_s * 1e6, m.fit.busbw_bytes_per_s / 1e9, m.loo_points);
+    for (size_t i = 1; i + 1 < c.points.size(); ++i) {
+      std::vector<std::pair<double, double>> rest = c.points;
+      rest.erase(rest.begin() + static_cast<long>(i));
+      cost::CurveModel without = cost::fit_curve(c.collective, c.ranks, rest);
+      if (m.interpolated()) {
+        without.points = rest;  // the same model as the full curve, without this size
+      } else {
+        without.points.clear();
+      }
+      const auto [bytes, busbw] = c.points[i];
+      const double pred = bytes * f / cost::curve_seconds(without, c.collective, c.ranks, bytes);
+      t.points.push_back({size_label(bytes), busbw / 1e9, pred / 1e9});
+      errs.emplace_back(std::abs(busbw / pred - 1.0), bytes >= kMiB);
+    }
+    if (m.interpolated()) {
+      t.note = fmt::format(
+          "one alpha-beta line over all sizes: alpha {:.1f} us, busbw {:.1f} GB/s, in-sample "
+          "error {:.1f}% median / {:.1f}% max at >= 1 MiB",
+          m.fit.alpha_s * 1e6, m.fit.busbw_bytes_per_s / 1e9, m.fit.rel_error_large * 100, [&] {
+            double mx = 0;
+            for (const auto& [b, bw] : c.points) {
+              if (b < kMiB) continue;
+              const double tp =
+                  cost::alpha_beta_seconds(c.collective, c.ranks, b, m.fit.alpha_s, m.fit.busbw_bytes_per_s);
+              mx = std::max(mx, std::abs(tp / (b * f / bw) - 1.0));
+            }
+            return mx * 100;
+          }());
+    }
+  } else {
+    t.model = fmt::format("alpha-beta (alpha {:.1f} us, busbw {:.1f} GB/s), in-sample", m.fit.alpha_s * 1e6,
+                          m.fit.busbw_bytes_per_s / 1e9);
+    for (const auto& [bytes, busbw] : c.points) {
+      const double pred = bytes * f / cost::curve_seconds(m, c.collective, c.ranks, bytes);
+      t.points.push_back({size_label(bytes), busbw / 1e9, pred / 1e9});
+      errs.emplace_back(std::abs(busbw / pred - 1.0), bytes >= kMiB);
+    }
+  }
+  finish(&t, errs);
+  return t;
+}
+
+// Tiles of the cost model's GEMM tile (128 x 256) per group, times groups, against the SM count.
+bool fills_gpu(int64_t rows, int64_t n, int64_t groups, int64_t sms) {
+  return groups * ((rows + 127) / 128) * ((n + 255) / 256) >= sms;
+}
+
+DType dtype_of(const std::string& s) {
+  return s == "fp8" ? DType::kFp8 : DType::kBf16;
+}
+
+}  // namespace
+
+FitReport fit_report(const HardwareProfile& hw, const StackProfile& stack) {
+  FitReport r;
+  r.profile = hw.name;
+  cost::CostModel cm(hw, stack);
+  cm.record_extrapolations(false);
+  const int64_t sms = hw.gpu.sm_count.value;
+  for (const auto& c : hw.calibration.collectives) r.tables.push_back(collective_fit(c, hw));
+
+  for (const auto& g : hw.calibration.gemm) {
+    TableFit t;
+    t.kind = "gemm";
+    t.label = fmt::format("{} GEMM, {} shapes", g.dtype, g.points.size());
+    t.model =
+        "one efficiency per dtype (geometric mean over compute-bound shapes) x wave quantisation, "
+        "roofline with HBM; in-sample";
+    std::vector<std::pair<double, bool>> errs;
+    for (const auto& p : g.points) {
+      const double pred_s = cm.gemm_seconds(GemmShape{p.m, p.n, p.k, 1}, dtype_of(g.dtype), nullptr);
+      const double flops = 2.0 * d(p.m) * d(p.n) * d(p.k);
+      t.points.push_back(
+          {fmt::format("{}x{}x{}", p.m, p.n, p.k), p.flops_per_s / 1e12, flops / pred_s / 1e12});
+      errs.emplace_back(std::abs(p.flops_per_s * pred_s / flops - 1.0), fills_gpu(p.m, p.n, 1, sms));
+    }
+    finish(&t, errs);
+    r.tables.push_back(std::move(t));
+  }
+
+  for (const auto& g : hw.calibration.grouped_gemm) {
+    TableFit t;
+    t.kind = "grouped_gemm";
+    t.label = fmt::format("{} grouped GEMM, {} shapes", g.dtype, g.points.size());
+    t.model = fmt::format("dense GEMM model / the '{}' stack's efficiency at the rows per group", stack.name);
+    std::vector<std::pair<double, bool>> errs;
+    for (const auto& p : g.points) {
+      const GemmShape s{p.groups * p.m_per_group, p.n, p.k, p.groups};
+      const double pred_s = cm.grouped_gemm_seconds(s, dtype_of(g.dtype), nullptr);
+      const double flops = 2.0 * d(s.m) * d(p.n) * d(p.k);
+      t.points.push_back({fmt::format("{}x({}x{}x{})", p.groups, p.m_per_group, p.n, p.k),
+                          p.flops_per_s / 1e12, flops / pred_s / 1e12});
+      errs.emplace_back(std::abs(p.flops_per_s * pred_s / flops - 1.0),
+                        fills_gpu(p.m_per_group, p.n, p.groups, sms));
+    }
+    finish(&t, errs);
+    r.tables.push_back(std::move(t));
+  }
+
+  // Attention: the model interpolates one table per (direction, mask, head dim), FA3's when there is one.
+  // That table is scored leave-one-out; the other implementations are scored against the model's prediction,
+  // which shows how far they are from the kernel the model assumes.
+  for (size_t ti = 0; ti < hw.calibration.attention.size(); ++ti) {
+    const AttentionTable& a = hw.calibration.attention[ti];
+    const AttentionTable* used = nullptr;
+    for (const auto& o : hw.calibration.attention) {
+      if (o.direction != a.direction || o.causal != a.causal || o.head_dim != a.head_dim || o.dtype != "bf16")
+        continue;
+      if (!used || (o.impl == "fa3" && used->impl != "fa3")) used = &o;
+    }
+    const bool is_used = used == &a;
+    TableFit t;
+    t.kind = "attention";
+    t.label = fmt::format("{} {} {} hd{} {}", a.impl, a.dtype, a.direction, a.head_dim,
+                          a.causal ? "causal" : "full");
+    t.model = is_used ? "the table the model interpolates (log seq); leave-one-out over interior lengths"
+                      : fmt::format("not modelled: the model's prediction from the {} table",
+                                    used ? used->impl : "?");
+    auto predict = [&](const cost::CostModel& model, int64_t seq) {
+      Op op;
+      op.kind = OpKind::kAttention;
+      op.phase = a.direction == "bwd" ? Phase::kBackward : Phase::kForward;
+      op.attn.seq_q = op.attn.seq_kv = static_cast<int32_t>(seq);
+      op.attn.qk_dim = op.attn.v_dim = static_cast<int32_t>(a.head_dim);
+      op.attn.causal = a.causal;
+      op.flops = 1e12;
+      return 1.0 / model.attention_seconds(op, nullptr);  // TFLOP/s
+    };
+    std::vector<std::pair<double, bool>> errs;
+    for (size_t i = 0; i < a.points.size(); ++i) {
+      const auto [seq, rate] = a.points[i];
+      double pred = 0;
+      if (is_used) {
+        if (i == 0 || i + 1 == a.points.size()) continue;  // an end point is not predictable without itself
+        HardwareProfile without = hw;
+        auto& pts = without.calibration.attention[ti].points;
+        pts.erase(pts.begin() + static_cast<long>(i));
+        cost::CostModel m2(without, stack);
+        m2.record_extrapolations(false);
+        pred = predict(m2, seq);
+      } else {
+        if (!used) continue;
+        pred = predict(cm, seq);
+      }
+      t.points.push_back({fmt::format("seq {}", seq), rate / 1e12, pred});
+      errs.emplace_back(std::abs(rate / 1e12 / pred - 1.0), seq >= 1024);
+    }
+    if (!is_used) t.kind = "attention_other";
+    finish(&t, errs);
+    r.tables.push_back(std::move(t));
+  }
+
+  if (!hw.calibration.hbm.empty()) {
+    TableFit t;
+    t.kind = "hbm";
+    t.label = "STREAM kernels";
+    t.model = fmt::format("one achieved HBM bandwidth, {:.0f} GB/s (gpu.hbm_bw_achieved_GBps)",
+                          hw.gpu.hbm_bw_achieved_bytes_per_s.value / 1e9);
+    std::vector<std::pair<double, bool>> errs;
+    for (const auto& h : hw.calibration.hbm) {
+      const double pred = hw.gpu.hbm_bw_achieved_bytes_per_s.value;
+      t.points.push_back({h.kernel, h.bytes_per_s / 1e9, pred / 1e9});
+      errs.emplace_back(std::abs(h.bytes_per_s / pred - 1.0), true);
+    }
+    finish(&t, errs);
+    r.tables.push_back(std::move(t));
+  }
+
+  // Facts the sources state (hopper-hardware.md §1.2, §2.2, §2.4, §2.7).
+  auto comm = [](Collective c, int64_t n, double bytes) {
+    CommSpec s;
+    s.collective = c;
+    s.group = CommGroup::kEp;
+    s.group_size = static_cast<int32_t>(n);
+    s.stride = 1;
+    s.bytes = bytes;
+    return s;
+  };
+  const int64_t gpn = hw.node.gpus_per_node.value;
+  const double nvlink = hw.node.nvlink_bw_achieved_bytes_per_s.value;
+  bool has_nvls8 = false;
+  for (const auto& c : hw.calibration.collectives) {
+    has_nvls8 |= c.collective == Collective::kAllReduce && c.algorithm == CollectiveAlgorithm::kNvls &&
+                 c.ranks == gpn && c.points.size() > 1;
+  }
+  if (hw.node.nvls.value && has_nvls8) {
+    const double bytes = 1.0 * kGiB;
+    const double t = cm.collective_seconds(comm(Collective::kAllReduce, gpn, bytes), nullptr, nullptr);
+    const double busbw = bytes * cost::busbw_factor(Collective::kAllReduce, gpn) / t;
+    r.facts.push_back({fmt::format("NVLS all-reduce exceeds the ring rate on {} GPUs", gpn), busbw > nvlink,
+                       fmt::format("predicted busbw at 1 GiB {:.0f} GB/s vs ring ceiling {:.0f} GB/s",
+                                   busbw / 1e9, nvlink / 1e9)});
+  }
+  {
+    const double nic = cm.nic_bytes_per_s_per_gpu();
+    bool holds = true;
+    std::string detail;
+    for (int64_t n : {2 * gpn, 4 * gpn, 8 * gpn, 16 * gpn}) {
+      const double bytes = 256.0 * kMiB;
+      const double t = cm.collective_seconds(comm(Collective::kAllToAll, n, bytes), nullptr, nullptr);
+      const double off_node_rate = bytes * d(n - gpn) / d(n) / t;  // per GPU, through its NIC
+      holds &= off_node_rate <= nic * (1 + 1e-9);
+      detail += fmt::format("{}{} GPUs: {:.1f} GB/s", detail.empty() ? "" : "; ", n, off_node_rate / 1e9);
+    }
+    r.facts.push_back({"all-to-all across nodes is capped by one NIC per GPU", holds,
+                       fmt::format("off-node bytes per GPU per second at 256 MiB vs NIC {:.1f} GB/s: {}",
+                                   nic / 1e9, detail)});
+  }
+  if (hw.name.rfind("h800", 0) == 0) {
+    const double bytes = 1.0 * kGiB;
+    const double t = cm.collective_seconds(comm(Collective::kAllGather, gpn, bytes), nullptr, nullptr);
+    const double busbw = bytes * cost::busbw_factor(Collective::kAllGather, gpn) / t;
+    const bool holds = std::abs(busbw / 160e9 - 1.0) <= 0.05;
+    r.facts.push_back(
+        {"H800 NVLink achieves about 160 GB/s per direction", holds,
+         fmt::format("predicted all-gather busbw over {} GPUs at 1 GiB: {:.1f} GB/s", gpn, busbw / 1e9)});
+  }
+  return r;
+}
+
+nlohmann::json fit_report_json(const FitReport& r) {
+  nlohmann::json j;
+  j["profile"] = r.profile;
+  auto st = [](const ErrorStats& s) {
+    return nlohmann::json{{"points", s.points}, {"median", s.median}, {"max", s.max}};
+  };
+  j["tables"] = nlohmann::json::array();
+  for (const auto& t : r.tables) {
+    nlohmann::json pts = nlohmann::json::array();
+    for (const auto& p : t.points)
+      pts.push_back({{"at", p.at}, {"measured", p.measured}, {"predicted", p.predicted}});
+    nlohmann::json e = {{"kind", t.kind},       {"label", t.label},     {"model", t.model},
+                        {"large", st(t.large)}, {"small", st(t.small)}, {"points", pts}};
+    if (!t.note.empty()) e["note"] = t.note;
+    j["tables"].push_back(std::move(e));
+  }
+  j["facts"] = nlohmann::json::array();
+  for (const auto& f : r.facts)
+    j["facts"].push_back({{"statement", f.statement}, {"holds", f.holds}, {"detail", f.detail}});
+  return j;
+}
+
+std::string fit_report_text(const FitReport& r) {
+  std::string out = fmt::format(
+      "Fit of {}: |predicted / measured - 1| per table (large = messages >= 1 MiB, GEMMs "
+      "with a full wave of tiles, attention >= 1024 keys)\n\n",
+      r.profile);
+  auto cell = [](const ErrorStats& s) {
+    return s.points ? fmt::format("{:5.1f}% {:6.1f}% {:3}", s.median * 100, s.max * 100, s.points)
+                    : std::string("     -       -    0");
+  };
+  out +=
+      fmt::format("{:<44} {:>19} {:>19}  {}\n", "table", "large: med  max  n", "small: med  max  n", "model");
+  for (const auto& t : r.tables) {
+    out += fmt::format("{:<44} {:>19} {:>19}  {}\n", t.label.substr(0, 44), cell(t.large), cell(t.small),
+                       t.model);
+    if (!t.note.empty()) out += fmt::format("{:<44} {}\n", "", t.note);
+  }
+  out += "\nFacts the sources state:\n";
+  for (const auto& f : r.facts) {
+    out += fmt::format("  [{}] {}: {}\n", f.holds ? "holds" : "FAILS", f.statement, f.detail);
+  }
+  return out;
+}
+
+}  // namespace moeplan::calibrate

@@ -1,0 +1,177 @@
+// moerun bench under mpiexec -n 2 (quick): every file it writes parses with a small reader of its format,
+// values are positive and finite, and profile.json's gpu/node/scale_out load as a hardware profile would.
+#include "executor/bench/bench.h"
+
+#include <doctest/doctest.h>
+#include <mpi.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "simulator/calibrate/sources.h"
+#include "simulator/io/hardware_loader.h"
+
+namespace moeplan::executor {
+namespace {
+
+std::string read_text(const std::filesystem::path& p) {
+  std::ifstream in(p);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+bool positive(double v) {
+  return std::isfinite(v) && v > 0;
+}
+
+// CSV with '#' comment lines: checks the header and returns the rows' last column (the figure).
+std::vector<double> csv_figures(const std::string& text, const std::string& header, size_t columns) {
+  std::istringstream in(text);
+  std::vector<double> figures;
+  bool seen_header = false;
+  for (std::string line; std::getline(in, line);) {
+    if (line.empty() || line[0] == '#') continue;
+    if (!seen_header) {
+      CHECK(line == header);
+      seen_header = true;
+      continue;
+    }
+    std::vector<std::string> cells;
+    std::stringstream cs(line);
+    for (std::string cell; std::getline(cs, cell, ',');) cells.push_back(cell);
+    CHECK(cells.size() == columns);
+    figures.push_back(std::stod(cells.back()));
+  }
+  CHECK(seen_header);
+  return figures;
+}
+
+struct NcclRow {
+  long long bytes = 0, count = 0;
+  double time[2] = {}, algbw[2] = {}, busbw[2] = {};
+};
+
+// nccl-tests text: '#' lines, then rows "size count type redop root (time algbw busbw #wrong) x 2".
+std::vector<NcclRow> nccl_rows(const std::string& text, const std::string& collective, int ranks) {
+  std::istringstream in(text);
+  std::vector<NcclRow> rows;
+  int rank_lines = 0;
+  bool header = false;
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("#  Rank ", 0) == 0) ++rank_lines;
+    if (line.find("#       size         count") == 0) header = true;
+    if (line.empty() || line[0] == '#') continue;
+    std::istringstream cells(line);
+    NcclRow r;
+    std::string type, redop, wrong;
+    int root = 0;
+    cells >> r.bytes >> r.count >> type >> redop >> root;
+    for (int i = 0; i < 2; ++i) cells >> r.time[i] >> r.algbw[i] >> r.busbw[i] >> wrong;
+    CHECK(!cells.fail());
+    CHECK(type == "float");
+    CHECK(r.bytes == 4 * r.count);
+    rows.push_back(r);
+  }
+  CHECK(text.rfind("# Collective test starting: " + collective + "_perf\n", 0) == 0);
+  CHECK(text.find("# Avg bus bandwidth    : ") != std::string::npos);
+  CHECK(rank_lines == ranks);
+  CHECK(header);
+  return rows;
+}
+
+}  // namespace
+
+TEST_SUITE("executor.bench") {
+  TEST_CASE("nccl-tests number formatting keeps the column widths") {
+    CHECK(nccl_float(12.345, 7) == "  12.35");
+    CHECK(nccl_float(123456.7, 7) == " 123457");
+    CHECK(nccl_float(0.001, 6) == "  0.00");
+    CHECK(busbw_factor("all_reduce", 4) == doctest::Approx(1.5));
+    CHECK(busbw_factor("alltoall", 4) == doctest::Approx(0.75));
+    CHECK(busbw_factor("sendrecv", 4) == 1.0);
+  }
+
+  TEST_CASE("the quick bench writes every file in the formats calibrate reads") {
+    int me = 0, n = 0;
+    MPI_Comm_rank(MPI_COMM_WORLD, &me);
+    MPI_Comm_size(MPI_COMM_WORLD, &n);
+    // One directory for the job: rank 0's pid.
+    int pid = static_cast<int>(getpid());
+    MPI_Bcast(&pid, 1, MPI_INT, 0, MPI_COMM_WORLD);
+    const auto dir = std::filesystem::temp_directory_path() / ("moerun-bench-test-" + std::to_string(pid));
+    BenchOptions options;
+    options.out_dir = dir.string();
+    options.quick = true;
+    auto result = run_bench(options, MPI_COMM_WORLD);
+    REQUIRE(result.ok());
+    const BenchSummary& s = result.value();
+    CHECK(positive(s.best_gemm_tflops));
+    CHECK(positive(s.triad_GBps));
+    CHECK(positive(s.sendrecv_latency_us));
+    CHECK(positive(s.sendrecv_bw_GBps));
+    if (me != 0) return;
+
+    const auto profile = nlohmann::json::parse(read_text(dir / "profile.json"));
+    CHECK(profile["format"] == "moeplan-calibration-sources-v1");
+    CHECK(profile["sources"]["B1"].get<std::string>().find("OpenMPI") != std::string::npos);
+    // gpu, node and scale_out follow the hardware profile form exactly: the strict loader accepts them.
+    nlohmann::json hw = {{"format", "moeplan-hwprofile-v1"},
+                         {"name", profile["name"]},
+                         {"description", profile["description"]},
+                         {"sources", profile["sources"]},
+                         {"gpu", profile["gpu"]},
+                         {"node", profile["node"]},
+                         {"scale_out", profile["scale_out"]}};
+    auto loaded = io::hardware_from_json(hw, "profile.json");
+    if (!loaded.ok()) FAIL_CHECK(loaded.error().message);
+    CHECK(profile["node"]["gpus_per_node"]["value"] == n);
+
+    std::vector<std::string> measured = profile["measurements"];
+    CHECK(measured.size() == 4 + 5);  // 4 CSVs, 5 collectives at group size 2
+    for (const std::string& f : measured) {
+      CAPTURE(f);
+      CHECK(std::filesystem::exists(dir / f));
+      const std::string text = read_text(dir / f);
+      std::vector<double> figures;
+      if (f == "gemm.csv") figures = csv_figures(text, "m,n,k,dtype,tflops", 5);
+      if (f == "grouped_gemm.csv") figures = csv_figures(text, "groups,m_per_group,n,k,dtype,tflops", 6);
+      if (f == "attention.csv") {
+        figures = csv_figures(text, "seq_len,head_dim,causal,direction,dtype,impl,tflops", 7);
+      }
+      if (f == "hbm.csv") {
+        figures = csv_figures(text, "kernel,bw_GBps", 2);
+        CHECK(text.find("\ntriad,") != std::string::npos);
+        CHECK(text.find("\nmul,") != std::string::npos);
+      }
+      if (f.find("_perf.n") != std::string::npos) {
+        const std::string collective = f.substr(0, f.find("_perf"));
+        for (const NcclRow& r : nccl_rows(text, collective, n)) {
+          figures.push_back(r.time[0]);
+          figures.push_back(r.algbw[1] + 1e-9);  // tiny messages print 0.00 GB/s
+        }
+      }
+      CHECK(!figures.empty());
+      for (double v : figures) CHECK(positive(v));
+    }
+    // And `moeplan calibrate --bench DIR` turns the folder into a hardware profile whose tables hold it all.
+    auto built = calibrate::build_profile(dir.string());
+    if (!built.ok()) FAIL_CHECK(built.error().message);
+    if (built.ok()) {
+      auto cpu =
+          io::hardware_from_json(nlohmann::json::parse(calibrate::profile_text(built.value())), "bench");
+      REQUIRE(cpu.ok());
+      CHECK(cpu.value().calibration.collectives.size() == 5);
+      CHECK(!cpu.value().calibration.gemm.empty());
+      CHECK(!cpu.value().calibration.attention.empty());
+      CHECK(cpu.value().calibration.hbm.size() == 4);
+    }
+    std::filesystem::remove_all(dir);
+  }
+}
+
+}  // namespace moeplan::executor
