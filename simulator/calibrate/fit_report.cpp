@@ -156,8 +156,8 @@ FitReport fit_report(const HardwareProfile& hw, const StackProfile& stack) {
     t.kind = "gemm";
     t.label = fmt::format("{} GEMM, {} shapes", g.dtype, g.points.size());
     t.model =
-        "one efficiency per dtype (geometric mean over compute-bound shapes) x wave quantisation, "
-        "roofline with HBM; in-sample";
+        "efficiency x wave quantisation x K / (K + k0), both fitted per dtype (K0 on a grid), roofline with "
+        "HBM; in-sample";
     std::vector<std::pair<double, bool>> errs;
     for (const auto& p : g.points) {
       const double pred_s = cm.gemm_seconds(GemmShape{p.m, p.n, p.k, 1}, dtype_of(g.dtype), nullptr);

@@ -61,7 +61,8 @@ class CostModel {
 
  private:
   struct GemmModel {
-    double efficiency = 0;  // of the dtype's dense peak, after wave quantisation
+    double efficiency = 0;  // of the dtype's dense peak, after wave quantisation and the K-depth term
+    double k0 = 0;          // per-tile fixed cost in reduction depth: a K-deep tile runs at K / (K + k0)
     double rel_error = kAssumedRelError;
     int64_t min_dim = 0, max_dim = 0;
     size_t points = 0;
@@ -75,6 +76,7 @@ class CostModel {
     double min_bytes, max_bytes;
     bool single_point;
   };
+  GemmModel fit_gemm(const std::string& dtype, double k0) const;
   GemmModel fit_gemm(const std::string& dtype) const;
   double wave_efficiency(int64_t rows_per_group, int64_t n, int64_t groups) const;
   double intra_node_seconds(Collective c, int64_t n, double bytes, double* rel_error) const;
