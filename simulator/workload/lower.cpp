@@ -153,6 +153,9 @@ class Builder {
   // Per stage: last backward op of each layer (for gradient sync) and the first forward op (for param
   // gathers).
   std::vector<int32_t> layer_last_bwd_, layer_first_fwd_;
+  // Per stage and layer: the last backward op on the side stream (shared-expert GEMMs with inter-op
+  // overlap), which the layer's gradient sync must also wait for; -1 when the side stream is not used.
+  std::vector<int32_t> layer_last_side_bwd_;
   std::vector<int32_t> layer_param_gather_;
   int32_t last_dp_op_ = -1;  // last op on the current stage's DP stream
 
@@ -623,6 +626,13 @@ void Builder::emit_task(int16_t stage, const PipelineTask& task) {
       // so every micro-batch's gradients are reduce-scattered.
       if (mb == p_.num_micro_batches() - 1 || p_.data.zero >= 2) {
         layer_last_bwd_[static_cast<size_t>(l)] = g_.ops.back().id;
+        int32_t side = -1;
+        if (side_stream_ != Stream::kCompute) {
+          for (size_t i = static_cast<size_t>(f); i < g_.ops.size(); ++i) {
+            if (g_.ops[i].stream == side_stream_) side = g_.ops[i].id;
+          }
+        }
+        layer_last_side_bwd_[static_cast<size_t>(l)] = side;
         if (p_.data.zero >= 2 && o_.data_parallel) emit_data_parallel(stage);
       }
     }
@@ -651,6 +661,7 @@ void Builder::emit_data_parallel(int16_t stage) {
   for (size_t l = layer_last_bwd_.size(); l-- > 0;) {
     const int32_t after = layer_last_bwd_[l];
     if (after < 0) continue;
+    const int32_t side = layer_last_side_bwd_[l];
     layer_last_bwd_[l] = -1;
     const ParamBreakdown lp = layer_params(m_, m_.layers[l]);
     const double dense = (lp.total() - lp.routed_experts) / d(tp_);
@@ -663,7 +674,7 @@ void Builder::emit_data_parallel(int16_t stage) {
       if (bf16_a2a) {
         // BF16 all-to-all of the shards + local FP32 reduce (MegaScale-MoE §5).
         int32_t x = emit(mem(OpName::kGradCast, MemOp::kCast, params * 6.0, dp_stream_), stage, 0, L, -1,
-                         Phase::kBackward, {after});
+                         Phase::kBackward, {after, side});
         Op a2a = base(OpName::kGradA2a, OpKind::kCollective, dp_stream_);
         a2a.comm = comm(Collective::kAllToAll, group, params * 2.0, DType::kBf16);
         x = emit(a2a, stage, 0, L, -1, Phase::kBackward, {x});
@@ -674,7 +685,7 @@ void Builder::emit_data_parallel(int16_t stage) {
         Op rs = base(OpName::kGradRs, OpKind::kCollective, dp_stream_);
         rs.comm = comm(p_.data.zero == 0 ? Collective::kAllReduce : Collective::kReduceScatter, group,
                        params * 4.0, DType::kFp32);
-        emit(rs, stage, 0, L, -1, Phase::kBackward, {after});
+        emit(rs, stage, 0, L, -1, Phase::kBackward, {after, side});
       }
     }
   }
@@ -719,6 +730,7 @@ OpGraph Builder::build() {
   task_first_.assign(tasks, -1);
   task_send_.assign(tasks, -1);
   layer_last_bwd_.assign(m_.layers.size(), -1);
+  layer_last_side_bwd_.assign(m_.layers.size(), -1);
   layer_first_fwd_.assign(m_.layers.size(), -1);
   layer_param_gather_.assign(m_.layers.size(), -1);
 
