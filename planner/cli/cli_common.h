@@ -69,5 +69,6 @@ Runner add_plan(CLI::App& app);
 Runner add_explain(CLI::App& app);
 Runner add_sweep(CLI::App& app);
 Runner add_calibrate(CLI::App& app);
+Runner add_compare(CLI::App& app);
 
 }  // namespace moeplan::cli

@@ -75,6 +75,9 @@ int main(int argc, char** argv) {
       "Build a hardware profile from nccl-tests logs, kernel tables or a moerun bench folder (or a stack "
       "profile from traces) and report how well the cost model predicts each measurement",
       add_calibrate);
+  add("compare",
+      "Join a predicted and a measured report of one plan op by op; name what the step-time error is made of",
+      add_compare);
 
   try {
     app.parse(argc, argv);

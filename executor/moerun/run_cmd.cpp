@@ -1,0 +1,267 @@
+// `moerun run PLAN --out DIR`: every rank lowers the plan with the simulator's lower(), runs its pipeline
+// stage's ops for warm-up + measured steps (each step starts after a world barrier), and rank 0 writes the
+// measured report and trace, atomically, after the last step. A watchdog ends the job when an op hangs.
+// `--runner train` replaces the replay runner by the numerical training runner (train_runner.h): every step,
+// warm-up steps included, trains, and the report gains the step losses.
+#include <mpi.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <memory>
+#include <optional>
+
+#include <fmt/format.h>
+
+#include "executor/comm/mpi_check.h"
+#include "executor/comm/process_groups.h"
+#include "executor/moerun/moerun_cli.h"
+#include "executor/runtime/fault.h"
+#include "executor/runtime/measured_report.h"
+#include "executor/runtime/replay_runner.h"
+#include "executor/runtime/run_inputs.h"
+#include "executor/runtime/stage_executor.h"
+#include "executor/runtime/stage_schedule.h"
+#include "executor/runtime/train_runner.h"
+#include "executor/runtime/watchdog.h"
+#include "simulator/io/op_trace.h"
+
+namespace moeplan::executor::cli {
+
+int bad_input(int world_rank, const std::string& message) {
+  if (world_rank == 0) std::fprintf(stderr, "moerun: %s\n", message.c_str());
+  return kExitBadInput;
+}
+
+namespace {
+
+constexpr int kTimingTag = 7301;  // world-communicator tag of the per-stage timing transfer to rank 0
+
+struct RunOptions {
+  std::string plan, out;
+  std::string runner = "replay";  // "replay" (shape-faithful work) or "train" (real training steps)
+  std::string dump_params;        // train: every parameter tensor after the last step, gathered on rank 0
+  int steps = 5, warmup = 2;
+  double watchdog_s = 120;
+};
+
+// Flattened [start, end] pairs of `ops` for the ops of `stage` (in graph order).
+std::vector<double> pack_stage(const OpGraph& g, int stage, const std::vector<OpTiming>& ops) {
+  std::vector<double> v;
+  for (const Op& op : g.ops) {
+    if (op.stage != stage) continue;
+    v.push_back(ops[static_cast<size_t>(op.id)].start);
+    v.push_back(ops[static_cast<size_t>(op.id)].end);
+  }
+  return v;
+}
+
+void unpack_stage(const OpGraph& g, int stage, const std::vector<double>& v, std::vector<OpTiming>& ops) {
+  size_t i = 0;
+  for (const Op& op : g.ops) {
+    if (op.stage != stage) continue;
+    ops[static_cast<size_t>(op.id)] = {v[i], v[i + 1]};
+    i += 2;
+  }
+}
+
+int run_plan(const RunOptions& o, int rank, int world) {
+  Result<std::optional<Fault>> fault = parse_fault(std::getenv("MOERUN_FAULT"));
+  if (!fault) return bad_input(rank, fault.error().message);
+  Result<RunInputs> loaded = load_run_inputs(o.plan);
+  if (!loaded) return bad_input(rank, loaded.error().message);
+  const RunInputs& in = loaded.value();
+  const Plan& plan = in.loaded.plan;
+  if (!in.violations.empty()) {
+    if (rank == 0) {
+      std::fprintf(stderr, "moerun: %s: the plan cannot run, %zu rule(s) broken:\n", in.loaded.path.c_str(),
+                   in.violations.size());
+      for (const auto& v : in.violations)
+        std::fprintf(stderr, "  %s: %s\n", v.rule.c_str(), v.reason.c_str());
+    }
+    return kExitInfeasible;
+  }
+  if (world != plan.gpus) {
+    return bad_input(rank, fmt::format("world size {} != plan gpus {} (start with mpirun -np {})", world,
+                                       plan.gpus, plan.gpus));
+  }
+  const bool train = o.runner == "train";
+  if (!train && !o.dump_params.empty()) return bad_input(rank, "--dump-params needs --runner train");
+  if (train) {
+    if (const std::string why = train_unsupported(plan, in.loaded.model); !why.empty()) {
+      if (rank == 0)
+        std::fprintf(stderr, "moerun: %s: the train runner does not support %s\n", in.loaded.path.c_str(),
+                     why.c_str());
+      return kExitInfeasible;
+    }
+  }
+  Result<ProcessGroups> made = make_process_groups(plan, MPI_COMM_WORLD);
+  if (!made) return bad_input(rank, made.error().message);
+  ProcessGroups& groups = made.value();
+  const OpGraph& graph = in.graph;
+  const int stage = groups.layout().stage;
+  const StageSchedule schedule = schedule_stage(graph, stage);
+  const GroupLookup lookup = [&groups](CommGroup g) -> Communicator* {
+    if (g == CommGroup::kNone) return nullptr;
+    Communicator& c = groups.of(g);
+    return c.size() > 1 ? &c : nullptr;
+  };
+  std::unique_ptr<OpRunner> runner_ptr;
+  TrainRunner* trainer = nullptr;
+  if (train) {
+    const RankLayout& lay = groups.layout();
+    TrainPlace place;
+    place.world_rank = rank;
+    place.tp = lay.of(CommGroup::kTp).index;
+    place.dp = lay.of(CommGroup::kDp).index;
+    place.ep = lay.of(CommGroup::kEp).index;
+    place.attn_replica = lay.of(CommGroup::kAttnReplica).index;
+    place.expert_dp = lay.of(CommGroup::kExpertDp).index;
+    auto t = std::make_unique<TrainRunner>(graph, plan, in.loaded.model, place, lookup, groups.world());
+    trainer = t.get();
+    runner_ptr = std::move(t);
+  } else {
+    runner_ptr = std::make_unique<ReplayRunner>(graph, lookup);
+  }
+  OpRunner& runner = *runner_ptr;
+
+  // Slots: one per lane, then one for this command's own world-communicator work.
+  const int lanes = static_cast<int>(schedule.lanes.size());
+  Watchdog watchdog(o.watchdog_s, lanes + 1, [rank](const std::string& what, double s) {
+    std::fprintf(stderr, "moerun: rank %d: %s has not completed after %g s; aborting\n", rank, what.c_str(),
+                 s);
+    std::fflush(stderr);
+    MPI_Abort(MPI_COMM_WORLD, 1);
+  });
+  const int own_slot = lanes;
+  std::optional<Fault> my_fault;
+  if (fault.value() && fault.value()->rank == rank) my_fault = fault.value();
+  StageExecutor executor(graph, schedule, runner, rank, &watchdog, 0, my_fault);
+
+  // Steps: warm-up, then measured. Each rank keeps its stage's timings of the measured steps.
+  std::vector<StepTiming> measured;
+  std::vector<double> losses;  // train: one per step run, warm-up steps included
+  for (int step = 0; step < o.warmup + o.steps; ++step) {
+    watchdog.begin(own_slot, [step] { return fmt::format("world barrier before step {}", step); });
+    MOEPLAN_MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD));
+    watchdog.end(own_slot);
+    StepTiming t = executor.run_step();
+    if (trainer != nullptr) {
+      watchdog.begin(own_slot, [step] { return fmt::format("summing the loss of step {}", step); });
+      losses.push_back(trainer->finish_step().total);
+      watchdog.end(own_slot);
+    }
+    if (step >= o.warmup) measured.push_back(std::move(t));
+  }
+
+  watchdog.begin(own_slot, [] { return std::string("gathering the measured timings on rank 0"); });
+  // Step time: the slowest rank's span, per measured step.
+  std::vector<double> spans, step_times(measured.size());
+  for (const StepTiming& t : measured) spans.push_back(t.span_s);
+  MOEPLAN_MPI_CHECK(MPI_Allreduce(spans.data(), step_times.data(), static_cast<int>(spans.size()), MPI_DOUBLE,
+                                  MPI_MAX, MPI_COMM_WORLD));
+  // The trace shows the measured step of median time (same index on every rank).
+  std::vector<size_t> order(step_times.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return step_times[a] < step_times[b]; });
+  const size_t median = order[order.size() / 2];
+  // Mean start / end of each op over the measured steps.
+  std::vector<OpTiming> mean(graph.ops.size());
+  for (const StepTiming& t : measured) {
+    for (size_t i = 0; i < mean.size(); ++i) {
+      mean[i].start += t.ops[i].start / static_cast<double>(measured.size());
+      mean[i].end += t.ops[i].end / static_cast<double>(measured.size());
+    }
+  }
+  double hwm = process_high_water_bytes(), hwm_max = 0;
+  MOEPLAN_MPI_CHECK(MPI_Reduce(&hwm, &hwm_max, 1, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD));
+  // Each stage's representative rank (its lowest world rank) sends its timings to rank 0.
+  const int per_stage = static_cast<int>(plan.gpus / plan.pipeline.pp);
+  std::vector<int> representatives;
+  for (int s = 0; s < graph.num_stages; ++s) representatives.push_back(s * per_stage);
+  std::vector<OpTiming> all_mean(graph.ops.size()), all_trace(graph.ops.size());
+  if (rank == 0) {
+    unpack_stage(graph, 0, pack_stage(graph, 0, mean), all_mean);
+    unpack_stage(graph, 0, pack_stage(graph, 0, measured[median].ops), all_trace);
+    for (int s = 1; s < graph.num_stages; ++s) {
+      for (auto* target : {&all_mean, &all_trace}) {
+        std::vector<double> v(pack_stage(graph, s, mean).size());
+        MOEPLAN_MPI_CHECK(MPI_Recv(v.data(), static_cast<int>(v.size()), MPI_DOUBLE, representatives[s],
+                                   kTimingTag, MPI_COMM_WORLD, MPI_STATUS_IGNORE));
+        unpack_stage(graph, s, v, *target);
+      }
+    }
+  } else if (rank == representatives[static_cast<size_t>(stage)]) {
+    for (const auto* source : {&mean, &measured[median].ops}) {
+      std::vector<double> v = pack_stage(graph, stage, *source);
+      MOEPLAN_MPI_CHECK(
+          MPI_Send(v.data(), static_cast<int>(v.size()), MPI_DOUBLE, 0, kTimingTag, MPI_COMM_WORLD));
+    }
+  }
+  int code = kExitOk;
+  if (trainer != nullptr && !o.dump_params.empty()) {
+    Result<bool> d = trainer->dump_params(o.dump_params);
+    if (!d) code = bad_input(rank, d.error().message);
+  }
+  watchdog.end(own_slot);
+
+  if (rank == 0 && code == kExitOk) {
+    MeasuredRun run;
+    run.warmup = o.warmup;
+    run.step_times_s = step_times;
+    run.ops = all_mean;
+    run.representative_ranks = representatives;
+    run.high_water_bytes = hwm_max;
+    run.world_size = world;
+    nlohmann::json report = measured_report_json(in, run);
+    report["runner"] = o.runner;
+    if (train) report["losses"] = losses;
+    std::error_code ec;
+    std::filesystem::create_directories(o.out, ec);
+    Result<bool> w = write_file_atomic((std::filesystem::path(o.out) / "trace.json").string(),
+                                       chrome_trace(graph, all_trace));
+    if (w)
+      w = write_file_atomic((std::filesystem::path(o.out) / "report.json").string(), report.dump(2) + "\n");
+    if (!w) {
+      code = bad_input(rank, w.error().message);
+    } else {
+      std::printf("moerun: %s: step %.4f s (mean of %d steps after %d warm-up) | %.0f tokens/s | %s\n",
+                  in.loaded.path.c_str(), report["step_time_s"].get<double>(), o.steps, o.warmup,
+                  report["tokens_per_s"].get<double>(),
+                  (std::filesystem::path(o.out) / "report.json").c_str());
+    }
+  }
+  MOEPLAN_MPI_CHECK(MPI_Bcast(&code, 1, MPI_INT, 0, MPI_COMM_WORLD));
+  return code;
+}
+
+}  // namespace
+
+Runner add_run(CLI::App& app) {
+  auto o = std::make_shared<RunOptions>();
+  app.add_option("plan", o->plan, "Plan file (JSON)")->required();
+  app.add_option("--steps", o->steps, "Measured training steps")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 100000));
+  app.add_option("--warmup", o->warmup, "Warm-up steps before the measured ones")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 100000));
+  app.add_option("--out", o->out, "Directory for report.json and trace.json (written after the last step)")
+      ->required();
+  app.add_option("--runner", o->runner,
+                 "replay: work of each op's shape; train: real training steps of the plan's model (fp32), "
+                 "losses in report.json")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"replay", "train"}));
+  app.add_option("--dump-params", o->dump_params,
+                 "With --runner train: write every parameter tensor after the last step to this file "
+                 "(format in executor/runtime/train_runner.h)");
+  app.add_option("--watchdog-s", o->watchdog_s,
+                 "Seconds an op (or barrier) may run before the job is aborted with its name")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  return [o](int rank, int world) { return run_plan(*o, rank, world); };
+}
+
+}  // namespace moeplan::executor::cli

@@ -1,0 +1,157 @@
+// Measured report (see measured_report.h).
+#include "executor/runtime/measured_report.h"
+
+#include <algorithm>
+#include <fstream>
+#include <map>
+#include <numeric>
+#include <sstream>
+#include <string>
+
+#include "simulator/core/model_stats.h"
+#include "simulator/io/op_trace.h"
+#include "simulator/io/plan_io.h"
+
+namespace moeplan::executor {
+
+double process_high_water_bytes() {
+  std::ifstream f("/proc/self/status");
+  std::string line;
+  while (std::getline(f, line)) {
+    if (line.rfind("VmHWM:", 0) != 0) continue;
+    std::istringstream s(line.substr(6));
+    double kib = 0;
+    s >> kib;
+    return kib * 1024.0;
+  }
+  return 0;
+}
+
+nlohmann::json measured_breakdown_json(const OpGraph& graph, std::span<const OpTiming> ops, int stage,
+                                       double step_time_s) {
+  struct Edge {
+    double t;
+    bool start;
+    int32_t op;
+  };
+  std::vector<Edge> edges;
+  for (const Op& op : graph.ops) {
+    if (op.stage != stage) continue;
+    const OpTiming& t = ops[static_cast<size_t>(op.id)];
+    edges.push_back({t.start, true, op.id});
+    edges.push_back({t.end, false, op.id});
+  }
+  std::sort(edges.begin(), edges.end(), [](const Edge& a, const Edge& b) {
+    return a.t != b.t ? a.t < b.t : a.start < b.start;  // ends before starts at equal times
+  });
+  auto is_comm = [](const Op& op) { return op.kind == OpKind::kCollective || op.kind == OpKind::kSendRecv; };
+  std::vector<int32_t> compute, comm;
+  std::map<std::string, double> by_kind, by_group;
+  double bubble = 0, optimizer = 0, prev = 0;
+  auto attribute = [&](double span) {
+    if (span <= 0) return;
+    if (!compute.empty()) {
+      const double share = span / static_cast<double>(compute.size());
+      for (int32_t id : compute) {
+        const Op& op = graph.ops[static_cast<size_t>(id)];
+        if (op.kind == OpKind::kOptimizer) {
+          optimizer += share;
+        } else {
+          by_kind[name_of(op.kind)] += share;
+        }
+      }
+    } else if (!comm.empty()) {
+      const double share = span / static_cast<double>(comm.size());
+      for (int32_t id : comm) by_group[name_of(graph.ops[static_cast<size_t>(id)].comm.group)] += share;
+    } else {
+      bubble += span;
+    }
+  };
+  for (const Edge& e : edges) {
+    attribute(e.t - prev);
+    prev = std::max(prev, e.t);
+    auto& set = is_comm(graph.ops[static_cast<size_t>(e.op)]) ? comm : compute;
+    if (e.start) {
+      set.push_back(e.op);
+    } else {
+      set.erase(std::find(set.begin(), set.end(), e.op));
+    }
+  }
+  attribute(step_time_s - prev);  // the stage idles until the slowest rank ends
+  return {{"stage", stage},
+          {"compute", by_kind.empty() ? nlohmann::json::object() : nlohmann::json(by_kind)},
+          {"exposed_comm", by_group.empty() ? nlohmann::json::object() : nlohmann::json(by_group)},
+          {"bubble", bubble},
+          {"optimizer", optimizer}};
+}
+
+nlohmann::json measured_report_json(const RunInputs& in, const MeasuredRun& run) {
+  const Plan& plan = in.loaded.plan;
+  const OpGraph& g = in.graph;
+  const auto& steps = run.step_times_s;
+  const double step =
+      steps.empty() ? 0
+                    : std::accumulate(steps.begin(), steps.end(), 0.0) / static_cast<double>(steps.size());
+  nlohmann::json j;
+  j["measured"] = true;
+  j["plan"] = io::plan_to_json(plan);
+  j["model"] = in.loaded.model.name;
+  j["hardware"] = "cpu (moerun replay; plan hardware " + in.loaded.hardware.name + ")";
+  j["stack"] = "moerun-cpu-replay";
+  j["gpus"] = plan.gpus;
+  j["world_size"] = run.world_size;
+  j["valid"] = true;
+  j["step_time_s"] = step;
+  j["step_time_rule"] = "mean over measured steps of the slowest rank's step (world barrier to its last op)";
+  j["step_times_s"] = steps;
+  j["steps"] = steps.size();
+  j["warmup"] = run.warmup;
+  const double tokens = static_cast<double>(plan.global_batch * plan.seq_len);
+  j["tokens_per_step"] = tokens;
+  j["tokens_per_s"] = step > 0 ? tokens / step : 0.0;
+  j["tokens_per_s_per_gpu"] = step > 0 ? tokens / step / static_cast<double>(plan.gpus) : 0.0;
+  const double model_flops = flops_per_token(in.loaded.model, plan.seq_len).train_step * tokens;
+  j["model_flops_per_step"] = model_flops;
+  const auto& peaks = in.loaded.hardware.gpu.peak_flops_per_s;
+  const auto bf16 = peaks.find("bf16");
+  j["mfu"] = step > 0 && bf16 != peaks.end()
+                 ? model_flops / (step * static_cast<double>(plan.gpus) * bf16->second.value)
+                 : 0.0;
+  j["mfu_formula"] =
+      "model FLOPs per step / (step time x GPUs x the plan hardware's dense BF16 peak), as the predicted "
+      "report; on CPU ranks this is far below 1 by construction";
+  double graph_flops = 0;
+  for (const Op& op : g.ops) graph_flops += op.flops;
+  j["graph_flops_per_step"] = graph_flops;  // every stage's representative rank, recompute included
+  j["achieved_flops_per_s_per_rank"] = step > 0 ? graph_flops / g.num_stages / step : 0.0;
+  j["memory"] = {{"per_gpu_bytes", run.high_water_bytes},
+                 {"measured_high_water_bytes", run.high_water_bytes},
+                 {"source", "max over ranks of VmHWM (/proc/self/status): resident set high-water mark"}};
+  // Breakdown of the stage with the most compute, as the predicted report's.
+  int busiest = 0;
+  double most = -1;
+  for (int s = 0; s < g.num_stages; ++s) {
+    double busy = 0;
+    for (const Op& op : g.ops) {
+      if (op.stage == s && op.kind != OpKind::kCollective && op.kind != OpKind::kSendRecv)
+        busy += run.ops[static_cast<size_t>(op.id)].end - run.ops[static_cast<size_t>(op.id)].start;
+    }
+    if (busy > most) {
+      most = busy;
+      busiest = s;
+    }
+  }
+  j["breakdown"] = measured_breakdown_json(g, run.ops, busiest, step);
+  j["representative_ranks"] = run.representative_ranks;
+  j["op_times_rule"] =
+      "each stage's ops from its representative rank (the stage's lowest world rank); start and end are "
+      "means "
+      "over the measured steps";
+  j["ops_in_graph"] = g.ops.size();
+  j["micro_batches"] = g.micro_batches;
+  j["expert_load_scale"] = in.expert_load_scale;
+  j["ops"] = op_summary_json(g, run.ops);
+  return j;
+}
+
+}  // namespace moeplan::executor

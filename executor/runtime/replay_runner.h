@@ -1,0 +1,66 @@
+// ReplayRunner: performs each op with real work of its exact shape on this CPU rank, so measured op times are
+// comparable with the simulator's predictions for the same op graph. fp32 everywhere in memory:
+//   GEMM [m, k] x [k, n] (dgrad [m, n] x [n, k]^T, wgrad [k, m]^T x [m, n]); grouped: `groups` GEMMs of
+//   ceil(m / groups) rows, each with its own [k, n] weight; attention: moerun's CPU
+//   attention kernel (executor/kernels/cpu/attention.h, the one `moerun bench` measures) per sequence with
+//   all heads, causal or windowed as the op says, backward from a stored output and log-sum-exp; memory-bound
+//   ops move hbm_bytes as STREAM triad, the bench's loop, over fp32 (hbm_bytes / 12 elements); the optimizer
+//   an Adam update over hbm_bytes / 30 parameters; collectives and pipeline sends over the group's
+//   Communicator with comm.bytes / bytes_of(comm.dtype) fp32 values and the wire format matching comm.dtype
+//   (bf16 and fp16 -> kBf16, fp8 -> kFp8E4m3), so the bytes crossing the wire are the op's bytes; a fused
+//   GEMM + collective runs its GEMM, then its collective (no tile-level overlap on the CPU).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <span>
+#include <vector>
+
+#include "executor/comm/communicator.h"
+#include "executor/runtime/op_runner.h"
+
+namespace moeplan::executor {
+
+// This rank's communicator of a group kind; nullptr when the rank has no peers in it (group size 1).
+using GroupLookup = std::function<Communicator*(CommGroup)>;
+
+class ReplayRunner final : public OpRunner {
+ public:
+  // `pp_rank_of_stage(s)`: the pp group's rank of pipeline stage s (identity when groups rank by stage).
+  ReplayRunner(const OpGraph& graph, GroupLookup groups, std::function<int(int)> pp_rank_of_stage = {});
+
+  void run(const Op& op) override;
+  void receive(const Op& send) override;
+
+  // Bytes held in scratch buffers now (bounded by kScratchCapBytes per lane).
+  double scratch_bytes() const;
+
+  static constexpr double kScratchCapBytes = 1.0 * (1u << 30);
+
+ private:
+  // Scratch buffers of one lane (ops of one stream run one at a time, so a lane's buffers are never shared).
+  struct Scratch {
+    std::vector<std::vector<float>> slots;
+    std::span<float> get(size_t slot, size_t n);
+    double bytes() const;
+  };
+  Scratch& scratch_for(size_t lane) { return scratch_[lane]; }
+
+  void gemm(const Op& op, Scratch& s);
+  void attention(const Op& op, Scratch& s);
+  void memory_bound(double bytes, Scratch& s);
+  void optimizer(const Op& op, Scratch& s);
+  void collective(const Op& op, Scratch& s);
+
+  const OpGraph& graph_;
+  GroupLookup groups_;
+  std::function<int(int)> pp_rank_of_stage_;
+  std::vector<Scratch> scratch_;  // kNumStreams lanes + one per source stage of pipeline receives
+};
+
+// Values of a communication buffer: comm.bytes / bytes_of(comm.dtype), rounded up to a multiple of
+// `group_size` so that every rank's share is whole.
+int64_t comm_values(const CommSpec& comm, int group_size);
+WireFormat wire_format_of(DType dtype);
+
+}  // namespace moeplan::executor

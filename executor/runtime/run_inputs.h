@@ -1,0 +1,25 @@
+// What one moerun rank needs from a plan file: the plan with its model and hardware (the simulator's
+// loaders), the rules it breaks (the simulator's validate) and the op graph, lowered exactly as `moeplan
+// simulate` does.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "simulator/core/op_graph.h"
+#include "simulator/core/plan.h"
+#include "simulator/io/plan_io.h"
+
+namespace moeplan::executor {
+
+struct RunInputs {
+  io::LoadedPlan loaded;
+  std::vector<Violation> violations;  // non-empty: the plan cannot run and `graph` is empty
+  OpGraph graph;
+  double expert_load_scale = 1.0;  // busiest EP rank's routed rows / the mean (the simulator's routing model)
+};
+
+// Errors are one line "FILE: field: what was expected" (a bad plan, model, hardware, stack or router trace).
+Result<RunInputs> load_run_inputs(const std::string& plan_path);
+
+}  // namespace moeplan::executor

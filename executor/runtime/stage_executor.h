@@ -1,0 +1,45 @@
+// Executes one rank's stage of the op graph for one training step: a worker thread per lane runs its tasks in
+// order, each task starting once its dependencies have ended, and records when each op started and ended.
+#pragma once
+
+#include <optional>
+#include <vector>
+
+#include "executor/runtime/fault.h"
+#include "executor/runtime/op_runner.h"
+#include "executor/runtime/stage_schedule.h"
+#include "executor/runtime/watchdog.h"
+#include "simulator/core/op_graph.h"
+
+namespace moeplan::executor {
+
+struct StepTiming {
+  std::vector<OpTiming> ops;  // by op id, seconds from the step's start; ops of other stages stay {0, 0}
+  double span_s = 0;          // the last task's end (this rank's step time)
+};
+
+class StageExecutor {
+ public:
+  // `watchdog` (optional) gets slots [watchdog_slot0, watchdog_slot0 + lanes); `fault` is this rank's
+  // injected fault, if any. All references must outlive the executor.
+  StageExecutor(const OpGraph& graph, const StageSchedule& schedule, OpRunner& runner, int world_rank,
+                Watchdog* watchdog = nullptr, int watchdog_slot0 = 0, std::optional<Fault> fault = {});
+
+  // Runs every task of the stage once; the step's clock starts when this is called.
+  StepTiming run_step();
+
+  int lanes() const { return static_cast<int>(schedule_.lanes.size()); }
+
+ private:
+  void inject(const Op& op);
+
+  const OpGraph& graph_;
+  const StageSchedule& schedule_;
+  OpRunner& runner_;
+  int world_rank_;
+  Watchdog* watchdog_;
+  int watchdog_slot0_;
+  std::optional<Fault> fault_;
+};
+
+}  // namespace moeplan::executor

@@ -1,0 +1,959 @@
+// The numerical training runner (see train_runner.h): one handler per op name and phase, over
+// per-(micro-batch, layer) activations and per-bucket parameters, gradients and Adam moments.
+#include "executor/runtime/train_runner.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include <nlohmann/json.hpp>
+
+#include "executor/kernels/cpu/kernels.h"
+#include "executor/kernels/cpu/reference_model.h"
+#include "simulator/io/op_trace.h"
+
+namespace moeplan::executor {
+namespace {
+
+using cpu::Mat;
+using M = Mat<float>;
+using MapM = Eigen::Map<M>;
+using Vf = cpu::Vec<float>;
+
+constexpr WireFormat kActWire = WireFormat::kFp32;  // activations cross the wire in fp32 (see the header)
+
+size_t sz(int64_t v) {
+  MOEPLAN_ASSERT(v >= 0);
+  return static_cast<size_t>(v);
+}
+
+std::span<float> span_of(M& m) {
+  return {m.data(), sz(m.size())};
+}
+std::span<const float> cspan_of(const M& m) {
+  return {m.data(), sz(m.size())};
+}
+
+// [rows, h] on each rank -> [rows * size, h], rank r's rows at r * rows (token rows of a sequence split).
+M all_gather_rows(Communicator* c, const M& x) {
+  if (c == nullptr) return x;
+  M out(x.rows() * c->size(), x.cols());
+  c->all_gather(cspan_of(x), span_of(out), kActWire);
+  return out;
+}
+// [rows, h] partial sums -> this rank's [rows / size, h] block of the sum.
+M reduce_scatter_rows(Communicator* c, const M& x) {
+  if (c == nullptr) return x;
+  MOEPLAN_ASSERT(x.rows() % c->size() == 0);
+  M out(x.rows() / c->size(), x.cols());
+  c->reduce_scatter(cspan_of(x), span_of(out), kActWire);
+  return out;
+}
+
+enum class Layout : uint8_t { kFull, kCols, kRows };
+
+// One parameter tensor (or this rank's shard of it) inside a bucket.
+struct Entry {
+  std::string name;
+  int64_t rows = 0, cols = 0;  // local shape
+  int64_t offset = 0;          // into the bucket's flat buffers
+  Layout layout = Layout::kFull;
+  int64_t row0 = 0;            // kRows: first global row
+  std::vector<int64_t> gcols;  // kCols: global column of each local column
+  bool tp_replicated = false;  // whole on every tp rank, gradients partial over tp (sequence split)
+  int64_t size() const { return rows * cols; }
+};
+
+// Parameters synchronised together over one group: a layer's dense part, its routed experts, or the outside.
+struct Bucket {
+  std::vector<Entry> entries;
+  CommGroup group = CommGroup::kNone;
+  Communicator* comm = nullptr;  // nullptr: the group has one rank (no gradient sync op in the graph)
+  bool sharded = false;          // ZeRO >= 1 over a group of more than one rank
+  int64_t n = 0, padded = 0, lo = 0, hi = 0;
+  std::vector<float> p, g;      // [padded]: parameters (fp32 master, whole) and gradients
+  std::vector<float> sg, m, v;  // [hi - lo]: synchronised gradient shard, Adam moments
+  std::vector<float> a2a;       // [padded]: received gradient chunks (BF16 all-to-all sync)
+  // ZeRO-2/3: one gradient buffer per micro-batch (the graph reduce-scatters micro-batch j's gradients on the
+  // DP stream without ordering micro-batch j + 1's wgrads after it); the i-th sync op of a step is
+  // micro-batch i's.
+  std::vector<std::vector<float>> g_mb;
+  int syncs = 0;              // sync ops of this bucket run in the current step (DP stream, in order)
+  bool stale = false;         // the optimizer updated this rank's shard since the last parameter gather
+  std::vector<float> gather;  // [padded] all-gather landing buffer (DP stream only)
+
+  size_t add(std::string name, int64_t rows, int64_t cols, Layout layout = Layout::kFull, int64_t row0 = 0,
+             std::vector<int64_t> gcols = {}, bool tp_replicated = false) {
+    entries.push_back({std::move(name), rows, cols, n, layout, row0, std::move(gcols), tp_replicated});
+    n += rows * cols;
+    return entries.size() - 1;
+  }
+  // `count` consecutive entries of one shape starting at entry i, stacked.
+  MapM param(size_t i, int64_t count = 1) {
+    const Entry& e = entries[i];
+    return MapM(p.data() + e.offset, e.rows * count, e.cols);
+  }
+  std::vector<float>& grads_of(int mb) { return g_mb.empty() ? g : g_mb[static_cast<size_t>(mb)]; }
+  MapM grad(size_t i, int mb, int64_t count = 1) {
+    const Entry& e = entries[i];
+    return MapM(grads_of(mb).data() + e.offset, e.rows * count, e.cols);
+  }
+};
+
+struct LayerParams {
+  bool moe = false, shared = false;
+  size_t dense = 0, experts = 0;  // bucket indices (experts only for MoE layers)
+  size_t attn_norm = 0, qkv = 0, out_proj = 0, ffn_norm = 0, fc13 = 0, fc2 = 0;
+  size_t router = 0, shared_fc13 = 0, shared_fc2 = 0, expert_fc13 = 0, expert_fc2 = 0;
+};
+
+// Activations and gradients of one layer for one micro-batch. t = local token rows, Tg = rows after the tp
+// all-gather (the micro-batch's T when tp > 1, else t = T), k = top-k.
+struct LayerState {
+  M x_in, x_mid;                  // [t, h]
+  cpu::RmsNormOut<float> n1, n2;  // [t, h]
+  M a_full;                       // [Tg, h] attention input
+  M qkv, att, lse, o_part;        // [Tg, (hl + 2 kvl) D], [Tg, hl D], [Tg, hl], [Tg, h]
+  M b_full, h13, act, f_part;     // [Tg, h], dense FFN or shared experts: [Tg, 2F], [Tg, F], [Tg, h]
+  M f_local;                      // [t, h] shared experts' output after the tp reduce-scatter
+  cpu::Route<float> route;
+  cpu::RouterStats<float> stats;  // summed over the tp ranks of the micro-batch
+  cpu::PermuteIndex idx;
+  std::vector<int64_t> send_rows, recv_rows;  // [ep] permuted rows to / from each EP peer
+  std::vector<int64_t> recv_counts;           // [ep * El] rows from peer p for local expert e at p El + e
+  std::vector<int64_t> local_counts;          // [El] rows per local expert
+  M xp, xr, e13, ea, eo, yp;  // [t k, h]; expert-major [R, h], [R, 2Fe], [R, Fe], [R, h]; [t k, h]
+  // Backward.
+  M dx_out, dx_mid, d_o, datt, dqkv, da_full, dn1;
+  M dff_full, dact, dh13, db_full, dn2_ffn;
+  M dyp, dgates, d_eo, dea, de13, dxr, dxp, dn2_routed, dlog, dn2_router;
+};
+
+struct MbState {
+  std::vector<int64_t> tokens, targets;  // [t] this rank's rows
+  std::vector<int64_t> pos_full;         // [T] positions of the micro-batch's rows
+  std::vector<LayerState> layers;
+  M x_final, logits, dlogits, dnf, dx_embed;
+  cpu::RmsNormOut<float> nf;
+  Vf mx;
+  cpu::CeStats<float> st;
+};
+
+}  // namespace
+
+std::string train_unsupported(const Plan& p, const ModelSpec& m) {
+  if (const std::string why = cpu::ReferenceModel<float>::unsupported(m); !why.empty()) return why;
+  if (m.tied_embeddings) return "tied embeddings";
+  if (p.pipeline.pp != 1 || p.pipeline.vpp != 1) return "pipeline parallelism (pp > 1)";
+  if (p.attention.sp != 1) return "Ulysses sequence parallelism (sp > 1)";
+  if (p.attention.cp != 1) return "context parallelism (cp > 1)";
+  if (p.experts.etp != 1) return "expert tensor parallelism (etp > 1)";
+  if (p.experts.dispatch != Dispatch::kAllToAll) return "a dispatch other than all_to_all";
+  if (p.overlap.intra_op) return "intra-operator overlap (fused GEMM + collective ops)";
+  if (p.overlap.inter_op)
+    return "inter-operator overlap (the graph does not order side-stream wgrads before the gradient sync)";
+  if (p.compression.grad_sync == GradSync::kBf16AllToAll && p.data.zero == 0)
+    return "BF16 all-to-all gradient sync without ZeRO";
+  if (p.compression.dispatch == DispatchPrecision::kFp8) return "FP8 dispatch";
+  if (p.precision == Precision::kFp8) return "FP8 compute";
+  if (p.routing.capacity_factor) return "a capacity factor (token dropping)";
+  const int64_t tp = p.attention.tp;
+  if (m.attention.num_heads % tp != 0 || m.attention.num_kv_heads % tp != 0)
+    return "tp that does not divide the query and kv heads";
+  if (m.dense_ffn % tp != 0 || (m.moe.num_shared_experts * m.moe.shared_expert_ffn) % tp != 0)
+    return "tp that does not divide the FFN widths";
+  if ((p.micro_batch * p.seq_len) % tp != 0) return "tp that does not divide the micro-batch's tokens";
+  for (const auto& l : m.layers)
+    if (l.moe && m.moe.num_experts % p.experts.ep != 0) return "ep that does not divide the experts";
+  return "";
+}
+
+struct TrainRunner::Impl {
+  const OpGraph& graph;
+  Plan plan;
+  ModelSpec model;
+  TrainPlace place;
+  GroupLookup groups;
+  Communicator& world;
+  cpu::ReferenceConfig cfg;  // seeds, rope, eps, aux coefficient, Adam: the reference's defaults
+
+  int64_t tp = 1, ep = 1, h = 0, D = 0, H = 0, KV = 0, hl = 0, kvl = 0, E = 0, El = 0, k = 0;
+  int64_t seq = 0, mb_seqs = 0, T = 0, t = 0, n_local = 0, n_global = 0;
+  double inv_tokens = 0, aux_scale = 0;
+  Communicator* tp_comm = nullptr;
+  Communicator* ep_comm = nullptr;
+
+  std::vector<Bucket> buckets;
+  std::vector<LayerParams> layers;
+  size_t outside = 0, embedding = 0, final_norm = 0, lm_head = 0;
+  std::vector<MbState> mbs;
+  int64_t step = 0;  // completed optimizer steps
+  double ce_sum = 0, aux_sum = 0;
+
+  Impl(const OpGraph& g, const Plan& p, const ModelSpec& m, TrainPlace pl, GroupLookup gr, Communicator& w)
+      : graph(g), plan(p), model(m), place(pl), groups(std::move(gr)), world(w) {
+    MOEPLAN_ASSERT(train_unsupported(p, m).empty());
+    const auto& a = m.attention;
+    tp = p.attention.tp;
+    ep = p.experts.ep;
+    h = m.hidden;
+    D = a.head_dim;
+    H = a.num_heads;
+    KV = a.num_kv_heads;
+    hl = H / tp;
+    kvl = KV / tp;
+    E = m.moe.num_experts;
+    El = E > 0 ? E / ep : 0;
+    k = m.moe.top_k;
+    seq = p.seq_len;
+    mb_seqs = p.micro_batch;
+    T = mb_seqs * seq;
+    t = T / tp;
+    n_local = p.num_micro_batches();
+    n_global = p.global_batch / p.micro_batch;
+    MOEPLAN_ASSERT(graph.micro_batches == n_local);
+    inv_tokens = 1.0 / static_cast<double>(p.global_batch * seq);
+    aux_scale = 1.0 / static_cast<double>(n_global);
+    tp_comm = groups(CommGroup::kTp);
+    ep_comm = groups(CommGroup::kEp);
+    build_buckets();
+    mbs.resize(sz(n_local));
+    for (MbState& s : mbs) s.layers.resize(layers.size());
+  }
+
+  Bucket& new_bucket(CommGroup group) {
+    Bucket& b = buckets.emplace_back();
+    b.group = group;
+    b.comm = groups(group);
+    return b;
+  }
+
+  void build_buckets() {
+    const int tr = place.tp;
+    const int64_t h0 = tr * hl, f = model.dense_ffn / tp;
+    const int64_t fs = model.moe.num_shared_experts * model.moe.shared_expert_ffn;
+    const int64_t fsl = fs / tp;
+    for (int64_t l = 0; l < model.num_layers(); ++l) {
+      const std::string pre = fmt::format("L{}.", l);
+      LayerParams lp;
+      lp.moe = model.layers[sz(l)].moe;
+      lp.dense = buckets.size();
+      Bucket& d = new_bucket(CommGroup::kAttnReplica);
+      lp.attn_norm = d.add(pre + "attn_norm", 1, h, Layout::kFull, 0, {}, true);
+      lp.qkv = d.add(pre + "qkv", h, (hl + 2 * kvl) * D, Layout::kCols, 0,
+                     cpu::qkv_shard_columns(H, KV, D, h0, h0 + hl));
+      lp.out_proj = d.add(pre + "out_proj", hl * D, h, Layout::kRows, h0 * D);
+      lp.ffn_norm = d.add(pre + "ffn_norm", 1, h, Layout::kFull, 0, {}, true);
+      if (!lp.moe) {
+        lp.fc13 = d.add(pre + "fc13", h, 2 * f, Layout::kCols, 0,
+                        cpu::fc13_shard_columns(model.dense_ffn, tr * f, (tr + 1) * f));
+        lp.fc2 = d.add(pre + "fc2", f, h, Layout::kRows, tr * f);
+      } else {
+        lp.router = d.add(pre + "router", h, E, Layout::kFull, 0, {}, true);
+        lp.shared = fs > 0;
+        if (lp.shared) {
+          lp.shared_fc13 = d.add(pre + "shared.fc13", h, 2 * fsl, Layout::kCols, 0,
+                                 cpu::fc13_shard_columns(fs, tr * fsl, (tr + 1) * fsl));
+          lp.shared_fc2 = d.add(pre + "shared.fc2", fsl, h, Layout::kRows, tr * fsl);
+        }
+        lp.experts = buckets.size();
+        Bucket& x = new_bucket(CommGroup::kExpertDp);
+        const int64_t e0 = place.ep * El, fe = model.moe.expert_ffn;
+        for (int64_t e = e0; e < e0 + El; ++e) {
+          const size_t i = x.add(fmt::format("{}expert{}.fc13", pre, e), h, 2 * fe);
+          if (e == e0) lp.expert_fc13 = i;
+        }
+        for (int64_t e = e0; e < e0 + El; ++e) {
+          const size_t i = x.add(fmt::format("{}expert{}.fc2", pre, e), fe, h);
+          if (e == e0) lp.expert_fc2 = i;
+        }
+      }
+      layers.push_back(lp);
+    }
+    outside = buckets.size();
+    Bucket& o = new_bucket(CommGroup::kNone);  // replicated on every rank; synchronised in the optimizer
+    embedding = o.add("embedding", model.vocab, h);
+    final_norm = o.add("final_norm", 1, h);
+    lm_head = o.add("lm_head", h, model.vocab);
+
+    for (Bucket& b : buckets) {
+      const int gs = b.comm != nullptr ? b.comm->size() : 1;
+      b.sharded = plan.data.zero >= 1 && gs > 1;
+      b.padded = b.sharded ? (b.n + gs - 1) / gs * gs : b.n;
+      const int64_t shard = b.sharded ? b.padded / gs : b.padded;
+      b.lo = b.sharded ? b.comm->rank() * shard : 0;
+      b.hi = b.lo + shard;
+      b.p.assign(sz(b.padded), 0.0f);
+      b.g.assign(sz(b.padded), 0.0f);
+      if (plan.data.zero >= 2 && b.comm != nullptr)
+        b.g_mb.assign(sz(n_local), std::vector<float>(sz(b.padded), 0.0f));
+      b.sg.assign(sz(shard), 0.0f);
+      b.m.assign(sz(shard), 0.0f);
+      b.v.assign(sz(shard), 0.0f);
+      for (size_t i = 0; i < b.entries.size(); ++i) {
+        const Entry& e = b.entries[i];
+        MapM w = b.param(i);
+        if (e.name.ends_with("_norm")) {
+          w.setOnes();
+        } else if (e.layout == Layout::kCols) {
+          cpu::init_columns<float>(w, cfg.param_seed, e.name, 0, e.gcols);
+        } else {
+          cpu::init_block<float>(w, cfg.param_seed, e.name, e.layout == Layout::kRows ? e.row0 : 0, 0);
+        }
+      }
+    }
+  }
+
+  // The bucket a gradient-sync or parameter-gather op of `layer` over `group` refers to.
+  Bucket& bucket_of(const Op& op) {
+    const LayerParams& lp = layers[sz(op.layer)];
+    if (op.comm.group == CommGroup::kAttnReplica) return buckets[lp.dense];
+    MOEPLAN_ASSERT(op.comm.group == CommGroup::kExpertDp && lp.moe);
+    return buckets[lp.experts];
+  }
+
+  // The activation leaving layer l (the next layer's input, or the final norm's).
+  M& layer_output(MbState& s, size_t l) { return l + 1 < layers.size() ? s.layers[l + 1].x_in : s.x_final; }
+  // Where the gradient of layer l's input goes.
+  M& layer_input_grad(MbState& s, size_t l) { return l > 0 ? s.layers[l - 1].dx_out : s.dx_embed; }
+
+  cpu::AttnHeads heads(size_t l) const {
+    return {H, KV, D, place.tp * hl, place.tp * kvl, model.layers[l].window};
+  }
+
+  // ---- ops outside the layers
+  void embedding_fwd(MbState& s, int mb) {
+    const int64_t g = static_cast<int64_t>(place.dp) * n_local + mb;  // global micro-batch of the step
+    std::vector<int64_t> seqs(sz(mb_seqs));
+    for (int64_t i = 0; i < mb_seqs; ++i) seqs[sz(i)] = step * plan.global_batch + g * mb_seqs + i;
+    const cpu::TokenBatch tb = cpu::synthetic_batch(cfg.data_seed, seqs, seq, model.vocab);
+    const auto r0 = static_cast<ptrdiff_t>(place.tp * t), r1 = r0 + static_cast<ptrdiff_t>(t);
+    s.tokens.assign(tb.tokens.begin() + r0, tb.tokens.begin() + r1);
+    s.targets.assign(tb.targets.begin() + r0, tb.targets.begin() + r1);
+    s.pos_full.resize(sz(T));
+    for (int64_t r = 0; r < T; ++r) s.pos_full[sz(r)] = r % seq;
+    Bucket& o = buckets[outside];
+    (layers.empty() ? s.x_final : s.layers[0].x_in) =
+        cpu::embedding_forward<float>(s.tokens, o.param(embedding), 0);
+  }
+
+  void head(const Op& op, MbState& s) {
+    Bucket& o = buckets[outside];
+    const bool fwd = op.phase != Phase::kBackward;
+    switch (static_cast<OpName>(op.name)) {
+      case OpName::kEmbedding:
+        if (fwd) {
+          embedding_fwd(s, op.micro_batch);
+        } else {
+          cpu::embedding_backward<float>(s.tokens, s.dx_embed, 0, o.grad(embedding, op.micro_batch));
+        }
+        return;
+      case OpName::kFinalNorm:
+        if (fwd) {
+          s.nf = cpu::rmsnorm_forward<float>(s.x_final, o.param(final_norm), cfg.norm_eps);
+        } else {
+          layer_input_grad(s, layers.size()) = cpu::rmsnorm_backward<float>(
+              s.x_final, o.param(final_norm), s.nf.inv_rms, s.dnf, o.grad(final_norm, op.micro_batch));
+        }
+        return;
+      case OpName::kLmHead:
+        if (fwd) {
+          s.logits = cpu::linear_forward<float>(s.nf.y, o.param(lm_head));
+        } else if (op.part == GemmPart::kDgrad) {
+          s.dnf = cpu::linear_dgrad<float>(s.dlogits, o.param(lm_head));
+        } else {
+          cpu::linear_wgrad<float>(s.nf.y, s.dlogits, o.grad(lm_head, op.micro_batch));
+        }
+        return;
+      case OpName::kLoss:
+        if (fwd) {
+          s.mx = cpu::loss_local_max<float>(s.logits);
+          s.st = cpu::loss_local_stats<float>(s.logits, s.targets, 0, s.mx);
+          ce_sum += static_cast<double>(cpu::loss_forward<float>(s.mx, s.st, inv_tokens));
+        } else {
+          s.dlogits = cpu::loss_backward<float>(s.logits, s.targets, 0, s.mx, s.st.sum_exp, inv_tokens);
+        }
+        return;
+      default:
+        MOEPLAN_ASSERT(false && "not an op outside the layers");
+    }
+  }
+
+  // ---- attention block
+  void attention(const Op& op, MbState& s, size_t l) {
+    LayerState& c = s.layers[l];
+    const LayerParams& lp = layers[l];
+    Bucket& b = buckets[lp.dense];
+    const bool fwd = op.phase != Phase::kBackward;
+    const int64_t qc = hl * D, kc = kvl * D;
+    const cpu::Positions pos(s.pos_full);
+    switch (static_cast<OpName>(op.name)) {
+      case OpName::kAttnNorm:
+        if (fwd) {
+          c.n1 = cpu::rmsnorm_forward<float>(c.x_in, b.param(lp.attn_norm), cfg.norm_eps);
+          c.a_full = c.n1.y;
+        } else {
+          const M& dn1 = tp > 1 ? c.dn1 : c.da_full;
+          layer_input_grad(s, l) =
+              c.dx_mid + cpu::rmsnorm_backward<float>(c.x_in, b.param(lp.attn_norm), c.n1.inv_rms, dn1,
+                                                      b.grad(lp.attn_norm, op.micro_batch));
+        }
+        return;
+      case OpName::kAttnAg:  // backward: reduce-scatter of the input gradient
+        if (fwd) {
+          c.a_full = all_gather_rows(tp_comm, c.n1.y);
+        } else {
+          c.dn1 = reduce_scatter_rows(tp_comm, c.da_full);
+        }
+        return;
+      case OpName::kQkvProj:
+        if (fwd) {
+          c.qkv = cpu::linear_forward<float>(c.a_full, b.param(lp.qkv));
+        } else if (op.part == GemmPart::kDgrad) {
+          c.da_full = cpu::linear_dgrad<float>(c.dqkv, b.param(lp.qkv));
+        } else {
+          cpu::linear_wgrad<float>(c.a_full, c.dqkv, b.grad(lp.qkv, op.micro_batch));
+        }
+        return;
+      case OpName::kRope:
+        if (fwd) {
+          cpu::rope_forward<float>(c.qkv.leftCols(qc), pos, D, cfg.rope_theta);
+          cpu::rope_forward<float>(c.qkv.middleCols(qc, kc), pos, D, cfg.rope_theta);
+        } else {
+          cpu::rope_backward<float>(c.dqkv.leftCols(qc), pos, D, cfg.rope_theta);
+          cpu::rope_backward<float>(c.dqkv.middleCols(qc, kc), pos, D, cfg.rope_theta);
+        }
+        return;
+      case OpName::kAttnCore: {
+        const cpu::AttnHeads hd = heads(l);
+        if (fwd) {
+          c.att.resize(T, qc);
+          c.lse.resize(T, hl);
+        } else {
+          c.dqkv.resize(T, c.qkv.cols());
+        }
+        for (int64_t q = 0; q < mb_seqs; ++q) {
+          const cpu::Positions ps = pos.subspan(sz(q * seq), sz(seq));
+          const auto rows = c.qkv.middleRows(q * seq, seq);
+          if (fwd) {
+            cpu::AttnOut<float> o = cpu::attn_core_forward<float>(rows.leftCols(qc), rows.middleCols(qc, kc),
+                                                                  rows.middleCols(qc + kc, kc), ps, ps, hd);
+            c.att.middleRows(q * seq, seq) = o.out;
+            c.lse.middleRows(q * seq, seq) = o.lse;
+          } else {
+            cpu::AttnGrads<float> g = cpu::attn_core_backward<float>(
+                rows.leftCols(qc), rows.middleCols(qc, kc), rows.middleCols(qc + kc, kc),
+                c.att.middleRows(q * seq, seq), c.lse.middleRows(q * seq, seq),
+                c.datt.middleRows(q * seq, seq), ps, ps, hd);
+            c.dqkv.block(q * seq, 0, seq, qc) = g.dq;
+            c.dqkv.block(q * seq, qc, seq, kc) = g.dk;
+            c.dqkv.block(q * seq, qc + kc, seq, kc) = g.dv;
+          }
+        }
+        return;
+      }
+      case OpName::kOutProj: {
+        const M& dy = tp > 1 ? c.d_o : c.dx_mid;
+        if (fwd) {
+          c.o_part = cpu::linear_forward<float>(c.att, b.param(lp.out_proj));
+          if (tp == 1) c.x_mid = c.x_in + c.o_part;
+        } else if (op.part == GemmPart::kDgrad) {
+          c.datt = cpu::linear_dgrad<float>(dy, b.param(lp.out_proj));
+        } else {
+          cpu::linear_wgrad<float>(c.att, dy, b.grad(lp.out_proj, op.micro_batch));
+        }
+        return;
+      }
+      case OpName::kAttnRs:  // backward: all-gather of the output gradient
+        if (fwd) {
+          c.x_mid = c.x_in + reduce_scatter_rows(tp_comm, c.o_part);
+        } else {
+          c.d_o = all_gather_rows(tp_comm, c.dx_mid);
+        }
+        return;
+      default:
+        MOEPLAN_ASSERT(false && "not an attention op");
+    }
+  }
+
+  // ---- FFN block: ffn_norm and the dense FFN or the shared experts (the same ops on b_full)
+  void ffn(const Op& op, MbState& s, size_t l) {
+    LayerState& c = s.layers[l];
+    const LayerParams& lp = layers[l];
+    Bucket& b = buckets[lp.dense];
+    const bool fwd = op.phase != Phase::kBackward;
+    const size_t w13 = lp.moe ? lp.shared_fc13 : lp.fc13, w2 = lp.moe ? lp.shared_fc2 : lp.fc2;
+    switch (static_cast<OpName>(op.name)) {
+      case OpName::kFfnNorm:
+        if (fwd) {
+          c.n2 = cpu::rmsnorm_forward<float>(c.x_mid, b.param(lp.ffn_norm), cfg.norm_eps);
+          c.b_full = c.n2.y;
+        } else {
+          // d(b) = routed + shared + router (the reference's order); dense layers: the FFN's alone.
+          M dn2;
+          if (lp.moe) {
+            dn2 = c.dn2_routed;
+            if (lp.shared) dn2 += tp > 1 ? c.dn2_ffn : c.db_full;
+            dn2 += c.dn2_router;
+          } else {
+            dn2 = tp > 1 ? c.dn2_ffn : c.db_full;
+          }
+          c.dx_mid = c.dx_out + cpu::rmsnorm_backward<float>(c.x_mid, b.param(lp.ffn_norm), c.n2.inv_rms, dn2,
+                                                             b.grad(lp.ffn_norm, op.micro_batch));
+        }
+        return;
+      case OpName::kFfnAg:
+      case OpName::kSharedAg:
+        if (fwd) {
+          c.b_full = all_gather_rows(tp_comm, c.n2.y);
+        } else {
+          c.dn2_ffn = reduce_scatter_rows(tp_comm, c.db_full);
+        }
+        return;
+      case OpName::kFc13:
+      case OpName::kSharedFc13:
+        if (fwd) {
+          c.h13 = cpu::linear_forward<float>(c.b_full, b.param(w13));
+        } else if (op.part == GemmPart::kDgrad) {
+          c.db_full = cpu::linear_dgrad<float>(c.dh13, b.param(w13));
+        } else {
+          cpu::linear_wgrad<float>(c.b_full, c.dh13, b.grad(w13, op.micro_batch));
+        }
+        return;
+      case OpName::kAct:
+      case OpName::kSharedAct:
+        if (fwd) {
+          c.act = cpu::swiglu_forward<float>(c.h13);
+        } else {
+          c.dh13 = cpu::swiglu_backward<float>(c.h13, c.dact);
+        }
+        return;
+      case OpName::kFc2:
+      case OpName::kSharedFc2: {
+        const M& dy = tp > 1 ? c.dff_full : c.dx_out;
+        if (fwd) {
+          c.f_part = cpu::linear_forward<float>(c.act, b.param(w2));
+          if (tp == 1 && !lp.moe) layer_output(s, l) = c.x_mid + c.f_part;
+          if (tp == 1 && lp.moe) c.f_local = c.f_part;
+        } else if (op.part == GemmPart::kDgrad) {
+          c.dact = cpu::linear_dgrad<float>(dy, b.param(w2));
+        } else {
+          cpu::linear_wgrad<float>(c.act, dy, b.grad(w2, op.micro_batch));
+        }
+        return;
+      }
+      case OpName::kFfnRs:
+      case OpName::kSharedRs:
+        if (fwd) {
+          if (lp.moe) {
+            c.f_local = reduce_scatter_rows(tp_comm, c.f_part);
+          } else {
+            layer_output(s, l) = c.x_mid + reduce_scatter_rows(tp_comm, c.f_part);
+          }
+        } else {
+          c.dff_full = all_gather_rows(tp_comm, c.dx_out);
+        }
+        return;
+      default:
+        MOEPLAN_ASSERT(false && "not an FFN op");
+    }
+  }
+
+  // ---- routed experts
+  // Source-major rows ([peer p][local expert e]) <-> expert-major rows ([e][p]).
+  M reorder(const LayerState& c, const M& x, bool to_expert) const {
+    if (ep == 1) return x;
+    M out(x.rows(), x.cols());
+    std::vector<int64_t> src(sz(ep * El)), dst(sz(ep * El));
+    int64_t r = 0;
+    for (int64_t p = 0; p < ep; ++p)
+      for (int64_t e = 0; e < El; ++e) {
+        src[sz(p * El + e)] = r;
+        r += c.recv_counts[sz(p * El + e)];
+      }
+    r = 0;
+    for (int64_t e = 0; e < El; ++e)
+      for (int64_t p = 0; p < ep; ++p) {
+        dst[sz(p * El + e)] = r;
+        r += c.recv_counts[sz(p * El + e)];
+      }
+    for (size_t i = 0; i < src.size(); ++i) {
+      const int64_t n = c.recv_counts[i];
+      if (n == 0) continue;
+      if (to_expert) {
+        out.middleRows(dst[i], n) = x.middleRows(src[i], n);
+      } else {
+        out.middleRows(src[i], n) = x.middleRows(dst[i], n);
+      }
+    }
+    return out;
+  }
+  // Rows to each EP peer (send_rows of x, in peer order) -> rows from each peer.
+  M exchange(const M& x, const std::vector<int64_t>& send_rows, const std::vector<int64_t>& recv_rows) {
+    if (ep == 1) return x;
+    std::vector<int64_t> sc(sz(ep)), rc(sz(ep));
+    int64_t total = 0;
+    for (size_t p = 0; p < sz(ep); ++p) {
+      sc[p] = send_rows[p] * h;
+      rc[p] = recv_rows[p] * h;
+      total += recv_rows[p];
+    }
+    M out(total, h);
+    ep_comm->all_to_all_v(cspan_of(x), sc, span_of(out), rc, kActWire);
+    return out;
+  }
+
+  void moe(const Op& op, MbState& s, size_t l) {
+    LayerState& c = s.layers[l];
+    const LayerParams& lp = layers[l];
+    Bucket& b = buckets[lp.dense];
+    Bucket& x = buckets[lp.experts];
+    const bool fwd = op.phase != Phase::kBackward;
+    switch (static_cast<OpName>(op.name)) {
+      case OpName::kRouter:
+        if (fwd) {
+          const M logits = cpu::linear_forward<float>(c.n2.y, b.param(lp.router));
+          c.route = cpu::router_forward<float>(logits, k, cfg.renormalize_gates);
+          c.stats = cpu::router_local_stats<float>(c.route);
+          if (tp_comm != nullptr) {  // the tp ranks split the micro-batch's tokens: sum their statistics
+            std::vector<float> st(sz(2 * E));
+            std::copy(c.stats.counts.data(), c.stats.counts.data() + E, st.begin());
+            std::copy(c.stats.prob_sums.data(), c.stats.prob_sums.data() + E, st.begin() + E);
+            tp_comm->all_reduce(st, WireFormat::kFp32);
+            std::copy(st.begin(), st.begin() + E, c.stats.counts.data());
+            std::copy(st.begin() + E, st.end(), c.stats.prob_sums.data());
+          }
+          if (place.tp == 0 && op.phase == Phase::kForward)
+            aux_sum += static_cast<double>(cpu::aux_loss<float>(c.stats, T, k, cfg.aux_coef)) * aux_scale;
+        } else if (op.part == GemmPart::kDgrad) {
+          const Vf aux_dp = cpu::aux_loss_dprobs<float>(c.stats, T, k, cfg.aux_coef, aux_scale);
+          c.dlog = cpu::router_backward<float>(c.route, c.dgates, aux_dp);
+          c.dn2_router = cpu::linear_dgrad<float>(c.dlog, b.param(lp.router));
+        } else {
+          cpu::linear_wgrad<float>(c.n2.y, c.dlog, b.grad(lp.router, op.micro_batch));
+        }
+        return;
+      case OpName::kPermute:
+        if (fwd) {
+          c.idx = cpu::make_permute_index(c.route.experts, t, k, E);
+          c.xp = cpu::permute_forward<float>(c.n2.y, c.idx);
+        } else {
+          c.dn2_routed = cpu::permute_backward<float>(c.dxp, c.idx);
+        }
+        return;
+      case OpName::kDispatchA2a:
+        if (fwd) {
+          dispatch_counts(c);
+          c.xr = reorder(c, exchange(c.xp, c.send_rows, c.recv_rows), true);
+        } else {
+          c.dxp = exchange(reorder(c, c.dxr, false), c.recv_rows, c.send_rows);
+        }
+        return;
+      case OpName::kExpertFc13:
+        if (fwd) {
+          c.e13 = cpu::expert_gemm_forward<float>(c.xr, x.param(lp.expert_fc13, El), c.local_counts);
+        } else if (op.part == GemmPart::kDgrad) {
+          c.dxr = cpu::expert_gemm_dgrad<float>(c.de13, x.param(lp.expert_fc13, El), c.local_counts);
+        } else {
+          cpu::expert_gemm_wgrad<float>(c.xr, c.de13, c.local_counts,
+                                        x.grad(lp.expert_fc13, op.micro_batch, El));
+        }
+        return;
+      case OpName::kExpertAct:
+        if (fwd) {
+          c.ea = cpu::swiglu_forward<float>(c.e13);
+        } else {
+          c.de13 = cpu::swiglu_backward<float>(c.e13, c.dea);
+        }
+        return;
+      case OpName::kExpertFc2:
+        if (fwd) {
+          c.eo = cpu::expert_gemm_forward<float>(c.ea, x.param(lp.expert_fc2, El), c.local_counts);
+        } else if (op.part == GemmPart::kDgrad) {
+          c.dea = cpu::expert_gemm_dgrad<float>(c.d_eo, x.param(lp.expert_fc2, El), c.local_counts);
+        } else {
+          cpu::expert_gemm_wgrad<float>(c.ea, c.d_eo, c.local_counts,
+                                        x.grad(lp.expert_fc2, op.micro_batch, El));
+        }
+        return;
+      case OpName::kCombineA2a:
+        if (fwd) {
+          c.yp = exchange(reorder(c, c.eo, false), c.recv_rows, c.send_rows);
+        } else {
+          c.d_eo = reorder(c, exchange(c.dyp, c.send_rows, c.recv_rows), true);
+        }
+        return;
+      case OpName::kUnpermute:
+        if (fwd) {
+          M y = lp.shared ? c.f_local : M::Zero(t, h);
+          cpu::unpermute_forward<float>(c.yp, c.idx, c.route.gates, y);
+          layer_output(s, l) = c.x_mid + y;
+        } else {
+          cpu::UnpermuteGrads<float> ug =
+              cpu::unpermute_backward<float>(c.dx_out, c.yp, c.idx, c.route.gates);
+          c.dyp = std::move(ug.dyp);
+          c.dgates = std::move(ug.dgates);
+        }
+        return;
+      default:
+        MOEPLAN_ASSERT(false && "not an MoE op");
+    }
+  }
+
+  // Rows per (peer, local expert) for this micro-batch's dispatch: a small all-to-all of the counts.
+  void dispatch_counts(LayerState& c) {
+    c.send_rows.assign(sz(ep), 0);
+    for (int64_t p = 0; p < ep; ++p)
+      c.send_rows[sz(p)] = c.idx.offsets[sz((p + 1) * El)] - c.idx.offsets[sz(p * El)];
+    if (ep == 1) {
+      c.recv_rows = c.send_rows;
+      c.recv_counts = c.idx.counts;
+      c.local_counts = c.idx.counts;
+      return;
+    }
+    std::vector<float> mine(sz(E)), theirs(sz(E));
+    for (int64_t e = 0; e < E; ++e)
+      mine[sz(e)] = static_cast<float>(c.idx.counts[sz(e)]);  // exact below 2^24
+    const std::vector<int64_t> per_peer(sz(ep), El);
+    ep_comm->all_to_all_v(mine, per_peer, theirs, per_peer, WireFormat::kFp32);
+    c.recv_counts.assign(sz(E), 0);
+    c.recv_rows.assign(sz(ep), 0);
+    c.local_counts.assign(sz(El), 0);
+    for (int64_t p = 0; p < ep; ++p)
+      for (int64_t e = 0; e < El; ++e) {
+        const auto n = static_cast<int64_t>(theirs[sz(p * El + e)]);
+        c.recv_counts[sz(p * El + e)] = n;
+        c.recv_rows[sz(p)] += n;
+        c.local_counts[sz(e)] += n;
+      }
+  }
+
+  // ---- data parallelism and the optimizer
+  // grad_cast and grad_reduce carry no group: they belong to the grad_a2a they feed or follow.
+  Bucket& sync_bucket_of(const Op& op) {
+    if (op.kind == OpKind::kCollective) return bucket_of(op);
+    for (const int32_t d : graph.deps_of(op)) {
+      const Op& dep = graph.ops[sz(d)];
+      if (static_cast<OpName>(dep.name) == OpName::kGradA2a) return bucket_of(dep);
+    }
+    MOEPLAN_ASSERT(false && "grad_reduce without its grad_a2a");
+    std::abort();
+  }
+
+  void grad_sync(const Op& op) {
+    if (static_cast<OpName>(op.name) == OpName::kGradCast) return;  // fp32 -> bf16: the a2a's wire rounds
+    Bucket& b = sync_bucket_of(op);
+    MOEPLAN_ASSERT(b.comm != nullptr);
+    const auto shard = static_cast<size_t>(b.hi - b.lo);
+    const bool reads_grads = static_cast<OpName>(op.name) != OpName::kGradReduce;
+    std::vector<float>& g =
+        b.grads_of(reads_grads && !b.g_mb.empty() ? b.syncs++ % static_cast<int>(n_local) : 0);
+    switch (static_cast<OpName>(op.name)) {
+      case OpName::kGradRs:
+        if (op.comm.collective == Collective::kAllReduce) {
+          MOEPLAN_ASSERT(!b.sharded);
+          b.comm->all_reduce(g, WireFormat::kFp32);
+          for (size_t i = 0; i < shard; ++i) b.sg[i] += g[i];
+        } else {
+          MOEPLAN_ASSERT(b.sharded && op.comm.collective == Collective::kReduceScatter);
+          std::vector<float> out(shard);
+          b.comm->reduce_scatter(g, out, WireFormat::kFp32);
+          for (size_t i = 0; i < shard; ++i) b.sg[i] += out[i];
+        }
+        std::fill(g.begin(), g.end(), 0.0f);
+        return;
+      case OpName::kGradA2a: {
+        MOEPLAN_ASSERT(b.sharded);
+        const std::vector<int64_t> counts(sz(b.comm->size()), static_cast<int64_t>(shard));
+        b.a2a.assign(g.size(), 0.0f);
+        b.comm->all_to_all_v(g, counts, b.a2a, counts, WireFormat::kBf16);
+        std::fill(g.begin(), g.end(), 0.0f);
+        return;
+      }
+      case OpName::kGradReduce:  // local fp32 reduce of the received bf16 chunks, in rank order
+        for (int r = 0; r < b.comm->size(); ++r)
+          for (size_t i = 0; i < shard; ++i) b.sg[i] += b.a2a[static_cast<size_t>(r) * shard + i];
+        return;
+      default:
+        MOEPLAN_ASSERT(false && "not a gradient sync op");
+    }
+  }
+
+  // The all-gather always runs; its result replaces the parameters only when the optimizer changed a shard
+  // since the last gather (later gathers of the step, ZeRO-3's per micro-batch, would rewrite the same values
+  // while another stream reads them).
+  void param_gather(Bucket& b) {
+    if (!b.sharded) return;
+    const std::vector<float> mine(b.p.begin() + b.lo, b.p.begin() + b.hi);
+    b.gather.resize(b.p.size());
+    b.comm->all_gather(mine, b.gather, WireFormat::kFp32);
+    if (b.stale) b.p.swap(b.gather);
+    b.stale = false;
+  }
+
+  void optimizer() {
+    ++step;
+    Bucket& o = buckets[outside];
+    if (world.size() > 1) world.all_reduce(o.g, WireFormat::kFp32);
+    for (size_t bi = 0; bi < buckets.size(); ++bi) {
+      Bucket& b = buckets[bi];
+      if (bi == outside || b.comm == nullptr) {  // no gradient sync op in the graph: the shard is everything
+        for (size_t i = 0; i < b.sg.size(); ++i) b.sg[i] += b.g[i];
+        std::fill(b.g.begin(), b.g.end(), 0.0f);
+      }
+      if (tp_comm != nullptr && bi != outside) {
+        for (const Entry& e : b.entries) {
+          if (!e.tp_replicated) continue;
+          const int64_t lo = std::max(e.offset, b.lo), hi = std::min(e.offset + e.size(), b.hi);
+          if (lo < hi)
+            tp_comm->all_reduce(std::span<float>(b.sg).subspan(sz(lo - b.lo), sz(hi - lo)),
+                                WireFormat::kFp32);
+        }
+      }
+      cpu::adam_step<float>(std::span<float>(b.p).subspan(sz(b.lo), sz(b.hi - b.lo)), b.sg, b.m, b.v, step,
+                            cfg.adam);
+      std::fill(b.sg.begin(), b.sg.end(), 0.0f);
+      b.stale = b.sharded;
+      b.syncs = 0;
+    }
+  }
+
+  void run(const Op& op) {
+    const auto name = static_cast<OpName>(op.name);
+    // A recompute op re-runs its forward (phase != kBackward below) and reproduces values the runner kept.
+    switch (name) {
+      case OpName::kGradRs:
+      case OpName::kGradCast:
+      case OpName::kGradA2a:
+      case OpName::kGradReduce:
+        grad_sync(op);
+        return;
+      case OpName::kParamAg:
+        param_gather(bucket_of(op));
+        return;
+      case OpName::kOptimizerStep:
+        optimizer();
+        return;
+      default:
+        break;
+    }
+    MOEPLAN_ASSERT(op.micro_batch >= 0 && op.micro_batch < n_local);
+    MbState& s = mbs[sz(op.micro_batch)];
+    if (op.layer < 0) {
+      head(op, s);
+      return;
+    }
+    const auto l = static_cast<size_t>(op.layer);
+    switch (name) {
+      case OpName::kAttnNorm:
+      case OpName::kAttnAg:
+      case OpName::kQkvProj:
+      case OpName::kRope:
+      case OpName::kAttnCore:
+      case OpName::kOutProj:
+      case OpName::kAttnRs:
+        attention(op, s, l);
+        return;
+      case OpName::kFfnNorm:
+      case OpName::kFfnAg:
+      case OpName::kFc13:
+      case OpName::kAct:
+      case OpName::kFc2:
+      case OpName::kFfnRs:
+      case OpName::kSharedAg:
+      case OpName::kSharedFc13:
+      case OpName::kSharedAct:
+      case OpName::kSharedFc2:
+      case OpName::kSharedRs:
+        ffn(op, s, l);
+        return;
+      case OpName::kRouter:
+      case OpName::kPermute:
+      case OpName::kDispatchA2a:
+      case OpName::kExpertFc13:
+      case OpName::kExpertAct:
+      case OpName::kExpertFc2:
+      case OpName::kCombineA2a:
+      case OpName::kUnpermute:
+        moe(op, s, l);
+        return;
+      default:
+        MOEPLAN_ASSERT(false && "op the train runner does not implement (train_unsupported should refuse)");
+    }
+  }
+
+  // Which rank writes each tensor into the dump: one replica of each piece.
+  bool dump_owner(size_t bi, const Entry& e) const {
+    if (bi == outside) return place.world_rank == 0;
+    if (buckets[bi].group == CommGroup::kExpertDp) return place.expert_dp == 0;
+    return place.attn_replica == 0 && (!e.tp_replicated || place.tp == 0);
+  }
+};
+
+TrainRunner::TrainRunner(const OpGraph& graph, const Plan& plan, const ModelSpec& model, TrainPlace place,
+                         GroupLookup groups, Communicator& world)
+    : impl_(std::make_unique<Impl>(graph, plan, model, place, std::move(groups), world)) {
+  Eigen::setNbThreads(1);
+}
+
+TrainRunner::~TrainRunner() = default;
+
+void TrainRunner::run(const Op& op) {
+  impl_->run(op);
+}
+
+void TrainRunner::receive(const Op& /*send*/) {
+  MOEPLAN_ASSERT(false && "pipeline receives: the train runner refuses pp > 1");
+}
+
+TrainLoss TrainRunner::finish_step() {
+  std::vector<float> v = {static_cast<float>(impl_->ce_sum), static_cast<float>(impl_->aux_sum)};
+  if (impl_->world.size() > 1) impl_->world.all_reduce(v, WireFormat::kFp32);
+  impl_->ce_sum = impl_->aux_sum = 0;
+  return {static_cast<double>(v[0]) + static_cast<double>(v[1]), v[0], v[1]};
+}
+
+Result<bool> TrainRunner::dump_params(const std::string& path) {
+  Impl& I = *impl_;
+  for (Bucket& b : I.buckets) I.param_gather(b);  // ZeRO shards updated after the last gather
+  const cpu::ReferenceModel<float> layout(I.model, I.cfg);
+  const auto& infos = layout.params();
+  std::vector<float> flat(layout.flat_params().size(), 0.0f);
+  for (size_t bi = 0; bi < I.buckets.size(); ++bi) {
+    Bucket& b = I.buckets[bi];
+    for (size_t ei = 0; ei < b.entries.size(); ++ei) {
+      const Entry& e = b.entries[ei];
+      if (!I.dump_owner(bi, e)) continue;
+      const cpu::ParamInfo& gi = layout.info(e.name);
+      MapM global(flat.data() + gi.offset, gi.rows, gi.cols);
+      const MapM local = b.param(ei);
+      switch (e.layout) {
+        case Layout::kFull:
+          global = local;
+          break;
+        case Layout::kRows:
+          global.middleRows(e.row0, e.rows) = local;
+          break;
+        case Layout::kCols:
+          for (int64_t j = 0; j < e.cols; ++j) global.col(e.gcols[sz(j)]) = local.col(j);
+          break;
+      }
+    }
+  }
+  // Every value has one owner and zeros elsewhere, so the fp32 sum is exact.
+  if (I.world.size() > 1) I.world.all_reduce(flat, WireFormat::kFp32);
+  if (I.place.world_rank != 0) return true;
+  nlohmann::json header = {{"format", "moerun-params-v1"}, {"params", nlohmann::json::array()}};
+  for (const cpu::ParamInfo& i : infos)
+    header["params"].push_back({{"name", i.name}, {"rows", i.rows}, {"cols", i.cols}, {"offset", i.offset}});
+  const std::string hs = header.dump();
+  std::string out = "MOERUNP1";
+  const uint64_t n = hs.size();
+  out.append(reinterpret_cast<const char*>(&n), sizeof n);  // little-endian hosts only (x86, arm64)
+  out += hs;
+  out.append(reinterpret_cast<const char*>(flat.data()), flat.size() * sizeof(float));
+  return write_file_atomic(path, out);
+}
+
+}  // namespace moeplan::executor

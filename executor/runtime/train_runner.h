@@ -1,0 +1,90 @@
+// TrainRunner: the numerical OpRunner. It performs each op of this rank's op graph for real on this rank's
+// shard of the model (fp32, moerun's CPU kernels), so `moerun run --runner train` trains the plan's model and
+// must compute the losses and parameter updates of the single-rank ReferenceModel (reference_model.h).
+//
+// Data: step s trains sequences [s B, (s + 1) B) (B = global batch); the g-th micro-batch of the step holds
+// sequences s B + g mb + [0, mb); attention data-parallel rank r runs micro-batches g = r n + j, j = 0..n-1
+// (n = micro-batches per rank), and inside a micro-batch tp rank i holds token rows [i t, (i + 1) t)
+// (t = mb seq / tp, sequence-major). Loss scaling as the reference: 1 / tokens of the global batch for CE,
+// 1 / micro-batches of the global batch for the aux loss.
+//
+// Parameters live in buckets, one per (layer, group): the layer's attention-side ("dense") parameters,
+// tp-sharded Megatron-style and replicated over the attention replicas (gradient sync over kAttnReplica), the
+// layer's routed experts (this EP rank's experts, sync over kExpertDp), and one "outside" bucket with the
+// embedding, final norm and lm_head. A bucket's flat buffer is padded to a multiple of its group size; with
+// ZeRO >= 1 and a group of more than one rank, group rank i owns shard i (its Adam moments and the update).
+//
+// Where the op graph has no op for a reduction that the numerics need, the runner performs it inside the op
+// named below (the lowering only models the bytes that dominate the step; these are small):
+//   router (tp > 1): the all-reduce (sum over tp) of the router statistics of the aux loss;
+//   optimizer: the gradients of the outside bucket (all-reduce over the world: the embedding and the head are
+//     kept whole on every rank, replicated over tp, each rank holding different tokens), and the tp
+//     all-reduce of the tp-replicated, sequence-split parameters (norms, router) inside this rank's shard;
+//   EP dispatch: the per-expert row counts travel in a small all-to-all before the rows.
+// Activations cross the wire in fp32 (the runner computes in fp32 whatever `precision` says, as the reference
+// does); compression settings that change numerics are either honoured or refused (train_unsupported).
+//
+// Recompute ops re-run their forward handler (all activations are kept, so they reproduce the same values).
+// ZeRO-2/3: wgrads write a per-micro-batch gradient buffer that the i-th sync op of the step reduces;
+// parameter all-gathers always communicate but replace the parameters only after an optimizer step.
+//
+// Threads: ops of different streams may run at once. State is preallocated per (micro-batch, layer) and per
+// bucket, so ops the graph leaves unordered touch different objects; train_unsupported refuses the plans
+// whose graph leaves a producer and its consumer unordered (inter-op overlap: side-stream wgrads are not
+// ordered before the gradient sync).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "executor/comm/communicator.h"
+#include "executor/runtime/op_runner.h"
+#include "executor/runtime/replay_runner.h"
+#include "simulator/core/model_spec.h"
+#include "simulator/core/op_graph.h"
+#include "simulator/core/plan.h"
+#include "simulator/core/status.h"
+
+namespace moeplan::executor {
+
+// This rank's index in each group it belongs to (RankLayout's indices).
+struct TrainPlace {
+  int world_rank = 0;
+  int tp = 0, dp = 0, ep = 0, attn_replica = 0, expert_dp = 0;
+};
+
+// Empty when the train runner can execute `plan` of `model`, else one phrase naming what it cannot do.
+std::string train_unsupported(const Plan& plan, const ModelSpec& model);
+
+struct TrainLoss {
+  double total = 0, ce = 0, aux = 0;
+};
+
+class TrainRunner final : public OpRunner {
+ public:
+  // `groups(g)`: this rank's communicator of group kind g, nullptr when the group has one rank; `world`: all
+  // ranks. Asserts train_unsupported(plan, model) is empty.
+  TrainRunner(const OpGraph& graph, const Plan& plan, const ModelSpec& model, TrainPlace place,
+              GroupLookup groups, Communicator& world);
+  ~TrainRunner() override;
+
+  void run(const Op& op) override;
+  void receive(const Op& send) override;
+
+  // After a step's ops have run (collective over the world): the step's loss, summed over all ranks.
+  TrainLoss finish_step();
+
+  // Collective over the world. On world rank 0: writes every parameter tensor, whole, to `path`, atomically:
+  //   "MOERUNP1" (8 bytes), uint64 little-endian n, n bytes of JSON {"format": "moerun-params-v1", "params":
+  //   [{"name", "rows", "cols", "offset"}]} (offset in values), then float32 little-endian values, each
+  //   tensor row-major. Names and order are ReferenceModel's.
+  Result<bool> dump_params(const std::string& path);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace moeplan::executor

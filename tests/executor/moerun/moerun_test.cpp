@@ -1,0 +1,203 @@
+// Tests of `moerun run` as users start it, under mpiexec: a measured run whose ops join the predicted ones,
+// a pipeline run, bad inputs (exit 2, one line, no files), an illegal plan (exit 3), and faults (a crashed
+// rank, a hung collective caught by the watchdog) that end the job with no report left behind.
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <sstream>
+#include <string>
+#include <tuple>
+
+#include <nlohmann/json.hpp>
+
+namespace {
+
+namespace fs = std::filesystem;
+
+struct Run {
+  int exit_code = -1;
+  std::string out, err;
+  double seconds = 0;
+};
+
+std::string slurp(const fs::path& p) {
+  std::ifstream f(p);
+  std::ostringstream s;
+  s << f.rdbuf();
+  return s.str();
+}
+
+fs::path temp(const std::string& name) {
+  return fs::temp_directory_path() / ("moerun_test_" + std::to_string(::getpid()) + "_" + name);
+}
+
+// `env` is prepended to the command (e.g. "MOERUN_FAULT=..."); mpiexec's -x forwards it to every rank.
+Run mpirun(int ranks, const std::string& args, const std::string& env = "") {
+  static int counter = 0;
+  const fs::path base = temp("run" + std::to_string(counter++));
+  std::string cmd = "cd '" MOEPLAN_SOURCE_DIR "' && " + env +
+                    " '" MPIEXEC "' --allow-run-as-root --oversubscribe -n " + std::to_string(ranks) +
+                    (env.empty() ? "" : " -x MOERUN_FAULT") + " '" MOERUN_BIN "' " + args + " >'" +
+                    base.string() + ".out' 2>'" + base.string() + ".err'";
+  const auto t0 = std::chrono::steady_clock::now();
+  const int status = std::system(cmd.c_str());
+  Run r;
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  r.out = slurp(base.string() + ".out");
+  r.err = slurp(base.string() + ".err");
+  fs::remove(base.string() + ".out");
+  fs::remove(base.string() + ".err");
+  return r;
+}
+
+// A tiny-moe plan on 2 ranks: dp 2 with ep 2 (default) or pp 2.
+fs::path write_plan(const std::string& name, bool pipeline, const std::string& extra = "") {
+  const fs::path p = temp(name + ".json");
+  std::ofstream(p)
+      << "{\"model\": \"" MOEPLAN_SOURCE_DIR "/models/tiny-moe.json\", \"hardware\": \"" MOEPLAN_SOURCE_DIR
+         "/hwprofiles/h100-sxm.json\", \"gpus\": 2, \"seq_len\": 128, \"global_batch\": 4, "
+         "\"micro_batch\": 1, \"attention\": {\"tp\": 1, \"sp\": 1, \"cp\": 1}, "
+      << (pipeline ? "\"experts\": {\"ep\": 1}, \"pipeline\": {\"pp\": 2, \"vpp\": 1, \"schedule\": \"1f1b\"}"
+                   : "\"experts\": {\"ep\": 2}, \"pipeline\": {\"pp\": 1}")
+      << ", \"overlap\": {\"inter_op\": true, \"intra_op\": false, \"dp_comm\": true, \"pp_comm\": true}"
+      << extra << "}";
+  return p;
+}
+
+// Lines moerun printed (mpiexec adds its own report of the failed ranks after them).
+int moerun_lines(const std::string& s) {
+  int n = 0;
+  std::istringstream in(s);
+  for (std::string line; std::getline(in, line);) n += line.rfind("moerun:", 0) == 0 ? 1 : 0;
+  return n;
+}
+
+void check_no_output(const fs::path& dir) {
+  CHECK(!fs::exists(dir / "report.json"));
+  CHECK(!fs::exists(dir / "trace.json"));
+}
+
+}  // namespace
+
+TEST_SUITE("moerun") {
+  TEST_CASE("a measured run writes a report whose ops join the predicted report on stage op and phase") {
+    const fs::path plan = write_plan("join", false), out = temp("join_out");
+    const Run r = mpirun(2, "run '" + plan.string() + "' --steps 2 --warmup 1 --out '" + out.string() + "'");
+    REQUIRE_MESSAGE(r.exit_code == 0, r.err);
+    const auto measured = nlohmann::json::parse(slurp(out / "report.json"));
+    CHECK(measured["measured"] == true);
+    CHECK(measured["step_times_s"].size() == 2);
+    CHECK(measured["step_time_s"].get<double>() > 0);
+    CHECK(measured["memory"]["per_gpu_bytes"].get<double>() > 0);
+    CHECK(nlohmann::json::parse(slurp(out / "trace.json"))["traceEvents"].size() > 10);
+    const std::string pred_path = temp("pred.json").string();
+    REQUIRE(std::system(("'" MOEPLAN_BIN "' simulate '" + plan.string() + "' --json > '" + pred_path + "'")
+                            .c_str()) == 0);
+    const auto predicted = nlohmann::json::parse(slurp(pred_path));
+    using Key = std::tuple<int, std::string, std::string>;
+    auto keys = [](const nlohmann::json& ops) {
+      std::set<Key> k;
+      for (const auto& o : ops)
+        k.insert({o["stage"].get<int>(), o["op"].get<std::string>(), o["phase"].get<std::string>()});
+      return k;
+    };
+    CHECK(keys(measured["ops"]) == keys(predicted["ops"]));
+    CHECK(measured["ops"].size() == predicted["ops"].size());
+    fs::remove_all(out);
+    fs::remove(plan);
+    fs::remove(pred_path);
+  }
+
+  TEST_CASE("a two-stage pipeline runs its sends and receives over MPI and reports both stages") {
+    const fs::path plan = write_plan("pp", true), out = temp("pp_out");
+    const Run r = mpirun(2, "run '" + plan.string() + "' --steps 1 --warmup 0 --out '" + out.string() + "'");
+    REQUIRE_MESSAGE(r.exit_code == 0, r.err);
+    const auto j = nlohmann::json::parse(slurp(out / "report.json"));
+    std::set<int> stages;
+    for (const auto& o : j["ops"]) {
+      stages.insert(o["stage"].get<int>());
+      CHECK(o["total_s"].get<double>() >= 0);
+    }
+    CHECK(stages == std::set<int>{0, 1});
+    CHECK(j["representative_ranks"] == nlohmann::json::array({0, 1}));
+    fs::remove_all(out);
+    fs::remove(plan);
+  }
+
+  TEST_CASE("a world size other than the plan's gpus exits 2 with one line and writes nothing") {
+    const fs::path plan = write_plan("world", false), out = temp("world_out");
+    const Run r = mpirun(3, "run '" + plan.string() + "' --out '" + out.string() + "'");
+    CHECK(r.exit_code != 0);
+    CHECK(r.err.find("moerun: world size 3 != plan gpus 2 (start with mpirun -np 2)\n") != std::string::npos);
+    CHECK(moerun_lines(r.err) == 1);  // only rank 0 prints
+    check_no_output(out);
+    fs::remove(plan);
+  }
+
+  TEST_CASE("an unreadable plan exits 2 with one line naming the file") {
+    const fs::path out = temp("missing_out");
+    const Run r = mpirun(1, "run /nonexistent/plan.json --out '" + out.string() + "'");
+    CHECK(r.exit_code == 2);
+    CHECK_MESSAGE(moerun_lines(r.err) == 1, r.err);
+    CHECK(r.err.rfind("moerun: /nonexistent/plan.json", 0) == 0);
+    check_no_output(out);
+  }
+
+  TEST_CASE("a plan with a bad field exits 2 with one line naming the field") {
+    const fs::path plan = write_plan("field", false, ", \"micro_batchez\": 1"), out = temp("field_out");
+    const Run r = mpirun(2, "run '" + plan.string() + "' --out '" + out.string() + "'");
+    CHECK(r.exit_code == 2);
+    CHECK_MESSAGE(moerun_lines(r.err) == 1, r.err);
+    CHECK(r.err.find("micro_batchez") != std::string::npos);
+    check_no_output(out);
+    fs::remove(plan);
+  }
+
+  TEST_CASE("an illegal plan exits 3 with the rules it breaks") {
+    const fs::path plan = temp("illegal.json"), out = temp("illegal_out");
+    std::ofstream(plan) << "{\"model\": \"" MOEPLAN_SOURCE_DIR
+                           "/models/tiny-moe.json\", \"hardware\": \"" MOEPLAN_SOURCE_DIR
+                           "/hwprofiles/h100-sxm.json\", \"gpus\": 3, \"seq_len\": 128, \"global_batch\": 3, "
+                           "\"micro_batch\": 1, \"experts\": {\"ep\": 3}}";
+    const Run r = mpirun(1, "run '" + plan.string() + "' --out '" + out.string() + "'");
+    CHECK(r.exit_code == 3);
+    CHECK(r.err.find("cannot run") != std::string::npos);
+    check_no_output(out);
+    fs::remove(plan);
+  }
+
+  TEST_CASE("a crashed rank ends the job within seconds, named, with no report") {
+    const fs::path plan = write_plan("crash", false), out = temp("crash_out");
+    const Run r = mpirun(2, "run '" + plan.string() + "' --steps 50 --out '" + out.string() + "'",
+                         "MOERUN_FAULT=crash:rank=1:op=L1.dispatch_a2a");
+    CHECK(r.exit_code != 0);
+    CHECK_MESSAGE(r.err.find("moerun: rank 1: injected crash at op L1.dispatch_a2a") != std::string::npos,
+                  r.err);
+    CHECK(r.seconds < 60);
+    check_no_output(out);
+    fs::remove(plan);
+  }
+
+  TEST_CASE("a hung collective is named by the watchdog and the job aborts with no report") {
+    const fs::path plan = write_plan("hang", false), out = temp("hang_out");
+    const Run r = mpirun(2, "run '" + plan.string() + "' --watchdog-s 2 --out '" + out.string() + "'",
+                         "MOERUN_FAULT=hang:rank=1:op=L1.dispatch_a2a");
+    CHECK(r.exit_code != 0);
+    CHECK_MESSAGE(
+        r.err.find("op L1.dispatch_a2a (stage 0, micro-batch 0) has not completed after 2 s; aborting") !=
+            std::string::npos,
+        r.err);
+    CHECK(r.seconds < 60);
+    check_no_output(out);
+    fs::remove(plan);
+  }
+}

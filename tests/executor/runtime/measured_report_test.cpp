@@ -1,0 +1,67 @@
+// Tests of the measured report (executor/runtime/measured_report.h): predicted keys, measured extras, a
+// breakdown that adds up, and the op summary's join keys.
+#include "executor/runtime/measured_report.h"
+
+#include <doctest/doctest.h>
+
+#include <set>
+#include <string>
+#include <tuple>
+
+#include "executor/runtime/stage_executor.h"
+#include "tests/executor/runtime/runtime_fixtures.h"
+
+namespace moeplan::executor {
+namespace {
+
+class NullRunner final : public OpRunner {
+ public:
+  void run(const Op&) override {}
+  void receive(const Op&) override {}
+};
+
+}  // namespace
+
+TEST_SUITE("executor_runtime") {
+  TEST_CASE(
+      "the measured report carries the predicted keys, every step and ops joinable by stage op and phase") {
+    const RunInputs in = test::load_tiny("report_pp2", test::tiny_plan(2, test::kPp2));
+    NullRunner runner;
+    MeasuredRun run;
+    run.warmup = 1;
+    run.ops.assign(in.graph.ops.size(), {});
+    for (int stage = 0; stage < 2; ++stage) {
+      const StageSchedule s = schedule_stage(in.graph, stage);
+      StageExecutor ex(in.graph, s, runner, stage);
+      const StepTiming t = ex.run_step();
+      for (const Op& op : in.graph.ops) {
+        if (op.stage == stage) run.ops[static_cast<size_t>(op.id)] = t.ops[static_cast<size_t>(op.id)];
+      }
+      run.step_times_s.push_back(t.span_s + 0.5);
+    }
+    run.representative_ranks = {0, 1};
+    run.high_water_bytes = process_high_water_bytes();
+    const nlohmann::json j = measured_report_json(in, run);
+    for (const char* key : {"step_time_s", "tokens_per_step", "tokens_per_s", "tokens_per_s_per_gpu", "mfu",
+                            "memory", "breakdown", "ops", "step_times_s", "steps", "warmup"})
+      CHECK_MESSAGE(j.contains(key), key);
+    CHECK(j["measured"] == true);
+    CHECK(j["steps"] == 2);
+    CHECK(j["step_time_s"].get<double>() > 0.5);
+    CHECK(j["tokens_per_step"].get<double>() == 4.0 * 256);
+    CHECK(j["memory"]["per_gpu_bytes"].get<double>() > 0);
+    std::set<std::tuple<int, std::string, std::string>> keys;
+    for (const auto& o : j["ops"])
+      CHECK(keys.insert({o["stage"].get<int>(), o["op"].get<std::string>(), o["phase"].get<std::string>()})
+                .second);
+    CHECK(keys.size() == j["ops"].size());
+    // The breakdown accounts for the whole step.
+    const auto& b = j["breakdown"];
+    double sum = b["bubble"].get<double>() + b["optimizer"].get<double>();
+    for (const auto& [k, v] : b["compute"].items()) sum += v.get<double>();
+    for (const auto& [k, v] : b["exposed_comm"].items()) sum += v.get<double>();
+    CHECK(sum == doctest::Approx(j["step_time_s"].get<double>()).epsilon(1e-6));
+  }
+}
+
+}  // namespace moeplan::executor

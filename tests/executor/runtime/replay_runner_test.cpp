@@ -1,0 +1,77 @@
+// Tests of the replay runner (executor/runtime/replay_runner.h), single process: every op kind of a real
+// graph runs, work grows with the op's shape, and communication buffers have the op's bytes.
+#include "executor/runtime/replay_runner.h"
+
+#include <doctest/doctest.h>
+
+#include <chrono>
+
+#include "tests/executor/runtime/runtime_fixtures.h"
+
+namespace moeplan::executor {
+namespace {
+
+double seconds_of(ReplayRunner& r, const Op& op, int repeats = 5) {
+  double best = 1e9;
+  for (int i = 0; i < repeats; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    r.run(op);
+    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  return best;
+}
+
+}  // namespace
+
+TEST_SUITE("executor_runtime") {
+  TEST_CASE("the replay runner runs every op of a tiny-moe stage without peers") {
+    const RunInputs in = test::load_tiny("replay_all", test::tiny_plan(2, test::kDp2Ep2));
+    ReplayRunner r(in.graph, [](CommGroup) -> Communicator* { return nullptr; });
+    for (const Op& op : in.graph.ops) r.run(op);
+    CHECK(r.scratch_bytes() > 0);
+    CHECK(r.scratch_bytes() <= ReplayRunner::kScratchCapBytes * (kNumStreams + in.graph.num_stages));
+  }
+
+  TEST_CASE("a GEMM with 16 times the FLOPs takes longer in every backward part") {
+    const OpGraph g;
+    ReplayRunner r(g, [](CommGroup) -> Communicator* { return nullptr; });
+    for (GemmPart part : {GemmPart::kNone, GemmPart::kDgrad, GemmPart::kWgrad}) {
+      Op small, big;
+      small.kind = big.kind = OpKind::kGemm;
+      small.part = big.part = part;
+      small.gemm = {64, 64, 64, 1};
+      big.gemm = {256, 256, 64, 1};  // [256, 64] x [64, 256]: 16x the FLOPs
+      CHECK(seconds_of(r, big) > seconds_of(r, small));
+    }
+  }
+
+  TEST_CASE("causal attention over twice the sequence takes longer and backward longer than forward") {
+    const OpGraph g;
+    ReplayRunner r(g, [](CommGroup) -> Communicator* { return nullptr; });
+    Op a;
+    a.kind = OpKind::kAttention;
+    a.attn = {1, 256, 256, 4, 32, 32, 0, true};
+    Op b = a;
+    b.attn.seq_q = b.attn.seq_kv = 1024;  // ~16x the causal score FLOPs
+    CHECK(seconds_of(r, b) > seconds_of(r, a));
+    Op back = a;
+    back.phase = Phase::kBackward;
+    CHECK(seconds_of(r, back) > seconds_of(r, a));
+  }
+
+  TEST_CASE("communication buffers hold the op's bytes in whole shares per rank") {
+    CommSpec c;
+    c.dtype = DType::kBf16;
+    c.bytes = 1000;  // 500 bf16 values
+    CHECK(comm_values(c, 1) == 500);
+    CHECK(comm_values(c, 4) == 500);
+    CHECK(comm_values(c, 3) == 501);
+    c.dtype = DType::kFp32;
+    CHECK(comm_values(c, 8) == 256);  // 250 rounded up to 8 shares of 32
+    CHECK(wire_format_of(DType::kBf16) == WireFormat::kBf16);
+    CHECK(wire_format_of(DType::kFp8) == WireFormat::kFp8E4m3);
+    CHECK(wire_format_of(DType::kFp32) == WireFormat::kFp32);
+  }
+}
+
+}  // namespace moeplan::executor
