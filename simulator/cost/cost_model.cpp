@@ -88,9 +88,9 @@ double CostModel::wave_efficiency(int64_t rows_per_group, int64_t n, int64_t gro
 // epilogue) worth k0 of reduction depth, so a tile of depth K runs at K / (K + k0) of the steady rate:
 //   t = max(flops / (peak x efficiency x wave_efficiency x K / (K + k0)), bytes / HBM achieved).
 // For a given k0 the efficiency is the geometric mean over the compute-bound shapes of
-// measured / (peak x wave x K / (K + k0)); k0 is the value on a 32-step grid from 0 to 2048 with the lowest
-// median relative error over those shapes (it is what makes DeepGEMM's K = 512 shapes 40% slower than its
-// K = 7168 ones at the same M and N). The error is the median relative error of the model over all points.
+// measured / (peak x wave x K / (K + k0)); k0 is the value on a 32-step grid from 0 to 2048 whose model has
+// the lowest median relative error over all the dtype's shapes, which is also the error reported (the term is
+// what makes DeepGEMM's K = 512 shapes 40% slower than its K = 7168 ones at the same M and N).
 CostModel::GemmModel CostModel::fit_gemm(const std::string& dtype, double k0) const {
   GemmModel g;
   g.k0 = k0;
