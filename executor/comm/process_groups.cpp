@@ -45,32 +45,6 @@ SizeStride size_stride(const Plan& p, CommGroup g) {
 
 }  // namespace
 
-const char* group_kind_name(CommGroup g) {
-  switch (g) {
-    case CommGroup::kTp:
-      return "tp";
-    case CommGroup::kSp:
-      return "sp";
-    case CommGroup::kCp:
-      return "cp";
-    case CommGroup::kEp:
-      return "ep";
-    case CommGroup::kEtp:
-      return "etp";
-    case CommGroup::kDp:
-      return "dp";
-    case CommGroup::kAttnReplica:
-      return "attn_replica";
-    case CommGroup::kExpertDp:
-      return "expert_dp";
-    case CommGroup::kPp:
-      return "pp";
-    case CommGroup::kNone:
-      return "world";
-  }
-  return "?";
-}
-
 std::string layout_error(const Plan& plan, int world_size) {
   if (plan.gpus != world_size) {
     return fmt::format("the plan needs {} ranks but the job has {} (start it with mpirun -n {})", plan.gpus,
@@ -135,7 +109,7 @@ Result<ProcessGroups> make_process_groups(const Plan& plan, MPI_Comm world) {
     // Color: the group's first world rank (unique per group); key: the rank within the group.
     MPI_Comm comm = MPI_COMM_NULL;
     MOEPLAN_MPI_CHECK(MPI_Comm_split(world, place.members.front(), place.index, &comm));
-    auto c = std::make_unique<MpiCommunicator>(comm, group_name(group_kind_name(g), place.members));
+    auto c = std::make_unique<MpiCommunicator>(comm, group_name(name_of(g), place.members));
     MOEPLAN_ASSERT(c->rank() == place.index && c->size() == static_cast<int>(place.members.size()));
     groups.groups_[static_cast<size_t>(g)] = std::move(c);
   }

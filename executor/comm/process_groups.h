@@ -23,9 +23,6 @@ inline constexpr std::array<CommGroup, 9> kGroupKinds = {
     CommGroup::kTp, CommGroup::kSp,          CommGroup::kCp,       CommGroup::kEp, CommGroup::kEtp,
     CommGroup::kDp, CommGroup::kAttnReplica, CommGroup::kExpertDp, CommGroup::kPp};
 
-// "tp", "sp", "cp", "ep", "etp", "dp", "attn_replica", "expert_dp", "pp".
-const char* group_kind_name(CommGroup g);
-
 struct GroupPlace {
   int index = 0;             // this rank's rank within the group
   std::vector<int> members;  // world ranks, in group-rank order: first + i * stride

@@ -90,17 +90,9 @@ TableFit collective_fit(const CollectiveCurve& c, const HardwareProfile& hw) {
                         "alpha-beta (alpha {:.1f} us, busbw {:.1f} GB/s; beat interpolation leave-one-out); "
                         "errors leave-one-out over the {} interior sizes",
                         m.fit.alpha_s * 1e6, m.fit.busbw_bytes_per_s / 1e9, m.loo_points);
-    for (size_t i = 1; i + 1 < c.points.size(); ++i) {
-      std::vector<std::pair<double, double>> rest = c.points;
-      rest.erase(rest.begin() + static_cast<long>(i));
-      cost::CurveModel without = cost::fit_curve(c.collective, c.ranks, rest);
-      if (m.interpolated()) {
-        without.points = rest;  // the same model as the full curve, without this size
-      } else {
-        without.points.clear();
-      }
-      const auto [bytes, busbw] = c.points[i];
-      const double pred = bytes * f / cost::curve_seconds(without, c.collective, c.ranks, bytes);
+    for (size_t i = 0; i < m.loo_busbw.size(); ++i) {
+      const auto [bytes, pred] = m.loo_busbw[i];
+      const double busbw = c.points[i + 1].second;  // the interior sizes, in order
       t.points.push_back({size_label(bytes), busbw / 1e9, pred / 1e9});
       errs.emplace_back(std::abs(busbw / pred - 1.0), bytes >= kMiB);
     }

@@ -111,16 +111,18 @@ CurveModel fit_curve(Collective c, int64_t n, const std::vector<std::pair<double
   // digitized curves with 4x steps) favour the two-parameter line.
   const double f = busbw_factor(c, n);
   std::vector<double> interp_large, interp_small, line_large, line_small;
+  std::vector<std::pair<double, double>> interp_pred, line_pred;
   double interp_max = 0, line_max = 0;
   for (size_t i = 1; i + 1 < points.size(); ++i) {
     std::vector<std::pair<double, double>> rest = points;
     rest.erase(rest.begin() + static_cast<long>(i));
     const auto [bytes, busbw] = points[i];
-    const double measured_s = bytes * f / busbw;
-    const double e_interp = std::abs(busbw / log_interpolate(rest, bytes) - 1.0);
+    interp_pred.emplace_back(bytes, log_interpolate(rest, bytes));
     const AlphaBetaFit line = fit_alpha_beta(c, n, rest);
-    const double e_line =
-        std::abs(alpha_beta_seconds(c, n, bytes, line.alpha_s, line.busbw_bytes_per_s) / measured_s - 1.0);
+    line_pred.emplace_back(bytes,
+                           bytes * f / alpha_beta_seconds(c, n, bytes, line.alpha_s, line.busbw_bytes_per_s));
+    const double e_interp = std::abs(busbw / interp_pred.back().second - 1.0);
+    const double e_line = std::abs(busbw / line_pred.back().second - 1.0);
     (bytes >= kMiB ? interp_large : interp_small).push_back(e_interp);
     (bytes >= kMiB ? line_large : line_small).push_back(e_line);
     interp_max = std::max(interp_max, e_interp);
@@ -132,10 +134,12 @@ CurveModel fit_curve(Collective c, int64_t n, const std::vector<std::pair<double
   m.loo_points = static_cast<int64_t>(interp_large.size() + interp_small.size());
   if (interp_score <= line_score) {
     m.points = points;
+    m.loo_busbw = std::move(interp_pred);
     m.rel_error_large = median_of(interp_large);
     m.rel_error_small = median_of(interp_small);
     m.max_rel_error = interp_max;
   } else {
+    m.loo_busbw = std::move(line_pred);
     m.rel_error_large = median_of(line_large);
     m.rel_error_small = median_of(line_small);
     m.max_rel_error = line_max;

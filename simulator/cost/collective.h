@@ -55,6 +55,8 @@ struct CurveModel {
   double rel_error_small = 0;                     // median over messages < 1 MiB
   double max_rel_error = 0;
   int64_t loo_points = 0;  // sizes the leave-one-out error covers (interior sizes)
+  // Per interior size: (bytes, busbw bytes/s the chosen model predicts without that size).
+  std::vector<std::pair<double, double>> loo_busbw;
   bool interpolated() const { return !points.empty(); }
 };
 CurveModel fit_curve(Collective c, int64_t n, const std::vector<std::pair<double, double>>& points);

@@ -48,12 +48,12 @@ TEST_SUITE("executor.comm.mpi") {
     const RankLayout expected = rank_layout(plan, me);
     CHECK(groups.world().size() == world);
     for (CommGroup g : kGroupKinds) {
-      CAPTURE(group_kind_name(g));
+      CAPTURE(name_of(g));
       Communicator& c = groups.of(g);
       const GroupPlace& place = expected.of(g);
       CHECK(c.size() == static_cast<int>(place.members.size()));
       CHECK(c.rank() == place.index);
-      CHECK(c.name() == group_name(group_kind_name(g), place.members));
+      CHECK(c.name() == group_name(name_of(g), place.members));
       // all_gather of world ranks lists the members in group order; all_reduce sums them.
       const std::vector<float> mine = {static_cast<float>(me)};
       std::vector<float> all(static_cast<size_t>(c.size()));

@@ -48,7 +48,7 @@ void check_partition(const Plan& plan) {
                                               {CommGroup::kExpertDp, per_stage / plan.expert_mesh()},
                                               {CommGroup::kPp, plan.pipeline.pp}};
   for (CommGroup g : kGroupKinds) {
-    CAPTURE(group_kind_name(g));
+    CAPTURE(name_of(g));
     std::set<std::vector<int>> groups;
     for (const RankLayout& l : all) {
       const GroupPlace& place = l.of(g);
