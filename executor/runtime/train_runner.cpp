@@ -124,10 +124,16 @@ struct LayerState {
   std::vector<int64_t> recv_counts;           // [ep * El] rows from peer p for local expert e at p El + e
   std::vector<int64_t> local_counts;          // [El] rows per local expert
   M xp, xr, e13, ea, eo, yp;  // [t k, h]; expert-major [R, h], [R, 2Fe], [R, Fe], [R, h]; [t k, h]
+  // All-gather dispatch: the EP group's tokens [ep t, h] (peer p's rows at p t), their routes and permuted
+  // order, and where this rank's experts' rows sit in it ([local_row0, local_row0 + R)).
+  M xg, gates_g, partial, y_routed;  // [ep t, h], [ep t, k], [ep t, h], [t, h]
+  cpu::PermuteIndex idx_g;
+  int64_t local_row0 = 0;
   // Backward.
   M dx_out, dx_mid, d_o, datt, dqkv, da_full, dn1;
   M dff_full, dact, dh13, db_full, dn2_ffn;
   M dyp, dgates, d_eo, dea, de13, dxr, dxp, dn2_routed, dlog, dn2_router;
+  M dpartial, dgates_g, dxg;  // all-gather dispatch: [ep t, h], [ep t, k], [ep t, h]
 };
 
 struct MbState {
@@ -149,13 +155,14 @@ std::string train_unsupported(const Plan& p, const ModelSpec& m) {
   if (p.attention.sp != 1) return "Ulysses sequence parallelism (sp > 1)";
   if (p.attention.cp != 1) return "context parallelism (cp > 1)";
   if (p.experts.etp != 1) return "expert tensor parallelism (etp > 1)";
-  if (p.experts.dispatch != Dispatch::kAllToAll) return "a dispatch other than all_to_all";
+  if (p.experts.dispatch == Dispatch::kDedup) return "deduplicated all-to-all dispatch";
+  if (p.experts.dispatch == Dispatch::kAllGather && p.compression.dispatch == DispatchPrecision::kFp8)
+    return "FP8 dispatch with all-gather dispatch";
   if (p.overlap.intra_op) return "intra-operator overlap (fused GEMM + collective ops)";
   if (p.overlap.inter_op)
     return "inter-operator overlap (the graph does not order side-stream wgrads before the gradient sync)";
   if (p.compression.grad_sync == GradSync::kBf16AllToAll && p.data.zero == 0)
     return "BF16 all-to-all gradient sync without ZeRO";
-  if (p.compression.dispatch == DispatchPrecision::kFp8) return "FP8 dispatch";
   if (p.precision == Precision::kFp8) return "FP8 compute";
   if (p.routing.capacity_factor) return "a capacity factor (token dropping)";
   const int64_t tp = p.attention.tp;
@@ -590,7 +597,8 @@ struct TrainRunner::Impl {
     return out;
   }
   // Rows to each EP peer (send_rows of x, in peer order) -> rows from each peer.
-  M exchange(const M& x, const std::vector<int64_t>& send_rows, const std::vector<int64_t>& recv_rows) {
+  M exchange(const M& x, const std::vector<int64_t>& send_rows, const std::vector<int64_t>& recv_rows,
+             WireFormat wire = kActWire) {
     if (ep == 1) return x;
     std::vector<int64_t> sc(sz(ep)), rc(sz(ep));
     int64_t total = 0;
@@ -600,8 +608,14 @@ struct TrainRunner::Impl {
       total += recv_rows[p];
     }
     M out(total, h);
-    ep_comm->all_to_all_v(cspan_of(x), sc, span_of(out), rc, kActWire);
+    ep_comm->all_to_all_v(cspan_of(x), sc, span_of(out), rc, wire);
     return out;
+  }
+  // FP8 dispatch (MegaScale-MoE, DeepSeek-V3): the dispatched rows cross the wire as e4m3 with a scale per
+  // 128 values, their gradients as bf16 (the lowering sizes both so).
+  WireFormat dispatch_wire(bool fwd) const {
+    if (plan.compression.dispatch != DispatchPrecision::kFp8) return kActWire;
+    return fwd ? WireFormat::kFp8E4m3 : WireFormat::kBf16;
   }
 
   void moe(const Op& op, MbState& s, size_t l) {
@@ -645,9 +659,50 @@ struct TrainRunner::Impl {
       case OpName::kDispatchA2a:
         if (fwd) {
           dispatch_counts(c);
-          c.xr = reorder(c, exchange(c.xp, c.send_rows, c.recv_rows), true);
+          c.xr = reorder(c, exchange(c.xp, c.send_rows, c.recv_rows, dispatch_wire(true)), true);
         } else {
-          c.dxp = exchange(reorder(c, c.dxr, false), c.recv_rows, c.send_rows);
+          c.dxp = exchange(reorder(c, c.dxr, false), c.recv_rows, c.send_rows, dispatch_wire(false));
+        }
+        return;
+      case OpName::kDispatchAg:
+        if (fwd) {
+          gather_tokens(c);
+        } else {  // the all-gather's backward: each token's gradient (and its gates') summed at its source
+          c.dn2_routed = reduce_scatter_rows(ep_comm, c.dxg);
+          c.dgates = reduce_scatter_rows(ep_comm, c.dgates_g);
+        }
+        return;
+      case OpName::kScatter: {  // keep the gathered rows routed to this rank's experts, expert-major
+        const int64_t rows_all = ep * t * k;
+        if (fwd) {
+          c.xr = cpu::permute_forward<float>(c.xg, c.idx_g).middleRows(c.local_row0, local_rows(c));
+        } else {
+          M dxp = M::Zero(rows_all, h);
+          dxp.middleRows(c.local_row0, local_rows(c)) = c.dxr;
+          c.dxg = cpu::permute_backward<float>(dxp, c.idx_g);
+        }
+        return;
+      }
+      case OpName::kGather: {  // this rank's experts' gated outputs, summed per gathered token
+        const int64_t rows_all = ep * t * k;
+        if (fwd) {
+          c.yp = M::Zero(rows_all, h);
+          c.yp.middleRows(c.local_row0, local_rows(c)) = c.eo;
+          c.partial = M::Zero(ep * t, h);
+          cpu::unpermute_forward<float>(c.yp, c.idx_g, c.gates_g, c.partial);
+        } else {
+          cpu::UnpermuteGrads<float> ug =
+              cpu::unpermute_backward<float>(c.dpartial, c.yp, c.idx_g, c.gates_g);
+          c.d_eo = ug.dyp.middleRows(c.local_row0, local_rows(c));
+          c.dgates_g = std::move(ug.dgates);  // zero for the slots of other ranks' experts
+        }
+        return;
+      }
+      case OpName::kCombineRs:
+        if (fwd) {
+          c.y_routed = reduce_scatter_rows(ep_comm, c.partial);
+        } else {
+          c.dpartial = all_gather_rows(ep_comm, c.dx_out);
         }
         return;
       case OpName::kExpertFc13:
@@ -685,6 +740,11 @@ struct TrainRunner::Impl {
         }
         return;
       case OpName::kUnpermute:
+        if (gather_mode()) {  // the combine reduce-scatter already summed the gated expert outputs
+          if (fwd)
+            layer_output(s, l) = lp.shared ? M(c.x_mid + c.f_local + c.y_routed) : M(c.x_mid + c.y_routed);
+          return;
+        }
         if (fwd) {
           M y = lp.shared ? c.f_local : M::Zero(t, h);
           cpu::unpermute_forward<float>(c.yp, c.idx, c.route.gates, y);
@@ -699,6 +759,29 @@ struct TrainRunner::Impl {
       default:
         MOEPLAN_ASSERT(false && "not an MoE op");
     }
+  }
+
+  bool gather_mode() const { return plan.experts.dispatch == Dispatch::kAllGather; }
+  int64_t local_rows(const LayerState& c) const {
+    const int64_t e0 = place.ep * El;
+    return c.idx_g.offsets[sz(e0 + El)] - c.idx_g.offsets[sz(e0)];
+  }
+
+  // All-gather dispatch: the EP group's tokens, expert choices (as floats, exact below 2^24) and gates, then
+  // the permuted order of all of them (expert-major, then source rank, then token), of which this rank keeps
+  // its experts' rows.
+  void gather_tokens(LayerState& c) {
+    c.xg = all_gather_rows(ep_comm, c.n2.y);
+    c.gates_g = all_gather_rows(ep_comm, c.route.gates);
+    M experts(t, k);
+    for (int64_t i = 0; i < t * k; ++i) experts.data()[i] = static_cast<float>(c.route.experts[sz(i)]);
+    const M experts_g = all_gather_rows(ep_comm, experts);
+    std::vector<int64_t> ex(sz(ep * t * k));
+    for (size_t i = 0; i < ex.size(); ++i) ex[i] = static_cast<int64_t>(experts_g.data()[i]);
+    c.idx_g = cpu::make_permute_index(ex, ep * t, k, E);
+    const int64_t e0 = place.ep * El;
+    c.local_row0 = c.idx_g.offsets[sz(e0)];
+    c.local_counts.assign(c.idx_g.counts.begin() + e0, c.idx_g.counts.begin() + e0 + El);
   }
 
   // Rows per (peer, local expert) for this micro-batch's dispatch: a small all-to-all of the counts.
@@ -875,6 +958,10 @@ struct TrainRunner::Impl {
       case OpName::kExpertAct:
       case OpName::kExpertFc2:
       case OpName::kCombineA2a:
+      case OpName::kDispatchAg:
+      case OpName::kScatter:
+      case OpName::kGather:
+      case OpName::kCombineRs:
       case OpName::kUnpermute:
         moe(op, s, l);
         return;

@@ -20,9 +20,13 @@
 //   optimizer: the gradients of the outside bucket (all-reduce over the world: the embedding and the head are
 //     kept whole on every rank, replicated over tp, each rank holding different tokens), and the tp
 //     all-reduce of the tp-replicated, sequence-split parameters (norms, router) inside this rank's shard;
-//   EP dispatch: the per-expert row counts travel in a small all-to-all before the rows.
+//   EP dispatch: the per-expert row counts travel in a small all-to-all before the rows; with all-gather
+//     dispatch the routes (expert ids and gates) are all-gathered with the tokens in the dispatch op, and the
+//     gates' gradients return in its backward reduce-scatter.
 // Activations cross the wire in fp32 (the runner computes in fp32 whatever `precision` says, as the reference
-// does); compression settings that change numerics are either honoured or refused (train_unsupported).
+// does); compression settings that change numerics are either honoured or refused (train_unsupported). FP8
+// dispatch is honoured: the dispatched rows cross as e4m3 with a scale per 128 values and their gradients as
+// bf16, the formats the lowering sizes the messages with.
 //
 // Recompute ops re-run their forward handler (all activations are kept, so they reproduce the same values).
 // ZeRO-2/3: wgrads write a per-micro-batch gradient buffer that the i-th sync op of the step reduces;

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <stdexcept>
+#include <type_traits>
 
 #include "executor/kernels/cpu/attention.h"
 #include "executor/kernels/cpu/linear.h"
@@ -285,6 +286,9 @@ void ReferenceModel<S>::run_micro_batch(const Batch& b, bool backward, S& ce, S&
       }
       c.idx = make_permute_index(c.route.experts, T, moe.top_k, moe.num_experts);
       c.xp = permute_forward<S>(c.n2.y, c.idx);
+      if constexpr (std::is_same_v<S, float>) {
+        if (cfg_.dispatch_fwd) cfg_.dispatch_fwd(c.xp.data(), h, c.idx.offsets);
+      }
       c.e13 = expert_gemm_forward<S>(c.xp, map(params_, lp.expert_fc13, moe.num_experts), c.idx.counts);
       c.ea = swiglu_forward<S>(c.e13);
       c.eo = expert_gemm_forward<S>(c.ea, map(params_, lp.expert_fc2, moe.num_experts), c.idx.counts);
@@ -334,7 +338,10 @@ void ReferenceModel<S>::run_micro_batch(const Batch& b, bool backward, S& ce, S&
       expert_gemm_wgrad<S>(c.ea, ug.dyp, c.idx.counts, map(grads_, lp.expert_fc2, ne));
       const Mat<S> de13 = swiglu_backward<S>(c.e13, dea);
       expert_gemm_wgrad<S>(c.xp, de13, c.idx.counts, map(grads_, lp.expert_fc13, ne));
-      const Mat<S> dxp = expert_gemm_dgrad<S>(de13, map(params_, lp.expert_fc13, ne), c.idx.counts);
+      Mat<S> dxp = expert_gemm_dgrad<S>(de13, map(params_, lp.expert_fc13, ne), c.idx.counts);
+      if constexpr (std::is_same_v<S, float>) {
+        if (cfg_.dispatch_bwd) cfg_.dispatch_bwd(dxp.data(), h, c.idx.offsets);
+      }
       dn2 = permute_backward<S>(dxp, c.idx);
       if (lp.shared) {
         const Mat<S> dact = linear_dgrad<S>(dx, map(params_, lp.shared_fc2));

@@ -44,6 +44,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -67,6 +68,11 @@ struct ReferenceConfig {
   double aux_coef = kAuxLossCoef;
   bool renormalize_gates = true;
   AdamConfig adam;
+  // Wire rounding of a compressed dispatch (FP8 rows out, BF16 gradients back), reproduced here so that such
+  // plans are compared with the parallel run at fp32 tolerance. Empty: none. Only ReferenceModel<float> calls
+  // them. dispatch_fwd rounds the permuted expert inputs of a micro-batch in place ([T k, cols] row-major,
+  // offsets[e] = first row of expert e, E + 1 entries); dispatch_bwd rounds their gradients.
+  std::function<void(float*rows, int64_t cols, std::span<const int64_t> offsets)> dispatch_fwd, dispatch_bwd;
 };
 
 struct ParamInfo {
