@@ -114,6 +114,7 @@ int run_plan(const RunOptions& o, int rank, int world) {
     TrainPlace place;
     place.world_rank = rank;
     place.tp = lay.of(CommGroup::kTp).index;
+    place.sp = lay.of(CommGroup::kSp).index;
     place.dp = lay.of(CommGroup::kDp).index;
     place.ep = lay.of(CommGroup::kEp).index;
     place.attn_replica = lay.of(CommGroup::kAttnReplica).index;

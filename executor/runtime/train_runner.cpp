@@ -109,12 +109,12 @@ struct LayerParams {
 };
 
 // Activations and gradients of one layer for one micro-batch. t = local token rows, Tg = rows after the tp
-// all-gather (the micro-batch's T when tp > 1, else t = T), k = top-k.
+// all-gather (the micro-batch's T / sp), T = the micro-batch's rows (what attention sees), k = top-k.
 struct LayerState {
   M x_in, x_mid;                  // [t, h]
   cpu::RmsNormOut<float> n1, n2;  // [t, h]
   M a_full;                       // [Tg, h] attention input
-  M qkv, att, lse, o_part;        // [Tg, (hl + 2 kvl) D], [Tg, hl D], [Tg, hl], [Tg, h]
+  M qkv, att, lse, o_part;        // [Tg, (hl + 2 kvl) D], [Tg, hl D], [T, hla], [Tg, h]
   M b_full, h13, act, f_part;     // [Tg, h], dense FFN or shared experts: [Tg, 2F], [Tg, F], [Tg, h]
   M f_local;                      // [t, h] shared experts' output after the tp reduce-scatter
   cpu::Route<float> route;
@@ -131,6 +131,7 @@ struct LayerState {
   int64_t local_row0 = 0;
   // Backward.
   M dx_out, dx_mid, d_o, datt, dqkv, da_full, dn1;
+  M qkv_a, att_a, datt_a, dqkv_a;  // Ulysses: [T, (hla + 2 kvla) D], [T, hla D] and their gradients
   M dff_full, dact, dh13, db_full, dn2_ffn;
   M dyp, dgates, d_eo, dea, de13, dxr, dxp, dn2_routed, dlog, dn2_router;
   M dpartial, dgates_g, dxg;  // all-gather dispatch: [ep t, h], [ep t, k], [ep t, h]
@@ -152,7 +153,6 @@ std::string train_unsupported(const Plan& p, const ModelSpec& m) {
   if (const std::string why = cpu::ReferenceModel<float>::unsupported(m); !why.empty()) return why;
   if (m.tied_embeddings) return "tied embeddings";
   if (p.pipeline.pp != 1 || p.pipeline.vpp != 1) return "pipeline parallelism (pp > 1)";
-  if (p.attention.sp != 1) return "Ulysses sequence parallelism (sp > 1)";
   if (p.attention.cp != 1) return "context parallelism (cp > 1)";
   if (p.experts.etp != 1) return "expert tensor parallelism (etp > 1)";
   if (p.experts.dispatch == Dispatch::kDedup) return "deduplicated all-to-all dispatch";
@@ -165,12 +165,15 @@ std::string train_unsupported(const Plan& p, const ModelSpec& m) {
     return "BF16 all-to-all gradient sync without ZeRO";
   if (p.precision == Precision::kFp8) return "FP8 compute";
   if (p.routing.capacity_factor) return "a capacity factor (token dropping)";
-  const int64_t tp = p.attention.tp;
+  const int64_t tp = p.attention.tp, sp = p.attention.sp;
   if (m.attention.num_heads % tp != 0 || m.attention.num_kv_heads % tp != 0)
     return "tp that does not divide the query and kv heads";
+  if ((m.attention.num_heads / tp) % sp != 0 || (m.attention.num_kv_heads / tp) % sp != 0)
+    return "Ulysses sp that does not divide a tp rank's query and kv heads (kv head replication)";
   if (m.dense_ffn % tp != 0 || (m.moe.num_shared_experts * m.moe.shared_expert_ffn) % tp != 0)
     return "tp that does not divide the FFN widths";
-  if ((p.micro_batch * p.seq_len) % tp != 0) return "tp that does not divide the micro-batch's tokens";
+  if ((p.micro_batch * p.seq_len) % (tp * sp) != 0)
+    return "tp x sp that does not divide the micro-batch's tokens";
   for (const auto& l : m.layers)
     if (l.moe && m.moe.num_experts % p.experts.ep != 0) return "ep that does not divide the experts";
   return "";
@@ -185,10 +188,12 @@ struct TrainRunner::Impl {
   Communicator& world;
   cpu::ReferenceConfig cfg;  // seeds, rope, eps, aux coefficient, Adam: the reference's defaults
 
-  int64_t tp = 1, ep = 1, h = 0, D = 0, H = 0, KV = 0, hl = 0, kvl = 0, E = 0, El = 0, k = 0;
-  int64_t seq = 0, mb_seqs = 0, T = 0, t = 0, n_local = 0, n_global = 0;
+  int64_t tp = 1, sp = 1, ep = 1, h = 0, D = 0, H = 0, KV = 0, hl = 0, kvl = 0, E = 0, El = 0, k = 0;
+  int64_t hla = 0, kvla = 0;  // heads of this rank inside attention (hl / sp, kvl / sp)
+  int64_t seq = 0, mb_seqs = 0, T = 0, Tg = 0, t = 0, n_local = 0, n_global = 0;
   double inv_tokens = 0, aux_scale = 0;
   Communicator* tp_comm = nullptr;
+  Communicator* sp_comm = nullptr;
   Communicator* ep_comm = nullptr;
 
   std::vector<Bucket> buckets;
@@ -203,6 +208,7 @@ struct TrainRunner::Impl {
     MOEPLAN_ASSERT(train_unsupported(p, m).empty());
     const auto& a = m.attention;
     tp = p.attention.tp;
+    sp = p.attention.sp;
     ep = p.experts.ep;
     h = m.hidden;
     D = a.head_dim;
@@ -216,13 +222,17 @@ struct TrainRunner::Impl {
     seq = p.seq_len;
     mb_seqs = p.micro_batch;
     T = mb_seqs * seq;
-    t = T / tp;
+    Tg = T / sp;
+    t = Tg / tp;
+    hla = hl / sp;
+    kvla = kvl / sp;
     n_local = p.num_micro_batches();
     n_global = p.global_batch / p.micro_batch;
     MOEPLAN_ASSERT(graph.micro_batches == n_local);
     inv_tokens = 1.0 / static_cast<double>(p.global_batch * seq);
     aux_scale = 1.0 / static_cast<double>(n_global);
     tp_comm = groups(CommGroup::kTp);
+    sp_comm = groups(CommGroup::kSp);
     ep_comm = groups(CommGroup::kEp);
     build_buckets();
     mbs.resize(sz(n_local));
@@ -326,7 +336,8 @@ struct TrainRunner::Impl {
   M& layer_input_grad(MbState& s, size_t l) { return l > 0 ? s.layers[l - 1].dx_out : s.dx_embed; }
 
   cpu::AttnHeads heads(size_t l) const {
-    return {H, KV, D, place.tp * hl, place.tp * kvl, model.layers[l].window};
+    return {
+        H, KV, D, place.tp * hl + place.sp * hla, place.tp * kvl + place.sp * kvla, model.layers[l].window};
   }
 
   // ---- ops outside the layers
@@ -335,7 +346,8 @@ struct TrainRunner::Impl {
     std::vector<int64_t> seqs(sz(mb_seqs));
     for (int64_t i = 0; i < mb_seqs; ++i) seqs[sz(i)] = step * plan.global_batch + g * mb_seqs + i;
     const cpu::TokenBatch tb = cpu::synthetic_batch(cfg.data_seed, seqs, seq, model.vocab);
-    const auto r0 = static_cast<ptrdiff_t>(place.tp * t), r1 = r0 + static_cast<ptrdiff_t>(t);
+    const auto r0 = static_cast<ptrdiff_t>((place.sp * tp + place.tp) * t),
+               r1 = r0 + static_cast<ptrdiff_t>(t);
     s.tokens.assign(tb.tokens.begin() + r0, tb.tokens.begin() + r1);
     s.targets.assign(tb.targets.begin() + r0, tb.targets.begin() + r1);
     s.pos_full.resize(sz(T));
@@ -394,7 +406,8 @@ struct TrainRunner::Impl {
     Bucket& b = buckets[lp.dense];
     const bool fwd = op.phase != Phase::kBackward;
     const int64_t qc = hl * D, kc = kvl * D;
-    const cpu::Positions pos(s.pos_full);
+    // The rows this rank projects: the sp chunk of the micro-batch (all of it without Ulysses).
+    const cpu::Positions pos = cpu::Positions(s.pos_full).subspan(sz(place.sp * Tg), sz(Tg));
     switch (static_cast<OpName>(op.name)) {
       case OpName::kAttnNorm:
         if (fwd) {
@@ -432,30 +445,52 @@ struct TrainRunner::Impl {
           cpu::rope_backward<float>(c.dqkv.middleCols(qc, kc), pos, D, cfg.rope_theta);
         }
         return;
-      case OpName::kAttnCore: {
-        const cpu::AttnHeads hd = heads(l);
+      case OpName::kQkvA2a:  // Ulysses: sequence-split rows of all heads -> all rows of this rank's heads
         if (fwd) {
-          c.att.resize(T, qc);
-          c.lse.resize(T, hl);
+          c.qkv_a = rows_to_heads(c.qkv, {qc, kc, kc});
         } else {
-          c.dqkv.resize(T, c.qkv.cols());
+          c.dqkv = heads_to_rows(c.dqkv_a, {qc, kc, kc});
+        }
+        return;
+      case OpName::kAttnOutA2a:  // Ulysses: back to this rank's rows of all heads
+        if (fwd) {
+          c.att = heads_to_rows(c.att_a, {qc});
+        } else {
+          c.datt_a = rows_to_heads(c.datt, {qc});
+        }
+        return;
+      case OpName::kAttnCore: {
+        // Attention sees every row of the micro-batch for hla query and kvla kv heads: after the Ulysses
+        // all-to-all, or directly (sp = 1: hla = hl).
+        const cpu::AttnHeads hd = heads(l);
+        const int64_t qa = hla * D, ka = kvla * D;
+        const M& in = sp > 1 ? c.qkv_a : c.qkv;
+        M& att = sp > 1 ? c.att_a : c.att;
+        const M& datt = sp > 1 ? c.datt_a : c.datt;
+        M& dqkv = sp > 1 ? c.dqkv_a : c.dqkv;
+        const cpu::Positions pos_all(s.pos_full);
+        if (fwd) {
+          att.resize(T, qa);
+          c.lse.resize(T, hla);
+        } else {
+          dqkv.resize(T, in.cols());
         }
         for (int64_t q = 0; q < mb_seqs; ++q) {
-          const cpu::Positions ps = pos.subspan(sz(q * seq), sz(seq));
-          const auto rows = c.qkv.middleRows(q * seq, seq);
+          const cpu::Positions ps = pos_all.subspan(sz(q * seq), sz(seq));
+          const auto rows = in.middleRows(q * seq, seq);
           if (fwd) {
-            cpu::AttnOut<float> o = cpu::attn_core_forward<float>(rows.leftCols(qc), rows.middleCols(qc, kc),
-                                                                  rows.middleCols(qc + kc, kc), ps, ps, hd);
-            c.att.middleRows(q * seq, seq) = o.out;
+            cpu::AttnOut<float> o = cpu::attn_core_forward<float>(rows.leftCols(qa), rows.middleCols(qa, ka),
+                                                                  rows.middleCols(qa + ka, ka), ps, ps, hd);
+            att.middleRows(q * seq, seq) = o.out;
             c.lse.middleRows(q * seq, seq) = o.lse;
           } else {
             cpu::AttnGrads<float> g = cpu::attn_core_backward<float>(
-                rows.leftCols(qc), rows.middleCols(qc, kc), rows.middleCols(qc + kc, kc),
-                c.att.middleRows(q * seq, seq), c.lse.middleRows(q * seq, seq),
-                c.datt.middleRows(q * seq, seq), ps, ps, hd);
-            c.dqkv.block(q * seq, 0, seq, qc) = g.dq;
-            c.dqkv.block(q * seq, qc, seq, kc) = g.dk;
-            c.dqkv.block(q * seq, qc + kc, seq, kc) = g.dv;
+                rows.leftCols(qa), rows.middleCols(qa, ka), rows.middleCols(qa + ka, ka),
+                att.middleRows(q * seq, seq), c.lse.middleRows(q * seq, seq), datt.middleRows(q * seq, seq),
+                ps, ps, hd);
+            dqkv.block(q * seq, 0, seq, qa) = g.dq;
+            dqkv.block(q * seq, qa, seq, ka) = g.dk;
+            dqkv.block(q * seq, qa + ka, seq, ka) = g.dv;
           }
         }
         return;
@@ -482,6 +517,48 @@ struct TrainRunner::Impl {
       default:
         MOEPLAN_ASSERT(false && "not an attention op");
     }
+  }
+
+  // Ulysses all-to-all, rows -> heads: x holds this rank's Tg rows of all of its tp heads, as column groups
+  // of widths `widths` (q, k, v: each sp peer's heads are a contiguous 1 / sp of every group); the result
+  // holds all T rows (sp peer p's rows at p Tg) of this rank's heads, the groups' slices side by side.
+  M rows_to_heads(const M& x, const std::vector<int64_t>& widths) const {
+    int64_t w = 0;
+    for (const int64_t g : widths) w += g / sp;
+    M send(Tg * sp, w);  // [peer][Tg rows][w]
+    for (int64_t p = 0; p < sp; ++p) {
+      int64_t col = 0, src = 0;
+      for (const int64_t g : widths) {
+        send.block(p * Tg, col, Tg, g / sp) = x.middleCols(src + p * (g / sp), g / sp);
+        col += g / sp;
+        src += g;
+      }
+    }
+    M out(T, w);
+    const std::vector<int64_t> counts(sz(sp), Tg * w);
+    sp_comm->all_to_all_v(cspan_of(send), counts, span_of(out), counts, kActWire);
+    return out;
+  }
+  // The inverse: all T rows of this rank's heads -> this rank's Tg rows of every sp peer's heads.
+  M heads_to_rows(const M& y, const std::vector<int64_t>& widths) const {
+    int64_t w = 0, full = 0;
+    for (const int64_t g : widths) {
+      w += g / sp;
+      full += g;
+    }
+    M recv(Tg * sp, w);  // [peer][my Tg rows][peer's heads]
+    const std::vector<int64_t> counts(sz(sp), Tg * w);
+    sp_comm->all_to_all_v(cspan_of(y), counts, span_of(recv), counts, kActWire);
+    M out(Tg, full);
+    for (int64_t p = 0; p < sp; ++p) {
+      int64_t col = 0, dst = 0;
+      for (const int64_t g : widths) {
+        out.middleCols(dst + p * (g / sp), g / sp) = recv.block(p * Tg, col, Tg, g / sp);
+        col += g / sp;
+        dst += g;
+      }
+    }
+    return out;
   }
 
   // ---- FFN block: ffn_norm and the dense FFN or the shared experts (the same ops on b_full)
@@ -630,15 +707,17 @@ struct TrainRunner::Impl {
           const M logits = cpu::linear_forward<float>(c.n2.y, b.param(lp.router));
           c.route = cpu::router_forward<float>(logits, k, cfg.renormalize_gates);
           c.stats = cpu::router_local_stats<float>(c.route);
-          if (tp_comm != nullptr) {  // the tp ranks split the micro-batch's tokens: sum their statistics
+          if (tp_comm != nullptr || sp_comm != nullptr) {
+            // the tp and sp ranks split the micro-batch's tokens: sum their statistics
             std::vector<float> st(sz(2 * E));
             std::copy(c.stats.counts.data(), c.stats.counts.data() + E, st.begin());
             std::copy(c.stats.prob_sums.data(), c.stats.prob_sums.data() + E, st.begin() + E);
-            tp_comm->all_reduce(st, WireFormat::kFp32);
+            if (tp_comm != nullptr) tp_comm->all_reduce(st, WireFormat::kFp32);
+            if (sp_comm != nullptr) sp_comm->all_reduce(st, WireFormat::kFp32);
             std::copy(st.begin(), st.begin() + E, c.stats.counts.data());
             std::copy(st.begin() + E, st.end(), c.stats.prob_sums.data());
           }
-          if (place.tp == 0 && op.phase == Phase::kForward)
+          if (place.tp == 0 && place.sp == 0 && op.phase == Phase::kForward)
             aux_sum += static_cast<double>(cpu::aux_loss<float>(c.stats, T, k, cfg.aux_coef)) * aux_scale;
         } else if (op.part == GemmPart::kDgrad) {
           const Vf aux_dp = cpu::aux_loss_dprobs<float>(c.stats, T, k, cfg.aux_coef, aux_scale);
@@ -933,6 +1012,8 @@ struct TrainRunner::Impl {
       case OpName::kAttnAg:
       case OpName::kQkvProj:
       case OpName::kRope:
+      case OpName::kQkvA2a:
+      case OpName::kAttnOutA2a:
       case OpName::kAttnCore:
       case OpName::kOutProj:
       case OpName::kAttnRs:

@@ -269,6 +269,18 @@ TEST_SUITE("train") {
                      ", \"data\": {\"zero\": 1}");
   }
 
+  TEST_CASE("sp 2 with Ulysses all-to-alls around attention trains like the reference") {
+    check_layout("sp2", 2,
+                 std::string("\"attention\": {\"tp\": 1, \"sp\": 2}, \"experts\": {\"ep\": 1}, ") +
+                     kNoOverlap + ", \"data\": {\"zero\": 1}");
+  }
+
+  TEST_CASE("tp 2 with sp 2 and ep 2 on 4 ranks trains like the reference") {
+    check_layout("tp2_sp2_ep2", 4,
+                 std::string("\"attention\": {\"tp\": 2, \"sp\": 2}, \"experts\": {\"ep\": 2}, ") +
+                     kNoOverlap + ", \"data\": {\"zero\": 1}");
+  }
+
   TEST_CASE("ep 2 with all-gather dispatch and reduce-scatter combine trains like the reference") {
     check_layout("ep2_allgather", 2,
                  std::string("\"attention\": {\"tp\": 1}, \"experts\": {\"ep\": 2, \"dispatch\": "
