@@ -115,6 +115,7 @@ int run_plan(const RunOptions& o, int rank, int world) {
     place.world_rank = rank;
     place.tp = lay.of(CommGroup::kTp).index;
     place.sp = lay.of(CommGroup::kSp).index;
+    place.cp = lay.of(CommGroup::kCp).index;
     place.dp = lay.of(CommGroup::kDp).index;
     place.ep = lay.of(CommGroup::kEp).index;
     place.attn_replica = lay.of(CommGroup::kAttnReplica).index;

@@ -131,7 +131,10 @@ struct LayerState {
   int64_t local_row0 = 0;
   // Backward.
   M dx_out, dx_mid, d_o, datt, dqkv, da_full, dn1;
-  M qkv_a, att_a, datt_a, dqkv_a;  // Ulysses: [T, (hla + 2 kvla) D], [T, hla D] and their gradients
+  M qkv_a, att_a, datt_a, dqkv_a;  // Ulysses: [Tc, (hla + 2 kvla) D], [Tc, hla D] and their gradients
+  // Context parallelism: gathered k|v and positions of every cp rank's rows [cp Tc, 2 kvla D], [cp Tc, 1];
+  // the key sets' gradients (local: own keys; remote: the others', reduce-scattered to their owners).
+  M kv_all, pos_all, dq_local, dkv_local, dq_remote, dkv_all, dkv_remote;
   M dff_full, dact, dh13, db_full, dn2_ffn;
   M dyp, dgates, d_eo, dea, de13, dxr, dxp, dn2_routed, dlog, dn2_router;
   M dpartial, dgates_g, dxg;  // all-gather dispatch: [ep t, h], [ep t, k], [ep t, h]
@@ -139,7 +142,7 @@ struct LayerState {
 
 struct MbState {
   std::vector<int64_t> tokens, targets;  // [t] this rank's rows
-  std::vector<int64_t> pos_full;         // [T] positions of the micro-batch's rows
+  std::vector<int64_t> pos_full;         // [Tc] positions of this cp rank's rows (cp_rows)
   std::vector<LayerState> layers;
   M x_final, logits, dlogits, dnf, dx_embed;
   cpu::RmsNormOut<float> nf;
@@ -153,7 +156,6 @@ std::string train_unsupported(const Plan& p, const ModelSpec& m) {
   if (const std::string why = cpu::ReferenceModel<float>::unsupported(m); !why.empty()) return why;
   if (m.tied_embeddings) return "tied embeddings";
   if (p.pipeline.pp != 1 || p.pipeline.vpp != 1) return "pipeline parallelism (pp > 1)";
-  if (p.attention.cp != 1) return "context parallelism (cp > 1)";
   if (p.experts.etp != 1) return "expert tensor parallelism (etp > 1)";
   if (p.experts.dispatch == Dispatch::kDedup) return "deduplicated all-to-all dispatch";
   if (p.experts.dispatch == Dispatch::kAllGather && p.compression.dispatch == DispatchPrecision::kFp8)
@@ -165,15 +167,16 @@ std::string train_unsupported(const Plan& p, const ModelSpec& m) {
     return "BF16 all-to-all gradient sync without ZeRO";
   if (p.precision == Precision::kFp8) return "FP8 compute";
   if (p.routing.capacity_factor) return "a capacity factor (token dropping)";
-  const int64_t tp = p.attention.tp, sp = p.attention.sp;
+  const int64_t tp = p.attention.tp, sp = p.attention.sp, cp = p.attention.cp;
+  if (p.seq_len % (2 * cp) != 0) return "cp whose 2 cp load-balanced chunks do not divide the sequence";
   if (m.attention.num_heads % tp != 0 || m.attention.num_kv_heads % tp != 0)
     return "tp that does not divide the query and kv heads";
   if ((m.attention.num_heads / tp) % sp != 0 || (m.attention.num_kv_heads / tp) % sp != 0)
     return "Ulysses sp that does not divide a tp rank's query and kv heads (kv head replication)";
   if (m.dense_ffn % tp != 0 || (m.moe.num_shared_experts * m.moe.shared_expert_ffn) % tp != 0)
     return "tp that does not divide the FFN widths";
-  if ((p.micro_batch * p.seq_len) % (tp * sp) != 0)
-    return "tp x sp that does not divide the micro-batch's tokens";
+  if ((p.micro_batch * p.seq_len) % (tp * sp * cp) != 0)
+    return "tp x sp x cp that does not divide the micro-batch's tokens";
   for (const auto& l : m.layers)
     if (l.moe && m.moe.num_experts % p.experts.ep != 0) return "ep that does not divide the experts";
   return "";
@@ -188,12 +191,17 @@ struct TrainRunner::Impl {
   Communicator& world;
   cpu::ReferenceConfig cfg;  // seeds, rope, eps, aux coefficient, Adam: the reference's defaults
 
-  int64_t tp = 1, sp = 1, ep = 1, h = 0, D = 0, H = 0, KV = 0, hl = 0, kvl = 0, E = 0, El = 0, k = 0;
+  int64_t tp = 1, sp = 1, cp = 1, ep = 1, h = 0, D = 0, H = 0, KV = 0, hl = 0, kvl = 0, E = 0, El = 0, k = 0;
   int64_t hla = 0, kvla = 0;  // heads of this rank inside attention (hl / sp, kvl / sp)
-  int64_t seq = 0, mb_seqs = 0, T = 0, Tg = 0, t = 0, n_local = 0, n_global = 0;
+  int64_t seq = 0, mb_seqs = 0, T = 0, Tc = 0, Tg = 0, t = 0, n_local = 0, n_global = 0;
+  // Context parallelism (Megatron's load balancing): each sequence is cut into 2 cp chunks and cp rank c
+  // holds chunks c and 2 cp - 1 - c of every sequence. cp_rows: the micro-batch rows of this cp rank, per
+  // sequence (chunk c, then its mirror) - the Tc = T / cp rows that sp and tp split further.
+  std::vector<int64_t> cp_rows;
   double inv_tokens = 0, aux_scale = 0;
   Communicator* tp_comm = nullptr;
   Communicator* sp_comm = nullptr;
+  Communicator* cp_comm = nullptr;
   Communicator* ep_comm = nullptr;
 
   std::vector<Bucket> buckets;
@@ -209,6 +217,7 @@ struct TrainRunner::Impl {
     const auto& a = m.attention;
     tp = p.attention.tp;
     sp = p.attention.sp;
+    cp = p.attention.cp;
     ep = p.experts.ep;
     h = m.hidden;
     D = a.head_dim;
@@ -222,7 +231,8 @@ struct TrainRunner::Impl {
     seq = p.seq_len;
     mb_seqs = p.micro_batch;
     T = mb_seqs * seq;
-    Tg = T / sp;
+    Tc = T / cp;
+    Tg = Tc / sp;
     t = Tg / tp;
     hla = hl / sp;
     kvla = kvl / sp;
@@ -233,6 +243,11 @@ struct TrainRunner::Impl {
     aux_scale = 1.0 / static_cast<double>(n_global);
     tp_comm = groups(CommGroup::kTp);
     sp_comm = groups(CommGroup::kSp);
+    cp_comm = groups(CommGroup::kCp);
+    const int64_t chunk = seq / (2 * cp);
+    for (int64_t q = 0; q < mb_seqs; ++q)
+      for (const int64_t ch : {int64_t{place.cp}, 2 * cp - 1 - place.cp})
+        for (int64_t i = 0; i < chunk; ++i) cp_rows.push_back(q * seq + ch * chunk + i);
     ep_comm = groups(CommGroup::kEp);
     build_buckets();
     mbs.resize(sz(n_local));
@@ -346,12 +361,15 @@ struct TrainRunner::Impl {
     std::vector<int64_t> seqs(sz(mb_seqs));
     for (int64_t i = 0; i < mb_seqs; ++i) seqs[sz(i)] = step * plan.global_batch + g * mb_seqs + i;
     const cpu::TokenBatch tb = cpu::synthetic_batch(cfg.data_seed, seqs, seq, model.vocab);
-    const auto r0 = static_cast<ptrdiff_t>((place.sp * tp + place.tp) * t),
-               r1 = r0 + static_cast<ptrdiff_t>(t);
-    s.tokens.assign(tb.tokens.begin() + r0, tb.tokens.begin() + r1);
-    s.targets.assign(tb.targets.begin() + r0, tb.targets.begin() + r1);
-    s.pos_full.resize(sz(T));
-    for (int64_t r = 0; r < T; ++r) s.pos_full[sz(r)] = r % seq;
+    const int64_t r0 = (place.sp * tp + place.tp) * t;  // into cp_rows
+    s.tokens.resize(sz(t));
+    s.targets.resize(sz(t));
+    for (int64_t i = 0; i < t; ++i) {
+      s.tokens[sz(i)] = tb.tokens[sz(cp_rows[sz(r0 + i)])];
+      s.targets[sz(i)] = tb.targets[sz(cp_rows[sz(r0 + i)])];
+    }
+    s.pos_full.resize(sz(Tc));
+    for (int64_t r = 0; r < Tc; ++r) s.pos_full[sz(r)] = cp_rows[sz(r)] % seq;
     Bucket& o = buckets[outside];
     (layers.empty() ? s.x_final : s.layers[0].x_in) =
         cpu::embedding_forward<float>(s.tokens, o.param(embedding), 0);
@@ -441,6 +459,7 @@ struct TrainRunner::Impl {
           cpu::rope_forward<float>(c.qkv.leftCols(qc), pos, D, cfg.rope_theta);
           cpu::rope_forward<float>(c.qkv.middleCols(qc, kc), pos, D, cfg.rope_theta);
         } else {
+          if (cp > 1 && sp == 1) cp_attention_grads(c, c.dqkv);
           cpu::rope_backward<float>(c.dqkv.leftCols(qc), pos, D, cfg.rope_theta);
           cpu::rope_backward<float>(c.dqkv.middleCols(qc, kc), pos, D, cfg.rope_theta);
         }
@@ -449,6 +468,7 @@ struct TrainRunner::Impl {
         if (fwd) {
           c.qkv_a = rows_to_heads(c.qkv, {qc, kc, kc});
         } else {
+          if (cp > 1) cp_attention_grads(c, c.dqkv_a);
           c.dqkv = heads_to_rows(c.dqkv_a, {qc, kc, kc});
         }
         return;
@@ -459,42 +479,11 @@ struct TrainRunner::Impl {
           c.datt_a = rows_to_heads(c.datt, {qc});
         }
         return;
-      case OpName::kAttnCore: {
-        // Attention sees every row of the micro-batch for hla query and kvla kv heads: after the Ulysses
-        // all-to-all, or directly (sp = 1: hla = hl).
-        const cpu::AttnHeads hd = heads(l);
-        const int64_t qa = hla * D, ka = kvla * D;
-        const M& in = sp > 1 ? c.qkv_a : c.qkv;
-        M& att = sp > 1 ? c.att_a : c.att;
-        const M& datt = sp > 1 ? c.datt_a : c.datt;
-        M& dqkv = sp > 1 ? c.dqkv_a : c.dqkv;
-        const cpu::Positions pos_all(s.pos_full);
-        if (fwd) {
-          att.resize(T, qa);
-          c.lse.resize(T, hla);
-        } else {
-          dqkv.resize(T, in.cols());
-        }
-        for (int64_t q = 0; q < mb_seqs; ++q) {
-          const cpu::Positions ps = pos_all.subspan(sz(q * seq), sz(seq));
-          const auto rows = in.middleRows(q * seq, seq);
-          if (fwd) {
-            cpu::AttnOut<float> o = cpu::attn_core_forward<float>(rows.leftCols(qa), rows.middleCols(qa, ka),
-                                                                  rows.middleCols(qa + ka, ka), ps, ps, hd);
-            att.middleRows(q * seq, seq) = o.out;
-            c.lse.middleRows(q * seq, seq) = o.lse;
-          } else {
-            cpu::AttnGrads<float> g = cpu::attn_core_backward<float>(
-                rows.leftCols(qa), rows.middleCols(qa, ka), rows.middleCols(qa + ka, ka),
-                att.middleRows(q * seq, seq), c.lse.middleRows(q * seq, seq), datt.middleRows(q * seq, seq),
-                ps, ps, hd);
-            dqkv.block(q * seq, 0, seq, qa) = g.dq;
-            dqkv.block(q * seq, qa, seq, ka) = g.dk;
-            dqkv.block(q * seq, qa + ka, seq, ka) = g.dv;
-          }
-        }
+      case OpName::kAttnCore:
+      case OpName::kAttnCoreLocal:
+      case OpName::kCpKvAg:
+        attention_core(op, s, c, l);
         return;
-      }
       case OpName::kOutProj: {
         const M& dy = tp > 1 ? c.d_o : c.dx_mid;
         if (fwd) {
@@ -519,6 +508,106 @@ struct TrainRunner::Impl {
     }
   }
 
+  // Attention over this rank's query rows (the cp rank's Tc rows) for hla query and kvla kv heads: after the
+  // Ulysses all-to-all, or directly (sp = 1: hla = hl). Without cp, attn_core sees every key. With cp, the
+  // op graph splits it: attn_core_local attends to this cp rank's own keys, cp_kv_ag all-gathers k and v over
+  // cp, attn_core attends to the other ranks' keys and merges (attn_merge); backward runs per key set with
+  // the merged out and lse, and the gathered keys' dk, dv return by the all-gather's reduce-scatter.
+  void attention_core(const Op& op, MbState& s, LayerState& c, size_t l) {
+    const bool fwd = op.phase != Phase::kBackward;
+    const cpu::AttnHeads hd = heads(l);
+    const int64_t qa = hla * D, ka = kvla * D, sq = seq / cp;  // sq: a sequence's rows on one cp rank
+    const M& in = sp > 1 ? c.qkv_a : c.qkv;
+    M& att = sp > 1 ? c.att_a : c.att;
+    const M& datt = sp > 1 ? c.datt_a : c.datt;
+    const cpu::Positions pos(s.pos_full);
+    const auto name = static_cast<OpName>(op.name);
+    if (name == OpName::kCpKvAg) {
+      if (fwd) {
+        c.kv_all = all_gather_rows(cp_comm, M(in.middleCols(qa, 2 * ka)));
+        M mine(Tc, 1);
+        for (int64_t r = 0; r < Tc; ++r) mine(r, 0) = static_cast<float>(s.pos_full[sz(r)]);  // exact
+        c.pos_all = all_gather_rows(cp_comm, mine);
+      } else {
+        c.dkv_remote = reduce_scatter_rows(cp_comm, c.dkv_all);
+      }
+      return;
+    }
+    const bool local = name == OpName::kAttnCoreLocal || cp == 1;
+    if (fwd) {
+      if (local) {
+        att.resize(Tc, qa);
+        c.lse.resize(Tc, hla);
+      }
+    } else if (local) {
+      c.dq_local = M::Zero(Tc, qa);
+      c.dkv_local = M::Zero(Tc, 2 * ka);
+    } else {
+      c.dq_remote = M::Zero(Tc, qa);
+      c.dkv_all = M::Zero(Tc * cp, 2 * ka);
+    }
+    for (int64_t q = 0; q < mb_seqs; ++q) {
+      const cpu::Positions qp = pos.subspan(sz(q * sq), sz(sq));
+      const auto rows = in.middleRows(q * sq, sq);
+      if (local) {
+        if (fwd) {
+          cpu::AttnOut<float> o = cpu::attn_core_forward<float>(rows.leftCols(qa), rows.middleCols(qa, ka),
+                                                                rows.middleCols(qa + ka, ka), qp, qp, hd);
+          att.middleRows(q * sq, sq) = o.out;
+          c.lse.middleRows(q * sq, sq) = o.lse;
+        } else {
+          cpu::AttnGrads<float> g = cpu::attn_core_backward<float>(
+              rows.leftCols(qa), rows.middleCols(qa, ka), rows.middleCols(qa + ka, ka),
+              att.middleRows(q * sq, sq), c.lse.middleRows(q * sq, sq), datt.middleRows(q * sq, sq), qp, qp,
+              hd);
+          c.dq_local.middleRows(q * sq, sq) = g.dq;
+          c.dkv_local.block(q * sq, 0, sq, ka) = g.dk;
+          c.dkv_local.block(q * sq, ka, sq, ka) = g.dv;
+        }
+        continue;
+      }
+      // The other cp ranks' keys of sequence q, in cp rank order.
+      const int64_t nk = sq * (cp - 1);
+      M kv(nk, 2 * ka);
+      std::vector<int64_t> kpos(sz(nk)), src(sz(nk));
+      int64_t j = 0;
+      for (int64_t r = 0; r < cp; ++r) {
+        if (r == place.cp) continue;
+        for (int64_t i = 0; i < sq; ++i, ++j) {
+          src[sz(j)] = r * Tc + q * sq + i;
+          kv.row(j) = c.kv_all.row(src[sz(j)]);
+          kpos[sz(j)] = static_cast<int64_t>(c.pos_all(src[sz(j)], 0));
+        }
+      }
+      const cpu::Positions kp(kpos);
+      if (fwd) {
+        cpu::AttnOut<float> o =
+            cpu::attn_core_forward<float>(rows.leftCols(qa), kv.leftCols(ka), kv.rightCols(ka), qp, kp, hd);
+        cpu::attn_merge<float>(att.middleRows(q * sq, sq), c.lse.middleRows(q * sq, sq), o.out, o.lse);
+      } else {
+        cpu::AttnGrads<float> g = cpu::attn_core_backward<float>(
+            rows.leftCols(qa), kv.leftCols(ka), kv.rightCols(ka), att.middleRows(q * sq, sq),
+            c.lse.middleRows(q * sq, sq), datt.middleRows(q * sq, sq), qp, kp, hd);
+        c.dq_remote.middleRows(q * sq, sq) = g.dq;
+        for (int64_t i = 0; i < nk; ++i) {
+          c.dkv_all.block(src[sz(i)], 0, 1, ka) = g.dk.row(i);
+          c.dkv_all.block(src[sz(i)], ka, 1, ka) = g.dv.row(i);
+        }
+      }
+    }
+    if (!fwd && cp == 1) {  // no cp split: the local pass saw every key
+      M& dqkv = sp > 1 ? c.dqkv_a : c.dqkv;
+      dqkv.resize(Tc, qa + 2 * ka);
+      dqkv << c.dq_local, c.dkv_local;
+    }
+  }
+  // With cp: the attention input's gradient from the two key sets' passes (run by the consumer of that
+  // gradient, which the graph orders after both attn_core_local's backward and cp_kv_ag's reduce-scatter).
+  void cp_attention_grads(LayerState& c, M& dqkv) const {
+    dqkv.resize(Tc, c.dq_local.cols() + c.dkv_local.cols());
+    dqkv << c.dq_local + c.dq_remote, c.dkv_local + c.dkv_remote;
+  }
+
   // Ulysses all-to-all, rows -> heads: x holds this rank's Tg rows of all of its tp heads, as column groups
   // of widths `widths` (q, k, v: each sp peer's heads are a contiguous 1 / sp of every group); the result
   // holds all T rows (sp peer p's rows at p Tg) of this rank's heads, the groups' slices side by side.
@@ -534,7 +623,7 @@ struct TrainRunner::Impl {
         src += g;
       }
     }
-    M out(T, w);
+    M out(Tc, w);
     const std::vector<int64_t> counts(sz(sp), Tg * w);
     sp_comm->all_to_all_v(cspan_of(send), counts, span_of(out), counts, kActWire);
     return out;
@@ -707,17 +796,18 @@ struct TrainRunner::Impl {
           const M logits = cpu::linear_forward<float>(c.n2.y, b.param(lp.router));
           c.route = cpu::router_forward<float>(logits, k, cfg.renormalize_gates);
           c.stats = cpu::router_local_stats<float>(c.route);
-          if (tp_comm != nullptr || sp_comm != nullptr) {
-            // the tp and sp ranks split the micro-batch's tokens: sum their statistics
+          if (tp_comm != nullptr || sp_comm != nullptr || cp_comm != nullptr) {
+            // the tp, sp and cp ranks split the micro-batch's tokens: sum their statistics
             std::vector<float> st(sz(2 * E));
             std::copy(c.stats.counts.data(), c.stats.counts.data() + E, st.begin());
             std::copy(c.stats.prob_sums.data(), c.stats.prob_sums.data() + E, st.begin() + E);
             if (tp_comm != nullptr) tp_comm->all_reduce(st, WireFormat::kFp32);
             if (sp_comm != nullptr) sp_comm->all_reduce(st, WireFormat::kFp32);
+            if (cp_comm != nullptr) cp_comm->all_reduce(st, WireFormat::kFp32);
             std::copy(st.begin(), st.begin() + E, c.stats.counts.data());
             std::copy(st.begin() + E, st.end(), c.stats.prob_sums.data());
           }
-          if (place.tp == 0 && place.sp == 0 && op.phase == Phase::kForward)
+          if (place.tp == 0 && place.sp == 0 && place.cp == 0 && op.phase == Phase::kForward)
             aux_sum += static_cast<double>(cpu::aux_loss<float>(c.stats, T, k, cfg.aux_coef)) * aux_scale;
         } else if (op.part == GemmPart::kDgrad) {
           const Vf aux_dp = cpu::aux_loss_dprobs<float>(c.stats, T, k, cfg.aux_coef, aux_scale);
@@ -1015,6 +1105,8 @@ struct TrainRunner::Impl {
       case OpName::kQkvA2a:
       case OpName::kAttnOutA2a:
       case OpName::kAttnCore:
+      case OpName::kAttnCoreLocal:
+      case OpName::kCpKvAg:
       case OpName::kOutProj:
       case OpName::kAttnRs:
         attention(op, s, l);

@@ -281,6 +281,18 @@ TEST_SUITE("train") {
                      kNoOverlap + ", \"data\": {\"zero\": 1}");
   }
 
+  TEST_CASE("cp 2 with load-balanced chunks and a k v all-gather trains like the reference") {
+    check_layout("cp2", 2,
+                 std::string("\"attention\": {\"tp\": 1, \"cp\": 2}, \"experts\": {\"ep\": 1}, ") +
+                     kNoOverlap + ", \"data\": {\"zero\": 1}");
+  }
+
+  TEST_CASE("sp 2 with cp 2 and ep 2 on 4 ranks trains like the reference") {
+    check_layout("sp2_cp2_ep2", 4,
+                 std::string("\"attention\": {\"tp\": 1, \"sp\": 2, \"cp\": 2}, \"experts\": {\"ep\": 2}, ") +
+                     kNoOverlap + ", \"data\": {\"zero\": 1}");
+  }
+
   TEST_CASE("ep 2 with all-gather dispatch and reduce-scatter combine trains like the reference") {
     check_layout("ep2_allgather", 2,
                  std::string("\"attention\": {\"tp\": 1}, \"experts\": {\"ep\": 2, \"dispatch\": "
