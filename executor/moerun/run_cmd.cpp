@@ -118,6 +118,7 @@ int run_plan(const RunOptions& o, int rank, int world) {
     place.cp = lay.of(CommGroup::kCp).index;
     place.dp = lay.of(CommGroup::kDp).index;
     place.ep = lay.of(CommGroup::kEp).index;
+    place.etp = lay.of(CommGroup::kEtp).index;
     place.attn_replica = lay.of(CommGroup::kAttnReplica).index;
     place.expert_dp = lay.of(CommGroup::kExpertDp).index;
     auto t = std::make_unique<TrainRunner>(graph, plan, in.loaded.model, place, lookup, groups.world());

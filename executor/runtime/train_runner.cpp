@@ -138,6 +138,10 @@ struct LayerState {
   M dff_full, dact, dh13, db_full, dn2_ffn;
   M dyp, dgates, d_eo, dea, de13, dxr, dxp, dn2_routed, dlog, dn2_router;
   M dpartial, dgates_g, dxg;  // all-gather dispatch: [ep t, h], [ep t, k], [ep t, h]
+  // ETP: the ETP group's rows for this rank's expert shards (expert-major, then ETP rank) and the partial fc2
+  // output over them; rows per (ETP rank, local expert) and per local expert.
+  M xe, eo_part, dxe, d_eo_e;
+  std::vector<int64_t> etp_rows, etp_expert_counts;
 };
 
 struct MbState {
@@ -156,7 +160,9 @@ std::string train_unsupported(const Plan& p, const ModelSpec& m) {
   if (const std::string why = cpu::ReferenceModel<float>::unsupported(m); !why.empty()) return why;
   if (m.tied_embeddings) return "tied embeddings";
   if (p.pipeline.pp != 1 || p.pipeline.vpp != 1) return "pipeline parallelism (pp > 1)";
-  if (p.experts.etp != 1) return "expert tensor parallelism (etp > 1)";
+  if (p.experts.etp > 1 && p.experts.dispatch == Dispatch::kAllGather)
+    return "expert tensor parallelism with all-gather dispatch";
+  if (m.moe.expert_ffn % p.experts.etp != 0) return "etp that does not divide the expert FFN width";
   if (p.experts.dispatch == Dispatch::kDedup) return "deduplicated all-to-all dispatch";
   if (p.experts.dispatch == Dispatch::kAllGather && p.compression.dispatch == DispatchPrecision::kFp8)
     return "FP8 dispatch with all-gather dispatch";
@@ -191,7 +197,8 @@ struct TrainRunner::Impl {
   Communicator& world;
   cpu::ReferenceConfig cfg;  // seeds, rope, eps, aux coefficient, Adam: the reference's defaults
 
-  int64_t tp = 1, sp = 1, cp = 1, ep = 1, h = 0, D = 0, H = 0, KV = 0, hl = 0, kvl = 0, E = 0, El = 0, k = 0;
+  int64_t tp = 1, sp = 1, cp = 1, ep = 1, etp = 1, h = 0, D = 0, H = 0, KV = 0, hl = 0, kvl = 0, E = 0,
+          El = 0, k = 0;
   int64_t hla = 0, kvla = 0;  // heads of this rank inside attention (hl / sp, kvl / sp)
   int64_t seq = 0, mb_seqs = 0, T = 0, Tc = 0, Tg = 0, t = 0, n_local = 0, n_global = 0;
   // Context parallelism (Megatron's load balancing): each sequence is cut into 2 cp chunks and cp rank c
@@ -203,6 +210,7 @@ struct TrainRunner::Impl {
   Communicator* sp_comm = nullptr;
   Communicator* cp_comm = nullptr;
   Communicator* ep_comm = nullptr;
+  Communicator* etp_comm = nullptr;
 
   std::vector<Bucket> buckets;
   std::vector<LayerParams> layers;
@@ -219,6 +227,7 @@ struct TrainRunner::Impl {
     sp = p.attention.sp;
     cp = p.attention.cp;
     ep = p.experts.ep;
+    etp = p.experts.etp;
     h = m.hidden;
     D = a.head_dim;
     H = a.num_heads;
@@ -249,6 +258,7 @@ struct TrainRunner::Impl {
       for (const int64_t ch : {int64_t{place.cp}, 2 * cp - 1 - place.cp})
         for (int64_t i = 0; i < chunk; ++i) cp_rows.push_back(q * seq + ch * chunk + i);
     ep_comm = groups(CommGroup::kEp);
+    etp_comm = groups(CommGroup::kEtp);
     build_buckets();
     mbs.resize(sz(n_local));
     for (MbState& s : mbs) s.layers.resize(layers.size());
@@ -291,13 +301,16 @@ struct TrainRunner::Impl {
         }
         lp.experts = buckets.size();
         Bucket& x = new_bucket(CommGroup::kExpertDp);
-        const int64_t e0 = place.ep * El, fe = model.moe.expert_ffn;
+        // ETP shards each expert's FFN width like tp shards a dense FFN: fc13 by columns (gate and up
+        // halves alike), fc2 by rows.
+        const int64_t e0 = place.ep * El, fe = model.moe.expert_ffn, fr = fe / etp, f0 = place.etp * fr;
         for (int64_t e = e0; e < e0 + El; ++e) {
-          const size_t i = x.add(fmt::format("{}expert{}.fc13", pre, e), h, 2 * fe);
+          const size_t i = x.add(fmt::format("{}expert{}.fc13", pre, e), h, 2 * fr, Layout::kCols, 0,
+                                 cpu::fc13_shard_columns(fe, f0, f0 + fr));
           if (e == e0) lp.expert_fc13 = i;
         }
         for (int64_t e = e0; e < e0 + El; ++e) {
-          const size_t i = x.add(fmt::format("{}expert{}.fc2", pre, e), fe, h);
+          const size_t i = x.add(fmt::format("{}expert{}.fc2", pre, e), fr, h, Layout::kRows, f0);
           if (e == e0) lp.expert_fc2 = i;
         }
       }
@@ -874,13 +887,29 @@ struct TrainRunner::Impl {
           c.dpartial = all_gather_rows(ep_comm, c.dx_out);
         }
         return;
+      case OpName::kEtpAg:  // the ETP group's dispatched rows, for this rank's shard of the experts
+        if (fwd) {
+          etp_counts(c);
+          c.xe = etp_gather(c, c.xr);
+        } else {
+          c.dxr = etp_scatter_sum(c, c.dxe);
+        }
+        return;
+      case OpName::kEtpRs:  // the partial expert outputs summed over the ETP group, back to their owners
+        if (fwd) {
+          c.eo = etp_scatter_sum(c, c.eo_part);
+        } else {
+          c.d_eo_e = etp_gather(c, c.d_eo);
+        }
+        return;
       case OpName::kExpertFc13:
         if (fwd) {
-          c.e13 = cpu::expert_gemm_forward<float>(c.xr, x.param(lp.expert_fc13, El), c.local_counts);
+          c.e13 = cpu::expert_gemm_forward<float>(ex_in(c), x.param(lp.expert_fc13, El), ex_counts(c));
         } else if (op.part == GemmPart::kDgrad) {
-          c.dxr = cpu::expert_gemm_dgrad<float>(c.de13, x.param(lp.expert_fc13, El), c.local_counts);
+          (etp > 1 ? c.dxe : c.dxr) =
+              cpu::expert_gemm_dgrad<float>(c.de13, x.param(lp.expert_fc13, El), ex_counts(c));
         } else {
-          cpu::expert_gemm_wgrad<float>(c.xr, c.de13, c.local_counts,
+          cpu::expert_gemm_wgrad<float>(ex_in(c), c.de13, ex_counts(c),
                                         x.grad(lp.expert_fc13, op.micro_batch, El));
         }
         return;
@@ -891,16 +920,18 @@ struct TrainRunner::Impl {
           c.de13 = cpu::swiglu_backward<float>(c.e13, c.dea);
         }
         return;
-      case OpName::kExpertFc2:
+      case OpName::kExpertFc2: {
+        const M& d_eo = etp > 1 ? c.d_eo_e : c.d_eo;
         if (fwd) {
-          c.eo = cpu::expert_gemm_forward<float>(c.ea, x.param(lp.expert_fc2, El), c.local_counts);
+          (etp > 1 ? c.eo_part : c.eo) =
+              cpu::expert_gemm_forward<float>(c.ea, x.param(lp.expert_fc2, El), ex_counts(c));
         } else if (op.part == GemmPart::kDgrad) {
-          c.dea = cpu::expert_gemm_dgrad<float>(c.d_eo, x.param(lp.expert_fc2, El), c.local_counts);
+          c.dea = cpu::expert_gemm_dgrad<float>(d_eo, x.param(lp.expert_fc2, El), ex_counts(c));
         } else {
-          cpu::expert_gemm_wgrad<float>(c.ea, c.d_eo, c.local_counts,
-                                        x.grad(lp.expert_fc2, op.micro_batch, El));
+          cpu::expert_gemm_wgrad<float>(c.ea, d_eo, ex_counts(c), x.grad(lp.expert_fc2, op.micro_batch, El));
         }
         return;
+      }
       case OpName::kCombineA2a:
         if (fwd) {
           c.yp = exchange(reorder(c, c.eo, false), c.recv_rows, c.send_rows);
@@ -931,6 +962,76 @@ struct TrainRunner::Impl {
   }
 
   bool gather_mode() const { return plan.experts.dispatch == Dispatch::kAllGather; }
+
+  // The rows the expert GEMMs see and their counts per local expert: this rank's dispatched rows, or with ETP
+  // the whole ETP group's (expert-major, then ETP rank).
+  const M& ex_in(const LayerState& c) const { return etp > 1 ? c.xe : c.xr; }
+  const std::vector<int64_t>& ex_counts(const LayerState& c) const {
+    return etp > 1 ? c.etp_expert_counts : c.local_counts;
+  }
+  // Rows per (ETP rank q, local expert e) at q El + e: a small all-gather of every rank's local counts.
+  void etp_counts(LayerState& c) {
+    std::vector<float> mine(sz(El)), all(sz(El * etp));
+    for (int64_t e = 0; e < El; ++e) mine[sz(e)] = static_cast<float>(c.local_counts[sz(e)]);  // exact < 2^24
+    etp_comm->all_gather(mine, all, WireFormat::kFp32);
+    c.etp_rows.assign(sz(El * etp), 0);
+    c.etp_expert_counts.assign(sz(El), 0);
+    for (int64_t i = 0; i < El * etp; ++i) {
+      c.etp_rows[sz(i)] = static_cast<int64_t>(all[sz(i)]);
+      c.etp_expert_counts[sz(i % El)] += c.etp_rows[sz(i)];
+    }
+  }
+  // First row of block (q, e) in ETP-rank-major order ([q][e]) and in expert-major order ([e][q]).
+  int64_t etp_row(const LayerState& c, int64_t q, int64_t e, bool expert_major) const {
+    int64_t r = 0;
+    for (int64_t qq = 0; qq < etp; ++qq)
+      for (int64_t ee = 0; ee < El; ++ee) {
+        const bool before = expert_major ? (ee < e || (ee == e && qq < q)) : (qq < q || (qq == q && ee < e));
+        if (before) r += c.etp_rows[sz(qq * El + ee)];
+      }
+    return r;
+  }
+  // All-gather (variable rows) of each ETP rank's expert-major rows -> the group's rows, expert-major.
+  M etp_gather(const LayerState& c, const M& own) {
+    const int64_t cols = own.cols();
+    std::vector<int64_t> sc(sz(etp), own.rows() * cols), rc(sz(etp), 0);
+    int64_t total = 0;
+    for (int64_t q = 0; q < etp; ++q)
+      for (int64_t e = 0; e < El; ++e) {
+        rc[sz(q)] += c.etp_rows[sz(q * El + e)] * cols;
+        total += c.etp_rows[sz(q * El + e)];
+      }
+    M send(own.rows() * etp, cols);
+    for (int64_t q = 0; q < etp; ++q) send.middleRows(q * own.rows(), own.rows()) = own;
+    M recv(total, cols);  // [q][e]
+    etp_comm->all_to_all_v(cspan_of(send), sc, span_of(recv), rc, kActWire);
+    M out(total, cols);  // [e][q]
+    for (int64_t q = 0; q < etp; ++q)
+      for (int64_t e = 0; e < El; ++e) {
+        const int64_t n = c.etp_rows[sz(q * El + e)];
+        if (n > 0) out.middleRows(etp_row(c, q, e, true), n) = recv.middleRows(etp_row(c, q, e, false), n);
+      }
+    return out;
+  }
+  // The inverse direction: the group's rows (expert-major) -> each owner's rows, summed over the ETP ranks in
+  // rank order (the reduce-scatter of partial fc2 outputs, and the all-gather's backward).
+  M etp_scatter_sum(const LayerState& c, const M& group_rows) {
+    const int64_t cols = group_rows.cols(), mine = c.xr.rows();
+    M send(group_rows.rows(), cols);  // [q][e]
+    std::vector<int64_t> sc(sz(etp), 0), rc(sz(etp), mine * cols);
+    for (int64_t q = 0; q < etp; ++q)
+      for (int64_t e = 0; e < El; ++e) {
+        const int64_t n = c.etp_rows[sz(q * El + e)];
+        sc[sz(q)] += n * cols;
+        if (n > 0)
+          send.middleRows(etp_row(c, q, e, false), n) = group_rows.middleRows(etp_row(c, q, e, true), n);
+      }
+    M recv(mine * etp, cols);
+    etp_comm->all_to_all_v(cspan_of(send), sc, span_of(recv), rc, kActWire);
+    M out = recv.topRows(mine);
+    for (int64_t q = 1; q < etp; ++q) out += recv.middleRows(q * mine, mine);
+    return out;
+  }
   int64_t local_rows(const LayerState& c) const {
     const int64_t e0 = place.ep * El;
     return c.idx_g.offsets[sz(e0 + El)] - c.idx_g.offsets[sz(e0)];
@@ -1130,6 +1231,8 @@ struct TrainRunner::Impl {
       case OpName::kExpertFc13:
       case OpName::kExpertAct:
       case OpName::kExpertFc2:
+      case OpName::kEtpAg:
+      case OpName::kEtpRs:
       case OpName::kCombineA2a:
       case OpName::kDispatchAg:
       case OpName::kScatter:

@@ -56,7 +56,7 @@ namespace moeplan::executor {
 // This rank's index in each group it belongs to (RankLayout's indices).
 struct TrainPlace {
   int world_rank = 0;
-  int tp = 0, sp = 0, cp = 0, dp = 0, ep = 0, attn_replica = 0, expert_dp = 0;
+  int tp = 0, sp = 0, cp = 0, dp = 0, ep = 0, etp = 0, attn_replica = 0, expert_dp = 0;
 };
 
 // Empty when the train runner can execute `plan` of `model`, else one phrase naming what it cannot do.

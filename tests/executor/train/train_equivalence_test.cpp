@@ -293,6 +293,19 @@ TEST_SUITE("train") {
                      kNoOverlap + ", \"data\": {\"zero\": 1}");
   }
 
+  TEST_CASE(
+      "etp 2 with expert shards and a variable all-gather of the dispatched rows trains like the reference") {
+    check_layout("etp2", 2,
+                 std::string("\"attention\": {\"tp\": 1}, \"experts\": {\"ep\": 1, \"etp\": 2}, ") +
+                     kNoOverlap + ", \"data\": {\"zero\": 1}");
+  }
+
+  TEST_CASE("etp 2 with ep 2 on 4 ranks trains like the reference") {
+    check_layout("etp2_ep2", 4,
+                 std::string("\"attention\": {\"tp\": 1}, \"experts\": {\"ep\": 2, \"etp\": 2}, ") +
+                     kNoOverlap + ", \"data\": {\"zero\": 1}");
+  }
+
   TEST_CASE("ep 2 with all-gather dispatch and reduce-scatter combine trains like the reference") {
     check_layout("ep2_allgather", 2,
                  std::string("\"attention\": {\"tp\": 1}, \"experts\": {\"ep\": 2, \"dispatch\": "
