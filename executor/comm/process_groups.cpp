@@ -92,6 +92,10 @@ Communicator& ProcessGroups::world() {
   return *world_;
 }
 
+Communicator& ProcessGroups::internal(CommGroup g) {
+  return *internal_[static_cast<size_t>(g)];
+}
+
 Result<ProcessGroups> make_process_groups(const Plan& plan, MPI_Comm world) {
   int rank = 0, size = 0;
   MOEPLAN_MPI_CHECK(MPI_Comm_rank(world, &rank));
@@ -112,6 +116,13 @@ Result<ProcessGroups> make_process_groups(const Plan& plan, MPI_Comm world) {
     auto c = std::make_unique<MpiCommunicator>(comm, group_name(name_of(g), place.members));
     MOEPLAN_ASSERT(c->rank() == place.index && c->size() == static_cast<int>(place.members.size()));
     groups.groups_[static_cast<size_t>(g)] = std::move(c);
+  }
+  for (size_t g = 0; g < groups.internal_.size(); ++g) {
+    const MpiCommunicator& of =
+        g == static_cast<size_t>(CommGroup::kNone) ? *groups.world_ : *groups.groups_[g];
+    MPI_Comm twin = MPI_COMM_NULL;
+    MOEPLAN_MPI_CHECK(MPI_Comm_dup(of.comm(), &twin));
+    groups.internal_[g] = std::make_unique<MpiCommunicator>(twin, of.name() + ".internal");
   }
   return groups;
 }

@@ -52,13 +52,19 @@ class ProcessGroups {
   // The group of kind g that this rank belongs to (kNone: world).
   Communicator& of(CommGroup g);
   Communicator& world();
+  // A second communicator over the same ranks as of(g), for reductions a runner performs inside an op (not
+  // collectives of the op graph): under inter-operator overlap another stream's thread may be running a graph
+  // collective on of(g) at the same moment, and two collectives on one communicator from different threads
+  // could be matched in different orders on different ranks.
+  Communicator& internal(CommGroup g);
   const RankLayout& layout() const { return layout_; }
 
  private:
   friend Result<ProcessGroups> make_process_groups(const Plan& plan, MPI_Comm world);
   RankLayout layout_;
   std::unique_ptr<MpiCommunicator> world_;
-  std::array<std::unique_ptr<MpiCommunicator>, 10> groups_;  // indexed by CommGroup
+  std::array<std::unique_ptr<MpiCommunicator>, 10> groups_;    // indexed by CommGroup
+  std::array<std::unique_ptr<MpiCommunicator>, 10> internal_;  // indexed by CommGroup (kNone: world)
 };
 
 // One MPI_Comm_split of `world` per group kind (collective over `world`: every rank must call it). The world

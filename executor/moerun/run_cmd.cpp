@@ -121,7 +121,12 @@ int run_plan(const RunOptions& o, int rank, int world) {
     place.etp = lay.of(CommGroup::kEtp).index;
     place.attn_replica = lay.of(CommGroup::kAttnReplica).index;
     place.expert_dp = lay.of(CommGroup::kExpertDp).index;
-    auto t = std::make_unique<TrainRunner>(graph, plan, in.loaded.model, place, lookup, groups.world());
+    const GroupLookup internal = [&groups](CommGroup g) -> Communicator* {
+      Communicator& c = groups.internal(g);
+      return g == CommGroup::kNone || c.size() > 1 ? &c : nullptr;
+    };
+    auto t =
+        std::make_unique<TrainRunner>(graph, plan, in.loaded.model, place, lookup, internal, groups.world());
     trainer = t.get();
     runner_ptr = std::move(t);
   } else {

@@ -131,7 +131,8 @@ struct LayerState {
   int64_t local_row0 = 0;
   // Backward.
   M dx_out, dx_mid, d_o, datt, dqkv, da_full, dn1;
-  M qkv_a, att_a, datt_a, dqkv_a;  // Ulysses: [Tc, (hla + 2 kvla) D], [Tc, hla D] and their gradients
+  M q_a, kv_a, dq, dkv, da_q, da_kv;  // Ulysses with inter-op overlap: the q and k|v paths apart
+  M qkv_a, att_a, datt_a, dqkv_a;     // Ulysses: [Tc, (hla + 2 kvla) D], [Tc, hla D] and their gradients
   // Context parallelism: gathered k|v and positions of every cp rank's rows [cp Tc, 2 kvla D], [cp Tc, 1];
   // the key sets' gradients (local: own keys; remote: the others', reduce-scattered to their owners).
   M kv_all, pos_all, dq_local, dkv_local, dq_remote, dkv_all, dkv_remote;
@@ -167,8 +168,6 @@ std::string train_unsupported(const Plan& p, const ModelSpec& m) {
   if (p.experts.dispatch == Dispatch::kAllGather && p.compression.dispatch == DispatchPrecision::kFp8)
     return "FP8 dispatch with all-gather dispatch";
   if (p.overlap.intra_op) return "intra-operator overlap (fused GEMM + collective ops)";
-  if (p.overlap.inter_op)
-    return "inter-operator overlap (the graph does not order side-stream wgrads before the gradient sync)";
   if (p.compression.grad_sync == GradSync::kBf16AllToAll && p.data.zero == 0)
     return "BF16 all-to-all gradient sync without ZeRO";
   if (p.precision == Precision::kFp8) return "FP8 compute";
@@ -194,6 +193,7 @@ struct TrainRunner::Impl {
   ModelSpec model;
   TrainPlace place;
   GroupLookup groups;
+  GroupLookup internal;  // twins of `groups` for the reductions performed inside ops (kNone: world)
   Communicator& world;
   cpu::ReferenceConfig cfg;  // seeds, rope, eps, aux coefficient, Adam: the reference's defaults
 
@@ -219,8 +219,9 @@ struct TrainRunner::Impl {
   int64_t step = 0;  // completed optimizer steps
   double ce_sum = 0, aux_sum = 0;
 
-  Impl(const OpGraph& g, const Plan& p, const ModelSpec& m, TrainPlace pl, GroupLookup gr, Communicator& w)
-      : graph(g), plan(p), model(m), place(pl), groups(std::move(gr)), world(w) {
+  Impl(const OpGraph& g, const Plan& p, const ModelSpec& m, TrainPlace pl, GroupLookup gr, GroupLookup in,
+       Communicator& w)
+      : graph(g), plan(p), model(m), place(pl), groups(std::move(gr)), internal(std::move(in)), world(w) {
     MOEPLAN_ASSERT(train_unsupported(p, m).empty());
     const auto& a = m.attention;
     tp = p.attention.tp;
@@ -445,6 +446,7 @@ struct TrainRunner::Impl {
           c.n1 = cpu::rmsnorm_forward<float>(c.x_in, b.param(lp.attn_norm), cfg.norm_eps);
           c.a_full = c.n1.y;
         } else {
+          if (split_qkv() && tp == 1) c.da_full = c.da_q + c.da_kv;
           const M& dn1 = tp > 1 ? c.dn1 : c.da_full;
           layer_input_grad(s, l) =
               c.dx_mid + cpu::rmsnorm_backward<float>(c.x_in, b.param(lp.attn_norm), c.n1.inv_rms, dn1,
@@ -455,7 +457,51 @@ struct TrainRunner::Impl {
         if (fwd) {
           c.a_full = all_gather_rows(tp_comm, c.n1.y);
         } else {
+          if (split_qkv()) c.da_full = c.da_q + c.da_kv;
           c.dn1 = reduce_scatter_rows(tp_comm, c.da_full);
+        }
+        return;
+      // Ulysses with inter-op overlap: the k|v projection and its all-to-all go first, beside the q
+      // projection (the graph's kv_proj, kv_a2a, q_proj, rope (q only), q_a2a). k's rope is applied right
+      // after its projection, and undone on its gradient right after the all-to-all back.
+      case OpName::kKvProj: {
+        auto w = b.param(lp.qkv).middleCols(qc, 2 * kc);
+        if (fwd) {
+          c.qkv.resize(Tg, qc + 2 * kc);
+          c.qkv.middleCols(qc, 2 * kc) = cpu::linear_forward<float>(c.a_full, w);
+          cpu::rope_forward<float>(c.qkv.middleCols(qc, kc), pos, D, cfg.rope_theta);
+        } else if (op.part == GemmPart::kDgrad) {
+          c.da_kv = cpu::linear_dgrad<float>(c.dkv, w);
+        } else {
+          cpu::linear_wgrad<float>(c.a_full, c.dkv, b.grad(lp.qkv, op.micro_batch).middleCols(qc, 2 * kc));
+        }
+        return;
+      }
+      case OpName::kQProj: {
+        auto w = b.param(lp.qkv).leftCols(qc);
+        if (fwd) {
+          c.qkv.leftCols(qc) = cpu::linear_forward<float>(c.a_full, w);
+        } else if (op.part == GemmPart::kDgrad) {
+          c.da_q = cpu::linear_dgrad<float>(c.dq, w);
+        } else {
+          cpu::linear_wgrad<float>(c.a_full, c.dq, b.grad(lp.qkv, op.micro_batch).leftCols(qc));
+        }
+        return;
+      }
+      case OpName::kKvA2a:
+        if (fwd) {
+          c.kv_a = rows_to_heads(M(c.qkv.middleCols(qc, 2 * kc)), {kc, kc});
+        } else {
+          c.dkv = heads_to_rows(attn_input_grad(c, false), {kc, kc});
+          cpu::rope_backward<float>(c.dkv.leftCols(kc), pos, D, cfg.rope_theta);
+        }
+        return;
+      case OpName::kQA2a:
+        if (fwd) {
+          c.q_a = rows_to_heads(M(c.qkv.leftCols(qc)), {qc});
+        } else {
+          c.dq = heads_to_rows(attn_input_grad(c, true), {qc});
+          cpu::rope_backward<float>(c.dq, pos, D, cfg.rope_theta);
         }
         return;
       case OpName::kQkvProj:
@@ -468,6 +514,11 @@ struct TrainRunner::Impl {
         }
         return;
       case OpName::kRope:
+        if (split_qkv()) {  // q only: k was roped after its projection (kv_proj)
+          if (fwd) cpu::rope_forward<float>(c.qkv.leftCols(qc), pos, D, cfg.rope_theta);
+          // backward: q's rope is undone after q's all-to-all back (q_a2a), before q_proj needs it
+          return;
+        }
         if (fwd) {
           cpu::rope_forward<float>(c.qkv.leftCols(qc), pos, D, cfg.rope_theta);
           cpu::rope_forward<float>(c.qkv.middleCols(qc, kc), pos, D, cfg.rope_theta);
@@ -530,14 +581,15 @@ struct TrainRunner::Impl {
     const bool fwd = op.phase != Phase::kBackward;
     const cpu::AttnHeads hd = heads(l);
     const int64_t qa = hla * D, ka = kvla * D, sq = seq / cp;  // sq: a sequence's rows on one cp rank
+
     const M& in = sp > 1 ? c.qkv_a : c.qkv;
     M& att = sp > 1 ? c.att_a : c.att;
     const M& datt = sp > 1 ? c.datt_a : c.datt;
     const cpu::Positions pos(s.pos_full);
     const auto name = static_cast<OpName>(op.name);
     if (name == OpName::kCpKvAg) {
-      if (fwd) {
-        c.kv_all = all_gather_rows(cp_comm, M(in.middleCols(qa, 2 * ka)));
+      if (fwd) {  // (with split q and k|v paths, the local pass may be assembling qkv_a meanwhile)
+        c.kv_all = all_gather_rows(cp_comm, split_qkv() ? c.kv_a : M(in.middleCols(qa, 2 * ka)));
         M mine(Tc, 1);
         for (int64_t r = 0; r < Tc; ++r) mine(r, 0) = static_cast<float>(s.pos_full[sz(r)]);  // exact
         c.pos_all = all_gather_rows(cp_comm, mine);
@@ -547,6 +599,10 @@ struct TrainRunner::Impl {
       return;
     }
     const bool local = name == OpName::kAttnCoreLocal || cp == 1;
+    if (split_qkv() && fwd && local) {  // the first attention pass: the two all-to-alls' results side by side
+      c.qkv_a.resize(Tc, qa + 2 * ka);
+      c.qkv_a << c.q_a, c.kv_a;
+    }
     if (fwd) {
       if (local) {
         att.resize(Tc, qa);
@@ -613,6 +669,14 @@ struct TrainRunner::Impl {
       dqkv.resize(Tc, qa + 2 * ka);
       dqkv << c.dq_local, c.dkv_local;
     }
+  }
+  bool split_qkv() const { return sp > 1 && plan.overlap.inter_op; }
+  // Ulysses with inter-op overlap: the gradient of the attention input's q part or k|v part (all rows of this
+  // rank's heads), from the two key sets' passes under cp, else from the one attention pass.
+  M attn_input_grad(const LayerState& c, bool q) const {
+    const int64_t qa = hla * D;
+    if (cp > 1) return q ? M(c.dq_local + c.dq_remote) : M(c.dkv_local + c.dkv_remote);
+    return q ? M(c.dqkv_a.leftCols(qa)) : M(c.dqkv_a.rightCols(c.dqkv_a.cols() - qa));
   }
   // With cp: the attention input's gradient from the two key sets' passes (run by the consumer of that
   // gradient, which the graph orders after both attn_core_local's backward and cp_kv_ag's reduce-scatter).
@@ -809,14 +873,13 @@ struct TrainRunner::Impl {
           const M logits = cpu::linear_forward<float>(c.n2.y, b.param(lp.router));
           c.route = cpu::router_forward<float>(logits, k, cfg.renormalize_gates);
           c.stats = cpu::router_local_stats<float>(c.route);
-          if (tp_comm != nullptr || sp_comm != nullptr || cp_comm != nullptr) {
+          if (tp > 1 || sp > 1 || cp > 1) {
             // the tp, sp and cp ranks split the micro-batch's tokens: sum their statistics
             std::vector<float> st(sz(2 * E));
             std::copy(c.stats.counts.data(), c.stats.counts.data() + E, st.begin());
             std::copy(c.stats.prob_sums.data(), c.stats.prob_sums.data() + E, st.begin() + E);
-            if (tp_comm != nullptr) tp_comm->all_reduce(st, WireFormat::kFp32);
-            if (sp_comm != nullptr) sp_comm->all_reduce(st, WireFormat::kFp32);
-            if (cp_comm != nullptr) cp_comm->all_reduce(st, WireFormat::kFp32);
+            for (const CommGroup g : {CommGroup::kTp, CommGroup::kSp, CommGroup::kCp})
+              if (Communicator* red = internal(g)) red->all_reduce(st, WireFormat::kFp32);
             std::copy(st.begin(), st.begin() + E, c.stats.counts.data());
             std::copy(st.begin() + E, st.end(), c.stats.prob_sums.data());
           }
@@ -973,7 +1036,7 @@ struct TrainRunner::Impl {
   void etp_counts(LayerState& c) {
     std::vector<float> mine(sz(El)), all(sz(El * etp));
     for (int64_t e = 0; e < El; ++e) mine[sz(e)] = static_cast<float>(c.local_counts[sz(e)]);  // exact < 2^24
-    etp_comm->all_gather(mine, all, WireFormat::kFp32);
+    internal(CommGroup::kEtp)->all_gather(mine, all, WireFormat::kFp32);
     c.etp_rows.assign(sz(El * etp), 0);
     c.etp_expert_counts.assign(sz(El), 0);
     for (int64_t i = 0; i < El * etp; ++i) {
@@ -1042,10 +1105,10 @@ struct TrainRunner::Impl {
   // its experts' rows.
   void gather_tokens(LayerState& c) {
     c.xg = all_gather_rows(ep_comm, c.n2.y);
-    c.gates_g = all_gather_rows(ep_comm, c.route.gates);
+    c.gates_g = all_gather_rows(internal(CommGroup::kEp), c.route.gates);
     M experts(t, k);
     for (int64_t i = 0; i < t * k; ++i) experts.data()[i] = static_cast<float>(c.route.experts[sz(i)]);
-    const M experts_g = all_gather_rows(ep_comm, experts);
+    const M experts_g = all_gather_rows(internal(CommGroup::kEp), experts);
     std::vector<int64_t> ex(sz(ep * t * k));
     for (size_t i = 0; i < ex.size(); ++i) ex[i] = static_cast<int64_t>(experts_g.data()[i]);
     c.idx_g = cpu::make_permute_index(ex, ep * t, k, E);
@@ -1069,7 +1132,7 @@ struct TrainRunner::Impl {
     for (int64_t e = 0; e < E; ++e)
       mine[sz(e)] = static_cast<float>(c.idx.counts[sz(e)]);  // exact below 2^24
     const std::vector<int64_t> per_peer(sz(ep), El);
-    ep_comm->all_to_all_v(mine, per_peer, theirs, per_peer, WireFormat::kFp32);
+    internal(CommGroup::kEp)->all_to_all_v(mine, per_peer, theirs, per_peer, WireFormat::kFp32);
     c.recv_counts.assign(sz(E), 0);
     c.recv_rows.assign(sz(ep), 0);
     c.local_counts.assign(sz(El), 0);
@@ -1148,7 +1211,7 @@ struct TrainRunner::Impl {
   void optimizer() {
     ++step;
     Bucket& o = buckets[outside];
-    if (world.size() > 1) world.all_reduce(o.g, WireFormat::kFp32);
+    if (world.size() > 1) internal(CommGroup::kNone)->all_reduce(o.g, WireFormat::kFp32);
     for (size_t bi = 0; bi < buckets.size(); ++bi) {
       Bucket& b = buckets[bi];
       if (bi == outside || b.comm == nullptr) {  // no gradient sync op in the graph: the shard is everything
@@ -1160,8 +1223,8 @@ struct TrainRunner::Impl {
           if (!e.tp_replicated) continue;
           const int64_t lo = std::max(e.offset, b.lo), hi = std::min(e.offset + e.size(), b.hi);
           if (lo < hi)
-            tp_comm->all_reduce(std::span<float>(b.sg).subspan(sz(lo - b.lo), sz(hi - lo)),
-                                WireFormat::kFp32);
+            internal(CommGroup::kTp)
+                ->all_reduce(std::span<float>(b.sg).subspan(sz(lo - b.lo), sz(hi - lo)), WireFormat::kFp32);
         }
       }
       cpu::adam_step<float>(std::span<float>(b.p).subspan(sz(b.lo), sz(b.hi - b.lo)), b.sg, b.m, b.v, step,
@@ -1204,6 +1267,10 @@ struct TrainRunner::Impl {
       case OpName::kQkvProj:
       case OpName::kRope:
       case OpName::kQkvA2a:
+      case OpName::kKvProj:
+      case OpName::kQProj:
+      case OpName::kKvA2a:
+      case OpName::kQA2a:
       case OpName::kAttnOutA2a:
       case OpName::kAttnCore:
       case OpName::kAttnCoreLocal:
@@ -1255,8 +1322,9 @@ struct TrainRunner::Impl {
 };
 
 TrainRunner::TrainRunner(const OpGraph& graph, const Plan& plan, const ModelSpec& model, TrainPlace place,
-                         GroupLookup groups, Communicator& world)
-    : impl_(std::make_unique<Impl>(graph, plan, model, place, std::move(groups), world)) {
+                         GroupLookup groups, GroupLookup internal, Communicator& world)
+    : impl_(
+          std::make_unique<Impl>(graph, plan, model, place, std::move(groups), std::move(internal), world)) {
   Eigen::setNbThreads(1);
 }
 

@@ -32,10 +32,10 @@
 // ZeRO-2/3: wgrads write a per-micro-batch gradient buffer that the i-th sync op of the step reduces;
 // parameter all-gathers always communicate but replace the parameters only after an optimizer step.
 //
-// Threads: ops of different streams may run at once. State is preallocated per (micro-batch, layer) and per
-// bucket, so ops the graph leaves unordered touch different objects; train_unsupported refuses the plans
-// whose graph leaves a producer and its consumer unordered (inter-op overlap: side-stream wgrads are not
-// ordered before the gradient sync).
+// Threads: ops of different streams may run at once (inter-operator overlap: collectives on the comm stream,
+// shared experts on the side stream). State is preallocated per (micro-batch, layer) and per bucket, so ops
+// the graph leaves unordered touch different objects; the reductions performed inside ops use their own
+// communicators (`internal`), never one a graph collective of another stream may be using.
 #pragma once
 
 #include <cstdint>
@@ -68,10 +68,12 @@ struct TrainLoss {
 
 class TrainRunner final : public OpRunner {
  public:
-  // `groups(g)`: this rank's communicator of group kind g, nullptr when the group has one rank; `world`: all
-  // ranks. Asserts train_unsupported(plan, model) is empty.
+  // `groups(g)`: this rank's communicator of group kind g, nullptr when the group has one rank;
+  // `internal(g)`: its twin (ProcessGroups::internal) for the reductions the runner performs inside ops,
+  // likewise nullptr for one rank, and for kNone the world's twin; `world`: all ranks. Asserts
+  // train_unsupported(plan, model) is empty.
   TrainRunner(const OpGraph& graph, const Plan& plan, const ModelSpec& model, TrainPlace place,
-              GroupLookup groups, Communicator& world);
+              GroupLookup groups, GroupLookup internal, Communicator& world);
   ~TrainRunner() override;
 
   void run(const Op& op) override;

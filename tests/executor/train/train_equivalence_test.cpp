@@ -218,6 +218,8 @@ void check_layout(const std::string& name, int ranks, const std::string& fields,
 
 constexpr const char* kNoOverlap =
     "\"overlap\": {\"inter_op\": false, \"intra_op\": false, \"dp_comm\": true, \"pp_comm\": false}";
+constexpr const char* kOverlap =
+    "\"overlap\": {\"inter_op\": true, \"intra_op\": false, \"dp_comm\": true, \"pp_comm\": false}";
 const std::string kDp2 = std::string("\"attention\": {\"tp\": 1}, \"experts\": {\"ep\": 1}, ") + kNoOverlap;
 const std::string kEp2 = std::string("\"attention\": {\"tp\": 1}, \"experts\": {\"ep\": 2}, ") + kNoOverlap;
 const std::string kTp2 = std::string("\"attention\": {\"tp\": 2}, \"experts\": {\"ep\": 1}, ") + kNoOverlap;
@@ -304,6 +306,26 @@ TEST_SUITE("train") {
     check_layout("etp2_ep2", 4,
                  std::string("\"attention\": {\"tp\": 1}, \"experts\": {\"ep\": 2, \"etp\": 2}, ") +
                      kNoOverlap + ", \"data\": {\"zero\": 1}");
+  }
+
+  // Inter-operator overlap: collectives run on the comm stream's thread and shared experts on the side
+  // stream's, concurrently with the compute stream, so these also check that no two threads race.
+  TEST_CASE("ep 2 with inter-operator overlap on comm and side streams trains like the reference") {
+    check_layout("ep2_overlap", 2,
+                 std::string("\"attention\": {\"tp\": 1}, \"experts\": {\"ep\": 2}, ") + kOverlap +
+                     ", \"data\": {\"zero\": 2}");
+  }
+
+  TEST_CASE("tp 2 with sp 2 and ep 2 and inter-operator overlap on 4 ranks trains like the reference") {
+    check_layout("tp2_sp2_ep2_overlap", 4,
+                 std::string("\"attention\": {\"tp\": 2, \"sp\": 2}, \"experts\": {\"ep\": 2}, ") + kOverlap +
+                     ", \"data\": {\"zero\": 1}");
+  }
+
+  TEST_CASE("sp 2 with cp 2 and inter-operator overlap on 4 ranks trains like the reference") {
+    check_layout("sp2_cp2_overlap", 4,
+                 std::string("\"attention\": {\"tp\": 1, \"sp\": 2, \"cp\": 2}, \"experts\": {\"ep\": 1}, ") +
+                     kOverlap + ", \"data\": {\"zero\": 1}");
   }
 
   TEST_CASE("ep 2 with all-gather dispatch and reduce-scatter combine trains like the reference") {
