@@ -113,6 +113,7 @@ int run_plan(const RunOptions& o, int rank, int world) {
     const RankLayout& lay = groups.layout();
     TrainPlace place;
     place.world_rank = rank;
+    place.stage = stage;
     place.tp = lay.of(CommGroup::kTp).index;
     place.sp = lay.of(CommGroup::kSp).index;
     place.cp = lay.of(CommGroup::kCp).index;

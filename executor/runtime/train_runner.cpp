@@ -11,7 +11,9 @@
 
 #include "executor/kernels/cpu/kernels.h"
 #include "executor/kernels/cpu/reference_model.h"
+#include "executor/runtime/stage_schedule.h"
 #include "simulator/io/op_trace.h"
+#include "simulator/workload/lower.h"
 
 namespace moeplan::executor {
 namespace {
@@ -21,7 +23,8 @@ using M = Mat<float>;
 using MapM = Eigen::Map<M>;
 using Vf = cpu::Vec<float>;
 
-constexpr WireFormat kActWire = WireFormat::kFp32;  // activations cross the wire in fp32 (see the header)
+constexpr WireFormat kActWire = WireFormat::kFp32;     // activations cross the wire in fp32 (see the header)
+constexpr size_t kNoBucket = static_cast<size_t>(-1);  // a bucket this rank's stage does not hold
 
 size_t sz(int64_t v) {
   MOEPLAN_ASSERT(v >= 0);
@@ -65,12 +68,14 @@ struct Entry {
   int64_t size() const { return rows * cols; }
 };
 
-// Parameters synchronised together over one group: a layer's dense part, its routed experts, or the outside.
+// Parameters synchronised together over one group: a layer's dense part, its routed experts, the embedding or
+// the head.
 struct Bucket {
   std::vector<Entry> entries;
   CommGroup group = CommGroup::kNone;
   Communicator* comm = nullptr;  // nullptr: the group has one rank (no gradient sync op in the graph)
-  bool sharded = false;          // ZeRO >= 1 over a group of more than one rank
+  bool outside = false;  // embedding or head: whole on every rank of the stage, synced in the optimizer
+  bool sharded = false;  // ZeRO >= 1 over a group of more than one rank
   int64_t n = 0, padded = 0, lo = 0, hi = 0;
   std::vector<float> p, g;      // [padded]: parameters (fp32 master, whole) and gradients
   std::vector<float> sg, m, v;  // [hi - lo]: synchronised gradient shard, Adam moments
@@ -103,7 +108,8 @@ struct Bucket {
 
 struct LayerParams {
   bool moe = false, shared = false;
-  size_t dense = 0, experts = 0;  // bucket indices (experts only for MoE layers)
+  size_t dense = kNoBucket, experts = kNoBucket;  // bucket indices (experts only for MoE layers); kNoBucket:
+                                                  // the layer belongs to another pipeline stage
   size_t attn_norm = 0, qkv = 0, out_proj = 0, ffn_norm = 0, fc13 = 0, fc2 = 0;
   size_t router = 0, shared_fc13 = 0, shared_fc2 = 0, expert_fc13 = 0, expert_fc2 = 0;
 };
@@ -160,7 +166,8 @@ struct MbState {
 std::string train_unsupported(const Plan& p, const ModelSpec& m) {
   if (const std::string why = cpu::ReferenceModel<float>::unsupported(m); !why.empty()) return why;
   if (m.tied_embeddings) return "tied embeddings";
-  if (p.pipeline.pp != 1 || p.pipeline.vpp != 1) return "pipeline parallelism (pp > 1)";
+  for (const int64_t n : layers_per_virtual_stage(m, p))
+    if (n <= 0) return "a pipeline virtual stage without layers";
   if (p.experts.etp > 1 && p.experts.dispatch == Dispatch::kAllGather)
     return "expert tensor parallelism with all-gather dispatch";
   if (m.moe.expert_ffn % p.experts.etp != 0) return "etp that does not divide the expert FFN width";
@@ -197,8 +204,8 @@ struct TrainRunner::Impl {
   Communicator& world;
   cpu::ReferenceConfig cfg;  // seeds, rope, eps, aux coefficient, Adam: the reference's defaults
 
-  int64_t tp = 1, sp = 1, cp = 1, ep = 1, etp = 1, h = 0, D = 0, H = 0, KV = 0, hl = 0, kvl = 0, E = 0,
-          El = 0, k = 0;
+  int64_t pp = 1, tp = 1, sp = 1, cp = 1, ep = 1, etp = 1, h = 0, D = 0, H = 0, KV = 0, hl = 0, kvl = 0,
+          E = 0, El = 0, k = 0;
   int64_t hla = 0, kvla = 0;  // heads of this rank inside attention (hl / sp, kvl / sp)
   int64_t seq = 0, mb_seqs = 0, T = 0, Tc = 0, Tg = 0, t = 0, n_local = 0, n_global = 0;
   // Context parallelism (Megatron's load balancing): each sequence is cut into 2 cp chunks and cp rank c
@@ -211,10 +218,13 @@ struct TrainRunner::Impl {
   Communicator* cp_comm = nullptr;
   Communicator* ep_comm = nullptr;
   Communicator* etp_comm = nullptr;
+  Communicator* pp_comm = nullptr;
+  std::vector<int64_t> first_layer;  // [pp vpp + 1]: first layer of each virtual stage, then the layer count
 
   std::vector<Bucket> buckets;
   std::vector<LayerParams> layers;
-  size_t outside = 0, embedding = 0, final_norm = 0, lm_head = 0;
+  size_t embed_bucket = kNoBucket, head_bucket = kNoBucket;  // kNoBucket: on another stage
+  size_t embedding = 0, final_norm = 0, lm_head = 0;         // entries of the embedding and head buckets
   std::vector<MbState> mbs;
   int64_t step = 0;  // completed optimizer steps
   double ce_sum = 0, aux_sum = 0;
@@ -224,6 +234,7 @@ struct TrainRunner::Impl {
       : graph(g), plan(p), model(m), place(pl), groups(std::move(gr)), internal(std::move(in)), world(w) {
     MOEPLAN_ASSERT(train_unsupported(p, m).empty());
     const auto& a = m.attention;
+    pp = p.pipeline.pp;
     tp = p.attention.tp;
     sp = p.attention.sp;
     cp = p.attention.cp;
@@ -260,10 +271,24 @@ struct TrainRunner::Impl {
         for (int64_t i = 0; i < chunk; ++i) cp_rows.push_back(q * seq + ch * chunk + i);
     ep_comm = groups(CommGroup::kEp);
     etp_comm = groups(CommGroup::kEtp);
+    pp_comm = groups(CommGroup::kPp);
+    MOEPLAN_ASSERT(graph.num_stages == pp && place.stage >= 0 && place.stage < pp);
+    MOEPLAN_ASSERT(pp == 1 || (pp_comm != nullptr && pp_comm->rank() == place.stage));
+    const std::vector<int64_t> per_virtual = layers_per_virtual_stage(m, p);
+    first_layer.assign(per_virtual.size() + 1, 0);
+    for (size_t v = 0; v < per_virtual.size(); ++v) first_layer[v + 1] = first_layer[v] + per_virtual[v];
+    MOEPLAN_ASSERT(first_layer.back() == m.num_layers());
     build_buckets();
     mbs.resize(sz(n_local));
-    for (MbState& s : mbs) s.layers.resize(layers.size());
+    for (MbState& s : mbs) {
+      s.layers.resize(layers.size());
+      s.pos_full.resize(sz(Tc));
+      for (int64_t r = 0; r < Tc; ++r) s.pos_full[sz(r)] = cp_rows[sz(r)] % seq;
+    }
   }
+
+  // Whether this rank's stage runs virtual stage v (the lowering's chunk c of stage s is v = c pp + s).
+  bool holds_virtual(int64_t v) const { return v % pp == place.stage; }
 
   Bucket& new_bucket(CommGroup group) {
     Bucket& b = buckets.emplace_back();
@@ -281,6 +306,11 @@ struct TrainRunner::Impl {
       const std::string pre = fmt::format("L{}.", l);
       LayerParams lp;
       lp.moe = model.layers[sz(l)].moe;
+      const auto v = std::upper_bound(first_layer.begin(), first_layer.end(), l) - first_layer.begin() - 1;
+      if (!holds_virtual(v)) {
+        layers.push_back(lp);
+        continue;
+      }
       lp.dense = buckets.size();
       Bucket& d = new_bucket(CommGroup::kAttnReplica);
       lp.attn_norm = d.add(pre + "attn_norm", 1, h, Layout::kFull, 0, {}, true);
@@ -317,11 +347,20 @@ struct TrainRunner::Impl {
       }
       layers.push_back(lp);
     }
-    outside = buckets.size();
-    Bucket& o = new_bucket(CommGroup::kNone);  // replicated on every rank; synchronised in the optimizer
-    embedding = o.add("embedding", model.vocab, h);
-    final_norm = o.add("final_norm", 1, h);
-    lm_head = o.add("lm_head", h, model.vocab);
+    // Replicated on every rank of their stage; synchronised in the optimizer.
+    if (holds_virtual(0)) {
+      embed_bucket = buckets.size();
+      Bucket& e = new_bucket(CommGroup::kNone);
+      e.outside = true;
+      embedding = e.add("embedding", model.vocab, h);
+    }
+    if (holds_virtual(static_cast<int64_t>(first_layer.size()) - 2)) {
+      head_bucket = buckets.size();
+      Bucket& o = new_bucket(CommGroup::kNone);
+      o.outside = true;
+      final_norm = o.add("final_norm", 1, h);
+      lm_head = o.add("lm_head", h, model.vocab);
+    }
 
     for (Bucket& b : buckets) {
       const int gs = b.comm != nullptr ? b.comm->size() : 1;
@@ -359,8 +398,10 @@ struct TrainRunner::Impl {
     return buckets[lp.experts];
   }
 
-  // The activation leaving layer l (the next layer's input, or the final norm's).
-  M& layer_output(MbState& s, size_t l) { return l + 1 < layers.size() ? s.layers[l + 1].x_in : s.x_final; }
+  // The activation entering layer l (l = layers: the final norm's input).
+  M& layer_input(MbState& s, size_t l) { return l < layers.size() ? s.layers[l].x_in : s.x_final; }
+  // The activation leaving layer l.
+  M& layer_output(MbState& s, size_t l) { return layer_input(s, l + 1); }
   // Where the gradient of layer l's input goes.
   M& layer_input_grad(MbState& s, size_t l) { return l > 0 ? s.layers[l - 1].dx_out : s.dx_embed; }
 
@@ -370,36 +411,35 @@ struct TrainRunner::Impl {
   }
 
   // ---- ops outside the layers
-  void embedding_fwd(MbState& s, int mb) {
+  // This rank's token rows of micro-batch `mb` of the current step: tokens, or the next-token targets. The
+  // embedding and the loss run on different stages when pp > 1, so each draws its own half. The optimizer op
+  // (which advances `step`) runs on the compute lane after both.
+  std::vector<int64_t> batch_rows(int mb, bool targets) const {
     const int64_t g = static_cast<int64_t>(place.dp) * n_local + mb;  // global micro-batch of the step
     std::vector<int64_t> seqs(sz(mb_seqs));
     for (int64_t i = 0; i < mb_seqs; ++i) seqs[sz(i)] = step * plan.global_batch + g * mb_seqs + i;
     const cpu::TokenBatch tb = cpu::synthetic_batch(cfg.data_seed, seqs, seq, model.vocab);
+    const std::vector<int64_t>& all = targets ? tb.targets : tb.tokens;
     const int64_t r0 = (place.sp * tp + place.tp) * t;  // into cp_rows
-    s.tokens.resize(sz(t));
-    s.targets.resize(sz(t));
-    for (int64_t i = 0; i < t; ++i) {
-      s.tokens[sz(i)] = tb.tokens[sz(cp_rows[sz(r0 + i)])];
-      s.targets[sz(i)] = tb.targets[sz(cp_rows[sz(r0 + i)])];
-    }
-    s.pos_full.resize(sz(Tc));
-    for (int64_t r = 0; r < Tc; ++r) s.pos_full[sz(r)] = cp_rows[sz(r)] % seq;
-    Bucket& o = buckets[outside];
-    (layers.empty() ? s.x_final : s.layers[0].x_in) =
-        cpu::embedding_forward<float>(s.tokens, o.param(embedding), 0);
+    std::vector<int64_t> out(sz(t));
+    for (int64_t i = 0; i < t; ++i) out[sz(i)] = all[sz(cp_rows[sz(r0 + i)])];
+    return out;
   }
 
   void head(const Op& op, MbState& s) {
-    Bucket& o = buckets[outside];
     const bool fwd = op.phase != Phase::kBackward;
+    if (static_cast<OpName>(op.name) == OpName::kEmbedding) {
+      Bucket& e = buckets[embed_bucket];
+      if (fwd) {
+        s.tokens = batch_rows(op.micro_batch, false);
+        layer_input(s, 0) = cpu::embedding_forward<float>(s.tokens, e.param(embedding), 0);
+      } else {
+        cpu::embedding_backward<float>(s.tokens, s.dx_embed, 0, e.grad(embedding, op.micro_batch));
+      }
+      return;
+    }
+    Bucket& o = buckets[head_bucket];
     switch (static_cast<OpName>(op.name)) {
-      case OpName::kEmbedding:
-        if (fwd) {
-          embedding_fwd(s, op.micro_batch);
-        } else {
-          cpu::embedding_backward<float>(s.tokens, s.dx_embed, 0, o.grad(embedding, op.micro_batch));
-        }
-        return;
       case OpName::kFinalNorm:
         if (fwd) {
           s.nf = cpu::rmsnorm_forward<float>(s.x_final, o.param(final_norm), cfg.norm_eps);
@@ -419,6 +459,7 @@ struct TrainRunner::Impl {
         return;
       case OpName::kLoss:
         if (fwd) {
+          s.targets = batch_rows(op.micro_batch, true);
           s.mx = cpu::loss_local_max<float>(s.logits);
           s.st = cpu::loss_local_stats<float>(s.logits, s.targets, 0, s.mx);
           ce_sum += static_cast<double>(cpu::loss_forward<float>(s.mx, s.st, inv_tokens));
@@ -429,6 +470,31 @@ struct TrainRunner::Impl {
       default:
         MOEPLAN_ASSERT(false && "not an op outside the layers");
     }
+  }
+
+  // ---- pipeline messages
+  // The slot a pipeline send reads on its stage and its receive writes on the neighbouring one: forward, the
+  // activation entering the first layer of the next virtual stage; backward, the gradient of this virtual
+  // stage's first layer's input. [t, h] either way.
+  M& pipeline_slot(const Op& send) {
+    const int64_t v = int64_t{send.chunk} * pp + send.stage;
+    MbState& s = mbs[sz(send.micro_batch)];
+    return send.phase == Phase::kForward ? layer_input(s, sz(first_layer[sz(v + 1)]))
+                                         : layer_input_grad(s, sz(first_layer[sz(v)]));
+  }
+
+  void pipeline_send(const Op& send) {
+    const M& x = pipeline_slot(send);
+    MOEPLAN_ASSERT(x.rows() == t && x.cols() == h);
+    pp_comm->send(cspan_of(x), pipeline_peer_stage(graph, send), pipeline_tag(graph, send), kActWire);
+  }
+
+  void pipeline_receive(const Op& send) {
+    MOEPLAN_ASSERT(send.micro_batch >= 0 && send.micro_batch < n_local);
+    MOEPLAN_ASSERT(pipeline_peer_stage(graph, send) == place.stage);
+    M& x = pipeline_slot(send);
+    x.resize(t, h);
+    pp_comm->recv(span_of(x), send.stage, pipeline_tag(graph, send), kActWire);
   }
 
   // ---- attention block
@@ -1210,15 +1276,18 @@ struct TrainRunner::Impl {
 
   void optimizer() {
     ++step;
-    Bucket& o = buckets[outside];
-    if (world.size() > 1) internal(CommGroup::kNone)->all_reduce(o.g, WireFormat::kFp32);
-    for (size_t bi = 0; bi < buckets.size(); ++bi) {
-      Bucket& b = buckets[bi];
-      if (bi == outside || b.comm == nullptr) {  // no gradient sync op in the graph: the shard is everything
+    for (Bucket& b : buckets) {
+      if (!b.outside) continue;
+      // Sum over the ranks of the stage: its attention mesh, tp x attention replicas (sp cp dp).
+      for (const CommGroup g : {CommGroup::kTp, CommGroup::kAttnReplica})
+        if (Communicator* c = internal(g)) c->all_reduce(b.g, WireFormat::kFp32);
+    }
+    for (Bucket& b : buckets) {
+      if (b.outside || b.comm == nullptr) {  // no gradient sync op in the graph: the shard is everything
         for (size_t i = 0; i < b.sg.size(); ++i) b.sg[i] += b.g[i];
         std::fill(b.g.begin(), b.g.end(), 0.0f);
       }
-      if (tp_comm != nullptr && bi != outside) {
+      if (tp_comm != nullptr && !b.outside) {
         for (const Entry& e : b.entries) {
           if (!e.tp_replicated) continue;
           const int64_t lo = std::max(e.offset, b.lo), hi = std::min(e.offset + e.size(), b.hi);
@@ -1250,6 +1319,10 @@ struct TrainRunner::Impl {
         return;
       case OpName::kOptimizerStep:
         optimizer();
+        return;
+      case OpName::kPpSendFwd:
+      case OpName::kPpSendBwd:
+        pipeline_send(op);
         return;
       default:
         break;
@@ -1313,10 +1386,10 @@ struct TrainRunner::Impl {
     }
   }
 
-  // Which rank writes each tensor into the dump: one replica of each piece.
-  bool dump_owner(size_t bi, const Entry& e) const {
-    if (bi == outside) return place.world_rank == 0;
-    if (buckets[bi].group == CommGroup::kExpertDp) return place.expert_dp == 0;
+  // Which rank writes each tensor into the dump: one replica of each piece, on the stage holding it.
+  bool dump_owner(const Bucket& b, const Entry& e) const {
+    if (b.outside) return place.tp == 0 && place.attn_replica == 0;
+    if (b.group == CommGroup::kExpertDp) return place.expert_dp == 0;
     return place.attn_replica == 0 && (!e.tp_replicated || place.tp == 0);
   }
 };
@@ -1334,8 +1407,8 @@ void TrainRunner::run(const Op& op) {
   impl_->run(op);
 }
 
-void TrainRunner::receive(const Op& /*send*/) {
-  MOEPLAN_ASSERT(false && "pipeline receives: the train runner refuses pp > 1");
+void TrainRunner::receive(const Op& send) {
+  impl_->pipeline_receive(send);
 }
 
 TrainLoss TrainRunner::finish_step() {
@@ -1351,11 +1424,10 @@ Result<bool> TrainRunner::dump_params(const std::string& path) {
   const cpu::ReferenceModel<float> layout(I.model, I.cfg);
   const auto& infos = layout.params();
   std::vector<float> flat(layout.flat_params().size(), 0.0f);
-  for (size_t bi = 0; bi < I.buckets.size(); ++bi) {
-    Bucket& b = I.buckets[bi];
+  for (Bucket& b : I.buckets) {  // this stage's; other stages' ranks own the rest
     for (size_t ei = 0; ei < b.entries.size(); ++ei) {
       const Entry& e = b.entries[ei];
-      if (!I.dump_owner(bi, e)) continue;
+      if (!I.dump_owner(b, e)) continue;
       const cpu::ParamInfo& gi = layout.info(e.name);
       MapM global(flat.data() + gi.offset, gi.rows, gi.cols);
       const MapM local = b.param(ei);

@@ -10,16 +10,26 @@
 //
 // Parameters live in buckets, one per (layer, group): the layer's attention-side ("dense") parameters,
 // tp-sharded Megatron-style and replicated over the attention replicas (gradient sync over kAttnReplica), the
-// layer's routed experts (this EP rank's experts, sync over kExpertDp), and one "outside" bucket with the
-// embedding, final norm and lm_head. A bucket's flat buffer is padded to a multiple of its group size; with
-// ZeRO >= 1 and a group of more than one rank, group rank i owns shard i (its Adam moments and the update).
+// layer's routed experts (this EP rank's experts, sync over kExpertDp), and two "outside" buckets: the
+// embedding, and the head (final norm, lm_head). A bucket's flat buffer is padded to a multiple of its group
+// size; with ZeRO >= 1 and a group of more than one rank, group rank i owns shard i (its Adam moments and the
+// update).
+//
+// Pipeline parallelism: a rank holds the buckets of its stage only, as the op graph places them: the layers
+// of its virtual stages (chunk c of stage s is virtual stage v = c pp + s, layers_per_virtual_stage), the
+// embedding where virtual stage 0 runs (stage 0) and the head where the last one runs (stage pp - 1). A
+// pipeline send carries the activation entering the next virtual stage's first layer (forward) or the
+// gradient of this virtual stage's first layer's input (backward), [t, h] per micro-batch, to the pp group
+// rank of the neighbouring stage; the receive writes it into the same slot of the receiver's per-micro-batch
+// state. Gradient sync, ZeRO gathers and the optimizer run per stage over groups inside the stage.
 //
 // Where the op graph has no op for a reduction that the numerics need, the runner performs it inside the op
 // named below (the lowering only models the bytes that dominate the step; these are small):
 //   router (tp > 1): the all-reduce (sum over tp) of the router statistics of the aux loss;
-//   optimizer: the gradients of the outside bucket (all-reduce over the world: the embedding and the head are
-//     kept whole on every rank, replicated over tp, each rank holding different tokens), and the tp
-//     all-reduce of the tp-replicated, sequence-split parameters (norms, router) inside this rank's shard;
+//   optimizer: the gradients of the outside buckets (all-reduce over the ranks of the stage, as tp then the
+//     attention replicas: the embedding and the head are kept whole on every rank of their stage, replicated
+//     over tp, each rank holding different tokens), and the tp all-reduce of the tp-replicated,
+//     sequence-split parameters (norms, router) inside this rank's shard;
 //   EP dispatch: the per-expert row counts travel in a small all-to-all before the rows; with all-gather
 //     dispatch the routes (expert ids and gates) are all-gathered with the tokens in the dispatch op, and the
 //     gates' gradients return in its backward reduce-scatter.
@@ -56,6 +66,7 @@ namespace moeplan::executor {
 // This rank's index in each group it belongs to (RankLayout's indices).
 struct TrainPlace {
   int world_rank = 0;
+  int stage = 0;  // pipeline stage, also this rank's index in the pp group
   int tp = 0, sp = 0, cp = 0, dp = 0, ep = 0, etp = 0, attn_replica = 0, expert_dp = 0;
 };
 
