@@ -5,7 +5,9 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <chrono>
 #include <climits>
+#include <thread>
 
 #include "executor/comm/mpi_check.h"
 #include "executor/comm/wire_format.h"
@@ -30,6 +32,24 @@ const char* thread_level_name(int level) {
       return "MPI_THREAD_MULTIPLE";
     default:
       return "unknown";
+  }
+}
+
+// Completes `req` without spinning a core. OpenMPI's blocking calls poll in a loop; on a host with a core per
+// rank, a stream thread waiting for its peer that way takes the core from its own rank's compute thread (the
+// runtime runs a thread per stream) and from every other rank's. So: MPI_Test (which also drives progress),
+// a few yields, then sleeps growing to 100 us between tests - under 0.1 ms of added latency per wait,
+// against waits of milliseconds or more.
+void wait_gently(MPI_Request& req) {
+  for (int i = 0;; ++i) {
+    int done = 0;
+    MOEPLAN_MPI_CHECK(MPI_Test(&req, &done, MPI_STATUS_IGNORE));
+    if (done) return;
+    if (i < 8) {
+      std::this_thread::yield();
+    } else {
+      std::this_thread::sleep_for(std::chrono::microseconds(std::min(100, 1 << std::min(i - 8, 7))));
+    }
   }
 }
 
@@ -94,8 +114,10 @@ void MpiCommunicator::exchange(std::span<const float> in, std::span<const int64_
   }
   MOEPLAN_ASSERT(static_cast<int64_t>(in.size()) == svalues && static_cast<int64_t>(out.size()) == rvalues);
   if (raw) {
-    MOEPLAN_MPI_CHECK(MPI_Alltoallv(in.data(), scount.data(), sdispl.data(), MPI_FLOAT, out.data(),
-                                    rcount.data(), rdispl.data(), MPI_FLOAT, comm_));
+    MPI_Request req = MPI_REQUEST_NULL;
+    MOEPLAN_MPI_CHECK(MPI_Ialltoallv(in.data(), scount.data(), sdispl.data(), MPI_FLOAT, out.data(),
+                                     rcount.data(), rdispl.data(), MPI_FLOAT, comm_, &req));
+    wait_gently(req);
     return;
   }
   send_bytes_.resize(static_cast<size_t>(stotal));
@@ -107,8 +129,10 @@ void MpiCommunicator::exchange(std::span<const float> in, std::span<const int64_
          std::span(send_bytes_).subspan(static_cast<size_t>(sdispl[p]), static_cast<size_t>(scount[p])));
     value += count;
   }
-  MOEPLAN_MPI_CHECK(MPI_Alltoallv(send_bytes_.data(), scount.data(), sdispl.data(), MPI_BYTE,
-                                  recv_bytes_.data(), rcount.data(), rdispl.data(), MPI_BYTE, comm_));
+  MPI_Request req = MPI_REQUEST_NULL;
+  MOEPLAN_MPI_CHECK(MPI_Ialltoallv(send_bytes_.data(), scount.data(), sdispl.data(), MPI_BYTE,
+                                   recv_bytes_.data(), rcount.data(), rdispl.data(), MPI_BYTE, comm_, &req));
+  wait_gently(req);
   value = 0;
   for (size_t p = 0; p < n; ++p) {
     const auto count = static_cast<size_t>(recv_counts[p]);
@@ -144,16 +168,21 @@ void MpiCommunicator::all_gather(std::span<const float> in, std::span<float> out
   const size_t n = in.size();
   MOEPLAN_ASSERT(out.size() == n * static_cast<size_t>(size_));
   if (wire == WireFormat::kFp32) {
-    MOEPLAN_MPI_CHECK(MPI_Allgather(in.data(), as_int(static_cast<int64_t>(n)), MPI_FLOAT, out.data(),
-                                    as_int(static_cast<int64_t>(n)), MPI_FLOAT, comm_));
+    MPI_Request req = MPI_REQUEST_NULL;
+    MOEPLAN_MPI_CHECK(MPI_Iallgather(in.data(), as_int(static_cast<int64_t>(n)), MPI_FLOAT, out.data(),
+                                     as_int(static_cast<int64_t>(n)), MPI_FLOAT, comm_, &req));
+    wait_gently(req);
     return;
   }
   const auto bytes = static_cast<size_t>(wire_bytes(wire, static_cast<int64_t>(n)));
   send_bytes_.resize(bytes);
   recv_bytes_.resize(bytes * static_cast<size_t>(size_));
   pack(wire, in, send_bytes_);
-  MOEPLAN_MPI_CHECK(MPI_Allgather(send_bytes_.data(), as_int(static_cast<int64_t>(bytes)), MPI_BYTE,
-                                  recv_bytes_.data(), as_int(static_cast<int64_t>(bytes)), MPI_BYTE, comm_));
+  MPI_Request req = MPI_REQUEST_NULL;
+  MOEPLAN_MPI_CHECK(MPI_Iallgather(send_bytes_.data(), as_int(static_cast<int64_t>(bytes)), MPI_BYTE,
+                                   recv_bytes_.data(), as_int(static_cast<int64_t>(bytes)), MPI_BYTE, comm_,
+                                   &req));
+  wait_gently(req);
   for (size_t r = 0; r < static_cast<size_t>(size_); ++r) {
     unpack(wire, std::span<const std::byte>(recv_bytes_).subspan(r * bytes, bytes), out.subspan(r * n, n));
   }
@@ -174,30 +203,40 @@ void MpiCommunicator::all_reduce(std::span<float> data, WireFormat wire) {
 
 void MpiCommunicator::send(std::span<const float> data, int peer, int tag, WireFormat wire) {
   if (wire == WireFormat::kFp32) {
+    MPI_Request req = MPI_REQUEST_NULL;
     MOEPLAN_MPI_CHECK(
-        MPI_Send(data.data(), as_int(static_cast<int64_t>(data.size())), MPI_FLOAT, peer, tag, comm_));
+        MPI_Isend(data.data(), as_int(static_cast<int64_t>(data.size())), MPI_FLOAT, peer, tag, comm_, &req));
+    wait_gently(req);
     return;
   }
   send_bytes_.resize(static_cast<size_t>(wire_bytes(wire, static_cast<int64_t>(data.size()))));
   pack(wire, data, send_bytes_);
-  MOEPLAN_MPI_CHECK(MPI_Send(send_bytes_.data(), as_int(static_cast<int64_t>(send_bytes_.size())), MPI_BYTE,
-                             peer, tag, comm_));
+  MPI_Request req = MPI_REQUEST_NULL;
+  MOEPLAN_MPI_CHECK(MPI_Isend(send_bytes_.data(), as_int(static_cast<int64_t>(send_bytes_.size())), MPI_BYTE,
+                              peer, tag, comm_, &req));
+  wait_gently(req);
 }
 
 void MpiCommunicator::recv(std::span<float> data, int peer, int tag, WireFormat wire) {
   if (wire == WireFormat::kFp32) {
-    MOEPLAN_MPI_CHECK(MPI_Recv(data.data(), as_int(static_cast<int64_t>(data.size())), MPI_FLOAT, peer, tag,
-                               comm_, MPI_STATUS_IGNORE));
+    MPI_Request req = MPI_REQUEST_NULL;
+    MOEPLAN_MPI_CHECK(
+        MPI_Irecv(data.data(), as_int(static_cast<int64_t>(data.size())), MPI_FLOAT, peer, tag, comm_, &req));
+    wait_gently(req);
     return;
   }
   recv_bytes_.resize(static_cast<size_t>(wire_bytes(wire, static_cast<int64_t>(data.size()))));
-  MOEPLAN_MPI_CHECK(MPI_Recv(recv_bytes_.data(), as_int(static_cast<int64_t>(recv_bytes_.size())), MPI_BYTE,
-                             peer, tag, comm_, MPI_STATUS_IGNORE));
+  MPI_Request req = MPI_REQUEST_NULL;
+  MOEPLAN_MPI_CHECK(MPI_Irecv(recv_bytes_.data(), as_int(static_cast<int64_t>(recv_bytes_.size())), MPI_BYTE,
+                              peer, tag, comm_, &req));
+  wait_gently(req);
   unpack(wire, recv_bytes_, data);
 }
 
 void MpiCommunicator::barrier() {
-  MOEPLAN_MPI_CHECK(MPI_Barrier(comm_));
+  MPI_Request req = MPI_REQUEST_NULL;
+  MOEPLAN_MPI_CHECK(MPI_Ibarrier(comm_, &req));
+  wait_gently(req);
 }
 
 }  // namespace moeplan::executor

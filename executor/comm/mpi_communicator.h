@@ -1,7 +1,8 @@
 // MpiCommunicator: the Communicator of the CPU backend, over one MPI communicator. Collectives are built from
 // MPI all-to-all / all-gather / point-to-point byte transfers of packed wire formats, and every reduction
 // adds in fp32, in rank order, after the values arrive, so results are bit-identical on every rank and
-// independent of MPI's algorithm choice.
+// independent of MPI's algorithm choice. Every call waits for its transfer without spinning a core (the
+// nonblocking call, then tests with yields and short sleeps): the stream threads of a rank share its core.
 #pragma once
 
 #include <mpi.h>
