@@ -42,3 +42,31 @@ if(MOEPLAN_WITH_CUDA)
   set_target_properties(NCCL::nccl PROPERTIES IMPORTED_LOCATION "${NCCL_LIBRARY}"
                         INTERFACE_INCLUDE_DIRECTORIES "${NCCL_INCLUDE_DIR}")
 endif()
+
+# Header-only GPU libraries (scripts/install_deps.sh unpacks them from PyPI into .deps/) and cuDNN (the
+# toolkit's, or CUDNN_ROOT). The CUTLASS kernels build for sm_90a alone: their wgmma paths exist only there.
+if(MOEPLAN_WITH_CUDA)
+  set(MOEPLAN_DEPS_DIR "${PROJECT_SOURCE_DIR}/.deps" CACHE PATH "Where scripts/install_deps.sh put the PyPI headers")
+  find_path(CUTLASS_INCLUDE_DIR cutlass/cutlass.h HINTS ${MOEPLAN_DEPS_DIR}/cutlass/include NO_DEFAULT_PATH)
+  find_path(CUDNN_FRONTEND_INCLUDE_DIR cudnn_frontend.h HINTS ${MOEPLAN_DEPS_DIR}/cudnn_frontend/include
+            NO_DEFAULT_PATH)
+  find_path(CUDNN_INCLUDE_DIR cudnn.h HINTS ${CUDNN_ROOT} $ENV{CUDNN_ROOT} ${CUDAToolkit_INCLUDE_DIRS}
+            PATH_SUFFIXES include)
+  find_library(CUDNN_LIBRARY NAMES cudnn libcudnn.so.9 HINTS ${CUDNN_ROOT} $ENV{CUDNN_ROOT}
+               ${CUDAToolkit_LIBRARY_DIR} PATH_SUFFIXES lib lib64)
+  if(NOT CUTLASS_INCLUDE_DIR OR NOT CUDNN_FRONTEND_INCLUDE_DIR)
+    message(FATAL_ERROR "CUTLASS or cuDNN frontend headers not found under ${MOEPLAN_DEPS_DIR}: "
+                        "run scripts/install_deps.sh (or configure with -DMOEPLAN_CUDA=OFF)")
+  endif()
+  if(NOT CUDNN_INCLUDE_DIR OR NOT CUDNN_LIBRARY)
+    message(FATAL_ERROR "cuDNN 9 not found: set CUDNN_ROOT (or configure with -DMOEPLAN_CUDA=OFF)")
+  endif()
+  add_library(moeplan_cutlass INTERFACE)
+  target_include_directories(moeplan_cutlass SYSTEM INTERFACE ${CUTLASS_INCLUDE_DIR})
+  add_library(moeplan_cudnn INTERFACE)
+  target_include_directories(moeplan_cudnn SYSTEM INTERFACE ${CUDNN_FRONTEND_INCLUDE_DIR} ${CUDNN_INCLUDE_DIR})
+  # nvrtc by path: CMake's CUDA::nvrtc drags in the libcuda stub, which must never be linked.
+  find_library(NVRTC_LIBRARY nvrtc HINTS ${CUDAToolkit_LIBRARY_DIR} NO_DEFAULT_PATH)
+  target_link_libraries(moeplan_cudnn INTERFACE ${CUDNN_LIBRARY} ${NVRTC_LIBRARY} CUDA::cudart)
+  message(STATUS "moeplan: CUTLASS ${CUTLASS_INCLUDE_DIR}; cuDNN ${CUDNN_LIBRARY}")
+endif()

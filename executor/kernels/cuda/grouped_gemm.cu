@@ -1,0 +1,391 @@
+// GroupedGemm (grouped_gemm.h) on CUTLASS 4.2's SM90 pointer-array grouped GEMM, the API of CUTLASS's
+// example 57 (hopper_grouped_gemm) with the problem shapes on the device only (host shapes = nullptr): the
+// kernel is persistent (one CTA per SM) and its tile scheduler reads each group's (M, N, K) from device
+// memory. This file is built for sm_90a alone (wgmma and TMA-descriptor updates exist only there).
+//
+// One kernel per expert op, because each needs its own operand majorness (a compile-time property of the TMA
+// and wgmma layouts); D is always row-major. In CUTLASS's terms A is [M, K] and B is [N, K]:
+//   kForward: M = m_e, N = out, K = in;  A = x_e [m_e, in] K-major;   B(n, k) = W_e[k, n]: N-major
+//   kDgrad:   M = m_e, N = in,  K = out; A = dy_e [m_e, out] K-major; B(n, k) = W_e[n, k]: K-major
+//   kWgrad:   M = in,  N = out, K = m_e; A(i, t) = x_e[t, i]: M-major; B(j, t) = dy_e[t, j]: N-major
+// wgrad's reduction dimension is the expert's token count, so it too is just a per-group K in the device
+// shapes.
+#include "executor/kernels/cuda/grouped_gemm.h"
+
+#include <cuda_bf16.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cub/block/block_scan.cuh>
+#include <type_traits>
+
+#include "cute/tensor.hpp"
+#include "cutlass/cutlass.h"
+#include "cutlass/epilogue/collective/collective_builder.hpp"
+#include "cutlass/gemm/collective/collective_builder.hpp"
+#include "cutlass/gemm/device/gemm_universal_adapter.h"
+#include "cutlass/gemm/dispatch_policy.hpp"
+#include "cutlass/gemm/group_array_problem_shape.hpp"
+#include "cutlass/gemm/kernel/gemm_universal.hpp"
+#include "executor/kernels/cuda/check.h"
+
+#if !defined(CUTLASS_ARCH_MMA_MODIFIABLE_TMA_SM90_SUPPORTED)
+#error "the SM90 grouped GEMM needs CUDA >= 12.3 (device-side TMA descriptor updates)"
+#endif
+
+namespace moeplan::cuda {
+namespace {
+
+using ProblemShape = cutlass::gemm::GroupProblemShape<cute::Shape<int, int, int>>;  // (M, N, K) per group
+using GroupShape = ProblemShape::UnderlyingProblemShape;
+using Bf16 = cutlass::bfloat16_t;
+
+// The setup kernel is one block of kSetupThreads threads with kExpertsPerThread experts each.
+constexpr int kSetupThreads = 256, kExpertsPerThread = 4;
+constexpr int kMaxExperts = kSetupThreads * kExpertsPerThread;
+
+// 128x256x64 tiles under the cooperative schedule (two consumer warpgroups, 64x256 each, the widest wgmma N)
+// and 2x1 clusters that multicast each B tile to both CTAs. Chosen, not tuned: gemm_bench measures it against
+// cuBLASLt. Zero-filled TMA loads and clipped TMA stores handle every ragged edge.
+using TileShape = cute::Shape<cute::_128, cute::_256, cute::_64>;
+using ClusterShape = cute::Shape<cute::_2, cute::_1, cute::_1>;
+
+template <class LayoutA_, class LayoutB_, class ElementC_, class ElementD_>
+struct ExpertKernel {
+  using LayoutA = LayoutA_;
+  using LayoutB = LayoutB_;
+  using ElementC = ElementC_;  // void: no source (D = A B); else D = A B + C with C aliasing D
+  using ElementD = ElementD_;
+  static constexpr int kAlignD = 128 / cutlass::sizeof_bits<ElementD>::value;  // 16-byte TMA rows
+  static constexpr int kAlignC =
+      cute::is_void_v<ElementC> ? kAlignD : 128 / cutlass::sizeof_bits<ElementC>::value;
+
+  using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
+      cutlass::epilogue::collective::EpilogueTileAuto, float, float, ElementC, cutlass::layout::RowMajor*,
+      kAlignC, ElementD, cutlass::layout::RowMajor*, kAlignD,
+      cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative,
+      cutlass::epilogue::fusion::LinearCombination<ElementD, float, ElementC, float>>::CollectiveOp;
+  using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Bf16, LayoutA*, 8, Bf16, LayoutB*, 8, float,
+      TileShape, ClusterShape,
+      cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
+          sizeof(typename Epilogue::SharedStorage))>,
+      cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative>::CollectiveOp;
+  using Kernel = cutlass::gemm::kernel::GemmUniversal<ProblemShape, Mainloop, Epilogue>;
+  using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
+
+  using StrideA = typename Kernel::InternalStrideA;
+  using StrideB = typename Kernel::InternalStrideB;
+  using StrideC = typename Kernel::InternalStrideC;
+  using StrideD = typename Kernel::InternalStrideD;
+  using NonVoidC = cute::conditional_t<cute::is_void_v<ElementC>, ElementD, ElementC>;
+};
+
+using ForwardKernel = ExpertKernel<cutlass::layout::RowMajor, cutlass::layout::RowMajor, void, Bf16>;
+using DgradKernel = ExpertKernel<cutlass::layout::RowMajor, cutlass::layout::ColumnMajor, void, Bf16>;
+using WgradKernel = ExpertKernel<cutlass::layout::ColumnMajor, cutlass::layout::RowMajor, float, float>;
+
+// Packed stride of a [rows, cols] operand whose contiguous mode is the one CUTLASS's stride type fixes to _1:
+// (cols, _1, _0) for a row-contiguous stride type, (_1, rows, _0) for a column-contiguous one.
+template <class Stride>
+__device__ Stride packed_stride(int64_t rows, int64_t cols) {
+  Stride s{};
+  if constexpr (cute::is_static_v<std::remove_cvref_t<decltype(cute::get<0>(s))>>) {
+    cute::get<1>(s) = rows;
+  } else {
+    cute::get<0>(s) = cols;
+  }
+  return s;
+}
+
+// Per-group arguments the CUTLASS kernel reads, laid out in the caller's workspace.
+template <class K>
+struct GroupArrays {
+  GroupShape* shapes;
+  const Bf16** ptr_a;
+  const Bf16** ptr_b;
+  const typename K::NonVoidC** ptr_c;
+  typename K::ElementD** ptr_d;
+  typename K::StrideA* stride_a;
+  typename K::StrideB* stride_b;
+  typename K::StrideC* stride_c;
+  typename K::StrideD* stride_d;
+};
+
+constexpr size_t kAlign = 256;
+constexpr size_t align_up(size_t n) {
+  return (n + kAlign - 1) / kAlign * kAlign;
+}
+
+template <class K>
+size_t group_arrays_bytes(int e) {
+  const auto n = static_cast<size_t>(e);
+  return align_up(n * sizeof(GroupShape)) + 4 * align_up(n * sizeof(void*)) +
+         align_up(n * sizeof(typename K::StrideA)) + align_up(n * sizeof(typename K::StrideB)) +
+         align_up(n * sizeof(typename K::StrideC)) + align_up(n * sizeof(typename K::StrideD));
+}
+
+template <class K>
+GroupArrays<K> carve_group_arrays(void* workspace, int e) {
+  auto* p = static_cast<char*>(workspace);
+  const auto n = static_cast<size_t>(e);
+  auto take = [&](size_t bytes) {
+    char* q = p;
+    p += align_up(bytes);
+    return q;
+  };
+  GroupArrays<K> g{};
+  g.shapes = reinterpret_cast<GroupShape*>(take(n * sizeof(GroupShape)));
+  g.ptr_a = reinterpret_cast<const Bf16**>(take(n * sizeof(void*)));
+  g.ptr_b = reinterpret_cast<const Bf16**>(take(n * sizeof(void*)));
+  g.ptr_c = reinterpret_cast<const typename K::NonVoidC**>(take(n * sizeof(void*)));
+  g.ptr_d = reinterpret_cast<typename K::ElementD**>(take(n * sizeof(void*)));
+  g.stride_a = reinterpret_cast<typename K::StrideA*>(take(n * sizeof(typename K::StrideA)));
+  g.stride_b = reinterpret_cast<typename K::StrideB*>(take(n * sizeof(typename K::StrideB)));
+  g.stride_c = reinterpret_cast<typename K::StrideC*>(take(n * sizeof(typename K::StrideC)));
+  g.stride_d = reinterpret_cast<typename K::StrideD*>(take(n * sizeof(typename K::StrideD)));
+  return g;
+}
+
+// Expert e's shape, pointers and strides (see the table at the top of the file), given its row count m and
+// first row `offset`. An empty expert gets M = 0, which the tile scheduler skips (no tiles): for wgrad that
+// keeps K = 0 out of the mainloop, which would leave the accumulators unzeroed, and no zero-extent TMA
+// descriptor is ever built.
+template <class K, ExpertGemmOp kOp>
+__device__ void write_expert_args(const GroupArrays<K>& g, const GroupedGemmOperands& ops, int e, int64_t m,
+                                  int64_t offset, int64_t in, int64_t out) {
+  const auto* a = static_cast<const Bf16*>(ops.a);
+  const auto* b = static_cast<const Bf16*>(ops.b);
+  auto* d = static_cast<typename K::ElementD*>(ops.d);
+  const int64_t weight = static_cast<int64_t>(e) * in * out;
+  const int mi = static_cast<int>(m), ini = static_cast<int>(in), outi = static_cast<int>(out);
+  if constexpr (kOp == ExpertGemmOp::kForward) {
+    g.shapes[e] = GroupShape{mi, outi, ini};
+    g.ptr_a[e] = a + offset * in;
+    g.ptr_b[e] = b + weight;
+    g.ptr_d[e] = d + offset * out;
+    g.stride_a[e] = packed_stride<typename K::StrideA>(m, in);
+    g.stride_b[e] = packed_stride<typename K::StrideB>(out, in);
+    g.stride_c[e] = packed_stride<typename K::StrideC>(m, out);  // unread (no source), kept defined
+    g.stride_d[e] = packed_stride<typename K::StrideD>(m, out);
+  } else if constexpr (kOp == ExpertGemmOp::kDgrad) {
+    g.shapes[e] = GroupShape{mi, ini, outi};
+    g.ptr_a[e] = a + offset * out;
+    g.ptr_b[e] = b + weight;
+    g.ptr_d[e] = d + offset * in;
+    g.stride_a[e] = packed_stride<typename K::StrideA>(m, out);
+    g.stride_b[e] = packed_stride<typename K::StrideB>(in, out);
+    g.stride_c[e] = packed_stride<typename K::StrideC>(m, in);  // unread (no source), kept defined
+    g.stride_d[e] = packed_stride<typename K::StrideD>(m, in);
+  } else {
+    g.shapes[e] = m > 0 ? GroupShape{ini, outi, mi} : GroupShape{0, outi, 0};
+    g.ptr_a[e] = a + offset * in;
+    g.ptr_b[e] = b + offset * out;
+    g.ptr_c[e] = d + weight;
+    g.ptr_d[e] = d + weight;
+    g.stride_a[e] = packed_stride<typename K::StrideA>(in, m);
+    g.stride_b[e] = packed_stride<typename K::StrideB>(out, m);
+    g.stride_c[e] = packed_stride<typename K::StrideC>(in, out);
+    g.stride_d[e] = packed_stride<typename K::StrideD>(in, out);
+  }
+}
+
+// One block: an exclusive scan of the counts into row offsets (thread t holds experts [4t, 4t + 4), the
+// blocked arrangement cub's BlockScan expects), then each thread writes its experts' arguments. Counts that
+// are negative or sum past the row buffers are a bug upstream: the kernel traps (the stream then reports
+// cudaErrorIllegalInstruction) rather than let the GEMM read or write out of bounds.
+template <class K, ExpertGemmOp kOp>
+__global__ void __launch_bounds__(kSetupThreads)
+    expert_setup_kernel(GroupArrays<K> g, GroupedGemmOperands ops, int num_experts, int64_t in, int64_t out) {
+  using BlockScan = cub::BlockScan<int64_t, kSetupThreads>;
+  __shared__ typename BlockScan::TempStorage scan_storage;
+  const int first = static_cast<int>(threadIdx.x) * kExpertsPerThread;
+  int64_t m[kExpertsPerThread], offset[kExpertsPerThread];
+  bool negative = false;
+  for (int i = 0; i < kExpertsPerThread; ++i) {
+    m[i] = first + i < num_experts ? static_cast<int64_t>(ops.counts[first + i]) : 0;
+    negative |= m[i] < 0;
+  }
+  int64_t total = 0;
+  BlockScan(scan_storage).ExclusiveSum(m, offset, total);
+  if (negative || total > ops.rows) __trap();
+  for (int i = 0; i < kExpertsPerThread; ++i)
+    if (first + i < num_experts) write_expert_args<K, kOp>(g, ops, first + i, m[i], offset[i], in, out);
+}
+
+const char* status_name(cutlass::Status s) {
+  return cutlassGetStatusString(s);
+}
+
+}  // namespace
+
+struct GroupedGemm::Impl {
+  virtual ~Impl() = default;
+  virtual std::string kernel_image() const = 0;
+  virtual size_t workspace_size(int sm_count) const = 0;
+  virtual void initialize(void* workspace, int device, int sm_count, cudaStream_t stream) = 0;
+  virtual void run(const GroupedGemmOperands& ops, cudaStream_t stream) = 0;
+};
+
+namespace {
+
+template <class K, ExpertGemmOp kOp>
+struct ExpertGemmImpl final : GroupedGemm::Impl {
+  GroupedGemmProblem problem;
+  typename K::Gemm gemm;
+  GroupArrays<K> arrays{};
+  bool initialized = false;
+
+  explicit ExpertGemmImpl(const GroupedGemmProblem& p) : problem(p) {}
+
+  typename K::Gemm::Arguments arguments(const GroupArrays<K>& g, int device, int sm_count) const {
+    cutlass::KernelHardwareInfo hw;
+    hw.device_id = device;
+    hw.sm_count = sm_count;
+    typename K::Gemm::Arguments args{};
+    args.mode = cutlass::gemm::GemmUniversalMode::kGrouped;
+    args.problem_shape = {problem.num_experts, g.shapes, nullptr};
+    args.mainloop = {g.ptr_a, g.stride_a, g.ptr_b, g.stride_b};
+    if constexpr (!cute::is_void_v<typename K::ElementC>) args.epilogue.ptr_C = g.ptr_c;  // C aliases D
+    args.epilogue.dC = g.stride_c;
+    args.epilogue.ptr_D = g.ptr_d;
+    args.epilogue.dD = g.stride_d;
+    args.epilogue.thread.alpha = 1.0f;
+    args.epilogue.thread.beta = cute::is_void_v<typename K::ElementC> ? 0.0f : 1.0f;  // wgrad accumulates
+    args.hw_info = hw;
+    return args;
+  }
+
+  std::string kernel_image() const override {
+    cudaFuncAttributes attr{};
+    const cudaError_t err = cudaFuncGetAttributes(&attr, cutlass::device_kernel<typename K::Kernel>);
+    if (err != cudaSuccess) {
+      cudaGetLastError();
+      return std::string("no sm_90a image of the grouped GEMM kernel for this device (") +
+             cudaGetErrorName(err) + ")";
+    }
+    return {};
+  }
+
+  size_t workspace_size(int sm_count) const override {
+    // The CUTLASS part depends only on the SM count and the group count, not on the pointers.
+    const GroupArrays<K> none{};
+    return align_up(group_arrays_bytes<K>(problem.num_experts)) +
+           K::Gemm::get_workspace_size(arguments(none, 0, sm_count));
+  }
+
+  void initialize(void* workspace, int device, int sm_count, cudaStream_t stream) override {
+    arrays = carve_group_arrays<K>(workspace, problem.num_experts);
+    void* cutlass_ws = static_cast<char*>(workspace) + align_up(group_arrays_bytes<K>(problem.num_experts));
+    const auto args = arguments(arrays, device, sm_count);
+    cutlass::Status st = gemm.can_implement(args);
+    if (st != cutlass::Status::kSuccess) {
+      std::fprintf(stderr, "moerun: grouped GEMM: CUTLASS can_implement: %s\n", status_name(st));
+      std::abort();
+    }
+    st = gemm.initialize(args, cutlass_ws, stream);
+    if (st != cutlass::Status::kSuccess) {
+      std::fprintf(stderr, "moerun: grouped GEMM: CUTLASS initialize: %s\n", status_name(st));
+      std::abort();
+    }
+    MOERUN_CUDA_CHECK(cudaGetLastError());
+    initialized = true;
+  }
+
+  void run(const GroupedGemmOperands& ops, cudaStream_t stream) override {
+    if (!initialized) {
+      std::fprintf(stderr, "moerun: GroupedGemm::run before initialize\n");
+      std::abort();
+    }
+    expert_setup_kernel<K, kOp>
+        <<<1, kSetupThreads, 0, stream>>>(arrays, ops, problem.num_experts, problem.in, problem.out);
+    MOERUN_CUDA_CHECK(cudaGetLastError());
+    const cutlass::Status st = gemm.run(stream);
+    if (st != cutlass::Status::kSuccess) {
+      std::fprintf(stderr, "moerun: grouped GEMM: CUTLASS run: %s\n", status_name(st));
+      std::abort();
+    }
+    MOERUN_CUDA_CHECK(cudaGetLastError());
+  }
+};
+
+std::unique_ptr<GroupedGemm::Impl> make_impl(const GroupedGemmProblem& p) {
+  switch (p.op) {
+    case ExpertGemmOp::kForward:
+      return std::make_unique<ExpertGemmImpl<ForwardKernel, ExpertGemmOp::kForward>>(p);
+    case ExpertGemmOp::kDgrad:
+      return std::make_unique<ExpertGemmImpl<DgradKernel, ExpertGemmOp::kDgrad>>(p);
+    case ExpertGemmOp::kWgrad:
+      return std::make_unique<ExpertGemmImpl<WgradKernel, ExpertGemmOp::kWgrad>>(p);
+  }
+  std::abort();
+}
+
+// The current device and its SM count, or why there is none usable.
+std::string current_device(int& device, int& sm_count) {
+  if (std::string why = device_unavailable(); !why.empty()) return why;
+  MOERUN_CUDA_CHECK(cudaGetDevice(&device));
+  int major = 0, minor = 0;
+  MOERUN_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  MOERUN_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+  MOERUN_CUDA_CHECK(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, device));
+  if (major != 9 || minor != 0)
+    return "the grouped GEMM is built for sm_90a (Hopper) only; this device is sm_" + std::to_string(major) +
+           std::to_string(minor);
+  return {};
+}
+
+}  // namespace
+
+GroupedGemm::GroupedGemm(const GroupedGemmProblem& problem) : problem_(problem), impl_(make_impl(problem)) {}
+GroupedGemm::~GroupedGemm() = default;
+
+std::string GroupedGemm::can_implement() const {
+  const GroupedGemmProblem& p = problem_;
+  if (p.num_experts < 1 || p.num_experts > kMaxExperts) return "1 <= experts <= 1024";
+  if (p.in <= 0 || p.out <= 0 || p.in % 8 != 0 || p.out % 8 != 0)
+    return "in and out must be positive multiples of 8 (16-byte TMA rows)";
+  if (p.in > (int64_t{1} << 30) || p.out > (int64_t{1} << 30))
+    return "in and out must fit CUTLASS's int shapes";
+  int device = 0, sm_count = 0;
+  if (std::string why = current_device(device, sm_count); !why.empty()) return why;
+  return impl_->kernel_image();
+}
+
+size_t GroupedGemm::workspace_size() const {
+  int device = 0, sm_count = 0;
+  if (std::string why = current_device(device, sm_count); !why.empty()) {
+    std::fprintf(stderr, "moerun: GroupedGemm::workspace_size: %s\n", why.c_str());
+    std::abort();
+  }
+  return impl_->workspace_size(sm_count);
+}
+
+void GroupedGemm::initialize(void* workspace, cudaStream_t stream) {
+  if (std::string why = can_implement(); !why.empty()) {
+    std::fprintf(stderr, "moerun: GroupedGemm::initialize on a problem it cannot implement: %s\n",
+                 why.c_str());
+    std::abort();
+  }
+  if (reinterpret_cast<uintptr_t>(workspace) % kAlign != 0) {
+    std::fprintf(stderr, "moerun: GroupedGemm::initialize needs a 256-byte aligned workspace\n");
+    std::abort();
+  }
+  int device = 0, sm_count = 0;
+  current_device(device, sm_count);
+  impl_->initialize(workspace, device, sm_count, stream);
+}
+
+void GroupedGemm::run(const GroupedGemmOperands& ops, cudaStream_t stream) {
+  for (const void* p :
+       {static_cast<const void*>(ops.counts), ops.a, ops.b, static_cast<const void*>(ops.d)}) {
+    if (p == nullptr || reinterpret_cast<uintptr_t>(p) % 16 != 0) {
+      std::fprintf(stderr, "moerun: GroupedGemm::run needs non-null 16-byte aligned operands (got %p)\n", p);
+      std::abort();
+    }
+  }
+  impl_->run(ops, stream);
+}
+
+}  // namespace moeplan::cuda

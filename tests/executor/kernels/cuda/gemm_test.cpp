@@ -1,0 +1,377 @@
+// moerun's GPU GEMMs against the CPU kernels: cuBLASLt dense GEMMs (executor/kernels/cpu/linear.h) and the
+// grouped expert GEMMs (executor/kernels/cpu/moe.h, expert_gemm_*), from the same bf16 (or e4m3) inputs.
+//
+// Precision ladder. The reference is the CPU kernel in double on the rounded inputs, so the only errors left
+// are the GPU's accumulation and output rounding. The GPU result must stay within `factor` times the error of
+// a naive version of the same output precision plus a small floor relative to the largest |reference|:
+//   bf16 output: naive = the double reference rounded to bf16 (what an exact GEMM writing bf16 errs);
+//     fp32 accumulation adds ~k 2^-24 |a||b|, far below, so 3x naive + 1e-4 max|ref| holds with margin.
+//   fp32 output (wgrad's dW += x^T dy): naive = the float CPU kernel (sequential fp32 accumulation, error
+//     ~k 2^-24 |a||b|); tensor cores accumulate in fp32 but in another order and aligning addends by
+//     truncation (up to 2^-23 per add, so at most k 2^-23 max|ref| < 4e-5 max|ref| for k <= 300 here): 8x
+//     naive + 5e-5 max|ref|.
+//   fp8 inputs, bf16 output: reference on the dequantised inputs; Hopper's fp8 MMA accumulates with ~14 bits
+//     before cuBLASLt promotes to fp32 (DeepSeek-V3 report, section 3.3.2: "around 14 bits" on H800), which
+//     for these sizes stays below the bf16 output rounding: 3x naive + 1e-3 max|ref|.
+// A wrong transpose, expert, offset or scale gives errors of order max|ref|, far above every bound. Outputs
+// are poisoned with NaN before each run (NaN never passes), and accumulating outputs start from random
+// values.
+#include <cuda_bf16.h>
+#include <cuda_fp8.h>
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "executor/kernels/cpu/init.h"
+#include "executor/kernels/cpu/linear.h"
+#include "executor/kernels/cpu/moe.h"
+#include "executor/kernels/cuda/check.h"
+#include "executor/kernels/cuda/gemm.h"
+#include "executor/kernels/cuda/grouped_gemm.h"
+
+namespace moeplan::cuda {
+namespace {
+
+using executor::cpu::Mat;
+using MatD = Mat<double>;
+using MatF = Mat<float>;
+using Bf16 = __nv_bfloat16;
+
+double bf16_round(double x) {
+  return static_cast<double>(__bfloat162float(__float2bfloat16_rn(static_cast<float>(x))));
+}
+
+// Standard normal entries, rounded to bf16 (the exact values the GPU sees).
+MatD random_bf16(int64_t rows, int64_t cols, uint64_t seed) {
+  MatD m(rows, cols);
+  for (int64_t i = 0; i < rows; ++i)
+    for (int64_t j = 0; j < cols; ++j) m(i, j) = bf16_round(executor::cpu::init_normal(seed, 0x6e3, i, j));
+  return m;
+}
+
+DeviceBuffer<Bf16> upload_bf16(const MatD& m) {
+  std::vector<Bf16> h(static_cast<size_t>(m.size()));
+  for (int64_t i = 0; i < m.rows(); ++i)
+    for (int64_t j = 0; j < m.cols(); ++j)
+      h[static_cast<size_t>(i * m.cols() + j)] = __float2bfloat16_rn(static_cast<float>(m(i, j)));
+  DeviceBuffer<Bf16> d(h.size());
+  d.upload(h.data(), h.size());
+  return d;
+}
+
+DeviceBuffer<float> upload_f32(const MatD& m) {
+  std::vector<float> h(static_cast<size_t>(m.size()));
+  for (int64_t i = 0; i < m.rows(); ++i)
+    for (int64_t j = 0; j < m.cols(); ++j)
+      h[static_cast<size_t>(i * m.cols() + j)] = static_cast<float>(m(i, j));
+  DeviceBuffer<float> d(h.size());
+  d.upload(h.data(), h.size());
+  return d;
+}
+
+// A [rows, cols] bf16 device buffer filled with NaN, so that any element a kernel fails to write shows.
+DeviceBuffer<Bf16> nan_bf16(int64_t rows, int64_t cols) {
+  std::vector<Bf16> h(static_cast<size_t>(rows * cols),
+                      __float2bfloat16_rn(std::numeric_limits<float>::quiet_NaN()));
+  DeviceBuffer<Bf16> d(h.size());
+  d.upload(h.data(), h.size());
+  return d;
+}
+
+MatD download_bf16(const DeviceBuffer<Bf16>& d, int64_t rows, int64_t cols) {
+  std::vector<Bf16> h(static_cast<size_t>(rows * cols));
+  MOERUN_CUDA_CHECK(cudaDeviceSynchronize());
+  d.download(h.data(), h.size());
+  MatD m(rows, cols);
+  for (int64_t i = 0; i < rows; ++i)
+    for (int64_t j = 0; j < cols; ++j)
+      m(i, j) = static_cast<double>(__bfloat162float(h[static_cast<size_t>(i * cols + j)]));
+  return m;
+}
+
+MatD download_f32(const DeviceBuffer<float>& d, int64_t rows, int64_t cols) {
+  std::vector<float> h(static_cast<size_t>(rows * cols));
+  MOERUN_CUDA_CHECK(cudaDeviceSynchronize());
+  d.download(h.data(), h.size());
+  MatD m(rows, cols);
+  for (int64_t i = 0; i < rows; ++i)
+    for (int64_t j = 0; j < cols; ++j) m(i, j) = static_cast<double>(h[static_cast<size_t>(i * cols + j)]);
+  return m;
+}
+
+MatD round_bf16(const MatD& m) {
+  return m.unaryExpr([](double x) { return bf16_round(x); });
+}
+
+// max |got - ref| <= factor * max |naive - ref| + floor_rel * max |ref|, and no NaN anywhere.
+void check_ladder(const MatD& got, const MatD& ref, const MatD& naive, double factor, double floor_rel,
+                  const char* what) {
+  REQUIRE(got.rows() == ref.rows());
+  REQUIRE(got.cols() == ref.cols());
+  const double scale = ref.cwiseAbs().maxCoeff();
+  const double naive_err = (naive - ref).cwiseAbs().maxCoeff();
+  double err = 0;
+  int64_t nan = 0;
+  for (int64_t i = 0; i < got.rows(); ++i)
+    for (int64_t j = 0; j < got.cols(); ++j) {
+      if (!std::isfinite(got(i, j))) {
+        ++nan;
+        continue;
+      }
+      err = std::max(err, std::abs(got(i, j) - ref(i, j)));
+    }
+  const double bound = factor * naive_err + floor_rel * scale;
+  INFO(what << ": max error " << err << ", bound " << bound << " (naive " << naive_err << ", max|ref| "
+            << scale << "), non-finite " << nan);
+  CHECK(nan == 0);
+  CHECK(err <= bound);
+  CHECK(scale > 0);  // a zero reference would make the check vacuous
+}
+
+// Runs one cuBLASLt GEMM (with its workspace) and synchronises.
+void run_gemm(const Gemm& g, const GemmOperands& ops) {
+  REQUIRE_MESSAGE(g.can_implement().empty(), g.can_implement());
+  DeviceBuffer<char> ws(g.workspace_size());
+  g.run(ops, ws.data(), nullptr);
+  MOERUN_CUDA_CHECK(cudaGetLastError());
+  MOERUN_CUDA_CHECK(cudaDeviceSynchronize());
+}
+
+// Shapes off every tile multiple (cuBLASLt handles any bf16 shape).
+constexpr int64_t kTokens = 200, kIn = 264, kOut = 136;
+
+}  // namespace
+
+TEST_SUITE("gpu") {
+  TEST_CASE("cuBLASLt bf16 forward GEMM y = x W matches the CPU linear_forward") {
+    MOERUN_SKIP_WITHOUT_DEVICE();
+    const MatD x = random_bf16(kTokens, kIn, 1), w = random_bf16(kIn, kOut, 2);
+    auto dx = upload_bf16(x), dw = upload_bf16(w);
+    auto dy = nan_bf16(kTokens, kOut);
+    const Gemm g({GemmOp::kForward, kTokens, kOut, kIn, GemmType::kBf16, GemmType::kBf16, false});
+    run_gemm(g, {dx.data(), dw.data(), dy.data()});
+    const MatD ref = executor::cpu::linear_forward<double>(x, w);
+    check_ladder(download_bf16(dy, kTokens, kOut), ref, round_bf16(ref), 3.0, 1e-4, "forward");
+  }
+
+  TEST_CASE("cuBLASLt bf16 dgrad GEMM dx = dy W^T matches the CPU linear_dgrad") {
+    MOERUN_SKIP_WITHOUT_DEVICE();
+    const MatD dy = random_bf16(kTokens, kOut, 3), w = random_bf16(kIn, kOut, 4);
+    auto d_dy = upload_bf16(dy), dw = upload_bf16(w);
+    auto dx = nan_bf16(kTokens, kIn);
+    const Gemm g({GemmOp::kDgrad, kTokens, kIn, kOut, GemmType::kBf16, GemmType::kBf16, false});
+    run_gemm(g, {d_dy.data(), dw.data(), dx.data()});
+    const MatD ref = executor::cpu::linear_dgrad<double>(dy, w);
+    check_ladder(download_bf16(dx, kTokens, kIn), ref, round_bf16(ref), 3.0, 1e-4, "dgrad");
+  }
+
+  TEST_CASE("cuBLASLt wgrad GEMM dW += x^T dy into fp32 matches the CPU linear_wgrad") {
+    MOERUN_SKIP_WITHOUT_DEVICE();
+    const MatD x = random_bf16(kTokens, kIn, 5), dy = random_bf16(kTokens, kOut, 6);
+    const MatD dw0 = random_bf16(kIn, kOut, 7);  // the accumulator's previous contents
+    auto dx = upload_bf16(x), d_dy = upload_bf16(dy);
+    auto dw = upload_f32(dw0);
+    const Gemm g({GemmOp::kWgrad, kIn, kOut, kTokens, GemmType::kBf16, GemmType::kF32, true});
+    run_gemm(g, {dx.data(), d_dy.data(), dw.data()});
+    MatD ref = dw0;
+    executor::cpu::linear_wgrad<double>(x, dy, ref);
+    MatF naive = dw0.cast<float>();
+    executor::cpu::linear_wgrad<float>(x.cast<float>(), dy.cast<float>(), naive);
+    check_ladder(download_f32(dw, kIn, kOut), ref, naive.cast<double>(), 8.0, 5e-5, "wgrad");
+  }
+
+  TEST_CASE("cuBLASLt bf16 wgrad GEMM without accumulation overwrites its bf16 output") {
+    MOERUN_SKIP_WITHOUT_DEVICE();
+    const MatD x = random_bf16(kTokens, kIn, 8), dy = random_bf16(kTokens, kOut, 9);
+    auto dx = upload_bf16(x), d_dy = upload_bf16(dy);
+    auto dw = nan_bf16(kIn, kOut);
+    const Gemm g({GemmOp::kWgrad, kIn, kOut, kTokens, GemmType::kBf16, GemmType::kBf16, false});
+    run_gemm(g, {dx.data(), d_dy.data(), dw.data()});
+    MatD ref = MatD::Zero(kIn, kOut);
+    executor::cpu::linear_wgrad<double>(x, dy, ref);
+    check_ladder(download_bf16(dw, kIn, kOut), ref, round_bf16(ref), 3.0, 1e-4, "wgrad bf16");
+  }
+
+  TEST_CASE("cuBLASLt fp8 e4m3 GEMM with per-tensor scales matches the CPU on dequantised inputs") {
+    MOERUN_SKIP_WITHOUT_DEVICE();
+    // C [m, n] = A [m, k] B [n, k]^T (fp8 takes only this layout on Hopper); m, n, k multiples of 16.
+    constexpr int64_t m = 192, n = 144, k = 512;
+    const MatD a = random_bf16(m, k, 10) * 3.0, b = random_bf16(n, k, 11) * 0.05;
+    // Per-tensor scale: amax maps to e4m3's largest finite value, 448.
+    auto quantise = [](const MatD& x, float& scale, std::vector<__nv_fp8_e4m3>& q) {
+      scale = static_cast<float>(x.cwiseAbs().maxCoeff() / 448.0);
+      MatD deq(x.rows(), x.cols());
+      q.resize(static_cast<size_t>(x.size()));
+      for (int64_t i = 0; i < x.rows(); ++i)
+        for (int64_t j = 0; j < x.cols(); ++j) {
+          const __nv_fp8_e4m3 v(static_cast<float>(x(i, j)) / scale);
+          q[static_cast<size_t>(i * x.cols() + j)] = v;
+          deq(i, j) = static_cast<double>(static_cast<float>(v)) * static_cast<double>(scale);
+        }
+      return deq;
+    };
+    float sa = 0, sb = 0;
+    std::vector<__nv_fp8_e4m3> qa, qb;
+    const MatD a_deq = quantise(a, sa, qa), b_deq = quantise(b, sb, qb);
+    DeviceBuffer<__nv_fp8_e4m3> da(qa.size()), db(qb.size());
+    da.upload(qa.data(), qa.size());
+    db.upload(qb.data(), qb.size());
+    DeviceBuffer<float> scales(2);
+    const float host_scales[2] = {sa, sb};
+    scales.upload(host_scales, 2);
+    auto dc = nan_bf16(m, n);
+    const Gemm g({GemmOp::kDgrad, m, n, k, GemmType::kE4m3, GemmType::kBf16, false});
+    run_gemm(g, {da.data(), db.data(), dc.data(), scales.data(), scales.data() + 1});
+    const MatD ref = executor::cpu::linear_dgrad<double>(a_deq, b_deq);
+    check_ladder(download_bf16(dc, m, n), ref, round_bf16(ref), 3.0, 1e-3, "fp8");
+  }
+}
+
+// Shape and type rules are decided on the host, before cuBLASLt or CUTLASS is asked: these run everywhere.
+TEST_SUITE("gemm") {
+  TEST_CASE("fp8 GEMMs in a layout Hopper lacks are refused with a reason") {
+    const Gemm g({GemmOp::kForward, 128, 128, 128, GemmType::kE4m3, GemmType::kBf16, false});
+    CHECK(g.can_implement().find("fp8") != std::string::npos);
+    CHECK(gemm_shape_rules({GemmOp::kDgrad, 128, 128, 120, GemmType::kE4m3, GemmType::kBf16, false}) != "");
+    CHECK(gemm_shape_rules({GemmOp::kDgrad, 128, 128, 128, GemmType::kE4m3, GemmType::kBf16, false}) == "");
+  }
+
+  TEST_CASE("grouped GEMMs whose rows are not 16-byte multiples are refused with a reason") {
+    const GroupedGemm g({ExpertGemmOp::kForward, 4, 100, 256});
+    CHECK(g.can_implement().find("multiples of 8") != std::string::npos);
+  }
+}
+
+// Grouped expert GEMMs: 5 experts with counts {0, 1, 37, 128, 300} (an empty expert, a single row, rows off
+// the 128-row tile, exactly one tile, several tiles with a remainder); in = 200, out = 328 are multiples of 8
+// (16-byte rows) but not of the 128 x 256 output tile nor of the 64-deep K tile, and wgrad's reduction over
+// m_e rows ends inside a K tile for every non-empty expert but the 128-row one. The row buffers hold 5 rows
+// more than the counts use, to check that rows past the last expert are untouched.
+namespace {
+
+constexpr int64_t kExpIn = 200, kExpOut = 328, kSpareRows = 5;
+const std::vector<int64_t> kCounts = {0, 1, 37, 128, 300};
+
+struct ExpertSetup {
+  int64_t rows = 0;  // sum of the counts
+  DeviceBuffer<int32_t> counts;
+};
+
+ExpertSetup upload_counts(const std::vector<int64_t>& counts) {
+  ExpertSetup s;
+  s.rows = std::accumulate(counts.begin(), counts.end(), int64_t{0});
+  std::vector<int32_t> c(counts.begin(), counts.end());
+  s.counts = DeviceBuffer<int32_t>(c.size());
+  s.counts.upload(c.data(), c.size());
+  return s;
+}
+
+// Builds, initialises and runs one grouped GEMM over kCounts, then synchronises.
+void run_grouped(ExpertGemmOp op, const GroupedGemmOperands& ops) {
+  GroupedGemm g({op, static_cast<int>(kCounts.size()), kExpIn, kExpOut});
+  REQUIRE_MESSAGE(g.can_implement().empty(), g.can_implement());
+  DeviceBuffer<char> ws(g.workspace_size());
+  g.initialize(ws.data(), nullptr);
+  g.run(ops, nullptr);
+  MOERUN_CUDA_CHECK(cudaGetLastError());
+  MOERUN_CUDA_CHECK(cudaDeviceSynchronize());
+}
+
+// The rows [rows, rows + kSpareRows) of a poisoned output must still be NaN.
+void check_untouched_tail(const MatD& got, int64_t rows) {
+  int64_t written = 0;
+  for (int64_t i = rows; i < got.rows(); ++i)
+    for (int64_t j = 0; j < got.cols(); ++j) written += std::isnan(got(i, j)) ? 0 : 1;
+  CHECK_MESSAGE(written == 0, "rows past the experts' rows were written");
+}
+
+}  // namespace
+
+TEST_SUITE("gpu") {
+  TEST_CASE("grouped expert GEMM forward matches the CPU expert_gemm_forward, empty experts included") {
+    MOERUN_SKIP_WITHOUT_DEVICE();
+    ExpertSetup s = upload_counts(kCounts);
+    const int64_t cap = s.rows + kSpareRows, experts = static_cast<int64_t>(kCounts.size());
+    const MatD x = random_bf16(cap, kExpIn, 21), w = random_bf16(experts * kExpIn, kExpOut, 22);
+    auto dx = upload_bf16(x), dw = upload_bf16(w);
+    auto dy = nan_bf16(cap, kExpOut);
+    run_grouped(ExpertGemmOp::kForward, {s.counts.data(), dx.data(), dw.data(), dy.data(), cap});
+    const MatD got = download_bf16(dy, cap, kExpOut);
+    const MatD ref = executor::cpu::expert_gemm_forward<double>(x.topRows(s.rows), w, kCounts);
+    check_ladder(got.topRows(s.rows), ref, round_bf16(ref), 3.0, 1e-4, "grouped forward");
+    check_untouched_tail(got, s.rows);
+  }
+
+  TEST_CASE("grouped expert GEMM dgrad matches the CPU expert_gemm_dgrad, empty experts included") {
+    MOERUN_SKIP_WITHOUT_DEVICE();
+    ExpertSetup s = upload_counts(kCounts);
+    const int64_t cap = s.rows + kSpareRows, experts = static_cast<int64_t>(kCounts.size());
+    const MatD dy = random_bf16(cap, kExpOut, 23), w = random_bf16(experts * kExpIn, kExpOut, 24);
+    auto d_dy = upload_bf16(dy), dw = upload_bf16(w);
+    auto dx = nan_bf16(cap, kExpIn);
+    run_grouped(ExpertGemmOp::kDgrad, {s.counts.data(), d_dy.data(), dw.data(), dx.data(), cap});
+    const MatD got = download_bf16(dx, cap, kExpIn);
+    const MatD ref = executor::cpu::expert_gemm_dgrad<double>(dy.topRows(s.rows), w, kCounts);
+    check_ladder(got.topRows(s.rows), ref, round_bf16(ref), 3.0, 1e-4, "grouped dgrad");
+    check_untouched_tail(got, s.rows);
+  }
+
+  TEST_CASE(
+      "grouped expert GEMM wgrad accumulates x^T dy per expert into fp32 and leaves empty experts alone") {
+    MOERUN_SKIP_WITHOUT_DEVICE();
+    ExpertSetup s = upload_counts(kCounts);
+    const int64_t cap = s.rows + kSpareRows, experts = static_cast<int64_t>(kCounts.size());
+    const MatD x = random_bf16(cap, kExpIn, 25), dy = random_bf16(cap, kExpOut, 26);
+    const MatD dw0 = random_bf16(experts * kExpIn, kExpOut, 27);
+    auto dx = upload_bf16(x), d_dy = upload_bf16(dy);
+    auto dw = upload_f32(dw0);
+    run_grouped(ExpertGemmOp::kWgrad, {s.counts.data(), dx.data(), d_dy.data(), dw.data(), cap});
+    const MatD got = download_f32(dw, experts * kExpIn, kExpOut);
+    MatD ref = dw0;
+    executor::cpu::expert_gemm_wgrad<double>(x.topRows(s.rows), dy.topRows(s.rows), kCounts, ref);
+    MatF naive = dw0.cast<float>();
+    executor::cpu::expert_gemm_wgrad<float>(x.topRows(s.rows).cast<float>(), dy.topRows(s.rows).cast<float>(),
+                                            kCounts, naive);
+    check_ladder(got, ref, naive.cast<double>(), 8.0, 5e-5, "grouped wgrad");
+    // Expert 0 has no rows: its gradient block must be exactly what it was (the float image of dw0).
+    const MatD before = dw0.topRows(kExpIn).cast<float>().cast<double>();
+    CHECK((got.topRows(kExpIn).array() == before.array()).all());
+  }
+
+  TEST_CASE("grouped expert GEMM reruns with new counts on the same workspace without host synchronisation") {
+    MOERUN_SKIP_WITHOUT_DEVICE();
+    // Two micro-batches with different routing through one initialised GroupedGemm; the counts live only in
+    // device memory and are replaced between the runs by an asynchronous copy on the same stream.
+    const std::vector<int64_t> counts_a = {300, 0, 128, 37, 1}, counts_b = {5, 200, 0, 0, 261};
+    const int64_t rows = 466, experts = 5;  // both sum to 466
+    ExpertSetup s = upload_counts(counts_a);
+    const MatD x = random_bf16(rows, kExpIn, 31), w = random_bf16(experts * kExpIn, kExpOut, 32);
+    auto dx = upload_bf16(x), dw = upload_bf16(w);
+    auto y_a = nan_bf16(rows, kExpOut), y_b = nan_bf16(rows, kExpOut);
+    GroupedGemm g({ExpertGemmOp::kForward, static_cast<int>(experts), kExpIn, kExpOut});
+    REQUIRE_MESSAGE(g.can_implement().empty(), g.can_implement());
+    DeviceBuffer<char> ws(g.workspace_size());
+    cudaStream_t stream = nullptr;
+    MOERUN_CUDA_CHECK(cudaStreamCreate(&stream));
+    g.initialize(ws.data(), stream);
+    g.run({s.counts.data(), dx.data(), dw.data(), y_a.data(), rows}, stream);
+    const std::vector<int32_t> next(counts_b.begin(), counts_b.end());
+    MOERUN_CUDA_CHECK(cudaMemcpyAsync(s.counts.data(), next.data(), next.size() * sizeof(int32_t),
+                                      cudaMemcpyHostToDevice, stream));
+    g.run({s.counts.data(), dx.data(), dw.data(), y_b.data(), rows}, stream);
+    MOERUN_CUDA_CHECK(cudaStreamSynchronize(stream));
+    MOERUN_CUDA_CHECK(cudaStreamDestroy(stream));
+    const MatD ref_a = executor::cpu::expert_gemm_forward<double>(x, w, counts_a);
+    const MatD ref_b = executor::cpu::expert_gemm_forward<double>(x, w, counts_b);
+    check_ladder(download_bf16(y_a, rows, kExpOut), ref_a, round_bf16(ref_a), 3.0, 1e-4, "first routing");
+    check_ladder(download_bf16(y_b, rows, kExpOut), ref_b, round_bf16(ref_b), 3.0, 1e-4, "second routing");
+  }
+}
+
+}  // namespace moeplan::cuda
