@@ -26,6 +26,11 @@
 #include "executor/runtime/train_runner.h"
 #include "executor/runtime/watchdog.h"
 #include "simulator/io/op_trace.h"
+#if MOERUN_WITH_CUDA
+#include "executor/comm/nccl_groups.h"
+#include "executor/kernels/cuda/check.h"
+#include "executor/runtime/cuda_replay_runner.h"
+#endif
 
 namespace moeplan::executor::cli {
 
@@ -41,6 +46,7 @@ constexpr int kTimingTag = 7301;  // world-communicator tag of the per-stage tim
 struct RunOptions {
   std::string plan, out;
   std::string runner = "replay";  // "replay" (shape-faithful work) or "train" (real training steps)
+  std::string backend = "cpu";    // "cpu" (MPI + Eigen) or "cuda" (NCCL + the CUDA kernels)
   std::string dump_params;        // train: every parameter tensor after the last step, gathered on rank 0
   int steps = 5, warmup = 2;
   double watchdog_s = 120;
@@ -88,6 +94,29 @@ int run_plan(const RunOptions& o, int rank, int world) {
   }
   const bool train = o.runner == "train";
   if (!train && !o.dump_params.empty()) return bad_input(rank, "--dump-params needs --runner train");
+  const bool on_gpu = o.backend == "cuda";
+#if MOERUN_WITH_CUDA
+  if (on_gpu) {
+    if (train) {
+      if (rank == 0)
+        std::fprintf(stderr, "moerun: --backend cuda has the replay runner only (--runner replay)\n");
+      return kExitInfeasible;
+    }
+    if (const std::string why = cuda_unsupported(plan); !why.empty()) {
+      if (rank == 0)
+        std::fprintf(stderr, "moerun: %s: the CUDA replay does not support %s\n", in.loaded.path.c_str(),
+                     why.c_str());
+      return kExitInfeasible;
+    }
+    if (const std::string why = cuda::device_unavailable(); !why.empty())
+      return bad_input(rank, fmt::format("--backend cuda: no CUDA device ({})", why));
+    int devices = 0;
+    MOERUN_CUDA_CHECK(cudaGetDeviceCount(&devices));
+    MOERUN_CUDA_CHECK(cudaSetDevice(rank % devices));  // ranks of a node take its devices in turn
+  }
+#else
+  if (on_gpu) return bad_input(rank, "--backend cuda: this moerun was built without CUDA (MOEPLAN_CUDA=OFF)");
+#endif
   if (train) {
     if (const std::string why = train_unsupported(plan, in.loaded.model); !why.empty()) {
       if (rank == 0)
@@ -130,9 +159,27 @@ int run_plan(const RunOptions& o, int rank, int world) {
         std::make_unique<TrainRunner>(graph, plan, in.loaded.model, place, lookup, internal, groups.world());
     trainer = t.get();
     runner_ptr = std::move(t);
-  } else {
+  } else if (!on_gpu) {
     runner_ptr = std::make_unique<ReplayRunner>(graph, lookup);
   }
+#if MOERUN_WITH_CUDA
+  // The GPU backend: NCCL communicators of the same groups (MPI carries the unique id), the CUDA replay.
+  std::optional<NcclGroups> nccl;
+  CudaReplayRunner* gpu_runner = nullptr;
+  if (on_gpu) {
+    Result<NcclGroups> made_nccl = make_nccl_groups(groups.layout(), MPI_COMM_WORLD);
+    if (!made_nccl) return bad_input(rank, made_nccl.error().message);
+    nccl.emplace(std::move(made_nccl.value()));
+    const DeviceGroupLookup device_lookup = [&nccl](CommGroup g) -> DeviceCommunicator* {
+      if (g == CommGroup::kNone) return nullptr;
+      NcclCommunicator& c = nccl->of(g);
+      return c.size() > 1 ? &c : nullptr;
+    };
+    auto r = std::make_unique<CudaReplayRunner>(graph, device_lookup);
+    gpu_runner = r.get();
+    runner_ptr = std::move(r);
+  }
+#endif
   OpRunner& runner = *runner_ptr;
 
   // Slots: one per lane, then one for this command's own world-communicator work.
@@ -184,6 +231,9 @@ int run_plan(const RunOptions& o, int rank, int world) {
     }
   }
   double hwm = process_high_water_bytes(), hwm_max = 0;
+#if MOERUN_WITH_CUDA
+  if (gpu_runner != nullptr) hwm = gpu_runner->device_high_water_bytes();  // device memory, not host RSS
+#endif
   MOEPLAN_MPI_CHECK(MPI_Reduce(&hwm, &hwm_max, 1, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD));
   // Each stage's representative rank (its lowest world rank) sends its timings to rank 0.
   const int per_stage = static_cast<int>(plan.gpus / plan.pipeline.pp);
@@ -225,6 +275,7 @@ int run_plan(const RunOptions& o, int rank, int world) {
     run.world_size = world;
     nlohmann::json report = measured_report_json(in, run);
     report["runner"] = o.runner;
+    report["backend"] = o.backend;
     if (train) report["losses"] = losses;
     std::error_code ec;
     std::filesystem::create_directories(o.out, ec);
@@ -263,6 +314,11 @@ Runner add_run(CLI::App& app) {
                  "losses in report.json")
       ->capture_default_str()
       ->check(CLI::IsMember({"replay", "train"}));
+  app.add_option("--backend", o->backend,
+                 "cpu: MPI ranks with Eigen kernels; cuda: one GPU per rank, NCCL and the CUDA kernels "
+                 "(replay runner)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"cpu", "cuda"}));
   app.add_option("--dump-params", o->dump_params,
                  "With --runner train: write every parameter tensor after the last step to this file "
                  "(format in executor/runtime/train_runner.h)");

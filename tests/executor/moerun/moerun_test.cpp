@@ -143,6 +143,25 @@ TEST_SUITE("moerun") {
     fs::remove(plan);
   }
 
+  // Here (no driver) and in CI, and with builds without CUDA, --backend cuda must fail cleanly before any
+  // step; with a GPU per rank it runs and says so in the report.
+  TEST_CASE("--backend cuda runs on a GPU per rank, or exits 2 with one line and writes nothing") {
+    const fs::path plan = write_plan("cuda", false), out = temp("cuda_out");
+    const Run r = mpirun(
+        2, "run '" + plan.string() + "' --backend cuda --steps 1 --warmup 0 --out '" + out.string() + "'");
+    if (r.exit_code == 0) {
+      const auto j = nlohmann::json::parse(slurp(out / "report.json"));
+      CHECK(j["backend"] == "cuda");
+    } else {
+      CHECK(r.exit_code == 2);
+      CHECK_MESSAGE(moerun_lines(r.err) == 1, r.err);
+      CHECK(r.err.rfind("moerun: ", 0) == 0);
+      check_no_output(out);
+    }
+    fs::remove_all(out);
+    fs::remove(plan);
+  }
+
   TEST_CASE("an unreadable plan exits 2 with one line naming the file") {
     const fs::path out = temp("missing_out");
     const Run r = mpirun(1, "run /nonexistent/plan.json --out '" + out.string() + "'");

@@ -1,0 +1,55 @@
+// CudaReplayRunner: the replay runner on a GPU - each op of this rank's stage performs work of its exact
+// shape with the CUDA backend's kernels, so the measured op times of `moerun run --backend cuda` compare with
+// the simulator's predictions op by op, as the CPU replay runner's do on CPUs:
+//   GEMM: cuBLASLt bf16 (executor/kernels/cuda/gemm.h) in the op's part: forward [m, k] x [k, n], dgrad
+//     [m, n] x [k, n]^T, wgrad [m, k]^T x [m, n] into fp32 (the main-grad buffer);
+//   grouped GEMM: CUTLASS's grouped kernel (grouped_gemm.h) over `groups` experts of ceil(m / groups) rows
+//   each,
+//     the counts in device memory;
+//   attention: cuDNN flash attention (attention.h), forward or backward, causal, heads x seq_q of the op with
+//     as many kv heads as query heads (the op carries no kv-head count; the kernel's time is the queries'),
+//     v_dim = qk_dim; a sliding window or cp's seq_q < seq_kv runs as full causal attention over seq_q;
+//   memory-bound ops and the optimizer: a device-to-device copy moving hbm_bytes (half read, half written);
+//   collectives: NCCL over the group's DeviceCommunicator with comm.bytes of comm.dtype; a fused GEMM +
+//     collective runs its GEMM, then its collective (the fused tile kernels are not written yet).
+// run() enqueues the op's work on its stream's CUDA stream and waits for it, so the runtime's host-side
+// dependencies and timings hold (each op pays a launch and a synchronisation, ~10-20 us, that a graph of
+// events would not: said here, and visible in the comparison of small ops). Refuses pipeline parallelism
+// (NCCL sends and receives from two host threads on one communicator are not safe; cuda_unsupported says so).
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "executor/comm/device_communicator.h"
+#include "executor/runtime/op_runner.h"
+#include "simulator/core/plan.h"
+
+namespace moeplan::executor {
+
+// This rank's NCCL communicator of a group kind; nullptr when the group has one rank.
+using DeviceGroupLookup = std::function<DeviceCommunicator*(CommGroup)>;
+
+// Empty when the CUDA replay runner can execute `plan`, else one phrase naming what it cannot do.
+std::string cuda_unsupported(const Plan& plan);
+
+class CudaReplayRunner final : public OpRunner {
+ public:
+  // Uses the current CUDA device. Creates one CUDA stream per op-graph stream.
+  CudaReplayRunner(const OpGraph& graph, DeviceGroupLookup groups);
+  ~CudaReplayRunner() override;
+
+  void run(const Op& op) override;
+  void receive(const Op& send) override;
+
+  // Device bytes this runner holds now and at most (scratch buffers, workspaces, kernel objects).
+  double device_bytes() const;
+  double device_high_water_bytes() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace moeplan::executor
