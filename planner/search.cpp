@@ -419,6 +419,7 @@ void drop_graph(Prediction& p) {
   p.graph = {};
   p.costs = {};
   p.timeline = {};
+  p.critical_path = {};  // op ids into the dropped graph: prediction_json would read past its end
 }
 
 }  // namespace

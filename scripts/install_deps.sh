@@ -9,6 +9,7 @@ packages=(
   libopenmpi-dev openmpi-bin
   libeigen3-dev libboost-graph-dev libcli11-dev libfmt-dev doctest-dev nlohmann-json3-dev
   clang clang-format
+  chromium
 )
 
 missing=()

@@ -1,13 +1,16 @@
 // `moeplan plan`: which parallel layout, overlap, compression and recompute to run for a model, cluster and
-// job. Prints the top plans ranked by simulated tokens/s and why the others were rejected.
+// job. Prints the top plans ranked by simulated tokens/s and why the others were rejected; --html writes them
+// as a report page.
 #include <unistd.h>
 
 #include <cstdio>
 #include <filesystem>
+#include <optional>
 
 #include <fmt/format.h>
 
 #include "planner/cli/cli_common.h"
+#include "planner/report/html_report.h"
 #include "planner/search.h"
 #include "simulator/io/hardware_loader.h"
 #include "simulator/io/json_reader.h"
@@ -49,7 +52,7 @@ Runner add_plan(CLI::App& app) {
     int64_t gpus = kDefaultGpus, seq = kDefaultSeq, batch = kDefaultBatch, top = 5;
     std::vector<std::string> fix;
     std::string precision = "any";
-    std::string out_dir;
+    std::string out_dir, html;
     int threads = 2;
     bool json = false;
   };
@@ -79,8 +82,16 @@ Runner add_plan(CLI::App& app) {
   app.add_option("--threads", o->threads, "Worker threads")->capture_default_str()->check(CLI::Range(1, 64));
   app.add_option("--out-dir", o->out_dir,
                  "Write each top plan as a plan file with its report and trace here");
+  app.add_option("--html", o->html,
+                 "Write a self-contained HTML report (top plans, the best plan's breakdown, memory and "
+                 "timeline) to this file");
   app.add_flag("--json", o->json, "Print one JSON object");
   return [o]() {
+    // Checked before the search, which can take minutes; write_file_atomic reports any other failure.
+    const std::filesystem::path html_dir = std::filesystem::path(o->html).parent_path();
+    if (!o->html.empty() && !html_dir.empty() && !std::filesystem::is_directory(html_dir)) {
+      return bad_input(fmt::format("{}: cannot write (directory missing or not writable)", o->html));
+    }
     Result<ModelSpec> model = io::load_model(o->model);
     if (!model) return bad_input(model.error().message);
     Result<HardwareProfile> hw = io::load_hardware(o->hardware);
@@ -136,6 +147,24 @@ Runner add_plan(CLI::App& app) {
           if (!w) return bad_input(w.error().message);
         }
       }
+    }
+
+    if (!o->html.empty()) {
+      // The detail section needs the best plan's timeline: predict it again unless the search kept it
+      // (deterministic: the same numbers as the ranking).
+      std::optional<Prediction> again;
+      const Prediction* best = nullptr;
+      if (!r.plans.empty()) {
+        if (opts.keep_graphs) {
+          best = &r.plans[0].prediction;
+        } else {
+          again = predict(model.value(), r.plans[0].plan, hw.value(), stack.value(), routing.value());
+          best = &*again;
+        }
+      }
+      const std::string page = report::plan_html({r, job, model.value(), hw.value(), stack.value(), best});
+      Result<bool> w = write_file_atomic(o->html, page);
+      if (!w) return bad_input(w.error().message);
     }
 
     if (o->json) {

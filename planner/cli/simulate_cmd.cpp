@@ -1,10 +1,11 @@
 // `moeplan simulate PLAN`: predicts one training step of a plan (step time, throughput, MFU, memory per GPU,
-// a breakdown) and writes its Chrome trace; exit 3 when the plan is illegal or does not fit.
+// a breakdown) and writes its Chrome trace and HTML report; exit 3 when the plan is illegal or does not fit.
 #include <filesystem>
 
 #include <fmt/format.h>
 
 #include "planner/cli/cli_common.h"
+#include "planner/report/html_report.h"
 #include "simulator/io/plan_io.h"
 #include "simulator/io/router_trace.h"
 #include "simulator/io/stack_loader.h"
@@ -47,12 +48,14 @@ void print_text(const Prediction& p, const ReportContext& ctx) {
 
 Runner add_simulate(CLI::App& app) {
   struct Options {
-    std::string plan, trace, stack;
+    std::string plan, trace, html, stack;
     bool json = false;
   };
   auto o = std::make_shared<Options>();
   app.add_option("plan", o->plan, "Plan file (JSON)")->required();
   app.add_option("--trace", o->trace, "Write the step's Chrome trace (opens in Perfetto) to this file");
+  app.add_option("--html", o->html,
+                 "Write a self-contained HTML report (summary, breakdown, memory, timeline) to this file");
   app.add_option("--stack", o->stack, "Software stack profile (overrides the plan's; default moerun)");
   app.add_flag("--json", o->json, "Print one JSON object");
   return [o]() {
@@ -66,6 +69,10 @@ Runner add_simulate(CLI::App& app) {
     const ReportContext ctx{plan, model, hw, stack};
     if (!o->trace.empty() && p.violations.empty()) {
       Result<bool> w = write_file_atomic(o->trace, chrome_trace(p.graph, p.timeline.ops));
+      if (!w) return bad_input(w.error().message);
+    }
+    if (!o->html.empty()) {  // also for an illegal plan: the page lists the rules it breaks
+      Result<bool> w = write_file_atomic(o->html, report::simulate_html(p, ctx));
       if (!w) return bad_input(w.error().message);
     }
     if (o->json) {

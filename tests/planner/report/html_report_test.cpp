@@ -1,0 +1,362 @@
+// The HTML report (issue #8): self-contained (nothing fetched, no script), its summary numbers are the --json
+// report's, one SVG per chart, one timeline rectangle per op (or per merged run of ops, within the budget),
+// exposed-communication and idle marks that add up to the breakdown, escaped text; and the --html flag of
+// `simulate` and `plan` as a user meets it. The rendering in a browser is html_chromium_test.sh.
+#include <doctest/doctest.h>
+
+#include "tests/planner/cli/run_moeplan.h"
+
+#include <unistd.h>
+
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <regex>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "planner/report/html_report.h"
+#include "planner/search.h"
+#include "simulator/io/hardware_loader.h"
+#include "simulator/io/model_loader.h"
+#include "simulator/io/plan_io.h"
+#include "simulator/io/stack_loader.h"
+#include "simulator/predict/predict.h"
+#include "simulator/predict/report.h"
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+using namespace moeplan;
+
+namespace {
+
+// An example plan, simulated as `moeplan simulate` does (default stack: moerun; uniform routing).
+struct Simulated {
+  io::LoadedPlan in;
+  StackProfile stack;
+  Prediction p;
+  explicit Simulated(const std::string& example)
+      : in(io::load_plan(std::string(MOEPLAN_SOURCE_DIR) + "/planner/examples/" + example).value()),
+        stack(io::load_stack(in.plan.stack.empty() ? "moerun" : in.plan.stack,
+                             std::string(MOEPLAN_SOURCE_DIR) + "/planner/examples")
+                  .value()),
+        p(predict(in.model, in.plan, in.hardware, stack, cost::uniform_routing(in.model.moe.num_experts))) {}
+  ReportContext ctx() const { return {in.plan, in.model, in.hardware, stack}; }
+};
+
+int64_t count(const std::string& text, const std::string& what) {
+  int64_t n = 0;
+  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + what.size())) ++n;
+  return n;
+}
+
+// Nothing the browser would fetch or run: no URL, no <link>/<script>/<img>/@import, every url() a reference
+// to a pattern defined in the page, every src= a data: URI.
+void check_self_contained(const std::string& html) {
+  CHECK(html.starts_with("<!DOCTYPE html>"));
+  for (const char* bad :
+       {"http://", "https://", "<link", "<script", "<img", "<iframe", "@import", "//fonts"}) {
+    CAPTURE(bad);
+    CHECK(html.find(bad) == std::string::npos);
+  }
+  const std::regex url(R"(url\(([^)]*)\))");
+  for (auto it = std::sregex_iterator(html.begin(), html.end(), url); it != std::sregex_iterator(); ++it) {
+    const std::string target = (*it)[1];
+    CAPTURE(target);
+    CHECK(target.starts_with("#"));
+    CHECK(html.find("id=\"" + target.substr(1) + "\"") != std::string::npos);
+  }
+  const std::regex src(R"(src\s*=\s*["']?([^"' >]*))");
+  for (auto it = std::sregex_iterator(html.begin(), html.end(), src); it != std::sregex_iterator(); ++it) {
+    CHECK(std::string((*it)[1]).starts_with("data:"));
+  }
+}
+
+// The summary cards: data-key -> the exact JSON value the card shows.
+std::map<std::string, json> cards(const std::string& html) {
+  std::map<std::string, json> out;
+  const std::regex card(R"re(class="kpi" data-key="([^"]+)" data-value="([^"]*)")re");
+  for (auto it = std::sregex_iterator(html.begin(), html.end(), card); it != std::sregex_iterator(); ++it) {
+    out[(*it)[1]] = json::parse(std::string((*it)[2]));  // numbers and booleans: nothing to unescape
+  }
+  return out;
+}
+
+json at_dotted(const json& j, const std::string& key) {
+  const size_t dot = key.find('.');
+  return dot == std::string::npos ? j.at(key) : j.at(key.substr(0, dot)).at(key.substr(dot + 1));
+}
+
+// Timeline rectangles of ops in the page, with the ops each stands for (data-ops).
+std::vector<int64_t> op_rects(const std::string& html) {
+  std::vector<int64_t> out;
+  const std::regex rect(R"re(<rect class="op" data-ops="(\d+)")re");
+  for (auto it = std::sregex_iterator(html.begin(), html.end(), rect); it != std::sregex_iterator(); ++it) {
+    out.push_back(std::stoll((*it)[1]));
+  }
+  return out;
+}
+
+int64_t ops_with_duration(const Prediction& p, const std::vector<int32_t>& stages) {
+  int64_t n = 0;
+  for (const Op& op : p.graph.ops) {
+    const auto& t = p.timeline.ops[static_cast<size_t>(op.id)];
+    if (t.end > t.start && std::find(stages.begin(), stages.end(), op.stage) != stages.end()) ++n;
+  }
+  return n;
+}
+
+}  // namespace
+
+TEST_SUITE("report.html") {
+  TEST_CASE("html_escape turns every markup character into an entity") {
+    CHECK(report::html_escape(R"(<a href="x">Tom & 'Jerry'</a>)") ==
+          "&lt;a href=&quot;x&quot;&gt;Tom &amp; &#39;Jerry&#39;&lt;/a&gt;");
+    CHECK(report::html_escape("plain text 1.5 GB") == "plain text 1.5 GB");
+  }
+
+  TEST_CASE("the simulate page is self-contained and its summary cards hold the --json numbers") {
+    const Simulated s("tiny-moe-ep2.json");
+    REQUIRE(s.p.violations.empty());
+    const std::string html = report::simulate_html(s.p, s.ctx());
+    check_self_contained(html);
+
+    const json r = prediction_json(s.p, s.ctx());
+    const auto c = cards(html);
+    CHECK(c.size() == 6);
+    for (const char* key : {"step_time_s", "tokens_per_s", "tokens_per_s_per_gpu", "mfu",
+                            "memory.per_gpu_bytes", "memory.fits"}) {
+      CAPTURE(key);
+      REQUIRE(c.contains(key));
+      CHECK(c.at(key) == at_dotted(r, key));
+    }
+    // The shown text is those numbers, rounded.
+    CHECK(html.find(fmt::format("<div class=\"v\">{:.1f}%</div>", 100 * s.p.mfu)) != std::string::npos);
+    CHECK(html.find(fmt::format("<div class=\"v\">{:.1f}</div>", s.p.tokens_per_s_per_gpu)) !=
+          std::string::npos);
+    CHECK(html.find(fmt::format("<div class=\"v\">{:.1f} GB</div>", s.p.memory.total() / 1e9)) !=
+          std::string::npos);
+    // The breakdown table lists every part of the --json breakdown with its exact seconds.
+    std::map<std::string, json> parts;
+    const std::regex part(R"re(<tr data-part="([^"]+)" data-seconds="([^"]+)")re");
+    for (auto it = std::sregex_iterator(html.begin(), html.end(), part); it != std::sregex_iterator(); ++it) {
+      parts[(*it)[1]] = json::parse(std::string((*it)[2]));
+    }
+    const json& b = r.at("breakdown");
+    size_t expected = (b.at("optimizer").get<double>() > 0) + (b.at("bubble").get<double>() > 0);
+    for (const auto& [k, v] : b.at("compute").items()) {
+      CAPTURE(k);
+      REQUIRE(parts.contains(k));
+      CHECK(parts.at(k) == v);
+      ++expected;
+    }
+    for (const auto& [k, v] : b.at("exposed_comm").items()) {
+      CAPTURE(k);
+      REQUIRE(parts.contains("exposed:" + k));
+      CHECK(parts.at("exposed:" + k) == v);
+      ++expected;
+    }
+    CHECK(parts.size() == expected);
+    if (b.at("bubble").get<double>() > 0) CHECK(parts.at("bubble") == b.at("bubble"));
+  }
+
+  TEST_CASE("the simulate page has one svg per chart: breakdown, memory and timeline") {
+    const Simulated s("tiny-moe-ep2.json");
+    const std::string html = report::simulate_html(s.p, s.ctx());
+    CHECK(count(html, "<svg") == 3);
+    CHECK(count(html, "</svg>") == 3);
+    CHECK(count(html, "<svg class=\"chart breakdown\"") == 1);
+    CHECK(count(html, "<svg class=\"chart memory\"") == 1);
+    CHECK(count(html, "<svg class=\"chart timeline\"") == 1);
+  }
+
+  TEST_CASE("a small plan's timeline draws one rectangle per op with a duration") {
+    const Simulated s("tiny-moe-ep2.json");
+    const report::TimelineLayout t = report::timeline_layout(s.p);
+    CHECK(t.merge_resolution_s == 0);
+    CHECK(t.ops_drawn == ops_with_duration(s.p, t.stages));
+    CHECK(t.ops_drawn > 50);
+    const auto rects = op_rects(report::simulate_html(s.p, s.ctx()));
+    CHECK(static_cast<int64_t>(rects.size()) == t.ops_drawn);
+    CHECK(std::all_of(rects.begin(), rects.end(), [](int64_t n) { return n == 1; }));
+  }
+
+  TEST_CASE("over the rectangle budget the timeline merges ops, accounts for every one and says so") {
+    const Simulated s("tiny-moe-ep2.json");
+    const report::HtmlOptions small{.max_timeline_rects = 60, .max_timeline_stages = 12};
+    const report::TimelineLayout t = report::timeline_layout(s.p, small);
+    CHECK(t.merge_resolution_s > 0);
+    CHECK(static_cast<int64_t>(t.rects.size()) <= 60);
+    const std::string html = report::simulate_html(s.p, s.ctx(), small);
+    const auto rects = op_rects(html);
+    int64_t covered = 0;
+    for (int64_t n : rects) covered += n;
+    CHECK(covered == ops_with_duration(s.p, t.stages));
+    CHECK(static_cast<int64_t>(rects.size()) < covered);
+    CHECK(html.find("id=\"merged\"") != std::string::npos);
+  }
+
+  TEST_CASE("a deep pipeline draws the first, last and critical stages and names the ones it shows") {
+    const Simulated s("mixtral-8x22b-128xh100.json");  // pp 8
+    REQUIRE(s.p.graph.num_stages == 8);
+    const report::TimelineLayout t =
+        report::timeline_layout(s.p, {.max_timeline_rects = 3000, .max_timeline_stages = 4});
+    CHECK(t.stages.size() == 4);
+    CHECK(t.stages.front() == 0);
+    CHECK(t.stages.back() == 7);
+    CHECK(std::find(t.stages.begin(), t.stages.end(), s.p.critical_stage) != t.stages.end());
+    CHECK(static_cast<int64_t>(t.rects.size()) <= 3000);
+    const std::string html =
+        report::simulate_html(s.p, s.ctx(), {.max_timeline_rects = 3000, .max_timeline_stages = 4});
+    CHECK(html.find("Showing 4 of 8 pipeline stages") != std::string::npos);
+  }
+
+  TEST_CASE("the exposed-communication and idle marks of the breakdown's stage add up to the breakdown") {
+    // Without merging, the marks are the intervals stage_breakdown attributes to exposed communication and
+    // to the bubble, so their lengths sum to those parts (pp 8: a real bubble; EP all-to-all: exposed comm).
+    const Simulated s("mixtral-8x22b-128xh100.json");
+    const report::TimelineLayout t =
+        report::timeline_layout(s.p, {.max_timeline_rects = int64_t{1} << 40, .max_timeline_stages = 8});
+    REQUIRE(t.merge_resolution_s == 0);
+    double exposed = 0, idle = 0;
+    for (const auto& r : t.rects) {
+      if (t.rows[static_cast<size_t>(r.row)].stage != s.p.critical_stage) continue;
+      if (r.kind == report::MarkKind::kExposedComm) exposed += r.end - r.start;
+      if (r.kind == report::MarkKind::kIdle) idle += r.end - r.start;
+    }
+    double comm = 0;
+    for (const auto& [k, v] : s.p.breakdown.exposed_comm) comm += v;
+    REQUIRE(comm > 0);
+    REQUIRE(s.p.breakdown.bubble > 0);
+    CHECK(exposed == doctest::Approx(comm).epsilon(1e-9));
+    CHECK(idle == doctest::Approx(s.p.breakdown.bubble).epsilon(1e-9));
+  }
+
+  TEST_CASE("names from the inputs are escaped in the page") {
+    Simulated s("tiny-moe-ep2.json");
+    s.in.model.name = R"(<script>alert("x")</script> & co)";
+    s.in.hardware.name = "<b>gpu</b>";
+    const std::string html = report::simulate_html(s.p, s.ctx());
+    CHECK(html.find("&lt;script&gt;alert(&quot;x&quot;)&lt;/script&gt; &amp; co") != std::string::npos);
+    CHECK(html.find("&lt;b&gt;gpu&lt;/b&gt;") != std::string::npos);
+    CHECK(html.find("<script") == std::string::npos);
+    CHECK(html.find("<b>gpu") == std::string::npos);
+  }
+
+  TEST_CASE("an illegal plan's page lists the rules it breaks and draws no chart") {
+    Simulated s("tiny-moe-ep2.json");
+    s.in.plan.attention.tp = 3;  // divides neither the heads nor the GPUs
+    const Prediction p = predict(s.in.model, s.in.plan, s.in.hardware, s.stack,
+                                 cost::uniform_routing(s.in.model.moe.num_experts));
+    REQUIRE(!p.violations.empty());
+    const std::string html = report::simulate_html(p, s.ctx());
+    check_self_contained(html);
+    CHECK(html.find("cannot run") != std::string::npos);
+    for (const auto& v : p.violations) CHECK(html.find(report::html_escape(v.reason)) != std::string::npos);
+    CHECK(count(html, "<svg") == 0);
+  }
+
+  TEST_CASE("the plan page ranks the top plans with their numbers and details the best one") {
+    const ModelSpec model = io::load_model("tiny-moe").value();
+    const HardwareProfile hw = io::load_hardware("h100-sxm").value();
+    const StackProfile stack = io::load_stack("moerun").value();
+    const auto routing = cost::uniform_routing(model.moe.num_experts);
+    const planner::Job job{8, 256, 32};
+    planner::SearchOptions opts;
+    opts.top = 4;
+    opts.keep_graphs = true;
+    const planner::SearchResult r =
+        planner::search(model, hw, stack, routing, job, planner::SearchSpace{}, opts);
+    REQUIRE(r.plans.size() == 4);
+    const std::string html = report::plan_html({r, job, model, hw, stack, &r.plans[0].prediction});
+    check_self_contained(html);
+    // Two bar charts, the breakdowns and memory of the top plans, then the best plan's three.
+    CHECK(count(html, "<svg") == 7);
+    CHECK(count(html, "<svg class=\"chart bars\"") == 2);
+    CHECK(count(html, "<svg class=\"chart timeline\"") == 1);
+    for (size_t i = 0; i < r.plans.size(); ++i) {
+      const double tps = r.plans[i].prediction.tokens_per_s;
+      CAPTURE(i);
+      CHECK(html.find(fmt::format("<tr data-rank=\"{}\" data-tokens-per-s=\"{}\">", i + 1,
+                                  json(tps).dump())) != std::string::npos);
+      CHECK(html.find(report::html_escape(planner::describe(r.plans[i].plan))) != std::string::npos);
+    }
+    const auto c = cards(html);
+    REQUIRE(c.contains("tokens_per_s"));
+    CHECK(c.at("tokens_per_s") == json(r.plans[0].prediction.tokens_per_s));
+  }
+}
+
+TEST_SUITE("cli") {
+  using namespace moeplan::test;
+
+  TEST_CASE("simulate --html writes a page whose summary equals simulate --json") {
+    const std::string plan =
+        std::string(MOEPLAN_SOURCE_DIR) + "/planner/examples/mixtral-8x22b-128xh100.json";
+    const fs::path page = fs::temp_directory_path() / fmt::format("moeplan_html_{}.html", ::getpid());
+    fs::remove(page);
+    const Run h = run_cli(fmt::format("simulate '{}' --html '{}'", plan, page.string()));
+    CHECK(h.exit_code == 0);
+    CHECK(h.err.empty());
+    REQUIRE(fs::exists(page));
+    CHECK(!fs::exists(page.string() + ".tmp"));
+    const std::string html = slurp(page.string());
+    fs::remove(page);
+    check_self_contained(html);
+    const Run j = run_cli(fmt::format("simulate '{}' --json", plan));
+    REQUIRE(j.exit_code == 0);
+    const json r = json::parse(j.out);
+    const auto c = cards(html);
+    CHECK(c.size() == 6);
+    for (const auto& [key, value] : c) {
+      CAPTURE(key);
+      CHECK(value == at_dotted(r, key));
+    }
+  }
+
+  TEST_CASE("simulate --html into a missing directory exits 2 with one line and writes nothing") {
+    const std::string plan = std::string(MOEPLAN_SOURCE_DIR) + "/planner/examples/tiny-moe-ep2.json";
+    const Run r = run_cli(fmt::format("simulate '{}' --html /nonexistent/dir/x.html", plan));
+    CHECK(r.exit_code == 2);
+    CHECK(lines(r.err) == 1);
+    CHECK(r.err.find("/nonexistent/dir/x.html") != std::string::npos);
+    CHECK(r.out.empty());
+    CHECK(!fs::exists("/nonexistent/dir/x.html"));
+  }
+
+  TEST_CASE("simulate --html onto a directory exits 2 and leaves no temporary file") {
+    // The write itself succeeds (into PATH.tmp) and the rename fails: the half-step must be cleaned up.
+    const fs::path dir = fs::temp_directory_path() / fmt::format("moeplan_html_dir_{}", ::getpid());
+    fs::create_directories(dir / "page.html");
+    const std::string plan = std::string(MOEPLAN_SOURCE_DIR) + "/planner/examples/tiny-moe-ep2.json";
+    const Run r = run_cli(fmt::format("simulate '{}' --html '{}'", plan, (dir / "page.html").string()));
+    CHECK(r.exit_code == 2);
+    CHECK(lines(r.err) == 1);
+    CHECK(fs::is_directory(dir / "page.html"));
+    CHECK(!fs::exists(dir / "page.html.tmp"));
+    fs::remove_all(dir);
+  }
+
+  TEST_CASE("plan --html writes the top plans page, and a missing directory fails before the search") {
+    const fs::path page = fs::temp_directory_path() / fmt::format("moeplan_plan_html_{}.html", ::getpid());
+    fs::remove(page);
+    const std::string job =
+        "--model tiny-moe --hardware h100-sxm --gpus 8 --seq-len 256 --global-batch 32 --top 3";
+    const Run ok = run_cli(fmt::format("plan {} --html '{}'", job, page.string()));
+    CHECK(ok.exit_code == 0);
+    REQUIRE(fs::exists(page));
+    const std::string html = slurp(page.string());
+    fs::remove(page);
+    check_self_contained(html);
+    CHECK(count(html, "<tr data-rank=") == 3);
+    CHECK(count(html, "<svg class=\"chart timeline\"") == 1);
+
+    const Run bad = run_cli(fmt::format("plan {} --html /nonexistent/dir/x.html", job));
+    CHECK(bad.exit_code == 2);
+    CHECK(lines(bad.err) == 1);
+    CHECK(bad.out.empty());
+  }
+}
