@@ -425,7 +425,9 @@ TEST_SUITE("gpu") {
       const double xi = static_cast<double>(x[i]), err = std::fabs(static_cast<double>(y[i]) - xi);
       const double e8 =
           std::max(executor::kE4m3RelativeError * std::fabs(xi), executor::kE4m3SubnormalAbsError * s);
-      const double bound = e8 + (std::fabs(xi) + e8) / 512.0 + 1e-6 * std::fabs(xi);  // + fp32 product
+      // + the bf16 rounding of the output (2^-8 relative: measured on the H200, a tie in e4m3's subnormal
+      // range rounded up and then to bf16 exceeded a 2^-9 allowance) + the fp32 product's rounding.
+      const double bound = e8 + (std::fabs(xi) + e8) * executor::kBf16RelativeError + 1e-6 * std::fabs(xi);
       bad += err <= bound ? 0 : 1;
     }
     return bad;
