@@ -16,7 +16,7 @@ namespace moeplan {
 
 enum class OpKind : uint8_t {
   kGemm,           // dense GEMM [m, k] x [k, n]
-  kGroupedGemm,    // one GEMM per local expert; gemm.m is the busiest expert's rows
+  kGroupedGemm,    // one GEMM per local expert; gemm.m: the rows of all local experts (busiest rank)
   kAttention,      // fused causal attention (flash)
   kMemoryBound,    // norms, activations, permutes, casts, embedding, loss
   kCollective,     // all-gather, reduce-scatter, all-reduce, all-to-all over a group
