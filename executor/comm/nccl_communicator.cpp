@@ -38,10 +38,6 @@ ncclDataType_t nccl_type(DType t) {
   return ncclUint8;
 }
 
-size_t elem_bytes(DType t) {
-  return t == DType::kFp32 ? 4 : (t == DType::kFp8 ? 1 : 2);
-}
-
 }  // namespace
 
 Result<ncclUniqueId> nccl_unique_id() {
@@ -117,7 +113,7 @@ void NcclCommunicator::all_to_all_v(const void* in, std::span<const int64_t> sen
                                     std::span<const int64_t> recv_counts, DType type, cudaStream_t stream) {
   MOEPLAN_ASSERT(send_counts.size() == static_cast<size_t>(size_) &&
                  recv_counts.size() == send_counts.size());
-  const size_t eb = elem_bytes(type);
+  const size_t eb = static_cast<size_t>(bytes_of(type));
   const auto* src = static_cast<const char*>(in);
   auto* dst = static_cast<char*>(out);
   // One group of sends and receives: NCCL matches them pairwise and runs them concurrently.

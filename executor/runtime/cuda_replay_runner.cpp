@@ -32,10 +32,6 @@ size_t sz(int64_t v) {
   std::abort();
 }
 
-size_t elem_bytes(DType t) {
-  return t == DType::kFp32 ? 4 : (t == DType::kFp8 ? 1 : 2);
-}
-
 }  // namespace
 
 std::string cuda_unsupported(const Plan& plan) {
@@ -62,12 +58,11 @@ struct Lane {
 };
 
 struct CudaReplayRunner::Impl {
-  const OpGraph& graph;
   DeviceGroupLookup groups;
   std::vector<Lane> lanes;
   std::atomic<double> bytes{0}, high_water{0};
 
-  Impl(const OpGraph& g, DeviceGroupLookup gr) : graph(g), groups(std::move(gr)), lanes(sz(kNumStreams)) {
+  explicit Impl(DeviceGroupLookup gr) : groups(std::move(gr)), lanes(sz(kNumStreams)) {
     for (Lane& l : lanes) MOERUN_CUDA_CHECK(cudaStreamCreateWithFlags(&l.stream, cudaStreamNonBlocking));
   }
   ~Impl() {
@@ -214,7 +209,7 @@ struct CudaReplayRunner::Impl {
     if (c == nullptr) return;  // a group of one rank moves nothing
     const int size = c->size();
     const int64_t values = comm_values(op.comm, size);
-    const size_t eb = elem_bytes(op.comm.dtype);
+    const size_t eb = static_cast<size_t>(bytes_of(op.comm.dtype));
     void* buf = slot(l, 0, sz(values) * eb);
     void* out = slot(l, 1, sz(values) * eb);
     DType t = op.comm.dtype;
@@ -241,8 +236,8 @@ struct CudaReplayRunner::Impl {
   }
 };
 
-CudaReplayRunner::CudaReplayRunner(const OpGraph& graph, DeviceGroupLookup groups)
-    : impl_(std::make_unique<Impl>(graph, std::move(groups))) {}
+CudaReplayRunner::CudaReplayRunner(DeviceGroupLookup groups)
+    : impl_(std::make_unique<Impl>(std::move(groups))) {}
 
 CudaReplayRunner::~CudaReplayRunner() = default;
 

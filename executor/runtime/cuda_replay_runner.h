@@ -37,7 +37,7 @@ std::string cuda_unsupported(const Plan& plan);
 class CudaReplayRunner final : public OpRunner {
  public:
   // Uses the current CUDA device. Creates one CUDA stream per op-graph stream.
-  CudaReplayRunner(const OpGraph& graph, DeviceGroupLookup groups);
+  explicit CudaReplayRunner(DeviceGroupLookup groups);
   ~CudaReplayRunner() override;
 
   void run(const Op& op) override;

@@ -737,8 +737,8 @@ struct TrainRunner::Impl {
     }
   }
   bool split_qkv() const { return sp > 1 && plan.overlap.inter_op; }
-  // Ulysses with inter-op overlap: the gradient of the attention input's q part or k|v part (all rows of this
-  // rank's heads), from the two key sets' passes under cp, else from the one attention pass.
+  // The gradient of the attention input's q part or k|v part (all rows of this rank's heads): from the two
+  // key sets' passes under cp, else from the one attention pass.
   M attn_input_grad(const LayerState& c, bool q) const {
     const int64_t qa = hla * D;
     if (cp > 1) return q ? M(c.dq_local + c.dq_remote) : M(c.dkv_local + c.dkv_remote);
@@ -747,8 +747,10 @@ struct TrainRunner::Impl {
   // With cp: the attention input's gradient from the two key sets' passes (run by the consumer of that
   // gradient, which the graph orders after both attn_core_local's backward and cp_kv_ag's reduce-scatter).
   void cp_attention_grads(LayerState& c, M& dqkv) const {
-    dqkv.resize(Tc, c.dq_local.cols() + c.dkv_local.cols());
-    dqkv << c.dq_local + c.dq_remote, c.dkv_local + c.dkv_remote;
+    MOEPLAN_ASSERT(cp > 1);
+    const M dq = attn_input_grad(c, true), dkv = attn_input_grad(c, false);
+    dqkv.resize(Tc, dq.cols() + dkv.cols());
+    dqkv << dq, dkv;
   }
 
   // Ulysses all-to-all, rows -> heads: x holds this rank's Tg rows of all of its tp heads, as column groups
