@@ -3,12 +3,14 @@
 # but none of our Debian packages and no network, it:
 #   1. builds the project with the header-only dependencies carried in .devdeps/prefix.tar.gz
 #      (pack_device_deps.sh) - the full build when an MPI compiler is there, else the GPU-only build;
-#   2. runs every GPU test binary (kernels against the CPU kernels; NCCL on one rank);
-#   3. runs the three kernel benchmarks (RESULT rows with the issue's targets);
+#   2. runs every GPU test binary (kernels against the CPU kernels; the fused kernels with 1, 2, 4 and 8
+#      virtual ranks; NCCL and its symmetric memory on one rank);
+#   3. runs the four kernel benchmarks (RESULT rows with the issue's targets);
 #   4. with the full build: `moerun run --backend cuda` of executor/cuda/device_plan.json on the GPU, the
 #      prediction of the same plan on the matching profile (h200-sxm), and `moeplan compare`;
 # and prints a short table last. Logs go to $OUT (the lent machine's return folder) or ./device_check_out:
-# at most 7 files (gpu.txt, build.log, tests.log, bench.log, compare.txt, run/report.json, run/trace.json).
+# at most 8 files (gpu.txt, build.log, tests.log, cublaslt.log, bench.log, compare.txt, run/report.json,
+# run/trace.json).
 # Usage (repo root): executor/cuda/pack_device_deps.sh here, then on the device (carry .devdeps):
 #   executor/cuda/device_check.sh
 set -uo pipefail
@@ -32,8 +34,10 @@ build=build-device
 full=OFF
 command -v mpicxx >/dev/null && full=ON
 mode=(-DMOEPLAN_GPU_ONLY=ON)
-targets=(moeplan_gpu_tests moerun_cuda_memory_tests moerun_cuda_gemm_tests moerun_cuda_attention_tests
-  moerun_cuda_memory_bench moerun_cuda_gemm_bench moerun_cuda_attention_bench)
+gpu_targets=(moeplan_gpu_tests moerun_cuda_memory_tests moerun_cuda_gemm_tests moerun_cuda_attention_tests
+  moerun_cuda_fused_tests moerun_cuda_memory_bench moerun_cuda_gemm_bench moerun_cuda_attention_bench
+  moerun_cuda_fused_bench)
+targets=("${gpu_targets[@]}")
 if [[ $full == ON ]]; then
   mode=(-DMOEPLAN_GPU_ONLY=OFF)
   targets+=(moerun moeplan)
@@ -49,7 +53,7 @@ if ! configure "${mode[@]}"; then
     log "full configure failed; GPU-only build instead"
     grep -E "CMake Error|Could NOT" "$out/build.log" | head -5
     full=OFF
-    targets=("${targets[@]:0:7}")
+    targets=("${gpu_targets[@]}")
     rm -rf "$build"
     configure -DMOEPLAN_GPU_ONLY=ON || { tail -30 "$out/build.log"; echo "device_check: configure failed"; exit 1; }
   else
@@ -67,20 +71,28 @@ log "build done"
 
 summary=()
 : >"$out/tests.log"
-for t in moeplan_gpu_tests moerun_cuda_memory_tests moerun_cuda_gemm_tests moerun_cuda_attention_tests; do
+# cuBLASLt says why it refuses a GEMM only in its log (errors only: level 2).
+export CUBLASLT_LOG_LEVEL=2 CUBLASLT_LOG_FILE="$out/cublaslt.log"
+for t in moeplan_gpu_tests moerun_cuda_memory_tests moerun_cuda_gemm_tests moerun_cuda_attention_tests \
+  moerun_cuda_fused_tests; do
+  # The fused kernels wait on each other's signals: a signalling bug hangs rather than fails, so they get a
+  # shorter leash than the others.
+  limit=300 extra=()
+  [[ $t == moerun_cuda_fused_tests ]] && limit=90 extra=(-d=yes)  # -d: each finished case's duration
   exe=$(find "$build" -name "$t" -type f -perm -u+x | head -1)
   if [[ -z $exe ]]; then summary+=("$t: not built"); continue; fi
   log "$t"
   echo "==== $t" >>"$out/tests.log"
   start=$(wc -l <"$out/tests.log")
-  timeout 300 "$exe" >>"$out/tests.log" 2>&1
+  timeout "$limit" "$exe" "${extra[@]}" >>"$out/tests.log" 2>&1
   rc=$?
+  ((rc == 124)) && summary+=("$t: TIMED OUT after $limit s (a hang: tests.log lists the cases that finished)")
   summary+=("$t: exit $rc, $(grep -E '^\[doctest\] test cases' "$out/tests.log" | tail -1 | sed 's/\[doctest\] //')")
   # A crashed case ends the binary: run the remaining cases without it, so one crash hides nothing else.
   crashed=$(tail -n +"$start" "$out/tests.log" | grep -B4 "test case CRASHED" | sed -n 's/^TEST CASE:  //p' | tail -1)
   if ((rc >= 128)) && [[ -n $crashed ]]; then
     echo "==== $t without the crashed case: $crashed" >>"$out/tests.log"
-    timeout 300 "$exe" -tce="$crashed" >>"$out/tests.log" 2>&1
+    timeout "$limit" "$exe" -tce="$crashed" >>"$out/tests.log" 2>&1
     summary+=("$t without '$crashed': exit $?, $(grep -E '^\[doctest\] test cases' "$out/tests.log" | tail -1 | sed 's/\[doctest\] //')")
   fi
 done
@@ -90,7 +102,8 @@ skips=$(grep -c "skipped: no CUDA device" "$out/tests.log")
 ((skips > 0)) && summary+=("GPU tests SKIPPED ON THE GPU MACHINE: $skips (no device answered; see tests.log)")
 
 : >"$out/bench.log"
-for b in moerun_cuda_memory_bench moerun_cuda_gemm_bench moerun_cuda_attention_bench; do
+unset CUBLASLT_LOG_LEVEL CUBLASLT_LOG_FILE
+for b in moerun_cuda_memory_bench moerun_cuda_gemm_bench moerun_cuda_attention_bench moerun_cuda_fused_bench; do
   exe=$(find "$build" -name "$b" -type f -perm -u+x | head -1)
   if [[ -z $exe ]]; then summary+=("$b: not built"); continue; fi
   log "$b"

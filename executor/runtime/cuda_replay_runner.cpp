@@ -260,7 +260,8 @@ void CudaReplayRunner::run(const Op& op) {
     case OpKind::kSendRecv:
       I.collective(op, l);
       break;
-    case OpKind::kFusedGemmComm:  // the GEMM, then the collective: the fused tile kernels are not written yet
+    case OpKind::kFusedGemmComm:  // the GEMM, then the collective: the fused kernels (kernels/cuda/fused/)
+                                  // are not wired into the replay yet
       I.gemm(op, l);
       I.collective(op, l);
       break;

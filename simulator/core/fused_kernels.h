@@ -13,14 +13,16 @@ struct FusedKernelParams {
   int64_t chunks_per_peer = 4;  // row blocks per source/destination rank: the tile pipeline's granularity
 };
 
-// GEMM + all-to-all (QKV projection, epilogue writes remote tiles) and all-to-all + GEMM (output projection,
-// copy engines fetch remote tiles): MegaScale-MoE §4.2 gives communication a small number of SMs for the
-// former.
+// GEMM + all-to-all (QKV projection: communication SMs push finished tiles to their heads' ranks) and
+// all-to-all + GEMM (output projection, copy engines fetch remote tiles): MegaScale-MoE §4.2 gives
+// communication a small number of SMs for the former.
 inline constexpr FusedKernelParams kGemmAllToAll{128, 256, 8, 4};
 inline constexpr FusedKernelParams kAllToAllGemm{128, 256, 0, 4};
 // All-gather + scatter + grouped GEMM and grouped GEMM + gather + reduce-scatter for experts (COMET
-// layer0/1).
-inline constexpr FusedKernelParams kAllGatherGroupedGemm{128, 256, 0, 4};
+// layer0/1). Both move rows with SMs: which rows an expert gathers (and where its results go) is known only
+// on the device, from the router, so copy engines, which the host must size, cannot move them without a
+// host synchronisation.
+inline constexpr FusedKernelParams kAllGatherGroupedGemm{128, 256, 16, 4};
 inline constexpr FusedKernelParams kGroupedGemmReduceScatter{128, 256, 16, 4};
 
 }  // namespace moeplan

@@ -130,7 +130,10 @@ Gemm::Gemm(const GemmProblem& problem) : impl_(std::make_unique<Impl>()) {
   }
   MOERUN_CUBLAS_CHECK(st);
   s.algo = result.algo;
-  s.workspace = result.workspaceSize;
+  // fp8 gets the whole 32 MiB, as NVIDIA's LtFp8Matmul sample, Transformer Engine and PyTorch's scaled_mm
+  // pass it: on the H200, fp8 cublasLtMatmul returned NOT_SUPPORTED with exactly the heuristic's workspace
+  // (one suspect of several; the device check's cublaslt.log says which).
+  s.workspace = problem.input == GemmType::kE4m3 ? kMaxWorkspaceBytes : result.workspaceSize;
 }
 
 Gemm::~Gemm() = default;

@@ -64,8 +64,8 @@ class Gemm {
 
   // Empty when run() may be called; otherwise why not (shape or type rules, or no cuBLASLt algorithm).
   const std::string& can_implement() const;
-  // Bytes of device workspace run() needs (the chosen algorithm's; at most 32 MiB, cuBLAS's advice for
-  // Hopper).
+  // Bytes of device workspace run() needs (the chosen algorithm's, or for fp8 the whole 32 MiB that cuBLAS
+  // advises for Hopper).
   size_t workspace_size() const;
   const GemmProblem& problem() const;
 

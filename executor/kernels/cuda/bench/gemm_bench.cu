@@ -127,9 +127,10 @@ DenseRate time_dense(const GemmProblem& p, DeviceBuffer<char>& ws, bool check) {
   GemmOperands ops;
   DeviceBuffer<Bf16> a16, b16;
   DeviceBuffer<Fp8> a8, b8;
-  DeviceBuffer<float> scales(2);
-  const float host_scales[2] = {0.5f, 0.25f};
-  scales.upload(host_scales, 2);
+  DeviceBuffer<float> a_scale(1), b_scale(1);  // each in its own allocation, as cuBLASLt's samples do
+  const float sa = 0.5f, sb = 0.25f;
+  a_scale.upload(&sa, 1);
+  b_scale.upload(&sb, 1);
   if (p.input == GemmType::kE4m3) {
     a8 = DeviceBuffer<Fp8>(m * k);
     b8 = DeviceBuffer<Fp8>(n * k);
@@ -137,8 +138,8 @@ DenseRate time_dense(const GemmProblem& p, DeviceBuffer<char>& ws, bool check) {
     fill(b8, 12);
     ops.a = a8.data();
     ops.b = b8.data();
-    ops.a_scale = scales.data();
-    ops.b_scale = scales.data() + 1;
+    ops.a_scale = a_scale.data();
+    ops.b_scale = b_scale.data();
   } else {
     a16 = DeviceBuffer<Bf16>(m * k);
     b16 = DeviceBuffer<Bf16>(n * k);

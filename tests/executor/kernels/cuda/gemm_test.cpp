@@ -222,12 +222,12 @@ TEST_SUITE("gpu") {
     DeviceBuffer<__nv_fp8_e4m3> da(qa.size()), db(qb.size());
     da.upload(qa.data(), qa.size());
     db.upload(qb.data(), qb.size());
-    DeviceBuffer<float> scales(2);
-    const float host_scales[2] = {sa, sb};
-    scales.upload(host_scales, 2);
+    DeviceBuffer<float> a_scale(1), b_scale(1);  // each in its own allocation, as cuBLASLt's samples do
+    a_scale.upload(&sa, 1);
+    b_scale.upload(&sb, 1);
     auto dc = nan_bf16(m, n);
     const Gemm g({GemmOp::kDgrad, m, n, k, GemmType::kE4m3, GemmType::kBf16, false});
-    run_gemm(g, {da.data(), db.data(), dc.data(), scales.data(), scales.data() + 1});
+    run_gemm(g, {da.data(), db.data(), dc.data(), a_scale.data(), b_scale.data()});
     const MatD ref = executor::cpu::linear_dgrad<double>(a_deq, b_deq);
     check_ladder(download_bf16(dc, m, n), ref, round_bf16(ref), 3.0, 1e-3, "fp8");
   }

@@ -1,0 +1,542 @@
+// moerun's fused GEMM + communication kernels (executor/kernels/cuda/fused/fused_gemm_comm.h) against the
+// unfused sequence computed by the CPU kernels: gather rows, then the experts' GEMM (expert_gemm_forward);
+// the experts' GEMM, then scatter and the gate-weighted combine; a GEMM, then the Ulysses all-to-all; the
+// all-to-all, then a GEMM. Each runs with 1, 2, 4 and 8 virtual ranks on one GPU (every rank's peers are
+// buffers on this device), which exercises the tile and chunk signalling between CTAs and between ranks,
+// and twice in a row, which exercises the epochs that let the signal arrays go without resets. One case runs
+// a kernel on a real NCCL symmetric window (a one-rank group: NCCL refuses two ranks on one GPU).
+//
+// Precision ladder (as gemm_test.cpp): the reference is the CPU kernel in double on the bf16 inputs; the GPU
+// must stay within 3x the error of a naive version that rounds what the kernel rounds (its bf16 outputs,
+// and for the combine its bf16 expert rows) plus 1e-4 max|reference|. Moved rows must be bit-exact. Outputs
+// are poisoned with NaN before each run, so a row or tile a kernel skips fails.
+#include <cuda_bf16.h>
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <limits>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "executor/comm/nccl_communicator.h"
+#include "executor/comm/symmetric_memory.h"
+#include "executor/kernels/cpu/init.h"
+#include "executor/kernels/cpu/moe.h"
+#include "executor/kernels/cuda/check.h"
+#include "executor/kernels/cuda/fused/fused_gemm_comm.h"
+
+namespace moeplan::cuda::fused {
+namespace {
+
+using executor::cpu::Mat;
+using MatD = Mat<double>;
+
+double bf16_round(double x) {
+  return static_cast<double>(__bfloat162float(__float2bfloat16_rn(static_cast<float>(x))));
+}
+
+MatD random_bf16(int64_t rows, int64_t cols, uint64_t seed) {
+  MatD m(rows, cols);
+  for (int64_t i = 0; i < rows; ++i)
+    for (int64_t j = 0; j < cols; ++j) m(i, j) = bf16_round(executor::cpu::init_normal(seed, 0xf5e, i, j));
+  return m;
+}
+
+std::vector<Bf16> to_bf16(const MatD& m) {
+  std::vector<Bf16> h(static_cast<size_t>(m.size()));
+  for (int64_t i = 0; i < m.rows(); ++i)
+    for (int64_t j = 0; j < m.cols(); ++j)
+      h[static_cast<size_t>(i * m.cols() + j)] = __float2bfloat16_rn(static_cast<float>(m(i, j)));
+  return h;
+}
+
+DeviceBuffer<Bf16> upload_bf16(const MatD& m) {
+  const std::vector<Bf16> h = to_bf16(m);
+  DeviceBuffer<Bf16> d(std::max<size_t>(h.size(), 1));
+  if (!h.empty()) d.upload(h.data(), h.size());
+  return d;
+}
+
+template <class T>
+DeviceBuffer<T> upload(const std::vector<T>& h) {
+  DeviceBuffer<T> d(std::max<size_t>(h.size(), 1));
+  if (!h.empty()) d.upload(h.data(), h.size());
+  return d;
+}
+
+MatD download_bf16(const Bf16* d, int64_t rows, int64_t cols) {
+  std::vector<Bf16> h(static_cast<size_t>(rows * cols));
+  MOERUN_CUDA_CHECK(cudaDeviceSynchronize());
+  if (!h.empty()) MOERUN_CUDA_CHECK(cudaMemcpy(h.data(), d, h.size() * sizeof(Bf16), cudaMemcpyDeviceToHost));
+  MatD m(rows, cols);
+  for (int64_t i = 0; i < rows; ++i)
+    for (int64_t j = 0; j < cols; ++j)
+      m(i, j) = static_cast<double>(__bfloat162float(h[static_cast<size_t>(i * cols + j)]));
+  return m;
+}
+
+MatD round_bf16(const MatD& m) {
+  return m.unaryExpr([](double x) { return bf16_round(x); });
+}
+
+// max |got - ref| <= 3 max |naive - ref| + 1e-4 max |ref|, and nothing non-finite.
+void check_ladder(const MatD& got, const MatD& ref, const MatD& naive, const std::string& what) {
+  REQUIRE(got.rows() == ref.rows());
+  REQUIRE(got.cols() == ref.cols());
+  if (ref.size() == 0) return;
+  const double scale = ref.cwiseAbs().maxCoeff();
+  const double naive_err = (naive - ref).cwiseAbs().maxCoeff();
+  double err = 0;
+  int64_t bad = 0;
+  for (int64_t i = 0; i < got.rows(); ++i)
+    for (int64_t j = 0; j < got.cols(); ++j) {
+      if (!std::isfinite(got(i, j))) {
+        ++bad;
+        continue;
+      }
+      err = std::max(err, std::abs(got(i, j) - ref(i, j)));
+    }
+  const double bound = 3.0 * naive_err + 1e-4 * scale;
+  INFO(what << ": max error " << err << ", bound " << bound << ", non-finite " << bad);
+  CHECK(bad == 0);
+  CHECK(err <= bound);
+  CHECK(scale > 0);
+}
+
+// Waits for a fused kernel. A signalling bug hangs rather than fails: after 30 s the test aborts, which
+// doctest reports as a crashed case (and the device check reruns the binary without it).
+void finish(const char* what) {
+  const auto start = std::chrono::steady_clock::now();
+  for (;;) {
+    const cudaError_t st = cudaStreamQuery(nullptr);
+    if (st == cudaSuccess) return;
+    if (st != cudaErrorNotReady) MOERUN_CUDA_CHECK(st);
+    if (std::chrono::steady_clock::now() - start > std::chrono::seconds(30)) {
+      std::fprintf(stderr, "fused kernel hung (over 30 s): %s\n", what);
+      std::abort();
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+}
+
+void poison(Bf16* p, size_t n) {
+  MOERUN_CUDA_CHECK(cudaMemset(p, 0xFF, n * sizeof(Bf16)));
+}
+
+// The group's signal arrays when every rank is virtual: one zeroed allocation, rank p's at p kSignalSlots.
+struct VirtualSignals {
+  explicit VirtualSignals(int ranks) : buf(static_cast<size_t>(ranks) * kSignalSlots) {
+    MOERUN_CUDA_CHECK(cudaMemset(buf.data(), 0, buf.bytes()));
+  }
+  uint32_t* of(int p) const { return buf.data() + static_cast<int64_t>(p) * kSignalSlots; }
+  DeviceBuffer<uint32_t> buf;
+};
+
+// MoE routing over R ranks with E local experts each: token t of rank q picks two distinct global experts;
+// expert g lives on rank g / E. For each owner rank, its rows sorted by (local expert, source rank, token,
+// choice), the order the permute kernels use.
+constexpr int kTopK = 2;
+struct Routing {
+  struct Row {
+    int src_rank;
+    int64_t token;
+    int choice;
+  };
+  std::vector<std::vector<Row>> rows;        // [owner rank] its expert-sorted rows
+  std::vector<std::vector<int32_t>> counts;  // [owner rank][local expert]
+  std::vector<std::vector<int64_t>> counts64;
+};
+
+Routing route(int ranks, int experts, int64_t tokens) {
+  const int global = ranks * experts;
+  Routing r;
+  r.rows.resize(static_cast<size_t>(ranks));
+  r.counts.assign(static_cast<size_t>(ranks), std::vector<int32_t>(static_cast<size_t>(experts), 0));
+  std::vector<std::vector<std::vector<Routing::Row>>> by_expert(
+      static_cast<size_t>(ranks), std::vector<std::vector<Routing::Row>>(static_cast<size_t>(experts)));
+  for (int q = 0; q < ranks; ++q)
+    for (int64_t t = 0; t < tokens; ++t) {
+      // Skewed: a third of the tokens crowd onto global expert 0, as a hot expert would.
+      const int g0 = t % 3 == 0 ? 0 : static_cast<int>((t * 7 + q * 3) % global);
+      const int g1 = static_cast<int>((g0 + 1 + (t * 5 + q) % (global - 1)) % global);
+      const int picks[kTopK] = {g0, g1};
+      for (int j = 0; j < kTopK; ++j) {
+        const int owner = picks[j] / experts, local = picks[j] % experts;
+        by_expert[static_cast<size_t>(owner)][static_cast<size_t>(local)].push_back({q, t, j});
+      }
+    }
+  r.counts64.resize(static_cast<size_t>(ranks));
+  for (int o = 0; o < ranks; ++o)
+    for (int e = 0; e < experts; ++e) {
+      auto& v = by_expert[static_cast<size_t>(o)][static_cast<size_t>(e)];
+      std::stable_sort(v.begin(), v.end(),
+                       [](const Routing::Row& a, const Routing::Row& b) { return a.src_rank < b.src_rank; });
+      r.rows[static_cast<size_t>(o)].insert(r.rows[static_cast<size_t>(o)].end(), v.begin(), v.end());
+      r.counts[static_cast<size_t>(o)][static_cast<size_t>(e)] = static_cast<int32_t>(v.size());
+      r.counts64[static_cast<size_t>(o)].push_back(static_cast<int64_t>(v.size()));
+    }
+  return r;
+}
+
+constexpr int kRanks[] = {1, 2, 4, 8};
+constexpr int kRuns = 2;  // the second run reuses the signal arrays with the next epoch
+
+}  // namespace
+
+TEST_SUITE("gpu") {
+  TEST_CASE("fused all-gather + grouped GEMM equals gather then expert GEMM on 1, 2, 4 and 8 virtual ranks") {
+    MOERUN_SKIP_WITHOUT_DEVICE();
+    constexpr int64_t kTokens = 96, kHidden = 264, kOut = 520;
+    constexpr int kExperts = 3;
+    for (int R : kRanks) {
+      INFO("ranks " << R);
+      const Routing routing = route(R, kExperts, kTokens);
+      const int64_t cap = kTokens * R * kTopK;
+      std::vector<MatD> x, w;
+      std::vector<DeviceBuffer<Bf16>> dx, dw, dg, dy;
+      std::vector<DeviceBuffer<int32_t>> dcounts, dsrc_rank, dsrc_row;
+      for (int r = 0; r < R; ++r) {
+        x.push_back(random_bf16(kTokens, kHidden, 100 + r));
+        w.push_back(random_bf16(kExperts * kHidden, kOut, 200 + r));
+        dx.push_back(upload_bf16(x.back()));
+        dw.push_back(upload_bf16(w.back()));
+        dg.emplace_back(static_cast<size_t>(cap * kHidden));
+        dy.emplace_back(static_cast<size_t>(cap * kOut));
+        std::vector<int32_t> sr, sw;
+        for (const auto& row : routing.rows[static_cast<size_t>(r)]) {
+          sr.push_back(row.src_rank);
+          sw.push_back(static_cast<int32_t>(row.token));
+        }
+        dcounts.push_back(upload(routing.counts[static_cast<size_t>(r)]));
+        dsrc_rank.push_back(upload(sr));
+        dsrc_row.push_back(upload(sw));
+      }
+      VirtualSignals sig(R);
+      AllGatherGroupedGemmArgs args;
+      args.group = {R, R, 0};
+      args.experts = kExperts;
+      args.tokens = kTokens;
+      args.hidden = kHidden;
+      args.out = kOut;
+      args.rows = cap;
+      REQUIRE_MESSAGE(can_implement(args).empty(), can_implement(args));
+      AllGatherGroupedGemm k(args);
+      DeviceBuffer<char> ws(k.workspace_size());
+      k.initialize(ws.data(), nullptr);
+      std::vector<AllGatherGroupedGemmOperands> ops(static_cast<size_t>(R));
+      for (int r = 0; r < R; ++r) {
+        auto& o = ops[static_cast<size_t>(r)];
+        o.rank = r;
+        for (int p = 0; p < R; ++p) {
+          o.x[p] = dx[static_cast<size_t>(p)].data();
+          o.signals[p] = sig.of(p);
+        }
+        o.counts = dcounts[static_cast<size_t>(r)].data();
+        o.src_rank = dsrc_rank[static_cast<size_t>(r)].data();
+        o.src_row = dsrc_row[static_cast<size_t>(r)].data();
+        o.gathered = dg[static_cast<size_t>(r)].data();
+        o.w = dw[static_cast<size_t>(r)].data();
+        o.y = dy[static_cast<size_t>(r)].data();
+      }
+      for (int run = 0; run < kRuns; ++run) {
+        INFO("run " << run);
+        for (int r = 0; r < R; ++r) {
+          poison(dg[static_cast<size_t>(r)].data(), dg[static_cast<size_t>(r)].size());
+          poison(dy[static_cast<size_t>(r)].data(), dy[static_cast<size_t>(r)].size());
+        }
+        k.run(ops, nullptr);
+        finish("virtual ranks");
+        for (int r = 0; r < R; ++r) {
+          const auto& rows = routing.rows[static_cast<size_t>(r)];
+          const int64_t n = static_cast<int64_t>(rows.size());
+          MatD gathered(n, kHidden);
+          for (int64_t i = 0; i < n; ++i)
+            gathered.row(i) = x[static_cast<size_t>(rows[static_cast<size_t>(i)].src_rank)].row(
+                rows[static_cast<size_t>(i)].token);
+          const MatD got_g = download_bf16(dg[static_cast<size_t>(r)].data(), n, kHidden);
+          CHECK((n == 0 || (got_g - gathered).cwiseAbs().maxCoeff() == 0.0));
+          const MatD ref = executor::cpu::expert_gemm_forward<double>(
+              gathered, w[static_cast<size_t>(r)], routing.counts64[static_cast<size_t>(r)]);
+          check_ladder(download_bf16(dy[static_cast<size_t>(r)].data(), n, kOut), ref, round_bf16(ref),
+                       "y of rank " + std::to_string(r));
+        }
+      }
+    }
+  }
+
+  TEST_CASE(
+      "fused grouped GEMM + reduce-scatter equals expert GEMM then scatter and combine on 1, 2, 4 and 8 "
+      "virtual ranks") {
+    MOERUN_SKIP_WITHOUT_DEVICE();
+    constexpr int64_t kTokens = 96, kIn = 136, kHidden = 264;
+    constexpr int kExperts = 3;
+    for (int R : kRanks) {
+      INFO("ranks " << R);
+      const Routing routing = route(R, kExperts, kTokens);
+      const int64_t cap = kTokens * R * kTopK;
+      std::vector<MatD> h, w, gates, y;
+      std::vector<DeviceBuffer<Bf16>> dh, dw, dy, drecv, dout;
+      std::vector<DeviceBuffer<float>> dgates;
+      std::vector<DeviceBuffer<int32_t>> dcounts, ddst_rank, ddst_slot;
+      for (int r = 0; r < R; ++r) {
+        const int64_t n = static_cast<int64_t>(routing.rows[static_cast<size_t>(r)].size());
+        h.push_back(random_bf16(n, kIn, 300 + r));
+        w.push_back(random_bf16(kExperts * kIn, kHidden, 400 + r));
+        y.push_back(executor::cpu::expert_gemm_forward<double>(h.back(), w.back(),
+                                                               routing.counts64[static_cast<size_t>(r)]));
+        MatD g(kTokens, kTopK);
+        for (int64_t t = 0; t < kTokens; ++t)
+          for (int j = 0; j < kTopK; ++j)
+            g(t, j) = static_cast<double>(
+                static_cast<float>(0.25 + 0.5 * std::abs(executor::cpu::init_normal(500 + r, 1, t, j))));
+        gates.push_back(g);
+        std::vector<float> gf;
+        for (int64_t t = 0; t < kTokens; ++t)
+          for (int j = 0; j < kTopK; ++j) gf.push_back(static_cast<float>(g(t, j)));
+        MatD hp = h.back();
+        dh.push_back(upload_bf16(hp));
+        dw.push_back(upload_bf16(w.back()));
+        dy.emplace_back(static_cast<size_t>(cap * kHidden));
+        drecv.emplace_back(static_cast<size_t>(kTokens * kTopK * kHidden));
+        dout.emplace_back(static_cast<size_t>(kTokens * kHidden));
+        dgates.push_back(upload(gf));
+        std::vector<int32_t> dr, ds;
+        for (const auto& row : routing.rows[static_cast<size_t>(r)]) {
+          dr.push_back(row.src_rank);
+          ds.push_back(static_cast<int32_t>(row.token * kTopK + row.choice));
+        }
+        dcounts.push_back(upload(routing.counts[static_cast<size_t>(r)]));
+        ddst_rank.push_back(upload(dr));
+        ddst_slot.push_back(upload(ds));
+      }
+      // Reference per token rank q: out[t] = sum_j gate(t, j) y_owner[row of (q, t, j)]; naive rounds the
+      // expert rows and the output to bf16, as the kernel does.
+      std::vector<MatD> ref(static_cast<size_t>(R), MatD::Zero(kTokens, kHidden)), naive = ref;
+      for (int o = 0; o < R; ++o) {
+        const auto& rows = routing.rows[static_cast<size_t>(o)];
+        for (size_t i = 0; i < rows.size(); ++i) {
+          const auto& row = rows[i];
+          const double g = gates[static_cast<size_t>(row.src_rank)](row.token, row.choice);
+          ref[static_cast<size_t>(row.src_rank)].row(row.token) +=
+              g * y[static_cast<size_t>(o)].row(static_cast<int64_t>(i));
+          naive[static_cast<size_t>(row.src_rank)].row(row.token) +=
+              g * round_bf16(y[static_cast<size_t>(o)].row(static_cast<int64_t>(i)));
+        }
+      }
+      VirtualSignals sig(R);
+      GroupedGemmReduceScatterArgs args;
+      args.group = {R, R, 0};
+      args.experts = kExperts;
+      args.in = kIn;
+      args.hidden = kHidden;
+      args.rows = cap;
+      args.tokens = kTokens;
+      args.top_k = kTopK;
+      REQUIRE_MESSAGE(can_implement(args).empty(), can_implement(args));
+      GroupedGemmReduceScatter k(args);
+      DeviceBuffer<char> ws(k.workspace_size());
+      k.initialize(ws.data(), nullptr);
+      std::vector<GroupedGemmReduceScatterOperands> ops(static_cast<size_t>(R));
+      for (int r = 0; r < R; ++r) {
+        auto& o = ops[static_cast<size_t>(r)];
+        o.rank = r;
+        for (int p = 0; p < R; ++p) {
+          o.recv[p] = drecv[static_cast<size_t>(p)].data();
+          o.signals[p] = sig.of(p);
+        }
+        o.counts = dcounts[static_cast<size_t>(r)].data();
+        o.dst_rank = ddst_rank[static_cast<size_t>(r)].data();
+        o.dst_slot = ddst_slot[static_cast<size_t>(r)].data();
+        o.h = dh[static_cast<size_t>(r)].data();
+        o.w = dw[static_cast<size_t>(r)].data();
+        o.y = dy[static_cast<size_t>(r)].data();
+        o.gates = dgates[static_cast<size_t>(r)].data();
+        o.out = dout[static_cast<size_t>(r)].data();
+      }
+      for (int run = 0; run < kRuns; ++run) {
+        INFO("run " << run);
+        for (int r = 0; r < R; ++r) {
+          poison(dy[static_cast<size_t>(r)].data(), dy[static_cast<size_t>(r)].size());
+          poison(drecv[static_cast<size_t>(r)].data(), drecv[static_cast<size_t>(r)].size());
+          poison(dout[static_cast<size_t>(r)].data(), dout[static_cast<size_t>(r)].size());
+        }
+        MOERUN_CUDA_CHECK(cudaDeviceSynchronize());
+        k.run(ops, nullptr);
+        finish("virtual ranks");
+        for (int q = 0; q < R; ++q)
+          check_ladder(download_bf16(dout[static_cast<size_t>(q)].data(), kTokens, kHidden),
+                       ref[static_cast<size_t>(q)], round_bf16(naive[static_cast<size_t>(q)]),
+                       "combined output of rank " + std::to_string(q));
+      }
+    }
+  }
+
+  TEST_CASE(
+      "fused GEMM + all-to-all equals the QKV GEMM then the Ulysses all-to-all on 1, 2, 4 and 8 virtual "
+      "ranks") {
+    MOERUN_SKIP_WITHOUT_DEVICE();
+    constexpr int64_t kTokens = 200, kHidden = 264, kCols = 72;  // 72-wide rank columns: tiles straddle ranks
+    for (int R : kRanks) {
+      INFO("ranks " << R);
+      const int64_t n = R * kCols;
+      const MatD w = random_bf16(kHidden, n, 600);
+      auto dw = upload_bf16(w);
+      std::vector<MatD> x;
+      std::vector<DeviceBuffer<Bf16>> dx, dstaged, dout;
+      for (int r = 0; r < R; ++r) {
+        x.push_back(random_bf16(kTokens, kHidden, 700 + r));
+        dx.push_back(upload_bf16(x.back()));
+        dstaged.emplace_back(static_cast<size_t>(kTokens * n));
+        dout.emplace_back(static_cast<size_t>(R * kTokens * kCols));
+      }
+      VirtualSignals sig(R);
+      GemmAllToAllArgs args;
+      args.group = {R, R, 0};
+      args.tokens = kTokens;
+      args.hidden = kHidden;
+      args.cols_per_rank = kCols;
+      REQUIRE_MESSAGE(can_implement(args).empty(), can_implement(args));
+      GemmAllToAll k(args);
+      DeviceBuffer<char> ws(k.workspace_size());
+      k.initialize(ws.data(), nullptr);
+      std::vector<GemmAllToAllOperands> ops(static_cast<size_t>(R));
+      for (int r = 0; r < R; ++r) {
+        auto& o = ops[static_cast<size_t>(r)];
+        o.rank = r;
+        o.x = dx[static_cast<size_t>(r)].data();
+        o.w = dw.data();
+        o.staged = dstaged[static_cast<size_t>(r)].data();
+        for (int p = 0; p < R; ++p) {
+          o.out[p] = dout[static_cast<size_t>(p)].data();
+          o.signals[p] = sig.of(p);
+        }
+      }
+      for (int run = 0; run < kRuns; ++run) {
+        INFO("run " << run);
+        for (int r = 0; r < R; ++r)
+          poison(dout[static_cast<size_t>(r)].data(), dout[static_cast<size_t>(r)].size());
+        MOERUN_CUDA_CHECK(cudaDeviceSynchronize());
+        k.run(ops, nullptr);
+        finish("virtual ranks");
+        for (int p = 0; p < R; ++p) {
+          MatD ref(R * kTokens, kCols);
+          for (int q = 0; q < R; ++q)
+            ref.middleRows(q * kTokens, kTokens) = x[static_cast<size_t>(q)] * w.middleCols(p * kCols, kCols);
+          check_ladder(download_bf16(dout[static_cast<size_t>(p)].data(), R * kTokens, kCols), ref,
+                       round_bf16(ref), "heads of rank " + std::to_string(p));
+        }
+      }
+    }
+  }
+
+  TEST_CASE(
+      "fused all-to-all + GEMM equals the Ulysses all-to-all then the output GEMM on 1, 2, 4 and 8 virtual "
+      "ranks") {
+    MOERUN_SKIP_WITHOUT_DEVICE();
+    constexpr int64_t kTokens = 200, kCols = 64, kOut = 136;
+    for (int R : kRanks) {
+      INFO("ranks " << R);
+      const MatD w = random_bf16(R * kCols, kOut, 800);
+      auto dw = upload_bf16(w);
+      std::vector<MatD> in;
+      std::vector<DeviceBuffer<Bf16>> din, dgathered, dy;
+      for (int r = 0; r < R; ++r) {
+        in.push_back(random_bf16(R * kTokens, kCols, 900 + r));
+        din.push_back(upload_bf16(in.back()));
+        dgathered.emplace_back(static_cast<size_t>(kTokens * R * kCols));
+        dy.emplace_back(static_cast<size_t>(kTokens * kOut));
+      }
+      VirtualSignals sig(R);
+      AllToAllGemmArgs args;
+      args.group = {R, R, 0};
+      args.tokens = kTokens;
+      args.cols_per_rank = kCols;
+      args.out = kOut;
+      REQUIRE_MESSAGE(can_implement(args).empty(), can_implement(args));
+      AllToAllGemm k(args);
+      DeviceBuffer<char> ws(k.workspace_size());
+      k.initialize(ws.data(), nullptr);
+      std::vector<AllToAllGemmOperands> ops(static_cast<size_t>(R));
+      for (int r = 0; r < R; ++r) {
+        auto& o = ops[static_cast<size_t>(r)];
+        o.rank = r;
+        for (int p = 0; p < R; ++p) {
+          o.in[p] = din[static_cast<size_t>(p)].data();
+          o.signals[p] = sig.of(p);
+        }
+        o.gathered = dgathered[static_cast<size_t>(r)].data();
+        o.w = dw.data();
+        o.y = dy[static_cast<size_t>(r)].data();
+      }
+      for (int run = 0; run < kRuns; ++run) {
+        INFO("run " << run);
+        for (int r = 0; r < R; ++r)
+          poison(dy[static_cast<size_t>(r)].data(), dy[static_cast<size_t>(r)].size());
+        MOERUN_CUDA_CHECK(cudaDeviceSynchronize());
+        k.run(ops, nullptr);
+        finish("virtual ranks");
+        for (int r = 0; r < R; ++r) {
+          MatD a(kTokens, R * kCols);
+          for (int p = 0; p < R; ++p)
+            a.middleCols(p * kCols, kCols) = in[static_cast<size_t>(p)].middleRows(r * kTokens, kTokens);
+          const MatD ref = a * w;
+          check_ladder(download_bf16(dy[static_cast<size_t>(r)].data(), kTokens, kOut), ref, round_bf16(ref),
+                       "y of rank " + std::to_string(r));
+        }
+      }
+    }
+  }
+
+  TEST_CASE("fused GEMM + all-to-all runs on an NCCL symmetric window of a one-rank group") {
+    MOERUN_SKIP_WITHOUT_DEVICE();
+    auto id = executor::nccl_unique_id();
+    REQUIRE(id.ok());
+    auto world = executor::NcclCommunicator::init(id.value(), 1, 0, "sp[0]");
+    REQUIRE_MESSAGE(world.ok(), (world.ok() ? "" : world.error().message));
+    constexpr int64_t kTokens = 200, kHidden = 264, kCols = 72;
+    const size_t out_bytes = kTokens * kCols * sizeof(Bf16), sig_bytes = kSignalSlots * sizeof(uint32_t);
+    auto sym = executor::SymmetricMemory::create(*world.value(), out_bytes + 4096 + sig_bytes);
+    REQUIRE_MESSAGE(sym.ok(), (sym.ok() ? "" : sym.error().message));
+    executor::SymmetricMemory& mem = *sym.value();
+    CHECK(mem.peer(0) == mem.local());
+    auto* out = static_cast<Bf16*>(mem.local());
+    auto* signals =
+        reinterpret_cast<uint32_t*>(static_cast<char*>(mem.local()) + (out_bytes + 4095) / 4096 * 4096);
+
+    const MatD x = random_bf16(kTokens, kHidden, 1000), w = random_bf16(kHidden, kCols, 1001);
+    auto dx = upload_bf16(x), dw = upload_bf16(w);
+    DeviceBuffer<Bf16> staged(static_cast<size_t>(kTokens * kCols));
+    GemmAllToAllArgs args;
+    args.group = {1, 1, 0};
+    args.tokens = kTokens;
+    args.hidden = kHidden;
+    args.cols_per_rank = kCols;
+    REQUIRE_MESSAGE(can_implement(args).empty(), can_implement(args));
+    GemmAllToAll k(args);
+    DeviceBuffer<char> ws(k.workspace_size());
+    k.initialize(ws.data(), nullptr);
+    GemmAllToAllOperands o;
+    o.rank = 0;
+    o.x = dx.data();
+    o.w = dw.data();
+    o.staged = staged.data();
+    o.out[0] = out;
+    o.signals[0] = signals;
+    const MatD ref = x * w;
+    for (int run = 0; run < kRuns; ++run) {
+      poison(out, static_cast<size_t>(kTokens * kCols));
+      k.run(std::span<const GemmAllToAllOperands>(&o, 1), nullptr);
+      finish("symmetric window");
+      check_ladder(download_bf16(out, kTokens, kCols), ref, round_bf16(ref), "symmetric window");
+    }
+  }
+}
+
+}  // namespace moeplan::cuda::fused
