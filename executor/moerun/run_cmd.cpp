@@ -175,7 +175,7 @@ int run_plan(const RunOptions& o, int rank, int world) {
       NcclCommunicator& c = nccl->of(g);
       return c.size() > 1 ? &c : nullptr;
     };
-    auto r = std::make_unique<CudaReplayRunner>(device_lookup);
+    auto r = std::make_unique<CudaReplayRunner>(device_lookup, graph.ops);
     gpu_runner = r.get();
     runner_ptr = std::move(r);
   }

@@ -4,16 +4,23 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cstdio>
 #include <map>
+#include <span>
 #include <tuple>
+#include <type_traits>
 #include <vector>
 
+#include "executor/comm/nccl_communicator.h"
+#include "executor/comm/symmetric_memory.h"
 #include "executor/kernels/cuda/attention.h"
 #include "executor/kernels/cuda/check.h"
+#include "executor/kernels/cuda/fused/fused_gemm_comm.h"
 #include "executor/kernels/cuda/gemm.h"
 #include "executor/kernels/cuda/grouped_gemm.h"
+#include "executor/runtime/fused_ops.h"
 #include "executor/runtime/replay_runner.h"
 #include "simulator/core/status.h"
 
@@ -31,6 +38,63 @@ size_t sz(int64_t v) {
   std::fprintf(stderr, "moerun: the CUDA replay cannot run op %s (%s)\n", op_label(op).c_str(), why.c_str());
   std::abort();
 }
+
+// ---- Fused GEMM + communication ops (fused_ops.h maps an op to its kernel and shape) --------------------
+// This process is one of the group's `ranks` ranks (no virtual ranks: one GPU per rank).
+cuda::fused::Group this_process_of(int ranks) {
+  return {ranks, 1, 0};
+}
+cuda::fused::AllGatherGroupedGemmArgs gather_grouped_args(const FusedShape& s) {
+  return {this_process_of(s.ranks), s.experts, s.tokens(), s.depth, s.width, s.m};
+}
+cuda::fused::GroupedGemmReduceScatterArgs grouped_scatter_args(const FusedShape& s) {
+  return {this_process_of(s.ranks), s.experts, s.depth, s.width, s.m, s.tokens(), 1};
+}
+cuda::fused::GemmAllToAllArgs gemm_a2a_args(const FusedShape& s) {
+  return {this_process_of(s.ranks), s.m, s.depth, s.width / s.ranks};
+}
+cuda::fused::AllToAllGemmArgs a2a_gemm_args(const FusedShape& s) {
+  return {this_process_of(s.ranks), s.m, s.depth / s.ranks, s.width};
+}
+
+// Empty when the fused kernel can run the shape here, else why not.
+std::string fused_unsupported(const FusedShape& s) {
+  switch (s.kind) {
+    case FusedKind::kGatherGrouped:
+      return cuda::fused::can_implement(gather_grouped_args(s));
+    case FusedKind::kGroupedScatter:
+      return cuda::fused::can_implement(grouped_scatter_args(s));
+    case FusedKind::kGemmA2a:
+      if (s.width % s.ranks != 0) return "the GEMM's width does not split evenly over the group's ranks";
+      return cuda::fused::can_implement(gemm_a2a_args(s));
+    case FusedKind::kA2aGemm:
+      if (s.depth % s.ranks != 0) return "the GEMM's depth does not split evenly over the group's ranks";
+      return cuda::fused::can_implement(a2a_gemm_args(s));
+  }
+  return "unknown fused kernel";
+}
+
+// A group's symmetric memory for its fused ops: per rank, kMaxFusedKernels signal arrays, then one data
+// region as large as the largest fused op of the group needs (its fused ops run one at a time, on the
+// compute stream).
+constexpr int kMaxFusedKernels = 64;
+constexpr size_t kSignalRegionBytes = size_t{kMaxFusedKernels} * cuda::fused::kSignalSlots * sizeof(uint32_t);
+
+struct GroupMemory {
+  int rank = 0, ranks = 1;
+  size_t data_bytes = 0;
+  int kernels = 0;                                   // signal arrays handed out
+  std::unique_ptr<SymmetricMemory> symmetric;        // ranks > 1: an NCCL window
+  DeviceBuffer<char> own;                            // ranks == 1: plain device memory
+  std::array<char*, cuda::fused::kMaxRanks> base{};  // each rank's region, as this process sees it
+
+  uint32_t* signals(int p, int index) const {
+    return reinterpret_cast<uint32_t*>(base[sz(p)]) + static_cast<int64_t>(index) * cuda::fused::kSignalSlots;
+  }
+  cuda::fused::Bf16* data(int p) const {
+    return reinterpret_cast<cuda::fused::Bf16*>(base[sz(p)] + kSignalRegionBytes);
+  }
+};
 
 }  // namespace
 
@@ -53,6 +117,15 @@ struct Lane {
     DeviceBuffer<int32_t> counts;
   };
   std::map<std::tuple<int, int, int64_t, int64_t, int64_t>, Grouped> grouped;
+  struct Fused {
+    std::unique_ptr<cuda::fused::AllGatherGroupedGemm> gather_grouped;
+    std::unique_ptr<cuda::fused::GroupedGemmReduceScatter> grouped_scatter;
+    std::unique_ptr<cuda::fused::GemmAllToAll> gemm_a2a;
+    std::unique_ptr<cuda::fused::AllToAllGemm> a2a_gemm;
+    DeviceBuffer<char> workspace;
+    DeviceBuffer<int32_t> counts, map_rank, map_row;  // uniform routing: counts and the row map
+  };
+  std::map<std::tuple<int, int, int, int, int64_t, int64_t, int64_t>, Fused> fused;
   std::unique_ptr<cuda::CudnnHandle> cudnn;
   std::map<std::tuple<int64_t, int64_t, int64_t, int64_t>, std::unique_ptr<cuda::FlashAttention>> attention;
 };
@@ -62,8 +135,69 @@ struct CudaReplayRunner::Impl {
   std::vector<Lane> lanes;
   std::atomic<double> bytes{0}, high_water{0};
 
+  // Fused ops' group memory and each fused kernel's signal array, set up before any lane runs (the windows
+  // are collective over their groups) and only read afterwards.
+  std::map<CommGroup, GroupMemory> fused_memory;
+  std::map<std::tuple<int, int, int, int, int64_t, int64_t, int64_t>, int> signal_index;
+
   explicit Impl(DeviceGroupLookup gr) : groups(std::move(gr)), lanes(sz(kNumStreams)) {
     for (Lane& l : lanes) MOERUN_CUDA_CHECK(cudaStreamCreateWithFlags(&l.stream, cudaStreamNonBlocking));
+  }
+
+  int group_ranks(CommGroup g) {
+    DeviceCommunicator* c = groups(g);
+    return c == nullptr ? 1 : c->size();
+  }
+
+  static std::tuple<int, int, int, int, int64_t, int64_t, int64_t> fused_key(CommGroup g,
+                                                                             const FusedShape& s) {
+    const auto [kind, ranks, experts, m, depth, width] = s.key();
+    return {static_cast<int>(g), kind, ranks, experts, m, depth, width};
+  }
+
+  // Every fused op of this rank: check that its kernel can run, size its group's symmetric buffer and give
+  // each distinct kernel a signal array (in op order, the same on every rank of the group), then create the
+  // groups' windows in CommGroup order (collective; the same order on every rank).
+  void prepare_fused(std::span<const Op> ops) {
+    for (const Op& op : ops) {
+      if (op.kind != OpKind::kFusedGemmComm) continue;
+      const CommGroup g = op.comm.group;
+      const int ranks = group_ranks(g);
+      if (ranks > cuda::fused::kMaxRanks)
+        refuse(op, fmt::format("fused kernels span at most {} ranks (one NVLink domain); the group has {}",
+                               cuda::fused::kMaxRanks, ranks));
+      const FusedShape s = fused_shape(op, ranks);
+      if (const std::string why = fused_unsupported(s); !why.empty()) refuse(op, why);
+      GroupMemory& mem = fused_memory[g];
+      mem.ranks = ranks;
+      mem.data_bytes = std::max(mem.data_bytes, s.symmetric_bytes());
+      if (signal_index.emplace(fused_key(g, s), mem.kernels).second && ++mem.kernels > kMaxFusedKernels)
+        refuse(op, fmt::format("more than {} distinct fused kernels in one group", kMaxFusedKernels));
+    }
+    for (auto& [g, mem] : fused_memory) {
+      const size_t region = kSignalRegionBytes + mem.data_bytes;
+      if (mem.ranks == 1) {
+        mem.own = DeviceBuffer<char>(region);
+        MOERUN_CUDA_CHECK(cudaMemset(mem.own.data(), 0, region));
+        mem.base[0] = mem.own.data();
+      } else {
+        auto* nccl = dynamic_cast<NcclCommunicator*>(groups(g));
+        if (nccl == nullptr) {
+          std::fprintf(stderr, "moerun: fused kernels need the group's NCCL communicator\n");
+          std::abort();
+        }
+        Result<std::unique_ptr<SymmetricMemory>> made = SymmetricMemory::create(*nccl, region);
+        if (!made) {
+          std::fprintf(stderr, "moerun: symmetric memory for fused kernels: %s\n",
+                       made.error().message.c_str());
+          std::abort();
+        }
+        mem.symmetric = std::move(made.value());
+        mem.rank = mem.symmetric->rank();
+        for (int p = 0; p < mem.ranks; ++p) mem.base[sz(p)] = static_cast<char*>(mem.symmetric->peer(p));
+      }
+      count(static_cast<double>(region));
+    }
   }
   ~Impl() {
     for (Lane& l : lanes) {
@@ -165,6 +299,112 @@ struct CudaReplayRunner::Impl {
     g.kernel->run(ops, l.stream);
   }
 
+  // A fused op on its kernel: uniform routing (rows spread evenly over experts and ranks), operands in the
+  // lane's scratch slots, the peers' buffers in the group's symmetric memory.
+  void fused(const Op& op, Lane& l) {
+    const GroupMemory& mem = fused_memory.at(op.comm.group);
+    const FusedShape s = fused_shape(op, mem.ranks);
+    const auto key = fused_key(op.comm.group, s);
+    const int sig = signal_index.at(key);
+    Lane::Fused& f = l.fused[key];
+    const bool fresh = f.workspace.size() == 0;
+    auto init = [&](auto& kernel, const auto& args) {
+      kernel = std::make_unique<std::remove_reference_t<decltype(*kernel)>>(args);
+      f.workspace = DeviceBuffer<char>(kernel->workspace_size());
+      count(static_cast<double>(f.workspace.size()));
+      kernel->initialize(f.workspace.data(), l.stream);
+    };
+    // Row i of the expert-sorted buffer: from (to) rank i % ranks, its row (i / ranks) % tokens.
+    auto routing = [&] {
+      std::vector<int32_t> counts(sz(s.experts), static_cast<int32_t>(s.m / s.experts)), rank_of, row_of;
+      for (int64_t i = 0; i < s.m; ++i) {
+        rank_of.push_back(static_cast<int32_t>(i % s.ranks));
+        row_of.push_back(static_cast<int32_t>((i / s.ranks) % s.tokens()));
+      }
+      auto upload = [](const std::vector<int32_t>& h) {
+        DeviceBuffer<int32_t> d(std::max<size_t>(h.size(), 1));
+        if (!h.empty()) d.upload(h.data(), h.size());
+        return d;
+      };
+      f.counts = upload(counts);
+      f.map_rank = upload(rank_of);
+      f.map_row = upload(row_of);
+    };
+    auto bf = [](void* p) { return static_cast<cuda::fused::Bf16*>(p); };
+    switch (s.kind) {
+      case FusedKind::kGatherGrouped: {
+        if (fresh) {
+          init(f.gather_grouped, gather_grouped_args(s));
+          routing();
+        }
+        cuda::fused::AllGatherGroupedGemmOperands o;
+        o.rank = mem.rank;
+        for (int p = 0; p < s.ranks; ++p) {
+          o.x[p] = mem.data(p);
+          o.signals[p] = mem.signals(p, sig);
+        }
+        o.counts = f.counts.data();
+        o.src_rank = f.map_rank.data();
+        o.src_row = f.map_row.data();
+        o.gathered = bf(slot(l, 0, sz(s.m * s.depth) * 2));
+        o.w = bf(slot(l, 1, sz(s.depth * s.width) * 2 * sz(s.experts)));
+        o.y = bf(slot(l, 2, sz(s.m * s.width) * 2));
+        f.gather_grouped->run(std::span(&o, 1), l.stream);
+        break;
+      }
+      case FusedKind::kGroupedScatter: {
+        if (fresh) {
+          init(f.grouped_scatter, grouped_scatter_args(s));
+          routing();
+        }
+        cuda::fused::GroupedGemmReduceScatterOperands o;
+        o.rank = mem.rank;
+        for (int p = 0; p < s.ranks; ++p) {
+          o.recv[p] = mem.data(p);
+          o.signals[p] = mem.signals(p, sig);
+        }
+        o.counts = f.counts.data();
+        o.dst_rank = f.map_rank.data();
+        o.dst_slot = f.map_row.data();
+        o.h = bf(slot(l, 0, sz(s.m * s.depth) * 2));
+        o.w = bf(slot(l, 1, sz(s.depth * s.width) * 2 * sz(s.experts)));
+        o.y = bf(slot(l, 2, sz(s.m * s.width) * 2));
+        o.gates = static_cast<const float*>(slot(l, 3, sz(s.tokens()) * 4));
+        o.out = bf(slot(l, 4, sz(s.tokens() * s.width) * 2));
+        f.grouped_scatter->run(std::span(&o, 1), l.stream);
+        break;
+      }
+      case FusedKind::kGemmA2a: {
+        if (fresh) init(f.gemm_a2a, gemm_a2a_args(s));
+        cuda::fused::GemmAllToAllOperands o;
+        o.rank = mem.rank;
+        for (int p = 0; p < s.ranks; ++p) {
+          o.out[p] = mem.data(p);
+          o.signals[p] = mem.signals(p, sig);
+        }
+        o.x = bf(slot(l, 0, sz(s.m * s.depth) * 2));
+        o.w = bf(slot(l, 1, sz(s.depth * s.width) * 2));
+        o.staged = bf(slot(l, 2, sz(s.m * s.width) * 2));
+        f.gemm_a2a->run(std::span(&o, 1), l.stream);
+        break;
+      }
+      case FusedKind::kA2aGemm: {
+        if (fresh) init(f.a2a_gemm, a2a_gemm_args(s));
+        cuda::fused::AllToAllGemmOperands o;
+        o.rank = mem.rank;
+        for (int p = 0; p < s.ranks; ++p) {
+          o.in[p] = mem.data(p);
+          o.signals[p] = mem.signals(p, sig);
+        }
+        o.gathered = bf(slot(l, 0, sz(s.m * s.depth) * 2));
+        o.w = bf(slot(l, 1, sz(s.depth * s.width) * 2));
+        o.y = bf(slot(l, 2, sz(s.m * s.width) * 2));
+        f.a2a_gemm->run(std::span(&o, 1), l.stream);
+        break;
+      }
+    }
+  }
+
   void attention(const Op& op, Lane& l) {
     const AttentionShape& a = op.attn;
     if (a.batch <= 0 || a.seq_q <= 0 || a.heads <= 0 || a.qk_dim <= 0) return;
@@ -236,8 +476,10 @@ struct CudaReplayRunner::Impl {
   }
 };
 
-CudaReplayRunner::CudaReplayRunner(DeviceGroupLookup groups)
-    : impl_(std::make_unique<Impl>(std::move(groups))) {}
+CudaReplayRunner::CudaReplayRunner(DeviceGroupLookup groups, std::span<const Op> ops)
+    : impl_(std::make_unique<Impl>(std::move(groups))) {
+  impl_->prepare_fused(ops);
+}
 
 CudaReplayRunner::~CudaReplayRunner() = default;
 
@@ -260,10 +502,8 @@ void CudaReplayRunner::run(const Op& op) {
     case OpKind::kSendRecv:
       I.collective(op, l);
       break;
-    case OpKind::kFusedGemmComm:  // the GEMM, then the collective: the fused kernels (kernels/cuda/fused/)
-                                  // are not wired into the replay yet
-      I.gemm(op, l);
-      I.collective(op, l);
+    case OpKind::kFusedGemmComm:
+      I.fused(op, l);
       break;
   }
   MOERUN_CUDA_CHECK(cudaGetLastError());

@@ -10,8 +10,11 @@
 //     as many kv heads as query heads (the op carries no kv-head count; the kernel's time is the queries'),
 //     v_dim = qk_dim; a sliding window or cp's seq_q < seq_kv runs as full causal attention over seq_q;
 //   memory-bound ops and the optimizer: a device-to-device copy moving hbm_bytes (half read, half written);
-//   collectives: NCCL over the group's DeviceCommunicator with comm.bytes of comm.dtype; a fused GEMM +
-//     collective runs its GEMM, then its collective (the fused tile kernels are not written yet).
+//   collectives: NCCL over the group's DeviceCommunicator with comm.bytes of comm.dtype;
+//   fused GEMM + collective: the fused kernel of its kind (kernels/cuda/fused/fused_gemm_comm.h) at the op's
+//     GEMM shape, its rows spread evenly over experts and ranks, on the group's NCCL symmetric memory (made
+//     at construction; groups of at most 8 ranks in one NVLink domain); bf16 rows even when the plan
+//     dispatches in FP8 (the fused kernels have no FP8 path).
 // run() enqueues the op's work on its stream's CUDA stream and waits for it, so the runtime's host-side
 // dependencies and timings hold (each op pays a launch and a synchronisation, ~10-20 us, that a graph of
 // events would not: said here, and visible in the comparison of small ops). Refuses pipeline parallelism
@@ -20,6 +23,7 @@
 
 #include <functional>
 #include <memory>
+#include <span>
 #include <string>
 
 #include "executor/comm/device_communicator.h"
@@ -36,8 +40,10 @@ std::string cuda_unsupported(const Plan& plan);
 
 class CudaReplayRunner final : public OpRunner {
  public:
-  // Uses the current CUDA device. Creates one CUDA stream per op-graph stream.
-  explicit CudaReplayRunner(DeviceGroupLookup groups);
+  // Uses the current CUDA device. Creates one CUDA stream per op-graph stream. `ops` are the ops this rank
+  // will run: their fused ops' groups get symmetric memory here, collectively (every rank of a group must
+  // construct its runner), and a fused op the kernels cannot run aborts here, naming the op.
+  CudaReplayRunner(DeviceGroupLookup groups, std::span<const Op> ops);
   ~CudaReplayRunner() override;
 
   void run(const Op& op) override;

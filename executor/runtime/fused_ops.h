@@ -1,0 +1,74 @@
+// Which of moerun's four fused GEMM + communication kernels (executor/kernels/cuda/fused/) runs a
+// kFusedGemmComm op of the op graph, and at what shape. CUDA-free, so the mapping is tested on the CPU
+// (tests/executor/runtime/fused_ops_test.cpp) against the lowering's own ops.
+//
+// The forward ops that gather before their GEMM (dispatch + fc13, all-to-all + output projection) run the
+// gathering kernels; their dgrad (the transposed kernel: its collective reverses) scatters after its GEMM,
+// and the other way round for the rest. The GEMM's depth and width swap in dgrad (dX [m, k] = dY [m, n] W^T).
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <tuple>
+
+#include "simulator/core/op_graph.h"
+
+namespace moeplan::executor {
+
+enum class FusedKind {
+  kGatherGrouped,   // all-gather + scatter + grouped GEMM
+  kGroupedScatter,  // grouped GEMM + gather + reduce-scatter
+  kGemmA2a,         // GEMM + all-to-all
+  kA2aGemm,         // all-to-all + GEMM
+};
+
+struct FusedShape {
+  FusedKind kind = FusedKind::kGemmA2a;
+  int ranks = 1, experts = 1;
+  int64_t m = 0, depth = 0, width = 0;  // GEMM rows (all local experts'), depth and width
+
+  auto key() const { return std::tuple(static_cast<int>(kind), ranks, experts, m, depth, width); }
+  // Expert rows each rank holds (gathering) or receives (scattering), under uniform routing.
+  int64_t tokens() const { return (m + ranks - 1) / ranks; }
+  // Bytes (bf16) of each rank's buffer that the peers read from or write into: the rows that move.
+  size_t symmetric_bytes() const {
+    int64_t elems = 0;
+    switch (kind) {
+      case FusedKind::kGatherGrouped:
+        elems = tokens() * depth;  // x [tokens, depth], read by the peers
+        break;
+      case FusedKind::kGroupedScatter:
+        elems = tokens() * width;  // recv [tokens (top-1 slots), width], written by the peers
+        break;
+      case FusedKind::kGemmA2a:
+        elems = m * width;  // out [ranks m, width / ranks], written by the peers
+        break;
+      case FusedKind::kA2aGemm:
+        elems = m * depth;  // in [ranks m, depth / ranks], read by the peers
+        break;
+    }
+    return static_cast<size_t>(elems) * 2;
+  }
+};
+
+inline FusedShape fused_shape(const Op& op, int ranks) {
+  const auto name = static_cast<OpName>(op.name);
+  const bool grouped = name == OpName::kAgScatterFc13 || name == OpName::kA2aFc13 ||
+                       name == OpName::kFc2GatherRs || name == OpName::kFc2A2a;
+  const bool gathers_forward =
+      name == OpName::kAgScatterFc13 || name == OpName::kA2aFc13 || name == OpName::kA2aOutProj;
+  const bool forward = op.part != GemmPart::kDgrad;
+  const bool gathers = gathers_forward == forward;
+  FusedShape s;
+  s.kind = grouped ? (gathers ? FusedKind::kGatherGrouped : FusedKind::kGroupedScatter)
+                   : (gathers ? FusedKind::kA2aGemm : FusedKind::kGemmA2a);
+  s.ranks = ranks;
+  s.depth = forward ? op.gemm.k : op.gemm.n;
+  s.width = forward ? op.gemm.n : op.gemm.k;
+  s.experts = grouped ? static_cast<int>(std::max<int64_t>(1, op.gemm.groups)) : 1;
+  s.m = grouped ? (op.gemm.m + s.experts - 1) / s.experts * s.experts : op.gemm.m;  // whole rows per expert
+  return s;
+}
+
+}  // namespace moeplan::executor

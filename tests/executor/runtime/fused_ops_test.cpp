@@ -1,0 +1,115 @@
+// fused_ops.h against the lowering: every fused op of a plan with Ulysses SP and EP under intra-operator
+// overlap maps to the kernel whose communication is the op's collective, forward and dgrad, and the rows
+// that kernel moves are the bytes the cost model charges the collective with.
+#include "executor/runtime/fused_ops.h"
+
+#include <doctest/doctest.h>
+
+#include <map>
+#include <set>
+
+#include "simulator/io/model_loader.h"
+#include "simulator/workload/lower.h"
+
+namespace moeplan::executor {
+namespace {
+
+ModelSpec one_layer() {
+  ModelSpec m = io::load_model("internal-352b").value();
+  m.layers.resize(1);
+  return m;
+}
+
+Plan intra_op_plan(Dispatch dispatch) {
+  Plan p;
+  p.gpus = 8;
+  p.seq_len = 8192;
+  p.global_batch = 1;
+  p.micro_batch = 1;
+  p.data.zero = 0;
+  p.attention.sp = 8;
+  p.experts.ep = 8;
+  p.experts.dispatch = dispatch;
+  p.overlap.intra_op = true;
+  return p;
+}
+
+struct Seen {
+  FusedKind kind;
+  FusedShape shape;
+  const Op* op;
+};
+
+// The layer-0, micro-batch-0 fused ops of `g`, by (name, forward?); they point into `g`.
+std::map<std::pair<OpName, bool>, Seen> fused_ops(const OpGraph& g) {
+  std::map<std::pair<OpName, bool>, Seen> out;
+  for (const Op& op : g.ops) {
+    if (op.kind != OpKind::kFusedGemmComm || op.layer != 0 || op.micro_batch != 0) continue;
+    const FusedShape s = fused_shape(op, static_cast<int>(op.comm.group_size));
+    out[{static_cast<OpName>(op.name), op.phase == Phase::kForward}] = {s.kind, s, &op};
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("Ulysses fused ops map to GEMM + all-to-all and back, moving exactly the collective's bytes") {
+  const ModelSpec m = one_layer();
+  const OpGraph g = lower(m, intra_op_plan(Dispatch::kAllToAll), {});
+  const auto ops = fused_ops(g);
+  REQUIRE(ops.count({OpName::kQkvProjA2a, true}) == 1);
+  REQUIRE(ops.count({OpName::kQkvProjA2a, false}) == 1);
+  REQUIRE(ops.count({OpName::kA2aOutProj, true}) == 1);
+  REQUIRE(ops.count({OpName::kA2aOutProj, false}) == 1);
+  CHECK(ops.at({OpName::kQkvProjA2a, true}).kind == FusedKind::kGemmA2a);
+  CHECK(ops.at({OpName::kQkvProjA2a, false}).kind == FusedKind::kA2aGemm);
+  CHECK(ops.at({OpName::kA2aOutProj, true}).kind == FusedKind::kA2aGemm);
+  CHECK(ops.at({OpName::kA2aOutProj, false}).kind == FusedKind::kGemmA2a);
+  for (const auto& [key, seen] : ops) {
+    if (key.first != OpName::kQkvProjA2a && key.first != OpName::kA2aOutProj) continue;
+    INFO(op_label(*seen.op));
+    CHECK(static_cast<double>(seen.shape.symmetric_bytes()) == doctest::Approx(seen.op->comm.bytes));
+    // The input of the projection is the hidden state, on either side of the all-to-all.
+    const int64_t h = m.hidden;
+    const bool qkv = key.first == OpName::kQkvProjA2a;
+    CHECK((qkv == key.second ? seen.shape.depth : seen.shape.width) == h);
+  }
+}
+
+TEST_CASE(
+    "expert fused ops map to gather + grouped GEMM and grouped GEMM + scatter, in both dispatch modes") {
+  const ModelSpec m = one_layer();
+  for (const Dispatch d : {Dispatch::kAllToAll, Dispatch::kAllGather}) {
+    const bool a2a = d == Dispatch::kAllToAll;
+    INFO("dispatch " << (a2a ? "all-to-all" : "all-gather"));
+    const OpGraph g = lower(m, intra_op_plan(d), {});  // outlives `ops`, which points into it
+    const auto ops = fused_ops(g);
+    const OpName fc13 = a2a ? OpName::kA2aFc13 : OpName::kAgScatterFc13;
+    const OpName fc2 = a2a ? OpName::kFc2A2a : OpName::kFc2GatherRs;
+    REQUIRE(ops.count({fc13, true}) == 1);
+    REQUIRE(ops.count({fc13, false}) == 1);
+    REQUIRE(ops.count({fc2, true}) == 1);
+    REQUIRE(ops.count({fc2, false}) == 1);
+    CHECK(ops.at({fc13, true}).kind == FusedKind::kGatherGrouped);
+    CHECK(ops.at({fc13, false}).kind == FusedKind::kGroupedScatter);
+    CHECK(ops.at({fc2, true}).kind == FusedKind::kGroupedScatter);
+    CHECK(ops.at({fc2, false}).kind == FusedKind::kGatherGrouped);
+    for (const auto& [key, seen] : ops) {
+      if (key.first != fc13 && key.first != fc2) continue;
+      INFO(op_label(*seen.op));
+      // The rows that move are hidden-wide: the gathered GEMM's input, the scattered GEMM's output.
+      const FusedShape& s = seen.shape;
+      CHECK((s.kind == FusedKind::kGatherGrouped ? s.depth : s.width) == m.hidden);
+      CHECK(s.experts == m.moe.num_experts / 8);
+      CHECK(s.m % s.experts == 0);
+      CHECK(s.m >= seen.op->gemm.m);
+      // All-to-all dispatch: the kernel moves the collective's rows (top-k copies of the tokens), up to the
+      // rounding to whole rows per expert and per rank.
+      if (a2a)
+        CHECK(static_cast<double>(s.ranks) * static_cast<double>(s.symmetric_bytes()) ==
+              doctest::Approx(seen.op->comm.bytes).epsilon(0.01));
+    }
+  }
+}
+
+}  // namespace moeplan::executor
