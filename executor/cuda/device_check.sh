@@ -7,10 +7,11 @@
 #      virtual ranks; NCCL and its symmetric memory on one rank);
 #   3. runs the four kernel benchmarks (RESULT rows with the issue's targets);
 #   4. with the full build: `moerun run --backend cuda` of executor/cuda/device_plan.json on the GPU, the
-#      prediction of the same plan on the matching profile (h200-sxm), and `moeplan compare`;
+#      prediction of the same plan on the matching profile (h200-sxm), and `moeplan compare`; then the same
+#      for device_plan_fused.json (intra-operator overlap: the experts' GEMMs on the fused kernels, one rank);
 # and prints a short table last. Logs go to $OUT (the lent machine's return folder) or ./device_check_out:
-# at most 8 files (gpu.txt, build.log, tests.log, cublaslt.log, bench.log, compare.txt, run/report.json,
-# run/trace.json).
+# at most 10 files (gpu.txt, build.log, tests.log, cublaslt.log, bench.log, compare.txt, run/ and run-fused/
+# report.json and trace.json).
 # Usage (repo root): executor/cuda/pack_device_deps.sh here, then on the device (carry .devdeps):
 #   executor/cuda/device_check.sh
 set -uo pipefail
@@ -71,8 +72,13 @@ log "build done"
 
 summary=()
 : >"$out/tests.log"
-# cuBLASLt says why it refuses a GEMM only in its log (errors only: level 2).
-export CUBLASLT_LOG_LEVEL=2 CUBLASLT_LOG_FILE="$out/cublaslt.log"
+# cuBLASLt says why it refuses a GEMM only in its log (errors only: level 2); one log per binary (a binary
+# may truncate the file it opens), gathered into cublaslt.log.
+export CUBLASLT_LOG_LEVEL=2
+: >"$out/cublaslt.log"
+# The last case a binary started before it crashed, hung or was killed (doctest prints "TEST CASE:  name"
+# before its crash report), from its output from line $1 of tests.log on.
+last_case() { tail -n +"$1" "$out/tests.log" | awk '/^TEST CASE:  /{c = substr($0, 13)} END{print c}'; }
 for t in moeplan_gpu_tests moerun_cuda_memory_tests moerun_cuda_gemm_tests moerun_cuda_attention_tests \
   moerun_cuda_fused_tests; do
   # The fused kernels wait on each other's signals: a signalling bug hangs rather than fails, so they get a
@@ -84,17 +90,20 @@ for t in moeplan_gpu_tests moerun_cuda_memory_tests moerun_cuda_gemm_tests moeru
   log "$t"
   echo "==== $t" >>"$out/tests.log"
   start=$(wc -l <"$out/tests.log")
-  timeout "$limit" "$exe" "${extra[@]}" >>"$out/tests.log" 2>&1
+  export CUBLASLT_LOG_FILE="$prefix_root/cublaslt-$t.log"
+  timeout -k 10 "$limit" "$exe" "${extra[@]}" >>"$out/tests.log" 2>&1
   rc=$?
   ((rc == 124)) && summary+=("$t: TIMED OUT after $limit s (a hang: tests.log lists the cases that finished)")
   summary+=("$t: exit $rc, $(grep -E '^\[doctest\] test cases' "$out/tests.log" | tail -1 | sed 's/\[doctest\] //')")
-  # A crashed case ends the binary: run the remaining cases without it, so one crash hides nothing else.
-  crashed=$(tail -n +"$start" "$out/tests.log" | grep -B4 "test case CRASHED" | sed -n 's/^TEST CASE:  //p' | tail -1)
-  if ((rc >= 128)) && [[ -n $crashed ]]; then
-    echo "==== $t without the crashed case: $crashed" >>"$out/tests.log"
-    timeout "$limit" "$exe" -tce="$crashed" >>"$out/tests.log" 2>&1
+  # A crashed or hung case ends the binary: run the remaining cases without it, so one hides nothing else.
+  # (doctest splits filters at commas: escape them.)
+  crashed=$(last_case "$start")
+  if ((rc >= 128 || rc == 124)) && [[ -n $crashed ]]; then
+    echo "==== $t without the case that crashed or hung: $crashed" >>"$out/tests.log"
+    timeout -k 10 "$limit" "$exe" "${extra[@]}" -tce="${crashed//,/\\,}" >>"$out/tests.log" 2>&1
     summary+=("$t without '$crashed': exit $?, $(grep -E '^\[doctest\] test cases' "$out/tests.log" | tail -1 | sed 's/\[doctest\] //')")
   fi
+  [[ -f $prefix_root/cublaslt-$t.log ]] && cat "$prefix_root/cublaslt-$t.log" >>"$out/cublaslt.log"
 done
 grep -E "ERROR|FATAL|failed" "$out/tests.log" | grep -v "0 failed" | head -20
 # On the GPU machine a skipped GPU test is a failure (a driver too old for CUDA 13 makes every test skip).
@@ -112,25 +121,36 @@ for b in moerun_cuda_memory_bench moerun_cuda_gemm_bench moerun_cuda_attention_b
   summary+=("$b: exit $?")
 done
 
-compare_line="moerun run --backend cuda + moeplan compare: needs the full build (no MPI compiler here)"
+compare_lines=("moerun run --backend cuda + moeplan compare: needs the full build (no MPI compiler here)")
 if [[ $full == ON && -x $build/executor/moerun/moerun && -x $build/planner/moeplan ]]; then
-  log "moerun run --backend cuda executor/cuda/device_plan.json"
+  compare_lines=()
   mpirun=(mpirun -n 1)
   [[ $(id -u) == 0 ]] && mpirun+=(--allow-run-as-root)
-  if timeout 180 "${mpirun[@]}" "$build/executor/moerun/moerun" run executor/cuda/device_plan.json --backend cuda \
-      --steps 5 --warmup 2 --out "$out/run" >"$out/compare.txt" 2>&1 &&
-    "$build/planner/moeplan" simulate executor/cuda/device_plan.json --json >"$prefix_root/pred.json" 2>>"$out/compare.txt" &&
-    "$build/planner/moeplan" compare "$prefix_root/pred.json" "$out/run/report.json" >>"$out/compare.txt" 2>&1; then
-    compare_line="device_plan.json: $(grep -m1 'end-to-end error' "$out/compare.txt")"
-  else
-    compare_line="moerun run --backend cuda + compare FAILED (see compare.txt): $(tail -3 "$out/compare.txt" | tr '\n' ' ')"
-  fi
+  : >"$out/compare.txt"
+  for plan in device_plan device_plan_fused; do
+    dir=run
+    [[ $plan == device_plan_fused ]] && dir=run-fused
+    log "moerun run --backend cuda executor/cuda/$plan.json"
+    echo "==== $plan" >>"$out/compare.txt"
+    if timeout -k 10 180 "${mpirun[@]}" "$build/executor/moerun/moerun" run "executor/cuda/$plan.json" --backend cuda \
+        --steps 5 --warmup 2 --out "$out/$dir" >>"$out/compare.txt" 2>&1 &&
+      "$build/planner/moeplan" simulate "executor/cuda/$plan.json" --json >"$prefix_root/pred-$plan.json" \
+        2>>"$out/compare.txt" &&
+      "$build/planner/moeplan" compare "$prefix_root/pred-$plan.json" "$out/$dir/report.json" >"$prefix_root/cmp.txt" 2>&1; then
+      cat "$prefix_root/cmp.txt" >>"$out/compare.txt"
+      compare_lines+=("$plan.json: $(grep -m1 'end-to-end error' "$prefix_root/cmp.txt")")
+    else
+      [[ -f $prefix_root/cmp.txt ]] && cat "$prefix_root/cmp.txt" >>"$out/compare.txt"
+      compare_lines+=("$plan.json: moerun run --backend cuda + compare FAILED (see compare.txt): $(tail -3 "$out/compare.txt" | tr '\n' ' ')")
+    fi
+    rm -f "$prefix_root/cmp.txt"
+  done
 fi
 
 echo
 echo "==================== device check: $(head -1 "$out/gpu.txt") ===================="
 printf '%s\n' "${summary[@]}"
-echo "$compare_line"
+printf '%s\n' "${compare_lines[@]}"
 echo "| family | kernel | shape | time | rate | reference | ratio | target | verdict |"
 grep '^RESULT |' "$out/bench.log" | sed 's/^RESULT //'
 echo "total $((SECONDS - t0)) s"

@@ -136,6 +136,9 @@ int run_plan(const RunOptions& o, int rank, int world) {
     Communicator& c = groups.of(g);
     return c.size() > 1 ? &c : nullptr;
   };
+#if MOERUN_WITH_CUDA
+  std::optional<NcclGroups> nccl;  // declared before the runner: outlives its symmetric windows
+#endif
   std::unique_ptr<OpRunner> runner_ptr;
   TrainRunner* trainer = nullptr;
   if (train) {
@@ -164,7 +167,6 @@ int run_plan(const RunOptions& o, int rank, int world) {
   }
 #if MOERUN_WITH_CUDA
   // The GPU backend: NCCL communicators of the same groups (MPI carries the unique id), the CUDA replay.
-  std::optional<NcclGroups> nccl;
   CudaReplayRunner* gpu_runner = nullptr;
   if (on_gpu) {
     Result<NcclGroups> made_nccl = make_nccl_groups(groups.layout(), MPI_COMM_WORLD);

@@ -40,15 +40,17 @@ size_t sz(int64_t v) {
 }
 
 // ---- Fused GEMM + communication ops (fused_ops.h maps an op to its kernel and shape) --------------------
-// This process is one of the group's `ranks` ranks (no virtual ranks: one GPU per rank).
+// This process is one of the group's `ranks` ranks (no virtual ranks: one GPU per rank), leaving SMs to the
+// NCCL kernels of the other streams.
 cuda::fused::Group this_process_of(int ranks) {
-  return {ranks, 1, 0};
+  return {ranks, 1, 0, static_cast<int>(kFusedSmsLeftForCollectives)};
 }
 cuda::fused::AllGatherGroupedGemmArgs gather_grouped_args(const FusedShape& s) {
-  return {this_process_of(s.ranks), s.experts, s.tokens(), s.depth, s.width, s.m};
+  return {this_process_of(s.ranks), s.experts, s.source_rows(), s.depth, s.width, s.m};
 }
+// Top-1 receive slots, m of them: each rank receives m rows (m / ranks from each).
 cuda::fused::GroupedGemmReduceScatterArgs grouped_scatter_args(const FusedShape& s) {
-  return {this_process_of(s.ranks), s.experts, s.depth, s.width, s.m, s.tokens(), 1};
+  return {this_process_of(s.ranks), s.experts, s.depth, s.width, s.m, s.m, 1};
 }
 cuda::fused::GemmAllToAllArgs gemm_a2a_args(const FusedShape& s) {
   return {this_process_of(s.ranks), s.m, s.depth, s.width / s.ranks};
@@ -100,6 +102,16 @@ struct GroupMemory {
 
 std::string cuda_unsupported(const Plan& plan) {
   if (plan.pipeline.pp > 1) return "pipeline parallelism (pp > 1) on the CUDA backend";
+  if (plan.overlap.intra_op) {
+    // The lowering fuses Ulysses' all-to-alls (sp > 1) and, without ETP, the experts' dispatch and combine.
+    const int64_t sp = plan.attention.sp, ep = plan.experts.etp == 1 ? plan.experts.ep : 1;
+    const int64_t widest = std::max(sp, ep);
+    if (widest > cuda::fused::kMaxRanks)
+      return fmt::format(
+          "fused intra-operator kernels over a group of {} ranks (they span at most {}: one "
+          "NVLink domain)",
+          widest, cuda::fused::kMaxRanks);
+  }
   return "";
 }
 
@@ -108,6 +120,8 @@ std::string cuda_unsupported(const Plan& plan) {
 // except the byte counters.
 struct Lane {
   cudaStream_t stream = nullptr;
+  cudaEvent_t before = nullptr, after = nullptr;  // around the last op's work
+  double last_seconds = -1;                       // that op's device time
   std::vector<DeviceBuffer<char>> slots;
   DeviceBuffer<char> gemm_workspace;
   std::map<std::tuple<int, int64_t, int64_t, int64_t>, std::unique_ptr<cuda::Gemm>> gemms;
@@ -141,7 +155,11 @@ struct CudaReplayRunner::Impl {
   std::map<std::tuple<int, int, int, int, int64_t, int64_t, int64_t>, int> signal_index;
 
   explicit Impl(DeviceGroupLookup gr) : groups(std::move(gr)), lanes(sz(kNumStreams)) {
-    for (Lane& l : lanes) MOERUN_CUDA_CHECK(cudaStreamCreateWithFlags(&l.stream, cudaStreamNonBlocking));
+    for (Lane& l : lanes) {
+      MOERUN_CUDA_CHECK(cudaStreamCreateWithFlags(&l.stream, cudaStreamNonBlocking));
+      MOERUN_CUDA_CHECK(cudaEventCreate(&l.before));
+      MOERUN_CUDA_CHECK(cudaEventCreate(&l.after));
+    }
   }
 
   int group_ranks(CommGroup g) {
@@ -202,8 +220,11 @@ struct CudaReplayRunner::Impl {
   ~Impl() {
     for (Lane& l : lanes) {
       const cudaStream_t s = l.stream;
+      const cudaEvent_t before = l.before, after = l.after;
       cudaStreamSynchronize(s);
-      l = Lane{};  // kernel objects and buffers first, then the stream
+      l = Lane{};  // kernel objects and buffers first, then the events and the stream
+      cudaEventDestroy(before);
+      cudaEventDestroy(after);
       cudaStreamDestroy(s);
     }
   }
@@ -314,12 +335,15 @@ struct CudaReplayRunner::Impl {
       count(static_cast<double>(f.workspace.size()));
       kernel->initialize(f.workspace.data(), l.stream);
     };
-    // Row i of the expert-sorted buffer: from (to) rank i % ranks, its row (i / ranks) % tokens.
+    // Row i of this rank's expert-sorted buffer is global row g = rank m + i: it comes from (goes to) rank
+    // g % ranks, as that rank's token row (g / ranks) % source_rows (receive slot g / ranks).
     auto routing = [&] {
+      const bool gathers = s.kind == FusedKind::kGatherGrouped;
       std::vector<int32_t> counts(sz(s.experts), static_cast<int32_t>(s.m / s.experts)), rank_of, row_of;
       for (int64_t i = 0; i < s.m; ++i) {
-        rank_of.push_back(static_cast<int32_t>(i % s.ranks));
-        row_of.push_back(static_cast<int32_t>((i / s.ranks) % s.tokens()));
+        const int64_t g = mem.rank * s.m + i;
+        rank_of.push_back(static_cast<int32_t>(g % s.ranks));
+        row_of.push_back(static_cast<int32_t>(gathers ? (g / s.ranks) % s.source_rows() : g / s.ranks));
       }
       auto upload = [](const std::vector<int32_t>& h) {
         DeviceBuffer<int32_t> d(std::max<size_t>(h.size(), 1));
@@ -369,8 +393,8 @@ struct CudaReplayRunner::Impl {
         o.h = bf(slot(l, 0, sz(s.m * s.depth) * 2));
         o.w = bf(slot(l, 1, sz(s.depth * s.width) * 2 * sz(s.experts)));
         o.y = bf(slot(l, 2, sz(s.m * s.width) * 2));
-        o.gates = static_cast<const float*>(slot(l, 3, sz(s.tokens()) * 4));
-        o.out = bf(slot(l, 4, sz(s.tokens() * s.width) * 2));
+        o.gates = static_cast<const float*>(slot(l, 3, sz(s.m) * 4));
+        o.out = bf(slot(l, 4, sz(s.m * s.width) * 2));
         f.grouped_scatter->run(std::span(&o, 1), l.stream);
         break;
       }
@@ -486,6 +510,7 @@ CudaReplayRunner::~CudaReplayRunner() = default;
 void CudaReplayRunner::run(const Op& op) {
   Impl& I = *impl_;
   Lane& l = I.lanes[static_cast<size_t>(op.stream)];
+  MOERUN_CUDA_CHECK(cudaEventRecord(l.before, l.stream));
   switch (op.kind) {
     case OpKind::kGemm:
     case OpKind::kGroupedGemm:
@@ -507,7 +532,15 @@ void CudaReplayRunner::run(const Op& op) {
       break;
   }
   MOERUN_CUDA_CHECK(cudaGetLastError());
+  MOERUN_CUDA_CHECK(cudaEventRecord(l.after, l.stream));
   MOERUN_CUDA_CHECK(cudaStreamSynchronize(l.stream));
+  float ms = 0;
+  MOERUN_CUDA_CHECK(cudaEventElapsedTime(&ms, l.before, l.after));
+  l.last_seconds = static_cast<double>(ms) * 1e-3;
+}
+
+double CudaReplayRunner::device_seconds(const Op& op) const {
+  return impl_->lanes[static_cast<size_t>(op.stream)].last_seconds;
 }
 
 void CudaReplayRunner::receive(const Op& send) {

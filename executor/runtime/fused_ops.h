@@ -29,26 +29,29 @@ struct FusedShape {
   int64_t m = 0, depth = 0, width = 0;  // GEMM rows (all local experts'), depth and width
 
   auto key() const { return std::tuple(static_cast<int>(kind), ranks, experts, m, depth, width); }
-  // Expert rows each rank holds (gathering) or receives (scattering), under uniform routing.
-  int64_t tokens() const { return (m + ranks - 1) / ranks; }
-  // Bytes (bf16) of each rank's buffer that the peers read from or write into: the rows that move.
+  // Replay's uniform routing: every rank gathers (scatters) m rows, taking (sending) m / ranks from each
+  // rank. A gathering rank's peers read its `source_rows()` token rows (each several times, as top-k
+  // routing reads a token once per chosen expert); a scattering rank's peers write its m receive slots.
+  int64_t source_rows() const { return (m + ranks - 1) / ranks; }
+  // Bytes (bf16) of one rank's buffer that the peers read from or write into.
   size_t symmetric_bytes() const {
-    int64_t elems = 0;
+    return static_cast<size_t>(kind == FusedKind::kGatherGrouped ? source_rows() * depth : moved_elems()) * 2;
+  }
+  // Bytes (bf16) each rank's kernel moves between ranks (its own share included): what the collective it
+  // fuses is charged with.
+  size_t moved_bytes() const { return static_cast<size_t>(moved_elems()) * 2; }
+
+ private:
+  int64_t moved_elems() const {
     switch (kind) {
-      case FusedKind::kGatherGrouped:
-        elems = tokens() * depth;  // x [tokens, depth], read by the peers
-        break;
-      case FusedKind::kGroupedScatter:
-        elems = tokens() * width;  // recv [tokens (top-1 slots), width], written by the peers
-        break;
-      case FusedKind::kGemmA2a:
-        elems = m * width;  // out [ranks m, width / ranks], written by the peers
-        break;
-      case FusedKind::kA2aGemm:
-        elems = m * depth;  // in [ranks m, depth / ranks], read by the peers
-        break;
+      case FusedKind::kGatherGrouped:  // m rows in, depth wide
+      case FusedKind::kA2aGemm:        // [m, depth] gathered from the ranks' [ranks m, depth / ranks]
+        return m * depth;
+      case FusedKind::kGroupedScatter:  // m rows out, width wide
+      case FusedKind::kGemmA2a:         // [m, width] scattered to the ranks' [ranks m, width / ranks]
+        return m * width;
     }
-    return static_cast<size_t>(elems) * 2;
+    return 0;
   }
 };
 

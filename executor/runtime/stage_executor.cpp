@@ -77,7 +77,13 @@ StepTiming StageExecutor::run_step() {
       }
       const double end = seconds();
       if (watchdog_ != nullptr) watchdog_->end(slot);
-      if (!task.receive) out.ops[static_cast<size_t>(op.id)] = {start, end};
+      if (!task.receive) {
+        // A device clock times the op's own work: its interval ends when the host saw it end and lasts as
+        // long as the device says, without the launch and synchronisation around it.
+        const double device = runner_.device_seconds(op);
+        const double begin = device >= 0 && device < end - start ? end - device : start;
+        out.ops[static_cast<size_t>(op.id)] = {begin, end};
+      }
       task_end[static_cast<size_t>(ti)] = end;
       done[static_cast<size_t>(ti)].store(1, std::memory_order_release);
       done[static_cast<size_t>(ti)].notify_all();

@@ -25,4 +25,10 @@ inline constexpr FusedKernelParams kAllToAllGemm{128, 256, 0, 4};
 inline constexpr FusedKernelParams kAllGatherGroupedGemm{128, 256, 16, 4};
 inline constexpr FusedKernelParams kGroupedGemmReduceScatter{128, 256, 16, 4};
 
+// SMs a fused kernel leaves idle when it runs beside other work in a training step: NCCL's kernels on the
+// other streams must find an SM while a fused kernel waits on a peer that is itself inside that NCCL
+// collective, or the two ranks wait on each other for ever. The cost model computes fused kernels' tiles on
+// the SMs left after these and the communication SMs.
+inline constexpr int64_t kFusedSmsLeftForCollectives = 4;
+
 }  // namespace moeplan

@@ -420,7 +420,7 @@ OpCost CostModel::cost(const Op& op) const {
       const double sms = d(hw_.gpu.sm_count.value);
       const double comp =
           (grouped ? grouped_gemm_seconds(op.gemm, op.dtype, &e1) : gemm_seconds(op.gemm, op.dtype, &e1)) *
-          sms / (sms - d(fp.comm_sms));
+          sms / (sms - d(fp.comm_sms + kFusedSmsLeftForCollectives));
       const double comm = collective_seconds(op.comm, &e2, &res);
       const double chunks = d(fp.chunks_per_peer * std::max<int64_t>(1, op.comm.group_size));
       r.seconds = std::max(comp, comm) + std::min(comp, comm) / chunks + launch;

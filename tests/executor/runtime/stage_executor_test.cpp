@@ -32,9 +32,52 @@ class SleepRunner final : public OpRunner {
   std::set<std::thread::id> threads[kNumStreams];  // the threads that ran each stream's ops
 };
 
+// Sleeps 1 ms per op and reports a device clock's `device` seconds for it, as the CUDA runner does with
+// events around the op's work.
+class DeviceClockRunner final : public OpRunner {
+ public:
+  explicit DeviceClockRunner(double device) : device_(device) {}
+  void run(const Op&) override { std::this_thread::sleep_for(std::chrono::milliseconds(1)); }
+  void receive(const Op&) override {}
+  double device_seconds(const Op&) const override { return device_; }
+
+ private:
+  double device_;
+};
+
 }  // namespace
 
 TEST_SUITE("executor_runtime") {
+  TEST_CASE("an op timed by a device clock lasts the device's time and ends when the host saw it end") {
+    const RunInputs in = test::load_tiny("exec_dp2", test::tiny_plan(2, test::kDp2Ep2));
+    const OpGraph& g = in.graph;
+    const StageSchedule s = schedule_stage(g, 0);
+    DeviceClockRunner runner(250e-6);
+    StageExecutor ex(g, s, runner, 0);
+    const StepTiming t = ex.run_step();
+    for (const Op& op : g.ops) {
+      const OpTiming& o = t.ops[static_cast<size_t>(op.id)];
+      CHECK(o.end - o.start == doctest::Approx(250e-6).epsilon(1e-6));
+      for (int32_t d : g.deps_of(op)) CHECK(o.start >= t.ops[static_cast<size_t>(d)].end);
+    }
+    // The step is still the host's: every op's 1 ms sleep is in it.
+    CHECK(t.span_s >= 1e-3 * static_cast<double>(g.ops.size()) / kNumStreams);
+  }
+
+  TEST_CASE("a device time longer than the host's interval around the op is not believed") {
+    const RunInputs in = test::load_tiny("exec_dp2", test::tiny_plan(2, test::kDp2Ep2));
+    const OpGraph& g = in.graph;
+    const StageSchedule s = schedule_stage(g, 0);
+    DeviceClockRunner runner(10.0);  // far longer than the 1 ms the op took
+    StageExecutor ex(g, s, runner, 0);
+    const StepTiming t = ex.run_step();
+    for (const Op& op : g.ops) {
+      const OpTiming& o = t.ops[static_cast<size_t>(op.id)];
+      CHECK(o.end - o.start >= 1e-3);
+      CHECK(o.end - o.start < 10.0);
+    }
+  }
+
   TEST_CASE("each op starts after all of its dependencies end and ops of one stream never overlap") {
     const RunInputs in = test::load_tiny("exec_dp2", test::tiny_plan(2, test::kDp2Ep2));
     const OpGraph& g = in.graph;

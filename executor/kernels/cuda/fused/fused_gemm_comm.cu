@@ -327,7 +327,7 @@ __global__ void __launch_bounds__(kThreads, 1) all_to_all_gemm_kernel(const __gr
 std::string group_rule(const Group& g) {
   if (g.ranks < 1 || g.ranks > kMaxRanks) return "ranks must be in [1, " + std::to_string(kMaxRanks) + "]";
   if (g.virtual_ranks != 1 && g.virtual_ranks != g.ranks) return "virtual_ranks must be 1 or ranks";
-  if (g.ctas_per_rank < 0) return "ctas_per_rank must be >= 0";
+  if (g.ctas_per_rank < 0 || g.sms_left < 0) return "ctas_per_rank and sms_left must be >= 0";
   return {};
 }
 
@@ -429,7 +429,8 @@ int grid_ctas(const Group& g, const void* kernel, bool copy_engines) {
   MOERUN_CUDA_CHECK(cudaGetDevice(&dev));
   MOERUN_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
   MOERUN_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, 0));
-  const int usable = copy_engines ? std::max(1, sms - kCopyHeadroomSms) : sms;
+  const int left = copy_engines ? std::max(kCopyHeadroomSms, g.sms_left) : g.sms_left;
+  const int usable = std::max(1, sms - left);
   int ctas = usable * per_sm / g.virtual_ranks;
   if (g.ctas_per_rank > 0) ctas = std::min(ctas, g.ctas_per_rank);
   return ctas;

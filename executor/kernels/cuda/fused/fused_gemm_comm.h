@@ -52,6 +52,7 @@ struct Group {
   int ranks = 1;          // R: ranks of the group (1..kMaxRanks)
   int virtual_ranks = 1;  // 1 (this process is one rank of R) or R (all of them, on this GPU)
   int ctas_per_rank = 0;  // CTAs per (virtual) rank; 0: the co-resident grid shared evenly
+  int sms_left = 0;       // SMs left idle for other kernels (kFusedSmsLeftForCollectives in a training step)
 };
 
 // ---- All-gather + scatter + grouped GEMM --------------------------------------------------------------
