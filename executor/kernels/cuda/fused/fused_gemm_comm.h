@@ -23,13 +23,14 @@
 // one kernel object.
 //
 // The kernels' CTAs wait on each other, so all of them must be resident at once: the grid is sized from the
-// occupancy calculator and launched cooperatively (the launch waits for room, or fails, rather than hang).
-// Across GPUs, every rank must also launch its fused kernels in the same order relative to its other
-// collectives.
+// occupancy calculator and launched cooperatively (the launch waits for room, or fails, rather than hang);
+// AllToAllGemm's CTAs wait only on copy engines and launch normally. Beside other kernels that wait on peers
+// (NCCL's, on other streams), leave them SMs (Group::sms_left): a fused kernel holding every SM while its
+// peer sits in a collective this GPU cannot schedule would make the two ranks wait on each other.
 //
-// Tile shape and pipeline depth are simulator/core/fused_kernels.h's, the parameters the cost model predicts
-// these kernels with. The tile main loop is a warp-level bf16 MMA (wmma) with fp32 accumulation; it is
-// simpler and slower than the CUTLASS wgmma grouped GEMM (grouped_gemm.h).
+// Tile shape, communication SMs and pipeline depth are simulator/core/fused_kernels.h's, the parameters the
+// cost model predicts these kernels with. The tile main loop is a warp-level bf16 MMA (wmma) with fp32
+// accumulation; it is simpler and slower than the CUTLASS wgmma grouped GEMM (grouped_gemm.h).
 #pragma once
 
 #include <cuda_bf16.h>
