@@ -16,11 +16,11 @@
 //     at construction; groups of at most 8 ranks in one NVLink domain); bf16 rows even when the plan
 //     dispatches in FP8 (the fused kernels have no FP8 path).
 // run() enqueues the op's work on its stream's CUDA stream between two CUDA events and waits for it, so the
-// runtime's host-side dependencies hold; the op's measured time is the events' interval (device_seconds), the
-// work alone. The step still pays each op's launch and synchronisation (~10-20 us) that a graph of events
-// would not: said here, and visible as the gap between the measured step and the sum of its critical ops.
-// Refuses pipeline parallelism (NCCL sends and receives from two host threads on one communicator are not
-// safe; cuda_unsupported says so).
+// runtime's host-side dependencies hold; the op's measured time is the events' interval (device_seconds):
+// its work and the host's enqueue of it, not the wait for completion. The step still pays each op's launch
+// and synchronisation (~10-20 us) that a graph of events would not: said here, and visible as the gap between
+// the measured step and the sum of its critical ops. Refuses pipeline parallelism (NCCL sends and receives
+// from two host threads on one communicator are not safe; cuda_unsupported says so).
 #pragma once
 
 #include <functional>

@@ -1,10 +1,7 @@
-// Which of moerun's four fused GEMM + communication kernels (executor/kernels/cuda/fused/) runs a
-// kFusedGemmComm op of the op graph, and at what shape. CUDA-free, so the mapping is tested on the CPU
-// (tests/executor/runtime/fused_ops_test.cpp) against the lowering's own ops.
-//
-// The forward ops that gather before their GEMM (dispatch + fc13, all-to-all + output projection) run the
-// gathering kernels; their dgrad (the transposed kernel: its collective reverses) scatters after its GEMM,
-// and the other way round for the rest. The GEMM's depth and width swap in dgrad (dX [m, k] = dY [m, n] W^T).
+// The shape at which moerun's CUDA backend runs a kFusedGemmComm op on its fused kernel (the kernel itself:
+// simulator/core/fused_ops.h's fused_kind, which the cost model prices the op with). CUDA-free, so the
+// mapping is tested on the CPU (tests/executor/runtime/fused_ops_test.cpp) against the lowering's own ops.
+// The GEMM's depth and width swap in dgrad (dX [m, k] = dY [m, n] W^T).
 #pragma once
 
 #include <algorithm>
@@ -12,16 +9,10 @@
 #include <cstdint>
 #include <tuple>
 
+#include "simulator/core/fused_ops.h"
 #include "simulator/core/op_graph.h"
 
 namespace moeplan::executor {
-
-enum class FusedKind {
-  kGatherGrouped,   // all-gather + scatter + grouped GEMM
-  kGroupedScatter,  // grouped GEMM + gather + reduce-scatter
-  kGemmA2a,         // GEMM + all-to-all
-  kA2aGemm,         // all-to-all + GEMM
-};
 
 struct FusedShape {
   FusedKind kind = FusedKind::kGemmA2a;
@@ -56,16 +47,10 @@ struct FusedShape {
 };
 
 inline FusedShape fused_shape(const Op& op, int ranks) {
-  const auto name = static_cast<OpName>(op.name);
-  const bool grouped = name == OpName::kAgScatterFc13 || name == OpName::kA2aFc13 ||
-                       name == OpName::kFc2GatherRs || name == OpName::kFc2A2a;
-  const bool gathers_forward =
-      name == OpName::kAgScatterFc13 || name == OpName::kA2aFc13 || name == OpName::kA2aOutProj;
-  const bool forward = op.part != GemmPart::kDgrad;
-  const bool gathers = gathers_forward == forward;
   FusedShape s;
-  s.kind = grouped ? (gathers ? FusedKind::kGatherGrouped : FusedKind::kGroupedScatter)
-                   : (gathers ? FusedKind::kA2aGemm : FusedKind::kGemmA2a);
+  s.kind = fused_kind(op);
+  const bool grouped = s.kind == FusedKind::kGatherGrouped || s.kind == FusedKind::kGroupedScatter;
+  const bool forward = op.part != GemmPart::kDgrad;
   s.ranks = ranks;
   s.depth = forward ? op.gemm.k : op.gemm.n;
   s.width = forward ? op.gemm.n : op.gemm.k;

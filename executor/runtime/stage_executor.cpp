@@ -78,8 +78,8 @@ StepTiming StageExecutor::run_step() {
       const double end = seconds();
       if (watchdog_ != nullptr) watchdog_->end(slot);
       if (!task.receive) {
-        // A device clock times the op's own work: its interval ends when the host saw it end and lasts as
-        // long as the device says, without the launch and synchronisation around it.
+        // A device clock times the op on its stream: its interval ends when the host saw it end and lasts as
+        // long as the device says, without the host's wait for completion (the enqueue is still in it).
         const double device = runner_.device_seconds(op);
         const double begin = device >= 0 && device < end - start ? end - device : start;
         out.ops[static_cast<size_t>(op.id)] = {begin, end};

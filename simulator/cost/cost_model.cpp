@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include "simulator/core/fused_kernels.h"
+#include "simulator/core/fused_ops.h"
 #include "simulator/core/units.h"
 
 namespace moeplan::cost {
@@ -406,17 +407,14 @@ OpCost CostModel::cost(const Op& op) const {
       break;
     }
     case OpKind::kFusedGemmComm: {
-      // Tile pipeline: compute on the SMs left to it, communication of the first chunk exposed, then the
-      // slower of the two streams, then the other's last chunk:  T = max(comp, comm) + min(comp, comm) /
-      // chunks.
+      // Tile pipeline: compute on the SMs left after the kernel's communication SMs and those it leaves to
+      // other streams' collectives, communication of the first chunk exposed, then the slower of the two
+      // streams, then the other's last chunk:  T = max(comp, comm) + min(comp, comm) / chunks. The kernel is
+      // the one moerun runs for the op (fused_ops.h).
       const bool grouped = op.gemm.groups > 1;
       double e1 = 0, e2 = 0;
       Resource res;
-      const FusedKernelParams& fp = grouped ? (op.comm.collective == Collective::kAllGather ||
-                                                       op.comm.collective == Collective::kAllToAll
-                                                   ? kAllGatherGroupedGemm
-                                                   : kGroupedGemmReduceScatter)
-                                            : (op.part == GemmPart::kNone ? kGemmAllToAll : kAllToAllGemm);
+      const FusedKernelParams& fp = fused_params(fused_kind(op));
       const double sms = d(hw_.gpu.sm_count.value);
       const double comp =
           (grouped ? grouped_gemm_seconds(op.gemm, op.dtype, &e1) : gemm_seconds(op.gemm, op.dtype, &e1)) *

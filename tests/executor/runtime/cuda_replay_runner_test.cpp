@@ -8,28 +8,30 @@
 
 namespace moeplan::executor {
 
-TEST_CASE("the CUDA replay refuses pipeline parallelism and fused kernels beyond one NVLink domain") {
-  Plan p;
-  CHECK(cuda_unsupported(p).empty());
-  p.pipeline.pp = 2;
-  CHECK(cuda_unsupported(p).find("pipeline") != std::string::npos);
-  p.pipeline.pp = 1;
+TEST_SUITE("executor_runtime") {
+  TEST_CASE("the CUDA replay refuses pipeline parallelism and fused kernels beyond one NVLink domain") {
+    Plan p;
+    CHECK(cuda_unsupported(p).empty());
+    p.pipeline.pp = 2;
+    CHECK(cuda_unsupported(p).find("pipeline") != std::string::npos);
+    p.pipeline.pp = 1;
 
-  // Ulysses sp and EP groups of up to 8 ranks fuse; 16 do not, unless intra-operator overlap is off.
-  p.overlap.intra_op = true;
-  p.attention.sp = 8;
-  p.experts.ep = 8;
-  CHECK(cuda_unsupported(p).empty());
-  p.attention.sp = 16;
-  CHECK(cuda_unsupported(p).find("16 ranks") != std::string::npos);
-  p.attention.sp = 1;
-  p.experts.ep = 16;
-  CHECK(cuda_unsupported(p).find("16 ranks") != std::string::npos);
-  p.experts.etp = 2;  // the lowering fuses no expert collectives under ETP
-  CHECK(cuda_unsupported(p).empty());
-  p.experts.etp = 1;
-  p.overlap.intra_op = false;
-  CHECK(cuda_unsupported(p).empty());
+    // Ulysses sp and EP groups of up to 8 ranks fuse; 16 do not, unless intra-operator overlap is off.
+    p.overlap.intra_op = true;
+    p.attention.sp = 8;
+    p.experts.ep = 8;
+    CHECK(cuda_unsupported(p).empty());
+    p.attention.sp = 16;
+    CHECK(cuda_unsupported(p).find("16 ranks") != std::string::npos);
+    p.attention.sp = 1;
+    p.experts.ep = 16;
+    CHECK(cuda_unsupported(p).find("16 ranks") != std::string::npos);
+    p.experts.etp = 2;  // the lowering fuses no expert collectives under ETP
+    CHECK(cuda_unsupported(p).empty());
+    p.experts.etp = 1;
+    p.overlap.intra_op = false;
+    CHECK(cuda_unsupported(p).empty());
+  }
 }
 
 }  // namespace moeplan::executor

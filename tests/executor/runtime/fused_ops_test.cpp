@@ -53,61 +53,63 @@ std::map<std::pair<OpName, bool>, Seen> fused_ops(const OpGraph& g) {
 
 }  // namespace
 
-TEST_CASE("Ulysses fused ops map to GEMM + all-to-all and back, moving exactly the collective's bytes") {
-  const ModelSpec m = one_layer();
-  const OpGraph g = lower(m, intra_op_plan(Dispatch::kAllToAll), {});
-  const auto ops = fused_ops(g);
-  REQUIRE(ops.count({OpName::kQkvProjA2a, true}) == 1);
-  REQUIRE(ops.count({OpName::kQkvProjA2a, false}) == 1);
-  REQUIRE(ops.count({OpName::kA2aOutProj, true}) == 1);
-  REQUIRE(ops.count({OpName::kA2aOutProj, false}) == 1);
-  CHECK(ops.at({OpName::kQkvProjA2a, true}).kind == FusedKind::kGemmA2a);
-  CHECK(ops.at({OpName::kQkvProjA2a, false}).kind == FusedKind::kA2aGemm);
-  CHECK(ops.at({OpName::kA2aOutProj, true}).kind == FusedKind::kA2aGemm);
-  CHECK(ops.at({OpName::kA2aOutProj, false}).kind == FusedKind::kGemmA2a);
-  for (const auto& [key, seen] : ops) {
-    if (key.first != OpName::kQkvProjA2a && key.first != OpName::kA2aOutProj) continue;
-    INFO(op_label(*seen.op));
-    CHECK(static_cast<double>(seen.shape.moved_bytes()) == doctest::Approx(seen.op->comm.bytes));
-    CHECK(seen.shape.symmetric_bytes() == seen.shape.moved_bytes());
-    // The input of the projection is the hidden state, on either side of the all-to-all.
-    const int64_t h = m.hidden;
-    const bool qkv = key.first == OpName::kQkvProjA2a;
-    CHECK((qkv == key.second ? seen.shape.depth : seen.shape.width) == h);
-  }
-}
-
-TEST_CASE(
-    "expert fused ops map to gather + grouped GEMM and grouped GEMM + scatter, in both dispatch modes") {
-  const ModelSpec m = one_layer();
-  for (const Dispatch d : {Dispatch::kAllToAll, Dispatch::kAllGather}) {
-    const bool a2a = d == Dispatch::kAllToAll;
-    INFO("dispatch " << (a2a ? "all-to-all" : "all-gather"));
-    const OpGraph g = lower(m, intra_op_plan(d), {});  // outlives `ops`, which points into it
+TEST_SUITE("executor_runtime") {
+  TEST_CASE("Ulysses fused ops map to GEMM + all-to-all and back, moving exactly the collective's bytes") {
+    const ModelSpec m = one_layer();
+    const OpGraph g = lower(m, intra_op_plan(Dispatch::kAllToAll), {});
     const auto ops = fused_ops(g);
-    const OpName fc13 = a2a ? OpName::kA2aFc13 : OpName::kAgScatterFc13;
-    const OpName fc2 = a2a ? OpName::kFc2A2a : OpName::kFc2GatherRs;
-    REQUIRE(ops.count({fc13, true}) == 1);
-    REQUIRE(ops.count({fc13, false}) == 1);
-    REQUIRE(ops.count({fc2, true}) == 1);
-    REQUIRE(ops.count({fc2, false}) == 1);
-    CHECK(ops.at({fc13, true}).kind == FusedKind::kGatherGrouped);
-    CHECK(ops.at({fc13, false}).kind == FusedKind::kGroupedScatter);
-    CHECK(ops.at({fc2, true}).kind == FusedKind::kGroupedScatter);
-    CHECK(ops.at({fc2, false}).kind == FusedKind::kGatherGrouped);
+    REQUIRE(ops.count({OpName::kQkvProjA2a, true}) == 1);
+    REQUIRE(ops.count({OpName::kQkvProjA2a, false}) == 1);
+    REQUIRE(ops.count({OpName::kA2aOutProj, true}) == 1);
+    REQUIRE(ops.count({OpName::kA2aOutProj, false}) == 1);
+    CHECK(ops.at({OpName::kQkvProjA2a, true}).kind == FusedKind::kGemmA2a);
+    CHECK(ops.at({OpName::kQkvProjA2a, false}).kind == FusedKind::kA2aGemm);
+    CHECK(ops.at({OpName::kA2aOutProj, true}).kind == FusedKind::kA2aGemm);
+    CHECK(ops.at({OpName::kA2aOutProj, false}).kind == FusedKind::kGemmA2a);
     for (const auto& [key, seen] : ops) {
-      if (key.first != fc13 && key.first != fc2) continue;
+      if (key.first != OpName::kQkvProjA2a && key.first != OpName::kA2aOutProj) continue;
       INFO(op_label(*seen.op));
-      // The rows that move are hidden-wide: the gathered GEMM's input, the scattered GEMM's output.
-      const FusedShape& s = seen.shape;
-      CHECK((s.kind == FusedKind::kGatherGrouped ? s.depth : s.width) == m.hidden);
-      CHECK(s.experts == m.moe.num_experts / 8);
-      CHECK(s.m % s.experts == 0);
-      CHECK(s.m >= seen.op->gemm.m);
-      // All-to-all dispatch: the kernel moves the collective's rows (top-k copies of the tokens), up to the
-      // rounding to whole rows per expert.
-      if (a2a)
-        CHECK(static_cast<double>(s.moved_bytes()) == doctest::Approx(seen.op->comm.bytes).epsilon(0.01));
+      CHECK(static_cast<double>(seen.shape.moved_bytes()) == doctest::Approx(seen.op->comm.bytes));
+      CHECK(seen.shape.symmetric_bytes() == seen.shape.moved_bytes());
+      // The input of the projection is the hidden state, on either side of the all-to-all.
+      const int64_t h = m.hidden;
+      const bool qkv = key.first == OpName::kQkvProjA2a;
+      CHECK((qkv == key.second ? seen.shape.depth : seen.shape.width) == h);
+    }
+  }
+
+  TEST_CASE(
+      "expert fused ops map to gather + grouped GEMM and grouped GEMM + scatter, in both dispatch modes") {
+    const ModelSpec m = one_layer();
+    for (const Dispatch d : {Dispatch::kAllToAll, Dispatch::kAllGather}) {
+      const bool a2a = d == Dispatch::kAllToAll;
+      INFO("dispatch " << (a2a ? "all-to-all" : "all-gather"));
+      const OpGraph g = lower(m, intra_op_plan(d), {});  // outlives `ops`, which points into it
+      const auto ops = fused_ops(g);
+      const OpName fc13 = a2a ? OpName::kA2aFc13 : OpName::kAgScatterFc13;
+      const OpName fc2 = a2a ? OpName::kFc2A2a : OpName::kFc2GatherRs;
+      REQUIRE(ops.count({fc13, true}) == 1);
+      REQUIRE(ops.count({fc13, false}) == 1);
+      REQUIRE(ops.count({fc2, true}) == 1);
+      REQUIRE(ops.count({fc2, false}) == 1);
+      CHECK(ops.at({fc13, true}).kind == FusedKind::kGatherGrouped);
+      CHECK(ops.at({fc13, false}).kind == FusedKind::kGroupedScatter);
+      CHECK(ops.at({fc2, true}).kind == FusedKind::kGroupedScatter);
+      CHECK(ops.at({fc2, false}).kind == FusedKind::kGatherGrouped);
+      for (const auto& [key, seen] : ops) {
+        if (key.first != fc13 && key.first != fc2) continue;
+        INFO(op_label(*seen.op));
+        // The rows that move are hidden-wide: the gathered GEMM's input, the scattered GEMM's output.
+        const FusedShape& s = seen.shape;
+        CHECK((s.kind == FusedKind::kGatherGrouped ? s.depth : s.width) == m.hidden);
+        CHECK(s.experts == m.moe.num_experts / 8);
+        CHECK(s.m % s.experts == 0);
+        CHECK(s.m >= seen.op->gemm.m);
+        // All-to-all dispatch: the kernel moves the collective's rows (top-k copies of the tokens), up to the
+        // rounding to whole rows per expert.
+        if (a2a)
+          CHECK(static_cast<double>(s.moved_bytes()) == doctest::Approx(seen.op->comm.bytes).epsilon(0.01));
+      }
     }
   }
 }

@@ -419,9 +419,10 @@ const void* kernel_of() {
     return reinterpret_cast<const void*>(&all_to_all_gemm_kernel);
 }
 
-// SMs the all-to-all + GEMM kernel leaves free, in case the driver moves a device-to-device copy with a
-// kernel rather than a copy engine (the GEMM's CTAs wait for the copies, so they must not take every SM).
-constexpr int kCopyHeadroomSms = 4;
+// SMs the all-to-all + GEMM kernel leaves free at least, in case the driver moves a device-to-device copy
+// with a kernel rather than a copy engine (the GEMM's CTAs wait for the copies, so they must not take every
+// SM): the SMs a training step leaves to collectives anyway, so the cost model's count holds.
+constexpr int kCopyHeadroomSms = static_cast<int>(kFusedSmsLeftForCollectives);
 
 // The grid of one (virtual) rank: the co-resident CTAs shared by the virtual ranks, capped by the request.
 int grid_ctas(const Group& g, const void* kernel, bool copy_engines) {
