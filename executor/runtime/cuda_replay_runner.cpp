@@ -355,6 +355,13 @@ struct CudaReplayRunner::Impl {
       f.map_row = upload(row_of);
     };
     auto bf = [](void* p) { return static_cast<cuda::fused::Bf16*>(p); };
+    // Each peer's data region and this kernel's signal array in it.
+    auto peers = [&](auto& data, uint32_t*(&signals)[cuda::fused::kMaxRanks]) {
+      for (int p = 0; p < s.ranks; ++p) {
+        data[p] = mem.data(p);
+        signals[p] = mem.signals(p, sig);
+      }
+    };
     switch (s.kind) {
       case FusedKind::kGatherGrouped: {
         if (fresh) {
@@ -363,10 +370,7 @@ struct CudaReplayRunner::Impl {
         }
         cuda::fused::AllGatherGroupedGemmOperands o;
         o.rank = mem.rank;
-        for (int p = 0; p < s.ranks; ++p) {
-          o.x[p] = mem.data(p);
-          o.signals[p] = mem.signals(p, sig);
-        }
+        peers(o.x, o.signals);
         o.counts = f.counts.data();
         o.src_rank = f.map_rank.data();
         o.src_row = f.map_row.data();
@@ -383,10 +387,7 @@ struct CudaReplayRunner::Impl {
         }
         cuda::fused::GroupedGemmReduceScatterOperands o;
         o.rank = mem.rank;
-        for (int p = 0; p < s.ranks; ++p) {
-          o.recv[p] = mem.data(p);
-          o.signals[p] = mem.signals(p, sig);
-        }
+        peers(o.recv, o.signals);
         o.counts = f.counts.data();
         o.dst_rank = f.map_rank.data();
         o.dst_slot = f.map_row.data();
@@ -402,10 +403,7 @@ struct CudaReplayRunner::Impl {
         if (fresh) init(f.gemm_a2a, gemm_a2a_args(s));
         cuda::fused::GemmAllToAllOperands o;
         o.rank = mem.rank;
-        for (int p = 0; p < s.ranks; ++p) {
-          o.out[p] = mem.data(p);
-          o.signals[p] = mem.signals(p, sig);
-        }
+        peers(o.out, o.signals);
         o.x = bf(slot(l, 0, sz(s.m * s.depth) * 2));
         o.w = bf(slot(l, 1, sz(s.depth * s.width) * 2));
         o.staged = bf(slot(l, 2, sz(s.m * s.width) * 2));
@@ -416,10 +414,7 @@ struct CudaReplayRunner::Impl {
         if (fresh) init(f.a2a_gemm, a2a_gemm_args(s));
         cuda::fused::AllToAllGemmOperands o;
         o.rank = mem.rank;
-        for (int p = 0; p < s.ranks; ++p) {
-          o.in[p] = mem.data(p);
-          o.signals[p] = mem.signals(p, sig);
-        }
+        peers(o.in, o.signals);
         o.gathered = bf(slot(l, 0, sz(s.m * s.depth) * 2));
         o.w = bf(slot(l, 1, sz(s.depth * s.width) * 2));
         o.y = bf(slot(l, 2, sz(s.m * s.width) * 2));

@@ -47,14 +47,6 @@ DeviceBuffer<T> upload(const std::vector<T>& h) {
   return d;
 }
 
-struct Signals {
-  explicit Signals(int ranks) : buf(static_cast<size_t>(ranks) * fused::kSignalSlots) {
-    MOERUN_CUDA_CHECK(cudaMemset(buf.data(), 0, buf.bytes()));
-  }
-  uint32_t* of(int p) const { return buf.data() + static_cast<int64_t>(p) * fused::kSignalSlots; }
-  DeviceBuffer<uint32_t> buf;
-};
-
 // Balanced routing at one rank's shape: `rows` expert rows per rank, `experts` local experts with equal
 // counts; row i of rank o comes from (goes to) global slot g = o rows + i on rank g % R, its row g / R.
 struct Routing {
@@ -121,7 +113,7 @@ void all_gather_grouped_gemm(double ref_ms) {
       std::printf("all-gather + grouped GEMM, %d ranks: cannot run: %s\n", R, why.c_str());
       continue;
     }
-    Signals sig(R);
+    fused::VirtualSignals sig(R);
     std::vector<DeviceBuffer<Bf16>> x, g, w, y;
     std::vector<Routing> routes;
     std::vector<fused::AllGatherGroupedGemmOperands> ops(static_cast<size_t>(R));
@@ -169,7 +161,7 @@ void grouped_gemm_reduce_scatter(double ref_ms) {
       std::printf("grouped GEMM + reduce-scatter, %d ranks: cannot run: %s\n", R, why.c_str());
       continue;
     }
-    Signals sig(R);
+    fused::VirtualSignals sig(R);
     std::vector<DeviceBuffer<Bf16>> h, w, y, recv, out;
     std::vector<DeviceBuffer<float>> gates;
     std::vector<Routing> routes;
@@ -222,7 +214,7 @@ void gemm_all_to_all(double ref_ms) {
       std::printf("GEMM + all-to-all, %d ranks: cannot run: %s\n", R, why.c_str());
       continue;
     }
-    Signals sig(R);
+    fused::VirtualSignals sig(R);
     auto w = hashed(kModel * kQkv, 50);
     std::vector<DeviceBuffer<Bf16>> x, staged, out;
     std::vector<fused::GemmAllToAllOperands> ops(static_cast<size_t>(R));
@@ -261,7 +253,7 @@ void all_to_all_gemm(double ref_ms) {
       std::printf("all-to-all + GEMM, %d ranks: cannot run: %s\n", R, why.c_str());
       continue;
     }
-    Signals sig(R);
+    fused::VirtualSignals sig(R);
     auto w = hashed(kModel * kModel, 70);
     std::vector<DeviceBuffer<Bf16>> in, gathered, y;
     std::vector<fused::AllToAllGemmOperands> ops(static_cast<size_t>(R));

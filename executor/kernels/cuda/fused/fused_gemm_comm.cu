@@ -41,8 +41,10 @@ struct Launch {
   uint32_t epoch = 0;
 };
 
-// Row offsets of the local experts from their counts (a bug upstream, and a trap, when they exceed `rows`).
-__device__ void expert_offsets(const int32_t* counts, int experts, int64_t rows, int32_t* off) {
+// The local experts' row offsets from their counts (a bug upstream, and a trap, when a count is negative or
+// they exceed `rows`) and their tile offsets (schedule.h), in shared memory for the whole CTA.
+__device__ void grouped_layout(const int32_t* counts, int experts, int64_t rows, int64_t n_tiles,
+                               int32_t* off, int32_t* tile_off) {
   if (threadIdx.x == 0) {
     off[0] = 0;
     for (int e = 0; e < experts; ++e) {
@@ -50,6 +52,7 @@ __device__ void expert_offsets(const int32_t* counts, int experts, int64_t rows,
       off[e + 1] = off[e] + counts[e];
     }
     if (off[experts] > rows) __trap();
+    expert_tile_offsets(off, experts, n_tiles, tile_off);
   }
   __syncthreads();
 }
@@ -98,7 +101,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int ranks = a.group.ranks, experts = a.experts;
   __shared__ int32_t off[kMaxExperts + 1], tile_off[kMaxExperts + 1];
   __shared__ TileSmem s;
-  expert_offsets(o.counts, experts, a.rows, off);
+  const int64_t n_tiles = col_tiles(a.out);
+  grouped_layout(o.counts, experts, a.rows, n_tiles, off, tile_off);
   const RowChunks ch = RowChunks::make(off[experts], L.chunks);
   uint32_t* counters = L.work + static_cast<int64_t>(blockIdx.y) * L.chunks;
   const uint32_t* mine = o.signals[o.rank];
@@ -123,9 +127,6 @@ __global__ void __launch_bounds__(kThreads, 1)
     return;
   }
 
-  const int64_t n_tiles = col_tiles(a.out);
-  if (threadIdx.x == 0) expert_tile_offsets(off, experts, n_tiles, tile_off);
-  __syncthreads();
   const uint32_t landed = L.epoch * static_cast<uint32_t>(L.comm_ctas);
   const int compute = static_cast<int>(gridDim.x) - L.comm_ctas;
   Acc acc[kFrags][kFrags];
@@ -156,10 +157,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int ranks = a.group.ranks, experts = a.experts;
   __shared__ int32_t off[kMaxExperts + 1], tile_off[kMaxExperts + 1];
   __shared__ TileSmem s;
-  expert_offsets(o.counts, experts, a.rows, off);
   const int64_t n_tiles = col_tiles(a.hidden);
-  if (threadIdx.x == 0) expert_tile_offsets(off, experts, n_tiles, tile_off);
-  __syncthreads();
+  grouped_layout(o.counts, experts, a.rows, n_tiles, off, tile_off);
   const RowChunks ch = RowChunks::make(off[experts], L.chunks);
   const int64_t max_tiles = (ceil_div(a.rows, kTileM) + experts) * n_tiles;
   uint32_t* tile_flags = L.work + static_cast<int64_t>(blockIdx.y) * max_tiles;
@@ -592,10 +591,13 @@ void FusedKernel<Args, Operands>::run(std::span<const Operands> ranks, cudaStrea
       cudaStream_t st = side_[v];
       uint32_t* flags = L.work + static_cast<int64_t>(v) * chunks_ * R;
       MOERUN_CUDA_CHECK(cudaStreamWaitEvent(st, fork_, 0));
-      if (handshake) {
-        for (int p = 0; p < R; ++p) write_value(st, o.signals[p] + kSignalReady + o.rank, epoch_);
-        for (int p = 0; p < R; ++p) wait_value(st, o.signals[o.rank] + kSignalReady + p, epoch_);
-      }
+      // Tell every peer `slot`, then wait until every peer has told this rank.
+      auto exchange = [&](int slot) {
+        if (!handshake) return;
+        for (int p = 0; p < R; ++p) write_value(st, o.signals[p] + slot + o.rank, epoch_);
+        for (int p = 0; p < R; ++p) wait_value(st, o.signals[o.rank] + slot + p, epoch_);
+      };
+      exchange(kSignalReady);
       for (int c = 0; c < ch.chunks; ++c)
         for (int j = 0; j < R; ++j) {
           const int p = (o.rank + j) % R;
@@ -606,10 +608,7 @@ void FusedKernel<Args, Operands>::run(std::span<const Operands> ranks, cudaStrea
                                                 cpr * sizeof(Bf16), rows, cudaMemcpyDefault, st));
           write_value(st, flags + c * R + p, epoch_);
         }
-      if (handshake) {
-        for (int p = 0; p < R; ++p) write_value(st, o.signals[p] + kSignalDone + o.rank, epoch_);
-        for (int p = 0; p < R; ++p) wait_value(st, o.signals[o.rank] + kSignalDone + p, epoch_);
-      }
+      exchange(kSignalDone);
       MOERUN_CUDA_CHECK(cudaEventRecord(join_[v], st));
     }
     all_to_all_gemm_kernel<<<grid, kThreads, 0, stream>>>(L);

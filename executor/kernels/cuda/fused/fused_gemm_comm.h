@@ -43,6 +43,7 @@
 #include <string>
 #include <vector>
 
+#include "executor/kernels/cuda/check.h"
 #include "executor/kernels/cuda/fused/schedule.h"
 
 namespace moeplan::cuda::fused {
@@ -168,6 +169,19 @@ class FusedKernel {
   std::vector<cudaStream_t> side_;  // AllToAllGemm: one copy stream per virtual rank
   cudaEvent_t fork_ = nullptr;
   std::vector<cudaEvent_t> join_;
+};
+
+// The group's signal arrays when every rank is virtual (on this GPU): one zeroed allocation, rank p's array
+// at p kSignalSlots. Use one per kernel object.
+class VirtualSignals {
+ public:
+  explicit VirtualSignals(int ranks) : buf_(static_cast<size_t>(ranks) * kSignalSlots) {
+    MOERUN_CUDA_CHECK(cudaMemset(buf_.data(), 0, buf_.bytes()));
+  }
+  uint32_t* of(int p) const { return buf_.data() + static_cast<int64_t>(p) * kSignalSlots; }
+
+ private:
+  DeviceBuffer<uint32_t> buf_;
 };
 
 using AllGatherGroupedGemm = FusedKernel<AllGatherGroupedGemmArgs, AllGatherGroupedGemmOperands>;

@@ -31,37 +31,23 @@
 #include "executor/kernels/cpu/moe.h"
 #include "executor/kernels/cuda/check.h"
 #include "executor/kernels/cuda/fused/fused_gemm_comm.h"
+#include "tests/executor/kernels/cuda/bf16_ladder.h"
 
 namespace moeplan::cuda::fused {
 namespace {
 
-using executor::cpu::Mat;
-using MatD = Mat<double>;
-
-double bf16_round(double x) {
-  return static_cast<double>(__bfloat162float(__float2bfloat16_rn(static_cast<float>(x))));
-}
+using test::download_bf16;
+using test::MatD;
+using test::round_bf16;
+using test::upload_bf16;
 
 MatD random_bf16(int64_t rows, int64_t cols, uint64_t seed) {
-  MatD m(rows, cols);
-  for (int64_t i = 0; i < rows; ++i)
-    for (int64_t j = 0; j < cols; ++j) m(i, j) = bf16_round(executor::cpu::init_normal(seed, 0xf5e, i, j));
-  return m;
+  return test::random_bf16(rows, cols, seed, 0xf5e);
 }
 
-std::vector<Bf16> to_bf16(const MatD& m) {
-  std::vector<Bf16> h(static_cast<size_t>(m.size()));
-  for (int64_t i = 0; i < m.rows(); ++i)
-    for (int64_t j = 0; j < m.cols(); ++j)
-      h[static_cast<size_t>(i * m.cols() + j)] = __float2bfloat16_rn(static_cast<float>(m(i, j)));
-  return h;
-}
-
-DeviceBuffer<Bf16> upload_bf16(const MatD& m) {
-  const std::vector<Bf16> h = to_bf16(m);
-  DeviceBuffer<Bf16> d(std::max<size_t>(h.size(), 1));
-  if (!h.empty()) d.upload(h.data(), h.size());
-  return d;
+// The ladder at 3x the naive error plus 1e-4 max|reference| (see the header comment).
+void check_ladder(const MatD& got, const MatD& ref, const MatD& naive, const std::string& what) {
+  test::check_ladder(got, ref, naive, 3.0, 1e-4, what);
 }
 
 template <class T>
@@ -69,45 +55,6 @@ DeviceBuffer<T> upload(const std::vector<T>& h) {
   DeviceBuffer<T> d(std::max<size_t>(h.size(), 1));
   if (!h.empty()) d.upload(h.data(), h.size());
   return d;
-}
-
-MatD download_bf16(const Bf16* d, int64_t rows, int64_t cols) {
-  std::vector<Bf16> h(static_cast<size_t>(rows * cols));
-  MOERUN_CUDA_CHECK(cudaDeviceSynchronize());
-  if (!h.empty()) MOERUN_CUDA_CHECK(cudaMemcpy(h.data(), d, h.size() * sizeof(Bf16), cudaMemcpyDeviceToHost));
-  MatD m(rows, cols);
-  for (int64_t i = 0; i < rows; ++i)
-    for (int64_t j = 0; j < cols; ++j)
-      m(i, j) = static_cast<double>(__bfloat162float(h[static_cast<size_t>(i * cols + j)]));
-  return m;
-}
-
-MatD round_bf16(const MatD& m) {
-  return m.unaryExpr([](double x) { return bf16_round(x); });
-}
-
-// max |got - ref| <= 3 max |naive - ref| + 1e-4 max |ref|, and nothing non-finite.
-void check_ladder(const MatD& got, const MatD& ref, const MatD& naive, const std::string& what) {
-  REQUIRE(got.rows() == ref.rows());
-  REQUIRE(got.cols() == ref.cols());
-  if (ref.size() == 0) return;
-  const double scale = ref.cwiseAbs().maxCoeff();
-  const double naive_err = (naive - ref).cwiseAbs().maxCoeff();
-  double err = 0;
-  int64_t bad = 0;
-  for (int64_t i = 0; i < got.rows(); ++i)
-    for (int64_t j = 0; j < got.cols(); ++j) {
-      if (!std::isfinite(got(i, j))) {
-        ++bad;
-        continue;
-      }
-      err = std::max(err, std::abs(got(i, j) - ref(i, j)));
-    }
-  const double bound = 3.0 * naive_err + 1e-4 * scale;
-  INFO(what << ": max error " << err << ", bound " << bound << ", non-finite " << bad);
-  CHECK(bad == 0);
-  CHECK(err <= bound);
-  CHECK(scale > 0);
 }
 
 // Waits for a fused kernel. A signalling bug hangs rather than fails: after 30 s the test aborts, which
@@ -129,15 +76,6 @@ void finish(const char* what) {
 void poison(Bf16* p, size_t n) {
   MOERUN_CUDA_CHECK(cudaMemset(p, 0xFF, n * sizeof(Bf16)));
 }
-
-// The group's signal arrays when every rank is virtual: one zeroed allocation, rank p's at p kSignalSlots.
-struct VirtualSignals {
-  explicit VirtualSignals(int ranks) : buf(static_cast<size_t>(ranks) * kSignalSlots) {
-    MOERUN_CUDA_CHECK(cudaMemset(buf.data(), 0, buf.bytes()));
-  }
-  uint32_t* of(int p) const { return buf.data() + static_cast<int64_t>(p) * kSignalSlots; }
-  DeviceBuffer<uint32_t> buf;
-};
 
 // MoE routing over R ranks with E local experts each: token t of rank q picks two distinct global experts;
 // expert g lives on rank g / E. For each owner rank, its rows sorted by (local expert, source rank, token,

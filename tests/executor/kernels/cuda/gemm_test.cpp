@@ -34,35 +34,23 @@
 #include "executor/kernels/cuda/check.h"
 #include "executor/kernels/cuda/gemm.h"
 #include "executor/kernels/cuda/grouped_gemm.h"
+#include "tests/executor/kernels/cuda/bf16_ladder.h"
 
 namespace moeplan::cuda {
 namespace {
 
 using executor::cpu::Mat;
-using MatD = Mat<double>;
 using MatF = Mat<float>;
-using Bf16 = __nv_bfloat16;
+using test::Bf16;
+using test::bf16_round;
+using test::check_ladder;
+using test::download_bf16;
+using test::MatD;
+using test::round_bf16;
+using test::upload_bf16;
 
-double bf16_round(double x) {
-  return static_cast<double>(__bfloat162float(__float2bfloat16_rn(static_cast<float>(x))));
-}
-
-// Standard normal entries, rounded to bf16 (the exact values the GPU sees).
 MatD random_bf16(int64_t rows, int64_t cols, uint64_t seed) {
-  MatD m(rows, cols);
-  for (int64_t i = 0; i < rows; ++i)
-    for (int64_t j = 0; j < cols; ++j) m(i, j) = bf16_round(executor::cpu::init_normal(seed, 0x6e3, i, j));
-  return m;
-}
-
-DeviceBuffer<Bf16> upload_bf16(const MatD& m) {
-  std::vector<Bf16> h(static_cast<size_t>(m.size()));
-  for (int64_t i = 0; i < m.rows(); ++i)
-    for (int64_t j = 0; j < m.cols(); ++j)
-      h[static_cast<size_t>(i * m.cols() + j)] = __float2bfloat16_rn(static_cast<float>(m(i, j)));
-  DeviceBuffer<Bf16> d(h.size());
-  d.upload(h.data(), h.size());
-  return d;
+  return test::random_bf16(rows, cols, seed, 0x6e3);
 }
 
 DeviceBuffer<float> upload_f32(const MatD& m) {
@@ -84,17 +72,6 @@ DeviceBuffer<Bf16> nan_bf16(int64_t rows, int64_t cols) {
   return d;
 }
 
-MatD download_bf16(const DeviceBuffer<Bf16>& d, int64_t rows, int64_t cols) {
-  std::vector<Bf16> h(static_cast<size_t>(rows * cols));
-  MOERUN_CUDA_CHECK(cudaDeviceSynchronize());
-  d.download(h.data(), h.size());
-  MatD m(rows, cols);
-  for (int64_t i = 0; i < rows; ++i)
-    for (int64_t j = 0; j < cols; ++j)
-      m(i, j) = static_cast<double>(__bfloat162float(h[static_cast<size_t>(i * cols + j)]));
-  return m;
-}
-
 MatD download_f32(const DeviceBuffer<float>& d, int64_t rows, int64_t cols) {
   std::vector<float> h(static_cast<size_t>(rows * cols));
   MOERUN_CUDA_CHECK(cudaDeviceSynchronize());
@@ -103,35 +80,6 @@ MatD download_f32(const DeviceBuffer<float>& d, int64_t rows, int64_t cols) {
   for (int64_t i = 0; i < rows; ++i)
     for (int64_t j = 0; j < cols; ++j) m(i, j) = static_cast<double>(h[static_cast<size_t>(i * cols + j)]);
   return m;
-}
-
-MatD round_bf16(const MatD& m) {
-  return m.unaryExpr([](double x) { return bf16_round(x); });
-}
-
-// max |got - ref| <= factor * max |naive - ref| + floor_rel * max |ref|, and no NaN anywhere.
-void check_ladder(const MatD& got, const MatD& ref, const MatD& naive, double factor, double floor_rel,
-                  const char* what) {
-  REQUIRE(got.rows() == ref.rows());
-  REQUIRE(got.cols() == ref.cols());
-  const double scale = ref.cwiseAbs().maxCoeff();
-  const double naive_err = (naive - ref).cwiseAbs().maxCoeff();
-  double err = 0;
-  int64_t nan = 0;
-  for (int64_t i = 0; i < got.rows(); ++i)
-    for (int64_t j = 0; j < got.cols(); ++j) {
-      if (!std::isfinite(got(i, j))) {
-        ++nan;
-        continue;
-      }
-      err = std::max(err, std::abs(got(i, j) - ref(i, j)));
-    }
-  const double bound = factor * naive_err + floor_rel * scale;
-  INFO(what << ": max error " << err << ", bound " << bound << " (naive " << naive_err << ", max|ref| "
-            << scale << "), non-finite " << nan);
-  CHECK(nan == 0);
-  CHECK(err <= bound);
-  CHECK(scale > 0);  // a zero reference would make the check vacuous
 }
 
 // Runs one cuBLASLt GEMM (with its workspace) and synchronises.
