@@ -386,7 +386,11 @@ class MegatronBuilder {
     flag("--moe-permute-fusion");
     const std::string type = dispatcher();
     flag("--moe-token-dispatcher-type", type);
-    if (type == "flex") flag("--moe-flex-dispatcher-backend", "deepep");
+    if (type == "flex") {
+      // The backend is the stack's (megatron-core-hybridep runs HybridEP, the others DeepEP).
+      const bool hybrid = p_.stack.find("hybridep") != std::string::npos;
+      flag("--moe-flex-dispatcher-backend", hybrid ? "hybridep" : "deepep");
+    }
     if (p_.experts.dispatch == Dispatch::kDedup && type != "flex") {
       note("node-deduplicated dispatch with tp x ep = 1 sends nothing between ranks; alltoall used");
     }
@@ -394,6 +398,10 @@ class MegatronBuilder {
     // Router. DeepSeek-V3-style score-correction bias: sigmoid scores and aux-loss-free balancing
     // (expert bias needs sigmoid or sqrtsoftplus, TC:2617-2625). Top-1 with softmax needs pre-softmax
     // (TC:2661-2669).
+    if (e.group_limited()) {
+      flag("--moe-router-num-groups", e.groups);
+      flag("--moe-router-group-topk", e.group_top_k);
+    }
     if (e.router_score_bias) {
       flag("--moe-router-score-function", "sigmoid");
       flag("--moe-router-enable-expert-bias");
@@ -430,14 +438,26 @@ class MegatronBuilder {
     }
   }
 
-  // selective: MegaScale-MoE's rematerialization keeps the expert fc1/fc3 outputs and attention inputs and
-  // redoes norms, SwiGLU and the communication that produced the rest; Megatron's nearest modules are
-  // layernorm and moe_act (needs grouped GEMM, TC:1964-1967). full: every layer from its input.
+  // The plan's recompute as Megatron's flags: selective with exactly the plan's modules; full with its method
+  // and layer count. MegaScale-MoE's SAR has no Megatron form: its nearest modules are layernorm and moe_act
+  // (needs grouped GEMM, TC:1964-1967).
   void recompute() {
     switch (p_.recompute) {
       case Recompute::kNone:
         return;
-      case Recompute::kSelective:
+      case Recompute::kSelective: {
+        flag("--recompute-granularity", "selective");
+        std::string line = "--recompute-modules";
+        for (const std::string& m : recompute_module_names(p_.recompute_modules)) line += " " + m;
+        out_.flags.push_back(line);
+        return;
+      }
+      case Recompute::kFull:
+        flag("--recompute-granularity", "full");  // needs a method and a layer count (TC:1901-1932)
+        flag("--recompute-method", name_of(p_.recompute_method));
+        flag("--recompute-num-layers", p_.recompute_num_layers);
+        return;
+      case Recompute::kSar:
         flag("--recompute-granularity", "selective");
         if (m_.is_moe()) {
           flag("--recompute-modules", "layernorm", "moe_act");
@@ -445,15 +465,9 @@ class MegatronBuilder {
           flag("--recompute-modules", "layernorm");
         }
         not_expressible(
-            "selective rematerialization of communication outputs (the dispatched tokens, the all-to-all "
-            "results) and of the dense SwiGLU: Megatron recomputes only --recompute-modules, so it keeps "
-            "more "
-            "activations than the plan assumes");
-        return;
-      case Recompute::kFull:
-        flag("--recompute-granularity", "full");  // needs a method and a layer count (TC:1901-1932)
-        flag("--recompute-method", "uniform");
-        flag("--recompute-num-layers", 1);
+            "MegaScale-MoE's selective activation rematerialization (recompute: sar) of communication outputs "
+            "(the dispatched tokens, the all-to-all results) and of the dense SwiGLU: Megatron recomputes only "
+            "--recompute-modules, so it keeps more activations than the plan assumes");
         return;
     }
   }
@@ -461,12 +475,8 @@ class MegatronBuilder {
   void precision() {
     flag("--bf16");
     if (p_.precision == Precision::kFp8) {
-      // Not the delayed recipe: it cannot recompute moe_act or layernorm (TC:2000-2012).
       flag("--fp8-format", "e4m3");
-      flag("--fp8-recipe", "blockwise");
-      note(
-          "FP8 compute with the blockwise recipe (E4M3, 1x128 and 128x128 scaling blocks); the plan names no "
-          "recipe");
+      flag("--fp8-recipe", name_of(p_.fp8_recipe));
       // Router padding for quantization needs FP8 and a dispatcher other than allgather (TC:2641-2660).
       if (m_.is_moe() && dispatcher() != "allgather") flag("--moe-router-padding-for-quantization");
     }
@@ -486,6 +496,13 @@ class MegatronBuilder {
       flag("--overlap-grad-reduce");
       if (zero >= 1) flag("--overlap-param-gather");  // needs the distributed optimizer (A:1024-1029)
     }
+    if (p_.compression.grad_sync == GradSync::kBf16ReduceScatter) flag("--grad-reduce-in-bf16");
+    if (p_.overlap.cross_micro_batch) {
+      // Combined 1F1B: the EP exchange of one micro-batch beside another's compute (TC:3002-3082).
+      flag("--overlap-moe-expert-parallel-comm");
+      flag("--delay-wgrad-compute");
+      needs_max_connections_ = false;  // only a warning with it (A:1453-1479)
+    }
     if (p_.compression.grad_sync == GradSync::kBf16AllToAll) {
       not_expressible(
           "BF16 gradient sync by all-to-all with a local FP32 reduce; the nearest, --grad-reduce-in-bf16, "
@@ -502,7 +519,7 @@ class MegatronBuilder {
                               p_.recompute != Recompute::kFull && m_.mtp_layers <= 1 &&
                               (p_.pipeline.pp == 1 || p_.pipeline.vpp > 1);
       std::string instead = "no Megatron overlap flag added";
-      if (ep_overlap) {
+      if (ep_overlap && !p_.overlap.cross_micro_batch) {
         flag("--overlap-moe-expert-parallel-comm");
         needs_max_connections_ = false;  // only a warning with it (A:1453-1479)
         instead =

@@ -130,7 +130,7 @@ int64_t for_each_plan(const ModelSpec& model, const HardwareProfile& hw, const S
                 if (etp > 8) continue;
                 std::vector<Dispatch> dispatches{Dispatch::kAllToAll};
                 if (ep > 1) dispatches.push_back(Dispatch::kAllGather);
-                if (ep * etp > g && stack.dispatch_dedup.value) dispatches.push_back(Dispatch::kDedup);
+                if (ep * etp > g && stack.dispatch_dedup()) dispatches.push_back(Dispatch::kDedup);
                 for (Dispatch disp : dispatches) {
                   for (int64_t mb : space.micro_batches) {
                     if (job.global_batch % (mb * dp) != 0) continue;
@@ -313,7 +313,6 @@ class Screener {
     std::vector<cost::OpCost> costs(g.ops.size());
     for (const Op& op : g.ops) costs[static_cast<size_t>(op.id)] = cm_.cost(op);
     engine::EngineOptions eo;
-    eo.comm_sm_fraction = st_.comm_sm_fraction.value;
     eo.hbm_bytes_per_s = hw_.gpu.hbm_bw_achieved_bytes_per_s.value;
     return g.ops.empty() ? 0.0 : engine::simulate(g, costs, eo).step_time;
   }

@@ -59,6 +59,10 @@ struct AttentionSpec {
   int64_t v_dim() const { return kind == AttentionKind::kMla ? mla.v_head_dim : head_dim; }
 };
 
+// How the router turns logits into expert weights (the kernels differ: softmax over E, or a sigmoid per expert
+// with a normalisation over the top k).
+enum class RouterScore { kSoftmax, kSigmoid };
+
 struct MoeSpec {
   int64_t num_experts = 0;  // routed experts; 0 for a dense model
   int64_t top_k = 0;
@@ -69,6 +73,13 @@ struct MoeSpec {
   bool expert_bias = false;         // biases in the expert projections (GPT-OSS)
   bool router_bias = false;         // a bias in the router projection (GPT-OSS)
   bool router_score_bias = false;  // a per-expert score-correction bias (DeepSeek-V3 aux-loss-free balancing)
+  RouterScore score = RouterScore::kSoftmax;
+  // Group-limited routing (HF n_group / topk_group): experts form `groups` contiguous groups and a token's
+  // top-k is taken within its best `group_top_k` groups. DeepSeek-V3: 8 groups of 32, top 4 groups, so a
+  // token reaches at most 4 nodes when each node holds one group. 1 / 0: unlimited.
+  int64_t groups = 1;
+  int64_t group_top_k = 0;
+  bool group_limited() const { return groups > 1 && group_top_k > 0 && group_top_k < groups; }
 };
 
 struct LayerSpec {

@@ -69,6 +69,9 @@ struct CommSpec {
   Collective collective = Collective::kAllReduce;
   CommGroup group = CommGroup::kNone;
   DType dtype = DType::kBf16;
+  // A node-deduplicated exchange (DeepEP / HybridEP): `bytes` arrive over NVLink (one row per token and
+  // destination rank), `bytes * nic_bytes_scale` leave the node over RDMA (one per token and remote node).
+  bool node_dedup = false;
   int32_t group_size = 1;
   int32_t stride = 1;  // rank distance between consecutive group members (placement on nodes)
   double bytes = 0;    // message size as nccl-tests counts it (the full buffer of the collective)
@@ -85,12 +88,17 @@ struct Op {
   MemOp mem = MemOp::kNone;
   GemmPart part = GemmPart::kNone;
   DType dtype = DType::kBf16;
-  int16_t stage = 0;   // pipeline stage (the representative rank)
+  uint16_t kernels = 1;    // kernel launches the host issues for this op (an aggregate op counts several)
+  bool host_sync = false;  // the host waits for this op to finish on the device before issuing the next
+  int16_t stage = 0;       // pipeline stage (the representative rank)
   int16_t chunk = 0;   // virtual pipeline chunk on that stage
   int32_t layer = -1;  // model layer, -1 for embedding, head, optimizer
   int32_t micro_batch = -1;
   double flops = 0;      // FLOPs this op executes (attention backward counts its recomputation)
   double hbm_bytes = 0;  // bytes read + written in HBM
+  // Bytes moved by memory-bound kernels the stack runs around this op's main kernel (FP8 quantize, amax and
+  // transpose of a GEMM's input): priced at the stack's memory-bound efficiency, after the main kernel.
+  double aux_bytes = 0;
   GemmShape gemm;
   AttentionShape attn;
   CommSpec comm;

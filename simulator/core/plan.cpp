@@ -1,6 +1,7 @@
 // The legality rules of a plan (degrees, divisibility, schedule constraints), each with its reason.
 #include "simulator/core/plan.h"
 
+#include <algorithm>
 #include <numeric>
 #include <sstream>
 
@@ -113,6 +114,44 @@ std::vector<Violation> validate(const Plan& p, const ModelSpec& m, const Hardwar
     }
   }
 
+  // Recompute.
+  if (p.recompute == Recompute::kSelective) {
+    r.check(p.recompute_modules != 0 && (p.recompute_modules & ~kAllRecomputeModules) == 0,
+            "recompute_modules", "selective recompute needs at least one of Megatron's recompute modules");
+    r.check(!(p.recompute_modules & kRecomputeMlaUpProj) || att.kind == AttentionKind::kMla,
+            "recompute_mla_up_proj_needs_mla", "recompute module mla_up_proj needs MLA attention (",
+            m.name, " has none)");
+    r.check(!(p.recompute_modules & kRecomputeSharedExperts) || m.moe.num_shared_experts > 0,
+            "recompute_shared_experts_needs_shared", "recompute module shared_experts needs shared experts (",
+            m.name, " has none)");
+    r.check(!(p.recompute_modules & (kRecomputeMoe | kRecomputeMoeAct)) || m.is_moe(),
+            "recompute_moe_needs_moe", "recompute modules moe and moe_act need MoE layers");
+  }
+  if (p.recompute == Recompute::kFull) {
+    int64_t largest_chunk = 0;
+    if (pp.layers_per_stage.empty()) {
+      largest_chunk = chunks > 0 ? (m.num_layers() + chunks - 1) / chunks : 0;
+    } else {
+      for (int64_t n : pp.layers_per_stage) largest_chunk = std::max(largest_chunk, n);
+    }
+    r.check(p.recompute_num_layers >= 1 && p.recompute_num_layers <= std::max<int64_t>(1, largest_chunk),
+            "recompute_num_layers", "recompute_num_layers is ", p.recompute_num_layers,
+            ", expected 1 to the layers of the largest pipeline chunk (", largest_chunk, ")");
+  }
+
+  // Cross-micro-batch overlap (Megatron's combined 1F1B, TransformerConfig's rules).
+  if (p.overlap.cross_micro_batch) {
+    r.check(m.is_moe() && e.ep > 1, "cross_micro_batch_needs_ep",
+            "overlap.cross_micro_batch overlaps expert-parallel communication and needs ep > 1 (ep = ", e.ep, ")");
+    r.check(p.recompute != Recompute::kFull, "cross_micro_batch_no_full_recompute",
+            "overlap.cross_micro_batch cannot run with full recompute");
+    r.check(!(p.recompute == Recompute::kSelective && (p.recompute_modules & kRecomputeMoe)),
+            "cross_micro_batch_no_moe_recompute",
+            "overlap.cross_micro_batch cannot run with the moe recompute module");
+    r.check(pp.pp == 1 || pp.vpp > 1, "cross_micro_batch_needs_vpp",
+            "overlap.cross_micro_batch with pp > 1 needs a virtual pipeline (vpp > 1); pp = ", pp.pp);
+  }
+
   r.check(p.data.zero >= 0 && p.data.zero <= 3, "zero_stage", "data.zero is ", p.data.zero,
           ", expected 0..3");
   // Cluster shape: whole nodes, or a part of one node.
@@ -120,6 +159,52 @@ std::vector<Violation> validate(const Plan& p, const ModelSpec& m, const Hardwar
   r.check(g <= 0 || p.gpus < g || p.gpus % g == 0, "whole_nodes", "gpus (", p.gpus,
           ") is neither a multiple of the ", g, " GPUs per node nor less than one node");
   return r.out;
+}
+
+std::vector<Violation> validate_for_stack(const Plan& p, const StackProfile& stack, bool reasons) {
+  Rules r(reasons);
+  const auto& c = stack.capabilities;
+  auto check = [&](const std::vector<std::string>& list, const std::string& value, const char* rule,
+                   const char* what) {
+    r.check(stack_has(list, value), rule, "stack ", stack.name, " cannot run ", what, " \"", value,
+            "\" (it has: ", [&] {
+              std::string out;
+              for (const auto& v : list) out += (out.empty() ? "" : ", ") + v;
+              return out;
+            }(),
+            ")");
+  };
+  check(c.dispatch, name_of(p.experts.dispatch), "stack_dispatch", "experts.dispatch");
+  check(c.recompute, name_of(p.recompute), "stack_recompute", "recompute");
+  if (p.recompute == Recompute::kSelective) {
+    for (const std::string& m : recompute_module_names(p.recompute_modules))
+      check(c.recompute_modules, m, "stack_recompute_modules", "recompute module");
+  }
+  check(c.schedules, name_of(p.pipeline.schedule), "stack_schedule", "pipeline.schedule");
+  check(c.precision, name_of(p.precision), "stack_precision", "precision");
+  if (p.precision == Precision::kFp8) check(c.fp8_recipes, name_of(p.fp8_recipe), "stack_fp8_recipe", "fp8_recipe");
+  check(c.grad_sync, name_of(p.compression.grad_sync), "stack_grad_sync", "compression.grad_sync");
+  check(c.dispatch_precision, name_of(p.compression.dispatch), "stack_dispatch_precision",
+        "compression.dispatch");
+  return r.out;
+}
+
+Plan with_stack_overlaps(const Plan& plan, const StackProfile& stack, std::vector<std::string>* notices) {
+  Plan p = plan;
+  auto drop = [&](bool& flag, const Stated<bool>& has, const char* key) {
+    if (!flag || has.value) return;
+    flag = false;
+    if (notices) {
+      notices->push_back(std::string("overlap.") + key + " asked for, but stack " + stack.name +
+                         " does not achieve it, so it gets no credit: " + has.source);
+    }
+  };
+  drop(p.overlap.inter_op, stack.overlaps.inter_op, "inter_op");
+  drop(p.overlap.intra_op, stack.overlaps.intra_op, "intra_op");
+  drop(p.overlap.dp_comm, stack.overlaps.dp_comm, "dp_comm");
+  drop(p.overlap.pp_comm, stack.overlaps.pp_comm, "pp_comm");
+  drop(p.overlap.cross_micro_batch, stack.overlaps.cross_micro_batch, "cross_micro_batch");
+  return p;
 }
 
 const char* name_of(Dispatch d) {
@@ -137,7 +222,15 @@ const char* name_of(Schedule s) {
   return s == Schedule::k1F1B ? "1f1b" : "interleaved_1f1b";
 }
 const char* name_of(GradSync g) {
-  return g == GradSync::kFp32ReduceScatter ? "fp32_reduce_scatter" : "bf16_all_to_all";
+  switch (g) {
+    case GradSync::kFp32ReduceScatter:
+      return "fp32_reduce_scatter";
+    case GradSync::kBf16AllToAll:
+      return "bf16_all_to_all";
+    case GradSync::kBf16ReduceScatter:
+      return "bf16_reduce_scatter";
+  }
+  return "?";
 }
 const char* name_of(DispatchPrecision d) {
   return d == DispatchPrecision::kBf16 ? "bf16" : "fp8";
@@ -153,8 +246,52 @@ const char* name_of(Recompute r) {
       return "selective";
     case Recompute::kFull:
       return "full";
+    case Recompute::kSar:
+      return "sar";
   }
   return "?";
+}
+const char* name_of(RecomputeMethod m) {
+  return m == RecomputeMethod::kUniform ? "uniform" : "block";
+}
+const char* name_of(Fp8Recipe r) {
+  switch (r) {
+    case Fp8Recipe::kDelayed:
+      return "delayed";
+    case Fp8Recipe::kTensorwise:
+      return "tensorwise";
+    case Fp8Recipe::kBlockwise:
+      return "blockwise";
+    case Fp8Recipe::kMxfp8:
+      return "mxfp8";
+  }
+  return "?";
+}
+const char* name_of(RecomputeModule m) {
+  switch (m) {
+    case kRecomputeCoreAttn:
+      return "core_attn";
+    case kRecomputeMoeAct:
+      return "moe_act";
+    case kRecomputeLayernorm:
+      return "layernorm";
+    case kRecomputeMlaUpProj:
+      return "mla_up_proj";
+    case kRecomputeMlp:
+      return "mlp";
+    case kRecomputeMoe:
+      return "moe";
+    case kRecomputeSharedExperts:
+      return "shared_experts";
+  }
+  return "?";
+}
+std::vector<std::string> recompute_module_names(uint16_t modules) {
+  std::vector<std::string> out;
+  for (uint16_t bit = 1; bit & kAllRecomputeModules; bit = static_cast<uint16_t>(bit << 1)) {
+    if (modules & bit) out.emplace_back(name_of(static_cast<RecomputeModule>(bit)));
+  }
+  return out;
 }
 
 }  // namespace moeplan

@@ -9,15 +9,35 @@
 
 #include "simulator/core/hardware.h"
 #include "simulator/core/model_spec.h"
+#include "simulator/core/stack.h"
 
 namespace moeplan {
 
 enum class Dispatch { kAllToAll, kAllGather, kDedup };
 enum class Schedule { k1F1B, kInterleaved1F1B };
-enum class GradSync { kFp32ReduceScatter, kBf16AllToAll };
+// Gradient synchronisation: Megatron's reduce-scatter of FP32 main grads, the same in BF16
+// (--grad-reduce-in-bf16), or MegaScale-MoE's BF16 all-to-all + local FP32 reduce.
+enum class GradSync { kFp32ReduceScatter, kBf16AllToAll, kBf16ReduceScatter };
 enum class DispatchPrecision { kBf16, kFp8 };
 enum class Precision { kBf16, kFp8 };
-enum class Recompute { kNone, kSelective, kFull };
+// FP8 scaling recipes (Megatron --fp8-recipe): delayed (per tensor, amax history), tensorwise (per-tensor
+// current scaling), blockwise (1x128 activations, 128x128 weights, as DeepSeek-V3), mxfp8 (Blackwell only).
+enum class Fp8Recipe { kDelayed, kTensorwise, kBlockwise, kMxfp8 };
+// Activation recompute: Megatron's selective (the modules of `recompute_modules`) and full (whole layers,
+// `recompute_method` and `recompute_num_layers`), or MegaScale-MoE's selective activation rematerialization.
+enum class Recompute { kNone, kSelective, kFull, kSar };
+enum class RecomputeMethod { kUniform, kBlock };
+// Megatron --recompute-modules, as bit flags.
+enum RecomputeModule : uint16_t {
+  kRecomputeCoreAttn = 1u << 0,       // core attention re-run from q, k, v
+  kRecomputeMoeAct = 1u << 1,         // the expert activation between FC1 and FC2
+  kRecomputeLayernorm = 1u << 2,      // norms that are separate modules (pre-MLP; attention's under MLA)
+  kRecomputeMlaUpProj = 1u << 3,      // MLA q/kv up-projections and RoPE
+  kRecomputeMlp = 1u << 4,            // the dense MLP of dense layers
+  kRecomputeMoe = 1u << 5,            // the whole MoE layer, dispatch and combine included
+  kRecomputeSharedExperts = 1u << 6,  // the shared-expert MLP
+};
+inline constexpr uint16_t kAllRecomputeModules = 0x7f;
 
 struct Plan {
   // Paths as written in the plan file (relative to it) or built-in names.
@@ -58,6 +78,10 @@ struct Plan {
     bool intra_op = false;
     bool dp_comm = false;
     bool pp_comm = false;
+    // The forward of one micro-batch and the backward of another run interleaved layer by layer, so each
+    // one's expert-parallel communication hides behind the other's compute (Megatron
+    // --overlap-moe-expert-parallel-comm with --delay-wgrad-compute: combined 1F1B).
+    bool cross_micro_batch = false;
   } overlap;
 
   struct Compression {
@@ -66,7 +90,12 @@ struct Plan {
   } compression;
 
   Precision precision = Precision::kBf16;
+  Fp8Recipe fp8_recipe = Fp8Recipe::kTensorwise;  // when precision is fp8
   Recompute recompute = Recompute::kNone;
+  uint16_t recompute_modules = kRecomputeCoreAttn;  // selective: Megatron's default module set
+  RecomputeMethod recompute_method = RecomputeMethod::kUniform;  // full
+  int64_t recompute_num_layers = 1;                              // full: layers per checkpoint (uniform) or
+                                                                 // recomputed layers per chunk (block)
 
   struct Routing {
     std::string distribution = "uniform";  // "uniform", "zipf:<s>", or a router-trace file
@@ -93,6 +122,14 @@ struct Violation {
 std::vector<Violation> validate(const Plan& plan, const ModelSpec& model, const HardwareProfile& hw,
                                 bool reasons = true);
 
+// Every plan feature the stack cannot run (its capabilities): dispatch, recompute granularity and modules,
+// schedule, precision and FP8 recipe, gradient synchronisation, dispatch precision. Overlaps are not here.
+std::vector<Violation> validate_for_stack(const Plan& plan, const StackProfile& stack, bool reasons = true);
+
+// The plan as the stack runs it: each overlap the plan asks for and the stack does not achieve is switched
+// off (it gets no credit), with one notice per overlap saying so.
+Plan with_stack_overlaps(const Plan& plan, const StackProfile& stack, std::vector<std::string>* notices);
+
 // Names used in plan files and reports.
 const char* name_of(Dispatch d);
 const char* name_of(Schedule s);
@@ -100,5 +137,10 @@ const char* name_of(GradSync g);
 const char* name_of(DispatchPrecision d);
 const char* name_of(Precision p);
 const char* name_of(Recompute r);
+const char* name_of(RecomputeMethod m);
+const char* name_of(Fp8Recipe r);
+// Megatron's module names, in flag order ("core_attn", "moe_act", ...).
+const char* name_of(RecomputeModule m);
+std::vector<std::string> recompute_module_names(uint16_t modules);
 
 }  // namespace moeplan

@@ -1,8 +1,11 @@
-// StackProfile: the software that runs a plan (moerun, Megatron-Core + TE, + DeepEP/HybridEP), as the costs
-// that differ from the best kernels: grouped-GEMM efficiency, memory-bound efficiency, host/launch costs,
-// dispatcher bytes, SMs taken by communication and the overlaps the stack achieves. SI units.
+// StackProfile: the software that runs a plan (moerun, Megatron-Core + TE, + DeepEP/HybridEP, MegaScale-MoE),
+// as it is built: which kernels run for the expert GEMMs, the dispatcher and attention, what the host does
+// per kernel and where it waits for the device, the SMs communication kernels hold, which overlaps and plan
+// features the software has, and its memory reserve. SI units. Every number says whether it was measured,
+// derived from measurements, assumed, or is a target not yet built.
 #pragma once
 
+#include <cstdint>
 #include <map>
 #include <string>
 #include <utility>
@@ -12,23 +15,116 @@
 
 namespace moeplan {
 
+// Where a stack number comes from. A prediction that rests on assumed or target numbers says so.
+enum class Basis : uint8_t {
+  kMeasured,  // measured on this software (a kernel or collective benchmark, a per-op trace)
+  kDerived,   // computed from measurements with a stated formula
+  kAssumed,   // no measurement: reasoning only
+  kTarget,    // a capability planned but not built or not yet measured (moerun's design targets)
+};
+const char* name_of(Basis b);
+
+template <class T>
+struct Stated {
+  T value{};
+  std::string source;
+  Basis basis = Basis::kAssumed;
+};
+
+// How a stack runs the grouped expert GEMMs of one MoE layer.
+enum class GroupedGemmImpl : uint8_t {
+  kGroupedKernel,     // one kernel over all local experts, tiles scheduled across experts (CUTLASS grouped,
+                      // DeepGEMM, cuBLASLt grouped): waves quantise over the whole launch
+  kPerExpertStreams,  // one GEMM launch per expert, round-robin over `streams` streams (TE GroupedLinear on
+                      // Hopper: multi-stream cuBLASLt): waves quantise per expert, streams overlap launches
+};
+const char* name_of(GroupedGemmImpl g);
+
+// The token dispatcher: what crosses the wire, which kernels run, and where the host waits.
+enum class DispatcherKind : uint8_t {
+  kNcclAllToAll,  // Megatron alltoall: permute, NCCL all-to-all-v of one row per (token, expert) pair,
+                  // probs all-to-all; ETP all-gather / reduce-scatter after the EP exchange
+  kNcclAllGather, // Megatron allgather: all-gather of tokens over ETP x EP, local permute, reduce-scatter
+  kDeepEp,        // DeepEP normal kernels: one copy per destination node over RDMA, NVLink fan-out to ranks,
+                  // combine reduces within the node first; SMs taken from compute
+  kHybridEp,      // HybridEP: as DeepEP, dispatch fused with the permute
+  kFused,         // moerun / MegaScale-MoE: NVLink all-to-all or all-gather kernels of the plan's dispatch,
+                  // fused into the GEMMs when the plan asks for intra-operator overlap
+};
+const char* name_of(DispatcherKind d);
+
+enum class AttentionKernel : uint8_t { kFa3, kCudnn, kFa2 };
+const char* name_of(AttentionKernel a);
+
 struct StackProfile {
   std::string name, description;
   std::map<std::string, std::string> sources;  // source id -> citation
   bool calibrated = false;                     // false: numbers are assumptions from public measurements
-  Sourced<double> launch_s_per_kernel;         // host + launch gap per kernel on the critical path
-  Sourced<double> host_s_per_local_expert;     // extra host/launch cost per local expert per grouped GEMM
-  Sourced<double> host_s_per_micro_batch;      // per micro-batch per stage (schedule bookkeeping, p2p setup)
-  // Grouped-GEMM efficiency relative to a dense GEMM of the same total shape: (rows per expert, efficiency in
-  // (0, 1]), rows strictly increasing.
-  std::vector<std::pair<double, double>> grouped_gemm_efficiency;
-  std::string grouped_gemm_efficiency_source;
-  Sourced<double> memory_bound_efficiency;  // fraction of achieved HBM bandwidth for permute, casts, norms
-  Sourced<bool> dispatch_dedup;             // dispatcher sends one copy per destination node over RDMA
-  Sourced<double> comm_sm_fraction;         // share of SMs comm kernels take while overlapping compute
+
+  // Host. The GPU-side gap between dependent kernels is paid on the device; the CPU's time to issue a kernel
+  // only shows where the host cannot run ahead: after it waits for the device, or where kernels are shorter
+  // than their issue time.
+  Stated<double> launch_s_per_kernel;      // device-side gap per kernel on the critical path of a stream
+  Stated<double> host_s_per_kernel;        // CPU time to issue one kernel (framework + launch API)
+  Stated<double> host_s_per_local_expert;  // extra host/launch cost per local expert per grouped GEMM
+  Stated<double> host_s_per_micro_batch;   // per micro-batch per stage (schedule bookkeeping, p2p setup)
+  Stated<double> host_sync_s;              // a device-to-host round trip where the host waits for counts
+
+  // Expert GEMMs.
+  struct GroupedGemm {
+    Stated<GroupedGemmImpl> impl;
+    Stated<int64_t> streams;     // per-expert launches: streams they round-robin over (TE: 4)
+    Stated<double> efficiency;   // the kernel's rate over the dense GEMM model at the same tiles
+    Stated<double> wgrad_efficiency;  // the same for the weight-gradient GEMMs (K = rows per expert)
+  } grouped_gemm;
+
+  Stated<double> memory_bound_efficiency;  // fraction of achieved HBM bandwidth for permute, casts, norms
+
+  struct Dispatcher {
+    Stated<DispatcherKind> kind;
+    Stated<bool> host_sync;          // the host waits for the received-token counts before each dispatch
+    Stated<int64_t> sms;             // SMs the dispatch/combine kernels hold while they run
+    Stated<double> nic_efficiency;   // its RDMA leg's rate over the NIC's line rate
+    Stated<double> nvlink_efficiency;  // its NVLink leg's rate over the profile's achieved NVLink bandwidth
+    Stated<bool> permute_fused;      // permute / unpermute fused into the dispatch and combine kernels
+  } dispatcher;
+  // Convenience: one copy per destination node over RDMA (DeepEP, HybridEP).
+  bool dispatch_dedup() const {
+    return dispatcher.kind.value == DispatcherKind::kDeepEp || dispatcher.kind.value == DispatcherKind::kHybridEp;
+  }
+
+  Stated<AttentionKernel> attention_kernel;
+  Stated<double> comm_sm_fraction;  // share of SMs comm kernels take while overlapping compute
+
   struct Overlaps {
-    Sourced<bool> inter_op, intra_op, dp_comm, pp_comm;
+    Stated<bool> inter_op, intra_op, dp_comm, pp_comm, cross_micro_batch;
   } overlaps;  // which the stack achieves
+
+  // Plan features the stack can run. A plan asking for one it lacks is refused with the reason (overlaps
+  // above are switched off instead: no credit, and the report says so).
+  struct Capabilities {
+    std::vector<std::string> dispatch;           // plan experts.dispatch values
+    std::vector<std::string> recompute;          // none, selective, full, sar
+    std::vector<std::string> recompute_modules;  // Megatron module names
+    std::vector<std::string> schedules;          // 1f1b, interleaved_1f1b
+    std::vector<std::string> precision;          // bf16, fp8
+    std::vector<std::string> fp8_recipes;        // delayed, tensorwise, blockwise, mxfp8
+    std::vector<std::string> grad_sync;          // fp32_reduce_scatter, bf16_reduce_scatter, bf16_all_to_all
+    std::vector<std::string> dispatch_precision;  // bf16, fp8
+    std::string source;
+  } capabilities;
+
+  // Memory the software keeps beyond tensors: CUDA context, NCCL and library workspaces, and the caching
+  // allocator's fragmentation, as a range (low, high) of bytes and of fraction.
+  struct Memory {
+    Stated<double> reserve_bytes;       // fixed
+    Stated<double> reserve_bytes_high;  // upper end of the range
+    Stated<double> fragmentation;       // fraction of allocated tensors
+    Stated<double> fragmentation_high;
+  } memory;
 };
+
+// Whether the stack lists `value` among `list` (an empty list means the capability was not stated: allowed).
+bool stack_has(const std::vector<std::string>& list, const std::string& value);
 
 }  // namespace moeplan

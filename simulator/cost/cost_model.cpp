@@ -144,7 +144,36 @@ CostModel::GemmModel CostModel::fit_gemm(const std::string& dtype) const {
   return best;
 }
 
-double CostModel::gemm_seconds(const GemmShape& s, DType dtype, double* rel_error) const {
+// The shape a GEMM part runs: forward [m x k]·[k x n]; dgrad [m x n]·[n x k]; wgrad [k x m]·[m x n], whose
+// reduction is over the m rows (per group for grouped GEMMs).
+namespace {
+struct PartShape {
+  int64_t rows = 0, n = 0, k = 0;  // per group: output rows, output columns, reduction depth
+};
+PartShape part_shape(const GemmShape& s, GemmPart part) {
+  const int64_t groups = std::max<int64_t>(1, s.groups);
+  const int64_t rows = (s.m + groups - 1) / groups;
+  switch (part) {
+    case GemmPart::kDgrad:
+      return {rows, s.k, s.n};
+    case GemmPart::kWgrad:
+      return {s.k, s.n, rows};
+    case GemmPart::kNone:
+      break;
+  }
+  return {rows, s.n, s.k};
+}
+}  // namespace
+
+double CostModel::tiled_seconds(int64_t rows, int64_t n, int64_t k, int64_t groups, const GemmModel& g,
+                                double peak, double efficiency, bool pad_rows) const {
+  const int64_t m = pad_rows ? (std::max<int64_t>(1, rows) + kTileM - 1) / kTileM * kTileM : rows;
+  const double flops = 2.0 * d(groups) * d(m) * d(n) * d(k);
+  const double depth = d(k) / (d(k) + g.k0);
+  return flops / (peak * g.efficiency * efficiency * wave_efficiency(rows, n, groups) * depth);
+}
+
+double CostModel::gemm_seconds(const GemmShape& s, DType dtype, double* rel_error, GemmPart part) const {
   const char* key = dtype_key(dtype);
   GemmModel g = gemm_.at(key);
   if (g.efficiency <= 0) {
@@ -152,40 +181,69 @@ double CostModel::gemm_seconds(const GemmShape& s, DType dtype, double* rel_erro
     g = gemm_.at("bf16");
     note("{} GEMM: no {} GEMM measurements in the profile; BF16 efficiency used", key, key);
   }
-  const int64_t lo = std::min({s.m, s.n, s.k}), hi = std::max({s.m, s.n, s.k});
+  const PartShape ps = part_shape(s, part);
+  const int64_t lo = std::min({ps.rows, ps.n, ps.k}), hi = std::max({ps.rows, ps.n, ps.k});
   if (g.points < 3) {
     note(
         "{} GEMM efficiency from {} measured shape(s) only ({}-{} per dim); every other shape relies on "
         "the wave-quantisation model",
         key, g.points, g.min_dim, g.max_dim);
   } else if (lo < g.min_dim || hi > g.max_dim) {
-    note("{} GEMM dims outside the measured range [{}, {}] (e.g. {}x{}x{})", key, g.min_dim, g.max_dim,
-         s.m / std::max<int64_t>(1, s.groups), s.n, s.k);
+    note("{} GEMM dims outside the measured range [{}, {}] (e.g. {}x{}x{})", key, g.min_dim, g.max_dim, ps.rows,
+         ps.n, ps.k);
   }
   const double peak = hw_.gpu.peak_flops_per_s.contains(key) ? hw_.gpu.peak_flops_per_s.at(key).value
                                                              : hw_.gpu.peak_flops_per_s.at("bf16").value;
-  const int64_t rows = s.m / std::max<int64_t>(1, s.groups);
-  const double flops = 2.0 * d(s.m) * d(s.n) * d(s.k);
-  const double bytes = (d(s.m) * d(s.k) + d(s.groups) * d(s.k) * d(s.n) + d(s.m) * d(s.n)) * bytes_of(dtype);
+  const double groups = d(std::max<int64_t>(1, s.groups));
+  // Each group reads its own weights: [k x n] per group; activations and outputs once over all rows.
+  const double bytes = (d(s.m) * d(s.k) + groups * d(s.k) * d(s.n) + d(s.m) * d(s.n)) * bytes_of(dtype);
   if (rel_error) *rel_error = g.rel_error;
-  const double depth = d(s.k) / (d(s.k) + g.k0);
-  return std::max(flops / (peak * g.efficiency * wave_efficiency(rows, s.n, s.groups) * depth),
+  return std::max(tiled_seconds(ps.rows, ps.n, ps.k, s.groups, g, peak, 1.0, false),
                   bytes / hw_.gpu.hbm_bw_achieved_bytes_per_s.value);
 }
 
-double CostModel::grouped_gemm_seconds(const GemmShape& s, DType dtype, double* rel_error) const {
-  const double dense = gemm_seconds(s, dtype, rel_error);
-  const double rows = d(s.m) / d(std::max<int64_t>(1, s.groups));
-  const auto& eff = stack_.grouped_gemm_efficiency;
-  double e = 1.0;
-  if (!eff.empty()) {
-    e = interpolate(eff, rows, true);
-    if (rows < eff.front().first)
-      note("grouped GEMM with {:.0f} rows per expert: below the stack's smallest measured {:.0f}", rows,
-           eff.front().first);
+// The grouped GEMM of a layer's local experts, priced from the per-expert shape on the dense model, as the
+// stack runs it:
+//   grouped kernel (CUTLASS grouped, DeepGEMM, cuBLASLt grouped): one launch; every expert's rows padded to
+//     the 128-row tile, waves quantised over all experts' tiles together, at the stack's efficiency over
+//     the dense rate;
+//   per-expert launches on S streams (TE GroupedLinear on Hopper): each expert a dense GEMM of its own
+//     shape; when one expert fills fewer than all SMs, up to S of them run at once (conc = min(S, SMs /
+//     its tiles)), so the layer takes ceil(G / conc) expert times, plus one device-side launch gap per
+//     round.
+// Both: at least the HBM time of reading every expert's weights once. The fit error is the dense model's,
+// widened to the assumed error when the stack's efficiency is not measured.
+double CostModel::grouped_gemm_seconds(const GemmShape& s, DType dtype, double* rel_error, GemmPart part) const {
+  const auto& gg = stack_.grouped_gemm;
+  const int64_t groups = std::max<int64_t>(1, s.groups);
+  const PartShape ps = part_shape(s, part);
+  const double eff = part == GemmPart::kWgrad ? gg.wgrad_efficiency.value : gg.efficiency.value;
+  double t = 0;
+  if (gg.impl.value == GroupedGemmImpl::kGroupedKernel) {
+    const char* key = dtype_key(dtype);
+    GemmModel g = gemm_.at(key);
+    if (g.efficiency <= 0) g = gemm_.at("bf16");
+    const double peak = hw_.gpu.peak_flops_per_s.contains(key) ? hw_.gpu.peak_flops_per_s.at(key).value
+                                                               : hw_.gpu.peak_flops_per_s.at("bf16").value;
+    double err = 0;
+    gemm_seconds(s, dtype, &err, part);  // notes and the fit error of the dense model
+    if (rel_error) *rel_error = err;
+    const double bytes =
+        (d(s.m) * d(s.k) + d(groups) * d(s.k) * d(s.n) + d(s.m) * d(s.n)) * bytes_of(dtype);
+    t = std::max(tiled_seconds(ps.rows, ps.n, ps.k, groups, g, peak, eff, part != GemmPart::kWgrad),
+                 bytes / hw_.gpu.hbm_bw_achieved_bytes_per_s.value);
+  } else {
+    const GemmShape one{ps.rows, ps.n, ps.k, 1};
+    const double t_one = gemm_seconds(one, dtype, rel_error, GemmPart::kNone) / eff;
+    const int64_t sms = hw_.gpu.sm_count.value;
+    const int64_t tiles = ((ps.rows + kTileM - 1) / kTileM) * ((ps.n + kTileN - 1) / kTileN);
+    const int64_t conc =
+        std::clamp<int64_t>(sms / std::max<int64_t>(1, tiles), 1, std::max<int64_t>(1, gg.streams.value));
+    const int64_t rounds = (groups + conc - 1) / conc;
+    t = d(rounds) * (t_one + stack_.launch_s_per_kernel.value);
   }
-  if (rel_error && !stack_.calibrated) *rel_error = std::max(*rel_error, kAssumedRelError);
-  return dense / e + stack_.host_s_per_local_expert.value * d(s.groups);
+  if (rel_error && gg.efficiency.basis != Basis::kMeasured) *rel_error = std::max(*rel_error, kAssumedRelError);
+  return t;
 }
 
 // Attention time = FLOPs / rate, the rate interpolated from the profile's flash-attention tables in log(seq)
@@ -196,12 +254,19 @@ double CostModel::attention_seconds(const Op& op, double* rel_error) const {
   const auto& a = op.attn;
   const double seq = d(a.window > 0 ? std::min(a.window, a.seq_kv) : a.seq_kv);
   auto rate = [&](const char* dir, bool causal, int64_t hd) -> double {
+    // The stack's attention kernel where the profile measured it, else FA3, else any.
+    const std::string want = name_of(stack_.attention_kernel.value);
+    auto rank = [&](const AttentionTable& t) { return t.impl == want ? 2 : t.impl == "fa3" ? 1 : 0; };
     const AttentionTable* best = nullptr;
     for (const auto& t : hw_.calibration.attention) {
       if (t.direction != dir || t.causal != causal || t.head_dim != hd || t.dtype != "bf16") continue;
-      if (!best || (t.impl == "fa3" && best->impl != "fa3")) best = &t;
+      if (!best || rank(t) > rank(*best)) best = &t;
     }
     if (!best) return 0;
+    if (best->impl != want) {
+      note("attention {} {}causal hd{}: no {} measurement in the profile; {} used", dir, causal ? "" : "non-",
+           hd, want, best->impl);
+    }
     std::vector<std::pair<double, double>> pts;
     for (const auto& [s, r] : best->points) pts.emplace_back(d(s), r);
     if (seq < pts.front().first || seq > pts.back().first) {
@@ -241,7 +306,7 @@ double CostModel::attention_seconds(const Op& op, double* rel_error) const {
   return op.flops / r;
 }
 
-double CostModel::memory_bound_seconds(double bytes) const {
+double CostModel::memory_bound_seconds(double bytes) const {  // NOLINT: used by the memory model
   return bytes / (hw_.gpu.hbm_bw_achieved_bytes_per_s.value * stack_.memory_bound_efficiency.value);
 }
 
@@ -380,28 +445,86 @@ double CostModel::collective_seconds(const CommSpec& c, double* rel_error, Resou
   return inter_node_seconds(c, p, rel_error);
 }
 
+double CostModel::node_dedup_seconds(const CommSpec& c, Resource* resource) const {
+  const Placement p = placement(c);
+  const auto& disp = stack_.dispatcher;
+  const double g = d(std::max<int64_t>(1, p.per_node));
+  // NVLink: the rows a rank receives, less those from itself; RDMA: the rows leaving the node.
+  const double nvl = c.bytes * (g - 1.0) / g;
+  const double nic = c.bytes * c.nic_bytes_scale;
+  const double t_nvl =
+      nvl > 0 ? nvl / (hw_.node.nvlink_bw_achieved_bytes_per_s.value * disp.nvlink_efficiency.value) : 0.0;
+  const double t_nic =
+      p.nodes > 1 ? nic / (hw_.scale_out.nic_bw_bytes_per_s.value * disp.nic_efficiency.value *
+                           d(hw_.scale_out.nics_per_node.value) / d(hw_.node.gpus_per_node.value))
+                  : 0.0;
+  if (resource) *resource = p.nodes > 1 ? Resource::kNic : Resource::kNvlink;
+  const double lat = hw_.node.nvlink_latency_s.value + (p.nodes > 1 ? hw_.scale_out.net_latency_s.value : 0.0);
+  return lat + std::max(t_nvl, t_nic);
+}
+
+namespace {
+Basis weaker(Basis a, Basis b) {
+  return static_cast<uint8_t>(a) > static_cast<uint8_t>(b) ? a : b;
+}
+}  // namespace
+
 OpCost CostModel::cost(const Op& op) const {
   OpCost r;
-  const double launch = stack_.launch_s_per_kernel.value;
+  const double launch = stack_.launch_s_per_kernel.value * d(std::max<uint16_t>(1, op.kernels));
+  const double mem_bw = hw_.gpu.hbm_bw_achieved_bytes_per_s.value * stack_.memory_bound_efficiency.value;
   double err = 0;
+  r.host_seconds = stack_.host_s_per_kernel.value * d(op.kernels);
+  r.basis = weaker(stack_.launch_s_per_kernel.basis, stack_.host_s_per_kernel.basis);
+  // Memory-bound kernels the stack runs around the main kernel (FP8 quantise / transpose of its operand).
+  const double aux = op.aux_bytes > 0 ? op.aux_bytes / mem_bw : 0.0;
+  if (op.aux_bytes > 0) r.basis = weaker(r.basis, stack_.memory_bound_efficiency.basis);
   switch (op.kind) {
     case OpKind::kGemm:
-      r.seconds = gemm_seconds(op.gemm, op.dtype, &err) + launch;
+      r.seconds = gemm_seconds(op.gemm, op.dtype, &err, op.part) + aux + launch;
       break;
-    case OpKind::kGroupedGemm:
-      r.seconds = grouped_gemm_seconds(op.gemm, op.dtype, &err) + launch;
+    case OpKind::kGroupedGemm: {
+      r.seconds = grouped_gemm_seconds(op.gemm, op.dtype, &err, op.part) + aux + launch;
+      const auto& gg = stack_.grouped_gemm;
+      r.basis = weaker(r.basis, op.part == GemmPart::kWgrad ? gg.wgrad_efficiency.basis : gg.efficiency.basis);
+      // Per-expert launches come from the framework's C++ loop, on the host: one GEMM per expert and, under
+      // FP8, one quantise per expert of its input (forward) or incoming gradient (dgrad). A grouped kernel
+      // pays its per-expert set-up on the device instead.
+      const double groups = d(std::max<int64_t>(1, op.gemm.groups));
+      if (gg.impl.value == GroupedGemmImpl::kPerExpertStreams) {
+        const double per_expert = op.aux_bytes > 0 && op.part != GemmPart::kWgrad ? 2.0 : 1.0;
+        r.host_seconds += stack_.host_s_per_local_expert.value * groups * per_expert;
+      } else {
+        r.seconds += stack_.host_s_per_local_expert.value * groups;
+      }
       break;
+    }
     case OpKind::kAttention:
       r.seconds = attention_seconds(op, &err) + launch;
+      r.basis = weaker(r.basis, stack_.attention_kernel.basis);
       break;
     case OpKind::kMemoryBound:
     case OpKind::kOptimizer:
-      r.seconds = memory_bound_seconds(op.hbm_bytes) + launch;
-      err = stack_.calibrated ? 0.05 : kAssumedRelError;
+      r.seconds = op.hbm_bytes / mem_bw + launch;
+      err = stack_.memory_bound_efficiency.basis == Basis::kMeasured ? 0.05 : kAssumedRelError;
+      r.basis = weaker(r.basis, stack_.memory_bound_efficiency.basis);
+      if (op.host_sync) {
+        r.host_sync_seconds = stack_.host_sync_s.value;
+        r.basis = weaker(r.basis, stack_.host_sync_s.basis);
+      }
       break;
     case OpKind::kCollective:
     case OpKind::kSendRecv: {
-      r.seconds = collective_seconds(op.comm, &err, &r.resource) + launch;
+      if (op.comm.node_dedup) {
+        r.seconds = node_dedup_seconds(op.comm, &r.resource) + launch;
+        err = kAssumedRelError;
+        r.sm_fraction = d(stack_.dispatcher.sms.value) / d(hw_.gpu.sm_count.value);
+        r.basis = weaker(r.basis, weaker(stack_.dispatcher.nic_efficiency.basis,
+                                         stack_.dispatcher.nvlink_efficiency.basis));
+      } else {
+        r.seconds = collective_seconds(op.comm, &err, &r.resource) + launch;
+        r.sm_fraction = stack_.comm_sm_fraction.value;
+      }
       if (op.kind == OpKind::kSendRecv) r.seconds += stack_.host_s_per_micro_batch.value / 2.0;
       r.link_bytes_per_s = r.seconds > 0 ? op.comm.bytes / r.seconds : 0;
       break;
@@ -416,13 +539,14 @@ OpCost CostModel::cost(const Op& op) const {
       Resource res;
       const FusedKernelParams& fp = fused_params(fused_kind(op));
       const double sms = d(hw_.gpu.sm_count.value);
-      const double comp =
-          (grouped ? grouped_gemm_seconds(op.gemm, op.dtype, &e1) : gemm_seconds(op.gemm, op.dtype, &e1)) *
-          sms / (sms - d(fp.comm_sms + kFusedSmsLeftForCollectives));
+      const double comp = (grouped ? grouped_gemm_seconds(op.gemm, op.dtype, &e1, op.part)
+                                   : gemm_seconds(op.gemm, op.dtype, &e1, op.part)) *
+                          sms / (sms - d(fp.comm_sms + kFusedSmsLeftForCollectives));
       const double comm = collective_seconds(op.comm, &e2, &res);
       const double chunks = d(fp.chunks_per_peer * std::max<int64_t>(1, op.comm.group_size));
-      r.seconds = std::max(comp, comm) + std::min(comp, comm) / chunks + launch;
+      r.seconds = std::max(comp, comm) + std::min(comp, comm) / chunks + aux + launch;
       err = std::max(e1, e2);
+      r.basis = weaker(r.basis, stack_.overlaps.intra_op.basis);
       break;
     }
   }

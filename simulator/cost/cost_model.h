@@ -29,6 +29,10 @@ struct OpCost {
   double rel_error = 0;  // relative fit error of the calibrated curve(s) used
   Resource resource = Resource::kSm;
   double link_bytes_per_s = 0;  // communication: the rate at which it moves bytes through HBM (interference)
+  double sm_fraction = 0;       // communication: the share of the SMs its kernels hold while it runs
+  double host_seconds = 0;      // CPU time to issue the op's kernels (exposed where the host cannot run ahead)
+  double host_sync_seconds = 0;  // host_sync ops: the host's round trip after the op ends on the device
+  Basis basis = Basis::kMeasured;  // the weakest basis of the stack numbers that priced it
 };
 
 // Uncertainty assumed where a number has no fit behind it (a single measured point, a datasheet value or an
@@ -42,11 +46,18 @@ class CostModel {
   OpCost cost(const Op& op) const;
 
   // Components (also used by tests and the memory model).
-  double gemm_seconds(const GemmShape& s, DType dtype, double* rel_error) const;
-  double grouped_gemm_seconds(const GemmShape& s, DType dtype, double* rel_error) const;
+  // A GEMM of `s` (as the forward pass sees it) for `part`: dgrad runs [m x n]·[n x k], wgrad
+  // [k x m]·[m x n] (reduction over the rows).
+  double gemm_seconds(const GemmShape& s, DType dtype, double* rel_error, GemmPart part = GemmPart::kNone) const;
+  // The grouped GEMM of one MoE layer's local experts as the stack runs it (see the .cpp).
+  double grouped_gemm_seconds(const GemmShape& s, DType dtype, double* rel_error,
+                              GemmPart part = GemmPart::kNone) const;
   double attention_seconds(const Op& op, double* rel_error) const;
   double memory_bound_seconds(double bytes) const;
   double collective_seconds(const CommSpec& c, double* rel_error, Resource* resource) const;
+  // DeepEP / HybridEP's exchange: the RDMA leg at the dispatcher's NIC efficiency beside the NVLink leg at
+  // its NVLink efficiency.
+  double node_dedup_seconds(const CommSpec& c, Resource* resource) const;
   Placement placement(const CommSpec& c) const;
 
   const HardwareProfile& hardware() const { return hw_; }
@@ -79,6 +90,10 @@ class CostModel {
   GemmModel fit_gemm(const std::string& dtype, double k0) const;
   GemmModel fit_gemm(const std::string& dtype) const;
   double wave_efficiency(int64_t rows_per_group, int64_t n, int64_t groups) const;
+  // One GEMM launch of `groups` problems of [rows x n x k] on the dense model (rows padded to the tile when
+  // `pad_rows`), at `efficiency` of the fitted rate.
+  double tiled_seconds(int64_t rows, int64_t n, int64_t k, int64_t groups, const GemmModel& g, double peak,
+                       double efficiency, bool pad_rows) const;
   double intra_node_seconds(Collective c, int64_t n, double bytes, double* rel_error) const;
   double inter_node_seconds(const CommSpec& c, const Placement& p, double* rel_error) const;
   const CollectivePlateau* plateau(Collective c, Scope s) const;

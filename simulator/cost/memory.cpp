@@ -39,7 +39,9 @@ LayerActivations activations_under(const ModelSpec& m, const Plan& p, const Laye
     r.attention = t * h;  // the layer input; everything else is recomputed
     return r;
   }
-  const bool selective = recompute == Recompute::kSelective;
+  // MegaScale-MoE's SAR keeps the tensors below; Megatron's selective modules are priced as no recompute
+  // here until the per-module accounting lands.
+  const bool selective = recompute == Recompute::kSar;
   if (selective) {
     r.attention = t * h + t * h + attn_inputs + attn_out;  // hidden, ln2_in, q/k/v, attention output
   } else {

@@ -2,6 +2,7 @@
 #include "simulator/engine/engine.h"
 
 #include <algorithm>
+#include <functional>
 #include <limits>
 
 #include <boost/graph/compressed_sparse_row_graph.hpp>
@@ -23,12 +24,15 @@ struct OpState {
   double rate = 0;       // share of the op's resource it gets now (work-seconds per second)
   double seconds = 0;    // standalone cost
   double link_bytes_per_s = 0;
+  double sm_fraction = 0;  // communication: SMs its kernels hold
+  double issued = 0;       // when the host issued it (infinity until the host gets there)
   uint32_t queue = 0;                     // stage * kNumStreams + stream
   int32_t pending = 0;                    // unfinished dependencies
   uint32_t dep_begin = 0, dep_count = 0;  // into OpGraph::deps
   int16_t stage = 0;
   uint8_t kind = 0;  // 0: compute-bound on SMs, 1: memory-bound on SMs (also shares HBM), 2: NVLink, 3: NIC
   uint8_t started = 0;
+  uint8_t host_sync = 0;
 };
 
 class Simulation {
@@ -40,7 +44,10 @@ class Simulation {
     MOEPLAN_ASSERT(costs.size() == n);
     op_.resize(n);
     timeline_.ops.resize(n);
+    timeline_.issued.assign(n, 0.0);
     timeline_.gated_by.assign(n, -1);
+    host_s_.resize(n);
+    sync_s_.resize(n);
     timeline_.stage_end.assign(stages, 0);
     // Successors (reverse dependencies) and the streams' ops in id order, both as CSR.
     std::vector<uint32_t> succ_count(n + 1, 0);
@@ -52,6 +59,11 @@ class Simulation {
       const auto& c = costs[i];
       st.seconds = c.seconds;
       st.link_bytes_per_s = c.link_bytes_per_s;
+      st.sm_fraction = c.sm_fraction;
+      st.host_sync = o.host && op.host_sync ? 1 : 0;
+      st.issued = o.host ? kNever : 0.0;
+      host_s_[i] = c.host_seconds;
+      sync_s_[i] = c.host_sync_seconds;
       st.stage = op.stage;
       st.queue =
           static_cast<uint32_t>(static_cast<size_t>(op.stage) * kNumStreams + static_cast<size_t>(op.stream));
@@ -80,9 +92,28 @@ class Simulation {
     stage_updated_.assign(stages, 0);
     stage_next_.assign(stages, kNever);
     dirty_flag_.assign(stages, 0);
+    // Each stage's ops in program (id) order, for its host thread.
+    std::vector<uint32_t> stage_count(stages + 1, 0);
+    for (const Op& op : g.ops) ++stage_count[static_cast<size_t>(op.stage) + 1];
+    for (size_t k = 1; k <= stages; ++k) stage_count[k] += stage_count[k - 1];
+    stage_ops_.resize(n);
+    host_cursor_.assign(stage_count.begin(), stage_count.end() - 1);
+    host_end_.assign(stage_count.begin() + 1, stage_count.end());
+    host_prev_.assign(n, -1);
+    std::vector<int32_t> last_of_stage(stages, -1);
+    for (const Op& op : g.ops) {
+      stage_ops_[stage_count[static_cast<size_t>(op.stage)]++] = op.id;
+      host_prev_[static_cast<size_t>(op.id)] = last_of_stage[static_cast<size_t>(op.stage)];
+      last_of_stage[static_cast<size_t>(op.stage)] = op.id;
+    }
+    host_clock_.assign(stages, 0.0);
+    waiting_.resize(stages);
   }
 
   Timeline run() {
+    if (o_.host) {
+      for (size_t s = 0; s < host_clock_.size(); ++s) advance_host(s);
+    }
     for (size_t q = 0; q < head_.size(); ++q) try_start_head(q);
     reschedule_dirty();
     size_t done = 0;
@@ -100,6 +131,12 @@ class Simulation {
       if (first == kNever) break;
       now_ = first;
       advance(s);
+      if (!waiting_[s].empty() && waiting_[s].front().first <= now_) {
+        // An issue event: start the stream heads whose issue time has come.
+        start_issued(s);
+        reschedule_dirty();
+        continue;
+      }
       finished.clear();
       int32_t soonest = -1;
       double soonest_t = kNever;
@@ -157,6 +194,13 @@ class Simulation {
     OpState& st = op_[static_cast<size_t>(id)];
     if (st.pending > 0 || st.started) return;
     const auto s = static_cast<size_t>(st.stage);
+    if (st.issued > now_) {
+      // Ready on the device but not yet issued by the host: wait for the issue time (or for the host to
+      // get there, kNever, re-tried when it does).
+      if (st.issued < kNever) add_waiting(s, st.issued, q);
+      else blocked_heads_.push_back(static_cast<uint32_t>(q));
+      return;
+    }
     advance(s);  // the others' progress so far is at the old rates
     st.started = 1;
     st.remaining = std::max(0.0, st.seconds);
@@ -178,6 +222,11 @@ class Simulation {
     };
     if (head_[q] > queue_begin_[q]) consider(queue_ops_[head_[q] - 1]);
     for (uint32_t k = st.dep_begin; k < st.dep_begin + st.dep_count; ++k) consider(g_.deps[k]);
+    // Held back by the host: the chain continues through the op the host issued before it.
+    if (st.issued > latest && id > 0) {
+      const auto prev = host_prev_[static_cast<size_t>(id)];
+      if (prev >= 0) gate = prev;
+    }
     timeline_.gated_by[static_cast<size_t>(id)] = gate;
   }
 
@@ -186,6 +235,15 @@ class Simulation {
     const OpState& st = op_[i];
     const auto s = static_cast<size_t>(st.stage);
     timeline_.ops[i].end = now_;
+    if (st.host_sync) {
+      // The host resumes after the device finished this op and the round trip back.
+      host_clock_[s] = std::max(host_clock_[s], now_ + sync_s_[i]);
+      advance_host(s);
+      // Heads that were waiting for the host to get to them may be issued now.
+      std::vector<uint32_t> blocked;
+      blocked.swap(blocked_heads_);
+      for (uint32_t q : blocked) try_start_head(q);
+    }
     ++timeline_.events;
     auto& act = active_[s];
     act.erase(std::find(act.begin(), act.end(), id));
@@ -203,6 +261,7 @@ class Simulation {
     for (int32_t s : dirty_) {
       dirty_flag_[static_cast<size_t>(s)] = 0;
       update_rates(static_cast<size_t>(s));
+      refresh_next(static_cast<size_t>(s));
     }
     dirty_.clear();
   }
@@ -213,15 +272,15 @@ class Simulation {
     stage_next_[stage] = kNever;
     if (act.empty()) return;
     int n_sm = 0, n_nv = 0, n_nic = 0;
-    double nv_bytes = 0, nic_bytes = 0;
+    double nv_bytes = 0, nic_bytes = 0, comm_sms = 0;
     for (int32_t id : act) {
       const OpState& st = op_[static_cast<size_t>(id)];
       switch (st.kind) {
         case 2:
-          ++n_nv, nv_bytes += st.link_bytes_per_s;
+          ++n_nv, nv_bytes += st.link_bytes_per_s, comm_sms += st.sm_fraction;
           break;
         case 3:
-          ++n_nic, nic_bytes += st.link_bytes_per_s;
+          ++n_nic, nic_bytes += st.link_bytes_per_s, comm_sms += st.sm_fraction;
           break;
         default:
           ++n_sm;
@@ -229,8 +288,8 @@ class Simulation {
     }
     // Transfers read and write HBM at their share of the link: 2 x bytes/s each.
     const double comm_hbm = (n_nv ? 2.0 * nv_bytes / n_nv : 0.0) + (n_nic ? 2.0 * nic_bytes / n_nic : 0.0);
-    const bool comm_running = n_nv + n_nic > 0;
-    const double sm_share = comm_running ? 1.0 - o_.comm_sm_fraction : 1.0;
+    // Communication kernels hold their SMs while they run (at most 90 % of them together).
+    const double sm_share = 1.0 - std::min(0.9, comm_sms);
     const double hbm_share =
         o_.hbm_bytes_per_s > 0 ? std::max(0.2, 1.0 - comm_hbm / o_.hbm_bytes_per_s) : 1.0;
     double next = kNever;
@@ -257,6 +316,42 @@ class Simulation {
     stage_next_[stage] = now_ + next;
   }
 
+  // The stage's next event: a completion or an issue time it waits for.
+  void refresh_next(size_t stage) {
+    if (!waiting_[stage].empty()) stage_next_[stage] = std::min(stage_next_[stage], waiting_[stage].front().first);
+  }
+
+  // Issue the stage's ops in program order until the next host sync, from its host clock.
+  void advance_host(size_t s) {
+    double clock = host_clock_[s];
+    while (host_cursor_[s] < host_end_[s]) {
+      const auto id = static_cast<size_t>(stage_ops_[host_cursor_[s]++]);
+      clock += host_s_[id];
+      op_[id].issued = clock;
+      timeline_.issued[id] = clock;
+      if (op_[id].host_sync) break;
+    }
+    host_clock_[s] = clock;
+  }
+
+  void add_waiting(size_t s, double t, size_t q) {
+    auto& w = waiting_[s];
+    w.emplace_back(t, static_cast<uint32_t>(q));
+    std::push_heap(w.begin(), w.end(), std::greater<>());
+    mark_dirty(s);
+  }
+
+  void start_issued(size_t s) {
+    auto& w = waiting_[s];
+    while (!w.empty() && w.front().first <= now_) {
+      std::pop_heap(w.begin(), w.end(), std::greater<>());
+      const uint32_t q = w.back().second;
+      w.pop_back();
+      try_start_head(q);
+    }
+    mark_dirty(s);
+  }
+
   const OpGraph& g_;
   const EngineOptions& o_;
   double now_ = 0;
@@ -270,6 +365,14 @@ class Simulation {
   std::vector<double> stage_next_;                        // the stage's next completion (kNever when idle)
   std::vector<uint8_t> dirty_flag_;
   std::vector<int32_t> dirty_;
+  // Host threads, one per stage.
+  std::vector<double> host_s_, sync_s_;          // by op: issue cost, round trip after a host sync
+  std::vector<int32_t> stage_ops_;               // each stage's ops in id order, stage after stage
+  std::vector<int32_t> host_prev_;               // by op: the op its stage's host issued before it
+  std::vector<uint32_t> host_cursor_, host_end_;  // per stage: the next op its host issues
+  std::vector<double> host_clock_;               // per stage: when its host issued its last op
+  std::vector<std::vector<std::pair<double, uint32_t>>> waiting_;  // per stage: (issue time, stream) heap
+  std::vector<uint32_t> blocked_heads_;  // stream heads waiting for a host still blocked at a sync
   Timeline timeline_;
 };
 

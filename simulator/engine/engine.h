@@ -1,7 +1,9 @@
 // Discrete-event execution of an op graph: streams run their ops in order, cross-stream edges are events, and
 // ops that run at the same time on one rank share its resources (flow level): concurrent transfers on a link
 // split its bandwidth, concurrent kernels split the SMs, and compute beside communication kernels loses the
-// SMs they take and the HBM bandwidth they use. Deterministic: the same inputs give the same timeline.
+// SMs they take (each communication op's sm_fraction) and the HBM bandwidth they use. A host thread per stage
+// issues the ops in program order and waits at host syncs, so host-bound stretches and the stall after a
+// device-to-host sync show. Deterministic: the same inputs give the same timeline.
 #pragma once
 
 #include <cstdint>
@@ -14,12 +16,16 @@
 namespace moeplan::engine {
 
 struct EngineOptions {
-  double comm_sm_fraction = 0;  // SMs communication kernels take from concurrent compute (stack profile)
-  double hbm_bytes_per_s = 0;   // achieved HBM bandwidth, shared by memory-bound kernels and transfers
+  double hbm_bytes_per_s = 0;  // achieved HBM bandwidth, shared by memory-bound kernels and transfers
+  // The host: one thread per stage issues the stage's ops in program order (op id order), each after its
+  // cost's host_seconds; at an op marked host_sync it waits until the op ends on the device (plus the cost's
+  // host_sync_seconds). An op starts only once issued. Off: every op is issued at time zero.
+  bool host = true;
 };
 
 struct Timeline {
   std::vector<OpTiming> ops;      // by op id
+  std::vector<double> issued;     // by op id: when the host issued it (its start is never earlier)
   std::vector<int32_t> gated_by;  // by op id: the predecessor whose end started it (-1: nothing before it)
   std::vector<double> stage_end;  // when each stage's last op ends
   double step_time = 0;           // the latest end

@@ -183,6 +183,14 @@ ModelSpec from_hf(const JsonNode& root, const std::string& name) {
     e.num_shared_experts = c.integer_or("n_shared_experts", 0, 0, kMaxExperts);
     e.shared_expert_ffn = e.expert_ffn;
     e.router_score_bias = c.string_or("topk_method", "") == "noaux_tc";
+    if (c.string_or("scoring_func", "softmax") == "sigmoid") e.score = RouterScore::kSigmoid;
+    const std::string method = c.string_or("topk_method", "greedy");
+    if (method == "noaux_tc" || method == "group_limited_greedy") {
+      e.groups = c.integer_or("n_group", 1, 1, e.num_experts);
+      if (e.num_experts % e.groups != 0)
+        c.fail("n_group", fmt::format("a divisor of the {} routed experts", e.num_experts));
+      e.group_top_k = c.integer_or("topk_group", e.groups, 1, e.groups);
+    }
     m.dense_ffn = c.integer("intermediate_size", 1, kMaxFfn);
     m.mtp_layers = c.integer_or("num_nextn_predict_layers", 0, 0, 64);
   } else if (family == "qwen2_moe" || family == "qwen3_moe") {
@@ -196,6 +204,7 @@ ModelSpec from_hf(const JsonNode& root, const std::string& name) {
       e.shared_expert_ffn = e.expert_ffn;
     }
   } else if (family == "llama4_text") {
+    e.score = RouterScore::kSigmoid;
     e.num_shared_experts = 1;
     e.shared_expert_ffn = e.expert_ffn;
     m.dense_ffn = c.integer_or("intermediate_size_mlp", 0, 0, kMaxFfn);

@@ -13,9 +13,62 @@ namespace {
 
 constexpr int64_t kMaxDegree = 1 << 20;
 
+constexpr std::pair<const char*, RecomputeModule> kModuleNames[] = {
+    {"core_attn", kRecomputeCoreAttn}, {"moe_act", kRecomputeMoeAct},
+    {"layernorm", kRecomputeLayernorm}, {"mla_up_proj", kRecomputeMlaUpProj},
+    {"mlp", kRecomputeMlp},             {"moe", kRecomputeMoe},
+    {"shared_experts", kRecomputeSharedExperts}};
+
+// "recompute": "none" | "selective" | "full" | "sar", or an object
+//   {"granularity": "selective", "modules": ["core_attn", "moe_act", ...]}
+//   {"granularity": "full", "method": "uniform" | "block", "num_layers": N}
+void read_recompute(const JsonNode& r, Plan& p) {
+  const std::initializer_list<std::pair<const char*, Recompute>> kinds = {{"none", Recompute::kNone},
+                                                                          {"selective", Recompute::kSelective},
+                                                                          {"full", Recompute::kFull},
+                                                                          {"sar", Recompute::kSar}};
+  if (!r.has("recompute")) return;
+  if (r.raw().at("recompute").is_string()) {
+    p.recompute = r.choice<Recompute>("recompute", kinds);
+    return;
+  }
+  const JsonNode o = r.object("recompute");
+  o.only_keys({"granularity", "modules", "method", "num_layers"});
+  p.recompute = o.choice<Recompute>("granularity", kinds);
+  if (o.has("modules")) {
+    if (p.recompute != Recompute::kSelective) o.fail("modules", "no modules unless granularity is \"selective\"");
+    p.recompute_modules = 0;
+    for (const JsonNode& m : o.array("modules")) {
+      if (!m.raw().is_string()) m.fail_here("a recompute module name");
+      const auto name = m.raw().get<std::string>();
+      bool found = false;
+      for (const auto& [n, bit] : kModuleNames) {
+        if (name == n) p.recompute_modules |= bit, found = true;
+      }
+      if (!found) {
+        std::vector<std::string> known;
+        for (const auto& [n, bit] : kModuleNames) known.emplace_back(n);
+        const std::string near = closest_match(name, known);
+        m.fail_here(fmt::format("one of core_attn, moe_act, layernorm, mla_up_proj, mlp, moe, shared_experts{}",
+                                near.empty() ? "" : fmt::format(" (did you mean \"{}\"?)", near)));
+      }
+    }
+    if (p.recompute_modules == 0) o.fail("modules", "at least one module");
+  }
+  if (o.has("method") || o.has("num_layers")) {
+    if (p.recompute != Recompute::kFull)
+      o.fail(o.has("method") ? "method" : "num_layers", "no method or num_layers unless granularity is \"full\"");
+    p.recompute_method = o.choice_or<RecomputeMethod>(
+        "method", RecomputeMethod::kUniform,
+        {{"uniform", RecomputeMethod::kUniform}, {"block", RecomputeMethod::kBlock}});
+    p.recompute_num_layers = o.integer_or("num_layers", 1, 1, 100000);
+  }
+}
+
 Plan read_plan(const JsonNode& r) {
   r.only_keys({"model", "hardware", "stack", "gpus", "seq_len", "global_batch", "micro_batch", "attention",
-               "experts", "pipeline", "data", "overlap", "compression", "precision", "recompute", "routing"});
+               "experts", "pipeline", "data", "overlap", "compression", "precision", "fp8_recipe", "recompute",
+               "routing"});
   Plan p;
   p.model = r.string("model");
   p.hardware = r.string("hardware");
@@ -57,16 +110,18 @@ Plan read_plan(const JsonNode& r) {
     p.data.zero = d->integer_or("zero", 1, 0, 3);
   }
   if (auto o = r.optional_object("overlap")) {
-    o->only_keys({"inter_op", "intra_op", "dp_comm", "pp_comm"});
+    o->only_keys({"inter_op", "intra_op", "dp_comm", "pp_comm", "cross_micro_batch"});
     p.overlap.inter_op = o->boolean_or("inter_op", false);
     p.overlap.intra_op = o->boolean_or("intra_op", false);
     p.overlap.dp_comm = o->boolean_or("dp_comm", false);
     p.overlap.pp_comm = o->boolean_or("pp_comm", false);
+    p.overlap.cross_micro_batch = o->boolean_or("cross_micro_batch", false);
   }
   if (auto c = r.optional_object("compression")) {
     c->only_keys({"grad_sync", "dispatch"});
     p.compression.grad_sync = c->choice_or<GradSync>("grad_sync", GradSync::kFp32ReduceScatter,
                                                      {{"fp32_reduce_scatter", GradSync::kFp32ReduceScatter},
+                                                      {"bf16_reduce_scatter", GradSync::kBf16ReduceScatter},
                                                       {"bf16_all_to_all", GradSync::kBf16AllToAll}});
     p.compression.dispatch = c->choice_or<DispatchPrecision>(
         "dispatch", DispatchPrecision::kBf16,
@@ -74,9 +129,14 @@ Plan read_plan(const JsonNode& r) {
   }
   p.precision = r.choice_or<Precision>("precision", Precision::kBf16,
                                        {{"bf16", Precision::kBf16}, {"fp8", Precision::kFp8}});
-  p.recompute = r.choice_or<Recompute>(
-      "recompute", Recompute::kNone,
-      {{"none", Recompute::kNone}, {"selective", Recompute::kSelective}, {"full", Recompute::kFull}});
+  if (r.has("fp8_recipe")) {
+    if (p.precision != Precision::kFp8) r.fail("fp8_recipe", "no fp8_recipe unless precision is \"fp8\"");
+    p.fp8_recipe = r.choice<Fp8Recipe>("fp8_recipe", {{"delayed", Fp8Recipe::kDelayed},
+                                                      {"tensorwise", Fp8Recipe::kTensorwise},
+                                                      {"blockwise", Fp8Recipe::kBlockwise},
+                                                      {"mxfp8", Fp8Recipe::kMxfp8}});
+  }
+  read_recompute(r, p);
   if (auto rt = r.optional_object("routing")) {
     rt->only_keys({"distribution", "capacity_factor"});
     p.routing.distribution = rt->string_or("distribution", "uniform");
@@ -98,6 +158,19 @@ Plan read_plan(const JsonNode& r) {
 }
 
 }  // namespace
+
+json recompute_to_json(const Plan& p) {
+  if (p.recompute == Recompute::kSelective && p.recompute_modules != kRecomputeCoreAttn) {
+    return {{"granularity", "selective"}, {"modules", recompute_module_names(p.recompute_modules)}};
+  }
+  if (p.recompute == Recompute::kFull &&
+      (p.recompute_method != RecomputeMethod::kUniform || p.recompute_num_layers != 1)) {
+    return {{"granularity", "full"},
+            {"method", name_of(p.recompute_method)},
+            {"num_layers", p.recompute_num_layers}};
+  }
+  return name_of(p.recompute);
+}
 
 Result<Plan> plan_from_json(const json& j, const std::string& label) {
   return catch_input_errors([&]() { return read_plan(JsonNode(j, label)); });
@@ -122,10 +195,12 @@ json plan_to_json(const Plan& p) {
                   {"intra_op", p.overlap.intra_op},
                   {"dp_comm", p.overlap.dp_comm},
                   {"pp_comm", p.overlap.pp_comm}};
+  if (p.overlap.cross_micro_batch) j["overlap"]["cross_micro_batch"] = true;
   j["compression"] = {{"grad_sync", name_of(p.compression.grad_sync)},
                       {"dispatch", name_of(p.compression.dispatch)}};
   j["precision"] = name_of(p.precision);
-  j["recompute"] = name_of(p.recompute);
+  if (p.precision == Precision::kFp8) j["fp8_recipe"] = name_of(p.fp8_recipe);
+  j["recompute"] = recompute_to_json(p);
   j["routing"] = {
       {"distribution", p.routing.distribution},
       {"capacity_factor", p.routing.capacity_factor ? json(*p.routing.capacity_factor) : json(nullptr)}};

@@ -13,6 +13,8 @@ namespace moeplan::io {
 
 Result<Plan> plan_from_json(const json& j, const std::string& label);
 json plan_to_json(const Plan& p);
+// The plan's "recompute" value: a string where the defaults say all, else the object form.
+json recompute_to_json(const Plan& p);
 
 // A plan file with the model and hardware it names (paths relative to the plan file, or built-in names).
 struct LoadedPlan {

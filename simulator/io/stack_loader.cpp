@@ -1,6 +1,9 @@
-// Stack profile reading: strict keys, {value, source} pairs for every scalar, µs to seconds once, and a
-// grouped-GEMM efficiency curve with rows strictly increasing and efficiencies in (0, 1].
+// Stack profile reading (`moeplan-stack-v2`): strict keys, {value, source, basis} triples for every scalar, µs
+// and GiB to SI once, capability lists checked against the plan vocabulary.
 #include "simulator/io/stack_loader.h"
+
+#include <algorithm>
+#include <cmath>
 
 #include <fmt/format.h>
 
@@ -24,29 +27,77 @@ bool inside(const json& v, Interval in) {
   return in == Interval::kEfficiency ? x > 0.0 && x <= 1.0 : x >= 0.0 && x < 1.0;
 }
 
-Sourced<double> sourced_fraction(const JsonNode& parent, std::string_view key, Interval in) {
-  const JsonNode v = parent.object(key);
-  v.only_keys({"value", "source"});
-  if (!v.has("value") || !inside(v.raw().at("value"), in)) v.fail("value", describe(in));
-  return {v.raw().at("value").get<double>(), source_of(v)};
+// {"value": ..., "source": "...", "basis": "measured" | "derived" | "assumed" | "target"}
+JsonNode stated_node(const JsonNode& parent, std::string_view key) {
+  JsonNode v = parent.object(key);
+  v.only_keys({"value", "source", "basis"});
+  return v;
 }
 
-// {"source": "...", "points": [[rows_per_expert, efficiency], ...]}
-void read_grouped_gemm(const JsonNode& g, StackProfile& s) {
-  g.only_keys({"source", "points"});
-  s.grouped_gemm_efficiency_source = source_of(g);
-  for (const auto& p : g.array("points")) {
-    const auto cells = p.elements();
-    if (cells.size() != 2) p.fail_here("an array of 2 numbers [rows_per_expert, efficiency]");
-    const double rows = cells[0].as_number(1, 1e9);
-    if (!s.grouped_gemm_efficiency.empty() && rows <= s.grouped_gemm_efficiency.back().first) {
-      cells[0].fail_here(fmt::format("rows per expert strictly increasing (previous point has {})",
-                                     s.grouped_gemm_efficiency.back().first));
+Basis basis_of(const JsonNode& v) {
+  return v.choice<Basis>("basis", {{"measured", Basis::kMeasured},
+                                   {"derived", Basis::kDerived},
+                                   {"assumed", Basis::kAssumed},
+                                   {"target", Basis::kTarget}});
+}
+
+Stated<double> stated_number(const JsonNode& parent, std::string_view key, double lo, double hi,
+                             double unit = 1.0) {
+  const JsonNode v = stated_node(parent, key);
+  return {v.number("value", lo, hi) * unit, source_of(v), basis_of(v)};
+}
+
+Stated<double> stated_fraction(const JsonNode& parent, std::string_view key, Interval in) {
+  const JsonNode v = stated_node(parent, key);
+  if (!v.has("value") || !inside(v.raw().at("value"), in)) v.fail("value", describe(in));
+  return {v.raw().at("value").get<double>(), source_of(v), basis_of(v)};
+}
+
+Stated<int64_t> stated_integer(const JsonNode& parent, std::string_view key, int64_t lo, int64_t hi) {
+  const JsonNode v = stated_node(parent, key);
+  return {v.integer("value", lo, hi), source_of(v), basis_of(v)};
+}
+
+Stated<bool> stated_bool(const JsonNode& parent, std::string_view key) {
+  const JsonNode v = stated_node(parent, key);
+  return {v.boolean("value"), source_of(v), basis_of(v)};
+}
+
+template <class E>
+Stated<E> stated_choice(const JsonNode& parent, std::string_view key,
+                        std::initializer_list<std::pair<const char*, E>> options) {
+  const JsonNode v = stated_node(parent, key);
+  return {v.choice<E>("value", options), source_of(v), basis_of(v)};
+}
+
+// A [low, high] range in `value`.
+std::pair<Stated<double>, Stated<double>> stated_range(const JsonNode& parent, std::string_view key, double lo,
+                                                       double hi, double unit) {
+  const JsonNode v = stated_node(parent, key);
+  const auto cells = v.array("value");
+  if (cells.size() != 2) v.fail("value", "[low, high]");
+  const double a = cells[0].as_number(lo, hi), b = cells[1].as_number(lo, hi);
+  if (b < a) v.fail("value", "[low, high] with low <= high");
+  const std::string src = source_of(v);
+  const Basis basis = basis_of(v);
+  return {{a * unit, src, basis}, {b * unit, src, basis}};
+}
+
+// A list of strings, each one of `allowed`.
+std::vector<std::string> string_list(const JsonNode& parent, std::string_view key,
+                                     std::initializer_list<const char*> allowed) {
+  std::vector<std::string> out;
+  for (const JsonNode& e : parent.array(key)) {
+    if (!e.raw().is_string()) e.fail_here("a string");
+    const auto s = e.raw().get<std::string>();
+    if (std::find_if(allowed.begin(), allowed.end(), [&](const char* a) { return s == a; }) == allowed.end()) {
+      std::string list;
+      for (const char* a : allowed) list += std::string(list.empty() ? "" : ", ") + a;
+      e.fail_here(fmt::format("one of {}", list));
     }
-    if (!inside(cells[1].raw(), Interval::kEfficiency)) cells[1].fail_here(describe(Interval::kEfficiency));
-    s.grouped_gemm_efficiency.emplace_back(rows, cells[1].raw().get<double>());
+    out.push_back(s);
   }
-  if (s.grouped_gemm_efficiency.empty()) g.fail("points", "at least one [rows_per_expert, efficiency] point");
+  return out;
 }
 
 }  // namespace
@@ -54,10 +105,15 @@ void read_grouped_gemm(const JsonNode& g, StackProfile& s) {
 Result<StackProfile> stack_from_json(const json& j, const std::string& label) {
   return catch_input_errors([&]() -> StackProfile {
     const JsonNode root(j, label);
-    root.only_keys({"format", "name", "description", "calibrated", "sources", "host",
-                    "grouped_gemm_efficiency", "memory_bound_efficiency", "dispatch_dedup",
-                    "comm_sm_fraction", "overlaps"});
-    if (root.string("format") != "moeplan-stack-v1") root.fail("format", "\"moeplan-stack-v1\"");
+    if (root.has("format") && root.raw().at("format") == "moeplan-stack-v1") {
+      root.fail("format",
+                "\"moeplan-stack-v2\" (v1 files priced grouped GEMMs by a rows-per-expert curve and cannot say "
+                "what each number rests on; see hwprofiles/stacks/README.md for the v2 fields)");
+    }
+    root.only_keys({"format", "name", "description", "calibrated", "sources", "host", "grouped_gemm",
+                    "memory_bound_efficiency", "dispatcher", "attention_kernel", "comm_sm_fraction", "overlaps",
+                    "capabilities", "memory"});
+    if (root.string("format") != "moeplan-stack-v2") root.fail("format", "\"moeplan-stack-v2\"");
     StackProfile s;
     s.name = root.string("name");
     s.description = root.string_or("description", "");
@@ -72,22 +128,137 @@ Result<StackProfile> stack_from_json(const json& j, const std::string& label) {
     }
 
     const JsonNode host = root.object("host");
-    host.only_keys({"launch_us_per_kernel", "us_per_local_expert", "us_per_micro_batch"});
-    s.launch_s_per_kernel = sourced_number(host, "launch_us_per_kernel", 0, 1e3, kMicro);
-    s.host_s_per_local_expert = sourced_number(host, "us_per_local_expert", 0, 1e3, kMicro);
-    s.host_s_per_micro_batch = sourced_number(host, "us_per_micro_batch", 0, 1e6, kMicro);
+    host.only_keys({"launch_us_per_kernel", "issue_us_per_kernel", "us_per_local_expert", "us_per_micro_batch",
+                    "sync_us"});
+    s.launch_s_per_kernel = stated_number(host, "launch_us_per_kernel", 0, 1e3, kMicro);
+    s.host_s_per_kernel = stated_number(host, "issue_us_per_kernel", 0, 1e4, kMicro);
+    s.host_s_per_local_expert = stated_number(host, "us_per_local_expert", 0, 1e3, kMicro);
+    s.host_s_per_micro_batch = stated_number(host, "us_per_micro_batch", 0, 1e6, kMicro);
+    s.host_sync_s = stated_number(host, "sync_us", 0, 1e5, kMicro);
 
-    read_grouped_gemm(root.object("grouped_gemm_efficiency"), s);
-    s.memory_bound_efficiency = sourced_fraction(root, "memory_bound_efficiency", Interval::kEfficiency);
-    s.dispatch_dedup = sourced_bool(root, "dispatch_dedup");
-    s.comm_sm_fraction = sourced_fraction(root, "comm_sm_fraction", Interval::kShare);
+    const JsonNode g = root.object("grouped_gemm");
+    g.only_keys({"implementation", "streams", "efficiency", "wgrad_efficiency"});
+    s.grouped_gemm.impl = stated_choice<GroupedGemmImpl>(
+        g, "implementation",
+        {{"grouped_kernel", GroupedGemmImpl::kGroupedKernel},
+         {"per_expert_streams", GroupedGemmImpl::kPerExpertStreams}});
+    s.grouped_gemm.streams = stated_integer(g, "streams", 1, 64);
+    s.grouped_gemm.efficiency = stated_fraction(g, "efficiency", Interval::kEfficiency);
+    s.grouped_gemm.wgrad_efficiency = stated_fraction(g, "wgrad_efficiency", Interval::kEfficiency);
+
+    s.memory_bound_efficiency = stated_fraction(root, "memory_bound_efficiency", Interval::kEfficiency);
+
+    const JsonNode d = root.object("dispatcher");
+    d.only_keys({"kind", "host_sync", "sms", "nic_efficiency", "nvlink_efficiency", "permute_fused"});
+    s.dispatcher.kind = stated_choice<DispatcherKind>(d, "kind",
+                                                      {{"nccl_all_to_all", DispatcherKind::kNcclAllToAll},
+                                                       {"nccl_all_gather", DispatcherKind::kNcclAllGather},
+                                                       {"deepep", DispatcherKind::kDeepEp},
+                                                       {"hybridep", DispatcherKind::kHybridEp},
+                                                       {"fused", DispatcherKind::kFused}});
+    s.dispatcher.host_sync = stated_bool(d, "host_sync");
+    s.dispatcher.sms = stated_integer(d, "sms", 0, 1024);
+    s.dispatcher.nic_efficiency = stated_fraction(d, "nic_efficiency", Interval::kEfficiency);
+    s.dispatcher.nvlink_efficiency = stated_fraction(d, "nvlink_efficiency", Interval::kEfficiency);
+    s.dispatcher.permute_fused = stated_bool(d, "permute_fused");
+
+    s.attention_kernel = stated_choice<AttentionKernel>(
+        root, "attention_kernel",
+        {{"fa3", AttentionKernel::kFa3}, {"cudnn", AttentionKernel::kCudnn}, {"fa2", AttentionKernel::kFa2}});
+    s.comm_sm_fraction = stated_fraction(root, "comm_sm_fraction", Interval::kShare);
 
     const JsonNode o = root.object("overlaps");
-    o.only_keys({"inter_op", "intra_op", "dp_comm", "pp_comm"});
-    s.overlaps = {sourced_bool(o, "inter_op"), sourced_bool(o, "intra_op"), sourced_bool(o, "dp_comm"),
-                  sourced_bool(o, "pp_comm")};
+    o.only_keys({"inter_op", "intra_op", "dp_comm", "pp_comm", "cross_micro_batch"});
+    s.overlaps = {stated_bool(o, "inter_op"), stated_bool(o, "intra_op"), stated_bool(o, "dp_comm"),
+                  stated_bool(o, "pp_comm"), stated_bool(o, "cross_micro_batch")};
+
+    const JsonNode c = root.object("capabilities");
+    c.only_keys({"source", "dispatch", "recompute", "recompute_modules", "schedules", "precision", "fp8_recipes",
+                 "grad_sync", "dispatch_precision"});
+    auto& cap = s.capabilities;
+    cap.source = source_of(c);
+    cap.dispatch = string_list(c, "dispatch", {"all_to_all", "all_gather", "dedup"});
+    cap.recompute = string_list(c, "recompute", {"none", "selective", "full", "sar"});
+    cap.recompute_modules = string_list(
+        c, "recompute_modules", {"core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts"});
+    cap.schedules = string_list(c, "schedules", {"1f1b", "interleaved_1f1b"});
+    cap.precision = string_list(c, "precision", {"bf16", "fp8"});
+    cap.fp8_recipes = string_list(c, "fp8_recipes", {"delayed", "tensorwise", "blockwise", "mxfp8"});
+    cap.grad_sync = string_list(c, "grad_sync", {"fp32_reduce_scatter", "bf16_reduce_scatter", "bf16_all_to_all"});
+    cap.dispatch_precision = string_list(c, "dispatch_precision", {"bf16", "fp8"});
+
+    const JsonNode m = root.object("memory");
+    m.only_keys({"reserve_GiB", "fragmentation"});
+    std::tie(s.memory.reserve_bytes, s.memory.reserve_bytes_high) = stated_range(m, "reserve_GiB", 0, 1024, kGiB);
+    std::tie(s.memory.fragmentation, s.memory.fragmentation_high) = stated_range(m, "fragmentation", 0, 0.9, 1.0);
     return s;
   });
+}
+
+nlohmann::ordered_json stack_to_json(const StackProfile& s) {
+  using oj = nlohmann::ordered_json;
+  auto round_to = [](double x, double step) { return std::round(x / step) * step; };
+  auto num = [&](const Stated<double>& v, double unit) {
+    return oj{{"value", round_to(v.value / unit, 1e-4)}, {"basis", name_of(v.basis)}, {"source", v.source}};
+  };
+  auto integer = [](const Stated<int64_t>& v) {
+    return oj{{"value", v.value}, {"basis", name_of(v.basis)}, {"source", v.source}};
+  };
+  auto flag = [](const Stated<bool>& v) {
+    return oj{{"value", v.value}, {"basis", name_of(v.basis)}, {"source", v.source}};
+  };
+  auto name = [](const auto& v) {
+    return oj{{"value", name_of(v.value)}, {"basis", name_of(v.basis)}, {"source", v.source}};
+  };
+  auto range = [&](const Stated<double>& lo, const Stated<double>& hi, double unit) {
+    return oj{{"value", oj::array({round_to(lo.value / unit, 1e-4), round_to(hi.value / unit, 1e-4)})},
+              {"basis", name_of(lo.basis)},
+              {"source", lo.source}};
+  };
+  oj j;
+  j["format"] = "moeplan-stack-v2";
+  j["name"] = s.name;
+  j["description"] = s.description;
+  j["calibrated"] = s.calibrated;
+  oj sources = oj::object();
+  for (const auto& [id, c] : s.sources) sources[id] = c;
+  j["sources"] = sources;
+  j["host"] = oj{{"launch_us_per_kernel", num(s.launch_s_per_kernel, kMicro)},
+                 {"issue_us_per_kernel", num(s.host_s_per_kernel, kMicro)},
+                 {"us_per_local_expert", num(s.host_s_per_local_expert, kMicro)},
+                 {"us_per_micro_batch", num(s.host_s_per_micro_batch, kMicro)},
+                 {"sync_us", num(s.host_sync_s, kMicro)}};
+  j["grouped_gemm"] = oj{{"implementation", name(s.grouped_gemm.impl)},
+                         {"streams", integer(s.grouped_gemm.streams)},
+                         {"efficiency", num(s.grouped_gemm.efficiency, 1.0)},
+                         {"wgrad_efficiency", num(s.grouped_gemm.wgrad_efficiency, 1.0)}};
+  j["memory_bound_efficiency"] = num(s.memory_bound_efficiency, 1.0);
+  j["dispatcher"] = oj{{"kind", name(s.dispatcher.kind)},
+                       {"host_sync", flag(s.dispatcher.host_sync)},
+                       {"sms", integer(s.dispatcher.sms)},
+                       {"nic_efficiency", num(s.dispatcher.nic_efficiency, 1.0)},
+                       {"nvlink_efficiency", num(s.dispatcher.nvlink_efficiency, 1.0)},
+                       {"permute_fused", flag(s.dispatcher.permute_fused)}};
+  j["attention_kernel"] = name(s.attention_kernel);
+  j["comm_sm_fraction"] = num(s.comm_sm_fraction, 1.0);
+  j["overlaps"] = oj{{"inter_op", flag(s.overlaps.inter_op)},
+                     {"intra_op", flag(s.overlaps.intra_op)},
+                     {"dp_comm", flag(s.overlaps.dp_comm)},
+                     {"pp_comm", flag(s.overlaps.pp_comm)},
+                     {"cross_micro_batch", flag(s.overlaps.cross_micro_batch)}};
+  const auto& c = s.capabilities;
+  j["capabilities"] = oj{{"source", c.source},
+                         {"dispatch", c.dispatch},
+                         {"recompute", c.recompute},
+                         {"recompute_modules", c.recompute_modules},
+                         {"schedules", c.schedules},
+                         {"precision", c.precision},
+                         {"fp8_recipes", c.fp8_recipes},
+                         {"grad_sync", c.grad_sync},
+                         {"dispatch_precision", c.dispatch_precision}};
+  j["memory"] = oj{{"reserve_GiB", range(s.memory.reserve_bytes, s.memory.reserve_bytes_high, kGiB)},
+                   {"fragmentation", range(s.memory.fragmentation, s.memory.fragmentation_high, 1.0)}};
+  return j;
 }
 
 Result<StackProfile> load_stack(const std::string& ref, const std::string& base_dir) {

@@ -1,5 +1,5 @@
-// Reads a stack profile (hwprofiles/stacks/*.json, "format": "moeplan-stack-v1") into SI units; every number
-// must carry a non-empty source. hwprofiles/stacks/README.md documents the schema.
+// Reads and writes stack profiles (hwprofiles/stacks/*.json, "format": "moeplan-stack-v2") in SI units inside;
+// every number carries a non-empty source and its basis. hwprofiles/stacks/README.md documents the schema.
 #pragma once
 
 #include <string>
@@ -14,5 +14,7 @@ namespace moeplan::io {
 // ("hwprofiles/stacks/moerun.json").
 Result<StackProfile> load_stack(const std::string& ref, const std::string& base_dir = "");
 Result<StackProfile> stack_from_json(const json& j, const std::string& label);
+// The file form (µs, GiB), keys in schema order; stack_from_json reads it back to the same profile.
+nlohmann::ordered_json stack_to_json(const StackProfile& s);
 
 }  // namespace moeplan::io

@@ -49,6 +49,9 @@ CostKey cost_key(const Op& op) {
   h = mix(h, static_cast<uint64_t>(op.comm.collective) | (static_cast<uint64_t>(op.comm.group) << 8));
   h = mix(h, bits(op.comm.bytes));
   h = mix(h, bits(op.comm.nic_bytes_scale));
+  h = mix(h, bits(op.aux_bytes));
+  h = mix(h, static_cast<uint64_t>(op.kernels) | (static_cast<uint64_t>(op.host_sync) << 16) |
+                 (static_cast<uint64_t>(op.comm.node_dedup) << 17) | (static_cast<uint64_t>(op.stream) << 24));
   return {h};
 }
 
@@ -144,25 +147,28 @@ Prediction predict(const ModelSpec& model, const Plan& plan, const HardwareProfi
                    const PredictOptions& options) {
   Prediction r;
   r.violations = validate(plan, model, hw);
+  for (Violation& v : validate_for_stack(plan, stack)) r.violations.push_back(std::move(v));
   if (!r.violations.empty()) return r;
+  // The plan as the stack runs it: overlaps the stack does not achieve get no credit.
+  r.effective_plan = with_stack_overlaps(plan, stack, &r.notices);
+  const Plan& run = r.effective_plan;
 
   // Routing: the busiest EP rank's share of one micro-batch's token-expert assignments.
-  const cost::PlanRouting pr = cost::plan_routing(model, plan, routing);
+  const cost::PlanRouting pr = cost::plan_routing(model, run, routing);
   r.routing = pr.load;
-  LoweringOptions lo;
-  lo.gpus_per_node = hw.node.gpus_per_node.value;
+  LoweringOptions lo = lowering_options(hw, stack);
   lo.expert_load_scale = pr.scale;
   lo.dropped_fraction = pr.load.dropped_fraction;
-  r.graph = lower(model, plan, lo);
+  r.graph = lower(model, run, lo);
 
   // Costs, once per distinct op. Pipeline sends take the path between the stages' ranks on the cluster
   // graph (same node: NVLink; otherwise NIC, leaf, maybe spine), bounded by its slowest link.
   const cost::CostModel cm(hw, stack);
   std::vector<engine::Path> paths;
-  if (plan.pipeline.pp > 1) {
-    const engine::Topology topo(hw, plan.gpus);
-    const int64_t per_stage = plan.gpus / plan.pipeline.pp;
-    for (int64_t s = 0; s + 1 < plan.pipeline.pp; ++s)
+  if (run.pipeline.pp > 1) {
+    const engine::Topology topo(hw, run.gpus);
+    const int64_t per_stage = run.gpus / run.pipeline.pp;
+    for (int64_t s = 0; s + 1 < run.pipeline.pp; ++s)
       paths.push_back(topo.path(s * per_stage, (s + 1) * per_stage));
   }
   std::unordered_map<CostKey, cost::OpCost, CostKeyHash> cache;
@@ -174,7 +180,7 @@ Prediction predict(const ModelSpec& model, const Plan& plan, const HardwareProfi
       // chunks wrap from the last stage to the first over the same kind of path.
       const int64_t link = op.phase == Phase::kForward ? op.stage : op.stage - 1;
       const engine::Path& path =
-          paths[static_cast<size_t>(std::clamp<int64_t>(link, 0, plan.pipeline.pp - 2))];
+          paths[static_cast<size_t>(std::clamp<int64_t>(link, 0, run.pipeline.pp - 2))];
       c = cm.cost(op);
       const bool remote = path.crosses_nodes();
       const double hop = remote ? hw.scale_out.net_latency_s.value : hw.node.nvlink_latency_s.value;
@@ -183,6 +189,7 @@ Prediction predict(const ModelSpec& model, const Plan& plan, const HardwareProfi
                   op.comm.bytes / path.bottleneck_bytes_per_s();
       c.resource = remote ? cost::Resource::kNic : cost::Resource::kNvlink;
       c.link_bytes_per_s = op.comm.bytes / c.seconds;
+      c.sm_fraction = stack.comm_sm_fraction.value;
       continue;
     }
     const CostKey key = cost_key(op);
@@ -191,7 +198,6 @@ Prediction predict(const ModelSpec& model, const Plan& plan, const HardwareProfi
     c = it->second;
   }
   engine::EngineOptions eo;
-  eo.comm_sm_fraction = stack.comm_sm_fraction.value;
   eo.hbm_bytes_per_s = hw.gpu.hbm_bw_achieved_bytes_per_s.value;
   r.timeline = engine::simulate(r.graph, r.costs, eo);
   r.extrapolations = cm.extrapolations();
@@ -206,16 +212,16 @@ Prediction predict(const ModelSpec& model, const Plan& plan, const HardwareProfi
 
   // Memory: activations live for the peak number of in-flight chunks of each stage's schedule.
   std::vector<int64_t> in_flight;
-  for (int64_t s = 0; s < plan.pipeline.pp; ++s) {
-    in_flight.push_back(
-        peak_in_flight(pipeline_order(s, plan.pipeline.pp, plan.pipeline.vpp, plan.num_micro_batches())));
+  for (int64_t s = 0; s < run.pipeline.pp; ++s) {
+    in_flight.push_back(peak_in_flight(pipeline_order(s, run.pipeline.pp, run.pipeline.vpp,
+                                                      run.num_micro_batches(), run.overlap.cross_micro_batch)));
   }
-  r.memory = cost::memory_per_gpu(model, plan, hw, in_flight, lo.expert_load_scale);
+  r.memory = cost::memory_per_gpu(model, run, hw, in_flight, lo.expert_load_scale);
 
   // The breakdown shown is the busiest stage's: the one whose ops' summed durations are largest (it sets the
   // pipeline's pace; the others wait for it in the bubble).
-  std::vector<double> busy(static_cast<size_t>(plan.pipeline.pp), 0.0);
-  std::vector<std::vector<int32_t>> stage_ops(static_cast<size_t>(plan.pipeline.pp));
+  std::vector<double> busy(static_cast<size_t>(run.pipeline.pp), 0.0);
+  std::vector<std::vector<int32_t>> stage_ops(static_cast<size_t>(run.pipeline.pp));
   for (const Op& op : r.graph.ops) {
     const auto i = static_cast<size_t>(op.id);
     stage_ops[static_cast<size_t>(op.stage)].push_back(op.id);
@@ -239,6 +245,19 @@ Prediction predict(const ModelSpec& model, const Plan& plan, const HardwareProfi
     spread = std::min(spread, 0.9 * r.step_time_s);
     r.tokens_per_s_low = r.tokens_per_step / (r.step_time_s + spread);
     r.tokens_per_s_high = r.tokens_per_step / (r.step_time_s - spread);
+    // Provenance: the critical path's time by the basis of the stack numbers that priced each op.
+    std::array<double, 4> by_basis{};
+    double total = 0;
+    for (int32_t id : r.critical_path) {
+      const auto& tm = r.timeline.ops[static_cast<size_t>(id)];
+      const double dur = tm.end - tm.start;
+      by_basis[static_cast<size_t>(r.costs[static_cast<size_t>(id)].basis)] += dur;
+      total += dur;
+    }
+    if (total > 0) {
+      r.provenance = {by_basis[0] / total, by_basis[1] / total, by_basis[2] / total, by_basis[3] / total,
+                      by_basis[3] > 0};
+    }
   }
   return r;
 }

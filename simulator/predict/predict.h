@@ -29,8 +29,19 @@ struct StepBreakdown {
   double total() const;
 };
 
+// Where the predicted step time comes from: the share of the critical path priced by stack numbers of each
+// basis (an op counts under the weakest basis among the numbers that priced it). `hypothetical` when any of
+// it rests on a capability the stack has not built or measured yet (basis "target").
+struct Provenance {
+  double measured = 0, derived = 0, assumed = 0, target = 0;  // fractions of the critical path's time
+  bool hypothetical = false;
+};
+
 struct Prediction {
   std::vector<Violation> violations;  // non-empty: the plan is illegal and nothing else is filled
+  std::vector<std::string> notices;   // what the stack changed: overlaps asked for and not achieved
+  Plan effective_plan;                // the plan as the stack runs it (overlaps it lacks switched off)
+  Provenance provenance;
   double step_time_s = 0;
   double tokens_per_step = 0;
   double tokens_per_s = 0;

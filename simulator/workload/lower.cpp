@@ -1,10 +1,12 @@
 // Lowering of (model, plan) to the op graph of one training step. Shapes follow MegaScale-MoE's per-layer
 // data flow (megascale-moe.md §3.5) for Ulysses SP + EP, and Megatron-Core's for TP with sequence
-// parallelism, CP, ETP and pipeline schedules. Notation: b micro-batch, s sequence, h hidden, t =
-// b*s/(tp*sp*cp) tokens per rank.
+// parallelism, CP, ETP, its token dispatchers (alltoall, allgather, flex with DeepEP / HybridEP), selective
+// and full recompute and its pipeline schedules (1F1B, interleaved, combined 1F1B). Notation: b micro-batch,
+// s sequence, h hidden, t = b*s/(tp*sp*cp) tokens per rank, k top-k, E routed experts.
 #include "simulator/workload/lower.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <numeric>
 
@@ -23,11 +25,58 @@ double d(int64_t x) {
   return static_cast<double>(x);
 }
 
+// Bytes an FP8 recipe moves per element to quantise a BF16 GEMM operand for forward and its transposed use
+// in backward (Hopper's FP8 GEMMs are TN only, so TE materialises the FP8 transpose): read 2, write the FP8
+// copy and its transpose (1 + 1); current scaling (tensorwise) first reads the tensor once more for its amax;
+// blockwise adds one fp32 scale per 128 values to each copy.
+double fp8_cast_bytes_per_element(Fp8Recipe r) {
+  switch (r) {
+    case Fp8Recipe::kDelayed:
+      return 4.0;
+    case Fp8Recipe::kTensorwise:
+      return 6.0;
+    case Fp8Recipe::kBlockwise:
+    case Fp8Recipe::kMxfp8:
+      return 2.0 + 2.0 * kFp8ScaleOverhead;
+  }
+  return 4.0;
+}
+
+// The Megatron combined-1F1B sub-layer nodes (model_chunk_schedule_plan.py): what runs before the dispatch
+// on the compute stream, the dispatch exchange, the experts, and the combine exchange.
+enum class Node : uint8_t { kPreDispatch, kDispatch, kMlp, kCombine };
+constexpr int kNodes = 4;
+
 // One op of a layer's forward pass with the local indices of its inputs, replayed for backward and recompute.
 struct LocalOp {
   Op op;
   std::vector<int> inputs;  // local indices within the layer
-  bool recompute_selective = false;
+  bool sar = false;         // recomputed by MegaScale-MoE's selective activation rematerialization
+  uint16_t module = 0;      // the Megatron recompute modules it belongs to (RecomputeModule bits)
+  Node node = Node::kPreDispatch;
+  bool forward_only = false;  // no backward op (routing metadata, host syncs): gradients pass through
+};
+
+// A layer recipe: its forward ops, per op the ops consuming it, and the index range of each node.
+struct Recipe {
+  std::vector<LocalOp> ops;
+  std::vector<std::vector<size_t>> consumers;
+  std::array<std::pair<size_t, size_t>, kNodes> nodes{};  // [begin, end) per node
+};
+
+// The emission state of one (layer, micro-batch) pass, kept across its nodes.
+struct LayerPass {
+  int64_t layer = -1;
+  int16_t stage = 0, chunk = 0;
+  int32_t mb = 0;
+  int32_t input = -1;  // forward: the layer input's producer; backward: the incoming gradient's producer
+  int32_t first = -1;  // first op emitted for the pass
+  int32_t zero3_gather = -1;
+  std::vector<int32_t> ids;   // forward: emitted id per recipe op
+  std::vector<int32_t> re;    // backward: recomputed id per recipe op (-1: not recomputed)
+  std::vector<int32_t> grad;  // backward: the op producing the gradient of op i's input
+  std::vector<uint8_t> recomputed_node;
+  int32_t last = -1;
 };
 
 class Builder {
@@ -44,11 +93,18 @@ class Builder {
     edp_ = p.expert_dp();
     t_ = p.micro_batch * p.seq_len / (tp_ * sp_ * cp_);
     dt_ = DType::kBf16;  // activations travel in bf16 (FP8 only where the plan compresses the dispatch)
+    combined_ = p.overlap.cross_micro_batch;
     comm_stream_ = p.overlap.inter_op ? Stream::kComm : Stream::kCompute;
     side_stream_ = p.overlap.inter_op ? Stream::kSide : Stream::kCompute;
     dp_stream_ = p.overlap.dp_comm ? Stream::kDpComm : Stream::kCompute;
     pp_stream_ = p.overlap.pp_comm ? Stream::kPpComm : Stream::kCompute;
+    megatron_ = o.dispatcher != DispatcherKind::kFused;
     layers_ = layers_per_virtual_stage(m, p);
+    // Multi-token prediction modules (DeepSeek-V3) run on the last virtual stage, after its layers, as layer
+    // indices past the model's own (Megatron's layout puts them there, 'm' before the loss).
+    n_main_ = m.num_layers();
+    mtp_ = o.embedding_and_head ? m.mtp_layers : 0;
+    mtp_spec_ = LayerSpec{m.is_moe(), 0, true};
     first_layer_.resize(layers_.size() + 1, 0);
     std::partial_sum(layers_.begin(), layers_.end(), first_layer_.begin() + 1);
   }
@@ -57,8 +113,8 @@ class Builder {
 
  private:
   // ---- op constructors (ops of the layer being recorded) ----
-  int record(Op op, std::vector<int> inputs, bool selective = false) {
-    layer_ops_.push_back({std::move(op), std::move(inputs), selective});
+  int record(Op op, std::vector<int> inputs, bool sar = false, bool forward_only = false) {
+    layer_ops_.push_back({std::move(op), std::move(inputs), sar, module_, node_, forward_only});
     return static_cast<int>(layer_ops_.size()) - 1;
   }
   Op base(OpName name, OpKind kind, Stream stream) const {
@@ -69,11 +125,17 @@ class Builder {
     op.dtype = p_.precision == Precision::kFp8 ? DType::kFp8 : DType::kBf16;
     return op;
   }
+  // FP8 GEMMs quantise their input here (forward) and the incoming gradient in backward (set at emission).
+  double fp8_input_cast(double elements) const {
+    return p_.precision == Precision::kFp8 ? elements * fp8_cast_bytes_per_element(p_.fp8_recipe) : 0.0;
+  }
   Op gemm(OpName name, int64_t m, int64_t n, int64_t k, Stream stream = Stream::kCompute) const {
     Op op = base(name, OpKind::kGemm, stream);
     op.gemm = {m, n, k, 1};
     op.flops = 2.0 * d(m) * d(n) * d(k);
     op.hbm_bytes = (d(m) * d(k) + d(k) * d(n) + d(m) * d(n)) * bytes_of(DType::kBf16);
+    op.aux_bytes = fp8_input_cast(d(m) * d(k));
+    if (op.aux_bytes > 0) op.kernels = 2;
     return op;
   }
   Op grouped(OpName name, double rows, int64_t n, int64_t k, int64_t groups) const {
@@ -82,13 +144,15 @@ class Builder {
     op.gemm = {m, n, k, groups};
     op.flops = 2.0 * rows * d(n) * d(k);
     op.hbm_bytes = (rows * d(k) + d(groups) * d(k) * d(n) + rows * d(n)) * bytes_of(DType::kBf16);
+    op.aux_bytes = fp8_input_cast(rows * d(k));
     return op;
   }
-  Op mem(OpName name, MemOp kind, double bytes, Stream stream = Stream::kCompute) const {
+  Op mem(OpName name, MemOp kind, double bytes, Stream stream = Stream::kCompute, int kernels = 1) const {
     Op op = base(name, OpKind::kMemoryBound, stream);
     op.mem = kind;
     op.hbm_bytes = bytes;
     op.dtype = DType::kBf16;
+    op.kernels = static_cast<uint16_t>(kernels);
     return op;
   }
   CommSpec comm(Collective c, CommGroup g, double bytes, DType dtype) const {
@@ -107,10 +171,19 @@ class Builder {
     gemm_part.comm = c;
     return gemm_part;
   }
+  // A device-to-host copy of routing counts the host waits for (Megatron's dispatchers). It runs on a stream
+  // of its own, as Megatron's copy does (cuda_dtoh_stream), so the host waits for the counts only.
+  Op host_wait(double bytes) const {
+    Op op = mem(OpName::kDispatchSync, MemOp::kRouting, bytes, Stream::kSide);
+    op.host_sync = true;
+    return op;
+  }
 
   // ---- layer forward recipes (record into layer_ops_) ----
   int attention_fwd(int in);
   int moe_fwd(int in);
+  int moe_dispatch_megatron(int r, double rows, double ep_rows, int64_t f_r, int64_t local_experts);
+  int moe_dispatch_dedup(int r, double ep_rows, int64_t f_r, int64_t local_experts);
   int dense_ffn_fwd(int in);
   void record_layer(int64_t layer);
 
@@ -120,28 +193,66 @@ class Builder {
   void dep(int32_t op, int32_t on) {
     if (on >= 0) dep_pairs_.emplace_back(op, on);
   }
-  // Emits the recorded layer's forward, backward or recompute pass; returns (first op, last op).
-  std::pair<int32_t, int32_t> emit_layer_forward(int64_t layer, int16_t stage, int16_t chunk, int32_t mb,
-                                                 int32_t input);
-  std::pair<int32_t, int32_t> emit_layer_backward(int64_t layer, int16_t stage, int16_t chunk, int32_t mb,
-                                                  int32_t grad_input);
+  const Recipe& recipe_of(int64_t layer) const {
+    return recipes_[static_cast<size_t>(recipe_of_layer_[static_cast<size_t>(layer)])];
+  }
+  Stream stream_of(const LocalOp& lo) const {
+    // Combined 1F1B runs the dispatch and combine nodes on its communication stream.
+    if (combined_ && !lo.op.host_sync && (lo.node == Node::kDispatch || lo.node == Node::kCombine))
+      return Stream::kComm;
+    return lo.op.stream;
+  }
+  bool recomputed(const LocalOp& lo, int64_t layer) const;
+  void forward_begin(LayerPass& pass, int64_t layer, int16_t stage, int16_t chunk, int32_t mb, int32_t input);
+  void forward_node(LayerPass& pass, Node node);
+  void backward_begin(LayerPass& pass, int64_t layer, int16_t stage, int16_t chunk, int32_t mb,
+                      int32_t grad_input);
+  void backward_node(LayerPass& pass, Node node);
+  int32_t backward_output(const LayerPass& pass) const;
+  void backward_done(const LayerPass& pass);
+
+  struct TaskState {
+    PipelineTask task;
+    int16_t stage = 0;
+    int64_t v = 0, l0 = 0, l1 = 0;
+    int32_t first = -1, cur = -1;
+    void track(int32_t id) {
+      if (first < 0) first = id;
+      cur = id;
+    }
+  };
+  TaskState task_begin(int16_t stage, const PipelineTask& task);
+  // The MTP modules on the last virtual stage: forward after the main loss, backward before the main head.
+  void emit_mtp(TaskState& ts);
+  void task_end(TaskState& ts);
   void emit_task(int16_t stage, const PipelineTask& task);
+  void emit_pair(int16_t stage, const PipelineTask& fwd, const PipelineTask& bwd);
   void emit_data_parallel(int16_t stage);
+  void emit_weight_casts(int16_t stage, const std::vector<int64_t>& stage_layers);
 
   const ModelSpec& m_;
   const Plan& p_;
   const LoweringOptions& o_;
   int64_t tp_, sp_, cp_, ep_, etp_, pp_, vpp_, dp_, edp_, t_;
+  int64_t n_main_ = 0, mtp_ = 0;  // the model's layers; MTP modules lowered after them
+  LayerSpec mtp_spec_;
+  const LayerSpec& spec_of(int64_t layer) const {
+    return layer < n_main_ ? m_.layers[static_cast<size_t>(layer)] : mtp_spec_;
+  }
+
   DType dt_;
+  bool combined_ = false, megatron_ = false;
   Stream comm_stream_, side_stream_, dp_stream_, pp_stream_;
   std::vector<int64_t> layers_, first_layer_;
 
   std::vector<LocalOp> layer_ops_;
-  // Per distinct layer kind (MoE or dense, window, CLA): its forward ops and, per op, the ops consuming it.
-  std::vector<std::vector<LocalOp>> recipes_;
-  std::vector<std::vector<std::vector<size_t>>> recipe_consumers_;
+  uint16_t module_ = 0;            // the recompute modules of the ops being recorded
+  Node node_ = Node::kPreDispatch;  // the combined-1F1B node of the ops being recorded
+  // Per distinct layer kind (MoE or dense, window, CLA): its recipe.
+  std::vector<Recipe> recipes_;
   std::vector<int> recipe_of_layer_;
-  std::vector<int32_t> scratch_ids_, scratch_re_, scratch_grad_, scratch_waits_;  // reused per layer pass
+  std::vector<int64_t> chunk_position_;  // per layer: its index within its virtual stage
+  std::vector<int32_t> scratch_waits_;
 
   OpGraph g_;
   std::vector<std::pair<int32_t, int32_t>> dep_pairs_;
@@ -158,12 +269,15 @@ class Builder {
   std::vector<int32_t> layer_last_side_bwd_;
   std::vector<int32_t> layer_param_gather_;
   int32_t last_dp_op_ = -1;  // last op on the current stage's DP stream
+  int32_t weight_cast_ = -1;  // the stage's FP8 weight cast (first forward waits for it)
 
   // A layer's parameters on this rank: replicated over the attention replicas (attention, dense FFN, shared
   // experts, router, norms; sharded by tp) and over the expert data-parallel group (routed experts).
   std::pair<double, double> local_params(int64_t layer) const {
-    const ParamBreakdown lp = layer_params(m_, m_.layers[static_cast<size_t>(layer)]);
-    return {(lp.total() - lp.routed_experts) / d(tp_), lp.routed_experts / d(ep_ * etp_)};
+    const ParamBreakdown lp = layer_params(m_, spec_of(layer));
+    // An MTP module adds its projection [2h -> h] and three norms to its decoder layer.
+    const double mtp_extra = layer >= n_main_ ? 2.0 * d(m_.hidden) * d(m_.hidden) + 3.0 * d(m_.hidden) : 0.0;
+    return {(lp.total() - lp.routed_experts + mtp_extra) / d(tp_), lp.routed_experts / d(ep_ * etp_)};
   }
   // All-gathers of a layer's bf16 parameters from their replicas (ZeRO); returns the last op, -1 if none.
   int32_t emit_param_gather(int64_t layer, int16_t stage, int16_t chunk, int32_t mb, Phase phase,
@@ -188,8 +302,14 @@ int Builder::attention_fwd(int in) {
   const int64_t heads_r = a.num_heads / tp_;
   const int64_t kv_r = std::max<int64_t>(1, a.num_kv_heads / tp_);  // KV heads replicate when fewer than tp
   const int64_t qk = a.qk_dim(), v = a.v_dim();
+  const bool mla = a.kind == AttentionKind::kMla;
+  node_ = Node::kPreDispatch;
 
+  // Megatron: TE fuses the attention norm into the QKV LayerNormLinear, so only MLA's separate norm is a
+  // `layernorm` recompute module.
+  module_ = mla ? kRecomputeLayernorm : 0;
   int x = record(mem(OpName::kAttnNorm, MemOp::kNorm, 3.0 * d(t_ * h) * dt), {in}, true);
+  module_ = 0;
   int64_t tg = t_;  // tokens entering the projections
   if (tp_ > 1) {
     x = record(coll(OpName::kAttnAg, Collective::kAllGather, CommGroup::kTp, d(t_ * tp_ * h) * dt), {x},
@@ -197,7 +317,6 @@ int Builder::attention_fwd(int in) {
     tg = t_ * tp_;
   }
   // Widths per token of q and of k+v after projection on this rank (before Ulysses splits heads).
-  const bool mla = a.kind == AttentionKind::kMla;
   const int64_t q_width = heads_r * qk;
   const int64_t kv_width = mla ? heads_r * (qk + v) : 2 * std::max(kv_r, sp_) * a.head_dim;
   int q = -1, kv = -1;
@@ -206,15 +325,25 @@ int Builder::attention_fwd(int in) {
     int qd = x;
     if (l.q_lora_rank > 0) {
       qd = record(gemm(OpName::kQDown, tg, l.q_lora_rank, h), {x});
+      module_ = kRecomputeMlaUpProj;
       q = record(gemm(OpName::kQUp, tg, q_width, l.q_lora_rank), {qd});
+      module_ = 0;
     } else {
       q = record(gemm(OpName::kQProj, tg, q_width, h), {x});
     }
     const int kvd = record(gemm(OpName::kKvDown, tg, l.kv_lora_rank + l.qk_rope_head_dim, h), {x});
+    module_ = kRecomputeMlaUpProj;
     kv = record(gemm(OpName::kKvUp, tg, heads_r * (l.qk_nope_head_dim + v), l.kv_lora_rank), {kvd});
+    module_ = 0;
   }
   const double rope_bytes =
       2.0 * d(tg) * d(heads_r + kv_r) * d(mla ? a.mla.qk_rope_head_dim : a.head_dim) * dt;
+  // QK-norm (Qwen3, OLMoE, Hunyuan, Llama 4): a norm over q and k before RoPE.
+  const double qk_norm_bytes =
+      a.qk_norm == QkNorm::kNone ? 0.0 : 2.0 * d(tg) * d(heads_r + kv_r) * d(a.head_dim) * dt;
+  auto qk_norm = [&](int src) {
+    return qk_norm_bytes > 0 ? record(mem(OpName::kQkNorm, MemOp::kNorm, qk_norm_bytes), {src}, true) : src;
+  };
 
   std::vector<int> ready;  // ops that lay q, k, v out for attention on this rank
   int64_t ta = tg;         // tokens per rank entering attention
@@ -233,16 +362,22 @@ int Builder::attention_fwd(int in) {
       if (!mla) kv = record(gemm(OpName::kKvProj, tg, kv_width, h), {x});
       const int kv_a2a = record(coll(OpName::kKvA2a, Collective::kAllToAll, CommGroup::kSp, kv_bytes), {kv});
       if (!mla) q = record(gemm(OpName::kQProj, tg, q_width, h), {x});
-      const int r = record(mem(OpName::kRope, MemOp::kRope, rope_bytes), {q});
+      if (mla) module_ = kRecomputeMlaUpProj;
+      const int r = record(mem(OpName::kRope, MemOp::kRope, rope_bytes), {qk_norm(q)});
+      module_ = 0;
       ready = {record(coll(OpName::kQA2a, Collective::kAllToAll, CommGroup::kSp, q_bytes), {r}), kv_a2a};
     } else {
       if (!mla) q = kv = record(gemm(OpName::kQkvProj, tg, q_width + kv_width, h), {x});
-      const int r = record(mem(OpName::kRope, MemOp::kRope, rope_bytes), {q, kv});
+      if (mla) module_ = kRecomputeMlaUpProj;
+      const int r = record(mem(OpName::kRope, MemOp::kRope, rope_bytes), {qk_norm(q), kv});
+      module_ = 0;
       ready = {record(coll(OpName::kQkvA2a, Collective::kAllToAll, CommGroup::kSp, q_bytes + kv_bytes), {r})};
     }
   } else {
     if (!mla) q = kv = record(gemm(OpName::kQkvProj, tg, q_width + kv_width, h), {x});
-    ready = {record(mem(OpName::kRope, MemOp::kRope, rope_bytes), {q, kv})};
+    if (mla) module_ = kRecomputeMlaUpProj;
+    ready = {record(mem(OpName::kRope, MemOp::kRope, rope_bytes), {qk_norm(q), kv})};
+    module_ = 0;
   }
 
   // Attention over the full sequence for this rank's heads; CP splits the queries into 2*cp balanced chunks.
@@ -264,11 +399,15 @@ int Builder::attention_fwd(int in) {
     local.name = static_cast<uint16_t>(OpName::kAttnCoreLocal);
     local.flops = attn_flops / d(cp_);
     local.hbm_bytes = core.hbm_bytes / d(cp_);
+    module_ = kRecomputeCoreAttn;
     const int l = record(local, ready);
     core.flops = attn_flops - local.flops;
     att = record(core, {ag, l});
+    module_ = 0;
   } else {
+    module_ = kRecomputeCoreAttn;
     att = record(core, ready);
+    module_ = 0;
   }
 
   int out;
@@ -294,6 +433,8 @@ int Builder::attention_fwd(int in) {
 int Builder::dense_ffn_fwd(int in) {
   const int64_t h = m_.hidden, f = m_.dense_ffn;
   const double dt = bytes_of(dt_);
+  node_ = Node::kMlp;
+  module_ = kRecomputeMlp;  // the whole dense MLP (its norm is fused into FC1's LayerNormLinear)
   int x = record(mem(OpName::kFfnNorm, MemOp::kNorm, 3.0 * d(t_ * h) * dt), {in}, true);
   int64_t tg = t_;
   if (tp_ > 1) {
@@ -306,7 +447,152 @@ int Builder::dense_ffn_fwd(int in) {
   y = record(gemm(OpName::kFc2, tg, h, f_r), {y});
   if (tp_ > 1)
     y = record(coll(OpName::kFfnRs, Collective::kReduceScatter, CommGroup::kTp, d(tg * h) * dt), {y});
+  module_ = 0;
   return y;
+}
+
+// Megatron's alltoall (and allgather) dispatcher around the experts, as token_dispatcher.py runs it: an
+// all-gather of per-expert counts, the host's wait for them, the token and probs all-to-alls of one row per
+// (token, expert) pair, the ETP all-gather and reduce-scatter, the chunk sorts by local expert, the experts,
+// and the combine all-to-all. Returns the combine's last op.
+int Builder::moe_dispatch_megatron(int r, double rows, double ep_rows, int64_t f_r, int64_t local_experts) {
+  const auto& e = m_.moe;
+  const int64_t h = m_.hidden, k = e.top_k;
+  const double dt = bytes_of(dt_);
+  // Router probabilities travel in the router dtype: fp32 for sigmoid routers (Megatron-Bridge sets
+  // moe_router_dtype fp32 for DeepSeek-V3), the activation dtype otherwise.
+  const double probs_bytes = e.score == RouterScore::kSigmoid ? 4.0 : 2.0;
+  const bool gather_mode = p_.experts.dispatch == Dispatch::kAllGather;
+  int y;
+  node_ = Node::kPreDispatch;
+  if (gather_mode) {
+    // MoEAllGatherTokenDispatcher: all-gather of routing map, probs and tokens over ETP x EP, a blocking
+    // count copy, a local permute, the experts, a reduce-scatter in the probs dtype.
+    Op ag = coll(OpName::kDispatchAg, Collective::kAllGather, CommGroup::kEp,
+                 d(t_ * ep_) * (d(h) * dt + d(e.num_experts) * (probs_bytes + 1.0)));
+    node_ = Node::kDispatch;
+    y = record(ag, {r}, true);
+    node_ = Node::kMlp;
+    y = record(host_wait(8.0 * d(e.num_experts)), {y}, false, true);
+    y = record(mem(OpName::kScatter, MemOp::kPermute, 2.0 * rows * d(h) * dt, Stream::kCompute, 2), {y}, true);
+  } else {
+    // Counts of tokens per expert, all-gathered over ETP x EP (int64 per expert and rank); the host copies
+    // them before the permute (cuda_dtoh_point before_permutation_1) and waits before the all-to-all.
+    Op counts = coll(OpName::kDispatchCounts, Collective::kAllGather, CommGroup::kEp,
+                     8.0 * d(e.num_experts * ep_ * etp_));
+    counts.comm.group_size = static_cast<int32_t>(ep_ * etp_);
+    counts.comm.stride = 1;
+    counts.stream = Stream::kCompute;
+    const int c = record(counts, {r}, false, true);
+    y = record(mem(OpName::kPermute, MemOp::kPermute, 2.0 * d(t_ * k * h) * dt, Stream::kCompute, 2), {r},
+               true);
+    node_ = Node::kDispatch;
+    const int sync = o_.dispatcher_host_sync ? record(host_wait(8.0 * d(e.num_experts * ep_)), {c}, false, true)
+                                             : c;
+    y = record(coll(OpName::kDispatchA2a, Collective::kAllToAll, CommGroup::kEp, rows * d(h) * dt), {y, sync},
+               true);
+    // The probs all-to-all (the router dtype), beside the tokens.
+    y = record(coll(OpName::kProbsA2a, Collective::kAllToAll, CommGroup::kEp, rows * probs_bytes), {y}, true);
+  }
+  node_ = Node::kMlp;
+  if (etp_ > 1) {
+    y = record(coll(OpName::kEtpAg, Collective::kAllGather, CommGroup::kEtp, ep_rows * (d(h) * dt + probs_bytes)),
+               {y}, true);
+  }
+  if (!gather_mode && local_experts > 1) {
+    y = record(mem(OpName::kSortChunks, MemOp::kPermute, 2.0 * ep_rows * (d(h) * dt + probs_bytes),
+                   Stream::kCompute, 2),
+               {y}, true);
+  }
+  y = record(grouped(OpName::kExpertFc13, ep_rows, 2 * f_r, h, local_experts), {y});
+  module_ |= kRecomputeMoeAct;
+  y = record(mem(OpName::kExpertAct, MemOp::kActivation, 3.0 * ep_rows * d(f_r) * dt), {y}, true);
+  module_ &= static_cast<uint16_t>(~kRecomputeMoeAct);
+  y = record(grouped(OpName::kExpertFc2, ep_rows, h, f_r, local_experts), {y});
+  if (!gather_mode && local_experts > 1) {
+    y = record(mem(OpName::kUnsortChunks, MemOp::kPermute, 2.0 * ep_rows * d(h) * dt, Stream::kCompute, 2),
+               {y});
+  }
+  if (etp_ > 1) {
+    // Megatron reduce-scatters the expert outputs in the probs dtype.
+    y = record(coll(OpName::kEtpRs, Collective::kReduceScatter, CommGroup::kEtp, ep_rows * d(h) * probs_bytes),
+               {y});
+  }
+  node_ = Node::kCombine;
+  if (gather_mode) {
+    y = record(mem(OpName::kGather, MemOp::kPermute, 2.0 * rows * d(h) * dt, Stream::kCompute, 2), {y});
+    y = record(coll(OpName::kCombineRs, Collective::kReduceScatter, CommGroup::kEp,
+                    d(t_ * ep_ * h) * probs_bytes),
+               {y});
+  } else {
+    y = record(coll(OpName::kCombineA2a, Collective::kAllToAll, CommGroup::kEp, rows * d(h) * dt), {y});
+  }
+  return y;
+}
+
+// The flex dispatcher on DeepEP or HybridEP: each token crosses RDMA once per destination node and NVLink
+// once per destination rank; the combine reduces within the node before RDMA. DeepEP runs a layout and a
+// notify kernel and the host waits for the received counts, then permutes locally by expert; HybridEP
+// all-gathers the routing map, preprocesses it and dispatches already permuted.
+int Builder::moe_dispatch_dedup(int r, double ep_rows, int64_t f_r, int64_t local_experts) {
+  const auto& e = m_.moe;
+  const int64_t h = m_.hidden, k = e.top_k;
+  const double dt = bytes_of(dt_);
+  const bool fp8_dispatch = p_.compression.dispatch == DispatchPrecision::kFp8;
+  const double disp_elt = fp8_dispatch ? bytes_of(DType::kFp8) * kFp8ScaleOverhead : dt;
+  const int64_t g = o_.gpus_per_node;
+  const int64_t span = ep_ * etp_;  // the flex dispatcher's group is ETP x EP
+  const int64_t per_node = std::min(span, g);
+  const DedupVolumes v = dedup_volumes(e.num_experts, k, ep_, std::max<int64_t>(1, per_node / etp_), e.groups,
+                                       e.group_limited() ? e.group_top_k : e.groups);
+  // Per rank: rows received over NVLink (one per token and destination rank, x ETP copies), rows leaving the
+  // node over RDMA (one per token and remote destination node).
+  const double recv_rows = d(t_) * v.ranks * d(etp_);
+  const double nic_rows = d(t_) * std::max(0.0, v.nodes - v.own_node) * d(etp_);
+  auto exchange = [&](OpName name, double elt, DType dtype) {
+    Op op = coll(name, Collective::kAllToAll, CommGroup::kEp, recv_rows * d(h) * elt, dtype);
+    op.comm.group_size = static_cast<int32_t>(span);
+    op.comm.stride = 1;
+    op.comm.nic_bytes_scale = recv_rows > 0 ? nic_rows / recv_rows : 0.0;
+    op.comm.node_dedup = true;
+    return op;
+  };
+  node_ = Node::kDispatch;
+  int y = r;
+  if (o_.dispatcher == DispatcherKind::kHybridEp) {
+    // The routing map [t, E] (bool) of every rank, then a preprocessing kernel over all of them.
+    Op map = coll(OpName::kRoutingMapAg, Collective::kAllGather, CommGroup::kEp, d(t_ * e.num_experts * span));
+    map.comm.group_size = static_cast<int32_t>(span);
+    map.comm.stride = 1;
+    y = record(map, {y}, false, true);
+    y = record(mem(OpName::kDispatchPreprocess, MemOp::kRouting, d(t_ * span * e.num_experts)), {y}, false,
+               true);
+  } else {
+    y = record(mem(OpName::kDispatchLayout, MemOp::kRouting, d(t_ * e.num_experts) * 4.0), {y}, false, true);
+    Op notify = coll(OpName::kDispatchNotify, Collective::kAllToAll, CommGroup::kEp, 4.0 * d(e.num_experts * span));
+    notify.comm.group_size = static_cast<int32_t>(span);
+    notify.comm.stride = 1;
+    y = record(notify, {y}, false, true);
+  }
+  if (o_.dispatcher_host_sync) y = record(host_wait(4.0 * d(e.num_experts)), {y}, false, true);
+  y = record(exchange(OpName::kDispatchA2a, disp_elt, fp8_dispatch ? DType::kFp8 : dt_), {r, y}, true);
+  node_ = Node::kMlp;
+  if (!o_.permute_fused) {
+    // A local permute of the received tokens into per-expert rows (TE fused permute).
+    y = record(mem(OpName::kPermute, MemOp::kPermute, (recv_rows + ep_rows) * d(h) * dt, Stream::kCompute, 2),
+               {y}, true);
+  }
+  y = record(grouped(OpName::kExpertFc13, ep_rows, 2 * f_r, h, local_experts), {y});
+  module_ |= kRecomputeMoeAct;
+  y = record(mem(OpName::kExpertAct, MemOp::kActivation, 3.0 * ep_rows * d(f_r) * dt), {y}, true);
+  module_ &= static_cast<uint16_t>(~kRecomputeMoeAct);
+  y = record(grouped(OpName::kExpertFc2, ep_rows, h, f_r, local_experts), {y});
+  if (!o_.permute_fused) {
+    y = record(mem(OpName::kUnpermute, MemOp::kPermute, (ep_rows + recv_rows) * d(h) * dt, Stream::kCompute, 2),
+               {y});
+  }
+  node_ = Node::kCombine;
+  return record(exchange(OpName::kCombineA2a, dt, dt_), {y});
 }
 
 int Builder::moe_fwd(int in) {
@@ -322,15 +608,26 @@ int Builder::moe_fwd(int in) {
   const bool fp8_dispatch = p_.compression.dispatch == DispatchPrecision::kFp8;
   const DType dispatch_dt = fp8_dispatch ? DType::kFp8 : dt_;
   const double dispatch_elt = fp8_dispatch ? bytes_of(DType::kFp8) * kFp8ScaleOverhead : dt;
+  const bool dedup_stack = o_.dispatcher == DispatcherKind::kDeepEp || o_.dispatcher == DispatcherKind::kHybridEp;
 
+  node_ = Node::kPreDispatch;
+  module_ = kRecomputeMoe | kRecomputeLayernorm;  // the pre-MLP norm is its own module in MoE layers
   const int x = record(mem(OpName::kFfnNorm, MemOp::kNorm, 3.0 * d(t_ * h) * dt), {in}, true);
+  module_ = kRecomputeMoe;
   Op router = gemm(OpName::kRouter, t_, e.num_experts, h);
-  router.hbm_bytes += d(t_ * e.num_experts) * 4.0;  // fp32 scores for softmax / top-k
-  const int r = record(router, {x});
+  router.dtype = DType::kBf16;  // the router GEMM runs in BF16 (or FP32) under FP8 training
+  router.aux_bytes = 0;
+  router.kernels = 1;
+  int r = record(router, {x});
+  // Scores, top-k (group-limited where configured), probs and routing map [t, E] in fp32, and the aux loss.
+  r = record(mem(OpName::kRouterTopk, MemOp::kRouting, d(t_ * e.num_experts) * 13.0, Stream::kCompute,
+                 o_.router_kernels),
+             {r});
 
   // Shared experts: a dense FFN on the side stream, beside dispatch (MegaScale-MoE §4.1).
   int shared = -1;
   if (e.num_shared_experts > 0) {
+    module_ = kRecomputeMoe | kRecomputeSharedExperts;
     const int64_t fs = e.num_shared_experts * e.shared_expert_ffn / tp_;
     int64_t tg = t_;
     int y = x;
@@ -345,80 +642,104 @@ int Builder::moe_fwd(int in) {
     if (tp_ > 1)
       y = record(coll(OpName::kSharedRs, Collective::kReduceScatter, CommGroup::kTp, d(tg * h) * dt), {y});
     shared = y;
+    module_ = kRecomputeMoe;
   }
 
   const bool gather_mode = p_.experts.dispatch == Dispatch::kAllGather;
   const double ep_rows = rows * d(etp_);  // rows each expert GEMM sees after the ETP all-gather
   int y;
-  if (gather_mode) {
-    // all-gather -> local scatter (drop rows for other ranks' experts) -> grouped GEMMs -> gather ->
-    // reduce-scatter
-    const double ag_bytes = d(t_ * ep_) * d(h) * dispatch_elt;
-    if (p_.overlap.intra_op && etp_ == 1) {
-      y = record(
-          fused(OpName::kAgScatterFc13, grouped(OpName::kExpertFc13, ep_rows, 2 * f_r, h, local_experts),
-                comm(Collective::kAllGather, CommGroup::kEp, ag_bytes, dispatch_dt)),
-          {r});
-    } else {
-      y = record(coll(OpName::kDispatchAg, Collective::kAllGather, CommGroup::kEp, ag_bytes, dispatch_dt),
-                 {r}, true);
-      y = record(mem(OpName::kScatter, MemOp::kPermute, 2.0 * rows * d(h) * dt), {y}, true);
-    }
+  if (dedup_stack && p_.experts.dispatch == Dispatch::kDedup) {
+    y = moe_dispatch_dedup(r, ep_rows, f_r, local_experts);
+  } else if (megatron_ && !p_.overlap.intra_op) {
+    y = moe_dispatch_megatron(r, rows, ep_rows, f_r, local_experts);
   } else {
-    y = record(mem(OpName::kPermute, MemOp::kPermute, 2.0 * d(t_ * k * h) * dt), {r}, true);
-    Op a2a = coll(OpName::kDispatchA2a, Collective::kAllToAll, CommGroup::kEp, rows * d(h) * dispatch_elt,
-                  dispatch_dt);
-    if (p_.experts.dispatch == Dispatch::kDedup) {
-      const int64_t g = o_.gpus_per_node;
-      const int64_t span = ep_ * etp_;  // ranks covered by the EP group's stride pattern
-      const int64_t nodes = span > g ? span / g : 1;
-      a2a.comm.nic_bytes_scale = dedup_nic_scale(e.num_experts, k, nodes);
-    }
-    if (p_.overlap.intra_op && etp_ == 1) {
-      y = record(
-          fused(OpName::kA2aFc13, grouped(OpName::kExpertFc13, ep_rows, 2 * f_r, h, local_experts), a2a.comm),
-          {y});
-    } else {
-      y = record(a2a, {y}, true);
-    }
-  }
-  const bool fused_fc13 = p_.overlap.intra_op && etp_ == 1;
-  if (!fused_fc13) {
-    if (etp_ > 1) {
-      y = record(coll(OpName::kEtpAg, Collective::kAllGather, CommGroup::kEtp, ep_rows * d(h) * dt), {y},
-                 true);
-    }
-    y = record(grouped(OpName::kExpertFc13, ep_rows, 2 * f_r, h, local_experts), {y});
-  }
-  y = record(mem(OpName::kExpertAct, MemOp::kActivation, 3.0 * ep_rows * d(f_r) * dt), {y}, true);
-  if (fused_fc13) {
-    const double bytes = gather_mode ? d(t_ * ep_ * h) * dt : rows * d(h) * dt;
-    const Collective c = gather_mode ? Collective::kReduceScatter : Collective::kAllToAll;
-    y = record(fused(gather_mode ? OpName::kFc2GatherRs : OpName::kFc2A2a,
-                     grouped(OpName::kExpertFc2, ep_rows, h, f_r, local_experts),
-                     comm(c, CommGroup::kEp, bytes, dt_)),
-               {y});
-  } else {
-    y = record(grouped(OpName::kExpertFc2, ep_rows, h, f_r, local_experts), {y});
-    if (etp_ > 1) {
-      y = record(coll(OpName::kEtpRs, Collective::kReduceScatter, CommGroup::kEtp, ep_rows * d(h) * dt), {y});
-    }
+    // moerun / MegaScale-MoE: the plan's exchange, fused into the expert GEMMs with intra-operator overlap.
     if (gather_mode) {
-      y = record(mem(OpName::kGather, MemOp::kPermute, 2.0 * rows * d(h) * dt), {y});
-      y = record(coll(OpName::kCombineRs, Collective::kReduceScatter, CommGroup::kEp, d(t_ * ep_ * h) * dt),
+      // all-gather -> local scatter (drop rows for other ranks' experts) -> grouped GEMMs -> gather ->
+      // reduce-scatter
+      const double ag_bytes = d(t_ * ep_) * d(h) * dispatch_elt;
+      if (p_.overlap.intra_op && etp_ == 1) {
+        node_ = Node::kMlp;
+        y = record(
+            fused(OpName::kAgScatterFc13, grouped(OpName::kExpertFc13, ep_rows, 2 * f_r, h, local_experts),
+                  comm(Collective::kAllGather, CommGroup::kEp, ag_bytes, dispatch_dt)),
+            {r});
+      } else {
+        node_ = Node::kDispatch;
+        y = record(coll(OpName::kDispatchAg, Collective::kAllGather, CommGroup::kEp, ag_bytes, dispatch_dt),
+                   {r}, true);
+        node_ = Node::kMlp;
+        y = record(mem(OpName::kScatter, MemOp::kPermute, 2.0 * rows * d(h) * dt), {y}, true);
+      }
+    } else {
+      y = record(mem(OpName::kPermute, MemOp::kPermute, 2.0 * d(t_ * k * h) * dt), {r}, true);
+      Op a2a = coll(OpName::kDispatchA2a, Collective::kAllToAll, CommGroup::kEp, rows * d(h) * dispatch_elt,
+                    dispatch_dt);
+      if (p_.experts.dispatch == Dispatch::kDedup) {
+        const int64_t g = o_.gpus_per_node;
+        const int64_t span = ep_ * etp_;  // ranks covered by the EP group's stride pattern
+        const int64_t nodes = span > g ? span / g : 1;
+        a2a.comm.nic_bytes_scale = dedup_nic_scale(e.num_experts, k, nodes);
+      }
+      if (p_.overlap.intra_op && etp_ == 1) {
+        node_ = Node::kMlp;
+        y = record(fused(OpName::kA2aFc13, grouped(OpName::kExpertFc13, ep_rows, 2 * f_r, h, local_experts),
+                         a2a.comm),
+                   {y});
+      } else {
+        node_ = Node::kDispatch;
+        y = record(a2a, {y}, true);
+      }
+    }
+    node_ = Node::kMlp;
+    const bool fused_fc13 = p_.overlap.intra_op && etp_ == 1;
+    if (!fused_fc13) {
+      if (etp_ > 1) {
+        y = record(coll(OpName::kEtpAg, Collective::kAllGather, CommGroup::kEtp, ep_rows * d(h) * dt), {y},
+                   true);
+      }
+      y = record(grouped(OpName::kExpertFc13, ep_rows, 2 * f_r, h, local_experts), {y});
+    }
+    module_ |= kRecomputeMoeAct;
+    y = record(mem(OpName::kExpertAct, MemOp::kActivation, 3.0 * ep_rows * d(f_r) * dt), {y}, true);
+    module_ &= static_cast<uint16_t>(~kRecomputeMoeAct);
+    if (fused_fc13) {
+      const double bytes = gather_mode ? d(t_ * ep_ * h) * dt : rows * d(h) * dt;
+      const Collective c = gather_mode ? Collective::kReduceScatter : Collective::kAllToAll;
+      y = record(fused(gather_mode ? OpName::kFc2GatherRs : OpName::kFc2A2a,
+                       grouped(OpName::kExpertFc2, ep_rows, h, f_r, local_experts),
+                       comm(c, CommGroup::kEp, bytes, dt_)),
                  {y});
     } else {
-      y = record(coll(OpName::kCombineA2a, Collective::kAllToAll, CommGroup::kEp, rows * d(h) * dt), {y});
+      y = record(grouped(OpName::kExpertFc2, ep_rows, h, f_r, local_experts), {y});
+      if (etp_ > 1) {
+        y = record(coll(OpName::kEtpRs, Collective::kReduceScatter, CommGroup::kEtp, ep_rows * d(h) * dt),
+                   {y});
+      }
+      node_ = Node::kCombine;
+      if (gather_mode) {
+        y = record(mem(OpName::kGather, MemOp::kPermute, 2.0 * rows * d(h) * dt), {y});
+        y = record(
+            coll(OpName::kCombineRs, Collective::kReduceScatter, CommGroup::kEp, d(t_ * ep_ * h) * dt), {y});
+      } else {
+        y = record(coll(OpName::kCombineA2a, Collective::kAllToAll, CommGroup::kEp, rows * d(h) * dt), {y});
+      }
     }
   }
+  node_ = Node::kCombine;
   std::vector<int> ins{y};
   if (shared >= 0) ins.push_back(shared);
-  return record(mem(OpName::kUnpermute, MemOp::kPermute, (d(t_ * k * h) + 2.0 * d(t_ * h)) * dt), ins);
+  const double unpermute_bytes =
+      dedup_stack && p_.experts.dispatch == Dispatch::kDedup ? 2.0 * d(t_ * h) * dt : (d(t_ * k * h) + 2.0 * d(t_ * h)) * dt;
+  const int out = record(mem(OpName::kUnpermute, MemOp::kPermute, unpermute_bytes), ins);
+  module_ = 0;
+  return out;
 }
 
 void Builder::record_layer(int64_t layer) {
   layer_ops_.clear();
-  const LayerSpec& l = m_.layers[static_cast<size_t>(layer)];
+  module_ = 0;
+  const LayerSpec& l = spec_of(layer);
   const int a = attention_fwd(-1);
   if (l.moe) {
     moe_fwd(a);
@@ -449,75 +770,144 @@ int32_t Builder::emit(const Op& proto, int16_t stage, int16_t chunk, int32_t lay
   return op.id;
 }
 
-std::pair<int32_t, int32_t> Builder::emit_layer_forward(int64_t layer, int16_t stage, int16_t chunk,
-                                                        int32_t mb, int32_t input) {
-  const auto& ops = recipes_[static_cast<size_t>(recipe_of_layer_[static_cast<size_t>(layer)])];
-  std::vector<int32_t>& ids = scratch_ids_;
-  ids.resize(ops.size());
-  for (size_t i = 0; i < ops.size(); ++i) {
-    ids[i] = emit(ops[i].op, stage, chunk, static_cast<int32_t>(layer), mb, Phase::kForward, {});
-    if (ops[i].inputs.size() == 1 && ops[i].inputs[0] < 0) dep(ids[i], input);
-    for (int in : ops[i].inputs) {
-      if (in >= 0) dep(ids[i], ids[static_cast<size_t>(in)]);
-    }
+// Whether op `lo` of `layer` re-runs in backward under the plan's recompute.
+bool Builder::recomputed(const LocalOp& lo, int64_t layer) const {
+  switch (p_.recompute) {
+    case Recompute::kNone:
+      return false;
+    case Recompute::kSar:
+      return lo.sar;
+    case Recompute::kSelective:
+      return (lo.module & p_.recompute_modules) != 0;
+    case Recompute::kFull:
+      // uniform: every layer, checkpointed in groups; block: the first num_layers layers of each chunk.
+      return p_.recompute_method == RecomputeMethod::kUniform ||
+             chunk_position_[static_cast<size_t>(layer)] < p_.recompute_num_layers;
   }
-  if (p_.data.zero == 3 && o_.data_parallel)
-    dep(ids.front(), emit_param_gather(layer, stage, chunk, mb, Phase::kForward, dp_stream_));
-  if (layer_first_fwd_[static_cast<size_t>(layer)] < 0)
-    layer_first_fwd_[static_cast<size_t>(layer)] = ids.front();
-  return {ids.front(), ids.back()};
+  return false;
 }
 
-// Backward of a recorded layer: ops in reverse; a GEMM gives dgrad then wgrad, a collective its transpose
-// (all-gather <-> reduce-scatter, all-to-all reversed), attention its backward kernel. Recompute (full or
-// selective) re-runs forward ops first; backward ops that read their outputs wait for them.
-std::pair<int32_t, int32_t> Builder::emit_layer_backward(int64_t layer, int16_t stage, int16_t chunk,
-                                                         int32_t mb, int32_t grad_input) {
-  const auto recipe = static_cast<size_t>(recipe_of_layer_[static_cast<size_t>(layer)]);
-  const auto& ops = recipes_[recipe];
-  const auto& consumers = recipe_consumers_[recipe];
-  const auto n = ops.size();
-  if (n == 0) return {-1, grad_input};
-  const auto L = static_cast<int32_t>(layer);
-  int32_t first = -1;
+void Builder::forward_begin(LayerPass& pass, int64_t layer, int16_t stage, int16_t chunk, int32_t mb,
+                            int32_t input) {
+  const Recipe& rc = recipe_of(layer);
+  pass = {};
+  pass.layer = layer;
+  pass.stage = stage;
+  pass.chunk = chunk;
+  pass.mb = mb;
+  pass.input = input;
+  pass.ids.assign(rc.ops.size(), -1);
+  if (p_.data.zero == 3 && o_.data_parallel)
+    pass.zero3_gather = emit_param_gather(layer, stage, chunk, mb, Phase::kForward, dp_stream_);
+}
 
-  const int32_t zero3_gather = p_.data.zero == 3 && o_.data_parallel
-                                   ? emit_param_gather(layer, stage, chunk, mb, Phase::kBackward, dp_stream_)
-                                   : -1;
-
-  // Recompute pass.
-  std::vector<int32_t>& re = scratch_re_;
-  re.assign(n, -1);
-  if (p_.recompute != Recompute::kNone) {
-    for (size_t i = 0; i < n; ++i) {
-      if (p_.recompute == Recompute::kSelective && !ops[i].recompute_selective) continue;
-      re[i] = emit(ops[i].op, stage, chunk, L, mb, Phase::kRecompute, {});
-      if (first < 0) first = re[i];
-      for (int in : ops[i].inputs) {
-        if (in >= 0 && re[static_cast<size_t>(in)] >= 0) dep(re[i], re[static_cast<size_t>(in)]);
-      }
-      if (ops[i].inputs.size() == 1 && ops[i].inputs[0] < 0) dep(re[i], grad_input);
+void Builder::forward_node(LayerPass& pass, Node node) {
+  const Recipe& rc = recipe_of(pass.layer);
+  const auto [b, e] = rc.nodes[static_cast<size_t>(node)];
+  const auto L = static_cast<int32_t>(pass.layer);
+  for (size_t i = b; i < e; ++i) {
+    const LocalOp& lo = rc.ops[i];
+    Op op = lo.op;
+    op.stream = stream_of(lo);
+    pass.ids[i] = emit(op, pass.stage, pass.chunk, L, pass.mb, Phase::kForward, {});
+    if (lo.inputs.size() == 1 && lo.inputs[0] < 0) dep(pass.ids[i], pass.input);
+    for (int in : lo.inputs) {
+      if (in >= 0) dep(pass.ids[i], pass.ids[static_cast<size_t>(in)]);
     }
+    if (pass.first < 0) {
+      pass.first = pass.ids[i];
+      dep(pass.first, pass.zero3_gather);
+      dep(pass.first, weight_cast_);
+      if (layer_first_fwd_[static_cast<size_t>(pass.layer)] < 0)
+        layer_first_fwd_[static_cast<size_t>(pass.layer)] = pass.first;
+    }
+    pass.last = pass.ids[i];
+  }
+}
+
+void Builder::backward_begin(LayerPass& pass, int64_t layer, int16_t stage, int16_t chunk, int32_t mb,
+                             int32_t grad_input) {
+  const Recipe& rc = recipe_of(layer);
+  pass = {};
+  pass.layer = layer;
+  pass.stage = stage;
+  pass.chunk = chunk;
+  pass.mb = mb;
+  pass.input = grad_input;
+  pass.re.assign(rc.ops.size(), -1);
+  pass.grad.assign(rc.ops.size(), -1);
+  pass.recomputed_node.assign(kNodes, 0);
+  if (p_.data.zero == 3 && o_.data_parallel)
+    pass.zero3_gather = emit_param_gather(layer, stage, chunk, mb, Phase::kBackward, dp_stream_);
+}
+
+// Backward of one node of a recorded layer: its ops in reverse; a GEMM gives dgrad then wgrad, a collective
+// its transpose (all-gather <-> reduce-scatter, all-to-all reversed), attention its backward kernel. Recompute
+// re-runs forward ops first: Megatron's output-discarding modules just before their consumer's backward (so
+// per node), full recompute, SAR and the whole-MoE module before the layer's first backward op.
+void Builder::backward_node(LayerPass& pass, Node node) {
+  const Recipe& rc = recipe_of(pass.layer);
+  const auto& ops = rc.ops;
+  const auto L = static_cast<int32_t>(pass.layer);
+  const auto [nb, ne] = rc.nodes[static_cast<size_t>(node)];
+
+  auto emit_recompute = [&](size_t i) {
+    if (pass.re[i] >= 0) return;
+    Op op = ops[i].op;
+    op.stream = stream_of(ops[i]);
+    pass.re[i] = emit(op, pass.stage, pass.chunk, L, pass.mb, Phase::kRecompute, {});
+    if (pass.first < 0) {
+      pass.first = pass.re[i];
+      dep(pass.first, pass.zero3_gather);
+    }
+    for (int in : ops[i].inputs) {
+      if (in >= 0 && pass.re[static_cast<size_t>(in)] >= 0) dep(pass.re[i], pass.re[static_cast<size_t>(in)]);
+    }
+    if (ops[i].inputs.size() == 1 && ops[i].inputs[0] < 0) dep(pass.re[i], pass.input);
+  };
+  const bool whole_layer_first = p_.recompute == Recompute::kFull || p_.recompute == Recompute::kSar ||
+                                 (p_.recompute == Recompute::kSelective && (p_.recompute_modules & kRecomputeMoe));
+  if (p_.recompute != Recompute::kNone) {
+    if (whole_layer_first) {
+      if (!std::any_of(pass.recomputed_node.begin(), pass.recomputed_node.end(), [](uint8_t x) { return x; })) {
+        for (size_t i = 0; i < ops.size(); ++i) {
+          if (recomputed(ops[i], pass.layer)) emit_recompute(i);
+        }
+      }
+    } else {
+      for (size_t i = nb; i < ne; ++i) {
+        if (recomputed(ops[i], pass.layer)) emit_recompute(i);
+      }
+    }
+    pass.recomputed_node[static_cast<size_t>(node)] = 1;
   }
 
-  std::vector<int32_t>& grad = scratch_grad_;  // the op producing the gradient of op i's input
-  grad.assign(n, -1);
-  int32_t last = -1;
-  for (size_t ri = n; ri-- > 0;) {
-    Op op = ops[ri].op;
+  for (size_t ri = ne; ri-- > nb;) {
+    const LocalOp& lo = ops[ri];
+    Op op = lo.op;
+    op.stream = stream_of(lo);
+    const auto& consumers = rc.consumers[ri];
+    if (lo.forward_only) {
+      // Routing metadata and host waits have no backward; the gradient passes through to their producer.
+      MOEPLAN_ASSERT(consumers.size() <= 1);
+      pass.grad[ri] = consumers.empty() ? pass.input : pass.grad[consumers.front()];
+      continue;
+    }
     std::vector<int32_t>& waits = scratch_waits_;
     waits.clear();
-    if (consumers[ri].empty()) waits.push_back(grad_input);
-    for (size_t c : consumers[ri]) waits.push_back(grad[c]);
-    for (int in : ops[ri].inputs) {
-      if (in >= 0 && re[static_cast<size_t>(in)] >= 0) waits.push_back(re[static_cast<size_t>(in)]);
+    if (consumers.empty()) waits.push_back(pass.input);
+    for (size_t c : consumers) waits.push_back(pass.grad[c]);
+    for (int in : lo.inputs) {
+      if (in >= 0 && pass.re[static_cast<size_t>(in)] >= 0) waits.push_back(pass.re[static_cast<size_t>(in)]);
     }
-    if (re[ri] >= 0) waits.push_back(re[ri]);
+    if (pass.re[ri] >= 0) waits.push_back(pass.re[ri]);
     auto emit_with = [&](const Op& o) {
-      const int32_t id = emit(o, stage, chunk, L, mb, Phase::kBackward, {});
+      const int32_t id = emit(o, pass.stage, pass.chunk, L, pass.mb, Phase::kBackward, {});
       for (int32_t w : waits) dep(id, w);
-      if (first < 0) dep(id, zero3_gather);
-      if (first < 0) first = id;
+      if (pass.first < 0) {
+        pass.first = id;
+        dep(id, pass.zero3_gather);
+      }
       return id;
     };
     switch (op.kind) {
@@ -526,6 +916,8 @@ std::pair<int32_t, int32_t> Builder::emit_layer_backward(int64_t layer, int16_t 
       case OpKind::kFusedGemmComm: {
         Op dgrad = op;
         dgrad.part = GemmPart::kDgrad;
+        // FP8: the incoming gradient [m, n] is quantised (and transposed for wgrad) instead of the input.
+        if (op.aux_bytes > 0 && op.gemm.k > 0) dgrad.aux_bytes = op.aux_bytes * d(op.gemm.n) / d(op.gemm.k);
         if (op.kind == OpKind::kFusedGemmComm) {
           // The transposed fused kernel: its collective reverses direction.
           if (op.comm.collective == Collective::kAllGather)
@@ -533,15 +925,17 @@ std::pair<int32_t, int32_t> Builder::emit_layer_backward(int64_t layer, int16_t 
           else if (op.comm.collective == Collective::kReduceScatter)
             dgrad.comm.collective = Collective::kAllGather;
         }
-        grad[ri] = emit_with(dgrad);
+        pass.grad[ri] = emit_with(dgrad);
         Op wgrad = op;
         wgrad.kind = op.kind == OpKind::kFusedGemmComm
                          ? (op.gemm.groups > 1 ? OpKind::kGroupedGemm : OpKind::kGemm)
                          : op.kind;
         wgrad.comm = {};
         wgrad.part = GemmPart::kWgrad;
-        const int32_t w = emit(wgrad, stage, chunk, L, mb, Phase::kBackward, {grad[ri]});
-        last = w;
+        wgrad.aux_bytes = 0;  // both operands' FP8 transposes exist already
+        wgrad.kernels = 1;
+        wgrad.stream = Stream::kCompute;
+        pass.last = emit(wgrad, pass.stage, pass.chunk, L, pass.mb, Phase::kBackward, {pass.grad[ri]});
         continue;
       }
       case OpKind::kAttention: {
@@ -565,97 +959,233 @@ std::pair<int32_t, int32_t> Builder::emit_layer_backward(int64_t layer, int16_t 
       default:
         break;
     }
-    grad[ri] = emit_with(op);
-    last = grad[ri];
+    pass.grad[ri] = emit_with(op);
+    pass.last = pass.grad[ri];
   }
-  // The gradient leaving the layer is that of its first op's input.
-  const int32_t out = grad.front();
-  return {first, out >= 0 ? out : last};
 }
 
-void Builder::emit_task(int16_t stage, const PipelineTask& task) {
-  const int64_t v = task.chunk * pp_ + stage;  // virtual stage
+// The gradient leaving the layer: that of its first op's input.
+int32_t Builder::backward_output(const LayerPass& pass) const {
+  const int32_t out = pass.grad.empty() ? -1 : pass.grad.front();
+  return out >= 0 ? out : pass.last;
+}
+
+// Gradients of the layer are final after its last micro-batch; ZeRO-2/3 keep only their gradient shard, so
+// every micro-batch's gradients are reduce-scattered.
+void Builder::backward_done(const LayerPass& pass) {
+  if (pass.mb != p_.num_micro_batches() - 1 && p_.data.zero < 2) return;
+  const auto l = static_cast<size_t>(pass.layer);
+  layer_last_bwd_[l] = g_.ops.back().id;
+  int32_t side = -1;
+  if (side_stream_ != Stream::kCompute && pass.first >= 0) {
+    for (size_t i = static_cast<size_t>(pass.first); i < g_.ops.size(); ++i) {
+      if (g_.ops[i].stream == side_stream_ && g_.ops[i].layer == pass.layer) side = g_.ops[i].id;
+    }
+  }
+  layer_last_side_bwd_[l] = side;
+  if (p_.data.zero >= 2 && o_.data_parallel) emit_data_parallel(pass.stage);
+}
+
+Builder::TaskState Builder::task_begin(int16_t stage, const PipelineTask& task) {
+  TaskState ts;
+  ts.task = task;
+  ts.stage = stage;
+  ts.v = task.chunk * pp_ + stage;  // virtual stage
+  ts.l0 = first_layer_[static_cast<size_t>(ts.v)];
+  ts.l1 = first_layer_[static_cast<size_t>(ts.v) + 1];
   const int64_t last_v = pp_ * vpp_ - 1;
-  const int64_t l0 = first_layer_[static_cast<size_t>(v)], l1 = first_layer_[static_cast<size_t>(v) + 1];
   const int32_t mb = task.micro_batch;
   const double dt = bytes_of(dt_);
   const int64_t h = m_.hidden;
-  int32_t first = -1, cur = -1;
-  auto track = [&](int32_t id) {
-    if (first < 0) first = id;
-    cur = id;
-  };
   if (task.forward) {
-    if (v == 0 && o_.embedding_and_head) {
-      track(emit(mem(OpName::kEmbedding, MemOp::kEmbedding, 2.0 * d(t_ * h) * dt), stage, task.chunk, -1, mb,
-                 Phase::kForward, {}));
+    if (ts.v == 0 && o_.embedding_and_head) {
+      ts.track(emit(mem(OpName::kEmbedding, MemOp::kEmbedding, 2.0 * d(t_ * h) * dt), stage, task.chunk, -1,
+                    mb, Phase::kForward, {weight_cast_}));
     }
-    for (int64_t l = l0; l < l1; ++l) {
-      auto [f, last] = emit_layer_forward(l, stage, task.chunk, mb, cur);
-      if (first < 0) first = f;
-      cur = last;
-    }
-    if (v == last_v && o_.embedding_and_head) {
+  } else if (ts.v == last_v && o_.embedding_and_head) {
+    const int64_t tg = t_ * tp_;
+    if (mtp_ > 0) emit_mtp(ts);
+    ts.track(emit(mem(OpName::kLoss, MemOp::kLoss, 2.0 * d(tg * (m_.vocab / tp_)) * 4.0), stage, task.chunk, -1,
+                  mb, Phase::kBackward, {ts.cur}));
+    Op head = gemm(OpName::kLmHead, tg, m_.vocab / tp_, h);
+    head.part = GemmPart::kDgrad;
+    head.aux_bytes = 0;  // Megatron keeps the output layer in BF16
+    head.kernels = 1;
+    head.dtype = DType::kBf16;
+    ts.track(emit(head, stage, task.chunk, -1, mb, Phase::kBackward, {ts.cur}));
+    const int32_t dgrad = ts.cur;
+    head.part = GemmPart::kWgrad;
+    emit(head, stage, task.chunk, -1, mb, Phase::kBackward, {dgrad});
+    ts.track(emit(mem(OpName::kFinalNorm, MemOp::kNorm, 4.0 * d(t_ * h) * dt), stage, task.chunk, -1, mb,
+                  Phase::kBackward, {dgrad}));
+  }
+  return ts;
+}
+
+void Builder::task_end(TaskState& ts) {
+  const PipelineTask& task = ts.task;
+  const int16_t stage = ts.stage;
+  const int64_t last_v = pp_ * vpp_ - 1;
+  const int32_t mb = task.micro_batch;
+  const double dt = bytes_of(dt_);
+  const int64_t h = m_.hidden;
+  if (task.forward) {
+    if (ts.v == last_v && o_.embedding_and_head) {
       const int64_t tg = t_ * tp_;
-      track(emit(mem(OpName::kFinalNorm, MemOp::kNorm, 3.0 * d(t_ * h) * dt), stage, task.chunk, -1, mb,
-                 Phase::kForward, {cur}));
-      track(emit(gemm(OpName::kLmHead, tg, m_.vocab / tp_, h), stage, task.chunk, -1, mb, Phase::kForward,
-                 {cur}));
-      track(emit(mem(OpName::kLoss, MemOp::kLoss, 3.0 * d(tg * (m_.vocab / tp_)) * 4.0), stage, task.chunk,
-                 -1, mb, Phase::kForward, {cur}));
-    }
-  } else {
-    if (v == last_v && o_.embedding_and_head) {
-      const int64_t tg = t_ * tp_;
-      track(emit(mem(OpName::kLoss, MemOp::kLoss, 2.0 * d(tg * (m_.vocab / tp_)) * 4.0), stage, task.chunk,
-                 -1, mb, Phase::kBackward, {}));
+      ts.track(emit(mem(OpName::kFinalNorm, MemOp::kNorm, 3.0 * d(t_ * h) * dt), stage, task.chunk, -1, mb,
+                    Phase::kForward, {ts.cur}));
       Op head = gemm(OpName::kLmHead, tg, m_.vocab / tp_, h);
-      head.part = GemmPart::kDgrad;
-      track(emit(head, stage, task.chunk, -1, mb, Phase::kBackward, {cur}));
-      const int32_t dgrad = cur;
-      head.part = GemmPart::kWgrad;
-      emit(head, stage, task.chunk, -1, mb, Phase::kBackward, {dgrad});
-      track(emit(mem(OpName::kFinalNorm, MemOp::kNorm, 4.0 * d(t_ * h) * dt), stage, task.chunk, -1, mb,
-                 Phase::kBackward, {dgrad}));
-    }
-    for (int64_t l = l1; l-- > l0;) {
-      auto [f, out] = emit_layer_backward(l, stage, task.chunk, mb, cur);
-      if (first < 0) first = f;
-      cur = out;
-      // Gradients of the layer are final after its last micro-batch; ZeRO-2/3 keep only their gradient shard,
-      // so every micro-batch's gradients are reduce-scattered.
-      if (mb == p_.num_micro_batches() - 1 || p_.data.zero >= 2) {
-        layer_last_bwd_[static_cast<size_t>(l)] = g_.ops.back().id;
-        int32_t side = -1;
-        if (side_stream_ != Stream::kCompute) {
-          for (size_t i = static_cast<size_t>(f); i < g_.ops.size(); ++i) {
-            if (g_.ops[i].stream == side_stream_) side = g_.ops[i].id;
-          }
-        }
-        layer_last_side_bwd_[static_cast<size_t>(l)] = side;
-        if (p_.data.zero >= 2 && o_.data_parallel) emit_data_parallel(stage);
+      head.aux_bytes = 0;  // Megatron keeps the output layer in BF16
+      head.kernels = 1;
+      head.dtype = DType::kBf16;
+      ts.track(emit(head, stage, task.chunk, -1, mb, Phase::kForward, {ts.cur}));
+      const int32_t main_input = ts.cur;
+      ts.track(emit(mem(OpName::kLoss, MemOp::kLoss, 3.0 * d(tg * (m_.vocab / tp_)) * 4.0), stage, task.chunk,
+                    -1, mb, Phase::kForward, {ts.cur}));
+      if (mtp_ > 0) {
+        const int32_t loss = ts.cur;
+        ts.cur = main_input;
+        emit_mtp(ts);
+        dep(ts.cur, loss);
       }
     }
-    if (v == 0 && o_.embedding_and_head) {
-      track(emit(mem(OpName::kEmbedding, MemOp::kEmbedding, 2.0 * d(t_ * h) * dt), stage, task.chunk, -1, mb,
-                 Phase::kBackward, {cur}));
-    }
+  } else if (ts.v == 0 && o_.embedding_and_head) {
+    ts.track(emit(mem(OpName::kEmbedding, MemOp::kEmbedding, 2.0 * d(t_ * h) * dt), stage, task.chunk, -1, mb,
+                  Phase::kBackward, {ts.cur}));
   }
-  task_first_[task_index(mb, v, task.forward)] = first;
+  task_first_[task_index(mb, ts.v, task.forward)] = ts.first;
   // Send the activation (forward) or its gradient (backward) to the neighbouring virtual stage.
-  const bool sends = task.forward ? v < last_v : v > 0;
+  const bool sends = task.forward ? ts.v < last_v : ts.v > 0;
   if (sends) {
     Op send = base(task.forward ? OpName::kPpSendFwd : OpName::kPpSendBwd, OpKind::kSendRecv, pp_stream_);
     send.comm = comm(Collective::kSendRecv, CommGroup::kPp, d(t_ * h) * dt, dt_);
-    task_send_[task_index(mb, v, task.forward)] =
-        emit(send, stage, task.chunk, -1, mb, task.forward ? Phase::kForward : Phase::kBackward, {cur});
+    task_send_[task_index(mb, ts.v, task.forward)] =
+        emit(send, stage, task.chunk, -1, mb, task.forward ? Phase::kForward : Phase::kBackward, {ts.cur});
   }
+}
+
+// One MTP module per depth (DeepSeek-V3 §2.2): norms of the hidden state and of the next token's embedding,
+// a projection [2h -> h], one decoder layer, the shared output norm and head, and its loss. Forward starts
+// from the trunk's last hidden state (ts.cur); backward runs before the main head's, its gradient joining
+// the trunk's.
+void Builder::emit_mtp(TaskState& ts) {
+  const int16_t stage = ts.stage, chunk = ts.task.chunk;
+  const int32_t mb = ts.task.micro_batch;
+  const double dt = bytes_of(dt_);
+  const int64_t h = m_.hidden, tg = t_ * tp_;
+  Op norms = mem(OpName::kMtpNorm, MemOp::kNorm, 6.0 * d(t_ * h) * dt, Stream::kCompute, 2);
+  Op proj = gemm(OpName::kMtpProj, tg, h / tp_, 2 * h);
+  Op head = gemm(OpName::kMtpLmHead, tg, m_.vocab / tp_, h);
+  head.aux_bytes = 0;
+  head.kernels = 1;
+  head.dtype = DType::kBf16;
+  Op final_norm = mem(OpName::kFinalNorm, MemOp::kNorm, 3.0 * d(t_ * h) * dt);
+  LayerPass pass;
+  if (ts.task.forward) {
+    for (int64_t j = 0; j < mtp_; ++j) {
+      const int32_t trunk = ts.cur;
+      const int32_t emb =
+          emit(mem(OpName::kMtpEmbedding, MemOp::kEmbedding, 2.0 * d(t_ * h) * dt), stage, chunk, -1, mb,
+               Phase::kForward, {});
+      ts.track(emit(norms, stage, chunk, -1, mb, Phase::kForward, {trunk, emb}));
+      ts.track(emit(proj, stage, chunk, -1, mb, Phase::kForward, {ts.cur}));
+      forward_begin(pass, n_main_ + j, stage, chunk, mb, ts.cur);
+      for (int n = 0; n < kNodes; ++n) forward_node(pass, static_cast<Node>(n));
+      ts.cur = pass.last;
+      ts.track(emit(final_norm, stage, chunk, -1, mb, Phase::kForward, {ts.cur}));
+      ts.track(emit(head, stage, chunk, -1, mb, Phase::kForward, {ts.cur}));
+      ts.track(emit(mem(OpName::kMtpLoss, MemOp::kLoss, 3.0 * d(tg * (m_.vocab / tp_)) * 4.0), stage, chunk, -1,
+                    mb, Phase::kForward, {ts.cur}));
+    }
+    return;
+  }
+  for (int64_t j = mtp_; j-- > 0;) {
+    ts.track(emit(mem(OpName::kMtpLoss, MemOp::kLoss, 2.0 * d(tg * (m_.vocab / tp_)) * 4.0), stage, chunk, -1,
+                  mb, Phase::kBackward, {ts.cur}));
+    head.part = GemmPart::kDgrad;
+    ts.track(emit(head, stage, chunk, -1, mb, Phase::kBackward, {ts.cur}));
+    const int32_t dgrad = ts.cur;
+    head.part = GemmPart::kWgrad;
+    emit(head, stage, chunk, -1, mb, Phase::kBackward, {dgrad});
+    ts.track(emit(final_norm, stage, chunk, -1, mb, Phase::kBackward, {dgrad}));
+    backward_begin(pass, n_main_ + j, stage, chunk, mb, ts.cur);
+    for (int n = kNodes; n-- > 0;) backward_node(pass, static_cast<Node>(n));
+    ts.cur = backward_output(pass);
+    backward_done(pass);
+    proj.part = GemmPart::kDgrad;
+    proj.aux_bytes = proj.aux_bytes > 0 ? fp8_input_cast(d(tg) * d(h / tp_)) : 0.0;
+    ts.track(emit(proj, stage, chunk, -1, mb, Phase::kBackward, {ts.cur}));
+    const int32_t pd = ts.cur;
+    Op pw = proj;
+    pw.part = GemmPart::kWgrad;
+    pw.aux_bytes = 0;
+    emit(pw, stage, chunk, -1, mb, Phase::kBackward, {pd});
+    ts.track(emit(norms, stage, chunk, -1, mb, Phase::kBackward, {pd}));
+  }
+}
+
+void Builder::emit_task(int16_t stage, const PipelineTask& task) {
+  TaskState ts = task_begin(stage, task);
+  LayerPass pass;
+  if (task.forward) {
+    for (int64_t l = ts.l0; l < ts.l1; ++l) {
+      forward_begin(pass, l, stage, task.chunk, task.micro_batch, ts.cur);
+      for (int n = 0; n < kNodes; ++n) forward_node(pass, static_cast<Node>(n));
+      if (ts.first < 0) ts.first = pass.first;
+      ts.cur = pass.last;
+    }
+  } else {
+    for (int64_t l = ts.l1; l-- > ts.l0;) {
+      backward_begin(pass, l, stage, task.chunk, task.micro_batch, ts.cur);
+      for (int n = kNodes; n-- > 0;) backward_node(pass, static_cast<Node>(n));
+      if (ts.first < 0) ts.first = pass.first;
+      ts.cur = backward_output(pass);
+      backward_done(pass);
+    }
+  }
+  task_end(ts);
+}
+
+// Megatron's combined 1F1B step (model_chunk_schedule_plan.py:236-303): forward layer i of one micro-batch
+// with backward layer n-1-i of another, node by node: combine_bwd | pre_dispatch_fwd | mlp_bwd |
+// dispatch_fwd | dispatch_bwd | mlp_fwd | combine_fwd | pre_dispatch_bwd, the exchanges on the communication
+// stream; layers without a partner run alone.
+void Builder::emit_pair(int16_t stage, const PipelineTask& fwd, const PipelineTask& bwd) {
+  TaskState b = task_begin(stage, bwd);
+  TaskState f = task_begin(stage, fwd);
+  const int64_t nf = f.l1 - f.l0, nb = b.l1 - b.l0;
+  LayerPass fp, bp;
+  for (int64_t i = 0; i < std::max(nf, nb); ++i) {
+    const bool has_f = i < nf, has_b = i < nb;
+    if (has_f) forward_begin(fp, f.l0 + i, stage, fwd.chunk, fwd.micro_batch, f.cur);
+    if (has_b) backward_begin(bp, b.l1 - 1 - i, stage, bwd.chunk, bwd.micro_batch, b.cur);
+    if (has_b) backward_node(bp, Node::kCombine);
+    if (has_f) forward_node(fp, Node::kPreDispatch);
+    if (has_b) backward_node(bp, Node::kMlp);
+    if (has_f) forward_node(fp, Node::kDispatch);
+    if (has_b) backward_node(bp, Node::kDispatch);
+    if (has_f) forward_node(fp, Node::kMlp);
+    if (has_f) forward_node(fp, Node::kCombine);
+    if (has_b) backward_node(bp, Node::kPreDispatch);
+    if (has_f) {
+      if (f.first < 0) f.first = fp.first;
+      f.cur = fp.last;
+    }
+    if (has_b) {
+      if (b.first < 0) b.first = bp.first;
+      b.cur = backward_output(bp);
+      backward_done(bp);
+    }
+  }
+  task_end(f);
+  task_end(b);
 }
 
 // Gradient synchronisation of the layers whose last backward was just recorded (ZeRO-3: per micro-batch), the
 // optimizer step, and (ZeRO >= 1) the parameter all-gather.
 void Builder::emit_data_parallel(int16_t stage) {
   const bool bf16_a2a = p_.compression.grad_sync == GradSync::kBf16AllToAll;
+  const double grad_bytes = p_.compression.grad_sync == GradSync::kBf16ReduceScatter ? 2.0 : 4.0;
   // Last layer first: the order in which backward finishes layers, so that the in-order DP stream starts
   // each layer's synchronisation as soon as its gradients are complete.
   for (size_t l = layer_last_bwd_.size(); l-- > 0;) {
@@ -663,9 +1193,7 @@ void Builder::emit_data_parallel(int16_t stage) {
     if (after < 0) continue;
     const int32_t side = layer_last_side_bwd_[l];
     layer_last_bwd_[l] = -1;
-    const ParamBreakdown lp = layer_params(m_, m_.layers[l]);
-    const double dense = (lp.total() - lp.routed_experts) / d(tp_);
-    const double experts = lp.routed_experts / d(ep_ * etp_);
+    const auto [dense, experts] = local_params(static_cast<int64_t>(l));
     for (auto [params, group] :
          {std::pair{dense, CommGroup::kAttnReplica}, std::pair{experts, CommGroup::kExpertDp}}) {
       const CommSpec probe = comm(Collective::kReduceScatter, group, 0, DType::kFp32);
@@ -684,11 +1212,27 @@ void Builder::emit_data_parallel(int16_t stage) {
       } else {
         Op rs = base(OpName::kGradRs, OpKind::kCollective, dp_stream_);
         rs.comm = comm(p_.data.zero == 0 ? Collective::kAllReduce : Collective::kReduceScatter, group,
-                       params * 4.0, DType::kFp32);
+                       params * grad_bytes, grad_bytes == 2.0 ? DType::kBf16 : DType::kFp32);
         emit(rs, stage, 0, L, -1, Phase::kBackward, {after, side});
       }
     }
   }
+}
+
+// FP8: TE quantises each GEMM weight (and its transpose) once per step, at the first micro-batch, and caches
+// it (Megatron passes is_first_microbatch; grouped_linear.py quantize_weight).
+void Builder::emit_weight_casts(int16_t stage, const std::vector<int64_t>& stage_layers) {
+  weight_cast_ = -1;
+  if (p_.precision != Precision::kFp8) return;
+  double params = 0;
+  for (int64_t l : stage_layers) {
+    const auto [dense, experts] = local_params(l);
+    params += dense + experts;
+  }
+  if (params <= 0) return;
+  Op cast = mem(OpName::kWeightCast, MemOp::kCast, params * fp8_cast_bytes_per_element(p_.fp8_recipe));
+  cast.kernels = static_cast<uint16_t>(std::min<int64_t>(65535, 4 * static_cast<int64_t>(stage_layers.size())));
+  weight_cast_ = emit(cast, stage, 0, -1, 0, Phase::kForward, {});
 }
 
 OpGraph Builder::build() {
@@ -698,41 +1242,55 @@ OpGraph Builder::build() {
   g_.micro_batches = mbs;
 
   // Distinct layer recipes: recorded once per distinct (moe, window, kv_projection).
-  recipe_of_layer_.assign(m_.layers.size(), -1);
+  const size_t n_all = static_cast<size_t>(n_main_ + mtp_);
+  recipe_of_layer_.assign(n_all, -1);
+  chunk_position_.assign(n_all, 0);
+  for (size_t v = 0; v + 1 < first_layer_.size(); ++v) {
+    for (int64_t l = first_layer_[v]; l < first_layer_[v + 1]; ++l)
+      chunk_position_[static_cast<size_t>(l)] = l - first_layer_[v];
+  }
   std::vector<LayerSpec> kinds;
-  for (size_t l = 0; l < m_.layers.size(); ++l) {
-    const LayerSpec& s = m_.layers[l];
+  for (size_t l = 0; l < n_all; ++l) {
+    const LayerSpec& s = spec_of(static_cast<int64_t>(l));
     auto it = std::find_if(kinds.begin(), kinds.end(), [&](const LayerSpec& k) {
       return k.moe == s.moe && k.window == s.window && k.kv_projection == s.kv_projection;
     });
     if (it == kinds.end()) {
       kinds.push_back(s);
       record_layer(static_cast<int64_t>(l));
-      recipes_.push_back(layer_ops_);
-      std::vector<std::vector<size_t>> consumers(layer_ops_.size());
-      for (size_t i = 0; i < layer_ops_.size(); ++i) {
-        for (int in : layer_ops_[i].inputs) {
-          if (in >= 0) consumers[static_cast<size_t>(in)].push_back(i);
+      Recipe rc;
+      rc.ops = layer_ops_;
+      rc.consumers.resize(rc.ops.size());
+      for (size_t i = 0; i < rc.ops.size(); ++i) {
+        for (int in : rc.ops[i].inputs) {
+          if (in >= 0) rc.consumers[static_cast<size_t>(in)].push_back(i);
         }
       }
-      recipe_consumers_.push_back(std::move(consumers));
+      // Nodes are contiguous in recording order; an absent node is an empty range at its place.
+      size_t pos = 0;
+      for (int n = 0; n < kNodes; ++n) {
+        const size_t b = pos;
+        while (pos < rc.ops.size() && static_cast<int>(rc.ops[pos].node) == n) ++pos;
+        rc.nodes[static_cast<size_t>(n)] = {b, pos};
+      }
+      MOEPLAN_ASSERT(pos == rc.ops.size());
+      recipes_.push_back(std::move(rc));
       it = kinds.end() - 1;
     }
     recipe_of_layer_[l] = static_cast<int>(it - kinds.begin());
   }
 
   size_t per_step = 0;
-  for (size_t l = 0; l < m_.layers.size(); ++l)
-    per_step += recipes_[static_cast<size_t>(recipe_of_layer_[l])].size();
+  for (size_t l = 0; l < n_all; ++l) per_step += recipe_of(static_cast<int64_t>(l)).ops.size();
   g_.ops.reserve(static_cast<size_t>(mbs) * per_step * 4 + 1024);
   dep_pairs_.reserve(g_.ops.capacity() * 2);
   const size_t tasks = static_cast<size_t>(mbs * pp_ * vpp_ * 2);
   task_first_.assign(tasks, -1);
   task_send_.assign(tasks, -1);
-  layer_last_bwd_.assign(m_.layers.size(), -1);
-  layer_last_side_bwd_.assign(m_.layers.size(), -1);
-  layer_first_fwd_.assign(m_.layers.size(), -1);
-  layer_param_gather_.assign(m_.layers.size(), -1);
+  layer_last_bwd_.assign(n_all, -1);
+  layer_last_side_bwd_.assign(n_all, -1);
+  layer_first_fwd_.assign(n_all, -1);
+  layer_param_gather_.assign(n_all, -1);
 
   for (int16_t stage = 0; stage < pp_; ++stage) {
     last_dp_op_ = -1;
@@ -744,6 +1302,9 @@ OpGraph Builder::build() {
            ++l) {
         stage_layers.push_back(l);
       }
+      if (v == pp_ * vpp_ - 1) {
+        for (int64_t j = 0; j < mtp_; ++j) stage_layers.push_back(n_main_ + j);
+      }
     }
     // ZeRO-1/2 with overlapped DP communication: parameters updated by the previous step are gathered layer
     // by layer ahead of their first forward (Megatron overlaps this all-gather with the forward pass).
@@ -754,7 +1315,16 @@ OpGraph Builder::build() {
             emit_param_gather(l, stage, 0, -1, Phase::kForward, Stream::kDpComm);
       }
     }
-    for (const PipelineTask& task : pipeline_order(stage, pp_, vpp_, mbs)) {
+    emit_weight_casts(stage, stage_layers);
+    const std::vector<PipelineTask> order = pipeline_order(stage, pp_, vpp_, mbs, combined_);
+    for (size_t i = 0; i < order.size(); ++i) {
+      const PipelineTask& task = order[i];
+      if (task.paired && i + 1 < order.size() && !order[i + 1].forward) {
+        emit_pair(stage, task, order[i + 1]);
+        ++i;
+        if (p_.data.zero < 2 && o_.data_parallel) emit_data_parallel(stage);
+        continue;
+      }
       emit_task(stage, task);
       if (!task.forward && p_.data.zero < 2 && o_.data_parallel) emit_data_parallel(stage);
     }
@@ -767,14 +1337,13 @@ OpGraph Builder::build() {
     // Optimizer step over this rank's shard, once every gradient of the stage is synchronised.
     double shard = 0;
     for (int64_t l : stage_layers) {
-      const ParamBreakdown lp = layer_params(m_, m_.layers[static_cast<size_t>(l)]);
-      const double dense = (lp.total() - lp.routed_experts) / d(tp_);
-      const double experts = lp.routed_experts / d(ep_ * etp_);
+      const auto [dense, experts] = local_params(l);
       shard += p_.data.zero == 0 ? dense + experts : dense / d(sp_ * cp_ * dp_) + experts / d(edp_);
     }
     Op opt = base(OpName::kOptimizerStep, OpKind::kOptimizer, Stream::kCompute);
     opt.hbm_bytes = shard * kAdamBytesPerParam;
     opt.flops = shard * 12.0;
+    opt.kernels = 4;  // Megatron's fused multi-tensor Adam: a few launches per parameter group
     const int32_t o = emit(opt, stage, 0, -1, -1, Phase::kOptimizer, {g_.ops.back().id, last_dp_op_});
     // Without overlap the updated parameters are gathered after the step, exposed.
     if (!prefetch && (p_.data.zero == 1 || p_.data.zero == 2)) {
@@ -806,7 +1375,59 @@ OpGraph Builder::build() {
   return std::move(g_);
 }
 
+// q(S, g): the chance that a set of g experts gets none of k distinct picks among S.
+double miss(double s, double g, int64_t k) {
+  double q = 1.0;
+  for (int64_t i = 0; i < k; ++i) q *= std::max(0.0, (s - g - d(i)) / (s - d(i)));
+  return q;
+}
+
+// log C(n, r) for the hypergeometric weights.
+double log_choose(int64_t n, int64_t r) {
+  return std::lgamma(d(n) + 1) - std::lgamma(d(r) + 1) - std::lgamma(d(n - r) + 1);
+}
+
+// Expected distinct units (nodes or ranks) of `units` equal units holding E experts that a token reaches
+// with k picks inside M of G groups (see lower.h).
+double distinct_units(int64_t e, int64_t k, int64_t units, int64_t groups, int64_t m) {
+  if (units <= 1) return 1.0;
+  const double per_unit = d(e) / d(units);
+  if (groups <= 1 || m >= groups) return d(units) * (1.0 - miss(d(e), per_unit, k));
+  const double per_group = d(e) / d(groups);
+  const double candidates = d(m) * per_group;
+  if (groups % units == 0) {
+    // Each unit holds c whole groups; j of them are among the token's M (hypergeometric).
+    const int64_t c = groups / units;
+    double hit = 0;
+    for (int64_t j = 1; j <= std::min(c, m); ++j) {
+      if (m - j > groups - c) continue;
+      const double pj = std::exp(log_choose(c, j) + log_choose(groups - c, m - j) - log_choose(groups, m));
+      hit += pj * (1.0 - miss(candidates, d(j) * per_group, k));
+    }
+    return d(units) * hit;
+  }
+  if (units % groups == 0) {
+    // Each group spans r units; the token's M groups cover M r candidate units.
+    const int64_t r = units / groups;
+    return d(m * r) * (1.0 - miss(candidates, per_unit, k));
+  }
+  // Groups straddle units unevenly: without the limit (an upper bound on the spread).
+  return d(units) * (1.0 - miss(d(e), per_unit, k));
+}
+
 }  // namespace
+
+LoweringOptions lowering_options(const HardwareProfile& hw, const StackProfile& stack) {
+  LoweringOptions o;
+  o.gpus_per_node = hw.node.gpus_per_node.value;
+  o.dispatcher = stack.dispatcher.kind.value;
+  o.dispatcher_host_sync = stack.dispatcher.host_sync.value;
+  o.permute_fused = stack.dispatcher.permute_fused.value;
+  // Megatron-Core's fused router (--moe-router-fusion, TE fused_topk_with_score_function) is one kernel for
+  // scores and top-k plus two for the aux loss; moerun's router is one kernel.
+  o.router_kernels = stack.dispatcher.kind.value == DispatcherKind::kFused ? 1 : 3;
+  return o;
+}
 
 CommSpec group_comm(const Plan& p, Collective c, CommGroup g, double bytes, DType dtype) {
   const int64_t tp = p.attention.tp, sp = p.attention.sp, cp = p.attention.cp;
@@ -863,8 +1484,8 @@ std::vector<int64_t> layers_per_virtual_stage(const ModelSpec& model, const Plan
   return out;
 }
 
-std::vector<PipelineTask> pipeline_order(int64_t stage, int64_t stages, int64_t chunks,
-                                         int64_t micro_batches) {
+std::vector<PipelineTask> pipeline_order(int64_t stage, int64_t stages, int64_t chunks, int64_t micro_batches,
+                                         bool combined) {
   std::vector<PipelineTask> order;
   const int64_t total = micro_batches * chunks;
   order.reserve(static_cast<size_t>(2 * total));
@@ -873,7 +1494,7 @@ std::vector<PipelineTask> pipeline_order(int64_t stage, int64_t stages, int64_t 
   auto fwd = [&](int64_t k) {
     const int64_t group = k / (stages * chunks), in_group = k % (stages * chunks);
     return PipelineTask{true, static_cast<int32_t>(group * stages + in_group % stages),
-                        static_cast<int16_t>(in_group / stages)};
+                        static_cast<int16_t>(in_group / stages), false};
   };
   auto bwd = [&](int64_t k) {
     PipelineTask t = fwd(k);
@@ -881,12 +1502,17 @@ std::vector<PipelineTask> pipeline_order(int64_t stage, int64_t stages, int64_t 
     t.chunk = static_cast<int16_t>(chunks - 1 - t.chunk);
     return t;
   };
-  const int64_t warmup = chunks == 1 ? std::min(stages - stage - 1, total)
-                                     : std::min((stages - stage - 1) * 2 + (chunks - 1) * stages, total);
+  int64_t warmup = chunks == 1 ? std::min(stages - stage - 1, total)
+                               : std::min((stages - stage - 1) * 2 + (chunks - 1) * stages, total);
+  // Combined 1F1B: the forward and backward of one step must be independent, so one more micro-batch warms
+  // up (schedules.py:966-970; at pp = 1 the first forward runs alone).
+  if (combined) warmup = std::min(warmup + 1, total);
   int64_t f = 0, b = 0;
   for (; f < warmup; ++f) order.push_back(fwd(f));
   while (f < total) {
-    order.push_back(fwd(f++));
+    PipelineTask t = fwd(f++);
+    t.paired = combined;
+    order.push_back(t);
     order.push_back(bwd(b++));
   }
   while (b < total) order.push_back(bwd(b++));
@@ -900,6 +1526,18 @@ int64_t peak_in_flight(const std::vector<PipelineTask>& order) {
     peak = std::max(peak, live);
   }
   return peak;
+}
+
+DedupVolumes dedup_volumes(int64_t experts, int64_t top_k, int64_t ranks, int64_t per_node, int64_t groups,
+                           int64_t group_top_k) {
+  DedupVolumes v;
+  per_node = std::max<int64_t>(1, std::min(per_node, ranks));
+  const int64_t nodes = std::max<int64_t>(1, ranks / per_node);
+  const int64_t m = std::clamp<int64_t>(group_top_k, 1, std::max<int64_t>(1, groups));
+  v.nodes = distinct_units(experts, top_k, nodes, groups, m);
+  v.own_node = v.nodes / d(nodes);  // every node is equally likely
+  v.ranks = distinct_units(experts, top_k, ranks, groups, m);
+  return v;
 }
 
 double dedup_nic_scale(int64_t experts, int64_t top_k, int64_t nodes) {

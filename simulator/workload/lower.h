@@ -1,14 +1,17 @@
 // lower(model, plan) -> OpGraph: the ops of one training step, for one representative rank per pipeline
 // stage, on streams, with dependencies, FLOPs, HBM bytes, shapes and communication. The simulator costs this
-// graph; moerun executes it.
+// graph; moerun executes it. The stack that runs the plan decides which kernels exist (the token dispatcher's
+// steps and host waits, FP8 casts, the router's kernels), so the options carry those facts.
 #pragma once
 
 #include <cstdint>
 #include <vector>
 
+#include "simulator/core/hardware.h"
 #include "simulator/core/model_spec.h"
 #include "simulator/core/op_graph.h"
 #include "simulator/core/plan.h"
+#include "simulator/core/stack.h"
 
 namespace moeplan {
 
@@ -18,20 +21,36 @@ struct LoweringOptions {
   double dropped_fraction = 0.0;   // routed assignments dropped by the capacity factor
   bool embedding_and_head = true;  // the embedding (first virtual stage) and output layer + loss (last)
   bool data_parallel = true;       // gradient synchronisation, parameter gathers and the optimizer step
+  // The stack's token dispatcher: which steps run around the exchange (Megatron: a count all-gather, a host
+  // sync, a probs all-to-all, chunk sorts; DeepEP: layout and notify kernels, a host wait; HybridEP: a
+  // routing-map all-gather and a preprocessing kernel). kFused is moerun's and MegaScale-MoE's: the plan's
+  // exchange only, with no host wait.
+  DispatcherKind dispatcher = DispatcherKind::kFused;
+  bool dispatcher_host_sync = false;
+  bool permute_fused = false;  // the permute is part of the dispatch kernel (HybridEP)
+  // Megatron's fused router: one top-k kernel and the aux-loss kernels; without it, PyTorch's unfused ops.
+  int router_kernels = 1;
 };
+
+// The lowering facts of a stack, for a cluster with `gpus_per_node` GPUs per node (routing load stays the
+// caller's: it needs the cost library's routing model).
+LoweringOptions lowering_options(const HardwareProfile& hw, const StackProfile& stack);
 
 OpGraph lower(const ModelSpec& model, const Plan& plan, const LoweringOptions& options);
 
 // The pipeline order of one stage: forward and backward passes of (micro-batch, chunk), as Megatron-Core
 // schedules them (1F1B: warm-up forwards, then one forward one backward, then cool-down backwards;
-// interleaved 1F1B over virtual chunks).
+// interleaved 1F1B over virtual chunks). With `combined` (cross-micro-batch overlap, Megatron's combined
+// 1F1B) one more warm-up forward runs first (interleaved only) and each steady-state forward is marked as
+// interleaved with the backward that follows it.
 struct PipelineTask {
   bool forward = true;
   int32_t micro_batch = 0;
   int16_t chunk = 0;
+  bool paired = false;  // forward only: runs interleaved, layer by layer, with the next task (a backward)
 };
-std::vector<PipelineTask> pipeline_order(int64_t stage, int64_t stages, int64_t chunks,
-                                         int64_t micro_batches);
+std::vector<PipelineTask> pipeline_order(int64_t stage, int64_t stages, int64_t chunks, int64_t micro_batches,
+                                         bool combined = false);
 
 // Largest number of micro-batch chunks whose forward is done and backward is not, over the stage's order:
 // what sets activation memory.
@@ -42,6 +61,23 @@ CommSpec group_comm(const Plan& plan, Collective c, CommGroup g, double bytes, D
 
 // Layers of each virtual stage (pp * vpp entries, in virtual-stage order v = chunk * pp + stage).
 std::vector<int64_t> layers_per_virtual_stage(const ModelSpec& model, const Plan& plan);
+
+// Node-deduplicated dispatch (DeepEP / HybridEP): per token, the expected number of distinct destination
+// nodes (its own included), the chance its own node is one of them, and the number of distinct destination
+// ranks, when E experts sit contiguously on `ranks` ranks of `per_node` GPUs each, the token picks top_k
+// distinct experts uniformly within its best `group_top_k` of `groups` expert groups (groups = 1: anywhere).
+// With q(S, g) = C(S - g, k) / C(S, k), the chance that a set of g experts gets none of k picks among S:
+//   groups of whole nodes (c = groups / nodes per node):  P(node hit) = sum_j P(j of its c groups chosen) x
+//   (1 - q(M E/G, j E/G)),  M = group_top_k (hypergeometric j);  groups spanning r nodes: each chosen group
+//   covers r nodes, a node is hit with 1 - q(M E/G, E/N);  ranks likewise with E/R experts per rank.
+// DeepEP's tests count RDMA bytes as tokens x distinct nodes (own node included) x hidden x bytes.
+struct DedupVolumes {
+  double nodes = 1;     // distinct destination nodes per token (own node included)
+  double own_node = 1;  // probability that the token's own node is one of them
+  double ranks = 1;     // distinct destination ranks per token
+};
+DedupVolumes dedup_volumes(int64_t experts, int64_t top_k, int64_t ranks, int64_t per_node, int64_t groups,
+                           int64_t group_top_k);
 
 // Expected bytes crossing the NIC for a node-deduplicated dispatch relative to a plain all-to-all: each token
 // goes once to every remote node holding one of its top_k experts instead of once per expert.

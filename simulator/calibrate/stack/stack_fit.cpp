@@ -14,6 +14,7 @@
 #include <Eigen/Dense>
 
 #include "simulator/cost/cost_model.h"
+#include "simulator/io/stack_loader.h"
 
 namespace moeplan::calibrate {
 namespace {
@@ -43,10 +44,17 @@ double round_to(double x, double step) {
   return std::round(x / step) * step;
 }
 
-// The stack that loses nothing: dense GEMM times then come from the hardware profile alone.
+// The stack that loses nothing: GEMM times then come from the hardware profile alone (a grouped kernel at
+// the dense model's rate, no launch or host costs).
 StackProfile neutral_stack() {
   StackProfile s;
   s.memory_bound_efficiency.value = 1.0;
+  s.grouped_gemm.impl.value = GroupedGemmImpl::kGroupedKernel;
+  s.grouped_gemm.streams.value = 1;
+  s.grouped_gemm.efficiency.value = 1.0;
+  s.grouped_gemm.wgrad_efficiency.value = 1.0;
+  s.dispatcher.nic_efficiency.value = 1.0;
+  s.dispatcher.nvlink_efficiency.value = 1.0;
   return s;
 }
 
@@ -75,6 +83,7 @@ double numel(const std::vector<int64_t>& dims) {
 struct Grouped {
   GemmShape shape;
   DType dtype = DType::kBf16;
+  GemmPart part = GemmPart::kNone;  // moerun labels say dgrad / wgrad; Kineto kernels are taken as forward
 };
 
 // Kineto: the launching op's inputs are [rows, K] (all experts' rows) and the expert weights [G, K, N] or
@@ -136,6 +145,8 @@ std::optional<Grouped> moerun_grouped(const KernelEvent& k, const StackFitOption
   }
   g.shape.m = static_cast<int64_t>(std::llround(k.flops / (2.0 * d(g.shape.n) * d(g.shape.k))));
   if (g.shape.m <= 0) return std::nullopt;
+  if (k.name.find(".wgrad") != std::string::npos) g.part = GemmPart::kWgrad;
+  if (k.name.find(".dgrad") != std::string::npos) g.part = GemmPart::kDgrad;
   return g;
 }
 
@@ -200,7 +211,8 @@ Spread spread_of(const std::vector<double>& v) {
 
 // Everything collected from the traces before any statistic is taken.
 struct Samples {
-  std::vector<std::pair<double, double>> grouped;  // (rows per expert, efficiency)
+  std::vector<std::pair<double, double>> grouped;  // (rows per expert, efficiency), forward and dgrad
+  std::vector<double> grouped_wgrad;               // efficiencies of weight-gradient grouped GEMMs
   std::vector<double> mem_eff;
   double mem_bytes = 0, mem_seconds = 0;
   std::vector<double> layer_gaps;  // gaps between kernels of one layer instance (s)
@@ -291,8 +303,13 @@ void collect(const TraceFile& t, const HardwareProfile& hw, const cost::CostMode
           ++s.grouped_without_shape;
           continue;
         }
-        const double dense = neutral.gemm_seconds(g->shape, g->dtype, nullptr);
-        s.grouped.emplace_back(d(g->shape.m) / d(g->shape.groups), dense / k.dur_s);
+        // The grouped-kernel model at the dense rate (the neutral stack) over the measured time.
+        const double model = neutral.grouped_gemm_seconds(g->shape, g->dtype, nullptr, g->part);
+        if (g->part == GemmPart::kWgrad) {
+          s.grouped_wgrad.push_back(model / k.dur_s);
+        } else {
+          s.grouped.emplace_back(d(g->shape.m) / d(g->shape.groups), model / k.dur_s);
+        }
       } else if (kinds[i] == KernelKind::kPermute || kinds[i] == KernelKind::kNorm ||
                  kinds[i] == KernelKind::kCast) {
         const double bytes = moerun ? k.hbm_bytes : kineto_bytes(k);
@@ -455,9 +472,11 @@ Result<StackFit> fit_stack(const std::vector<TraceFile>& traces, const HardwareP
     fit.params.push_back(
         {"host.launch_us_per_kernel", true, per_kernel_s / kUs, sp.n, sp.lo / kUs, sp.hi / kUs, how});
     st.launch_s_per_kernel = {
-        per_kernel_s, fmt::format("[FITTED] {} in {}; p10-p90 {:.2f}-{:.2f} us; {} gaps excluded "
-                                  "(a communication kernel ended inside, or outside micro-batches/steps)",
-                                  how, from, sp.lo / kUs, sp.hi / kUs, s.excluded_gaps)};
+        per_kernel_s,
+        fmt::format("[FITTED] {} in {}; p10-p90 {:.2f}-{:.2f} us; {} gaps excluded "
+                    "(a communication kernel ended inside, or outside micro-batches/steps)",
+                    how, from, sp.lo / kUs, sp.hi / kUs, s.excluded_gaps),
+        Basis::kMeasured};
   } else {
     keep("host.launch_us_per_kernel", st.launch_s_per_kernel.value / kUs, st.launch_s_per_kernel.source,
          "no usable gap between compute kernels");
@@ -501,9 +520,10 @@ Result<StackFit> fit_stack(const std::vector<TraceFile>& traces, const HardwareP
     slope = round_to(std::clamp(slope, 0.0, 1e3 * kUs), 1e-3 * kUs);
     fit.params.push_back(
         {"host.us_per_local_expert", true, slope / kUs, sp.n, sp.lo / kUs, sp.hi / kUs, how});
-    st.host_s_per_local_expert = {
-        slope, fmt::format("[FITTED] {} in {}; per-layer ratios p10-p90 {:.2f}-{:.2f} us", how, from,
-                           sp.lo / kUs, sp.hi / kUs)};
+    st.host_s_per_local_expert = {slope,
+                                  fmt::format("[FITTED] {} in {}; per-layer ratios p10-p90 {:.2f}-{:.2f} us",
+                                              how, from, sp.lo / kUs, sp.hi / kUs),
+                                  Basis::kMeasured};
   } else {
     keep("host.us_per_local_expert", st.host_s_per_local_expert.value / kUs,
          st.host_s_per_local_expert.source,
@@ -527,7 +547,7 @@ Result<StackFit> fit_stack(const std::vector<TraceFile>& traces, const HardwareP
         sp.n, boundaries_per_mb, s.segments, s.micro_batches);
     fit.params.push_back({"host.us_per_micro_batch", true, v / kUs, sp.n, sp.lo * boundaries_per_mb / kUs,
                           sp.hi * boundaries_per_mb / kUs, how});
-    st.host_s_per_micro_batch = {v, fmt::format("[FITTED] {} in {}", how, from)};
+    st.host_s_per_micro_batch = {v, fmt::format("[FITTED] {} in {}", how, from), Basis::kMeasured};
   } else {
     keep("host.us_per_micro_batch", st.host_s_per_micro_batch.value / kUs, st.host_s_per_micro_batch.source,
          "no micro-batch boundary on the compute stream without a communication wait (Kineto: annotate "
@@ -554,27 +574,34 @@ Result<StackFit> fit_stack(const std::vector<TraceFile>& traces, const HardwareP
                         c.rows_per_expert, median(eff)));
       fit.curve.push_back(c);
     }
-    st.grouped_gemm_efficiency.clear();
-    for (const auto& c : fit.curve) st.grouped_gemm_efficiency.emplace_back(c.rows_per_expert, c.efficiency);
     std::vector<double> all;
     for (const auto& p : s.grouped) all.push_back(p.second);
     const Spread sp = spread_of(all);
+    const double v = round_to(std::clamp(median(all), 1e-4, 1.0), 1e-4);
     const std::string how = fmt::format(
-        "per kernel: the hardware profile's dense GEMM time for the same total shape (cost model with a "
-        "neutral "
-        "stack) / measured kernel time; median per half-octave bin of rows per expert, {} kernels, {} points "
-        "from {:.0f} to {:.0f} rows; outside that range the cost model extrapolates",
-        sp.n, fit.curve.size(), fit.curve.front().rows_per_expert, fit.curve.back().rows_per_expert);
-    fit.params.push_back(
-        {"grouped_gemm_efficiency", true, fit.curve.back().efficiency, sp.n, sp.lo, sp.hi, how});
-    st.grouped_gemm_efficiency_source = fmt::format("[FITTED] {} in {}", how, from);
+        "per kernel: the cost model's grouped-kernel time at the hardware profile's dense rate (the per-expert "
+        "shape, rows padded to the tile, waves over all experts; neutral stack) / measured kernel time; median "
+        "of {} forward and dgrad kernels, {:.0f} to {:.0f} rows per expert (the report's curve shows the "
+        "ratio by rows)",
+        sp.n, fit.curve.front().rows_per_expert, fit.curve.back().rows_per_expert);
+    fit.params.push_back({"grouped_gemm.efficiency", true, v, sp.n, sp.lo, sp.hi, how});
+    st.grouped_gemm.efficiency = {v, fmt::format("[FITTED] {} in {}", how, from), Basis::kMeasured};
   } else {
-    fit.params.push_back(
-        {"grouped_gemm_efficiency", false, st.grouped_gemm_efficiency.back().second, 0, 0, 0,
-         fmt::format("no grouped GEMM kernel with a known shape ({} without); old source: {}",
-                     s.grouped_without_shape, st.grouped_gemm_efficiency_source)});
-    st.grouped_gemm_efficiency_source =
-        kept_prefix + "no grouped GEMM kernel with a known shape. " + st.grouped_gemm_efficiency_source;
+    keep("grouped_gemm.efficiency", st.grouped_gemm.efficiency.value, st.grouped_gemm.efficiency.source,
+         fmt::format("no grouped GEMM kernel with a known shape ({} without)", s.grouped_without_shape));
+  }
+  if (!s.grouped_wgrad.empty()) {
+    const Spread sp = spread_of(s.grouped_wgrad);
+    const double v = round_to(std::clamp(median(s.grouped_wgrad), 1e-4, 1.0), 1e-4);
+    const std::string how = fmt::format(
+        "median over {} weight-gradient grouped GEMM kernels of the grouped-kernel model time (reduction over "
+        "the rows per expert) / measured time",
+        sp.n);
+    fit.params.push_back({"grouped_gemm.wgrad_efficiency", true, v, sp.n, sp.lo, sp.hi, how});
+    st.grouped_gemm.wgrad_efficiency = {v, fmt::format("[FITTED] {} in {}", how, from), Basis::kMeasured};
+  } else {
+    keep("grouped_gemm.wgrad_efficiency", st.grouped_gemm.wgrad_efficiency.value,
+         st.grouped_gemm.wgrad_efficiency.source, "no weight-gradient grouped GEMM told apart in the traces");
   }
 
   // Memory-bound efficiency: total bytes / total time of permute, norm and cast kernels / achieved HBM.
@@ -592,13 +619,14 @@ Result<StackFit> fit_stack(const std::vector<TraceFile>& traces, const HardwareP
         sp.n, o.min_memory_bound_bytes / 1024.0, hw.gpu.hbm_bw_achieved_bytes_per_s.value / kGB);
     fit.params.push_back({"memory_bound_efficiency", true, v, sp.n, sp.lo, sp.hi, how});
     st.memory_bound_efficiency = {
-        v, fmt::format("[FITTED] {} in {}; per kernel p10-p90 {:.3f}-{:.3f}", how, from, sp.lo, sp.hi)};
+        v, fmt::format("[FITTED] {} in {}; per kernel p10-p90 {:.3f}-{:.3f}", how, from, sp.lo, sp.hi),
+        Basis::kMeasured};
   } else {
     keep("memory_bound_efficiency", st.memory_bound_efficiency.value, st.memory_bound_efficiency.source,
          fmt::format("no permute, norm or cast kernel with known bytes ({} without)", s.mem_without_bytes));
   }
 
-  keep("dispatch_dedup", st.dispatch_dedup.value ? 1 : 0, st.dispatch_dedup.source,
+  keep("dispatcher.nic_efficiency", st.dispatcher.nic_efficiency.value, st.dispatcher.nic_efficiency.source,
        "kernel times do not show the bytes per destination");
 
   // SMs of communication kernels: grid blocks (one CTA per NCCL channel, each on its own SM) / SMs.
@@ -610,7 +638,7 @@ Result<StackFit> fit_stack(const std::vector<TraceFile>& traces, const HardwareP
         "SM)",
         sp.n, hw.gpu.sm_count.value);
     fit.params.push_back({"comm_sm_fraction", true, v, sp.n, sp.lo, sp.hi, how});
-    st.comm_sm_fraction = {v, fmt::format("[FITTED] {} in {}", how, from)};
+    st.comm_sm_fraction = {v, fmt::format("[FITTED] {} in {}", how, from), Basis::kMeasured};
   } else {
     keep("comm_sm_fraction", st.comm_sm_fraction.value, st.comm_sm_fraction.source,
          "no overlapping communication kernel with a grid in the traces");
@@ -630,7 +658,7 @@ Result<StackFit> fit_stack(const std::vector<TraceFile>& traces, const HardwareP
         frac, fit.comm_overlap_fraction_ep >= 0 ? "EP/TP-type (all-to-all, send/recv)" : "all",
         fit.comm_overlap_fraction, kInterOpOverlapThreshold);
     fit.params.push_back({"overlaps.inter_op", true, on ? 1.0 : 0.0, 1, frac, frac, how});
-    st.overlaps.inter_op = {on, fmt::format("[FITTED] {} in {}", how, from)};
+    st.overlaps.inter_op = {on, fmt::format("[FITTED] {} in {}", how, from), Basis::kMeasured};
   } else {
     keep("overlaps.inter_op", st.overlaps.inter_op.value ? 1 : 0, st.overlaps.inter_op.source,
          "no communication kernel in the traces");
@@ -656,8 +684,14 @@ Result<StackFit> fit_stack(const std::vector<TraceFile>& traces, const HardwareP
   // Sources: the base's citations that the kept sources still name, and the traces themselves.
   const std::vector<const std::string*> all_sources = {
       &st.launch_s_per_kernel.source,     &st.host_s_per_local_expert.source,
-      &st.host_s_per_micro_batch.source,  &st.grouped_gemm_efficiency_source,
-      &st.memory_bound_efficiency.source, &st.dispatch_dedup.source,
+      &st.host_s_per_micro_batch.source,  &st.grouped_gemm.efficiency.source,
+      &st.grouped_gemm.wgrad_efficiency.source, &st.grouped_gemm.impl.source,
+      &st.memory_bound_efficiency.source, &st.dispatcher.kind.source,
+      &st.dispatcher.nic_efficiency.source, &st.dispatcher.nvlink_efficiency.source,
+      &st.host_s_per_kernel.source,       &st.host_sync_s.source,
+      &st.attention_kernel.source,        &st.capabilities.source,
+      &st.memory.reserve_bytes.source,    &st.memory.fragmentation.source,
+      &st.overlaps.cross_micro_batch.source,
       &st.comm_sm_fraction.source,        &st.overlaps.inter_op.source,
       &st.overlaps.intra_op.source,       &st.overlaps.dp_comm.source,
       &st.overlaps.pp_comm.source};
@@ -679,36 +713,7 @@ Result<StackFit> fit_stack(const std::vector<TraceFile>& traces, const HardwareP
 }
 
 std::string stack_json(const StackFit& fit) {
-  const StackProfile& s = fit.stack;
-  auto sourced = [](double v, const std::string& src) { return ordered_json{{"value", v}, {"source", src}}; };
-  auto flag = [](bool v, const std::string& src) { return ordered_json{{"value", v}, {"source", src}}; };
-  ordered_json j;
-  j["format"] = "moeplan-stack-v1";
-  j["name"] = s.name;
-  j["description"] = s.description;
-  j["calibrated"] = s.calibrated;
-  ordered_json sources = ordered_json::object();
-  for (const auto& [id, c] : s.sources) sources[id] = c;  // std::map: sorted ids
-  j["sources"] = sources;
-  j["host"] = ordered_json{
-      {"launch_us_per_kernel",
-       sourced(round_to(s.launch_s_per_kernel.value / kUs, 1e-3), s.launch_s_per_kernel.source)},
-      {"us_per_local_expert",
-       sourced(round_to(s.host_s_per_local_expert.value / kUs, 1e-3), s.host_s_per_local_expert.source)},
-      {"us_per_micro_batch",
-       sourced(round_to(s.host_s_per_micro_batch.value / kUs, 1e-3), s.host_s_per_micro_batch.source)}};
-  ordered_json points = ordered_json::array();
-  for (const auto& [rows, e] : s.grouped_gemm_efficiency) points.push_back(ordered_json::array({rows, e}));
-  j["grouped_gemm_efficiency"] =
-      ordered_json{{"source", s.grouped_gemm_efficiency_source}, {"points", points}};
-  j["memory_bound_efficiency"] = sourced(s.memory_bound_efficiency.value, s.memory_bound_efficiency.source);
-  j["dispatch_dedup"] = flag(s.dispatch_dedup.value, s.dispatch_dedup.source);
-  j["comm_sm_fraction"] = sourced(s.comm_sm_fraction.value, s.comm_sm_fraction.source);
-  j["overlaps"] = ordered_json{{"inter_op", flag(s.overlaps.inter_op.value, s.overlaps.inter_op.source)},
-                               {"intra_op", flag(s.overlaps.intra_op.value, s.overlaps.intra_op.source)},
-                               {"dp_comm", flag(s.overlaps.dp_comm.value, s.overlaps.dp_comm.source)},
-                               {"pp_comm", flag(s.overlaps.pp_comm.value, s.overlaps.pp_comm.source)}};
-  return j.dump(2) + "\n";
+  return io::stack_to_json(fit.stack).dump(2) + "\n";
 }
 
 nlohmann::json fit_report_json(const StackFit& fit) {

@@ -1,0 +1,121 @@
+#!/usr/bin/env python3
+"""Predicted vs measured on the validation set (tests/validation/cases/*.json): public end-to-end training
+measurements that no profile is derived from. Prints one row per case and the median / max error.
+
+Usage: scripts/validate.py [--moeplan build/planner/moeplan] [--json] [--markdown] [CASE_ID ...]
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def load_cases(ids):
+    folder = os.path.join(ROOT, "tests", "validation", "cases")
+    cases = []
+    for name in sorted(os.listdir(folder)):
+        if not name.endswith(".json"):
+            continue
+        with open(os.path.join(folder, name)) as f:
+            c = json.load(f)
+        if ids and c["id"] not in ids:
+            continue
+        cases.append(c)
+    return cases
+
+
+def predict(moeplan, plan):
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "plan.json")
+        with open(path, "w") as f:
+            json.dump(plan, f)
+        run = subprocess.run([moeplan, "simulate", path, "--json"], capture_output=True, text=True)
+        # Exit 3 with a report: the plan does not fit (the report says so); other failures have no report.
+        if run.returncode in (0, 3) and run.stdout.strip():
+            report = json.loads(run.stdout)
+            if report.get("valid", True):
+                return report
+        return {"error": (run.stderr.strip() or run.stdout.strip()).splitlines()[-1:]}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--moeplan", default=os.path.join(ROOT, "build", "planner", "moeplan"))
+    ap.add_argument("--json", action="store_true", help="one JSON object on stdout")
+    ap.add_argument("--markdown", action="store_true", help="a Markdown table (for the README)")
+    ap.add_argument("ids", nargs="*")
+    args = ap.parse_args()
+    if not os.access(args.moeplan, os.X_OK):
+        print(f"validate: {args.moeplan} not found (build first: scripts/build.sh)", file=sys.stderr)
+        return 2
+
+    rows = []
+    for c in load_cases(set(args.ids)):
+        m = c["measured"].get("tokens_per_s_per_gpu")
+        p = predict(args.moeplan, c["plan"])
+        row = {"id": c["id"], "stack": c["plan"].get("stack", "moerun"), "measured": m}
+        if "error" in p:
+            row["error"] = " ".join(p["error"])
+        else:
+            pred = p["tokens_per_s_per_gpu"]
+            lo, hi = p["tokens_per_s_range"]
+            gpus = c["plan"]["gpus"]
+            row.update(
+                predicted=pred,
+                low=lo / gpus,
+                high=hi / gpus,
+                rel_error=pred / m - 1.0,
+                in_range=lo / gpus <= m <= hi / gpus,
+                memory_GB=p["memory"]["per_gpu_bytes"] / 1e9,
+                fits=p["memory"]["fits"],
+                hypothetical=p.get("provenance", {}).get("hypothetical"),
+            )
+        rows.append(row)
+
+    errs = [abs(r["rel_error"]) for r in rows if "rel_error" in r]
+    summary = {
+        "cases": len(rows),
+        "predicted": len(errs),
+        "median_abs_error": statistics.median(errs) if errs else None,
+        "max_abs_error": max(errs) if errs else None,
+        "in_range": sum(1 for r in rows if r.get("in_range")),
+        "fit": sum(1 for r in rows if r.get("fits")),
+    }
+    if args.json:
+        print(json.dumps({"rows": rows, "summary": summary}, indent=2))
+        return 0
+    if args.markdown:
+        print("| case | stack | measured tok/s/GPU | predicted (range) | error | fits |")
+        print("|---|---|---:|---:|---:|---|")
+        for r in rows:
+            if "error" in r:
+                print(f"| {r['id']} | {r['stack']} | {r['measured']:.0f} | refused: {r['error']} | | |")
+                continue
+            print(f"| {r['id']} | {r['stack']} | {r['measured']:.0f} | {r['predicted']:.0f} "
+                  f"({r['low']:.0f}-{r['high']:.0f}) | {100 * r['rel_error']:+.1f}% | "
+                  f"{'yes' if r['fits'] else 'no'} ({r['memory_GB']:.1f} GB) |")
+    else:
+        print(f"{'case':44s} {'stack':24s} {'measured':>9s} {'predicted':>9s} {'range':>15s} {'error':>8s} "
+              f"{'in':>3s} {'mem GB':>7s}")
+        for r in rows:
+            if "error" in r:
+                print(f"{r['id']:44s} {r['stack']:24s} {r['measured']:9.0f}  refused: {r['error']}")
+                continue
+            print(f"{r['id']:44s} {r['stack']:24s} {r['measured']:9.0f} {r['predicted']:9.0f} "
+                  f"{r['low']:7.0f}-{r['high']:<7.0f} {100 * r['rel_error']:+7.1f}% "
+                  f"{'yes' if r['in_range'] else 'no':>3s} {r['memory_GB']:7.1f}")
+    if errs:
+        print(f"\n{summary['predicted']} of {summary['cases']} cases predicted: median |error| "
+              f"{100 * summary['median_abs_error']:.1f}%, max {100 * summary['max_abs_error']:.1f}%; "
+              f"measurement inside the printed range in {summary['in_range']}; predicted to fit in "
+              f"{summary['fit']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
