@@ -52,7 +52,7 @@ std::set<std::string> brute_force(const Setup& s, const planner::Job& job,
               for (int64_t etp = 1; etp <= g && ep * etp <= n; ++etp) {
                 for (Dispatch disp : {Dispatch::kAllToAll, Dispatch::kAllGather, Dispatch::kDedup}) {
                   if (disp == Dispatch::kAllGather && ep == 1) continue;
-                  if (disp == Dispatch::kDedup && !(ep * etp > g && s.stack.dispatch_dedup.value)) continue;
+                  if (disp == Dispatch::kDedup && !(ep * etp > g && s.stack.dispatch_dedup())) continue;
                   for (int64_t mb : space.micro_batches) {
                     for (int64_t zero : space.zero_stages) {
                       for (Recompute rc : space.recomputes) {

@@ -138,10 +138,10 @@ TEST_SUITE("engine") {
       cost::OpCost c;
       c.seconds = i == 0 ? 1.0 : 0.5;
       c.resource = i == 0 ? cost::Resource::kSm : cost::Resource::kNvlink;
+      c.sm_fraction = i == 0 ? 0.0 : 0.2;
       b.costs.push_back(c);
     }
     engine::EngineOptions o;
-    o.comm_sm_fraction = 0.2;
     const auto t = engine::simulate(b.g, b.costs, o);
     // First 0.5 s at 80% speed (0.4 s of work), the remaining 0.6 s alone: ends at 1.1 s.
     CHECK(t.ops[0].end == doctest::Approx(1.1));

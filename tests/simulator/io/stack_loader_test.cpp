@@ -1,5 +1,5 @@
-// The shipped stack profiles load, convert µs to seconds once, keep efficiencies in (0, 1] and rows
-// increasing, and every bad input is one line naming the field.
+// The shipped stack profiles load with a source and basis for every number, convert µs and GiB to SI once,
+// write back to the same profile, and every bad input is one line naming the field.
 #include <doctest/doctest.h>
 
 #include <string>
@@ -35,98 +35,99 @@ std::string error_of(const io::json& j) {
   return s.error().message;
 }
 
-// A complete stack with round numbers: 1 µs per kernel, 2 µs per local expert, 30 µs per micro-batch.
-io::json small_stack() {
-  auto sourced = [](io::json v) { return io::json{{"value", v}, {"source", "test"}}; };
-  return io::json{{"format", "moeplan-stack-v1"},
-                  {"name", "small"},
-                  {"calibrated", true},
-                  {"host",
-                   {{"launch_us_per_kernel", sourced(1)},
-                    {"us_per_local_expert", sourced(2)},
-                    {"us_per_micro_batch", sourced(30)}}},
-                  {"grouped_gemm_efficiency", {{"source", "test"}, {"points", {{128, 0.5}, {1024, 0.9}}}}},
-                  {"memory_bound_efficiency", sourced(0.75)},
-                  {"dispatch_dedup", sourced(true)},
-                  {"comm_sm_fraction", sourced(0)},
-                  {"overlaps",
-                   {{"inter_op", sourced(true)},
-                    {"intra_op", sourced(false)},
-                    {"dp_comm", sourced(true)},
-                    {"pp_comm", sourced(false)}}}};
-}
+const char* const kStackNames[] = {"moerun", "megatron-core", "megatron-core-deepep", "megatron-core-hybridep",
+                                    "megascale-moe"};
 
 }  // namespace
 
 TEST_SUITE("io") {
-  TEST_CASE("the three shipped stacks load as uncalibrated assumptions with a source for every number") {
-    for (const char* stem : {"moerun", "megatron-core", "megatron-core-deepep"}) {
+  TEST_CASE("the shipped stacks load as uncalibrated, with a source and a basis for every number") {
+    for (const char* stem : kStackNames) {
       CAPTURE(stem);
       const StackProfile s = load(stem);
       CHECK(s.name == stem);
       CHECK_FALSE(s.calibrated);
       CHECK_FALSE(s.description.empty());
       CHECK_FALSE(s.sources.empty());
-      CHECK_FALSE(s.grouped_gemm_efficiency_source.empty());
       for (const auto* src :
-           {&s.launch_s_per_kernel.source, &s.host_s_per_local_expert.source,
-            &s.host_s_per_micro_batch.source, &s.memory_bound_efficiency.source, &s.dispatch_dedup.source,
-            &s.comm_sm_fraction.source, &s.overlaps.inter_op.source, &s.overlaps.intra_op.source,
-            &s.overlaps.dp_comm.source, &s.overlaps.pp_comm.source}) {
+           {&s.launch_s_per_kernel.source, &s.host_s_per_kernel.source, &s.host_s_per_local_expert.source,
+            &s.host_s_per_micro_batch.source, &s.host_sync_s.source, &s.grouped_gemm.impl.source,
+            &s.grouped_gemm.efficiency.source, &s.grouped_gemm.wgrad_efficiency.source,
+            &s.memory_bound_efficiency.source, &s.dispatcher.kind.source, &s.dispatcher.sms.source,
+            &s.attention_kernel.source, &s.comm_sm_fraction.source, &s.overlaps.inter_op.source,
+            &s.overlaps.intra_op.source, &s.overlaps.dp_comm.source, &s.overlaps.pp_comm.source,
+            &s.overlaps.cross_micro_batch.source, &s.capabilities.source, &s.memory.reserve_bytes.source,
+            &s.memory.fragmentation.source}) {
         CHECK_FALSE(src->empty());
       }
       CHECK(s.memory_bound_efficiency.value > 0.0);
       CHECK(s.memory_bound_efficiency.value <= 1.0);
       CHECK(s.comm_sm_fraction.value >= 0.0);
       CHECK(s.comm_sm_fraction.value < 1.0);
+      CHECK(s.memory.reserve_bytes.value <= s.memory.reserve_bytes_high.value);
+      CHECK(s.memory.fragmentation.value <= s.memory.fragmentation_high.value);
     }
   }
 
-  TEST_CASE(
-      "grouped-GEMM efficiency lies between 0 and 1, rises with rows per expert and reaches 1 for large "
-      "groups") {
-    for (const char* stem : {"moerun", "megatron-core", "megatron-core-deepep"}) {
+  TEST_CASE("a written stack reads back to the same profile") {
+    for (const char* stem : kStackNames) {
       CAPTURE(stem);
-      const auto& curve = load(stem).grouped_gemm_efficiency;
-      REQUIRE(curve.size() >= 2);
-      for (size_t i = 0; i < curve.size(); ++i) {
-        CAPTURE(i);
-        CHECK(curve[i].second > 0.0);
-        CHECK(curve[i].second <= 1.0);
-        if (i > 0) {
-          CHECK(curve[i].first > curve[i - 1].first);
-          CHECK(curve[i].second >= curve[i - 1].second);
-        }
-      }
-      CHECK(curve.back().second == doctest::Approx(1.0));
+      const StackProfile a = load(stem);
+      const auto b = io::stack_from_json(io::json::parse(io::stack_to_json(a).dump()), "back.json");
+      REQUIRE_MESSAGE(b.ok(), (b.ok() ? "" : b.error().message));
+      const StackProfile& s = b.value();
+      CHECK(s.name == a.name);
+      CHECK(s.launch_s_per_kernel.value == doctest::Approx(a.launch_s_per_kernel.value));
+      CHECK(s.host_s_per_kernel.value == doctest::Approx(a.host_s_per_kernel.value));
+      CHECK(s.grouped_gemm.impl.value == a.grouped_gemm.impl.value);
+      CHECK(s.grouped_gemm.efficiency.value == doctest::Approx(a.grouped_gemm.efficiency.value));
+      CHECK(s.grouped_gemm.efficiency.basis == a.grouped_gemm.efficiency.basis);
+      CHECK(s.dispatcher.kind.value == a.dispatcher.kind.value);
+      CHECK(s.dispatcher.sms.value == a.dispatcher.sms.value);
+      CHECK(s.attention_kernel.value == a.attention_kernel.value);
+      CHECK(s.capabilities.recompute == a.capabilities.recompute);
+      CHECK(s.memory.reserve_bytes_high.value == doctest::Approx(a.memory.reserve_bytes_high.value));
+      CHECK(s.sources == a.sources);
     }
   }
 
-  TEST_CASE("host costs given in microseconds are held in seconds") {
-    const auto s = io::stack_from_json(small_stack(), "small.json");
-    REQUIRE_MESSAGE(s.ok(), (s.ok() ? "" : s.error().message));
-    CHECK(s.value().launch_s_per_kernel.value == doctest::Approx(1e-6));
-    CHECK(s.value().host_s_per_local_expert.value == doctest::Approx(2e-6));
-    CHECK(s.value().host_s_per_micro_batch.value == doctest::Approx(30e-6));
-    CHECK(s.value().calibrated);
-    CHECK(s.value().comm_sm_fraction.value == 0.0);
-    CHECK(s.value().grouped_gemm_efficiency.size() == 2);
-
-    // moerun.json: launch_us_per_kernel 2.0, us_per_micro_batch 20.
+  TEST_CASE("host costs given in microseconds and the reserve in GiB are held in seconds and bytes") {
+    // moerun.json: issue 3 us per kernel, 20 us per micro-batch; megatron-core: reserve 2-4 GiB.
     const StackProfile moerun = load("moerun");
-    CHECK(moerun.launch_s_per_kernel.value == doctest::Approx(2e-6));
+    CHECK(moerun.host_s_per_kernel.value == doctest::Approx(3e-6));
     CHECK(moerun.host_s_per_micro_batch.value == doctest::Approx(20e-6));
+    const StackProfile mc = load("megatron-core");
+    CHECK(mc.memory.reserve_bytes.value == doctest::Approx(2.0 * 1024 * 1024 * 1024));
+    CHECK(mc.memory.reserve_bytes_high.value == doctest::Approx(4.0 * 1024 * 1024 * 1024));
+    CHECK(mc.host_sync_s.value == doctest::Approx(20e-6));
   }
 
-  TEST_CASE(
-      "only the DeepEP stack deduplicates dispatch per node, and only moerun fuses communication into "
-      "GEMMs") {
-    CHECK(load("megatron-core-deepep").dispatch_dedup.value);
-    CHECK_FALSE(load("megatron-core").dispatch_dedup.value);
-    CHECK_FALSE(load("moerun").dispatch_dedup.value);
-    CHECK(load("moerun").overlaps.intra_op.value);
-    CHECK_FALSE(load("megatron-core").overlaps.intra_op.value);
-    CHECK(load("megatron-core").overlaps.dp_comm.value);
+  TEST_CASE("the stacks say what runs: dispatcher, expert GEMMs, attention kernel, host waits") {
+    const StackProfile mc = load("megatron-core"), deepep = load("megatron-core-deepep"),
+                       hybrid = load("megatron-core-hybridep"), moerun = load("moerun"),
+                       megascale = load("megascale-moe");
+    CHECK(mc.dispatcher.kind.value == DispatcherKind::kNcclAllToAll);
+    CHECK(mc.dispatcher.host_sync.value);
+    CHECK(mc.grouped_gemm.impl.value == GroupedGemmImpl::kPerExpertStreams);
+    CHECK(mc.grouped_gemm.streams.value == 4);
+    CHECK(mc.attention_kernel.value == AttentionKernel::kCudnn);
+    CHECK_FALSE(mc.dispatch_dedup());
+    CHECK(deepep.dispatch_dedup());
+    CHECK(deepep.dispatcher.sms.value == 20);
+    CHECK_FALSE(deepep.dispatcher.permute_fused.value);
+    CHECK(hybrid.dispatch_dedup());
+    CHECK(hybrid.dispatcher.permute_fused.value);
+    CHECK(moerun.grouped_gemm.impl.value == GroupedGemmImpl::kGroupedKernel);
+    CHECK_FALSE(moerun.dispatcher.host_sync.value);
+    CHECK(moerun.overlaps.intra_op.basis == Basis::kTarget);  // built, never run on a GPU
+    CHECK(moerun.grouped_gemm.efficiency.basis == Basis::kMeasured);
+    CHECK(megascale.overlaps.intra_op.value);
+    CHECK(mc.overlaps.cross_micro_batch.value);
+    CHECK_FALSE(moerun.overlaps.cross_micro_batch.value);
+    CHECK(stack_has(mc.capabilities.recompute_modules, "mla_up_proj"));
+    CHECK_FALSE(stack_has(mc.capabilities.recompute, "sar"));
+    CHECK(stack_has(megascale.capabilities.recompute, "sar"));
+    CHECK_FALSE(stack_has(moerun.capabilities.dispatch, "dedup"));
   }
 
   TEST_CASE("a relative stack path resolves against the base directory") {
@@ -155,23 +156,16 @@ TEST_SUITE("io") {
           "s.json: field 'host.launch_us_per_kernal': unknown key (did you mean 'launch_us_per_kernel'?)");
   }
 
-  TEST_CASE("an efficiency above 1 or at 0 is rejected, naming the point") {
+  TEST_CASE("an efficiency above 1 or at 0, or an SM share of 1, is rejected, naming the field") {
     io::json j = moerun_json();
-    j["grouped_gemm_efficiency"]["points"][1][1] = 1.5;
+    j["grouped_gemm"]["efficiency"]["value"] = 1.5;
     CHECK(error_of(j) ==
-          "s.json: field 'grouped_gemm_efficiency.points[1][1]': expected an efficiency in (0, 1], got "
-          "number 1.5");
+          "s.json: field 'grouped_gemm.efficiency.value': expected an efficiency in (0, 1], got number 1.5");
 
     j = moerun_json();
-    j["grouped_gemm_efficiency"]["points"][0][1] = 0;
+    j["memory_bound_efficiency"]["value"] = 0;
     CHECK(error_of(j) ==
-          "s.json: field 'grouped_gemm_efficiency.points[0][1]': expected an efficiency in (0, 1], got "
-          "number 0");
-
-    j = moerun_json();
-    j["memory_bound_efficiency"]["value"] = 1.5;
-    CHECK(error_of(j) ==
-          "s.json: field 'memory_bound_efficiency.value': expected an efficiency in (0, 1], got number 1.5");
+          "s.json: field 'memory_bound_efficiency.value': expected an efficiency in (0, 1], got number 0");
 
     j = moerun_json();
     j["comm_sm_fraction"]["value"] = 1;
@@ -179,26 +173,7 @@ TEST_SUITE("io") {
           "s.json: field 'comm_sm_fraction.value': expected a fraction in [0, 1), got number 1");
   }
 
-  TEST_CASE("rows per expert must increase strictly") {
-    io::json j = moerun_json();
-    j["grouped_gemm_efficiency"]["points"] = {{128, 0.4}, {64, 0.2}};
-    CHECK(
-        error_of(j) ==
-        "s.json: field 'grouped_gemm_efficiency.points[1][0]': expected rows per expert strictly increasing "
-        "(previous point has 128), got number 64");
-
-    j["grouped_gemm_efficiency"]["points"] = {{128, 0.4, 7}};
-    CHECK(error_of(j).find("'grouped_gemm_efficiency.points[0]': expected an array of 2 numbers") !=
-          std::string::npos);
-
-    j["grouped_gemm_efficiency"]["points"] = io::json::array();
-    CHECK(
-        error_of(j) ==
-        "s.json: field 'grouped_gemm_efficiency.points': expected at least one [rows_per_expert, efficiency] "
-        "point, got array []");
-  }
-
-  TEST_CASE("every number needs a non-empty source") {
+  TEST_CASE("every number needs a non-empty source and one of the four bases") {
     io::json j = moerun_json();
     j["overlaps"]["pp_comm"].erase("source");
     CHECK(error_of(j) == "s.json: field 'overlaps.pp_comm.source': required but missing");
@@ -209,19 +184,48 @@ TEST_SUITE("io") {
           "s.json: field 'host.us_per_micro_batch.source': expected a non-empty citation, got string \"  \"");
 
     j = moerun_json();
-    j["grouped_gemm_efficiency"].erase("source");
-    CHECK(error_of(j) == "s.json: field 'grouped_gemm_efficiency.source': required but missing");
+    j["grouped_gemm"]["efficiency"]["basis"] = "guessed";
+    CHECK(error_of(j) ==
+          "s.json: field 'grouped_gemm.efficiency.basis': expected one of \"measured\" \"derived\" "
+          "\"assumed\" \"target\", got string \"guessed\"");
+
+    j = moerun_json();
+    j["dispatcher"]["kind"].erase("basis");
+    CHECK(error_of(j) == "s.json: field 'dispatcher.kind.basis': required but missing");
+  }
+
+  TEST_CASE("capabilities and ranges are checked against the plan vocabulary") {
+    io::json j = moerun_json();
+    j["capabilities"]["recompute"] = {"none", "selectiv"};
+    CHECK(error_of(j).find("'capabilities.recompute[1]': expected one of none, selective, full, sar") !=
+          std::string::npos);
+
+    j = moerun_json();
+    j["memory"]["reserve_GiB"]["value"] = {4, 2};
+    CHECK(error_of(j) ==
+          "s.json: field 'memory.reserve_GiB.value': expected [low, high] with low <= high, got array [4,2]");
+
+    j = moerun_json();
+    j["grouped_gemm"]["implementation"]["value"] = "cublas";
+    CHECK(error_of(j).find("'grouped_gemm.implementation.value': expected one of \"grouped_kernel\"") !=
+          std::string::npos);
   }
 
   TEST_CASE("the format tag, value types and host cost ranges are checked") {
     io::json j = moerun_json();
     j["format"] = "moeplan-hwprofile-v1";
     CHECK(error_of(j) ==
-          "s.json: field 'format': expected \"moeplan-stack-v1\", got string \"moeplan-hwprofile-v1\"");
+          "s.json: field 'format': expected \"moeplan-stack-v2\", got string \"moeplan-hwprofile-v1\"");
 
     j = moerun_json();
-    j["dispatch_dedup"]["value"] = "yes";
-    CHECK(error_of(j) == "s.json: field 'dispatch_dedup.value': expected true or false, got string \"yes\"");
+    j["format"] = "moeplan-stack-v1";
+    CHECK(error_of(j).find("field 'format': expected \"moeplan-stack-v2\" (v1 files priced grouped GEMMs") !=
+          std::string::npos);
+
+    j = moerun_json();
+    j["dispatcher"]["host_sync"]["value"] = "yes";
+    CHECK(error_of(j) ==
+          "s.json: field 'dispatcher.host_sync.value': expected true or false, got string \"yes\"");
 
     j = moerun_json();
     j["host"]["launch_us_per_kernel"]["value"] = -1;

@@ -48,14 +48,19 @@ const HardwareProfile& h100() {
   return hw;
 }
 
+// The cost model's grouped-kernel time at the dense rate (what the fit divides by the measured time).
 double dense_seconds(const GemmShape& s) {
   static const StackProfile neutral = [] {
     StackProfile p;
     p.memory_bound_efficiency.value = 1.0;
+    p.grouped_gemm.impl.value = GroupedGemmImpl::kGroupedKernel;
+    p.grouped_gemm.streams.value = 1;
+    p.grouped_gemm.efficiency.value = 1.0;
+    p.grouped_gemm.wgrad_efficiency.value = 1.0;
     return p;
   }();
   static const cost::CostModel model(h100(), neutral);
-  return model.gemm_seconds(s, DType::kBf16, nullptr);
+  return model.grouped_gemm_seconds(s, DType::kBf16, nullptr);
 }
 
 // One synthetic kernel on the timeline (µs).
@@ -315,13 +320,17 @@ TEST_SUITE("calibrate") {
       CHECK(f.curve[i].rows_per_expert == kRows[i]);
       CHECK(f.curve[i].efficiency == doctest::Approx(true_eff(kRows[i])).epsilon(0.04));
     }
+    // The stack's one efficiency is the median over all kernels: inside the range of the true ones.
+    CHECK(param(f, "grouped_gemm.efficiency").fitted);
+    CHECK(f.stack.grouped_gemm.efficiency.basis == Basis::kMeasured);
+    CHECK(f.stack.grouped_gemm.efficiency.value >= true_eff(kRows.front()) * 0.96);
+    CHECK(f.stack.grouped_gemm.efficiency.value <= true_eff(kRows.back()) * 1.04);
     CHECK(f.comm_overlap_fraction == doctest::Approx(kOverlap).epsilon(0.01));
     CHECK(f.stack.overlaps.inter_op.value);  // 0.7 >= kInterOpOverlapThreshold; the base says false
     CHECK(f.stack.comm_sm_fraction.value == doctest::Approx(24.0 / 132.0).epsilon(0.001));
     // Kept from the base, with the old source named.
-    CHECK_FALSE(param(f, "dispatch_dedup").fitted);
-    CHECK(f.stack.dispatch_dedup.source.find("kept from hwprofiles/stacks/megatron-core.json") == 0);
-    CHECK(f.stack.dispatch_dedup.source.find("num_out_tokens") != std::string::npos);
+    CHECK_FALSE(param(f, "dispatcher.nic_efficiency").fitted);
+    CHECK(f.stack.dispatcher.nic_efficiency.source.find("kept from hwprofiles/stacks/megatron-core.json") == 0);
     CHECK(f.stack.overlaps.dp_comm.value == true);
   }
 
@@ -345,12 +354,12 @@ TEST_SUITE("calibrate") {
     CHECK_FALSE(param(f, "comm_sm_fraction").fitted);  // moerun traces carry no grid
   }
 
-  TEST_CASE("without the expert shape a moerun trace keeps the base grouped-GEMM curve and says so") {
+  TEST_CASE("without the expert shape a moerun trace keeps the base grouped-GEMM efficiency and says so") {
     const StackFit f = fit_of(moerun_text(make_timeline(false)), "moerun.trace.json", options());
-    CHECK_FALSE(param(f, "grouped_gemm_efficiency").fitted);
+    CHECK_FALSE(param(f, "grouped_gemm.efficiency").fitted);
     CHECK_FALSE(param(f, "host.us_per_local_expert").fitted);
-    CHECK(f.stack.grouped_gemm_efficiency == options().base.grouped_gemm_efficiency);
-    CHECK(f.stack.grouped_gemm_efficiency_source.find("kept from") == 0);
+    CHECK(f.stack.grouped_gemm.efficiency.value == options().base.grouped_gemm.efficiency.value);
+    CHECK(f.stack.grouped_gemm.efficiency.source.find("kept from") == 0);
   }
 
   TEST_CASE("the written stack loads with the stack loader and is byte-identical for the same input") {
@@ -372,9 +381,10 @@ TEST_SUITE("calibrate") {
     CHECK(s.value().calibrated);
     CHECK(s.value().name == "synthetic");
     CHECK(s.value().launch_s_per_kernel.value == doctest::Approx(a.stack.launch_s_per_kernel.value));
-    CHECK(s.value().grouped_gemm_efficiency == a.stack.grouped_gemm_efficiency);
+    CHECK(s.value().grouped_gemm.efficiency.value == doctest::Approx(a.stack.grouped_gemm.efficiency.value));
+    CHECK(s.value().grouped_gemm.efficiency.basis == Basis::kMeasured);
     CHECK(s.value().sources.count("TRACES") == 1);
-    CHECK(s.value().sources.count("M2") == 1);  // the kept dispatch_dedup source cites M2
+    CHECK(s.value().sources.count("MLM") == 1);  // kept sources cite the Megatron-LM source
   }
 
   TEST_CASE("a trace without communication keeps the base overlaps and SM fraction") {
