@@ -128,9 +128,16 @@ int64_t for_each_plan(const ModelSpec& model, const HardwareProfile& hw, const S
               if (experts > 0 && experts % ep != 0) continue;
               for (int64_t etp : experts > 0 ? divisors(per_stage / ep, g) : std::vector<int64_t>{1}) {
                 if (etp > 8) continue;
-                std::vector<Dispatch> dispatches{Dispatch::kAllToAll};
-                if (ep > 1) dispatches.push_back(Dispatch::kAllGather);
-                if (ep * etp > g && stack.dispatch_dedup()) dispatches.push_back(Dispatch::kDedup);
+                // Only the dispatchers the stack has (its capabilities).
+                const auto& cap = stack.capabilities;
+                std::vector<Dispatch> dispatches;
+                if (stack_has(cap.dispatch, "all_to_all")) dispatches.push_back(Dispatch::kAllToAll);
+                if (ep > 1 && stack_has(cap.dispatch, "all_gather")) dispatches.push_back(Dispatch::kAllGather);
+                if (ep * etp > g && stack.dispatch_dedup() && stack_has(cap.dispatch, "dedup"))
+                  dispatches.push_back(Dispatch::kDedup);
+                // A stack with node-deduplicated dispatch only (DeepEP, HybridEP) still runs EP 1 or one
+                // node's EP group through the same flex dispatcher.
+                if (dispatches.empty()) dispatches.push_back(Dispatch::kDedup);
                 for (Dispatch disp : dispatches) {
                   for (int64_t mb : space.micro_batches) {
                     if (job.global_batch % (mb * dp) != 0) continue;
@@ -138,15 +145,21 @@ int64_t for_each_plan(const ModelSpec& model, const HardwareProfile& hw, const S
                     if (vpp > 1 && m % pp != 0) continue;
                     for (int64_t zero : space.zero_stages) {
                       for (Recompute rc : space.recomputes) {
+                        if (!stack_has(cap.recompute, name_of(rc))) continue;
                         for (Precision prec : space.precisions) {
+                          if (!stack_has(cap.precision, name_of(prec))) continue;
                           // Overlap: the most the stack achieves (the invariant "overlap never loses" holds),
                           // with and without the fused intra-operator kernels where they apply.
                           std::vector<bool> intras{false};
                           if (stack.overlaps.intra_op.value && (sp > 1 || ep > 1)) intras.push_back(true);
                           for (bool intra : intras) {
-                            std::vector<GradSync> syncs{GradSync::kFp32ReduceScatter};
-                            if (dp > 1 || per_stage / (ep * etp) > 1)
-                              syncs.push_back(GradSync::kBf16AllToAll);
+                            std::vector<GradSync> syncs;
+                            for (GradSync gs : {GradSync::kFp32ReduceScatter, GradSync::kBf16ReduceScatter,
+                                                GradSync::kBf16AllToAll}) {
+                              if (gs != GradSync::kFp32ReduceScatter && dp == 1 && per_stage / (ep * etp) == 1)
+                                continue;
+                              if (stack_has(cap.grad_sync, name_of(gs))) syncs.push_back(gs);
+                            }
                             for (GradSync sync : syncs) {
                               const int64_t at = index++;
                               if (at % stride != offset) continue;
@@ -165,11 +178,20 @@ int64_t for_each_plan(const ModelSpec& model, const HardwareProfile& hw, const S
                               p.data.zero = zero;
                               p.overlap = {stack.overlaps.inter_op.value, intra, stack.overlaps.dp_comm.value,
                                            stack.overlaps.pp_comm.value};
+                              // Cross-micro-batch EP overlap where the stack has it and its rules allow it.
+                              p.overlap.cross_micro_batch = stack.overlaps.cross_micro_batch.value && ep > 1 &&
+                                                            (pp == 1 || vpp > 1) && rc != Recompute::kFull;
                               p.compression.grad_sync = sync;
-                              p.compression.dispatch = prec == Precision::kFp8 && ep > 1
-                                                           ? DispatchPrecision::kFp8
-                                                           : DispatchPrecision::kBf16;
+                              p.compression.dispatch =
+                                  prec == Precision::kFp8 && ep > 1 && stack_has(cap.dispatch_precision, "fp8")
+                                      ? DispatchPrecision::kFp8
+                                      : DispatchPrecision::kBf16;
                               p.precision = prec;
+                              if (prec == Precision::kFp8 && !cap.fp8_recipes.empty() &&
+                                  !stack_has(cap.fp8_recipes, name_of(p.fp8_recipe)))
+                                p.fp8_recipe = cap.fp8_recipes.front() == "blockwise" ? Fp8Recipe::kBlockwise
+                                               : cap.fp8_recipes.front() == "delayed" ? Fp8Recipe::kDelayed
+                                                                                       : Fp8Recipe::kTensorwise;
                               p.recompute = rc;
                               visit(at, std::move(p));
                             }
@@ -275,7 +297,8 @@ class Screener {
     const auto key = std::make_tuple(p.attention.tp, p.attention.sp, p.attention.cp, p.experts.ep,
                                      p.experts.etp, static_cast<int>(p.experts.dispatch), p.micro_batch,
                                      static_cast<int>(p.recompute), p.overlap.inter_op, p.overlap.intra_op,
-                                     static_cast<int>(p.precision), static_cast<int>(p.compression.dispatch));
+                                     static_cast<int>(p.precision) * 8 + static_cast<int>(p.fp8_recipe),
+                                     static_cast<int>(p.compression.dispatch));
     auto it = cache_.find(key);
     if (it != cache_.end()) return it->second;
     LayerTimes lt;
@@ -284,8 +307,7 @@ class Screener {
     one.pipeline = {};
     one.gpus = p.gpus_per_stage();
     one.global_batch = p.micro_batch * one.dp();
-    LoweringOptions lo;
-    lo.gpus_per_node = hw_.node.gpus_per_node.value;
+    LoweringOptions lo = lowering_options(hw_, st_);
     lo.data_parallel = false;
     const cost::PlanRouting pr = cost::plan_routing(m_, p, routing_);
     lt.expert_load_scale = lo.expert_load_scale = pr.scale;
@@ -314,6 +336,7 @@ class Screener {
     for (const Op& op : g.ops) costs[static_cast<size_t>(op.id)] = cm_.cost(op);
     engine::EngineOptions eo;
     eo.hbm_bytes_per_s = hw_.gpu.hbm_bw_achieved_bytes_per_s.value;
+    eo.overlap_compute_efficiency = st_.overlap_compute_efficiency.value;
     return g.ops.empty() ? 0.0 : engine::simulate(g, costs, eo).step_time;
   }
 

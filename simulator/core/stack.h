@@ -69,6 +69,7 @@ struct StackProfile {
   Stated<double> host_s_per_local_expert;  // extra host/launch cost per local expert per grouped GEMM
   Stated<double> host_s_per_micro_batch;   // per micro-batch per stage (schedule bookkeeping, p2p setup)
   Stated<double> host_sync_s;              // a device-to-host round trip where the host waits for counts
+  Stated<double> min_kernel_s;             // the shortest a kernel takes on the device (launch ramp and tail)
 
   // Expert GEMMs.
   struct GroupedGemm {
@@ -95,6 +96,9 @@ struct StackProfile {
 
   Stated<AttentionKernel> attention_kernel;
   Stated<double> comm_sm_fraction;  // share of SMs comm kernels take while overlapping compute
+  // Compute running beside communication kernels runs at this fraction of its rate on the SMs left to it
+  // (HBM, L2 and power shared with the transfers).
+  Stated<double> overlap_compute_efficiency;
 
   struct Overlaps {
     Stated<bool> inter_op, intra_op, dp_comm, pp_comm, cross_micro_batch;

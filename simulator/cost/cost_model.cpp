@@ -234,7 +234,8 @@ double CostModel::grouped_gemm_seconds(const GemmShape& s, DType dtype, double* 
                  bytes / hw_.gpu.hbm_bw_achieved_bytes_per_s.value);
   } else {
     const GemmShape one{ps.rows, ps.n, ps.k, 1};
-    const double t_one = gemm_seconds(one, dtype, rel_error, GemmPart::kNone) / eff;
+    const double t_one =
+        std::max(gemm_seconds(one, dtype, rel_error, GemmPart::kNone) / eff, stack_.min_kernel_s.value);
     const int64_t sms = hw_.gpu.sm_count.value;
     const int64_t tiles = ((ps.rows + kTileM - 1) / kTileM) * ((ps.n + kTileN - 1) / kTileN);
     const int64_t conc =
@@ -479,9 +480,11 @@ OpCost CostModel::cost(const Op& op) const {
   // Memory-bound kernels the stack runs around the main kernel (FP8 quantise / transpose of its operand).
   const double aux = op.aux_bytes > 0 ? op.aux_bytes / mem_bw : 0.0;
   if (op.aux_bytes > 0) r.basis = weaker(r.basis, stack_.memory_bound_efficiency.basis);
+  // Every kernel takes at least the stack's minimum on the device, however little it moves.
+  const double floor = stack_.min_kernel_s.value * d(std::max<uint16_t>(1, op.kernels));
   switch (op.kind) {
     case OpKind::kGemm:
-      r.seconds = gemm_seconds(op.gemm, op.dtype, &err, op.part) + aux + launch;
+      r.seconds = std::max(gemm_seconds(op.gemm, op.dtype, &err, op.part) + aux, floor) + launch;
       break;
     case OpKind::kGroupedGemm: {
       r.seconds = grouped_gemm_seconds(op.gemm, op.dtype, &err, op.part) + aux + launch;
@@ -500,12 +503,12 @@ OpCost CostModel::cost(const Op& op) const {
       break;
     }
     case OpKind::kAttention:
-      r.seconds = attention_seconds(op, &err) + launch;
+      r.seconds = std::max(attention_seconds(op, &err), floor) + launch;
       r.basis = weaker(r.basis, stack_.attention_kernel.basis);
       break;
     case OpKind::kMemoryBound:
     case OpKind::kOptimizer:
-      r.seconds = op.hbm_bytes / mem_bw + launch;
+      r.seconds = std::max(op.hbm_bytes / mem_bw, floor) + launch;
       err = stack_.memory_bound_efficiency.basis == Basis::kMeasured ? 0.05 : kAssumedRelError;
       r.basis = weaker(r.basis, stack_.memory_bound_efficiency.basis);
       if (op.host_sync) {

@@ -223,7 +223,7 @@ class Simulation {
     if (head_[q] > queue_begin_[q]) consider(queue_ops_[head_[q] - 1]);
     for (uint32_t k = st.dep_begin; k < st.dep_begin + st.dep_count; ++k) consider(g_.deps[k]);
     // Held back by the host: the chain continues through the op the host issued before it.
-    if (st.issued > latest && id > 0) {
+    if (st.issued > 0 && st.issued > latest && id > 0) {
       const auto prev = host_prev_[static_cast<size_t>(id)];
       if (prev >= 0) gate = prev;
     }
@@ -288,8 +288,11 @@ class Simulation {
     }
     // Transfers read and write HBM at their share of the link: 2 x bytes/s each.
     const double comm_hbm = (n_nv ? 2.0 * nv_bytes / n_nv : 0.0) + (n_nic ? 2.0 * nic_bytes / n_nic : 0.0);
-    // Communication kernels hold their SMs while they run (at most 90 % of them together).
-    const double sm_share = 1.0 - std::min(0.9, comm_sms);
+    // Communication kernels hold their SMs while they run (at most 90 % of them together), and the compute
+    // beside them runs slower still (shared HBM, L2 and power).
+    const bool comm_running = n_nv + n_nic > 0;
+    const double sm_share =
+        (1.0 - std::min(0.9, comm_sms)) * (comm_running && n_sm > 0 ? o_.overlap_compute_efficiency : 1.0);
     const double hbm_share =
         o_.hbm_bytes_per_s > 0 ? std::max(0.2, 1.0 - comm_hbm / o_.hbm_bytes_per_s) : 1.0;
     double next = kNever;

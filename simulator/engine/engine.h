@@ -17,6 +17,8 @@ namespace moeplan::engine {
 
 struct EngineOptions {
   double hbm_bytes_per_s = 0;  // achieved HBM bandwidth, shared by memory-bound kernels and transfers
+  // Compute beside running communication kernels: this fraction of its rate on the SMs they leave.
+  double overlap_compute_efficiency = 1.0;
   // The host: one thread per stage issues the stage's ops in program order (op id order), each after its
   // cost's host_seconds; at an op marked host_sync it waits until the op ends on the device (plus the cost's
   // host_sync_seconds). An op starts only once issued. Off: every op is issued at time zero.

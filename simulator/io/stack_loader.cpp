@@ -111,8 +111,8 @@ Result<StackProfile> stack_from_json(const json& j, const std::string& label) {
                 "what each number rests on; see hwprofiles/stacks/README.md for the v2 fields)");
     }
     root.only_keys({"format", "name", "description", "calibrated", "sources", "host", "grouped_gemm",
-                    "memory_bound_efficiency", "dispatcher", "attention_kernel", "comm_sm_fraction", "overlaps",
-                    "capabilities", "memory"});
+                    "memory_bound_efficiency", "dispatcher", "attention_kernel", "comm_sm_fraction",
+                    "overlap_compute_efficiency", "overlaps", "capabilities", "memory"});
     if (root.string("format") != "moeplan-stack-v2") root.fail("format", "\"moeplan-stack-v2\"");
     StackProfile s;
     s.name = root.string("name");
@@ -129,12 +129,13 @@ Result<StackProfile> stack_from_json(const json& j, const std::string& label) {
 
     const JsonNode host = root.object("host");
     host.only_keys({"launch_us_per_kernel", "issue_us_per_kernel", "us_per_local_expert", "us_per_micro_batch",
-                    "sync_us"});
+                    "sync_us", "min_kernel_us"});
     s.launch_s_per_kernel = stated_number(host, "launch_us_per_kernel", 0, 1e3, kMicro);
     s.host_s_per_kernel = stated_number(host, "issue_us_per_kernel", 0, 1e4, kMicro);
     s.host_s_per_local_expert = stated_number(host, "us_per_local_expert", 0, 1e3, kMicro);
     s.host_s_per_micro_batch = stated_number(host, "us_per_micro_batch", 0, 1e6, kMicro);
     s.host_sync_s = stated_number(host, "sync_us", 0, 1e5, kMicro);
+    s.min_kernel_s = stated_number(host, "min_kernel_us", 0, 1e3, kMicro);
 
     const JsonNode g = root.object("grouped_gemm");
     g.only_keys({"implementation", "streams", "efficiency", "wgrad_efficiency"});
@@ -166,6 +167,7 @@ Result<StackProfile> stack_from_json(const json& j, const std::string& label) {
         root, "attention_kernel",
         {{"fa3", AttentionKernel::kFa3}, {"cudnn", AttentionKernel::kCudnn}, {"fa2", AttentionKernel::kFa2}});
     s.comm_sm_fraction = stated_fraction(root, "comm_sm_fraction", Interval::kShare);
+    s.overlap_compute_efficiency = stated_fraction(root, "overlap_compute_efficiency", Interval::kEfficiency);
 
     const JsonNode o = root.object("overlaps");
     o.only_keys({"inter_op", "intra_op", "dp_comm", "pp_comm", "cross_micro_batch"});
@@ -227,7 +229,8 @@ nlohmann::ordered_json stack_to_json(const StackProfile& s) {
                  {"issue_us_per_kernel", num(s.host_s_per_kernel, kMicro)},
                  {"us_per_local_expert", num(s.host_s_per_local_expert, kMicro)},
                  {"us_per_micro_batch", num(s.host_s_per_micro_batch, kMicro)},
-                 {"sync_us", num(s.host_sync_s, kMicro)}};
+                 {"sync_us", num(s.host_sync_s, kMicro)},
+                 {"min_kernel_us", num(s.min_kernel_s, kMicro)}};
   j["grouped_gemm"] = oj{{"implementation", name(s.grouped_gemm.impl)},
                          {"streams", integer(s.grouped_gemm.streams)},
                          {"efficiency", num(s.grouped_gemm.efficiency, 1.0)},
@@ -241,6 +244,7 @@ nlohmann::ordered_json stack_to_json(const StackProfile& s) {
                        {"permute_fused", flag(s.dispatcher.permute_fused)}};
   j["attention_kernel"] = name(s.attention_kernel);
   j["comm_sm_fraction"] = num(s.comm_sm_fraction, 1.0);
+  j["overlap_compute_efficiency"] = num(s.overlap_compute_efficiency, 1.0);
   j["overlaps"] = oj{{"inter_op", flag(s.overlaps.inter_op)},
                      {"intra_op", flag(s.overlaps.intra_op)},
                      {"dp_comm", flag(s.overlaps.dp_comm)},

@@ -199,6 +199,7 @@ Prediction predict(const ModelSpec& model, const Plan& plan, const HardwareProfi
   }
   engine::EngineOptions eo;
   eo.hbm_bytes_per_s = hw.gpu.hbm_bw_achieved_bytes_per_s.value;
+  eo.overlap_compute_efficiency = stack.overlap_compute_efficiency.value;
   r.timeline = engine::simulate(r.graph, r.costs, eo);
   r.extrapolations = cm.extrapolations();
 

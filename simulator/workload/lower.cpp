@@ -114,8 +114,29 @@ class Builder {
  private:
   // ---- op constructors (ops of the layer being recorded) ----
   int record(Op op, std::vector<int> inputs, bool sar = false, bool forward_only = false) {
+    if (o_.eager_framework) op.kernels = static_cast<uint16_t>(op.kernels + eager_extra_kernels(op));
     layer_ops_.push_back({std::move(op), std::move(inputs), sar, module_, node_, forward_only});
     return static_cast<int>(layer_ops_.size()) - 1;
+  }
+  // Kernels beyond the op's main one that Megatron-Core + TE launch for it (read from their sources):
+  // TE's fused RoPE runs once for q and once for k, QK-norm once each, cuDNN attention a forward kernel and a
+  // stats/prep kernel, TE's fused permute builds its row map first, chunk sorts build their map, and the
+  // token unpermute reduces after gathering.
+  static int eager_extra_kernels(const Op& op) {
+    switch (static_cast<OpName>(op.name)) {
+      case OpName::kRope:
+      case OpName::kQkNorm:
+      case OpName::kAttnCore:
+      case OpName::kAttnCoreLocal:
+      case OpName::kSortChunks:
+      case OpName::kUnsortChunks:
+      case OpName::kUnpermute:
+        return 1;
+      case OpName::kPermute:
+        return 2;
+      default:
+        return 0;
+    }
   }
   Op base(OpName name, OpKind kind, Stream stream) const {
     Op op;
@@ -427,6 +448,9 @@ int Builder::attention_fwd(int in) {
   }
   if (tp_ > 1)
     out = record(coll(OpName::kAttnRs, Collective::kReduceScatter, CommGroup::kTp, d(tg * h) * dt), {out});
+  // The residual add after attention (Megatron's fused bias-dropout-add): read two [t, h], write one.
+  if (o_.eager_framework)
+    out = record(mem(OpName::kResidualAdd, MemOp::kActivation, 3.0 * d(t_ * h) * dt), {out}, false, true);
   return out;
 }
 
@@ -448,6 +472,8 @@ int Builder::dense_ffn_fwd(int in) {
   if (tp_ > 1)
     y = record(coll(OpName::kFfnRs, Collective::kReduceScatter, CommGroup::kTp, d(tg * h) * dt), {y});
   module_ = 0;
+  if (o_.eager_framework)
+    y = record(mem(OpName::kResidualAdd, MemOp::kActivation, 3.0 * d(t_ * h) * dt), {y}, false, true);
   return y;
 }
 
@@ -1425,7 +1451,13 @@ LoweringOptions lowering_options(const HardwareProfile& hw, const StackProfile& 
   o.permute_fused = stack.dispatcher.permute_fused.value;
   // Megatron-Core's fused router (--moe-router-fusion, TE fused_topk_with_score_function) is one kernel for
   // scores and top-k plus two for the aux loss; moerun's router is one kernel.
-  o.router_kernels = stack.dispatcher.kind.value == DispatcherKind::kFused ? 1 : 3;
+  // The router region: moerun's router is one kernel. Megatron-Core with --moe-router-fusion (TE's fused
+  // top-k and aux-loss kernels) still launches 31 kernels from the gating GEMM to the aux loss, 72 without
+  // fusion (Megatron-LM docs, GB200 MoE optimisation notes at commit 3c1b98ef^, l.85; TE PR 1883); the GEMM
+  // is its own op here.
+  const bool eager = stack.dispatcher.kind.value != DispatcherKind::kFused;
+  o.eager_framework = eager;
+  o.router_kernels = eager ? 30 : 1;
   return o;
 }
 

@@ -28,7 +28,9 @@ struct LoweringOptions {
   DispatcherKind dispatcher = DispatcherKind::kFused;
   bool dispatcher_host_sync = false;
   bool permute_fused = false;  // the permute is part of the dispatch kernel (HybridEP)
-  // Megatron's fused router: one top-k kernel and the aux-loss kernels; without it, PyTorch's unfused ops.
+  // Kernels the framework launches per op where an op of the graph stands for several (PyTorch eager:
+  // Megatron's router region is 31 kernels with router fusion); moerun launches one kernel per op.
+  bool eager_framework = false;
   int router_kernels = 1;
 };
 

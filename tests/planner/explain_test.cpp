@@ -36,7 +36,7 @@ struct Case {
     p.pipeline.pp = 2;
     p.overlap = {true, false, true, true};
     p.compression = {GradSync::kBf16AllToAll, DispatchPrecision::kFp8};
-    p.recompute = Recompute::kSelective;
+    p.recompute = Recompute::kSar;
     return p;
   }();
   cost::RoutingDistribution routing() const { return cost::uniform_routing(model.moe.num_experts); }

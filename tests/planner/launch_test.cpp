@@ -469,7 +469,13 @@ void check_megatron_rules(const Plan& p, const ModelSpec& m, const planner::Mega
     CHECK((tp > 1 && granularity == "full" && f.has("--recompute-method")));
     CHECK_FALSE(f.has("--sequence-parallel"));
   }
-  CHECK(granularity == (p.recompute == Recompute::kNone ? "" : name_of(p.recompute)));
+  // MegaScale-MoE's SAR maps to selective recompute of layernorm and moe_act.
+  CHECK(granularity == (p.recompute == Recompute::kNone  ? ""
+                        : p.recompute == Recompute::kSar ? "selective"
+                                                         : name_of(p.recompute)));
+  if (p.recompute == Recompute::kSelective) {
+    for (const auto& mod : recompute_module_names(p.recompute_modules)) CHECK(has_module(mod.c_str()));
+  }
 
   // Precision (A:1193-1217, TC:1527-1567).
   CHECK_FALSE((f.has("--bf16") && f.has("--fp16")));
@@ -638,7 +644,7 @@ TEST_SUITE("planner") {
                   .vpp = 2,
                   .schedule = Schedule::kInterleaved1F1B,
                   .layers_per_stage = {7, 8, 8, 8, 8, 8, 8, 6}};
-    e.recompute = Recompute::kSelective;
+    e.recompute = Recompute::kSar;
     e.precision = Precision::kFp8;
     e.overlap = {.inter_op = true, .intra_op = false, .dp_comm = true, .pp_comm = true};
     const auto me = checked(e);
@@ -698,7 +704,7 @@ TEST_SUITE("planner") {
     const auto& [plan, m, hw, path] = l.value();
     const std::string text = planner::megatron_text(plan, m, hw, path);
     for (const char* what : {"intra-operator overlap", "BF16 gradient sync", "inter-operator overlap",
-                             "selective rematerialization", "overlapped pipeline p2p"}) {
+                             "MegaScale-MoE's selective activation rematerialization", "overlapped pipeline p2p"}) {
       CAPTURE(what);
       CHECK(text.find(std::string("# not expressible in Megatron-LM: ") + what) != std::string::npos);
     }
@@ -744,7 +750,7 @@ TEST_SUITE("planner") {
     p.overlap = {.inter_op = true, .intra_op = true, .dp_comm = false, .pp_comm = true};
     p.compression = {.grad_sync = GradSync::kBf16AllToAll, .dispatch = DispatchPrecision::kFp8};
     p.precision = Precision::kFp8;
-    p.recompute = Recompute::kSelective;
+    p.recompute = Recompute::kSar;
     p.routing = {.distribution = "zipf:1.2", .capacity_factor = 1.5};
     const planner::MoerunLaunch l = planner::moerun_launch(p, hardware("h800-sxm"), "plan.json", "runs/plan");
     Result<nlohmann::json> j = io::parse_json_text(l.plan_json, "plan.json");

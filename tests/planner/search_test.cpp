@@ -121,7 +121,7 @@ void check_screen(const char* model, const char* hardware, const planner::Job& j
   space.micro_batches = {1};
   space.vpps = {1, 2};
   space.zero_stages = {1};
-  space.recomputes = {Recompute::kSelective};
+  space.recomputes = {Recompute::kSar};
   space.precisions = {Precision::kBf16};
   planner::SearchOptions opts;
   opts.threads = 2;
@@ -149,7 +149,7 @@ planner::SearchSpace small_space() {
   space.micro_batches = {1, 2};
   space.vpps = {1, 2};
   space.zero_stages = {1, 3};
-  space.recomputes = {Recompute::kSelective, Recompute::kFull};
+  space.recomputes = {Recompute::kSar, Recompute::kFull};
   return space;
 }
 
@@ -160,7 +160,7 @@ TEST_SUITE("planner.search") {
     planner::SearchSpace space = small_space();
     space.precisions = {Precision::kBf16};
     space.zero_stages = {1};
-    space.recomputes = {Recompute::kSelective};
+    space.recomputes = {Recompute::kSar};
     for (const auto& [name, job] : {std::pair{"mixtral-8x7b", planner::Job{16, 4096, 32}},
                                     std::pair{"olmoe-1b-7b", planner::Job{8, 4096, 16}},
                                     std::pair{"deepseek-moe-16b", planner::Job{16, 16384, 16}}}) {

@@ -47,7 +47,7 @@ TEST_SUITE("cli") {
         "--stack megatron-core -o '" +
         out + "'");
     CHECK_MESSAGE(r.exit_code == 0, r.err);
-    CHECK(slurp(out).find("\"format\": \"moeplan-stack-v1\"") != std::string::npos);
+    CHECK(slurp(out).find("\"format\": \"moeplan-stack-v2\"") != std::string::npos);
     fs::remove(out);
   }
 

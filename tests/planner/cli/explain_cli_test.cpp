@@ -24,7 +24,7 @@ using namespace moeplan::test;  // Run, run_cli, lines, TempPlan
 constexpr const char* kPlan =
     R"({"model": "mixtral-8x7b", "hardware": "h100-sxm", "gpus": 32, "seq_len": 4096,
   "global_batch": 32, "attention": {"tp": 1, "sp": 2}, "experts": {"ep": 8}, "pipeline": {"pp": 2},
-  "overlap": {"inter_op": true, "dp_comm": true, "pp_comm": true}, "recompute": "selective"})";
+  "overlap": {"inter_op": true, "dp_comm": true, "pp_comm": true}, "recompute": "sar"})";
 
 }  // namespace
 

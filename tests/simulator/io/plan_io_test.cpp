@@ -38,7 +38,7 @@ TEST_SUITE("io") {
                        "attention": {"sp": 8}, "experts": {"ep": 8, "dispatch": "all_gather"},
                        "pipeline": {"pp": 15, "vpp": 2, "schedule": "interleaved_1f1b"},
                        "overlap": {"inter_op": true, "intra_op": true}, "compression": {"grad_sync": "bf16_all_to_all"},
-                       "precision": "fp8", "recompute": "selective",
+                       "precision": "fp8", "recompute": "sar",
                        "routing": {"distribution": "zipf:1.2", "capacity_factor": 1.25}})");
     REQUIRE(p.ok());
     const auto j = io::plan_to_json(p.value());
