@@ -76,7 +76,8 @@ int main(int argc, char** argv) {
       "profile from traces) and report how well the cost model predicts each measurement",
       add_calibrate);
   add("compare",
-      "Join a predicted and a measured report of one plan op by op; name what the step-time error is made of",
+      "Join a prediction with a measured report of the same plan (op by op) or with a Chrome trace of a real "
+      "run (by op category); name what the step-time error is made of",
       add_compare);
 
   try {

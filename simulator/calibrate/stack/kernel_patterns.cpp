@@ -60,7 +60,8 @@ KernelKind KernelPatterns::classify(const KernelEvent& k, TraceDialect dialect) 
 
 Result<KernelPatterns> load_kernel_patterns(const std::string& ref) {
   std::string label;
-  Result<io::json> j = io::read_input(ref, "hwprofiles/stacks", "", &label, nullptr);
+  // The built-in copy is found by its repository path (or stem) from any working directory.
+  Result<io::json> j = io::read_input(ref, "hwprofiles/calibration", "", &label, nullptr);
   if (!j) return j.error();
   return io::catch_input_errors([&]() -> KernelPatterns {
     const io::JsonNode root(j.value(), label);

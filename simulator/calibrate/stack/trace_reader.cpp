@@ -101,6 +101,10 @@ Result<TraceFile> parse_trace(std::string_view text, const std::string& label) {
       return Error{fmt::format("{}: truncated at byte {}", label, text.size())};
     return Error{fmt::format("{}: not a Chrome trace: malformed JSON at byte {}", label, e.byte)};
   }
+  return parse_trace_json(j, label);
+}
+
+Result<TraceFile> parse_trace_json(const json& j, const std::string& label) {
   const json* events = nullptr;
   if (j.is_object()) {
     events = field(j, "traceEvents");
@@ -167,7 +171,8 @@ Result<TraceFile> parse_trace(std::string_view text, const std::string& label) {
       if (ext >= 0) cpu_op_of[ext] = i;
     }
     if (cat == "user_annotation" || name.rfind("ProfilerStep#", 0) == 0) {
-      out.ranges.push_back({name, ts, ts + dur, pids(field(ev, "pid")), tids(field(ev, "tid"))});
+      out.ranges.push_back(
+          {name, ts, ts + dur, pids(field(ev, "pid")), tids(field(ev, "tid")), ev.value("cat", "")});
     }
   }
 

@@ -7,6 +7,8 @@
 #include <string_view>
 #include <vector>
 
+#include <nlohmann/json_fwd.hpp>
+
 #include "simulator/core/status.h"
 
 namespace moeplan::calibrate {
@@ -39,10 +41,13 @@ struct KernelEvent {
 };
 
 // A named CPU-side range (Kineto user_annotation such as "ProfilerStep#3", "forward_step", "MoELayer").
+// Kineto also writes each ProfilerStep#N as a "gpu_user_annotation" on the device's streams (first to last
+// kernel of the step there); `cat` tells the two apart.
 struct TraceRange {
   std::string name;
   double start_s = 0, end_s = 0;
   int64_t pid = 0, tid = 0;
+  std::string cat;  // event category as written: "user_annotation", "gpu_user_annotation", ...
 };
 
 struct TraceFile {
@@ -56,5 +61,8 @@ struct TraceFile {
 // "<file>: event 123: 'dur' missing", "<file>: no GPU kernel events (...)".
 Result<TraceFile> read_trace(const std::string& path);
 Result<TraceFile> parse_trace(std::string_view text, const std::string& label);
+// The same from JSON already parsed (a caller that looked at the content first): an object with
+// "traceEvents" or an array of events.
+Result<TraceFile> parse_trace_json(const nlohmann::json& j, const std::string& label);
 
 }  // namespace moeplan::calibrate

@@ -2,6 +2,7 @@
 // foreign and kernel-less files.
 #include <doctest/doctest.h>
 
+#include <filesystem>
 #include <string>
 
 #include <fmt/format.h>
@@ -112,5 +113,17 @@ TEST_SUITE("calibrate") {
     CHECK(k.classify("void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>>") ==
           KernelKind::kElementwise);
     CHECK(k.classify("my_custom_kernel") == KernelKind::kOther);
+  }
+
+  TEST_CASE(
+      "the shipped pattern file loads from any working directory, from the copy built into the binary") {
+    namespace fs = std::filesystem;
+    const fs::path before = fs::current_path();
+    fs::current_path(fs::temp_directory_path());
+    const auto p = load_kernel_patterns();
+    fs::current_path(before);
+    REQUIRE_MESSAGE(p.ok(), (p.ok() ? "" : p.error().message));
+    CHECK(p.value().label == "builtin:hwprofiles/calibration/kernel_patterns.json");
+    CHECK(p.value().classify("nvjet_tst_128x256_64x4_1x2_h_bz_coopA_TNT") == KernelKind::kGemm);
   }
 }
