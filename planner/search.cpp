@@ -431,7 +431,9 @@ std::vector<int64_t> in_flight(const Plan& p) {
   const int64_t pp = p.pipeline.pp, m = p.num_micro_batches();
   for (int64_t s = 0; s < pp; ++s) {
     out.push_back(p.pipeline.vpp == 1 ? std::min(pp - s, m)
-                                      : peak_in_flight(pipeline_order(s, pp, p.pipeline.vpp, m)));
+                                      : peak_in_flight(pipeline_order(s, pp, p.pipeline.vpp, m,
+                                                                      p.overlap.cross_micro_batch,
+                                                                      p.pipeline.schedule)));
   }
   return out;
 }

@@ -97,8 +97,11 @@ std::vector<Violation> validate(const Plan& p, const ModelSpec& m, const Hardwar
     r.check(sum == m.num_layers(), "layers_per_stage_sum", "pipeline.layers_per_stage sums to ", sum,
             ", expected the model's ", m.num_layers(), " layers");
   }
-  r.check(pp.vpp == 1 || pp.schedule == Schedule::kInterleaved1F1B, "vpp_needs_interleaved", "vpp = ", pp.vpp,
+  r.check(pp.vpp == 1 || pp.schedule != Schedule::k1F1B, "vpp_needs_interleaved", "vpp = ", pp.vpp,
           " needs schedule interleaved_1f1b");
+  r.check(pp.schedule != Schedule::kDualPipeV || (pp.vpp == 2 && pp.pp >= 2), "dualpipev_shape",
+          "dualpipev runs two virtual stages per rank in a V and needs pp >= 2 and vpp = 2 (pp = ", pp.pp,
+          ", vpp = ", pp.vpp, ")");
   r.check(pp.schedule != Schedule::kInterleaved1F1B || (pp.vpp > 1 && pp.pp > 1), "interleaved_needs_vpp",
           "interleaved_1f1b needs pp > 1 and vpp > 1 (pp = ", pp.pp, ", vpp = ", pp.vpp, ")");
 
@@ -111,6 +114,10 @@ std::vector<Violation> validate(const Plan& p, const ModelSpec& m, const Hardwar
       r.check(divides(pp.pp, p.num_micro_batches()), "interleaved_micro_batches",
               "interleaved_1f1b needs the ", p.num_micro_batches(), " micro-batches to be a multiple of pp (",
               pp.pp, ")");
+    }
+    if (divides(p.micro_batch * dp, p.global_batch) && pp.schedule == Schedule::kDualPipeV) {
+      r.check(p.num_micro_batches() >= 2 * pp.pp, "dualpipev_micro_batches", "dualpipev needs at least 2 pp = ",
+              2 * pp.pp, " micro-batches (the plan has ", p.num_micro_batches(), ")");
     }
   }
 
@@ -219,7 +226,15 @@ const char* name_of(Dispatch d) {
   return "?";
 }
 const char* name_of(Schedule s) {
-  return s == Schedule::k1F1B ? "1f1b" : "interleaved_1f1b";
+  switch (s) {
+    case Schedule::k1F1B:
+      return "1f1b";
+    case Schedule::kInterleaved1F1B:
+      return "interleaved_1f1b";
+    case Schedule::kDualPipeV:
+      return "dualpipev";
+  }
+  return "?";
 }
 const char* name_of(GradSync g) {
   switch (g) {

@@ -14,7 +14,10 @@
 namespace moeplan {
 
 enum class Dispatch { kAllToAll, kAllGather, kDedup };
-enum class Schedule { k1F1B, kInterleaved1F1B };
+// Pipeline schedules: Megatron's 1F1B and interleaved 1F1B, and DeepSeek's DualPipeV (two virtual stages per
+// rank in a V: rank r holds stages r and 2 pp - 1 - r; forward and backward chunks of different micro-batches
+// overlapped; backward split into input and weight gradients to fill bubbles).
+enum class Schedule { k1F1B, kInterleaved1F1B, kDualPipeV };
 // Gradient synchronisation: Megatron's reduce-scatter of FP32 main grads, the same in BF16
 // (--grad-reduce-in-bf16), or MegaScale-MoE's BF16 all-to-all + local FP32 reduce.
 enum class GradSync { kFp32ReduceScatter, kBf16AllToAll, kBf16ReduceScatter };

@@ -99,7 +99,9 @@ Plan read_plan(const JsonNode& r) {
     p.pipeline.vpp = pp->integer_or("vpp", 1, 1, 1024);
     p.pipeline.schedule = pp->choice_or<Schedule>(
         "schedule", Schedule::k1F1B,
-        {{"1f1b", Schedule::k1F1B}, {"interleaved_1f1b", Schedule::kInterleaved1F1B}});
+        {{"1f1b", Schedule::k1F1B},
+         {"interleaved_1f1b", Schedule::kInterleaved1F1B},
+         {"dualpipev", Schedule::kDualPipeV}});
     if (pp->has("layers_per_stage")) {
       for (const auto& n : pp->array("layers_per_stage"))
         p.pipeline.layers_per_stage.push_back(n.as_integer(0, 100000));

@@ -183,7 +183,7 @@ Result<StackProfile> stack_from_json(const json& j, const std::string& label) {
     cap.recompute = string_list(c, "recompute", {"none", "selective", "full", "sar"});
     cap.recompute_modules = string_list(
         c, "recompute_modules", {"core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts"});
-    cap.schedules = string_list(c, "schedules", {"1f1b", "interleaved_1f1b"});
+    cap.schedules = string_list(c, "schedules", {"1f1b", "interleaved_1f1b", "dualpipev"});
     cap.precision = string_list(c, "precision", {"bf16", "fp8"});
     cap.fp8_recipes = string_list(c, "fp8_recipes", {"delayed", "tensorwise", "blockwise", "mxfp8"});
     cap.grad_sync = string_list(c, "grad_sync", {"fp32_reduce_scatter", "bf16_reduce_scatter", "bf16_all_to_all"});

@@ -215,7 +215,8 @@ Prediction predict(const ModelSpec& model, const Plan& plan, const HardwareProfi
   std::vector<int64_t> in_flight;
   for (int64_t s = 0; s < run.pipeline.pp; ++s) {
     in_flight.push_back(peak_in_flight(pipeline_order(s, run.pipeline.pp, run.pipeline.vpp,
-                                                      run.num_micro_batches(), run.overlap.cross_micro_batch)));
+                                                      run.num_micro_batches(), run.overlap.cross_micro_batch,
+                                                      run.pipeline.schedule)));
   }
   r.memory = cost::memory_per_gpu(model, run, hw, in_flight, lo.expert_load_scale);
 

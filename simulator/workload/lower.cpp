@@ -94,6 +94,7 @@ class Builder {
     t_ = p.micro_batch * p.seq_len / (tp_ * sp_ * cp_);
     dt_ = DType::kBf16;  // activations travel in bf16 (FP8 only where the plan compresses the dispatch)
     combined_ = p.overlap.cross_micro_batch;
+    schedule_ = p.pipeline.schedule;
     comm_stream_ = p.overlap.inter_op ? Stream::kComm : Stream::kCompute;
     side_stream_ = p.overlap.inter_op ? Stream::kSide : Stream::kCompute;
     dp_stream_ = p.overlap.dp_comm ? Stream::kDpComm : Stream::kCompute;
@@ -263,6 +264,24 @@ class Builder {
 
   DType dt_;
   bool combined_ = false, megatron_ = false;
+  Schedule schedule_ = Schedule::k1F1B;
+  int64_t vstage(int64_t chunk, int64_t stage) const { return virtual_stage(chunk, stage, pp_, schedule_); }
+  // The pipeline stage (rank) that runs virtual stage v.
+  int64_t stage_of_virtual(int64_t v) const {
+    if (schedule_ == Schedule::kDualPipeV) return v < pp_ ? v : 2 * pp_ - 1 - v;
+    return v % pp_;
+  }
+  // Zero-bubble backward (DualPipeV): weight-gradient GEMMs are held back and emitted by a later weights
+  // task, oldest first.
+  struct DeferredWgrad {
+    Op op;
+    int16_t stage, chunk;
+    int32_t layer, mb, dgrad;
+  };
+  bool defer_wgrad_ = false;
+  std::vector<DeferredWgrad>* deferring_ = nullptr;
+  std::vector<std::vector<DeferredWgrad>> deferred_;  // per input-gradient-only backward, in order
+  void emit_weights(int16_t stage);
   Stream comm_stream_, side_stream_, dp_stream_, pp_stream_;
   std::vector<int64_t> layers_, first_layer_;
 
@@ -961,7 +980,11 @@ void Builder::backward_node(LayerPass& pass, Node node) {
         wgrad.aux_bytes = 0;  // both operands' FP8 transposes exist already
         wgrad.kernels = 1;
         wgrad.stream = Stream::kCompute;
-        pass.last = emit(wgrad, pass.stage, pass.chunk, L, pass.mb, Phase::kBackward, {pass.grad[ri]});
+        if (deferring_) {
+          deferring_->push_back({wgrad, pass.stage, pass.chunk, L, pass.mb, pass.grad[ri]});
+        } else {
+          pass.last = emit(wgrad, pass.stage, pass.chunk, L, pass.mb, Phase::kBackward, {pass.grad[ri]});
+        }
         continue;
       }
       case OpKind::kAttention: {
@@ -1000,6 +1023,7 @@ int32_t Builder::backward_output(const LayerPass& pass) const {
 // every micro-batch's gradients are reduce-scattered.
 void Builder::backward_done(const LayerPass& pass) {
   if (pass.mb != p_.num_micro_batches() - 1 && p_.data.zero < 2) return;
+  if (deferring_) return;  // the gradients are final once its weights task has run
   const auto l = static_cast<size_t>(pass.layer);
   layer_last_bwd_[l] = g_.ops.back().id;
   int32_t side = -1;
@@ -1016,7 +1040,7 @@ Builder::TaskState Builder::task_begin(int16_t stage, const PipelineTask& task) 
   TaskState ts;
   ts.task = task;
   ts.stage = stage;
-  ts.v = task.chunk * pp_ + stage;  // virtual stage
+  ts.v = vstage(task.chunk, stage);
   ts.l0 = first_layer_[static_cast<size_t>(ts.v)];
   ts.l1 = first_layer_[static_cast<size_t>(ts.v) + 1];
   const int64_t last_v = pp_ * vpp_ - 1;
@@ -1080,9 +1104,13 @@ void Builder::task_end(TaskState& ts) {
                   Phase::kBackward, {ts.cur}));
   }
   task_first_[task_index(mb, ts.v, task.forward)] = ts.first;
-  // Send the activation (forward) or its gradient (backward) to the neighbouring virtual stage.
+  // Send the activation (forward) or its gradient (backward) to the neighbouring virtual stage; DualPipeV's
+  // turn at the last rank stays on the rank.
   const bool sends = task.forward ? ts.v < last_v : ts.v > 0;
-  if (sends) {
+  const int64_t next_v = task.forward ? ts.v + 1 : ts.v - 1;
+  if (sends && stage_of_virtual(next_v) == stage) {
+    task_send_[task_index(mb, ts.v, task.forward)] = ts.cur;
+  } else if (sends) {
     Op send = base(task.forward ? OpName::kPpSendFwd : OpName::kPpSendBwd, OpKind::kSendRecv, pp_stream_);
     send.comm = comm(Collective::kSendRecv, CommGroup::kPp, d(t_ * h) * dt, dt_);
     task_send_[task_index(mb, ts.v, task.forward)] =
@@ -1161,6 +1189,10 @@ void Builder::emit_task(int16_t stage, const PipelineTask& task) {
       ts.cur = pass.last;
     }
   } else {
+    if (task.input_grad_only) {
+      deferred_.emplace_back();
+      deferring_ = &deferred_.back();
+    }
     for (int64_t l = ts.l1; l-- > ts.l0;) {
       backward_begin(pass, l, stage, task.chunk, task.micro_batch, ts.cur);
       for (int n = kNodes; n-- > 0;) backward_node(pass, static_cast<Node>(n));
@@ -1168,8 +1200,25 @@ void Builder::emit_task(int16_t stage, const PipelineTask& task) {
       ts.cur = backward_output(pass);
       backward_done(pass);
     }
+    deferring_ = nullptr;
   }
   task_end(ts);
+}
+
+// A weights task: the weight gradients the oldest input-gradient-only backward held back, then the layers'
+// gradient synchronisation where those were their last.
+void Builder::emit_weights(int16_t stage) {
+  if (deferred_.empty()) return;
+  const std::vector<DeferredWgrad> batch = std::move(deferred_.front());
+  deferred_.erase(deferred_.begin());
+  for (const DeferredWgrad& w : batch) {
+    const int32_t id = emit(w.op, w.stage, w.chunk, w.layer, w.mb, Phase::kBackward, {w.dgrad});
+    if (w.mb == p_.num_micro_batches() - 1 || p_.data.zero >= 2) {
+      layer_last_bwd_[static_cast<size_t>(w.layer)] = id;
+      layer_last_side_bwd_[static_cast<size_t>(w.layer)] = -1;
+    }
+  }
+  if (p_.data.zero >= 2 && o_.data_parallel) emit_data_parallel(stage);
 }
 
 // Megatron's combined 1F1B step (model_chunk_schedule_plan.py:236-303): forward layer i of one micro-batch
@@ -1323,7 +1372,7 @@ OpGraph Builder::build() {
     std::fill(layer_first_fwd_.begin(), layer_first_fwd_.end(), -1);
     std::vector<int64_t> stage_layers;
     for (int16_t c = 0; c < vpp_; ++c) {
-      const int64_t v = c * pp_ + stage;
+      const int64_t v = vstage(c, stage);
       for (int64_t l = first_layer_[static_cast<size_t>(v)]; l < first_layer_[static_cast<size_t>(v) + 1];
            ++l) {
         stage_layers.push_back(l);
@@ -1342,9 +1391,15 @@ OpGraph Builder::build() {
       }
     }
     emit_weight_casts(stage, stage_layers);
-    const std::vector<PipelineTask> order = pipeline_order(stage, pp_, vpp_, mbs, combined_);
+    const std::vector<PipelineTask> order = pipeline_order(stage, pp_, vpp_, mbs, combined_, schedule_);
+    deferred_.clear();
     for (size_t i = 0; i < order.size(); ++i) {
       const PipelineTask& task = order[i];
+      if (task.weights) {
+        emit_weights(stage);
+        if (p_.data.zero < 2 && o_.data_parallel) emit_data_parallel(stage);
+        continue;
+      }
       if (task.paired && i + 1 < order.size() && !order[i + 1].forward) {
         emit_pair(stage, task, order[i + 1]);
         ++i;
@@ -1516,8 +1571,62 @@ std::vector<int64_t> layers_per_virtual_stage(const ModelSpec& model, const Plan
   return out;
 }
 
+namespace {
+
+// DualPipeV's order on rank `r` of `d` ranks for `m` micro-batches, as dualpipev.py step() issues it.
+std::vector<PipelineTask> dualpipev_order(int64_t r, int64_t d, int64_t m) {
+  std::vector<PipelineTask> out;
+  int32_t next_f[2] = {0, 0}, next_b[2] = {0, 0};
+  auto f = [&](int16_t c, bool paired = false) {
+    out.push_back({true, next_f[c]++, c, paired, false, false});
+  };
+  auto b = [&](int16_t c, bool zb = false) { out.push_back({false, next_b[c]++, c, false, zb, false}); };
+  auto w = [&]() { out.push_back({false, 0, 0, false, false, true}); };
+  for (int64_t i = 0; i < (d - r - 1) * 2; ++i) f(0);  // 1: nF0
+  for (int64_t i = 0; i < r + 1; ++i) f(0), f(1);        // 2: nF0F1
+  for (int64_t i = 0; i < d - r - 1; ++i) {              // 3: nB1W1F1 (zero bubble)
+    b(1, true);
+    w();
+    f(1);
+  }
+  for (int64_t i = 0; i < m - 2 * d + r + 1; ++i) {  // 4: nF0B1F1B0 (the last rank's first pair alone)
+    const bool alone = i == 0 && r == d - 1;
+    f(0, !alone);
+    b(1);
+    f(1, true);
+    b(0);
+  }
+  for (int64_t i = 0; i < d - r - 1; ++i) {  // 5: nB1F1B0
+    b(1);
+    f(1, true);
+    b(0);
+  }
+  const int64_t step6 = r + 1;  // 6: nB1B0, the second half zero bubble
+  bool zb = false;
+  for (int64_t i = 0; i < step6; ++i) {
+    if (i == step6 / 2 && r % 2 == 1) zb = true;
+    b(1, zb);
+    if (i == step6 / 2 && r % 2 == 0) zb = true;
+    b(0, zb);
+  }
+  for (int64_t i = 0; i < d - r - 1; ++i) {  // 7: nWB0 (zero bubble)
+    w();
+    b(0, true);
+  }
+  for (int64_t i = 0; i < r + 1; ++i) w();  // 8: nW
+  return out;
+}
+
+}  // namespace
+
+int64_t virtual_stage(int64_t chunk, int64_t stage, int64_t stages, Schedule schedule) {
+  if (schedule == Schedule::kDualPipeV) return chunk == 0 ? stage : 2 * stages - 1 - stage;
+  return chunk * stages + stage;
+}
+
 std::vector<PipelineTask> pipeline_order(int64_t stage, int64_t stages, int64_t chunks, int64_t micro_batches,
-                                         bool combined) {
+                                         bool combined, Schedule schedule) {
+  if (schedule == Schedule::kDualPipeV) return dualpipev_order(stage, stages, micro_batches);
   std::vector<PipelineTask> order;
   const int64_t total = micro_batches * chunks;
   order.reserve(static_cast<size_t>(2 * total));
@@ -1526,7 +1635,7 @@ std::vector<PipelineTask> pipeline_order(int64_t stage, int64_t stages, int64_t 
   auto fwd = [&](int64_t k) {
     const int64_t group = k / (stages * chunks), in_group = k % (stages * chunks);
     return PipelineTask{true, static_cast<int32_t>(group * stages + in_group % stages),
-                        static_cast<int16_t>(in_group / stages), false};
+                        static_cast<int16_t>(in_group / stages), false, false, false};
   };
   auto bwd = [&](int64_t k) {
     PipelineTask t = fwd(k);
@@ -1554,6 +1663,7 @@ std::vector<PipelineTask> pipeline_order(int64_t stage, int64_t stages, int64_t 
 int64_t peak_in_flight(const std::vector<PipelineTask>& order) {
   int64_t live = 0, peak = 0;
   for (const auto& t : order) {
+    if (t.weights) continue;  // weight gradients free no activation chunk of their own here
     live += t.forward ? 1 : -1;
     peak = std::max(peak, live);
   }

@@ -44,15 +44,24 @@ OpGraph lower(const ModelSpec& model, const Plan& plan, const LoweringOptions& o
 // schedules them (1F1B: warm-up forwards, then one forward one backward, then cool-down backwards;
 // interleaved 1F1B over virtual chunks). With `combined` (cross-micro-batch overlap, Megatron's combined
 // 1F1B) one more warm-up forward runs first (interleaved only) and each steady-state forward is marked as
-// interleaved with the backward that follows it.
+// interleaved with the backward that follows it. DualPipeV (DeepSeek's DualPipe repository, dualpipev.py
+// step()): chunk 0 runs down the ranks and chunk 1 back up, in eight phases; its overlapped forward-backward
+// pairs are marked `paired`, and its zero-bubble backwards compute input gradients only, their weight
+// gradients running later as a `weights` task.
 struct PipelineTask {
   bool forward = true;
   int32_t micro_batch = 0;
   int16_t chunk = 0;
-  bool paired = false;  // forward only: runs interleaved, layer by layer, with the next task (a backward)
+  bool paired = false;           // forward only: runs interleaved, layer by layer, with the next task (a backward)
+  bool input_grad_only = false;  // backward only: weight gradients deferred to a later weights task
+  bool weights = false;          // the deferred weight gradients of the oldest input-gradient-only backward
 };
 std::vector<PipelineTask> pipeline_order(int64_t stage, int64_t stages, int64_t chunks, int64_t micro_batches,
-                                         bool combined = false);
+                                         bool combined = false, Schedule schedule = Schedule::k1F1B);
+
+// The virtual stage a (chunk, stage) task runs: chunk * stages + stage, or under DualPipeV's V the stage on
+// the way down (chunk 0) and 2 stages - 1 - stage on the way back (chunk 1).
+int64_t virtual_stage(int64_t chunk, int64_t stage, int64_t stages, Schedule schedule);
 
 // Largest number of micro-batch chunks whose forward is done and backward is not, over the stage's order:
 // what sets activation memory.

@@ -54,7 +54,8 @@ TEST_SUITE("io") {
                     "pipeline": {"schedule": "gpipe"}})")
               .error()
               .message ==
-          "plan.json: field 'pipeline.schedule': expected one of \"1f1b\" \"interleaved_1f1b\", got "
+          "plan.json: field 'pipeline.schedule': expected one of \"1f1b\" \"interleaved_1f1b\" \"dualpipev\", "
+            "got "
           "string \"gpipe\"");
     CHECK(parse(R"({"model": "m", "hardware": "h", "gpus": 8, "seq_len": 1, "global_batch": 1,
                     "routing": {"distribution": "zipf:-1"}})")
