@@ -48,6 +48,8 @@ def main():
     ap.add_argument("--moeplan", default=os.path.join(ROOT, "build", "planner", "moeplan"))
     ap.add_argument("--json", action="store_true", help="one JSON object on stdout")
     ap.add_argument("--markdown", action="store_true", help="a Markdown table (for the README)")
+    ap.add_argument("--check-complete", action="store_true",
+                    help="exit 1 when a case is refused (the errors themselves are reported, not checked)")
     ap.add_argument("ids", nargs="*")
     args = ap.parse_args()
     if not os.access(args.moeplan, os.X_OK):
@@ -109,11 +111,15 @@ def main():
             print(f"{r['id']:44s} {r['stack']:24s} {r['measured']:9.0f} {r['predicted']:9.0f} "
                   f"{r['low']:7.0f}-{r['high']:<7.0f} {100 * r['rel_error']:+7.1f}% "
                   f"{'yes' if r['in_range'] else 'no':>3s} {r['memory_GB']:7.1f}")
+    refused = [r["id"] for r in rows if "error" in r]
     if errs:
         print(f"\n{summary['predicted']} of {summary['cases']} cases predicted: median |error| "
               f"{100 * summary['median_abs_error']:.1f}%, max {100 * summary['max_abs_error']:.1f}%; "
               f"measurement inside the printed range in {summary['in_range']}; predicted to fit in "
               f"{summary['fit']}")
+    if args.check_complete and refused:
+        print(f"validate: refused: {', '.join(refused)}", file=sys.stderr)
+        return 1
     return 0
 
 

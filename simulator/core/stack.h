@@ -88,6 +88,15 @@ struct StackProfile {
     Stated<double> nic_efficiency;   // its RDMA leg's rate over the NIC's line rate
     Stated<double> nvlink_efficiency;  // its NVLink leg's rate over the profile's achieved NVLink bandwidth
     Stated<bool> permute_fused;      // permute / unpermute fused into the dispatch and combine kernels
+    // Measured per node count of the exchange (optional): the RDMA leg's efficiency (replacing
+    // nic_efficiency) and the fixed cost of a forward dispatch (routing metadata, preprocessing, host wait)
+    // and of a forward combine beyond their kernels. Nodes increasing; interpolated, held at the ends.
+    struct ByNodes {
+      double nodes = 0, nic_efficiency = 0, dispatch_setup_s = 0, combine_setup_s = 0;
+    };
+    std::vector<ByNodes> by_nodes;
+    std::string by_nodes_source;
+    Basis by_nodes_basis = Basis::kAssumed;
   } dispatcher;
   // Convenience: one copy per destination node over RDMA (DeepEP, HybridEP).
   bool dispatch_dedup() const {

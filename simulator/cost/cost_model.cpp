@@ -446,6 +446,19 @@ double CostModel::collective_seconds(const CommSpec& c, double* rel_error, Resou
   return inter_node_seconds(c, p, rel_error);
 }
 
+StackProfile::Dispatcher::ByNodes CostModel::dispatcher_at(double nodes) const {
+  const auto& t = stack_.dispatcher.by_nodes;
+  if (t.empty()) return {nodes, stack_.dispatcher.nic_efficiency.value, 0.0, 0.0};
+  if (nodes <= t.front().nodes) return t.front();
+  if (nodes >= t.back().nodes) return t.back();
+  auto hi = std::upper_bound(t.begin(), t.end(), nodes, [](double v, const auto& r) { return v < r.nodes; });
+  auto lo = hi - 1;
+  const double w = (nodes - lo->nodes) / (hi->nodes - lo->nodes);
+  auto mix = [w](double a, double b) { return a + (b - a) * w; };
+  return {nodes, mix(lo->nic_efficiency, hi->nic_efficiency), mix(lo->dispatch_setup_s, hi->dispatch_setup_s),
+          mix(lo->combine_setup_s, hi->combine_setup_s)};
+}
+
 double CostModel::node_dedup_seconds(const CommSpec& c, Resource* resource) const {
   const Placement p = placement(c);
   const auto& disp = stack_.dispatcher;
@@ -456,7 +469,7 @@ double CostModel::node_dedup_seconds(const CommSpec& c, Resource* resource) cons
   const double t_nvl =
       nvl > 0 ? nvl / (hw_.node.nvlink_bw_achieved_bytes_per_s.value * disp.nvlink_efficiency.value) : 0.0;
   const double t_nic =
-      p.nodes > 1 ? nic / (hw_.scale_out.nic_bw_bytes_per_s.value * disp.nic_efficiency.value *
+      p.nodes > 1 ? nic / (hw_.scale_out.nic_bw_bytes_per_s.value * dispatcher_at(d(p.nodes)).nic_efficiency *
                            d(hw_.scale_out.nics_per_node.value) / d(hw_.node.gpus_per_node.value))
                   : 0.0;
   if (resource) *resource = p.nodes > 1 ? Resource::kNic : Resource::kNvlink;
@@ -509,6 +522,12 @@ OpCost CostModel::cost(const Op& op) const {
     case OpKind::kMemoryBound:
     case OpKind::kOptimizer:
       r.seconds = std::max(op.hbm_bytes / mem_bw, floor) + launch;
+      // HybridEP's dispatch set-up (routing-map all-gather, preprocessing, the wait for counts) as its
+      // benchmark measures it beyond the dispatch kernel, per node count of the exchange.
+      if (static_cast<OpName>(op.name) == OpName::kDispatchPreprocess && !stack_.dispatcher.by_nodes.empty()) {
+        r.seconds = std::max(r.seconds, dispatcher_at(d(placement(op.comm).nodes)).dispatch_setup_s);
+        r.basis = weaker(r.basis, stack_.dispatcher.by_nodes_basis);
+      }
       err = stack_.memory_bound_efficiency.basis == Basis::kMeasured ? 0.05 : kAssumedRelError;
       r.basis = weaker(r.basis, stack_.memory_bound_efficiency.basis);
       if (op.host_sync) {
@@ -520,6 +539,9 @@ OpCost CostModel::cost(const Op& op) const {
     case OpKind::kSendRecv: {
       if (op.comm.node_dedup) {
         r.seconds = node_dedup_seconds(op.comm, &r.resource) + launch;
+        // The forward combine's fixed cost beyond its kernel (measured per node count where the stack has it).
+        if (op.phase == Phase::kForward && static_cast<OpName>(op.name) == OpName::kCombineA2a)
+          r.seconds += dispatcher_at(d(placement(op.comm).nodes)).combine_setup_s;
         err = kAssumedRelError;
         r.sm_fraction = d(stack_.dispatcher.sms.value) / d(hw_.gpu.sm_count.value);
         r.basis = weaker(r.basis, weaker(stack_.dispatcher.nic_efficiency.basis,

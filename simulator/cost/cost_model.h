@@ -58,6 +58,9 @@ class CostModel {
   // DeepEP / HybridEP's exchange: the RDMA leg at the dispatcher's NIC efficiency beside the NVLink leg at
   // its NVLink efficiency.
   double node_dedup_seconds(const CommSpec& c, Resource* resource) const;
+  // The stack's measured dispatcher row for an exchange over `nodes` nodes (interpolated, held at the ends);
+  // {0, nic_efficiency, 0, 0} when the stack has no table.
+  StackProfile::Dispatcher::ByNodes dispatcher_at(double nodes) const;
   Placement placement(const CommSpec& c) const;
 
   const HardwareProfile& hardware() const { return hw_; }

@@ -150,7 +150,7 @@ Result<StackProfile> stack_from_json(const json& j, const std::string& label) {
     s.memory_bound_efficiency = stated_fraction(root, "memory_bound_efficiency", Interval::kEfficiency);
 
     const JsonNode d = root.object("dispatcher");
-    d.only_keys({"kind", "host_sync", "sms", "nic_efficiency", "nvlink_efficiency", "permute_fused"});
+    d.only_keys({"kind", "host_sync", "sms", "nic_efficiency", "nvlink_efficiency", "permute_fused", "by_nodes"});
     s.dispatcher.kind = stated_choice<DispatcherKind>(d, "kind",
                                                       {{"nccl_all_to_all", DispatcherKind::kNcclAllToAll},
                                                        {"nccl_all_gather", DispatcherKind::kNcclAllGather},
@@ -162,6 +162,23 @@ Result<StackProfile> stack_from_json(const json& j, const std::string& label) {
     s.dispatcher.nic_efficiency = stated_fraction(d, "nic_efficiency", Interval::kEfficiency);
     s.dispatcher.nvlink_efficiency = stated_fraction(d, "nvlink_efficiency", Interval::kEfficiency);
     s.dispatcher.permute_fused = stated_bool(d, "permute_fused");
+    if (d.has("by_nodes")) {
+      // {"value": [[nodes, nic_efficiency, dispatch_setup_us, combine_setup_us], ...], "basis", "source"}
+      const JsonNode b = stated_node(d, "by_nodes");
+      s.dispatcher.by_nodes_source = source_of(b);
+      s.dispatcher.by_nodes_basis = basis_of(b);
+      for (const JsonNode& row : b.array("value")) {
+        const auto cells = row.elements();
+        if (cells.size() != 4)
+          row.fail_here("[nodes, nic_efficiency, dispatch_setup_us, combine_setup_us]");
+        StackProfile::Dispatcher::ByNodes r{cells[0].as_number(1, 1e6), cells[1].as_number(1e-3, 1.0),
+                                            cells[2].as_number(0, 1e6) * kMicro, cells[3].as_number(0, 1e6) * kMicro};
+        if (!s.dispatcher.by_nodes.empty() && r.nodes <= s.dispatcher.by_nodes.back().nodes)
+          cells[0].fail_here("node counts strictly increasing");
+        s.dispatcher.by_nodes.push_back(r);
+      }
+      if (s.dispatcher.by_nodes.empty()) b.fail("value", "at least one row");
+    }
 
     s.attention_kernel = stated_choice<AttentionKernel>(
         root, "attention_kernel",
@@ -242,6 +259,15 @@ nlohmann::ordered_json stack_to_json(const StackProfile& s) {
                        {"nic_efficiency", num(s.dispatcher.nic_efficiency, 1.0)},
                        {"nvlink_efficiency", num(s.dispatcher.nvlink_efficiency, 1.0)},
                        {"permute_fused", flag(s.dispatcher.permute_fused)}};
+  if (!s.dispatcher.by_nodes.empty()) {
+    oj rows = oj::array();
+    for (const auto& r : s.dispatcher.by_nodes) {
+      rows.push_back(oj::array({r.nodes, r.nic_efficiency, round_to(r.dispatch_setup_s / kMicro, 1e-4),
+                                round_to(r.combine_setup_s / kMicro, 1e-4)}));
+    }
+    j["dispatcher"]["by_nodes"] =
+        oj{{"value", rows}, {"basis", name_of(s.dispatcher.by_nodes_basis)}, {"source", s.dispatcher.by_nodes_source}};
+  }
   j["attention_kernel"] = name(s.attention_kernel);
   j["comm_sm_fraction"] = num(s.comm_sm_fraction, 1.0);
   j["overlap_compute_efficiency"] = num(s.overlap_compute_efficiency, 1.0);

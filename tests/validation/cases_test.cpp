@@ -1,0 +1,93 @@
+// The validation set (tests/validation/cases/*.json) stays apart from calibration: no hardware or stack profile,
+// nor any calibration source, cites a validation case; and every case is a well-formed plan with a published
+// measurement and its source.
+#include <doctest/doctest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "simulator/io/json_reader.h"
+#include "simulator/io/model_loader.h"
+#include "simulator/io/plan_io.h"
+#include "simulator/io/stack_loader.h"
+
+using namespace moeplan;
+namespace fs = std::filesystem;
+
+namespace {
+
+const fs::path kRoot = MOEPLAN_SOURCE_DIR;
+
+std::vector<io::json> cases() {
+  std::vector<io::json> out;
+  for (const auto& e : fs::directory_iterator(kRoot / "tests/validation/cases")) {
+    if (e.path().extension() != ".json") continue;
+    auto j = io::parse_json_file(e.path().string());
+    REQUIRE_MESSAGE(j.ok(), (j.ok() ? "" : j.error().message));
+    out.push_back(j.value());
+  }
+  return out;
+}
+
+std::string slurp(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+// Every file a prediction's numbers come from: the hardware profiles, their calibration sources, the stacks.
+std::vector<fs::path> profile_files() {
+  std::vector<fs::path> out;
+  for (const auto& e : fs::recursive_directory_iterator(kRoot / "hwprofiles")) {
+    if (e.is_regular_file() && e.path().filename() != "README.md") out.push_back(e.path());
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_SUITE("validation") {
+  TEST_CASE("no profile or calibration source cites a validation case") {
+    const std::vector<io::json> all = cases();
+    REQUIRE(all.size() >= 10);
+    std::vector<std::pair<fs::path, std::string>> texts;
+    for (const fs::path& p : profile_files()) texts.emplace_back(p, slurp(p));
+    for (const io::json& c : all) {
+      const std::string id = c.at("id").get<std::string>();
+      CAPTURE(id);
+      REQUIRE(c.contains("source_keys"));
+      REQUIRE(!c.at("source_keys").empty());
+      for (const auto& key : c.at("source_keys")) {
+        const std::string k = key.get<std::string>();
+        CHECK(k.size() >= 8);  // specific enough to mean the source
+        for (const auto& [path, text] : texts) {
+          CHECK_MESSAGE(text.find(k) == std::string::npos,
+                        path.string() << " cites validation source '" << k << "' of case " << id);
+          CHECK_MESSAGE(text.find(id) == std::string::npos, path.string() << " names validation case " << id);
+        }
+      }
+    }
+  }
+
+  TEST_CASE("every validation case is a plan moeplan reads, with a published measurement and its source") {
+    for (const io::json& c : cases()) {
+      const std::string id = c.at("id").get<std::string>();
+      CAPTURE(id);
+      CHECK_FALSE(c.at("source").get<std::string>().empty());
+      CHECK_FALSE(c.at("software").get<std::string>().empty());
+      REQUIRE(c.at("measured").contains("tokens_per_s_per_gpu"));
+      CHECK(c.at("measured").at("tokens_per_s_per_gpu").get<double>() > 0);
+      const auto plan = io::plan_from_json(c.at("plan"), id);
+      REQUIRE_MESSAGE(plan.ok(), (plan.ok() ? "" : plan.error().message));
+      CHECK(io::load_model(plan.value().model).ok());
+      const auto stack = io::load_stack(plan.value().stack);
+      REQUIRE_MESSAGE(stack.ok(), (stack.ok() ? "" : stack.error().message));
+      // The case's stack can run it: no stack capability is broken.
+      CHECK(validate_for_stack(plan.value(), stack.value()).empty());
+    }
+  }
+}
