@@ -151,8 +151,9 @@ std::vector<ExplainRow> explain(const ModelSpec& model, const Plan& plan, const 
     }
     r.exposed_comm_s = exposed_comm_seconds(r.prediction);
     if (!r.prediction.memory.fits()) {
-      r.reason = fmt::format("does not fit: {:.1f} GB per GPU of {:.1f} GB",
-                             r.prediction.memory.total() / 1e9, r.prediction.memory.capacity / 1e9);
+      r.reason = fmt::format("does not fit: {:.1f}-{:.1f} GB per GPU of {:.1f} GB",
+                             r.prediction.memory.total_low() / 1e9, r.prediction.memory.total_high() / 1e9,
+                             r.prediction.memory.capacity / 1e9);
     }
     if (i > 0 && rows[i - 1].valid()) r.comm_removed_s = rows[i - 1].exposed_comm_s - r.exposed_comm_s;
   }

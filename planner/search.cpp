@@ -425,19 +425,6 @@ class Screener {
       tails_;
 };
 
-// Peak live micro-batch chunks per stage under the plan's schedule (closed form for 1F1B).
-std::vector<int64_t> in_flight(const Plan& p) {
-  std::vector<int64_t> out;
-  const int64_t pp = p.pipeline.pp, m = p.num_micro_batches();
-  for (int64_t s = 0; s < pp; ++s) {
-    out.push_back(p.pipeline.vpp == 1 ? std::min(pp - s, m)
-                                      : peak_in_flight(pipeline_order(s, pp, p.pipeline.vpp, m,
-                                                                      p.overlap.cross_micro_batch,
-                                                                      p.pipeline.schedule)));
-  }
-  return out;
-}
-
 // The op graph, costs and timeline of a prediction, released (its numbers stay).
 void drop_graph(Prediction& p) {
   p.graph = {};
@@ -470,8 +457,11 @@ SearchResult search(const ModelSpec& model, const HardwareProfile& hw, const Sta
   std::vector<Pruned> pruned(static_cast<size_t>(threads));
   auto prune = [&](int t) {
     Pruned& out = pruned[static_cast<size_t>(t)];
-    // Shared by many plans: peak in-flight micro-batches per (pp, vpp, m), routing scale per (tokens, ep).
-    std::map<std::tuple<int64_t, int64_t, int64_t>, std::vector<int64_t>> flights;
+    // Shared by many plans: in-flight chunks per (pp, vpp, m, combined 1F1B, layer split), routing scale per
+    // (tokens, ep).
+    std::map<std::tuple<int64_t, int64_t, int64_t, bool, std::vector<int64_t>>,
+             std::vector<std::vector<int64_t>>>
+        flights;
     std::map<std::pair<int64_t, int64_t>, double> scales;
     for_each_plan(
         model, hw, stack, job, space,
@@ -484,19 +474,23 @@ SearchResult search(const ModelSpec& model, const HardwareProfile& hw, const Sta
             return;
           }
           ++out.legal;
-          const auto fk = std::make_tuple(p.pipeline.pp, p.pipeline.vpp, p.num_micro_batches());
+          // The plan as the stack runs it (predict() does the same): a schedule overlap it lacks is off.
+          const Plan run = with_stack_overlaps(p, stack, nullptr);
+          const auto fk = std::make_tuple(run.pipeline.pp, run.pipeline.vpp, run.num_micro_batches(),
+                                          run.overlap.cross_micro_batch, run.pipeline.layers_per_stage);
           auto fit = flights.find(fk);
-          if (fit == flights.end()) fit = flights.emplace(fk, in_flight(p)).first;
+          if (fit == flights.end()) fit = flights.emplace(fk, in_flight_by_chunk(model, run)).first;
           const auto sk = std::make_pair(p.micro_batch * p.seq_len / p.attention_mesh(), p.experts.ep);
           auto sit = scales.find(sk);
           if (sit == scales.end())
             sit = scales.emplace(sk, cost::plan_routing(model, p, routing).scale).first;
-          const cost::MemoryBreakdown mem = cost::memory_per_gpu(model, p, hw, fit->second, sit->second);
+          const cost::MemoryBreakdown mem =
+              cost::memory_per_gpu(model, run, hw, stack, fit->second, sit->second);
           if (!mem.fits()) {
             ++out.rejected["memory: does not fit"];
             return;
           }
-          out.kept.push_back({std::move(p), 0.0, mem.total(), index});
+          out.kept.push_back({std::move(p), 0.0, mem.total_low(), index});
         },
         threads, t);
   };

@@ -43,8 +43,8 @@ struct SearchSpace {
 struct Candidate {
   Plan plan;
   double screen_step_s = 0;  // fast estimate
-  double memory_bytes = 0;
-  int64_t index = 0;  // position in the enumeration (for_each_plan)
+  double memory_bytes = 0;   // the fit test's value: the low end of the predicted range
+  int64_t index = 0;         // position in the enumeration (for_each_plan)
 };
 
 struct RankedPlan {

@@ -315,8 +315,9 @@ SweepRow sweep_row(const SweepCase& base, const std::string& key, const nlohmann
     if (!row.prediction.violations.empty()) {
       row.reason = reasons_of(row.prediction.violations);
     } else if (!row.prediction.memory.fits()) {
-      row.reason = fmt::format("does not fit: {:.1f} GB per GPU of {:.1f} GB",
-                               row.prediction.memory.total() / 1e9, row.prediction.memory.capacity / 1e9);
+      row.reason = fmt::format(
+          "does not fit: {:.1f}-{:.1f} GB per GPU of {:.1f} GB", row.prediction.memory.total_low() / 1e9,
+          row.prediction.memory.total_high() / 1e9, row.prediction.memory.capacity / 1e9);
     }
     return row;
   }

@@ -54,7 +54,8 @@ Result<planner::SearchSpace> search_space(const std::string& precision, const st
 }
 
 int does_not_fit(const cost::MemoryBreakdown& memory) {
-  std::fprintf(stderr, "moeplan: the plan does not fit: %.1f GB per GPU of %.1f GB\n", memory.total() / 1e9,
+  std::fprintf(stderr, "moeplan: the plan does not fit: %.1f GB per GPU (%.1f-%.1f) of %.1f GB\n",
+               memory.total() / 1e9, memory.total_low() / 1e9, memory.total_high() / 1e9,
                memory.capacity / 1e9);
   return kExitInfeasible;
 }

@@ -38,7 +38,9 @@ nlohmann::json summary_json(const Prediction& p) {
           {"tokens_per_s_range", {p.tokens_per_s_low, p.tokens_per_s_high}},
           {"mfu", p.mfu},
           {"memory_per_gpu_bytes", p.memory.total()},
+          {"memory_per_gpu_bytes_range", {p.memory.total_low(), p.memory.total_high()}},
           {"memory_fits", p.memory.fits()},
+          {"memory_tight", p.memory.tight()},
           {"exposed_comm_s", comm.is_null() ? nlohmann::json::object() : comm},
           {"bubble_s", p.breakdown.bubble},
           {"extrapolations", p.extrapolations}};
@@ -205,7 +207,7 @@ Runner add_plan(CLI::App& app) {
         fmt::print("{:>2}  {:<62} {:>10.0f} {:>8.1f} {:>5.1f}% {:>7.3f} {:>8.1f} {:>7.3f} {:>7.3f}{}\n",
                    i + 1, planner::describe(r.plans[i].plan), p.tokens_per_s, p.tokens_per_s_per_gpu,
                    100 * p.mfu, p.step_time_s, p.memory.total() / 1e9, exposed_comm(p), p.breakdown.bubble,
-                   p.memory.fits() ? "" : "  (does not fit)");
+                   p.memory.fits() ? (p.memory.tight() ? "  (tight)" : "") : "  (does not fit)");
       }
     }
     if (!r.plans.empty()) {

@@ -21,8 +21,9 @@ void print_text(const Prediction& p, const ReportContext& ctx) {
   fmt::print("step {:.3f} s | {:.0f} tokens/s ({:.0f}-{:.0f}) | {:.1f} tokens/s/GPU | MFU {:.1f}%\n",
              p.step_time_s, p.tokens_per_s, p.tokens_per_s_low, p.tokens_per_s_high, p.tokens_per_s_per_gpu,
              100 * p.mfu);
-  fmt::print("memory per GPU (stage {}): {} of {} -> {}\n", m.stage, human_bytes(m.total()),
-             human_bytes(m.capacity), m.fits() ? "fits" : "DOES NOT FIT");
+  fmt::print("memory per GPU (stage {}): {} ({} - {}) of {} -> {}\n", m.stage, human_bytes(m.total()),
+             human_bytes(m.total_low()), human_bytes(m.total_high()), human_bytes(m.capacity),
+             !m.fits() ? "DOES NOT FIT" : (m.tight() ? "fits, tight (the high end does not)" : "fits"));
   fmt::print(
       "  weights {}, gradients {}, optimizer {}, activations {} ({} micro-batch chunks in flight), comm "
       "buffers {}, reserve {}\n",

@@ -53,7 +53,9 @@ nlohmann::json row_json(const planner::SweepRow& r) {
                       {"tokens_per_s_per_gpu", p.tokens_per_s_per_gpu},
                       {"mfu", p.mfu},
                       {"memory_per_gpu_bytes", p.memory.total()},
+                      {"memory_per_gpu_bytes_range", {p.memory.total_low(), p.memory.total_high()}},
                       {"memory_fits", p.memory.fits()},
+                      {"memory_tight", p.memory.tight()},
                       {"exposed_comm_s", planner::exposed_comm_seconds(p)},
                       {"bubble_s", p.breakdown.bubble}};
   }

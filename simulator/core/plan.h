@@ -146,4 +146,10 @@ const char* name_of(Fp8Recipe r);
 const char* name_of(RecomputeModule m);
 std::vector<std::string> recompute_module_names(uint16_t modules);
 
+// The virtual stage a (chunk, stage) pair runs: chunk * stages + stage, or under DualPipeV's V the stage on
+// the way down (chunk 0) and 2 stages - 1 - stage on the way back (chunk 1).
+int64_t virtual_stage(int64_t chunk, int64_t stage, int64_t stages, Schedule schedule);
+// The pipeline stage (rank) that runs virtual stage v; the inverse of virtual_stage.
+int64_t stage_of_virtual(int64_t v, int64_t stages, Schedule schedule);
+
 }  // namespace moeplan

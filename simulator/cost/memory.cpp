@@ -1,8 +1,11 @@
 // Memory per GPU (see memory.h). Notation as in the lowering: t = b*s/(tp*sp*cp) tokens per rank, tg = t*tp
-// tokens after the TP all-gather, ta = tg*sp tokens at attention after the Ulysses all-to-all.
+// tokens after the TP all-gather, ta = tg*sp tokens at attention after the Ulysses all-to-all. Sources: F =
+// /work/notes/megatron_stack_facts.md (MLM = Megatron-LM d98e8a64, TE = TransformerEngine d0067d0d), K =
+// /work/notes/kernel_facts.md, DeepEP = deepseek-ai/DeepEP.
 #include "simulator/cost/memory.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "simulator/core/model_stats.h"
 #include "simulator/core/units.h"
@@ -14,14 +17,162 @@ double d(int64_t x) {
   return static_cast<double>(x);
 }
 
-// Saved activations of one layer under a recompute policy (the plan's, or another one without copying it).
-LayerActivations activations_under(const ModelSpec& m, const Plan& p, const LayerSpec& layer,
-                                   double expert_load_scale, Recompute recompute) {
+constexpr double kBf16 = 2.0;
+constexpr double kFp32 = 4.0;
+
+// Router state a MoE layer keeps per (token, expert): fp32 scores for the score function's backward, fp32
+// scores for the aux loss, the probs (router dtype, 4 B as Megatron-Bridge's fp32 router) and the bool
+// routing map (MU:766-957, RT:804-832; the lowering's router op reads the same 13 B). Assumption: what the
+// fused top-k kernel keeps is not read from source.
+constexpr double kRouterBytesPerTokenExpert = 13.0;
+// TE's fused permutation keeps a row-id map [t, E] (int32) and its inverse for unpermute (TE
+// permutation.py:321,370). Assumption: 2 x int32 per (token, expert).
+constexpr double kPermuteMapBytesPerTokenExpert = 8.0;
+
+// Bytes per element of an activation an FP8 GEMM saves for its weight gradient: the columnwise FP8 copy (on
+// Hopper an explicit transpose; F §2.3 grouped_linear.py:903-915, §4.3 layernorm_linear.py:477-487), plus
+// the recipe's scales: blockwise keeps one fp32 scale per 1x128 block, MXFP8 one e8m0 byte per 32.
+double fp8_saved_bytes(Fp8Recipe r) {
+  switch (r) {
+    case Fp8Recipe::kBlockwise:
+      return 1.0 + kFp32 / 128.0;
+    case Fp8Recipe::kMxfp8:
+      return 1.0 + 1.0 / 32.0;
+    case Fp8Recipe::kDelayed:
+    case Fp8Recipe::kTensorwise:
+      break;
+  }
+  return 1.0;
+}
+
+// Bytes per GEMM weight of TE's FP8 weight workspaces, cached across the step's micro-batches
+// (transformer_engine.py:1338-1345, TE base.py:792-880): rowwise + columnwise (on Hopper the transpose,
+// float8_tensor_storage.py:285-312), 2 B for per-tensor recipes; blockwise adds an fp32 scale per 128x128
+// block of each, MXFP8 an e8m0 byte per 32. Not modelled: --fp8-param-gather (uint8 primary weights, 1 B
+// param buffer, transpose on demand), which would save 2 B per GEMM weight.
+double fp8_weight_cache_bytes(Fp8Recipe r) {
+  switch (r) {
+    case Fp8Recipe::kBlockwise:
+      return 2.0 + 2.0 * kFp32 / (128.0 * 128.0);
+    case Fp8Recipe::kMxfp8:
+      return 2.0 + 2.0 / 32.0;
+    case Fp8Recipe::kDelayed:
+    case Fp8Recipe::kTensorwise:
+      break;
+  }
+  return 2.0;
+}
+
+bool fused_stack(const StackProfile& stack) {
+  return stack.dispatcher.kind.value == DispatcherKind::kFused;
+}
+
+double tokens_per_rank(const Plan& p) {
+  return d(p.micro_batch * p.seq_len) / d(p.attention.tp * p.attention.sp * p.attention.cp);
+}
+
+// Megatron-Core + TE: what each module saves (F §4.3) with the selective modules `rc` recomputed (F §3.1).
+LayerActivations megatron_layer(const ModelSpec& m, const Plan& p, const LayerSpec& layer, double load,
+                                uint16_t rc) {
   const auto& a = m.attention;
-  const int64_t tp = p.attention.tp, sp = p.attention.sp, cp = p.attention.cp;
+  const int64_t tp = p.attention.tp;
   const double h = d(m.hidden);
-  const double t = d(p.micro_batch * p.seq_len / (tp * sp * cp));
-  const double tg = t * d(tp), ta = tg * d(sp);
+  const double t = tokens_per_rank(p), tg = t * d(tp);
+  const bool fp8 = p.precision == Precision::kFp8;
+  const double g = fp8 ? fp8_saved_bytes(p.fp8_recipe) : kBf16;  // a GEMM's saved input, per element
+  auto on = [&](RecomputeModule x) { return (rc & x) != 0; };
+  const int64_t heads_r = a.num_heads / tp;
+  const int64_t kv_r = std::max<int64_t>(1, a.num_kv_heads / tp);
+  const double qk = d(a.qk_dim()), v = d(a.v_dim());
+  const double glu = m.activation == FfnActivation::kSwiGlu ? 2.0 : 1.0;  // FC1 width over F
+
+  LayerActivations r;
+  r.input = t * h * kBf16 + t * kFp32;  // + the first norm's fp32 rsigma per row
+  if (a.kind == AttentionKind::kMla) {
+    // input_layernorm is a TENorm module; the q/kv down-projections (TELinear, parallel_mode duplicated over
+    // the SP shard, multi_latent_attention.py:526-527,573-574) save its output: bf16 once, or an FP8 copy
+    // each. `layernorm` frees it: they keep the original, refilled by recompute (TL:473-536, MLA:1117-1118).
+    r.attn_norm = on(kRecomputeLayernorm) ? 0.0 : (fp8 ? 2.0 * t * h * g : t * h * kBf16);
+    const auto& l = a.mla;
+    const double ql = d(l.q_lora_rank), kvl = d(l.kv_lora_rank), rope = d(l.qk_rope_head_dim);
+    // q/kv norm inputs (the down-projection outputs; kv_combined stays whole through its split views) with
+    // their rsigma, and the norm outputs the column-parallel up-projections save (SP shards). `mla_up_proj`
+    // (CheckpointWithoutOutput, MLA:983-987) keeps its inputs instead: the norm outputs in bf16 and the
+    // gathered rope key [tg, rope].
+    const double norm_in = t * (ql + kvl + rope) * kBf16 + 2.0 * t * kFp32;
+    const double norm_out =
+        on(kRecomputeMlaUpProj) ? t * (ql + kvl) * kBf16 + tg * rope * kBf16 : t * (ql + kvl) * g;
+    r.mla_latent = norm_in + norm_out;
+    // Full Q, K, V [tg, heads_r, qk | qk | v], made contiguous for TE (MLA:977-979); `mla_up_proj` frees
+    // them after attention and regenerates them before its backward.
+    r.qkv = on(kRecomputeMlaUpProj) ? 0.0 : tg * d(heads_r) * (2.0 * qk + v) * kBf16;
+  } else {
+    // The QKV LayerNormLinear saves its ln_out SP shard (FP8: the FP8 tensor), re-gathered in backward (TE
+    // layernorm_linear.py:467-536); the norm is fused, so `layernorm` does not reach it.
+    r.attn_norm = t * h * g;
+    // q, k, v are torch.split views of the mixed QKV output (attention.py:1915): attention's saved v keeps
+    // the whole buffer alive; RoPE (and QK-norm) make new q and k.
+    const double q_w = d(heads_r) * qk, kv_w = d(kv_r) * d(a.head_dim);
+    r.qkv = tg * ((q_w + 2.0 * kv_w) + (q_w + kv_w)) * kBf16;
+  }
+  // Fused attention saves q, k, v, out in bf16 and fp32 softmax stats per (token, head) (TE
+  // backends.py:1598-1664); the out-projection saves its input: the same bf16 out, or an FP8 copy.
+  // `core_attn` (tensor_parallel.checkpoint) frees out and the stats, except what the out-projection keeps.
+  const double out = tg * d(heads_r) * v;
+  const double softmax_stats = tg * d(heads_r) * kFp32;
+  r.core_attn = on(kRecomputeCoreAttn) ? out * g : out * kBf16 + softmax_stats + (fp8 ? out * g : 0.0);
+  r.mlp_residual = t * h * kBf16 + t * kFp32;  // the MLP block's norm input and rsigma
+
+  if (layer.moe) {
+    const auto& e = m.moe;
+    const int64_t etp = p.experts.etp;
+    const double experts = d(e.num_experts);
+    const double rows = t * d(e.top_k) * load * d(etp);  // after the ETP all-gather
+    const double f_r = d(e.expert_ffn) / d(etp);
+    const bool whole = on(kRecomputeMoe);  // ML:699-717: the MoE layer re-runs from its input
+    const bool shared = e.num_shared_experts > 0 && !whole && !on(kRecomputeSharedExperts);
+    // pre_mlp_layernorm is its own module in MoE layers. Its output is saved by the router (bf16 input,
+    // MU:1380-1384) and by the shared experts' fc1 (FP8: its own copy); the permute keeps only maps.
+    // `layernorm` frees it (consumers keep the original); `moe` keeps it as the checkpoint's input.
+    const bool ln = on(kRecomputeLayernorm);
+    r.mlp_norm = ln ? 0.0 : t * h * kBf16;
+    if (fp8 && shared && !ln) r.mlp_norm += t * h * g;
+    if (!whole) {
+      r.router = t * experts * (kRouterBytesPerTokenExpert + kPermuteMapBytesPerTokenExpert);
+      if (p.experts.dispatch == Dispatch::kAllGather) {
+        // Megatron's allgather dispatcher gathers the routing map (bool) and probs over ETP x EP
+        // (TD:281-303).
+        r.router += t * d(p.experts.ep * etp) * experts * (1.0 + kFp32);
+      }
+      // FC1 (GroupedLinear) saves its input rows (FP8: the columnwise copy); the weighted activation saves
+      // FC1's output and the rows' probs (memory-efficient permutation: probs applied before FC2, so the
+      // unpermute keeps no FC2 output); FC2 saves the activation output, which `moe_act` frees (EX:269-276).
+      r.expert_fc1_in = rows * h * g;
+      r.expert_fc1_out = rows * glu * f_r * kBf16 + rows * kFp32;
+      r.expert_fc2_in = on(kRecomputeMoeAct) ? 0.0 : rows * f_r * g;
+      if (shared) {
+        const double fs_r = d(e.num_shared_experts * e.shared_expert_ffn) / d(tp);
+        r.shared = tg * glu * fs_r * kBf16 + tg * fs_r * g;
+      }
+    }
+  } else if (!on(kRecomputeMlp)) {
+    // fc1 is a LayerNormLinear: ln_out shard, fc1 output (saved by the activation), activation output (saved
+    // by fc2). `mlp` checkpoints the whole MLP, norm included, keeping its input (TL:537-539, 992-1011).
+    const double f_r = d(m.dense_ffn) / d(tp);
+    r.mlp_norm = t * h * g;
+    r.dense_mlp = tg * glu * f_r * kBf16 + tg * f_r * g;
+  }
+  return r;
+}
+
+// moerun / MegaScale-MoE without recompute: every tensor of the forward data flow that backward reads
+// (megascale-moe.md §3.5 for SP + EP, Fig. 9), in bf16 elements.
+LayerActivations megascale_layer(const ModelSpec& m, const Plan& p, const LayerSpec& layer, double load,
+                                 bool sar) {
+  const auto& a = m.attention;
+  const int64_t tp = p.attention.tp, sp = p.attention.sp;
+  const double h = d(m.hidden);
+  const double t = tokens_per_rank(p), tg = t * d(tp), ta = tg * d(sp);
   const int64_t heads_r = a.num_heads / tp;
   const int64_t kv_r = std::max<int64_t>(1, a.num_kv_heads / tp);
   const double heads_a = d(heads_r) / d(sp);
@@ -30,79 +181,237 @@ LayerActivations activations_under(const ModelSpec& m, const Plan& p, const Laye
   const double q_w = d(heads_r) * qk;
   const double kv_w = mla ? d(heads_r) * (qk + v) : 2.0 * d(std::max(kv_r, sp)) * d(a.head_dim);
   const double rope_w = d(heads_r + kv_r) * (mla ? d(a.mla.qk_rope_head_dim) : d(a.head_dim));
-
-  LayerActivations r;
-  // Kept under every policy except full recompute: layer input, residual, attention inputs and output.
   const double attn_inputs = ta * (q_w + kv_w) / d(sp);  // q/k/v as attention reads them
   const double attn_out = ta * heads_a * v;
-  if (recompute == Recompute::kFull) {
-    r.attention = t * h;  // the layer input; everything else is recomputed
-    return r;
-  }
-  // MegaScale-MoE's SAR keeps the tensors below; Megatron's selective modules are priced as no recompute
-  // here until the per-module accounting lands.
-  const bool selective = recompute == Recompute::kSar;
-  if (selective) {
-    r.attention = t * h + t * h + attn_inputs + attn_out;  // hidden, ln2_in, q/k/v, attention output
+
+  LayerActivations r;  // elements here, bytes on return
+  if (sar) {
+    // SAR keeps the layer input, the residual, attention's q/k/v and output, and FC1/FC3 outputs.
+    r.input = t * h;
+    r.mlp_residual = t * h;
+    r.qkv = attn_inputs;
+    r.core_attn = attn_out;
   } else {
-    r.attention = t * h                                 // hidden
-                  + t * h                               // ln1_out (stored sequence-sharded under TP)
-                  + tg * (q_w + kv_w)                   // q/k/v projection output
-                  + tg * rope_w                         // rope outputs
-                  + (sp > 1 ? attn_inputs : 0.0)        // q/k/v after the all-to-all
-                  + attn_out                            // attention output
-                  + (sp > 1 ? tg * d(heads_r) * v : 0)  // attention output after the all-to-all
-                  + t * h                               // out-projection output
-                  + t * h;                              // ln2_in (residual)
+    r.input = t * h;                                              // hidden
+    r.attn_norm = t * h;                                          // ln1_out (sequence-sharded under TP)
+    r.qkv = tg * (q_w + kv_w) + tg * rope_w;                      // q/k/v projection output, rope outputs
+    r.other = (sp > 1 ? attn_inputs + tg * d(heads_r) * v : 0.0)  // q/k/v and output after all-to-alls
+              + t * h;                                            // out-projection output
+    r.core_attn = attn_out;                                       // attention output
+    r.mlp_residual = t * h;                                       // ln2_in
   }
   if (layer.moe) {
     const auto& e = m.moe;
     const int64_t etp = p.experts.etp, ep = p.experts.ep;
-    const double rows = t * d(e.top_k) * expert_load_scale;
+    const double rows = t * d(e.top_k) * load;
     const double rows_e = rows * d(etp);
     const double f_r = d(e.expert_ffn) / d(etp);
     const bool gather = p.experts.dispatch == Dispatch::kAllGather;
     const double fs = d(e.num_shared_experts * e.shared_expert_ffn) / d(tp);
-    const double shared_full = e.num_shared_experts > 0 ? 3.0 * tg * fs : 0.0;
-    if (selective) {
-      r.moe = 2.0 * rows_e * f_r + (e.num_shared_experts > 0 ? 2.0 * tg * fs : 0.0);
+    if (sar) {
+      r.expert_fc1_out = 2.0 * rows_e * f_r;
+      r.shared = e.num_shared_experts > 0 ? 2.0 * tg * fs : 0.0;
     } else {
-      r.moe = t * h                             // ln2_out
-              + (gather ? t * d(ep) * h : 0.0)  // ln2_out all-gathered over EP
-              + rows * h                        // ffn_in (scattered or dispatched rows)
-              + 3.0 * rows_e * f_r              // fc1_out, fc3_out, fc2_in
-              + rows_e * h                      // fc2_out
-              + (gather ? t * d(ep) * h : 0.0)  // fc2_out gathered before the reduce-scatter
-              + t * h                           // ffn_out
-              + shared_full;
+      r.mlp_norm = t * h;                              // ln2_out
+      r.other += (gather ? 2.0 * t * d(ep) * h : 0.0)  // ln2_out gathered, fc2_out gathered
+                 + rows_e * h + t * h;                 // fc2_out, ffn_out
+      r.expert_fc1_in = rows * h;                      // scattered or dispatched rows
+      r.expert_fc1_out = 2.0 * rows_e * f_r;           // fc1_out, fc3_out
+      r.expert_fc2_in = rows_e * f_r;                  // fc2_in
+      r.shared = e.num_shared_experts > 0 ? 3.0 * tg * fs : 0.0;
     }
   } else {
     const double f_r = d(m.dense_ffn) / d(tp);
-    r.dense_ffn = selective ? 2.0 * tg * f_r : t * h + 3.0 * tg * f_r + t * h;
+    if (sar) {
+      r.dense_mlp = 2.0 * tg * f_r;
+    } else {
+      r.mlp_norm = t * h;
+      r.dense_mlp = 3.0 * tg * f_r;
+      r.other += t * h;
+    }
+  }
+  for (double* x :
+       {&r.input, &r.attn_norm, &r.mla_latent, &r.qkv, &r.core_attn, &r.mlp_residual, &r.mlp_norm, &r.router,
+        &r.expert_fc1_in, &r.expert_fc1_out, &r.expert_fc2_in, &r.shared, &r.dense_mlp, &r.other}) {
+    *x *= kBf16;
   }
   return r;
 }
 
-}  // namespace
+// Parameters of one layer kind on one rank: TP-sharded, replicated over TP (norms, router, MLA's duplicated
+// down-projections and their norms: MLA:526-527,573-574), and routed experts over EP x ETP.
+struct LocalParams {
+  double sharded = 0, replicated = 0, experts = 0;
+  double gemm = 0;  // GEMM weights among them, which TE casts to FP8 (not norms, router or embeddings)
+  double dense() const { return sharded + replicated; }
+};
 
-LayerActivations layer_activation_elements(const ModelSpec& m, const Plan& p, const LayerSpec& layer,
-                                           double expert_load_scale) {
-  return activations_under(m, p, layer, expert_load_scale, p.recompute);
+LocalParams local_params(const ModelSpec& m, const Plan& p, const LayerSpec& spec) {
+  const ParamBreakdown lp = layer_params(m, spec);
+  double down = 0;  // MLA's duplicated down-projections
+  if (m.attention.kind == AttentionKind::kMla) {
+    const auto& l = m.attention.mla;
+    down = d(m.hidden) * d(l.q_lora_rank + l.kv_lora_rank + l.qk_rope_head_dim);
+  }
+  LocalParams r;
+  r.replicated = lp.norms + lp.router + down;
+  r.sharded = (lp.total() - lp.routed_experts - r.replicated) / d(p.attention.tp);
+  r.experts = lp.routed_experts / d(p.experts.ep * p.experts.etp);
+  r.gemm = r.sharded + down + r.experts;  // biases and q/k norms among `sharded` are negligible
+  return r;
 }
 
-MemoryBreakdown memory_per_gpu(const ModelSpec& m, const Plan& p, const HardwareProfile& hw,
-                               const std::vector<int64_t>& in_flight, double expert_load_scale) {
-  const int64_t pp = p.pipeline.pp, vpp = p.pipeline.vpp;
-  const int64_t tp = p.attention.tp, ep = p.experts.ep, etp = p.experts.etp;
+// DeepEP's recommended configs (DeepEP deep_ep buffer.py get_dispatch_config / get_combine_config, K §1.6):
+// tokens each channel's NVL receive buffer holds, and the RDMA (send chunk, receive buffer) of dispatch and
+// combine, by group size.
+struct DeepEpConfig {
+  int64_t nvl_recv, rdma_send_dispatch, rdma_send_combine, rdma_recv;
+};
+DeepEpConfig deepep_config(int64_t ranks) {
+  if (ranks <= 8) return {256, 6, 6, 128};
+  if (ranks <= 16) return {288, 20, 12, 128};
+  if (ranks <= 64) return {288, 8, 8, 128};
+  if (ranks <= 96) return {480, 12, 8, 128};
+  if (ranks <= 128) return {560, 12, 8, 128};
+  return {720, 12, 8, 128};
+}
+
+// DeepEP csrc/config.hpp Config::get_nvl_buffer_size_hint and get_rdma_buffer_size_hint (deepseek-ai/DeepEP
+// 030cdf0a), with NUM_MAX_NVL_PEERS = 8, kNumMaxTopK = kNumMaxScales = 128, SourceMeta 8 B, topk_idx int64:
+//   channels c = sms / 2, nvl = min(R, 8), rdma = max(R / 8, 1), hb = hidden bytes (Megatron: H x 2,
+//   fused_a2a.py:24-33)
+//   NVL  = c nvl (2 rdma + 3) 4 + c nvl nvl_recv (hb + 8 + 128 x 8 + 128 x 4 + 128 x 4)
+//   RDMA = c rdma (8 x 2 + 2) 2 x 4 + c rdma rdma_recv 2 (hb + 8 + 128 x 8 + 128 x 4 + 128 x 4 + 16) + 1 MiB
+//          (only when R > 8; rdma_recv aligned up to the send chunk)
+// Megatron allocates one Buffer of the larger NVL and RDMA hint of the two configs (fused_a2a.py get_buffer).
+double deepep_buffer_bytes(double hidden_bytes, int64_t ranks, int64_t sms) {
+  constexpr int64_t kNvlPeers = 8;
+  const double meta = 8.0 + 128.0 * 8.0 + 128.0 * 4.0 + 128.0 * 4.0;
+  const DeepEpConfig c = deepep_config(ranks);
+  const double channels = d(std::max<int64_t>(1, sms / 2));
+  const int64_t nvl = std::min(ranks, kNvlPeers), rdma = std::max<int64_t>(ranks / kNvlPeers, 1);
+  const double nvl_bytes =
+      channels * d(nvl) * d(2 * rdma + 3) * 4.0 + channels * d(nvl) * d(c.nvl_recv) * (hidden_bytes + meta);
+  if (ranks <= kNvlPeers) return nvl_bytes;
+  auto align_up = [](int64_t x, int64_t to) { return (x + to - 1) / to * to; };
+  const int64_t recv =
+      std::max(align_up(c.rdma_recv, c.rdma_send_dispatch), align_up(c.rdma_recv, c.rdma_send_combine));
+  const double rdma_bytes = channels * d(rdma) * d(kNvlPeers * 2 + 2) * 2.0 * 4.0 +
+                            channels * d(rdma) * d(recv) * 2.0 * (hidden_bytes + meta + 16.0) + 1048576.0;
+  return nvl_bytes + rdma_bytes;
+}
+
+// HybridEP (DeepEP hybrid-ep csrc/hybrid_ep/hybrid_ep.cu allocate_buffer, allocate_buffer_for_dispatch /
+// _for_combine, read at 017a5202): expert-side buffers sized for the worst case that every token of the
+// group lands on one rank, T x R rows of a bf16 token and fp32 probs over the node's experts, for combine,
+// and for dispatch again when the group spans nodes (inside one node they share); RDMA staging of T x (N - 1)
+// rows, once for dispatch and twice for combine. Megatron passes the rank's token count as T (fused_a2a.py
+// init_hybrid_ep_buffer).
+double hybridep_buffer_bytes(double tokens, double hidden, int64_t ranks, int64_t per_node,
+                             int64_t local_experts) {
+  per_node = std::max<int64_t>(1, std::min(per_node, ranks));
+  const double nodes = d(std::max<int64_t>(1, ranks / per_node));
+  const double row = hidden * kBf16 + kFp32 * d(local_experts * per_node);
+  const double expert_side = tokens * d(ranks) * row;
+  const double staging = tokens * (nodes - 1.0) * row;
+  return expert_side * (nodes > 1.0 ? 2.0 : 1.0) + 3.0 * staging;
+}
+
+}  // namespace
+
+LayerActivations layer_activations_under(const ModelSpec& m, const Plan& p, const StackProfile& stack,
+                                         const LayerSpec& layer, double expert_load_scale,
+                                         Recompute recompute, uint16_t modules) {
+  switch (recompute) {
+    case Recompute::kFull: {
+      LayerActivations r;
+      r.input = tokens_per_rank(p) * d(m.hidden) * kBf16;  // the checkpoint's input; everything else re-runs
+      return r;
+    }
+    case Recompute::kSar:
+      return megascale_layer(m, p, layer, expert_load_scale, true);
+    case Recompute::kNone:
+      return fused_stack(stack) ? megascale_layer(m, p, layer, expert_load_scale, false)
+                                : megatron_layer(m, p, layer, expert_load_scale, 0);
+    case Recompute::kSelective:
+      break;
+  }
+  return megatron_layer(m, p, layer, expert_load_scale, modules);
+}
+
+LayerActivations layer_activations(const ModelSpec& m, const Plan& p, const StackProfile& stack,
+                                   const LayerSpec& layer, double expert_load_scale) {
+  return layer_activations_under(m, p, stack, layer, expert_load_scale, p.recompute, p.recompute_modules);
+}
+
+double head_activations(const ModelSpec& m, const Plan& p, const StackProfile& stack,
+                        double expert_load_scale) {
+  const double h = d(m.hidden), t = tokens_per_rank(p), tg = t * d(p.attention.tp);
+  const double g = p.precision == Precision::kFp8 ? fp8_saved_bytes(p.fp8_recipe) : kBf16;
+  // Final norm input and rsigma, the output layer's saved input (its SP shard, re-gathered in backward), and
+  // the logits of the loss in fp32 (Megatron's estimator: S b H 4 (1 + V/H), theoretical_memory_usage.py).
+  const double head = t * h * kBf16 + t * kFp32 + t * h * kBf16 + tg * d(m.vocab) / d(p.attention.tp) * kFp32;
+  // Each MTP module (gpt_model.py:173: the MTP stage has its own embedding): the next tokens' embedding
+  // (enorm input), the [t, 2h] concatenation eh_proj saves, one decoder layer (MoE when the model is), its
+  // own head.
+  const LayerSpec mtp_layer{m.is_moe(), 0, true};
+  const double mtp = t * h * kBf16 + 2.0 * t * h * g +
+                     layer_activations(m, p, stack, mtp_layer, expert_load_scale).total() + head;
+  return head + d(m.mtp_layers) * mtp;
+}
+
+double dispatcher_buffer_bytes(const ModelSpec& m, const Plan& p, const StackProfile& stack,
+                               const HardwareProfile& hw, double expert_load_scale) {
+  if (!m.is_moe()) return 0.0;
+  const double h = d(m.hidden), t = tokens_per_rank(p);
+  const int64_t group =
+      p.experts.ep * p.experts.etp;  // the flex dispatcher's group is ETP x EP (TD:1893-1919)
+  switch (stack.dispatcher.kind.value) {
+    case DispatcherKind::kDeepEp:
+      return group > 1 ? deepep_buffer_bytes(h * kBf16, group, stack.dispatcher.sms.value) : 0.0;
+    case DispatcherKind::kHybridEp:
+      return group > 1 ? hybridep_buffer_bytes(t, h, group, hw.node.gpus_per_node.value,
+                                               m.moe.num_experts / p.experts.ep)
+                       : 0.0;
+    case DispatcherKind::kNcclAllToAll:
+    case DispatcherKind::kNcclAllGather:
+      return 0.0;  // NCCL's own buffers are in the stack's reserve
+    case DispatcherKind::kFused:
+      break;
+  }
+  // moerun / MegaScale-MoE: send + receive windows of the largest per-layer exchange (dispatched rows, or the
+  // EP all-gather), and a DP bucket of one layer's fp32 gradients (assumption, as before this model).
+  const double rows = t * d(m.moe.top_k) * expert_load_scale * d(p.experts.etp);
+  const double exchange = p.experts.dispatch == Dispatch::kAllGather ? t * d(p.experts.ep) * h : rows * h;
+  double largest_layer = 0;
+  for (const LayerSpec& spec : m.layers) {
+    const LocalParams lp = local_params(m, p, spec);
+    largest_layer = std::max(largest_layer, lp.dense() + lp.experts);
+  }
+  return 2.0 * exchange * kBf16 + largest_layer * kFp32;
+}
+
+std::vector<MemoryBreakdown> memory_per_stage(const ModelSpec& m, const Plan& p, const HardwareProfile& hw,
+                                              const StackProfile& stack,
+                                              const std::vector<std::vector<int64_t>>& in_flight,
+                                              double expert_load_scale) {
+  const int64_t pp = p.pipeline.pp, vpp = p.pipeline.vpp, tp = p.attention.tp;
+  const int64_t chunks = pp * vpp;
   const double replicas = d(p.attention.sp * p.attention.cp * p.dp());  // ranks holding the same dense params
   const double edp = d(p.expert_dp());
-  const double weight_bytes = p.precision == Precision::kFp8 ? 3.0 : 2.0;  // bf16 (+ an fp8 copy)
-  const double dt = bytes_of(DType::kBf16);
-  std::vector<int64_t> layers(static_cast<size_t>(pp * vpp), m.num_layers() / (pp * vpp));
+  const bool fp8 = p.precision == Precision::kFp8;
+  // Megatron's main-gradient buffer: fp32 unless --grad-reduce-in-bf16 (F §4.1,
+  // param_and_grad_buffer.py:888-899); MegaScale-MoE's bf16 all-to-all stages its bf16 copy in half of the
+  // fp32 buffer, so it keeps 4 B.
+  const double grad_bytes = p.compression.grad_sync == GradSync::kBf16ReduceScatter ? kBf16 : kFp32;
+  constexpr double kParamBytes = kBf16;     // bf16 parameter buffer (param_and_grad_buffer.py:1180-1195)
+  constexpr double kOptimizerBytes = 12.0;  // fp32 main params + Adam m + v (distrib_optimizer.py:370-463)
+
+  std::vector<int64_t> layers(static_cast<size_t>(chunks), m.num_layers() / chunks);
   if (!p.pipeline.layers_per_stage.empty()) {
     layers = p.pipeline.layers_per_stage;
   } else {
-    for (int64_t i = 0; i < m.num_layers() % (pp * vpp); ++i) ++layers[static_cast<size_t>(i)];
+    for (int64_t i = 0; i < m.num_layers() % chunks; ++i) ++layers[static_cast<size_t>(i)];
   }
   std::vector<int64_t> first(layers.size() + 1, 0);
   for (size_t i = 0; i < layers.size(); ++i) first[i + 1] = first[i] + layers[i];
@@ -110,81 +419,149 @@ MemoryBreakdown memory_per_gpu(const ModelSpec& m, const Plan& p, const Hardware
   // Per distinct layer kind: parameters on this rank and saved activations (layers of a kind are identical).
   struct Kind {
     LayerSpec spec;
-    double dense = 0, experts = 0, activations = 0;
+    LocalParams params;
+    double saved = 0;    // under the plan's recompute (full: the layer input)
+    double working = 0;  // without recompute: the backward's working set (see below)
   };
   std::vector<Kind> kinds;
-  std::vector<size_t> kind_of(m.layers.size());
-  for (size_t l = 0; l < m.layers.size(); ++l) {
-    const LayerSpec& spec = m.layers[l];
+  auto kind_of = [&](const LayerSpec& spec) -> size_t {
     auto it = std::find_if(kinds.begin(), kinds.end(), [&](const Kind& k) {
       return k.spec.moe == spec.moe && k.spec.window == spec.window &&
              k.spec.kv_projection == spec.kv_projection;
     });
-    if (it == kinds.end()) {
-      const ParamBreakdown lp = layer_params(m, spec);
-      kinds.push_back({spec, (lp.total() - lp.routed_experts) / d(tp), lp.routed_experts / d(ep * etp),
-                       layer_activation_elements(m, p, spec, expert_load_scale).total() * dt});
-      it = kinds.end() - 1;
-    }
-    kind_of[l] = static_cast<size_t>(it - kinds.begin());
-  }
-  double largest_full = 0;  // one layer's full working set while it is recomputed
-  if (p.recompute != Recompute::kNone) {
-    for (const Kind& k : kinds) {
-      largest_full = std::max(
-          largest_full, activations_under(m, p, k.spec, expert_load_scale, Recompute::kNone).total() * dt);
-    }
-  }
+    if (it != kinds.end()) return static_cast<size_t>(it - kinds.begin());
+    kinds.push_back(
+        {spec, local_params(m, p, spec), layer_activations(m, p, stack, spec, expert_load_scale).total(),
+         layer_activations_under(m, p, stack, spec, expert_load_scale, Recompute::kNone, 0).total()});
+    return kinds.size() - 1;
+  };
+  const LayerSpec mtp_spec{m.is_moe(), 0, true};
+  const double comm = dispatcher_buffer_bytes(m, p, stack, hw, expert_load_scale);
+  const double head = head_activations(m, p, stack, expert_load_scale);
+  const double input_bytes = tokens_per_rank(p) * d(m.hidden) * kBf16;
 
-  MemoryBreakdown worst;
+  std::vector<MemoryBreakdown> stages;
   for (int64_t s = 0; s < pp; ++s) {
     MemoryBreakdown b;
     b.stage = s;
     b.capacity = hw.gpu.hbm_capacity_bytes.value;
-    double dense = 0, experts = 0, act_per_chunk = 0, largest_layer = 0;
-    int64_t chunks_layers = 0;
+    double sharded = 0, replicated = 0, experts = 0, gemm = 0, largest_layer = 0, working = 0;
+    int64_t stage_layers = 0, longest_chunk = 0;
+    std::vector<double> chunk_bytes(static_cast<size_t>(vpp), 0.0);
     for (int64_t c = 0; c < vpp; ++c) {
-      const int64_t v = c * pp + s;
-      for (int64_t l = first[static_cast<size_t>(v)]; l < first[static_cast<size_t>(v) + 1]; ++l) {
-        const Kind& k = kinds[kind_of[static_cast<size_t>(l)]];
-        dense += k.dense;
-        experts += k.experts;
-        largest_layer = std::max(largest_layer, k.dense + k.experts);
-        act_per_chunk += k.activations;
-        ++chunks_layers;
+      const int64_t v = virtual_stage(c, s, pp, p.pipeline.schedule);
+      const bool last = v == chunks - 1;
+      std::vector<size_t> chunk;
+      for (int64_t l = first[static_cast<size_t>(v)]; l < first[static_cast<size_t>(v) + 1]; ++l)
+        chunk.push_back(kind_of(m.layers[static_cast<size_t>(l)]));
+      const auto n = static_cast<int64_t>(chunk.size());  // decoder layers; MTP layers follow on the last
+      if (last) {
+        for (int64_t j = 0; j < m.mtp_layers; ++j) chunk.push_back(kind_of(mtp_spec));
+      }
+      double& bytes = chunk_bytes[static_cast<size_t>(c)];
+      for (int64_t i = 0; i < static_cast<int64_t>(chunk.size()); ++i) {
+        const Kind& k = kinds[chunk[static_cast<size_t>(i)]];
+        sharded += k.params.sharded;
+        gemm += k.params.gemm;
+        replicated += k.params.replicated;
+        experts += k.params.experts;
+        largest_layer = std::max(largest_layer, k.params.dense() + k.params.experts);
+        working = std::max(working, k.working);
+        if (i >= n) continue;  // an MTP layer: its activations are among the head's
+        // Full recompute (recompute.py:157-181): uniform keeps one input per group of N layers of the chunk;
+        // block checkpoints the first N layers of the chunk and keeps everything of the rest.
+        if (p.recompute == Recompute::kFull) {
+          const int64_t nl = std::max<int64_t>(1, p.recompute_num_layers);
+          if (p.recompute_method == RecomputeMethod::kUniform) {
+            if (i % nl == 0) bytes += input_bytes;
+          } else {
+            bytes += i < nl ? input_bytes : k.working;
+          }
+        } else {
+          bytes += k.saved;
+        }
+      }
+      stage_layers += static_cast<int64_t>(chunk.size());
+      longest_chunk = std::max(longest_chunk, n);
+      if (last) {
+        bytes += head;
+        // MTP: the projection [2h -> h] (TP-sharded) and three norms (replicated) (lower.cpp local_params).
+        sharded += d(m.mtp_layers) * 2.0 * d(m.hidden) * d(m.hidden) / d(tp);
+        gemm += d(m.mtp_layers) * 2.0 * d(m.hidden) * d(m.hidden) / d(tp);
+        replicated += d(m.mtp_layers) * 3.0 * d(m.hidden);
       }
     }
-    // Embedding on the first stage, output layer on the last (vocabulary split over tp).
+    // Embedding with the first virtual stage, output layer with the last (vocabulary split over tp): the
+    // first and last pipeline stages, or both on stage 0 under DualPipeV's V. The MTP stage holds its own
+    // copy of the embedding (gpt_model.py:173) unless it also holds the embedding or it is tied to the output.
     const double vocab_params = d(m.vocab) * d(m.hidden) / d(tp);
-    if (s == 0) dense += vocab_params;
-    if (s == pp - 1 && (!m.tied_embeddings || pp > 1)) dense += vocab_params;
+    const bool has_embedding = stage_of_virtual(0, pp, p.pipeline.schedule) == s;
+    const bool has_head = stage_of_virtual(chunks - 1, pp, p.pipeline.schedule) == s;
+    const bool shared = has_embedding && has_head;  // one stage holds both ends
+    double embeddings = 0;
+    if (has_embedding) embeddings += vocab_params;
+    if (has_head && (!m.tied_embeddings || !shared)) embeddings += vocab_params;
+    if (has_head && !shared && m.mtp_layers > 0 && !m.tied_embeddings) embeddings += vocab_params;
+    if (has_head) replicated += d(m.hidden) * (m.norm == NormKind::kLayerNorm ? 2.0 : 1.0);  // final norm
+    const double dense = sharded + replicated + embeddings;
     const double params = dense + experts;
 
     const int64_t zero = p.data.zero;
-    b.weights = zero == 3 ? (dense / replicas + experts / edp + 2.0 * largest_layer) * weight_bytes
-                          : params * weight_bytes;
-    b.gradients = zero >= 2 ? (dense / replicas + experts / edp) * 4.0 : params * 4.0;
-    b.optimizer = zero >= 1 ? (dense / replicas + experts / edp) * 12.0 : params * 12.0;
+    const double sharded_params = dense / replicas + experts / edp;
+    b.weights = zero == 3 ? (sharded_params + 2.0 * largest_layer) * kParamBytes : params * kParamBytes;
+    // FP8: TE's cached weight and transpose; moerun / MegaScale-MoE: one FP8 copy per GEMM weight
+    // (assumption, as before this model).
+    if (fp8) b.weights += gemm * (fused_stack(stack) ? 1.0 : fp8_weight_cache_bytes(p.fp8_recipe));
+    b.gradients = (zero >= 2 ? sharded_params : params) * grad_bytes;
+    b.optimizer = (zero >= 1 ? sharded_params : params) * kOptimizerBytes;
 
-    // Activations: the peak number of live chunks, each holding its layers' saved tensors (averaged over the
-    // stage's chunks), plus one layer's full working set while it is recomputed.
-    b.in_flight = in_flight.empty() ? 1 : in_flight[static_cast<size_t>(s)];
-    b.activations = d(b.in_flight) * act_per_chunk / d(std::max<int64_t>(1, vpp));
-    if (chunks_layers > 0) b.activations += largest_full;
-    const double t = d(p.micro_batch * p.seq_len / (tp * p.attention.sp * p.attention.cp));
-    if (s == pp - 1) b.activations += t * d(tp) * d(m.vocab) / d(tp) * 4.0;  // fp32 logits for the loss
+    // Activations: each in-flight micro-batch chunk holds its layers' saved tensors; the layer whose backward
+    // runs adds its working set: its activation gradients and what recompute restores, taken as the tensors
+    // it saves without recompute (assumption), for a group of N layers under uniform full recompute.
+    const bool by_chunk = s < static_cast<int64_t>(in_flight.size()) &&
+                          static_cast<int64_t>(in_flight[static_cast<size_t>(s)].size()) == vpp;
+    b.in_flight = 0;
+    for (int64_t c = 0; c < vpp; ++c) {
+      const int64_t n = by_chunk ? in_flight[static_cast<size_t>(s)][static_cast<size_t>(c)] : 1;
+      b.in_flight += n;
+      b.activations += d(n) * chunk_bytes[static_cast<size_t>(c)];
+    }
+    if (!by_chunk && s < static_cast<int64_t>(in_flight.size()) &&
+        !in_flight[static_cast<size_t>(s)].empty()) {
+      // A total without its chunks: spread it evenly over them.
+      int64_t total = 0;
+      for (int64_t n : in_flight[static_cast<size_t>(s)]) total += n;
+      double all = 0;
+      for (double x : chunk_bytes) all += x;
+      b.in_flight = total;
+      b.activations = d(total) * all / d(vpp);
+    }
+    if (stage_layers > 0) {
+      const int64_t group = p.recompute == Recompute::kFull && p.recompute_method == RecomputeMethod::kUniform
+                                ? std::min(std::max<int64_t>(1, p.recompute_num_layers), longest_chunk)
+                                : 1;
+      b.activations += d(group) * working;
+    }
+    b.comm_buffers = comm;
 
-    // Communication buffers: send + receive of the largest per-layer exchange (dispatched rows or the EP
-    // all-gather), and a DP bucket of one layer's fp32 gradients.
-    const double rows = m.is_moe() ? t * d(m.moe.top_k) * expert_load_scale * d(etp) : 0.0;
-    const double dispatch =
-        p.experts.dispatch == Dispatch::kAllGather ? t * d(ep) * d(m.hidden) : rows * d(m.hidden);
-    b.comm_buffers = 2.0 * dispatch * dt + largest_layer * 4.0;
-    b.reserve = kReserveFixedBytes +
-                kFragmentation * (b.weights + b.gradients + b.optimizer + b.activations + b.comm_buffers);
-    if (s == 0 || b.total() > worst.total()) worst = b;
+    // The allocator's reserve and fragmentation, as the stack states them (a range).
+    const double allocated = b.allocated();
+    b.reserve_low = stack.memory.reserve_bytes.value + stack.memory.fragmentation.value * allocated;
+    b.reserve_high =
+        stack.memory.reserve_bytes_high.value + stack.memory.fragmentation_high.value * allocated;
+    b.reserve = 0.5 * (b.reserve_low + b.reserve_high);
+    stages.push_back(b);
   }
-  return worst;
+  return stages;
+}
+
+MemoryBreakdown memory_per_gpu(const ModelSpec& m, const Plan& p, const HardwareProfile& hw,
+                               const StackProfile& stack, const std::vector<std::vector<int64_t>>& in_flight,
+                               double expert_load_scale) {
+  const std::vector<MemoryBreakdown> stages = memory_per_stage(m, p, hw, stack, in_flight, expert_load_scale);
+  return *std::max_element(
+      stages.begin(), stages.end(),
+      [](const MemoryBreakdown& a, const MemoryBreakdown& b) { return a.total() < b.total(); });
 }
 
 }  // namespace moeplan::cost

@@ -211,14 +211,9 @@ Prediction predict(const ModelSpec& model, const Plan& plan, const HardwareProfi
   r.mfu = r.model_flops_per_step /
           (r.step_time_s * static_cast<double>(plan.gpus) * hw.gpu.peak_flops_per_s.at("bf16").value);
 
-  // Memory: activations live for the peak number of in-flight chunks of each stage's schedule.
-  std::vector<int64_t> in_flight;
-  for (int64_t s = 0; s < run.pipeline.pp; ++s) {
-    in_flight.push_back(peak_in_flight(pipeline_order(s, run.pipeline.pp, run.pipeline.vpp,
-                                                      run.num_micro_batches(), run.overlap.cross_micro_batch,
-                                                      run.pipeline.schedule)));
-  }
-  r.memory = cost::memory_per_gpu(model, run, hw, in_flight, lo.expert_load_scale);
+  // Memory: activations of the chunks in flight at each stage's peak under its schedule.
+  r.memory =
+      cost::memory_per_gpu(model, run, hw, stack, in_flight_by_chunk(model, run), lo.expert_load_scale);
 
   // The breakdown shown is the busiest stage's: the one whose ops' summed durations are largest (it sets the
   // pipeline's pace; the others wait for it in the bubble).

@@ -40,10 +40,16 @@ nlohmann::json prediction_json(const Prediction& p, const ReportContext& ctx) {
       "seq_len";
   j["model_flops_per_step"] = p.model_flops_per_step;
   const auto& m = p.memory;
+  const auto& sm = ctx.stack.memory;
   j["memory"] = {
       {"per_gpu_bytes", m.total()},
+      {"per_gpu_bytes_range", {m.total_low(), m.total_high()}},
       {"capacity_bytes", m.capacity},
       {"fits", m.fits()},
+      {"tight", m.tight()},
+      {"fit_rule",
+       "fits when the low end (the stack's smallest reserve and fragmentation) is within capacity; "
+       "tight when the high end is not"},
       {"stage", m.stage},
       {"in_flight_micro_batches", m.in_flight},
       {"components",
@@ -53,9 +59,13 @@ nlohmann::json prediction_json(const Prediction& p, const ReportContext& ctx) {
         {"activations", m.activations},
         {"comm_buffers", m.comm_buffers},
         {"reserve", m.reserve}}},
-      {"reserve_rule", fmt::format("{:.0f} GiB fixed (CUDA context, NCCL, cuBLAS workspaces) + {:.0f}% "
-                                   "fragmentation (assumptions)",
-                                   cost::kReserveFixedBytes / kGiB, cost::kFragmentation * 100)}};
+      {"reserve_range", {m.reserve_low, m.reserve_high}},
+      {"reserve_rule",
+       fmt::format("{:.1f}-{:.1f} GiB fixed (CUDA context, NCCL, library workspaces) + {:.0f}-{:.0f}% "
+                   "fragmentation of allocated memory (stack {}: {})",
+                   sm.reserve_bytes.value / kGiB, sm.reserve_bytes_high.value / kGiB,
+                   sm.fragmentation.value * 100, sm.fragmentation_high.value * 100, ctx.stack.name,
+                   name_of(sm.reserve_bytes.basis))}};
   nlohmann::json comp, comm;
   for (const auto& [k, v] : p.breakdown.compute) comp[k] = v;
   for (const auto& [k, v] : p.breakdown.exposed_comm) comm[k] = v;

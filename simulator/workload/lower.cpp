@@ -267,10 +267,7 @@ class Builder {
   Schedule schedule_ = Schedule::k1F1B;
   int64_t vstage(int64_t chunk, int64_t stage) const { return virtual_stage(chunk, stage, pp_, schedule_); }
   // The pipeline stage (rank) that runs virtual stage v.
-  int64_t stage_of_virtual(int64_t v) const {
-    if (schedule_ == Schedule::kDualPipeV) return v < pp_ ? v : 2 * pp_ - 1 - v;
-    return v % pp_;
-  }
+  int64_t stage_of_virtual(int64_t v) const { return moeplan::stage_of_virtual(v, pp_, schedule_); }
   // Zero-bubble backward (DualPipeV): weight-gradient GEMMs are held back and emitted by a later weights
   // task, oldest first.
   struct DeferredWgrad {
@@ -1620,11 +1617,6 @@ std::vector<PipelineTask> dualpipev_order(int64_t r, int64_t d, int64_t m) {
 
 }  // namespace
 
-int64_t virtual_stage(int64_t chunk, int64_t stage, int64_t stages, Schedule schedule) {
-  if (schedule == Schedule::kDualPipeV) return chunk == 0 ? stage : 2 * stages - 1 - stage;
-  return chunk * stages + stage;
-}
-
 std::vector<PipelineTask> pipeline_order(int64_t stage, int64_t stages, int64_t chunks, int64_t micro_batches,
                                          bool combined, Schedule schedule) {
   if (schedule == Schedule::kDualPipeV) return dualpipev_order(stage, stages, micro_batches);
@@ -1669,6 +1661,67 @@ int64_t peak_in_flight(const std::vector<PipelineTask>& order) {
     peak = std::max(peak, live);
   }
   return peak;
+}
+
+std::vector<int64_t> peak_in_flight_by_chunk(const std::vector<PipelineTask>& order, int64_t chunks,
+                                             const std::vector<double>& chunk_weight) {
+  MOEPLAN_ASSERT(static_cast<int64_t>(chunk_weight.size()) == chunks);
+  std::vector<int64_t> live(static_cast<size_t>(chunks), 0), best = live;
+  double best_weight = -1;
+  int64_t best_count = -1;
+  auto consider = [&](const std::vector<int64_t>& set) {
+    double w = 0;
+    int64_t n = 0;
+    for (size_t c = 0; c < set.size(); ++c) {
+      w += d(set[c]) * chunk_weight[c];
+      n += set[c];
+    }
+    if (w > best_weight || (w == best_weight && n > best_count)) {
+      best_weight = w;
+      best_count = n;
+      best = set;
+    }
+  };
+  for (size_t i = 0; i < order.size(); ++i) {
+    const PipelineTask& t = order[i];
+    if (t.weights) continue;  // weight gradients free no chunk of their own here
+    const auto fc = static_cast<size_t>(t.chunk);
+    if (t.forward && t.paired && i + 1 < order.size() && !order[i + 1].forward) {
+      // The pair holds the heavier of the two chunks while forward layers grow as backward layers free.
+      const auto bc = static_cast<size_t>(order[i + 1].chunk);
+      std::vector<int64_t> during = live;
+      if (chunk_weight[fc] > chunk_weight[bc]) {
+        --during[bc];
+        ++during[fc];
+      }
+      consider(during);
+      ++live[fc];
+      --live[bc];
+      ++i;
+      continue;
+    }
+    live[fc] += t.forward ? 1 : -1;
+    consider(live);
+  }
+  return best;
+}
+
+std::vector<std::vector<int64_t>> in_flight_by_chunk(const ModelSpec& model, const Plan& plan) {
+  const int64_t pp = plan.pipeline.pp, vpp = plan.pipeline.vpp;
+  const std::vector<int64_t> layers = layers_per_virtual_stage(model, plan);
+  std::vector<std::vector<int64_t>> out;
+  for (int64_t s = 0; s < pp; ++s) {
+    std::vector<double> weight(static_cast<size_t>(vpp), 0.0);
+    for (int64_t c = 0; c < vpp; ++c) {
+      const int64_t v = virtual_stage(c, s, pp, plan.pipeline.schedule);
+      weight[static_cast<size_t>(c)] =
+          d(layers[static_cast<size_t>(v)]) + (v == pp * vpp - 1 ? d(model.mtp_layers) : 0.0);
+    }
+    out.push_back(peak_in_flight_by_chunk(pipeline_order(s, pp, vpp, plan.num_micro_batches(),
+                                                         plan.overlap.cross_micro_batch, plan.pipeline.schedule),
+                                          vpp, weight));
+  }
+  return out;
 }
 
 DedupVolumes dedup_volumes(int64_t experts, int64_t top_k, int64_t ranks, int64_t per_node, int64_t groups,

@@ -59,13 +59,24 @@ struct PipelineTask {
 std::vector<PipelineTask> pipeline_order(int64_t stage, int64_t stages, int64_t chunks, int64_t micro_batches,
                                          bool combined = false, Schedule schedule = Schedule::k1F1B);
 
-// The virtual stage a (chunk, stage) task runs: chunk * stages + stage, or under DualPipeV's V the stage on
-// the way down (chunk 0) and 2 stages - 1 - stage on the way back (chunk 1).
-int64_t virtual_stage(int64_t chunk, int64_t stage, int64_t stages, Schedule schedule);
-
 // Largest number of micro-batch chunks whose forward is done and backward is not, over the stage's order:
 // what sets activation memory.
 int64_t peak_in_flight(const std::vector<PipelineTask>& order);
+
+// Micro-batches of each chunk whose forward is done and backward is not, at the point of the stage's order
+// where the live chunks weigh most, chunk c weighing `chunk_weight[c]` (e.g. its layers); ties go to the
+// larger count. A forward paired with the next backward (combined 1F1B) runs layer by layer against it,
+// forward layer i beside backward layer n-1-i (model_chunk_schedule_plan.py:500-630), so the pair holds the
+// heavier of its two chunks, not both (plus a layer, the backward's working set the memory model adds
+// anyway): the extra warm-up forward takes the place of the steady forward plain 1F1B holds before each
+// backward, so the peak count is plain 1F1B's, held through the steady state rather than reached once per
+// step.
+std::vector<int64_t> peak_in_flight_by_chunk(const std::vector<PipelineTask>& order, int64_t chunks,
+                                             const std::vector<double>& chunk_weight);
+
+// The same for every stage of the plan (cost::memory_per_gpu's input): its schedule (combined 1F1B with
+// overlap.cross_micro_batch), chunks weighted by their layers, the last one's MTP modules included.
+std::vector<std::vector<int64_t>> in_flight_by_chunk(const ModelSpec& model, const Plan& plan);
 
 // A collective over one of the plan's groups, with its size and the rank stride that places it on nodes.
 CommSpec group_comm(const Plan& plan, Collective c, CommGroup g, double bytes, DType dtype);

@@ -1,15 +1,21 @@
-// Memory per GPU: ZeRO stages against bytes per parameter, and activations per layer against MegaScale-MoE's
-// full and SAR formulas for the SP + EP layout they describe (megascale-moe.md §6).
+// Memory per GPU: the distributed optimizer's buffers against Megatron's own estimator, each selective
+// recompute module's saving, full recompute, TE's FP8 caches, the dispatcher buffers and the fit range, all
+// in closed form; activations per layer against MegaScale-MoE's full and SAR formulas for the SP + EP layout
+// they describe (megascale-moe.md §6).
 #include <doctest/doctest.h>
+
+#include <cmath>
 
 #include "simulator/core/model_stats.h"
 #include "simulator/cost/memory.h"
 #include "simulator/io/hardware_loader.h"
 #include "simulator/io/model_loader.h"
+#include "simulator/io/stack_loader.h"
 
 using namespace moeplan;
 
 namespace {
+
 Plan sp_ep_plan() {
   Plan p;
   p.gpus = 8;
@@ -20,35 +26,222 @@ Plan sp_ep_plan() {
   p.experts.dispatch = Dispatch::kAllGather;
   return p;
 }
+
+// DeepSeek-V3 at TP 2 (as the Megatron-Bridge H100 recipe), b = 1, s = 4096: t = 2048 tokens per rank, tg =
+// 4096 after the TP all-gather, 64 heads per rank.
+Plan dsv3_plan() {
+  Plan p;
+  p.gpus = 128;
+  p.seq_len = 4096;
+  p.global_batch = 64;
+  p.attention.tp = 2;
+  p.experts.ep = 64;
+  p.recompute = Recompute::kSelective;
+  return p;
+}
+
+// Bytes layer `layer` saves with `modules` recomputed.
+double saved(const ModelSpec& m, const Plan& p, const StackProfile& st, const LayerSpec& layer,
+             uint16_t modules) {
+  return cost::layer_activations_under(m, p, st, layer, 1.0, Recompute::kSelective, modules).total();
+}
+
+// What recomputing `module` alone saves in `layer`.
+double saving(const ModelSpec& m, const Plan& p, const StackProfile& st, const LayerSpec& layer,
+              RecomputeModule module) {
+  return saved(m, p, st, layer, 0) - saved(m, p, st, layer, module);
+}
+
+struct Dsv3 {
+  ModelSpec m = io::load_model("deepseek-v3").value();
+  StackProfile st = io::load_stack("megatron-core").value();
+  Plan p = dsv3_plan();
+  LayerSpec moe{true, 0, true}, dense{false, 0, true};
+  // t, tg, h, heads per rank, qk / v head dims, MLA ranks, top-k rows, expert / shared / dense FFN per rank.
+  double t = 2048, tg = 4096, h = 7168, heads = 64, qk = 192, v = 128, rope = 64;
+  double rows = 2048 * 8, f = 2048, fs = 2048 / 2, fd = 18432 / 2, experts = 256;
+};
+
 }  // namespace
 
 TEST_SUITE("cost") {
   TEST_CASE("activation memory per MoE layer matches MegaScale-MoE's full and SAR formulas") {
-    // Internal-352B under SP = EP = n = 8 with all-gather dispatch, b = 1, s = 8192: k = 3, f = 14336/4096,
-    // m = 4. In units of b s h / n:
+    // Internal-352B on MegaScale-MoE's stack under SP = EP = n = 8 with all-gather dispatch, b = 1, s = 8192:
+    // k = 3, f = 14336/4096, m = 4. In bf16 elements (bytes / 2), units of b s h / n:
     //   full (tensors of the paper's Fig. 9):  2n + 2k + 3kf + 11 + 5/m
     //   SAR:                                   2kf + 4 + 2/m   (paper §4.1, exactly)
     // The paper prints 12 + 5/m for the full constant; its Fig. 9 lists the eleven unit-size tensors counted
     // here (hidden, ln1_out, qkv, q/k rope, qkv_a2a, attn, attn_a2a, attn_out, ln2_in, ln2_out, ffn_out), so
     // the twelfth is not identifiable from the paper.
     const ModelSpec m = io::load_model("internal-352b").value();
+    const StackProfile st = io::load_stack("megascale-moe").value();
     Plan p = sp_ep_plan();
     const double n = 8, k = 3, f = 14336.0 / 4096.0, mm = 4;
-    const double unit = 8192.0 * 4096.0 / n;
+    const double unit = 8192.0 * 4096.0 / n * 2.0;
     const LayerSpec& layer = m.layers[0];
-    const auto full = cost::layer_activation_elements(m, p, layer, 1.0);
-    CHECK(full.total() / unit == doctest::Approx(2 * n + 2 * k + 3 * k * f + 11 + 5 / mm));
-    p.recompute = Recompute::kSelective;
-    const auto sar = cost::layer_activation_elements(m, p, layer, 1.0);
-    CHECK(sar.total() / unit == doctest::Approx(2 * k * f + 4 + 2 / mm));
+    CHECK(cost::layer_activations(m, p, st, layer, 1.0).total() / unit ==
+          doctest::Approx(2 * n + 2 * k + 3 * k * f + 11 + 5 / mm));
+    p.recompute = Recompute::kSar;
+    CHECK(cost::layer_activations(m, p, st, layer, 1.0).total() / unit ==
+          doctest::Approx(2 * k * f + 4 + 2 / mm));
     p.recompute = Recompute::kFull;
-    CHECK(cost::layer_activation_elements(m, p, layer, 1.0).total() / unit == doctest::Approx(1.0));
+    CHECK(cost::layer_activations(m, p, st, layer, 1.0).total() / unit == doctest::Approx(1.0));
+  }
+
+  TEST_CASE("recomputing core_attn under fused attention frees only the softmax statistics in bf16") {
+    // TE's fused attention saves q, k, v, out and fp32 stats [tg, heads]; the out-projection saves out too,
+    // so the checkpoint frees the stats only: tg x heads x 4 B. Under FP8 the out-projection keeps an FP8
+    // copy and the bf16 out goes as well: + tg x heads x v x 2 B.
+    Dsv3 c;
+    CHECK(saving(c.m, c.p, c.st, c.moe, kRecomputeCoreAttn) == doctest::Approx(c.tg * c.heads * 4));
+    c.p.precision = Precision::kFp8;
+    CHECK(saving(c.m, c.p, c.st, c.moe, kRecomputeCoreAttn) ==
+          doctest::Approx(c.tg * c.heads * 4 + c.tg * c.heads * c.v * 2));
+  }
+
+  TEST_CASE("recomputing moe_act frees FC2's input rows") {
+    // FC2 saves the activation output [rows, F / etp]: rows x F x 2 B in bf16, its FP8 copy (1 B) under FP8.
+    Dsv3 c;
+    CHECK(saving(c.m, c.p, c.st, c.moe, kRecomputeMoeAct) == doctest::Approx(c.rows * c.f * 2));
+    c.p.precision = Precision::kFp8;
+    CHECK(saving(c.m, c.p, c.st, c.moe, kRecomputeMoeAct) == doctest::Approx(c.rows * c.f * 1));
+  }
+
+  TEST_CASE("recomputing layernorm frees the pre-MLP norm output, and the attention norm only under MLA") {
+    // MLA (separate input_layernorm) + MoE: t h 2 (pre-MLP) + t h 2 (attention norm) in bf16. GQA fuses the
+    // attention norm into the QKV LayerNormLinear: t h 2. A dense layer's pre-MLP norm is fused into fc1.
+    Dsv3 c;
+    CHECK(saving(c.m, c.p, c.st, c.moe, kRecomputeLayernorm) == doctest::Approx(2 * c.t * c.h * 2));
+    CHECK(saving(c.m, c.p, c.st, c.dense, kRecomputeLayernorm) == doctest::Approx(c.t * c.h * 2));
+    const ModelSpec q = io::load_model("qwen3-235b-a22b").value();  // GQA, h = 4096
+    CHECK(saving(q, c.p, c.st, c.moe, kRecomputeLayernorm) == doctest::Approx(c.t * 4096 * 2));
+    // FP8: the norm's consumers keep FP8 copies (q and kv down-projections, shared fc1) that go as well,
+    // and the pre-MLP output stays in bf16 for the router: 2 t h 1 + t h (2 + 1).
+    c.p.precision = Precision::kFp8;
+    CHECK(saving(c.m, c.p, c.st, c.moe, kRecomputeLayernorm) ==
+          doctest::Approx(2 * c.t * c.h + 3 * c.t * c.h));
+  }
+
+  TEST_CASE("recomputing mla_up_proj frees the full Q, K and V but keeps the gathered rope key") {
+    // Q, K [tg, heads, 192] and V [tg, heads, 128] in bf16; the checkpoint keeps its inputs, among them the
+    // rope key gathered over TP [tg, 64]: tg heads (2 qk + v) 2 - tg rope 2.
+    Dsv3 c;
+    CHECK(saving(c.m, c.p, c.st, c.moe, kRecomputeMlaUpProj) ==
+          doctest::Approx(c.tg * c.heads * (2 * c.qk + c.v) * 2 - c.tg * c.rope * 2));
+  }
+
+  TEST_CASE("recomputing mlp frees a dense layer's MLP and leaves MoE layers alone") {
+    // Dense SwiGLU MLP under TP: fc1's ln_out shard t h 2, fc1 output tg 2F 2, activation output tg F 2.
+    Dsv3 c;
+    CHECK(saving(c.m, c.p, c.st, c.dense, kRecomputeMlp) ==
+          doctest::Approx(c.t * c.h * 2 + c.tg * 2 * c.fd * 2 + c.tg * c.fd * 2));
+    CHECK(saving(c.m, c.p, c.st, c.moe, kRecomputeMlp) == doctest::Approx(0.0));
+  }
+
+  TEST_CASE("recomputing moe frees the whole MoE layer but its input") {
+    // Router state and permute maps t E (13 + 8), FC1 input rows h 2, FC1 output rows 2F 2 + probs rows 4,
+    // FC2 input rows F 2, shared expert tg (2 Fs + Fs) 2; the pre-MLP norm output stays as the input.
+    Dsv3 c;
+    const double expected = c.t * c.experts * 21 + c.rows * c.h * 2 + c.rows * 2 * c.f * 2 + c.rows * 4 +
+                            c.rows * c.f * 2 + c.tg * 3 * c.fs * 2;
+    CHECK(saving(c.m, c.p, c.st, c.moe, kRecomputeMoe) == doctest::Approx(expected));
+  }
+
+  TEST_CASE("recomputing shared_experts frees the shared expert's fc1 and activation outputs") {
+    // tg x 2 Fs x 2 (fc1 output) + tg x Fs x 2 (activation output), Fs = 2048 / tp.
+    Dsv3 c;
+    CHECK(saving(c.m, c.p, c.st, c.moe, kRecomputeSharedExperts) == doctest::Approx(c.tg * 3 * c.fs * 2));
+  }
+
+  TEST_CASE("full recompute keeps one input per group of layers (uniform) or per leading layer (block)") {
+    // Mixtral-8x7B, one stage of 32 layers, one micro-batch in flight, t = 4096, input t h 2 B. With W the
+    // bytes one layer saves without recompute and H the head's (final norm, logits):
+    //   uniform N = 4: 8 inputs + the working set of a recomputed group of 4 layers, 4 W, + H
+    //   block N = 4:   4 inputs + 28 W + one layer's working set W + H
+    const ModelSpec m = io::load_model("mixtral-8x7b").value();
+    const HardwareProfile hw = io::load_hardware("h100-sxm").value();
+    const StackProfile st = io::load_stack("megatron-core").value();
+    Plan p;
+    p.gpus = 8;
+    p.seq_len = 4096;
+    p.global_batch = 8;
+    p.experts.ep = 8;
+    const double w = cost::layer_activations_under(m, p, st, m.layers[0], 1.0, Recompute::kNone, 0).total();
+    const double head = cost::head_activations(m, p, st, 1.0);
+    const double input = 4096.0 * 4096 * 2;
+    p.recompute = Recompute::kFull;
+    p.recompute_num_layers = 4;
+    p.recompute_method = RecomputeMethod::kUniform;
+    CHECK(cost::memory_per_gpu(m, p, hw, st, {{1}}, 1.0).activations ==
+          doctest::Approx(8 * input + 4 * w + head));
+    p.recompute_method = RecomputeMethod::kBlock;
+    CHECK(cost::memory_per_gpu(m, p, hw, st, {{1}}, 1.0).activations ==
+          doctest::Approx(4 * input + 28 * w + w + head));
+  }
+
+  TEST_CASE("weights and optimizer of a dense model match Megatron's estimator") {
+    // Megatron's theoretical_memory_usage.py (megatron_stack_facts.md §4.2), distributed optimizer: bytes per
+    // parameter 6 + 12 / dp on the most loaded shard, tp-sharded / (pp tp) + embedding / tp (+ output / tp
+    // untied at pp = 1) + replicated / pp. A Llama-3-8B-like GQA model, H = 4096, F = 14336, 32 layers, 32
+    // heads over 8 KV groups, V = 128256, untied, on tp = 2, dp = 4:
+    //   sharded per layer = 2 H^2 (1 + 8/32) + 3 H F, replicated per layer = 2 H (norms), + H (final norm)
+    // The estimator at older commits divides the norms by tp as well (a few MB here); Megatron replicates
+    // them over TP, as counted here.
+    ModelSpec m;
+    m.name = "dense-8b";
+    m.hidden = 4096;
+    m.vocab = 128256;
+    m.dense_ffn = 14336;
+    m.attention = {AttentionKind::kGqa, 32, 8, 128, {}, false, false, QkNorm::kNone, false, 1};
+    m.layers.assign(32, LayerSpec{false, 0, true});
+    const HardwareProfile hw = io::load_hardware("h100-sxm").value();
+    const StackProfile st = io::load_stack("megatron-core").value();
+    Plan p;
+    p.gpus = 8;
+    p.seq_len = 4096;
+    p.global_batch = 8;
+    p.attention.tp = 2;
+    const double H = 4096, F = 14336, V = 128256, L = 32, tp = 2, dp = 4;
+    const double shard = L * (2 * H * H * (1 + 8.0 / 32) + 3 * H * F) / tp + 2 * V * H / tp + L * 2 * H + H;
+    const auto b = cost::memory_per_gpu(m, p, hw, st, {{1}}, 1.0);
+    CHECK(b.weights + b.gradients + b.optimizer == doctest::Approx((6 + 12 / dp) * shard));
+  }
+
+  TEST_CASE("weights and optimizer of a MoE model match Megatron's estimator, experts over expert-DP") {
+    // Mixtral-8x7B on 8 GPUs, ep = 8, tp = 1: dp = 8, expert-dp = world / (etp ep pp) = 1 (estimator,
+    // megatron_stack_facts.md §4.2). Non-expert: 32 (2 H^2 (1 + 8/32) + 2 H + H E) + 2 V H + H at 6 + 12/8 B;
+    // experts: 32 x 3 H F E / 8 at 6 + 12/1 B. The estimator at older commits has no router term (H E).
+    const ModelSpec m = io::load_model("mixtral-8x7b").value();
+    const HardwareProfile hw = io::load_hardware("h100-sxm").value();
+    const StackProfile st = io::load_stack("megatron-core").value();
+    Plan p;
+    p.gpus = 8;
+    p.seq_len = 4096;
+    p.global_batch = 8;
+    p.experts.ep = 8;
+    const double H = 4096, F = 14336, V = 32000, E = 8, L = 32;
+    const double dense = L * (2 * H * H * (1 + 8.0 / 32) + 2 * H + H * E) + 2 * V * H + H;
+    const double experts = L * 3 * H * F * E / 8;
+    const auto b = cost::memory_per_gpu(m, p, hw, st, {{1}}, 1.0);
+    CHECK(b.weights + b.gradients + b.optimizer ==
+          doctest::Approx((6 + 12.0 / 8) * dense + (6 + 12.0) * experts));
+    // Where this model departs from the estimator, by design: --grad-reduce-in-bf16 halves the gradient
+    // buffer (4 -> 2 B), and FP8 adds TE's cached FP8 weight and transpose (2 B per GEMM weight: all but the
+    // embeddings, norms and router).
+    const double params = dense + experts;
+    p.compression.grad_sync = GradSync::kBf16ReduceScatter;
+    CHECK(cost::memory_per_gpu(m, p, hw, st, {{1}}, 1.0).gradients == doctest::Approx(2 * params));
+    p.precision = Precision::kFp8;
+    p.fp8_recipe = Fp8Recipe::kTensorwise;
+    const double gemm = params - 2 * V * H - (L * (2 * H + H * E) + H);
+    CHECK(cost::memory_per_gpu(m, p, hw, st, {{1}}, 1.0).weights == doctest::Approx(2 * params + 2 * gemm));
   }
 
   TEST_CASE("ZeRO stages shard optimizer states, then gradients, then weights, by bytes per parameter") {
     // Mixtral-8x7B on 8 GPUs, ep = 8, one stage: bf16 weights 2 B, fp32 grads 4 B, Adam + master 12 B.
     const ModelSpec m = io::load_model("mixtral-8x7b").value();
     const HardwareProfile hw = io::load_hardware("h100-sxm").value();
+    const StackProfile st = io::load_stack("megatron-core").value();
     Plan p;
     p.gpus = 8;
     p.seq_len = 4096;
@@ -59,7 +252,7 @@ TEST_SUITE("cost") {
     const double dense = c.total.total() - c.total.routed_experts;  // replicated on all 8 (dp = 8, edp = 1)
     auto mem = [&](int64_t zero) {
       p.data.zero = zero;
-      return cost::memory_per_gpu(m, p, hw, {1}, 1.0);
+      return cost::memory_per_gpu(m, p, hw, st, {{1}}, 1.0);
     };
     const auto z0 = mem(0), z1 = mem(1), z2 = mem(2), z3 = mem(3);
     CHECK(z0.weights == doctest::Approx(2 * (dense + experts)));
@@ -75,14 +268,96 @@ TEST_SUITE("cost") {
   TEST_CASE("1F1B keeps more micro-batches in flight on early stages") {
     const ModelSpec m = io::load_model("mixtral-8x7b").value();
     const HardwareProfile hw = io::load_hardware("h100-sxm").value();
+    const StackProfile st = io::load_stack("megatron-core").value();
     Plan p;
     p.gpus = 32;
     p.seq_len = 4096;
     p.global_batch = 64;
     p.experts.ep = 8;
     p.pipeline.pp = 4;
-    const auto b = cost::memory_per_gpu(m, p, hw, {4, 3, 2, 1}, 1.0);
+    const auto b = cost::memory_per_gpu(m, p, hw, st, {{4}, {3}, {2}, {1}}, 1.0);
     CHECK(b.stage == 0);
     CHECK(b.in_flight == 4);
+  }
+
+  TEST_CASE("the last virtual stage keeps the head's logits and each MTP module") {
+    // DeepSeek-V3, tp = 2: t = 2048, tg = 4096, V / tp = 64640. Head: final norm input t h 2 + rsigma t 4 +
+    // output-layer input t h 2 + fp32 logits tg V/tp 4. One MTP module: its embedding t h 2, the [t, 2h]
+    // concatenation 2 t h 2, one MoE decoder layer and its own head.
+    Dsv3 c;
+    const double head = c.t * c.h * 2 + c.t * 4 + c.t * c.h * 2 + c.tg * 64640 * 4;
+    const double layer = cost::layer_activations(c.m, c.p, c.st, c.moe, 1.0).total();
+    CHECK(cost::head_activations(c.m, c.p, c.st, 1.0) ==
+          doctest::Approx(head + c.t * c.h * 2 + 2 * c.t * c.h * 2 + layer + head));
+    // The MTP module's layer is counted once: removing it takes exactly its part of the head away.
+    const HardwareProfile hw = io::load_hardware("h100-sxm").value();
+    c.p.pipeline.pp = 2;
+    c.p.pipeline.layers_per_stage = {60, 1};
+    const auto last = [&] { return cost::memory_per_stage(c.m, c.p, hw, c.st, {{1}, {1}}, 1.0).back(); };
+    const cost::MemoryBreakdown with_mtp = last();
+    c.m.mtp_layers = 0;
+    CHECK(with_mtp.activations - last().activations ==
+          doctest::Approx(c.t * c.h * 2 + 2 * c.t * c.h * 2 + layer + head));
+  }
+
+  TEST_CASE("DeepEP's buffer is the larger NVL and RDMA hint of its dispatch and combine configs") {
+    // DeepEP csrc/config.hpp at EP 64 (8 nodes of 8), 20 SMs -> 10 channels, hidden bytes 7168 x 2, configs
+    // (32, 288, 8, 128) / (1, 288, 8, 128); per token of metadata 8 + 128 x (8 + 4 + 4):
+    //   NVL  = 10 x 8 x (2 x 8 + 3) x 4 + 10 x 8 x 288 x (14336 + 2056)
+    //   RDMA = 10 x 8 x 18 x 2 x 4 + 10 x 8 x 128 x 2 x (14336 + 2056 + 16) + 1 MiB
+    Dsv3 c;
+    c.st = io::load_stack("megatron-core-deepep").value();
+    const HardwareProfile hw = io::load_hardware("h100-sxm").value();
+    const double nvl = 10.0 * 8 * 19 * 4 + 10.0 * 8 * 288 * (14336 + 2056);
+    const double rdma = 10.0 * 8 * 18 * 2 * 4 + 10.0 * 8 * 128 * 2 * (14336 + 2056 + 16) + 1048576;
+    CHECK(cost::dispatcher_buffer_bytes(c.m, c.p, c.st, hw, 1.0) == doctest::Approx(nvl + rdma));
+    // Megatron's NCCL all-to-all dispatcher keeps no buffer of its own (NCCL's are in the stack's reserve).
+    c.st = io::load_stack("megatron-core").value();
+    CHECK(cost::dispatcher_buffer_bytes(c.m, c.p, c.st, hw, 1.0) == 0.0);
+  }
+
+  TEST_CASE("HybridEP's buffers hold the worst case of every token of the group on one rank") {
+    // Qwen3-30B-A3B, EP 16 over two nodes of 8, T = 4096 tokens, h = 2048, 8 local experts: a row is
+    // 2 h + 4 x 8 x 8 B; combine T x 16 rows + 2 T (2 - 1) staging, dispatch again T x 16 + T staging.
+    const ModelSpec m = io::load_model("qwen3-30b-a3b").value();
+    const HardwareProfile hw = io::load_hardware("h100-sxm").value();
+    const StackProfile st = io::load_stack("megatron-core-hybridep").value();
+    Plan p;
+    p.gpus = 16;
+    p.seq_len = 4096;
+    p.global_batch = 16;
+    p.experts.ep = 16;
+    p.experts.dispatch = Dispatch::kDedup;
+    const double row = 2 * 2048 + 4.0 * 8 * 8, T = 4096;
+    CHECK(cost::dispatcher_buffer_bytes(m, p, st, hw, 1.0) ==
+          doctest::Approx(2 * T * 16 * row + 3 * T * row));
+  }
+
+  TEST_CASE("a plan fits on the low end of the range and is tight when the high end does not fit") {
+    // The stack's reserve and fragmentation give [allocated + r_lo + f_lo a, allocated + r_hi + f_hi a].
+    const ModelSpec m = io::load_model("mixtral-8x7b").value();
+    HardwareProfile hw = io::load_hardware("h100-sxm").value();
+    const StackProfile st = io::load_stack("megatron-core").value();
+    Plan p;
+    p.gpus = 8;
+    p.seq_len = 4096;
+    p.global_batch = 8;
+    p.experts.ep = 8;
+    auto b = cost::memory_per_gpu(m, p, hw, st, {{1}}, 1.0);
+    const double a = b.allocated();
+    CHECK(b.total_low() ==
+          doctest::Approx(a + st.memory.reserve_bytes.value + st.memory.fragmentation.value * a));
+    CHECK(b.total_high() ==
+          doctest::Approx(a + st.memory.reserve_bytes_high.value + st.memory.fragmentation_high.value * a));
+    CHECK(b.total() == doctest::Approx(0.5 * (b.total_low() + b.total_high())));
+    b.capacity = 0.5 * (b.total_low() + b.total_high());
+    CHECK(b.fits());
+    CHECK(b.tight());
+    b.capacity = b.total_high();
+    CHECK(b.fits());
+    CHECK_FALSE(b.tight());
+    b.capacity = 0.99 * b.total_low();
+    CHECK_FALSE(b.fits());
+    CHECK_FALSE(b.tight());
   }
 }

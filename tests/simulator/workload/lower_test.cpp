@@ -147,6 +147,28 @@ TEST_SUITE("workload") {
     for (const auto& [k, n] : seen) CHECK(n == 1);
   }
 
+  TEST_CASE("activation peaks count each chunk's micro-batches in flight, the heaviest set first") {
+    // Interleaved 1F1B, p = 4, v = 2, m = 8, stage 0: (p - 1) 2 + (v - 1) p warm-up forwards + 1 = 11 live at
+    // the peak, chunk 0 first: 4 of chunk 1 and 7 of chunk 0. Equal weights give the same count as
+    // peak_in_flight.
+    const auto order = pipeline_order(0, 4, 2, 8);
+    const auto by_chunk = peak_in_flight_by_chunk(order, 2, {1.0, 1.0});
+    CHECK(by_chunk[0] + by_chunk[1] == peak_in_flight(order));
+    CHECK(by_chunk == std::vector<int64_t>{7, 4});
+    // Combined 1F1B adds one warm-up forward, which takes the place of the steady forward plain 1F1B holds
+    // before its backward: each later forward runs against a backward layer by layer, so the pair holds one
+    // chunk (and a layer), not two. The peak is plain 1F1B's, held through the steady state (at p = 1: one
+    // micro-batch, not the two peak_in_flight counts).
+    const auto combined = pipeline_order(0, 4, 2, 8, true);
+    const auto c = peak_in_flight_by_chunk(combined, 2, {1.0, 1.0});
+    CHECK(c[0] + c[1] == 11);
+    CHECK(peak_in_flight_by_chunk(pipeline_order(0, 1, 1, 8, true), 1, {1.0}) == std::vector<int64_t>{1});
+    CHECK(peak_in_flight(pipeline_order(0, 1, 1, 8, true)) == 2);
+    // Chunks weigh what they hold: with all layers in chunk 0 the heaviest live set comes later in the steady
+    // state (8 of chunk 0, 3 of chunk 1), not at the end of the warm-up.
+    CHECK(peak_in_flight_by_chunk(order, 2, {1.0, 0.0}) == std::vector<int64_t>{8, 3});
+  }
+
   TEST_CASE(
       "with inter-op overlap each layer's gradient sync waits for its shared-expert backward on the side "
       "stream") {
