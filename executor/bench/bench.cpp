@@ -466,11 +466,11 @@ Result<BenchSummary> run_bench(const BenchOptions& options, MPI_Comm world) {
         "n], one thread per rank, {}; median of >= 3 repetitions, mean over ranks; TFLOP/s = 2 groups m n k "
         "/ "
         "time / 1e12; dtype bf16 because the CPU backend runs bf16 plans in fp32\n"
-        "groups,m_per_group,n,k,dtype,tflops\n",
+        "groups,m_per_group,n,k,dtype,kernel,tflops\n",
         machine.eigen, per_rank);
     for (int64_t g : gs) {
       for (int64_t m : mpg) {
-        csv += fmt::format("{},{},{},{},bf16,{:.6g}\n", g, m, n, k,
+        csv += fmt::format("{},{},{},{},bf16,eigen_loop,{:.6g}\n", g, m, n, k,
                            grouped_gemm_tflops(world, g, m, n, k, min_seconds));
       }
     }

@@ -96,7 +96,9 @@ Runner add_calibrate(CLI::App& app) {
   app.add_option(
          "--stack", o->stack,
          "The stack: with --trace, the one to fit (its name; an existing stack of that name is the base); "
-         "otherwise the stack for the grouped-GEMM rows of the report")
+         "otherwise the stack whose attention kernel the report's attention rows prefer (grouped-GEMM rows "
+         "are "
+         "scored with their own kernel class)")
       ->capture_default_str();
   app.add_flag("--report", o->report, "Print the fit report: per table, predicted vs measured");
   app.add_flag("--json", o->json, "Print the fit report as one JSON object");

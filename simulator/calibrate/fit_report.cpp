@@ -2,6 +2,7 @@
 #include "simulator/calibrate/fit_report.h"
 
 #include <algorithm>
+#include <cassert>
 #include <cmath>
 
 #include <fmt/format.h>
@@ -133,7 +134,69 @@ DType dtype_of(const std::string& s) {
   return s == "fp8" ? DType::kFp8 : DType::kBf16;
 }
 
+// The citation's leading id ("hopper-hardware.md §3.2, S9", "G1"): what tells two tables of one kernel apart.
+std::string source_tag(const std::string& source) {
+  return source.substr(0, std::min(source.find(" ("), source.find(" \u2014")));
+}
+
 }  // namespace
+
+// The cost model's grouped GEMM as the table's kernel class runs it (one grouped launch, or one dense GEMM
+// per expert over the class's streams), at efficiency 1 and without launch gaps or a kernel floor, so
+// measured / predicted is the efficiency a stack on this kernel needs. A "fwd+bwd" table is predicted as its
+// forward, dgrad and wgrad GEMMs in sequence:
+//   rate = parts x 2 m n k / sum over parts of grouped_gemm_seconds(part).
+TableFit grouped_gemm_fit(const GroupedGemmTable& g, const HardwareProfile& hw, const StackProfile& stack) {
+  const GroupedGemmKernelClass* kc = find_grouped_gemm_kernel(g.kernel);
+  assert(kc && "the hardware loader accepts only known kernel classes");
+  StackProfile raw = stack;
+  raw.grouped_gemm.impl = {kc->impl, kc->what, Basis::kMeasured};
+  raw.grouped_gemm.streams = {kc->streams, kc->what, Basis::kMeasured};
+  raw.grouped_gemm.efficiency =
+      raw.grouped_gemm.wgrad_efficiency = {1.0, "raw shape model", Basis::kMeasured};
+  raw.launch_s_per_kernel.value = 0;
+  raw.min_kernel_s.value = 0;
+  cost::CostModel cm(hw, raw);
+  cm.record_extrapolations(false);
+  std::vector<GemmPart> parts;
+  if (g.part == "fwd" || g.part == "fwd+bwd") parts.push_back(GemmPart::kNone);
+  if (g.part == "dgrad" || g.part == "fwd+bwd") parts.push_back(GemmPart::kDgrad);
+  if (g.part == "wgrad" || g.part == "fwd+bwd") parts.push_back(GemmPart::kWgrad);
+
+  TableFit t;
+  t.kind = "grouped_gemm";
+  t.kernel = g.kernel;
+  t.dtype = g.dtype;
+  t.part = g.part;
+  t.source = source_tag(g.source);
+  t.label = fmt::format("{} {} grouped {} ({})", g.kernel, g.dtype, g.part, t.source);
+  t.model = fmt::format("dense GEMM model per expert as {} ({} stream{}), efficiency 1, no launch gaps",
+                        name_of(kc->impl), kc->streams, kc->streams > 1 ? "s" : "");
+  const int64_t sms = hw.gpu.sm_count.value;
+  std::vector<std::pair<double, bool>> errs;
+  std::vector<double> all;
+  double log_sum = 0;
+  for (const auto& p : g.points) {
+    const GemmShape s{p.groups * p.m_per_group, p.n, p.k, p.groups};
+    double pred_s = 0;
+    for (GemmPart part : parts) pred_s += cm.grouped_gemm_seconds(s, dtype_of(g.dtype), nullptr, part);
+    const double flops = static_cast<double>(parts.size()) * 2.0 * d(s.m) * d(p.n) * d(p.k);
+    const double pred = flops / pred_s;
+    t.points.push_back(
+        {fmt::format("{}x({}x{}x{})", p.groups, p.m_per_group, p.n, p.k), p.flops_per_s / 1e12, pred / 1e12});
+    const double e = std::abs(p.flops_per_s / pred - 1.0);
+    errs.emplace_back(e, fills_gpu(p.m_per_group, p.n, p.groups, sms));
+    all.push_back(e);
+    log_sum += std::log(p.flops_per_s / pred);
+  }
+  finish(&t, errs);
+  t.all = stats(all);
+  if (!g.points.empty()) t.implied_efficiency = std::exp(log_sum / static_cast<double>(g.points.size()));
+  t.note = fmt::format("{}: median {:.1f}% / max {:.1f}% over {} shape{}; implied efficiency {:.2f}",
+                       g.kernel, t.all.median * 100, t.all.max * 100, t.all.points,
+                       t.all.points == 1 ? "" : "s", t.implied_efficiency);
+  return t;
+}
 
 FitReport fit_report(const HardwareProfile& hw, const StackProfile& stack) {
   FitReport r;
@@ -162,24 +225,7 @@ FitReport fit_report(const HardwareProfile& hw, const StackProfile& stack) {
     r.tables.push_back(std::move(t));
   }
 
-  for (const auto& g : hw.calibration.grouped_gemm) {
-    TableFit t;
-    t.kind = "grouped_gemm";
-    t.label = fmt::format("{} grouped GEMM, {} shapes", g.dtype, g.points.size());
-    t.model = fmt::format("dense GEMM model / the '{}' stack's efficiency at the rows per group", stack.name);
-    std::vector<std::pair<double, bool>> errs;
-    for (const auto& p : g.points) {
-      const GemmShape s{p.groups * p.m_per_group, p.n, p.k, p.groups};
-      const double pred_s = cm.grouped_gemm_seconds(s, dtype_of(g.dtype), nullptr);
-      const double flops = 2.0 * d(s.m) * d(p.n) * d(p.k);
-      t.points.push_back({fmt::format("{}x({}x{}x{})", p.groups, p.m_per_group, p.n, p.k),
-                          p.flops_per_s / 1e12, flops / pred_s / 1e12});
-      errs.emplace_back(std::abs(p.flops_per_s * pred_s / flops - 1.0),
-                        fills_gpu(p.m_per_group, p.n, p.groups, sms));
-    }
-    finish(&t, errs);
-    r.tables.push_back(std::move(t));
-  }
+  for (const auto& g : hw.calibration.grouped_gemm) r.tables.push_back(grouped_gemm_fit(g, hw, stack));
 
   // Attention: the model interpolates one table per (direction, mask, head dim), FA3's when there is one.
   // That table is scored leave-one-out; the other implementations are scored against the model's prediction,
@@ -316,6 +362,14 @@ nlohmann::json fit_report_json(const FitReport& r) {
     nlohmann::json e = {{"kind", t.kind},       {"label", t.label},     {"model", t.model},
                         {"large", st(t.large)}, {"small", st(t.small)}, {"points", pts}};
     if (!t.note.empty()) e["note"] = t.note;
+    if (t.kind == "grouped_gemm") {
+      e["kernel"] = t.kernel;
+      e["dtype"] = t.dtype;
+      e["part"] = t.part;
+      e["source"] = t.source;
+      e["all"] = st(t.all);
+      e["implied_efficiency"] = t.implied_efficiency;
+    }
     j["tables"].push_back(std::move(e));
   }
   j["facts"] = nlohmann::json::array();
@@ -339,6 +393,22 @@ std::string fit_report_text(const FitReport& r) {
     out += fmt::format("{:<44} {:>19} {:>19}  {}\n", t.label.substr(0, 44), cell(t.large), cell(t.small),
                        t.model);
     if (!t.note.empty()) out += fmt::format("{:<44} {}\n", "", t.note);
+  }
+  bool grouped = false;
+  for (const auto& t : r.tables) grouped |= t.kind == "grouped_gemm";
+  if (grouped) {
+    out += "\nGrouped GEMM per table, against the raw shape model (its kernel class's implementation at\n";
+    out +=
+        "efficiency 1, no launch gaps); implied = geometric mean of measured / predicted, the efficiency\n";
+    out += "a stack running that kernel should declare:\n";
+    out += fmt::format("  {:<20} {:<5} {:<8} {:>3} {:>7} {:>7} {:>8}  {}\n", "kernel", "dtype", "part", "n",
+                       "median", "max", "implied", "source");
+    for (const auto& t : r.tables) {
+      if (t.kind != "grouped_gemm") continue;
+      out += fmt::format("  {:<20} {:<5} {:<8} {:>3} {:>6.1f}% {:>6.1f}% {:>8.2f}  {}\n", t.kernel, t.dtype,
+                         t.part, t.all.points, t.all.median * 100, t.all.max * 100, t.implied_efficiency,
+                         t.source);
+    }
   }
   out += "\nFacts the sources state:\n";
   for (const auto& f : r.facts) {

@@ -32,6 +32,13 @@ struct TableFit {
   };
   std::vector<Point> points;
   std::string note;  // e.g. the alpha-beta fit beside an interpolated curve
+  // Grouped GEMM tables, scored with the implementation their kernel class runs at efficiency 1 (the raw
+  // shape model): the class, dtype, the GEMMs timed (fwd, dgrad, wgrad, fwd+bwd), the citation's leading id,
+  // the error over all points and the efficiency a stack on this kernel would need, exp(mean log(measured /
+  // predicted)).
+  std::string kernel, dtype, part, source;
+  ErrorStats all;
+  double implied_efficiency = 0;
 };
 
 struct Fact {
@@ -47,6 +54,9 @@ struct FitReport {
 };
 
 FitReport fit_report(const HardwareProfile& hw, const StackProfile& stack);
+// One grouped GEMM table against the raw shape model: the cost model's grouped GEMM as the table's kernel
+// class runs it, at efficiency 1, with `stack`'s launch gaps and kernel floor set to zero.
+TableFit grouped_gemm_fit(const GroupedGemmTable& g, const HardwareProfile& hw, const StackProfile& stack);
 nlohmann::json fit_report_json(const FitReport& r);
 std::string fit_report_text(const FitReport& r);
 

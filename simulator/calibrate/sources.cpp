@@ -14,6 +14,7 @@
 #include <fmt/format.h>
 
 #include "simulator/core/op_graph.h"
+#include "simulator/core/stack.h"
 
 #include "simulator/io/hardware_loader.h"
 #include "simulator/io/json_reader.h"
@@ -341,7 +342,8 @@ struct TableKind {
 const std::vector<TableKind>& table_kinds() {
   static const std::vector<TableKind> kinds = {
       {"gemm", {"m", "n", "k", "dtype", "tflops"}},
-      {"grouped_gemm", {"groups", "m_per_group", "n", "k", "dtype", "tflops"}},
+      {"grouped_gemm", {"groups", "m_per_group", "n", "k", "dtype", "kernel", "tflops"}},
+      {"grouped_gemm", {"groups", "m_per_group", "n", "k", "dtype", "kernel", "part", "tflops"}},
       {"attention", {"seq_len", "head_dim", "causal", "direction", "dtype", "impl", "tflops"}},
       {"hbm", {"kernel", "bw_GBps"}},
       {"hbm", {"kernel", "bw_GBps", "source"}}};
@@ -359,12 +361,17 @@ Result<bool> add_csv(const CsvTable& t, const std::string& label, Tables* out) {
   for (const auto& k : table_kinds()) {
     if (std::set<std::string>(k.columns.begin(), k.columns.end()) == have) kind = &k;
   }
+  if (!kind && have == std::set<std::string>{"groups", "m_per_group", "n", "k", "dtype", "tflops"}) {
+    return Error{fmt::format(
+        "{}: a grouped GEMM table needs a 'kernel' column naming the kernel's implementation class ({})",
+        label, grouped_gemm_kernel_names())};
+  }
   if (!kind) {
-    return Error{
-        fmt::format("{}: columns {} match no table kind (gemm: m,n,k,dtype,tflops; grouped_gemm: "
-                    "groups,m_per_group,n,k,dtype,tflops; attention: seq_len,head_dim,causal,direction,"
-                    "dtype,impl,tflops; hbm: kernel,bw_GBps[,source])",
-                    label, fmt::join(t.header, ","))};
+    return Error{fmt::format(
+        "{}: columns {} match no table kind (gemm: m,n,k,dtype,tflops; grouped_gemm: "
+        "groups,m_per_group,n,k,dtype,kernel[,part],tflops; attention: seq_len,head_dim,causal,direction,"
+        "dtype,impl,tflops; hbm: kernel,bw_GBps[,source])",
+        label, fmt::join(t.header, ","))};
   }
   std::map<std::string, size_t> col;
   for (size_t i = 0; i < t.header.size(); ++i) col[t.header[i]] = i;
@@ -384,7 +391,10 @@ Result<bool> add_csv(const CsvTable& t, const std::string& label, Tables* out) {
   };
   // Rows with the same non-numeric keys form one table, in order of first appearance.
   std::vector<std::string> key_cols;
-  if (name == "gemm" || name == "grouped_gemm") key_cols = {"dtype"};
+  if (name == "gemm") key_cols = {"dtype"};
+  if (name == "grouped_gemm")
+    key_cols = col.contains("part") ? std::vector<std::string>{"dtype", "kernel", "part"}
+                                    : std::vector<std::string>{"dtype", "kernel"};
   if (name == "attention") key_cols = {"dtype", "direction", "head_dim", "causal", "impl"};
   std::map<std::string, size_t> group_of;
   ojson* target = name == "gemm"           ? &out->gemm
@@ -427,6 +437,21 @@ Result<bool> add_csv(const CsvTable& t, const std::string& label, Tables* out) {
         e["head_dim"] = *hd;
         e["causal"] = causal == "true";
         e["impl"] = t.rows[r][col.at("impl")];
+      }
+      if (name == "grouped_gemm") {
+        const std::string& kernel = t.rows[r][col.at("kernel")];
+        if (!find_grouped_gemm_kernel(kernel)) {
+          return Error{fmt::format("{}: line {}: column 'kernel': expected one of {}, got '{}'", label,
+                                   t.lines[r], grouped_gemm_kernel_names(), kernel)};
+        }
+        const std::string part = col.contains("part") ? t.rows[r][col.at("part")] : "fwd";
+        if (part != "fwd" && part != "dgrad" && part != "wgrad" && part != "fwd+bwd") {
+          return Error{
+              fmt::format("{}: line {}: column 'part': expected fwd, dgrad, wgrad or fwd+bwd, got '{}'",
+                          label, t.lines[r], part)};
+        }
+        e["kernel"] = kernel;
+        e["part"] = part;
       }
       e["source"] = t.source;
       e["points"] = ojson::array();

@@ -58,8 +58,14 @@ struct GroupedGemmPoint {
   int64_t groups = 0, m_per_group = 0, n = 0, k = 0;
   double flops_per_s = 0;
 };
+// The kernel a grouped-GEMM measurement ran: its implementation class (see stack.h,
+// grouped_gemm_kernel_classes: deepgemm, cutlass_grouped, cublas_loop, ...). `part` says which GEMMs of the
+// layer were timed: "fwd", "dgrad" or "wgrad" alone (points give the forward shape), or "fwd+bwd" for all
+// three in sequence, whose TFLOP/s is 3 x the forward FLOPs over the time.
 struct GroupedGemmTable {
   std::string dtype;
+  std::string kernel;
+  std::string part = "fwd";
   std::string source;
   std::vector<GroupedGemmPoint> points;
 };

@@ -23,6 +23,37 @@ const char* name_of(GroupedGemmImpl g) {
   return g == GroupedGemmImpl::kGroupedKernel ? "grouped_kernel" : "per_expert_streams";
 }
 
+const std::vector<GroupedGemmKernelClass>& grouped_gemm_kernel_classes() {
+  using enum GroupedGemmImpl;
+  static const std::vector<GroupedGemmKernelClass> classes = {
+      {"deepgemm", kGroupedKernel, 1, "DeepGEMM m-grouped FP8 kernel, contiguous or masked: one launch"},
+      {"deepgemm_per_group", kPerExpertStreams, 2,
+       "DeepGEMM's SM90 k-grouped wgrad before its rewrite: one kernel per group on 2 streams"},
+      {"cutlass_grouped", kGroupedKernel, 1, "CUTLASS grouped GEMM (SM80 or SM90 ptr-array): one launch"},
+      {"torch_grouped_mm", kGroupedKernel, 1, "torch._grouped_mm, a CUTLASS-based grouped kernel"},
+      {"cublas_batched", kGroupedKernel, 1, "cublasGemmGroupedBatchedEx: one call over all experts"},
+      {"cublas_loop", kPerExpertStreams, 1, "one cuBLAS GEMM per expert on one stream"},
+      {"te_grouped_linear", kPerExpertStreams, 4,
+       "TE GroupedLinear on Hopper: cuBLASLt per expert, 4 streams"},
+      {"eigen_loop", kPerExpertStreams, 1, "moerun bench on the CPU: one Eigen GEMM per expert, one thread"},
+  };
+  return classes;
+}
+
+const GroupedGemmKernelClass* find_grouped_gemm_kernel(const std::string& name) {
+  for (const auto& c : grouped_gemm_kernel_classes()) {
+    if (name == c.name) return &c;
+  }
+  return nullptr;
+}
+
+std::string grouped_gemm_kernel_names() {
+  std::string names;
+  for (const auto& c : grouped_gemm_kernel_classes())
+    names += (names.empty() ? "" : ", ") + std::string(c.name);
+  return names;
+}
+
 const char* name_of(DispatcherKind d) {
   switch (d) {
     case DispatcherKind::kNcclAllToAll:

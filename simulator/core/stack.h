@@ -40,6 +40,21 @@ enum class GroupedGemmImpl : uint8_t {
 };
 const char* name_of(GroupedGemmImpl g);
 
+// The implementation class of a measured grouped-GEMM kernel (GroupedGemmTable::kernel in a hardware
+// profile): how it runs a layer's experts, i.e. the implementation a stack built on that kernel declares. The
+// fit report prices each measurement with its class's implementation.
+struct GroupedGemmKernelClass {
+  const char* name;
+  GroupedGemmImpl impl;
+  int64_t streams;   // per-expert launches: the streams they spread over
+  const char* what;  // one line: the kernel and how it runs
+};
+// deepgemm, deepgemm_per_group, cutlass_grouped, torch_grouped_mm, cublas_batched, cublas_loop,
+// te_grouped_linear, eigen_loop.
+const std::vector<GroupedGemmKernelClass>& grouped_gemm_kernel_classes();
+const GroupedGemmKernelClass* find_grouped_gemm_kernel(const std::string& name);
+std::string grouped_gemm_kernel_names();  // "deepgemm, deepgemm_per_group, ...", for error messages
+
 // The token dispatcher: what crosses the wire, which kernels run, and where the host waits.
 enum class DispatcherKind : uint8_t {
   kNcclAllToAll,  // Megatron alltoall: permute, NCCL all-to-all-v of one row per (token, expert) pair,

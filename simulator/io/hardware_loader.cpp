@@ -3,6 +3,7 @@
 
 #include <fmt/format.h>
 
+#include "simulator/core/stack.h"
 #include "simulator/core/units.h"
 #include "simulator/io/builtin_catalog.h"
 
@@ -150,8 +151,16 @@ Calibration read_calibration(const JsonNode& c) {
   }
   if (c.has("grouped_gemm")) {
     for (const auto& e : c.array("grouped_gemm")) {
-      e.only_keys({"dtype", "source", "points"});
-      GroupedGemmTable t{read_dtype(e), source_of(e), {}};
+      e.only_keys({"dtype", "kernel", "part", "source", "points"});
+      GroupedGemmTable t;
+      t.dtype = read_dtype(e);
+      t.kernel = e.string("kernel");
+      if (!find_grouped_gemm_kernel(t.kernel)) {
+        e.fail("kernel", "the kernel's implementation class, one of " + grouped_gemm_kernel_names());
+      }
+      t.part = e.choice_or<std::string>(
+          "part", "fwd", {{"fwd", "fwd"}, {"dgrad", "dgrad"}, {"wgrad", "wgrad"}, {"fwd+bwd", "fwd+bwd"}});
+      t.source = source_of(e);
       for (const auto& p : e.array("points")) {
         const auto cells = row(p, 5);
         t.points.push_back({cells[0].as_integer(1, 1 << 20), cells[1].as_integer(1, 1 << 30),

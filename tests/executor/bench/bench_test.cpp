@@ -139,7 +139,8 @@ TEST_SUITE("executor.bench") {
       const std::string text = read_text(dir / f);
       std::vector<double> figures;
       if (f == "gemm.csv") figures = csv_figures(text, "m,n,k,dtype,tflops", 5);
-      if (f == "grouped_gemm.csv") figures = csv_figures(text, "groups,m_per_group,n,k,dtype,tflops", 6);
+      if (f == "grouped_gemm.csv")
+        figures = csv_figures(text, "groups,m_per_group,n,k,dtype,kernel,tflops", 7);
       if (f == "attention.csv") {
         figures = csv_figures(text, "seq_len,head_dim,causal,direction,dtype,impl,tflops", 7);
       }

@@ -1,5 +1,6 @@
 // Fit report of the Hopper profiles: the cost model predicts the measured NVLS all-reduce sweeps at sizes it
-// did not see within the 10% for messages >= 1 MiB, and respects the facts the sources state.
+// did not see within the 10% for messages >= 1 MiB, and respects the facts the sources state; grouped
+// GEMM tables are scored with their kernel class's implementation at efficiency 1.
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -13,7 +14,112 @@
 
 using namespace moeplan;
 
+namespace {
+
+// A 4-SM GPU with a 100 TFLOPS BF16 peak, HBM fast enough never to bind, and one dense BF16 GEMM measured
+// at 50 TFLOPS: 512 x 1024 x 1024 is 4 x 4 tiles of 128 x 256, four full waves, so the dense model runs at
+// efficiency 0.5 and, with one shape, no depth term (k0 = 0): a GEMM of T tiles takes
+//   2 m n k / (100e12 x 0.5 x T / (4 ceil(T / 4))).
+HardwareProfile four_sm_gpu() {
+  HardwareProfile hw;
+  hw.name = "four-sm";
+  hw.gpu.sm_count.value = 4;
+  hw.gpu.peak_flops_per_s["bf16"].value = 100e12;
+  hw.gpu.hbm_bw_peak_bytes_per_s.value = 1e18;
+  hw.gpu.hbm_bw_achieved_bytes_per_s.value = 1e18;
+  hw.calibration.gemm.push_back({"bf16", "test", {{512, 1024, 1024, 50e12}}});
+  return hw;
+}
+
+GroupedGemmTable table(const std::string& kernel, const std::string& part, GroupedGemmPoint p) {
+  GroupedGemmTable t;
+  t.dtype = "bf16";
+  t.kernel = kernel;
+  t.part = part;
+  t.source = "G9 (test)";
+  t.points = {p};
+  return t;
+}
+
+}  // namespace
+
 TEST_SUITE("calibrate") {
+  TEST_CASE("a grouped kernel's table is scored on the padded rows of one launch at efficiency 1") {
+    // 8 experts of 64 rows, n = 256, k = 1024: each expert's rows pad to one 128-row tile, 8 tiles are two
+    // full waves on 4 SMs, so t = 2 x 8 x 128 x 256 x 1024 / (100e12 x 0.5) and the useful rate is half of 50
+    // TFLOPS: 25. Measured 20: error |20/25 - 1| = 0.2, implied efficiency 0.8.
+    const auto hw = four_sm_gpu();
+    const auto fit = calibrate::grouped_gemm_fit(table("cutlass_grouped", "fwd", {8, 64, 256, 1024, 20e12}),
+                                                 hw, io::load_stack("moerun").value());
+    REQUIRE(fit.points.size() == 1);
+    CHECK(fit.points[0].predicted == doctest::Approx(25.0));
+    CHECK(fit.all.median == doctest::Approx(0.2));
+    CHECK(fit.all.max == doctest::Approx(0.2));
+    CHECK(fit.implied_efficiency == doctest::Approx(0.8));
+    CHECK(fit.kernel == "cutlass_grouped");
+    CHECK(fit.source == "G9");
+    CHECK(fit.model.find("grouped_kernel") != std::string::npos);
+  }
+
+  TEST_CASE(
+      "a per-expert loop's table is scored one expert GEMM after another, concurrent up to its streams") {
+    // 8 experts of 128 x 256 x 1024: one tile each, a quarter of the 4 SMs, so one expert runs at
+    // 50 x 1/4 = 12.5 TFLOPS. cuBLAS's loop (1 stream) runs them one after another: 12.5 TFLOPS; TE's
+    // GroupedLinear (4 streams) runs min(4, 4 SMs / 1 tile) = 4 at once: 50 TFLOPS. Launch gaps are not
+    // charged.
+    const auto hw = four_sm_gpu();
+    const auto stack = io::load_stack("megatron-core").value();
+    const auto loop =
+        calibrate::grouped_gemm_fit(table("cublas_loop", "fwd", {8, 128, 256, 1024, 25e12}), hw, stack);
+    CHECK(loop.points[0].predicted == doctest::Approx(12.5));
+    CHECK(loop.implied_efficiency == doctest::Approx(2.0));
+    CHECK(loop.all.max == doctest::Approx(1.0));
+    CHECK(loop.model.find("per_expert_streams (1 stream)") != std::string::npos);
+    const auto te =
+        calibrate::grouped_gemm_fit(table("te_grouped_linear", "fwd", {8, 128, 256, 1024, 50e12}), hw, stack);
+    CHECK(te.points[0].predicted == doctest::Approx(50.0));
+    CHECK(te.implied_efficiency == doctest::Approx(1.0));
+    CHECK(te.all.max == doctest::Approx(0.0));
+  }
+
+  TEST_CASE("a fwd+bwd table is predicted as its forward, dgrad and wgrad GEMMs in sequence") {
+    // One expert, 128 rows, n = 256, k = 512. Forward [128 x 256], depth 512: 1 tile, rate 50/4. Dgrad
+    // [128 x 512], depth 256: 2 tiles, rate 50/2. Wgrad [512 x 256], depth 128: 4 tiles, rate 50. Equal FLOPs
+    // F each, so the rate is 3F / (F/12.5 + F/25 + F/50) = 3 x 50 / 7 TFLOPS; measured 30 implies 30 x 7 /
+    // 150.
+    const auto hw = four_sm_gpu();
+    const auto fit = calibrate::grouped_gemm_fit(
+        table("cutlass_grouped", "fwd+bwd", {1, 128, 256, 512, 30e12}), hw, io::load_stack("moerun").value());
+    CHECK(fit.points[0].predicted == doctest::Approx(150.0 / 7));
+    CHECK(fit.implied_efficiency == doctest::Approx(30.0 * 7 / 150));
+    const auto dgrad = calibrate::grouped_gemm_fit(
+        table("cutlass_grouped", "dgrad", {1, 128, 256, 512, 25e12}), hw, io::load_stack("moerun").value());
+    CHECK(dgrad.points[0].predicted == doctest::Approx(25.0));
+    CHECK(dgrad.implied_efficiency == doctest::Approx(1.0));
+  }
+
+  TEST_CASE("every Hopper grouped GEMM table names its kernel and the report shows the implied efficiency") {
+    for (const char* name : {"h100-sxm", "h200-sxm", "h800-sxm"}) {
+      CAPTURE(name);
+      const auto hw = io::load_hardware(name).value();
+      const auto r = calibrate::fit_report(hw, io::load_stack("moerun").value());
+      size_t grouped = 0;
+      for (const auto& t : r.tables) {
+        if (t.kind != "grouped_gemm") continue;
+        ++grouped;
+        CAPTURE(t.label);
+        CHECK(find_grouped_gemm_kernel(t.kernel) != nullptr);
+        CHECK(t.all.points > 0);
+        CHECK(t.implied_efficiency > 0);
+      }
+      CHECK(grouped == hw.calibration.grouped_gemm.size());
+      const std::string text = calibrate::fit_report_text(r);
+      CHECK(text.find("Grouped GEMM per table") != std::string::npos);
+      CHECK(text.find("cublas_loop") != std::string::npos);
+      CHECK(calibrate::fit_report_json(r)["tables"].back().contains("kind"));
+    }
+  }
+
   TEST_CASE("the 8-GPU NVLS all-reduce sweeps are predicted within 10 percent at sizes left out") {
     for (const char* name : {"h100-sxm", "h200-sxm"}) {
       CAPTURE(name);

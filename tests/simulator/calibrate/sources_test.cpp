@@ -11,6 +11,7 @@
 #include <string>
 
 #include "simulator/calibrate/sources.h"
+#include "simulator/core/stack.h"
 #include "simulator/io/hardware_loader.h"
 
 using namespace moeplan;
@@ -146,6 +147,51 @@ TEST_SUITE("calibrate") {
     auto unsourced = calibrate::build_profile(dir.string());
     REQUIRE_FALSE(unsourced.ok());
     CHECK(unsourced.error().message.find("no '# source: ...' line") != std::string::npos);
+    fs::remove_all(dir);
+  }
+
+  TEST_CASE("a grouped GEMM table names its kernel class and the GEMMs it timed, one table per pair") {
+    const fs::path dir = fs::temp_directory_path() / ("moeplan_grouped_" + std::to_string(::getpid()));
+    fs::create_directories(dir);
+    fs::copy_file(fs::path(MOEPLAN_SOURCE_DIR) / "hwprofiles/sources/h800-sxm/profile.json",
+                  dir / "profile.json", fs::copy_options::overwrite_existing);
+    std::string spec = slurp(dir / "profile.json");
+    spec = spec.substr(0, spec.find("\"measurements\": [")) + "\"measurements\": [\"gg.csv\"]\n}\n";
+    std::ofstream(dir / "profile.json") << spec;
+    std::ofstream(dir / "gg.csv") << "# source: test\ngroups,m_per_group,n,k,dtype,kernel,part,tflops\n"
+                                     "8,512,256,1024,bf16,cublas_loop,fwd,100\n"
+                                     "8,512,256,1024,bf16,cublas_loop,wgrad,90\n"
+                                     "8,512,256,1024,bf16,cutlass_grouped,fwd,120\n"
+                                     "8,1024,256,1024,bf16,cublas_loop,fwd,110\n";
+    auto built = calibrate::build_profile(dir.string());
+    REQUIRE_MESSAGE(built.ok(), built.error().message);
+    const auto& gg = built.value()["calibration"]["grouped_gemm"];
+    REQUIRE(gg.size() == 3);
+    CHECK(gg[0]["kernel"] == "cublas_loop");
+    CHECK(gg[0]["part"] == "fwd");
+    CHECK(gg[0]["points"].size() == 2);
+    CHECK(gg[1]["part"] == "wgrad");
+    CHECK(gg[2]["kernel"] == "cutlass_grouped");
+
+    // Without a part column every table is a forward one.
+    std::ofstream(dir / "gg.csv") << "# source: test\ngroups,m_per_group,n,k,dtype,kernel,tflops\n"
+                                     "8,512,256,1024,bf16,deepgemm,100\n";
+    auto fwd = calibrate::build_profile(dir.string());
+    REQUIRE_MESSAGE(fwd.ok(), fwd.error().message);
+    CHECK(fwd.value()["calibration"]["grouped_gemm"][0]["part"] == "fwd");
+
+    std::ofstream(dir / "gg.csv")
+        << "# source: test\ngroups,m_per_group,n,k,dtype,tflops\n8,512,256,1024,bf16,100\n";
+    auto unnamed = calibrate::build_profile(dir.string());
+    REQUIRE_FALSE(unnamed.ok());
+    CHECK(unnamed.error().message.find("a grouped GEMM table needs a 'kernel' column") != std::string::npos);
+    std::ofstream(dir / "gg.csv") << "# source: test\ngroups,m_per_group,n,k,dtype,kernel,tflops\n"
+                                     "8,512,256,1024,bf16,cublas,100\n";
+    auto unknown = calibrate::build_profile(dir.string());
+    REQUIRE_FALSE(unknown.ok());
+    CHECK(unknown.error().message == (dir / "gg.csv").string() +
+                                         ": line 3: column 'kernel': expected one of " +
+                                         grouped_gemm_kernel_names() + ", got 'cublas'");
     fs::remove_all(dir);
   }
 
