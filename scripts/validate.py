@@ -1,6 +1,8 @@
 #!/usr/bin/env python3
 """Predicted vs measured on the validation set (tests/validation/cases/*.json): public end-to-end training
-measurements that no profile is derived from. Prints one row per case and the median / max error.
+measurements that no profile is derived from. Prints one row per case, the median / max error, and for each
+pair of cases of the same job (model, hardware, GPUs, sequence length, precision) whose measurements differ by
+10% or more, whether the prediction orders them the same way.
 
 Usage: scripts/validate.py [--moeplan build/planner/moeplan] [--json] [--markdown] [CASE_ID ...]
 """
@@ -60,7 +62,9 @@ def main():
     for c in load_cases(set(args.ids)):
         m = c["measured"].get("tokens_per_s_per_gpu")
         p = predict(args.moeplan, c["plan"])
-        row = {"id": c["id"], "stack": c["plan"].get("stack", "moerun"), "measured": m}
+        plan = c["plan"]
+        job = (plan["model"], plan["hardware"], plan["gpus"], plan["seq_len"], plan.get("precision", "bf16"))
+        row = {"id": c["id"], "stack": plan.get("stack", "moerun"), "measured": m, "job": job}
         if "error" in p:
             row["error"] = " ".join(p["error"])
         else:
@@ -79,6 +83,23 @@ def main():
             )
         rows.append(row)
 
+    # Relative claims: of two layouts of one job measured >= 10% apart, the prediction must name the faster.
+    pairs = []
+    done = [r for r in rows if "rel_error" in r]
+    for i, a in enumerate(done):
+        for b in done[i + 1:]:
+            if a["job"] != b["job"]:
+                continue
+            fast, slow = (a, b) if a["measured"] >= b["measured"] else (b, a)
+            if fast["measured"] < 1.10 * slow["measured"]:
+                continue
+            pairs.append({"faster": fast["id"], "slower": slow["id"],
+                          "measured_ratio": fast["measured"] / slow["measured"],
+                          "predicted_ratio": fast["predicted"] / slow["predicted"],
+                          "agrees": fast["predicted"] > slow["predicted"]})
+    for r in rows:
+        r.pop("job")
+
     errs = [abs(r["rel_error"]) for r in rows if "rel_error" in r]
     summary = {
         "cases": len(rows),
@@ -87,9 +108,11 @@ def main():
         "max_abs_error": max(errs) if errs else None,
         "in_range": sum(1 for r in rows if r.get("in_range")),
         "fit": sum(1 for r in rows if r.get("fits")),
+        "pairs": len(pairs),
+        "pairs_agree": sum(1 for q in pairs if q["agrees"]),
     }
     if args.json:
-        print(json.dumps({"rows": rows, "summary": summary}, indent=2))
+        print(json.dumps({"rows": rows, "pairs": pairs, "summary": summary}, indent=2))
         return 0
     if args.markdown:
         print("| case | stack | measured tok/s/GPU | predicted (range) | error | fits |")
@@ -111,12 +134,17 @@ def main():
             print(f"{r['id']:44s} {r['stack']:24s} {r['measured']:9.0f} {r['predicted']:9.0f} "
                   f"{r['low']:7.0f}-{r['high']:<7.0f} {100 * r['rel_error']:+7.1f}% "
                   f"{'yes' if r['in_range'] else 'no':>3s} {r['memory_GB']:7.1f}")
+    if pairs:
+        print("\nlayouts of one job measured >= 10% apart (faster / slower, measured and predicted ratio):")
+        for q in pairs:
+            print(f"  {q['faster']} / {q['slower']}: {q['measured_ratio']:.2f} vs {q['predicted_ratio']:.2f}"
+                  f" {'agrees' if q['agrees'] else 'WRONG ORDER'}")
     refused = [r["id"] for r in rows if "error" in r]
     if errs:
         print(f"\n{summary['predicted']} of {summary['cases']} cases predicted: median |error| "
               f"{100 * summary['median_abs_error']:.1f}%, max {100 * summary['max_abs_error']:.1f}%; "
               f"measurement inside the printed range in {summary['in_range']}; predicted to fit in "
-              f"{summary['fit']}")
+              f"{summary['fit']}; order right in {summary['pairs_agree']} of {summary['pairs']} pairs")
     if args.check_complete and refused:
         print(f"validate: refused: {', '.join(refused)}", file=sys.stderr)
         return 1
