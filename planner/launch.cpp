@@ -519,7 +519,12 @@ class MegatronBuilder {
                               p_.recompute != Recompute::kFull && m_.mtp_layers <= 1 &&
                               (p_.pipeline.pp == 1 || p_.pipeline.vpp > 1);
       std::string instead = "no Megatron overlap flag added";
-      if (ep_overlap && !p_.overlap.cross_micro_batch) {
+      if (p_.overlap.cross_micro_batch) {
+        // Combined 1F1B is on already (above), and Megatron refuses --moe-shared-expert-overlap beside it.
+        instead =
+            "--overlap-moe-expert-parallel-comm (the plan's cross-micro-batch overlap) overlaps the EP "
+            "all-to-all with another micro-batch instead";
+      } else if (ep_overlap) {
         flag("--overlap-moe-expert-parallel-comm");
         needs_max_connections_ = false;  // only a warning with it (A:1453-1479)
         instead =
