@@ -703,8 +703,9 @@ TEST_SUITE("planner") {
     REQUIRE(l.ok());
     const auto& [plan, m, hw, path] = l.value();
     const std::string text = planner::megatron_text(plan, m, hw, path);
-    for (const char* what : {"intra-operator overlap", "BF16 gradient sync", "inter-operator overlap",
-                             "MegaScale-MoE's selective activation rematerialization", "overlapped pipeline p2p"}) {
+    for (const char* what :
+         {"intra-operator overlap", "BF16 gradient sync", "inter-operator overlap",
+          "MegaScale-MoE's selective activation rematerialization", "overlapped pipeline p2p"}) {
       CAPTURE(what);
       CHECK(text.find(std::string("# not expressible in Megatron-LM: ") + what) != std::string::npos);
     }
@@ -734,6 +735,53 @@ TEST_SUITE("planner") {
     CHECK(mentions(flags, "--recompute-granularity full"));
     CHECK(mentions(flags, "--mtp-num-layers 1"));
     CHECK_FALSE(mentions(flags, "--pipeline-model-parallel-layout"));
+  }
+
+  TEST_CASE("Megatron's recompute flags are exactly the plan's modules, or full's method and layer count") {
+    // Selective: --recompute-modules with the plan's modules and no others, in Megatron's order; full: the
+    // plan's --recompute-method and --recompute-num-layers (TC:1901-2025).
+    Plan p = make_plan("deepseek-v3", 8, 4096, 8);
+    p.experts.ep = 8;
+    p.recompute = Recompute::kSelective;
+    p.recompute_modules = kRecomputeMlaUpProj | kRecomputeMoeAct | kRecomputeCoreAttn | kRecomputeLayernorm;
+    Flags f = parse_flags(checked(p).flags);
+    CHECK(f.str("--recompute-granularity") == "selective");
+    CHECK(f.list("--recompute-modules") ==
+          std::vector<std::string>{"core_attn", "moe_act", "layernorm", "mla_up_proj"});
+    p.recompute_modules = kRecomputeMoeAct;
+    f = parse_flags(checked(p).flags);
+    CHECK(f.list("--recompute-modules") == std::vector<std::string>{"moe_act"});
+
+    Plan q = make_plan("mixtral-8x7b", 16, 4096, 32);
+    q.experts.ep = 8;
+    q.pipeline.pp = 2;
+    q.recompute = Recompute::kFull;
+    q.recompute_method = RecomputeMethod::kBlock;
+    q.recompute_num_layers = 3;
+    f = parse_flags(checked(q).flags);
+    CHECK(f.str("--recompute-granularity") == "full");
+    CHECK(f.str("--recompute-method") == "block");
+    CHECK(f.num("--recompute-num-layers", 0) == 3);
+    CHECK_FALSE(f.has("--recompute-modules"));
+  }
+
+  TEST_CASE("cross-micro-batch overlap maps to Megatron's combined 1F1B flags and keeps their rules") {
+    // --overlap-moe-expert-parallel-comm with --delay-wgrad-compute; never beside --moe-shared-expert-overlap
+    // (TC:3002-3072), also when the plan asks for inter-operator overlap too and the model has shared
+    // experts (DeepSeek-V3).
+    Plan p = make_plan("mixtral-8x7b", 8, 4096, 32);
+    p.experts.ep = 8;
+    p.overlap.cross_micro_batch = true;
+    Flags f = parse_flags(checked(p).flags);
+    CHECK(f.has("--overlap-moe-expert-parallel-comm"));
+    CHECK(f.has("--delay-wgrad-compute"));
+    Plan q = make_plan("deepseek-v3", 8, 4096, 32);
+    q.experts.ep = 8;
+    q.overlap.cross_micro_batch = true;
+    q.overlap.inter_op = true;
+    f = parse_flags(checked(q).flags);
+    CHECK(f.has("--overlap-moe-expert-parallel-comm"));
+    CHECK_FALSE(f.has("--moe-shared-expert-overlap"));
   }
 
   TEST_CASE("the moerun plan file round-trips to an equal plan") {
