@@ -757,8 +757,11 @@ int Builder::moe_fwd(int in) {
   if (shared >= 0) ins.push_back(shared);
   const double unpermute_bytes =
       dedup_stack && p_.experts.dispatch == Dispatch::kDedup ? 2.0 * d(t_ * h) * dt : (d(t_ * k * h) + 2.0 * d(t_ * h)) * dt;
-  const int out = record(mem(OpName::kUnpermute, MemOp::kPermute, unpermute_bytes), ins);
+  int out = record(mem(OpName::kUnpermute, MemOp::kPermute, unpermute_bytes), ins);
   module_ = 0;
+  // The residual add after the MoE layer (Megatron's mlp_bda), as after attention and the dense MLP.
+  if (o_.eager_framework)
+    out = record(mem(OpName::kResidualAdd, MemOp::kActivation, 3.0 * d(t_ * h) * dt), {out}, false, true);
   return out;
 }
 
