@@ -646,6 +646,27 @@ TEST_SUITE("workload") {
     }
   }
 
+  TEST_CASE("Megatron stacks run a residual add after each sublayer, dense or MoE; moerun fuses them") {
+    // Megatron's bias-dropout-add after attention and after the MLP, whether the MLP is dense or a MoELayer
+    // (TransformerLayer self_attn_bda / mlp_bda): reads the sublayer output and the residual [t, h] and
+    // writes the sum, 3 t h x 2 bytes; no backward kernel (the gradient passes through).
+    Plan p;
+    p.gpus = 8;
+    p.seq_len = 4096;
+    p.global_batch = 8;
+    p.experts.ep = 8;
+    const ModelSpec m = deepseek_v3(1, 1);  // layer 0 dense, layer 1 MoE
+    const OpGraph g = lower(m, p, stack_options("megatron-core"));
+    for (int32_t layer : {0, 1}) {
+      CAPTURE(layer);
+      const auto adds = ops_named(g, OpName::kResidualAdd, layer);
+      CHECK(adds.size() == 2);
+      for (const Op* op : adds) CHECK(op->hbm_bytes == doctest::Approx(3.0 * 4096 * 7168 * 2));
+      CHECK(ops_named(g, OpName::kResidualAdd, layer, Phase::kBackward).empty());
+    }
+    CHECK(ops_named(lower(m, p, stack_options("moerun")), OpName::kResidualAdd, -1).empty());
+  }
+
   TEST_CASE("FP8 GEMMs quantise their input forward and the incoming gradient in dgrad, per recipe") {
     // Bytes per element to read BF16 and write the FP8 copy and its transpose: delayed 4, tensorwise 6 (one
     // more read for the current amax), blockwise 2 + 2 (1 + 4/128) (an fp32 scale per 128 values). Mixtral's
