@@ -362,6 +362,29 @@ TEST_SUITE("workload") {
     }
   }
 
+  TEST_CASE("with ETP the allgather dispatcher gathers over ETP x EP once, still one copy of the tokens") {
+    // MoEAllGatherTokenDispatcher gathers tokens, routing map and probs over tp_ep_group (ETP x EP) and
+    // reduce-scatters the outputs over the same group (token_dispatcher.py): ep 4 x etp 2 = 8 ranks,
+    // t ep etp (2h + 3E) bytes in, t ep etp h 2 out, no separate ETP collectives, whatever k is.
+    const double t = 4096, h = 4096, e = 8, span = 8;
+    for (int64_t k : {2, 4}) {
+      CAPTURE(k);
+      ModelSpec m = mixtral(1);
+      m.moe.top_k = k;
+      Plan p = node_plan(4, 2);
+      p.experts.dispatch = Dispatch::kAllGather;
+      const OpGraph g = lower(m, p, stack_options("megatron-core"));
+      const Op& ag = the_op(g, OpName::kDispatchAg);
+      CHECK(ag.comm.group_size == 8);
+      CHECK(ag.comm.bytes == doctest::Approx(t * span * (2 * h + 3 * e)));
+      const Op& rs = the_op(g, OpName::kCombineRs);
+      CHECK(rs.comm.group_size == 8);
+      CHECK(rs.comm.bytes == doctest::Approx(t * span * h * 2));
+      CHECK(ops_named(g, OpName::kEtpAg).empty());
+      CHECK(ops_named(g, OpName::kEtpRs).empty());
+    }
+  }
+
   TEST_CASE("node-deduplicated volumes reproduce the distinct nodes and ranks DeepEP's tests imply") {
     // T = 4096, H = 7168, k = 8, E = 256 on nodes of 8 GPUs. DeepEP's tests make one expert group per node
     // and route each token within its best min(N, 4) groups; kernel_facts.md §1.7 derives, per token, the
