@@ -126,6 +126,11 @@ std::vector<Violation> validate(const Plan& p, const ModelSpec& m, const Hardwar
             m.name, " has none)");
     r.check(!(p.recompute_modules & (kRecomputeMoe | kRecomputeMoeAct)) || m.is_moe(),
             "recompute_moe_needs_moe", "recompute modules moe and moe_act need MoE layers");
+    r.check(p.precision != Precision::kFp8 || p.fp8_recipe != Fp8Recipe::kDelayed ||
+                !(p.recompute_modules & (kRecomputeMoeAct | kRecomputeLayernorm)),
+            "recompute_fp8_delayed",
+            "the delayed FP8 recipe cannot recompute moe_act or layernorm (Megatron); use tensorwise or "
+            "blockwise");
   }
   if (p.recompute == Recompute::kFull) {
     int64_t largest_chunk = 0;
