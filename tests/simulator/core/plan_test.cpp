@@ -152,6 +152,19 @@ TEST_SUITE("core") {
       f.plan.recompute_modules = kRecomputeSharedExperts;
       CHECK(f.breaks("recompute_shared_experts_needs_shared"));
     }
+    SUBCASE("the delayed FP8 recipe recomputes neither moe_act nor layernorm") {
+      // Megatron refuses them together (transformer_config.py:2000-2012); other recipes and modules are fine.
+      f.plan.precision = Precision::kFp8;
+      f.plan.fp8_recipe = Fp8Recipe::kDelayed;
+      CHECK(f.breaks("recompute_fp8_delayed"));
+      f.plan.recompute_modules = kRecomputeLayernorm;
+      CHECK(f.breaks("recompute_fp8_delayed"));
+      f.plan.recompute_modules = kRecomputeCoreAttn | kRecomputeMoe;
+      CHECK(f.rules().empty());
+      f.plan.recompute_modules = kRecomputeMoeAct;
+      f.plan.fp8_recipe = Fp8Recipe::kTensorwise;
+      CHECK(f.rules().empty());
+    }
     SUBCASE("full recompute checkpoints 1 to the largest chunk's layers") {
       f.plan.recompute = Recompute::kFull;
       f.plan.recompute_num_layers = 7;
