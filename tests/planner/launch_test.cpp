@@ -784,6 +784,48 @@ TEST_SUITE("planner") {
     CHECK_FALSE(f.has("--moe-shared-expert-overlap"));
   }
 
+  TEST_CASE("every legal mix of recompute, FP8 recipe and EP overlap keeps Megatron's rules") {
+    // Each set of Megatron recompute modules, full recompute by both methods, BF16 and each FP8 recipe,
+    // with and without cross-micro-batch and inter-operator overlap, on a GQA and an MLA model with shared
+    // experts: every plan moeplan accepts gives arguments Megatron accepts.
+    int legal = 0;
+    for (const char* name : {"mixtral-8x7b", "deepseek-v3"}) {
+      const ModelSpec& m = model(name);
+      const HardwareProfile& hw = hardware("h100-sxm");
+      std::vector<Plan> plans;
+      Plan base = make_plan(name, 8, 4096, 32);
+      base.experts.ep = 8;
+      for (uint16_t modules = 1; modules <= kAllRecomputeModules; ++modules) {
+        base.recompute = Recompute::kSelective;
+        base.recompute_modules = modules;
+        plans.push_back(base);
+      }
+      base.recompute = Recompute::kFull;
+      for (RecomputeMethod method : {RecomputeMethod::kUniform, RecomputeMethod::kBlock}) {
+        base.recompute_method = method;
+        plans.push_back(base);
+      }
+      for (Plan p : plans) {
+        for (int precision = 0; precision < 4; ++precision) {
+          p.precision = precision == 0 ? Precision::kBf16 : Precision::kFp8;
+          p.fp8_recipe = precision == 1   ? Fp8Recipe::kDelayed
+                         : precision == 2 ? Fp8Recipe::kTensorwise
+                                          : Fp8Recipe::kBlockwise;
+          for (int overlap = 0; overlap < 4; ++overlap) {
+            p.overlap.cross_micro_batch = overlap & 1;
+            p.overlap.inter_op = overlap & 2;
+            if (!validate(p, m, hw).empty()) continue;
+            ++legal;
+            CAPTURE(std::string(name));
+            CAPTURE(io::plan_to_json(p).dump());
+            check_megatron_rules(p, m, planner::megatron_args(p, m, hw));
+          }
+        }
+      }
+    }
+    CHECK(legal > 500);
+  }
+
   TEST_CASE("the moerun plan file round-trips to an equal plan") {
     Plan p = make_plan("deepseek-v3", 256, 4096, 512);
     p.hardware = "h800-sxm";
