@@ -515,17 +515,26 @@ class MegatronBuilder {
       // else the shared experts beside the dispatch (TC:1813-1826).
       const std::string type = dispatcher();
       const bool a2a_or_flex = type == "alltoall" || type == "flex";
+      const bool moe_recompute =
+          p_.recompute == Recompute::kSelective && (p_.recompute_modules & kRecomputeMoe) != 0;
       const bool ep_overlap = m_.is_moe() && p_.experts.ep > 1 && a2a_or_flex &&
-                              p_.recompute != Recompute::kFull && m_.mtp_layers <= 1 &&
+                              p_.recompute != Recompute::kFull && !moe_recompute && m_.mtp_layers <= 1 &&
                               (p_.pipeline.pp == 1 || p_.pipeline.vpp > 1);
       std::string instead = "no Megatron overlap flag added";
-      if (ep_overlap && !p_.overlap.cross_micro_batch) {
+      if (p_.overlap.cross_micro_batch) {
+        // Combined 1F1B is on already (above), and Megatron refuses --moe-shared-expert-overlap beside it.
+        instead =
+            "--overlap-moe-expert-parallel-comm (the plan's cross-micro-batch overlap) overlaps the EP "
+            "all-to-all with another micro-batch instead";
+      } else if (ep_overlap) {
         flag("--overlap-moe-expert-parallel-comm");
         needs_max_connections_ = false;  // only a warning with it (A:1453-1479)
         instead =
             "--overlap-moe-expert-parallel-comm overlaps the EP all-to-all with another micro-batch "
             "instead";
-      } else if (m_.is_moe() && m_.moe.num_shared_experts > 0 && a2a_or_flex) {
+      } else if (m_.is_moe() && m_.moe.num_shared_experts > 0 && a2a_or_flex &&
+                 !(p_.recompute == Recompute::kSelective &&
+                   (p_.recompute_modules & kRecomputeSharedExperts))) {
         flag("--moe-shared-expert-overlap");
         instead = "--moe-shared-expert-overlap overlaps only the shared experts with the dispatch";
       }

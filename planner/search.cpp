@@ -179,8 +179,10 @@ int64_t for_each_plan(const ModelSpec& model, const HardwareProfile& hw, const S
                               p.overlap = {stack.overlaps.inter_op.value, intra, stack.overlaps.dp_comm.value,
                                            stack.overlaps.pp_comm.value};
                               // Cross-micro-batch EP overlap where the stack has it and its rules allow it.
-                              p.overlap.cross_micro_batch = stack.overlaps.cross_micro_batch.value && ep > 1 &&
-                                                            (pp == 1 || vpp > 1) && rc != Recompute::kFull;
+                              p.overlap.cross_micro_batch =
+                                  stack.overlaps.cross_micro_batch.value && ep > 1 && (pp == 1 || vpp > 1) &&
+                                  rc != Recompute::kFull && disp != Dispatch::kAllGather &&
+                                  model.mtp_layers <= 1;
                               p.compression.grad_sync = sync;
                               p.compression.dispatch =
                                   prec == Precision::kFp8 && ep > 1 && stack_has(cap.dispatch_precision, "fp8")

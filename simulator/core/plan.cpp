@@ -133,6 +133,11 @@ std::vector<Violation> validate(const Plan& p, const ModelSpec& m, const Hardwar
             m.name, " has none)");
     r.check(!(p.recompute_modules & (kRecomputeMoe | kRecomputeMoeAct)) || m.is_moe(),
             "recompute_moe_needs_moe", "recompute modules moe and moe_act need MoE layers");
+    r.check(p.precision != Precision::kFp8 || p.fp8_recipe != Fp8Recipe::kDelayed ||
+                !(p.recompute_modules & (kRecomputeMoeAct | kRecomputeLayernorm)),
+            "recompute_fp8_delayed",
+            "the delayed FP8 recipe cannot recompute moe_act or layernorm (Megatron); use tensorwise or "
+            "blockwise");
   }
   if (p.recompute == Recompute::kFull) {
     int64_t largest_chunk = 0;
@@ -155,6 +160,12 @@ std::vector<Violation> validate(const Plan& p, const ModelSpec& m, const Hardwar
     r.check(!(p.recompute == Recompute::kSelective && (p.recompute_modules & kRecomputeMoe)),
             "cross_micro_batch_no_moe_recompute",
             "overlap.cross_micro_batch cannot run with the moe recompute module");
+    r.check(
+        p.experts.dispatch != Dispatch::kAllGather, "cross_micro_batch_needs_a2a_dispatch",
+        "overlap.cross_micro_batch needs the all-to-all or node-deduplicated dispatch (Megatron's alltoall "
+        "or flex dispatcher), not all_gather");
+    r.check(m.mtp_layers <= 1, "cross_micro_batch_mtp_layers",
+            "overlap.cross_micro_batch allows at most one MTP layer (", m.name, " has ", m.mtp_layers, ")");
     r.check(pp.pp == 1 || pp.vpp > 1, "cross_micro_batch_needs_vpp",
             "overlap.cross_micro_batch with pp > 1 needs a virtual pipeline (vpp > 1); pp = ", pp.pp);
   }

@@ -509,14 +509,17 @@ int Builder::moe_dispatch_megatron(int r, double rows, double ep_rows, int64_t f
   node_ = Node::kPreDispatch;
   if (gather_mode) {
     // MoEAllGatherTokenDispatcher: all-gather of routing map, probs and tokens over ETP x EP, a blocking
-    // count copy, a local permute, the experts, a reduce-scatter in the probs dtype.
+    // count copy, a local permute, the experts, a reduce-scatter in the probs dtype over ETP x EP.
     Op ag = coll(OpName::kDispatchAg, Collective::kAllGather, CommGroup::kEp,
-                 d(t_ * ep_) * (d(h) * dt + d(e.num_experts) * (probs_bytes + 1.0)));
+                 d(t_ * ep_ * etp_) * (d(h) * dt + d(e.num_experts) * (probs_bytes + 1.0)));
+    ag.comm.group_size = static_cast<int32_t>(ep_ * etp_);
+    ag.comm.stride = 1;
     node_ = Node::kDispatch;
     y = record(ag, {r}, true);
     node_ = Node::kMlp;
     y = record(host_wait(8.0 * d(e.num_experts)), {y}, false, true);
-    y = record(mem(OpName::kScatter, MemOp::kPermute, 2.0 * rows * d(h) * dt, Stream::kCompute, 2), {y}, true);
+    y = record(mem(OpName::kScatter, MemOp::kPermute, 2.0 * ep_rows * d(h) * dt, Stream::kCompute, 2), {y},
+               true);
   } else {
     // Counts of tokens per expert, all-gathered over ETP x EP (int64 per expert and rank); the host copies
     // them before the permute (cuda_dtoh_point before_permutation_1) and waits before the all-to-all.
@@ -537,7 +540,7 @@ int Builder::moe_dispatch_megatron(int r, double rows, double ep_rows, int64_t f
     y = record(coll(OpName::kProbsA2a, Collective::kAllToAll, CommGroup::kEp, rows * probs_bytes), {y}, true);
   }
   node_ = Node::kMlp;
-  if (etp_ > 1) {
+  if (etp_ > 1 && !gather_mode) {
     y = record(coll(OpName::kEtpAg, Collective::kAllGather, CommGroup::kEtp, ep_rows * (d(h) * dt + probs_bytes)),
                {y}, true);
   }
@@ -555,17 +558,19 @@ int Builder::moe_dispatch_megatron(int r, double rows, double ep_rows, int64_t f
     y = record(mem(OpName::kUnsortChunks, MemOp::kPermute, 2.0 * ep_rows * d(h) * dt, Stream::kCompute, 2),
                {y});
   }
-  if (etp_ > 1) {
+  if (etp_ > 1 && !gather_mode) {
     // Megatron reduce-scatters the expert outputs in the probs dtype.
     y = record(coll(OpName::kEtpRs, Collective::kReduceScatter, CommGroup::kEtp, ep_rows * d(h) * probs_bytes),
                {y});
   }
   node_ = Node::kCombine;
   if (gather_mode) {
-    y = record(mem(OpName::kGather, MemOp::kPermute, 2.0 * rows * d(h) * dt, Stream::kCompute, 2), {y});
-    y = record(coll(OpName::kCombineRs, Collective::kReduceScatter, CommGroup::kEp,
-                    d(t_ * ep_ * h) * probs_bytes),
-               {y});
+    y = record(mem(OpName::kGather, MemOp::kPermute, 2.0 * ep_rows * d(h) * dt, Stream::kCompute, 2), {y});
+    Op rs = coll(OpName::kCombineRs, Collective::kReduceScatter, CommGroup::kEp,
+                 d(t_ * ep_ * etp_ * h) * probs_bytes);
+    rs.comm.group_size = static_cast<int32_t>(ep_ * etp_);
+    rs.comm.stride = 1;
+    y = record(rs, {y});
   } else {
     y = record(coll(OpName::kCombineA2a, Collective::kAllToAll, CommGroup::kEp, rows * d(h) * dt), {y});
   }
@@ -774,8 +779,11 @@ int Builder::moe_fwd(int in) {
   if (shared >= 0) ins.push_back(shared);
   const double unpermute_bytes =
       dedup_stack && p_.experts.dispatch == Dispatch::kDedup ? 2.0 * d(t_ * h) * dt : (d(t_ * k * h) + 2.0 * d(t_ * h)) * dt;
-  const int out = record(mem(OpName::kUnpermute, MemOp::kPermute, unpermute_bytes), ins);
+  int out = record(mem(OpName::kUnpermute, MemOp::kPermute, unpermute_bytes), ins);
   module_ = 0;
+  // The residual add after the MoE layer (Megatron's mlp_bda), as after attention and the dense MLP.
+  if (o_.eager_framework)
+    out = record(mem(OpName::kResidualAdd, MemOp::kActivation, 3.0 * d(t_ * h) * dt), {out}, false, true);
   return out;
 }
 

@@ -703,8 +703,9 @@ TEST_SUITE("planner") {
     REQUIRE(l.ok());
     const auto& [plan, m, hw, path] = l.value();
     const std::string text = planner::megatron_text(plan, m, hw, path);
-    for (const char* what : {"intra-operator overlap", "BF16 gradient sync", "inter-operator overlap",
-                             "MegaScale-MoE's selective activation rematerialization", "overlapped pipeline p2p"}) {
+    for (const char* what :
+         {"intra-operator overlap", "BF16 gradient sync", "inter-operator overlap",
+          "MegaScale-MoE's selective activation rematerialization", "overlapped pipeline p2p"}) {
       CAPTURE(what);
       CHECK(text.find(std::string("# not expressible in Megatron-LM: ") + what) != std::string::npos);
     }
@@ -734,6 +735,95 @@ TEST_SUITE("planner") {
     CHECK(mentions(flags, "--recompute-granularity full"));
     CHECK(mentions(flags, "--mtp-num-layers 1"));
     CHECK_FALSE(mentions(flags, "--pipeline-model-parallel-layout"));
+  }
+
+  TEST_CASE("Megatron's recompute flags are exactly the plan's modules, or full's method and layer count") {
+    // Selective: --recompute-modules with the plan's modules and no others, in Megatron's order; full: the
+    // plan's --recompute-method and --recompute-num-layers (TC:1901-2025).
+    Plan p = make_plan("deepseek-v3", 8, 4096, 8);
+    p.experts.ep = 8;
+    p.recompute = Recompute::kSelective;
+    p.recompute_modules = kRecomputeMlaUpProj | kRecomputeMoeAct | kRecomputeCoreAttn | kRecomputeLayernorm;
+    Flags f = parse_flags(checked(p).flags);
+    CHECK(f.str("--recompute-granularity") == "selective");
+    CHECK(f.list("--recompute-modules") ==
+          std::vector<std::string>{"core_attn", "moe_act", "layernorm", "mla_up_proj"});
+    p.recompute_modules = kRecomputeMoeAct;
+    f = parse_flags(checked(p).flags);
+    CHECK(f.list("--recompute-modules") == std::vector<std::string>{"moe_act"});
+
+    Plan q = make_plan("mixtral-8x7b", 16, 4096, 32);
+    q.experts.ep = 8;
+    q.pipeline.pp = 2;
+    q.recompute = Recompute::kFull;
+    q.recompute_method = RecomputeMethod::kBlock;
+    q.recompute_num_layers = 3;
+    f = parse_flags(checked(q).flags);
+    CHECK(f.str("--recompute-granularity") == "full");
+    CHECK(f.str("--recompute-method") == "block");
+    CHECK(f.num("--recompute-num-layers", 0) == 3);
+    CHECK_FALSE(f.has("--recompute-modules"));
+  }
+
+  TEST_CASE("cross-micro-batch overlap maps to Megatron's combined 1F1B flags and keeps their rules") {
+    // --overlap-moe-expert-parallel-comm with --delay-wgrad-compute; never beside --moe-shared-expert-overlap
+    // (TC:3002-3072), also when the plan asks for inter-operator overlap too and the model has shared
+    // experts (DeepSeek-V3).
+    Plan p = make_plan("mixtral-8x7b", 8, 4096, 32);
+    p.experts.ep = 8;
+    p.overlap.cross_micro_batch = true;
+    Flags f = parse_flags(checked(p).flags);
+    CHECK(f.has("--overlap-moe-expert-parallel-comm"));
+    CHECK(f.has("--delay-wgrad-compute"));
+    Plan q = make_plan("deepseek-v3", 8, 4096, 32);
+    q.experts.ep = 8;
+    q.overlap.cross_micro_batch = true;
+    q.overlap.inter_op = true;
+    f = parse_flags(checked(q).flags);
+    CHECK(f.has("--overlap-moe-expert-parallel-comm"));
+    CHECK_FALSE(f.has("--moe-shared-expert-overlap"));
+  }
+
+  TEST_CASE("every legal mix of recompute, FP8 recipe and EP overlap keeps Megatron's rules") {
+    // Each set of Megatron recompute modules, full recompute by both methods, BF16 and each FP8 recipe,
+    // with and without cross-micro-batch and inter-operator overlap, on a GQA and an MLA model with shared
+    // experts: every plan moeplan accepts gives arguments Megatron accepts.
+    int legal = 0;
+    for (const char* name : {"mixtral-8x7b", "deepseek-v3"}) {
+      const ModelSpec& m = model(name);
+      const HardwareProfile& hw = hardware("h100-sxm");
+      std::vector<Plan> plans;
+      Plan base = make_plan(name, 8, 4096, 32);
+      base.experts.ep = 8;
+      for (uint16_t modules = 1; modules <= kAllRecomputeModules; ++modules) {
+        base.recompute = Recompute::kSelective;
+        base.recompute_modules = modules;
+        plans.push_back(base);
+      }
+      base.recompute = Recompute::kFull;
+      for (RecomputeMethod method : {RecomputeMethod::kUniform, RecomputeMethod::kBlock}) {
+        base.recompute_method = method;
+        plans.push_back(base);
+      }
+      for (Plan p : plans) {
+        for (int precision = 0; precision < 4; ++precision) {
+          p.precision = precision == 0 ? Precision::kBf16 : Precision::kFp8;
+          p.fp8_recipe = precision == 1   ? Fp8Recipe::kDelayed
+                         : precision == 2 ? Fp8Recipe::kTensorwise
+                                          : Fp8Recipe::kBlockwise;
+          for (int overlap = 0; overlap < 4; ++overlap) {
+            p.overlap.cross_micro_batch = overlap & 1;
+            p.overlap.inter_op = overlap & 2;
+            if (!validate(p, m, hw).empty()) continue;
+            ++legal;
+            CAPTURE(std::string(name));
+            CAPTURE(io::plan_to_json(p).dump());
+            check_megatron_rules(p, m, planner::megatron_args(p, m, hw));
+          }
+        }
+      }
+    }
+    CHECK(legal > 500);
   }
 
   TEST_CASE("the moerun plan file round-trips to an equal plan") {

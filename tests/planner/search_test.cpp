@@ -215,6 +215,29 @@ TEST_SUITE("planner.search") {
     CHECK(r.rejected.size() == expected.size() + (memory > 0 ? 1 : 0));
   }
 
+  TEST_CASE("with Megatron-Core the search asks for combined 1F1B only where Megatron's rules allow it") {
+    // Megatron-Core has cross-micro-batch overlap; the search turns it on where its rules hold (ep > 1, the
+    // alltoall dispatcher, no full recompute, vpp when pp > 1, at most one MTP layer), so no plan of the
+    // space is refused for it.
+    Setup s("mixtral-8x7b");
+    s.stack = io::load_stack("megatron-core").value();
+    planner::SearchSpace space = small_space();
+    space.recomputes = {Recompute::kSelective, Recompute::kFull};
+    for (int64_t mtp : {0, 2}) {
+      CAPTURE(mtp);
+      s.model.mtp_layers = mtp;
+      int combined = 0, gathers = 0;
+      for (const Plan& p : planner::enumerate_plans(s.model, s.hw, s.stack, {16, 4096, 32}, space)) {
+        for (const auto& v : validate(p, s.model, s.hw))
+          CHECK_MESSAGE(!v.rule.starts_with("cross_micro_batch"), v.rule);
+        combined += p.overlap.cross_micro_batch ? 1 : 0;
+        gathers += p.experts.dispatch == Dispatch::kAllGather ? 1 : 0;
+      }
+      CHECK(gathers > 0);
+      CHECK((combined > 0) == (mtp <= 1));
+    }
+  }
+
   TEST_CASE("a plan rejected for memory really does not fit, and the kept ones do") {
     const Setup s("deepseek-moe-16b");
     const planner::Job job{8, 4096, 16};  // 16B parameters on one node: replicated experts do not fit

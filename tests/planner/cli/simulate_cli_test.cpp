@@ -1,6 +1,6 @@
 // `moeplan simulate` as a user meets it: the --json report contract of DESIGN.md on every shipped example,
-// exit 3 for illegal and non-fitting plans (and no trace for an illegal one), the Chrome trace's structure,
-// and exit 2 with one line for bad arguments.
+// exit 3 for illegal and non-fitting plans and for plans the stack cannot run (and no trace for an illegal
+// one), the Chrome trace's structure, and exit 2 with one line for bad arguments.
 #include <doctest/doctest.h>
 
 #include "tests/planner/cli/run_moeplan.h"
@@ -264,5 +264,25 @@ TEST_SUITE("cli") {
       CHECK_MESSAGE(r.err.find(named) != std::string::npos, r.err);
       CHECK(r.out.empty());
     }
+  }
+
+  TEST_CASE("a plan asking for what its stack cannot run exits 3 naming the stack's rule") {
+    // Megatron-Core has no MegaScale-MoE SAR (its recompute is selective by module, or full); the same plan
+    // under moerun runs.
+    const TempDir dir("moeplan_simulate_stack");
+    std::ofstream(dir.file("sar.json")) << R"({"model": "mixtral-8x7b", "hardware": "h100-sxm", "gpus": 16,
+      "seq_len": 4096, "global_batch": 32, "attention": {"tp": 2}, "experts": {"ep": 8}, "pipeline": {"pp": 2},
+      "recompute": "sar"})";
+    const Run text = run_cli("simulate '" + dir.file("sar.json") + "' --stack megatron-core");
+    CHECK(text.exit_code == 3);
+    CHECK_MESSAGE(text.out.find("stack_recompute") != std::string::npos, text.out);
+    const Run js = run_cli("simulate --json '" + dir.file("sar.json") + "' --stack megatron-core");
+    CHECK(js.exit_code == 3);
+    const json j = json::parse(js.out);
+    CHECK(j.at("valid") == false);
+    REQUIRE(j.at("violations").size() == 1);
+    CHECK(j.at("violations")[0].at("rule") == "stack_recompute");
+    const Run moerun = run_cli("simulate --json '" + dir.file("sar.json") + "' --stack moerun");
+    CHECK(json::parse(moerun.out).at("valid") == true);
   }
 }

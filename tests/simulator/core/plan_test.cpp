@@ -1,5 +1,5 @@
 // Plan legality: each rule fires on a plan that breaks it, with a reason naming the numbers, and stays silent
-// on a legal plan.
+// on a legal plan; a stack refuses the plan features it cannot run and switches off the overlaps it lacks.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -8,6 +8,7 @@
 #include "simulator/core/plan.h"
 #include "simulator/io/hardware_loader.h"
 #include "simulator/io/model_loader.h"
+#include "simulator/io/stack_loader.h"
 
 using namespace moeplan;
 
@@ -129,5 +130,180 @@ TEST_SUITE("core") {
     for (const auto& x : v)
       found |= x.reason.find("(8)") != std::string::npos && x.reason.find("(16)") != std::string::npos;
     CHECK(found);
+  }
+
+  TEST_CASE("Megatron's recompute modules and full recompute keep their rules") {
+    // mixtral-8x22b: GQA, no shared experts, 56 layers; pp 8 gives chunks of 7 layers.
+    Fixture f;
+    f.plan.recompute = Recompute::kSelective;
+    f.plan.recompute_modules = kRecomputeCoreAttn | kRecomputeMoeAct | kRecomputeMoe;
+    CHECK(f.rules().empty());
+    SUBCASE("at least one module") {
+      f.plan.recompute_modules = 0;
+      CHECK(f.breaks("recompute_modules"));
+    }
+    SUBCASE("mla_up_proj needs MLA") {
+      f.plan.recompute_modules = kRecomputeMlaUpProj;
+      CHECK(f.breaks("recompute_mla_up_proj_needs_mla"));
+      f.model = io::load_model("deepseek-v3").value();
+      CHECK_FALSE(f.breaks("recompute_mla_up_proj_needs_mla"));
+    }
+    SUBCASE("shared_experts needs shared experts") {
+      f.plan.recompute_modules = kRecomputeSharedExperts;
+      CHECK(f.breaks("recompute_shared_experts_needs_shared"));
+    }
+    SUBCASE("the delayed FP8 recipe recomputes neither moe_act nor layernorm") {
+      // Megatron refuses them together (transformer_config.py:2000-2012); other recipes and modules are fine.
+      f.plan.precision = Precision::kFp8;
+      f.plan.fp8_recipe = Fp8Recipe::kDelayed;
+      CHECK(f.breaks("recompute_fp8_delayed"));
+      f.plan.recompute_modules = kRecomputeLayernorm;
+      CHECK(f.breaks("recompute_fp8_delayed"));
+      f.plan.recompute_modules = kRecomputeCoreAttn | kRecomputeMoe;
+      CHECK(f.rules().empty());
+      f.plan.recompute_modules = kRecomputeMoeAct;
+      f.plan.fp8_recipe = Fp8Recipe::kTensorwise;
+      CHECK(f.rules().empty());
+    }
+    SUBCASE("full recompute checkpoints 1 to the largest chunk's layers") {
+      f.plan.recompute = Recompute::kFull;
+      f.plan.recompute_num_layers = 7;
+      CHECK(f.rules().empty());
+      f.plan.recompute_num_layers = 8;
+      CHECK(f.breaks("recompute_num_layers"));
+      f.plan.recompute_num_layers = 0;
+      CHECK(f.breaks("recompute_num_layers"));
+    }
+  }
+
+  TEST_CASE("cross-micro-batch overlap needs ep > 1, no full recompute or moe module, and vpp when pp > 1") {
+    // Megatron's rules for --overlap-moe-expert-parallel-comm (transformer_config.py:3002-3072; also the
+    // alltoall or flex dispatcher and at most one MTP layer).
+    Fixture f;
+    f.plan.overlap.cross_micro_batch = true;
+    f.plan.pipeline.vpp = 7;  // 56 layers over 8 x 7 chunks; 32 micro-batches, a multiple of pp
+    f.plan.pipeline.schedule = Schedule::kInterleaved1F1B;
+    CHECK(f.rules().empty());
+    SUBCASE("ep > 1") {
+      f.plan.experts.ep = 1;
+      CHECK(f.breaks("cross_micro_batch_needs_ep"));
+    }
+    SUBCASE("no full recompute") {
+      f.plan.recompute = Recompute::kFull;
+      CHECK(f.breaks("cross_micro_batch_no_full_recompute"));
+    }
+    SUBCASE("no moe recompute module, other modules allowed") {
+      f.plan.recompute = Recompute::kSelective;
+      f.plan.recompute_modules = kRecomputeMoeAct;
+      CHECK(f.rules().empty());
+      f.plan.recompute_modules = kRecomputeMoeAct | kRecomputeMoe;
+      CHECK(f.breaks("cross_micro_batch_no_moe_recompute"));
+    }
+    SUBCASE("the alltoall or flex dispatcher") {
+      f.plan.experts.dispatch = Dispatch::kAllGather;
+      CHECK(f.breaks("cross_micro_batch_needs_a2a_dispatch"));
+      f.plan.experts.dispatch = Dispatch::kDedup;
+      CHECK(f.rules().empty());
+    }
+    SUBCASE("at most one MTP layer") {
+      f.model.mtp_layers = 2;
+      CHECK(f.breaks("cross_micro_batch_mtp_layers"));
+      f.model.mtp_layers = 1;
+      CHECK(f.rules().empty());
+    }
+    SUBCASE("a virtual pipeline when pp > 1") {
+      f.plan.pipeline.vpp = 1;
+      f.plan.pipeline.schedule = Schedule::k1F1B;
+      CHECK(f.breaks("cross_micro_batch_needs_vpp"));
+      f.plan.pipeline.pp = 1;
+      CHECK(f.rules().empty());
+    }
+  }
+
+  TEST_CASE("a plan feature the stack cannot run is refused with its rule and the stack's list") {
+    Fixture f;
+    StackProfile stack = io::load_stack("megatron-core").value();
+    auto refused = [&]() {
+      std::vector<std::string> out;
+      for (const auto& v : validate_for_stack(f.plan, stack)) out.push_back(v.rule);
+      return out;
+    };
+    CHECK(refused().empty());
+    SUBCASE("dispatch") {
+      f.plan.experts.dispatch = Dispatch::kDedup;
+      const auto v = validate_for_stack(f.plan, stack);
+      REQUIRE(v.size() == 1);
+      CHECK(v[0].rule == "stack_dispatch");
+      CHECK(v[0].reason ==
+            "stack megatron-core cannot run experts.dispatch \"dedup\" (it has: all_to_all, all_gather)");
+    }
+    SUBCASE("recompute granularity") {
+      f.plan.recompute = Recompute::kSar;
+      CHECK(refused() == std::vector<std::string>{"stack_recompute"});
+    }
+    SUBCASE("recompute module") {
+      f.plan.recompute = Recompute::kSelective;
+      f.plan.recompute_modules = kRecomputeCoreAttn | kRecomputeMoeAct;
+      CHECK(refused().empty());
+      stack.capabilities.recompute_modules = {"core_attn"};
+      CHECK(refused() == std::vector<std::string>{"stack_recompute_modules"});
+    }
+    SUBCASE("schedule") {
+      f.plan.pipeline.schedule = Schedule::kInterleaved1F1B;
+      f.plan.pipeline.vpp = 7;
+      CHECK(refused().empty());
+      stack.capabilities.schedules = {"1f1b"};
+      CHECK(refused() == std::vector<std::string>{"stack_schedule"});
+    }
+    SUBCASE("precision and FP8 recipe") {
+      f.plan.precision = Precision::kFp8;
+      f.plan.fp8_recipe = Fp8Recipe::kMxfp8;  // Blackwell only
+      CHECK(refused() == std::vector<std::string>{"stack_fp8_recipe"});
+      f.plan.fp8_recipe = Fp8Recipe::kBlockwise;
+      CHECK(refused().empty());
+      stack.capabilities.precision = {"bf16"};
+      CHECK(refused() == std::vector<std::string>{"stack_precision"});
+    }
+    SUBCASE("gradient sync") {
+      f.plan.compression.grad_sync = GradSync::kBf16AllToAll;
+      CHECK(refused() == std::vector<std::string>{"stack_grad_sync"});
+      f.plan.compression.grad_sync = GradSync::kBf16ReduceScatter;
+      CHECK(refused().empty());
+    }
+    SUBCASE("dispatch precision") {
+      f.plan.compression.dispatch = DispatchPrecision::kFp8;
+      CHECK(refused() == std::vector<std::string>{"stack_dispatch_precision"});
+    }
+    SUBCASE("an unstated capability allows everything") {
+      stack.capabilities = {};
+      f.plan.experts.dispatch = Dispatch::kDedup;
+      f.plan.recompute = Recompute::kSar;
+      CHECK(refused().empty());
+    }
+  }
+
+  TEST_CASE("overlaps the stack lacks are switched off, each with a notice; the others are kept") {
+    // Megatron-Core achieves DP and PP overlap and combined 1F1B, not MegaScale-MoE's inter- or
+    // intra-operator overlap; moerun has no combined 1F1B.
+    Fixture f;
+    f.plan.overlap = {true, true, true, true, true};
+    const StackProfile megatron = io::load_stack("megatron-core").value();
+    std::vector<std::string> notices;
+    const Plan p = with_stack_overlaps(f.plan, megatron, &notices);
+    CHECK_FALSE(p.overlap.inter_op);
+    CHECK_FALSE(p.overlap.intra_op);
+    CHECK(p.overlap.dp_comm);
+    CHECK(p.overlap.pp_comm);
+    CHECK(p.overlap.cross_micro_batch);
+    REQUIRE(notices.size() == 2);
+    CHECK(notices[0].rfind("overlap.inter_op asked for, but stack megatron-core does not achieve it", 0) ==
+          0);
+    CHECK(notices[1].rfind("overlap.intra_op asked for", 0) == 0);
+    notices.clear();
+    const Plan q = with_stack_overlaps(f.plan, io::load_stack("moerun").value(), &notices);
+    CHECK(q.overlap.inter_op);
+    CHECK_FALSE(q.overlap.cross_micro_batch);
+    REQUIRE(notices.size() == 1);
+    CHECK(notices[0].find("overlap.cross_micro_batch") != std::string::npos);
   }
 }

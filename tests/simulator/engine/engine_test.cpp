@@ -1,5 +1,6 @@
 // The event engine on hand-built graphs whose timelines have closed forms: pipeline bubbles of 1F1B and
-// interleaved 1F1B, link sharing, stream order, determinism and the critical path.
+// interleaved 1F1B, link sharing, stream order, determinism and the critical path; the host thread that
+// issues each stage's ops (issue costs, waits at host syncs).
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -72,6 +73,33 @@ Built pipeline_graph(int64_t p, int64_t m, int64_t v, double tf, double tb) {
     op.dep_count = static_cast<uint32_t>(b.g.deps.size()) - op.dep_begin;
   }
   return b;
+}
+
+// Appends an op on stage 0, with no dependencies, and its cost.
+struct OpSpec {
+  Stream stream = Stream::kCompute;
+  double seconds = 1.0;
+  double host_seconds = 0;
+  bool host_sync = false;
+  double host_sync_seconds = 0;
+  cost::Resource resource = cost::Resource::kSm;
+  double sm_fraction = 0;
+};
+int32_t add_op(Built& b, const OpSpec& o) {
+  Op op;
+  op.id = static_cast<int32_t>(b.g.ops.size());
+  op.stream = o.stream;
+  op.kind = o.resource == cost::Resource::kSm ? OpKind::kGemm : OpKind::kCollective;
+  op.host_sync = o.host_sync;
+  b.g.ops.push_back(op);
+  cost::OpCost c;
+  c.seconds = o.seconds;
+  c.host_seconds = o.host_seconds;
+  c.host_sync_seconds = o.host_sync_seconds;
+  c.resource = o.resource;
+  c.sm_fraction = o.sm_fraction;
+  b.costs.push_back(c);
+  return op.id;
 }
 
 }  // namespace
@@ -162,5 +190,73 @@ TEST_SUITE("engine") {
       sum += t1.ops[static_cast<size_t>(id)].end - t1.ops[static_cast<size_t>(id)].start;
     CHECK(sum == doctest::Approx(t1.step_time));
     CHECK(path == engine::longest_path(b.g, t1));
+  }
+
+  TEST_CASE("compute beside a DeepEP exchange runs at the overlap efficiency on the SMs DeepEP leaves") {
+    // A 1 s GEMM beside a 0.5 s exchange holding 20 of 132 SMs, overlap efficiency 0.9: for 0.5 s the GEMM
+    // runs at r = (1 - 20/132) x 0.9, then alone: it ends at 0.5 + (1 - 0.5 r).
+    Built b;
+    add_op(b, {});
+    add_op(b, {.stream = Stream::kComm,
+               .seconds = 0.5,
+               .resource = cost::Resource::kNic,
+               .sm_fraction = 20.0 / 132});
+    engine::EngineOptions o;
+    o.overlap_compute_efficiency = 0.9;
+    const auto t = engine::simulate(b.g, b.costs, o);
+    const double r = (1 - 20.0 / 132) * 0.9;
+    CHECK(t.ops[0].end == doctest::Approx(0.5 + (1 - 0.5 * r)));
+    CHECK(t.ops[1].end == doctest::Approx(0.5));
+  }
+
+  TEST_CASE("a host slower than the GPU makes the step the sum of its issue times") {
+    // Ten 1 s kernels in a row, each taking the host h to issue: op i is issued at (i + 1) h. With h = 3 s
+    // the GPU waits for each, so the step is 10 h + 1; with h = 0.5 s the host runs ahead after the first
+    // and the step is h + 10.
+    for (double h : {3.0, 0.5}) {
+      CAPTURE(h);
+      Built b;
+      for (int i = 0; i < 10; ++i) add_op(b, {.host_seconds = h});
+      const auto t = engine::simulate(b.g, b.costs, {});
+      for (size_t i = 0; i < 10; ++i) CHECK(t.issued[i] == doctest::Approx(h * static_cast<double>(i + 1)));
+      CHECK(t.step_time == doctest::Approx(h > 1 ? 10 * h + 1 : h + 10));
+      // The critical chain runs through every op (each waited for the one issued before it).
+      CHECK(engine::critical_path(t).size() == 10);
+    }
+  }
+
+  TEST_CASE("a host sync stops the host until the op ends plus the round trip") {
+    // op 0: a 10 s kernel the host waits for, with a 2 s round trip; op 1: an independent 1 s transfer on
+    // another stream issued after it. The host reaches op 1 at 12 s, so op 1 runs 12-13 s (at 0 s without
+    // the sync), and the critical chain goes from op 0 to op 1 through the host.
+    Built b;
+    add_op(b, {.seconds = 10, .host_sync = true, .host_sync_seconds = 2});
+    add_op(b, {.stream = Stream::kComm, .resource = cost::Resource::kNvlink});
+    auto t = engine::simulate(b.g, b.costs, {});
+    CHECK(t.issued[1] == doctest::Approx(12));
+    CHECK(t.ops[1].start == doctest::Approx(12));
+    CHECK(t.step_time == doctest::Approx(13));
+    CHECK(t.gated_by[1] == 0);
+    CHECK(engine::critical_path(t) == std::vector<int32_t>{0, 1});
+    b.g.ops[0].host_sync = false;
+    t = engine::simulate(b.g, b.costs, {});
+    CHECK(t.ops[1].start == 0.0);
+    CHECK(t.step_time == doctest::Approx(10));
+  }
+
+  TEST_CASE("with no host costs the timeline is the host-free engine's") {
+    // Interleaved 1F1B over 4 stages with sends on their own stream: a host issuing in no time, with no host
+    // syncs, changes no start or end.
+    Built b = pipeline_graph(4, 8, 2, 1.0, 2.0);
+    engine::EngineOptions with_host, without;
+    without.host = false;
+    const auto a = engine::simulate(b.g, b.costs, with_host);
+    const auto c = engine::simulate(b.g, b.costs, without);
+    REQUIRE(a.ops.size() == c.ops.size());
+    for (size_t i = 0; i < a.ops.size(); ++i) {
+      CHECK(a.ops[i].start == c.ops[i].start);
+      CHECK(a.ops[i].end == c.ops[i].end);
+    }
+    CHECK(a.step_time == c.step_time);
   }
 }

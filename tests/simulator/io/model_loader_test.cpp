@@ -107,4 +107,28 @@ TEST_SUITE("io") {
     REQUIRE_FALSE(r.ok());
     CHECK(r.error().message.find("not a built-in models name (built-ins: dbrx, ") != std::string::npos);
   }
+
+  TEST_CASE("routers read their score function and expert-group limit") {
+    // DeepSeek-V3: sigmoid scores, top-8 within the best 4 of 8 groups (noaux_tc); DeepSeek-V2: softmax, best
+    // 3 of 8 groups (group_limited_greedy); Llama 4: sigmoid, no groups; Mixtral: softmax, no groups.
+    const ModelSpec v3 = load("deepseek-v3");
+    CHECK(v3.moe.score == RouterScore::kSigmoid);
+    CHECK(v3.moe.groups == 8);
+    CHECK(v3.moe.group_top_k == 4);
+    CHECK(v3.moe.group_limited());
+    const ModelSpec v2 = load("deepseek-v2");
+    CHECK(v2.moe.score == RouterScore::kSoftmax);
+    CHECK(v2.moe.groups == 8);
+    CHECK(v2.moe.group_top_k == 3);
+    CHECK(v2.moe.group_limited());
+    for (const char* name : {"llama-4-scout", "llama-4-maverick"}) {
+      CAPTURE(name);
+      const ModelSpec l4 = load(name);
+      CHECK(l4.moe.score == RouterScore::kSigmoid);
+      CHECK_FALSE(l4.moe.group_limited());
+    }
+    const ModelSpec mixtral = load("mixtral-8x7b");
+    CHECK(mixtral.moe.score == RouterScore::kSoftmax);
+    CHECK_FALSE(mixtral.moe.group_limited());
+  }
 }

@@ -1,4 +1,5 @@
-// Plan files: defaults for absent sections, strict keys, and a write/read round trip.
+// Plan files: defaults for absent sections, strict keys, a write/read round trip, and the recompute object
+// form.
 #include <doctest/doctest.h>
 
 #include <unistd.h>
@@ -80,5 +81,65 @@ TEST_SUITE("io") {
     CHECK(loaded.value().model.moe.num_experts == 8);
     CHECK(loaded.value().hardware.name == "h100-sxm");
     std::remove(path.c_str());
+  }
+
+  TEST_CASE("recompute's object form names Megatron's modules, method and layer count, and round-trips") {
+    auto sel = parse(R"({"model": "m", "hardware": "h", "gpus": 8, "seq_len": 1, "global_batch": 1,
+                         "recompute": {"granularity": "selective", "modules": ["moe_act", "core_attn", "mla_up_proj"]}})");
+    REQUIRE(sel.ok());
+    CHECK(sel.value().recompute == Recompute::kSelective);
+    CHECK(sel.value().recompute_modules == (kRecomputeMoeAct | kRecomputeCoreAttn | kRecomputeMlaUpProj));
+    const nlohmann::json j = io::plan_to_json(sel.value());
+    // Written in Megatron's flag order.
+    CHECK(j.at("recompute") ==
+          nlohmann::json{{"granularity", "selective"}, {"modules", {"core_attn", "moe_act", "mla_up_proj"}}});
+    auto back = io::plan_from_json(j, "again.json");
+    REQUIRE(back.ok());
+    CHECK(back.value().recompute_modules == sel.value().recompute_modules);
+    CHECK(io::plan_to_json(back.value()) == j);
+
+    auto full = parse(R"({"model": "m", "hardware": "h", "gpus": 8, "seq_len": 1, "global_batch": 1,
+                          "recompute": {"granularity": "full", "method": "block", "num_layers": 3}})");
+    REQUIRE(full.ok());
+    CHECK(full.value().recompute_method == RecomputeMethod::kBlock);
+    CHECK(full.value().recompute_num_layers == 3);
+    const nlohmann::json jf = io::plan_to_json(full.value());
+    CHECK(jf.at("recompute") ==
+          nlohmann::json{{"granularity", "full"}, {"method", "block"}, {"num_layers", 3}});
+    auto full_back = io::plan_from_json(jf, "again.json");
+    REQUIRE(full_back.ok());
+    CHECK(io::plan_to_json(full_back.value()) == jf);
+
+    // The defaults (selective: core_attn; full: uniform, 1 layer) stay the plain strings.
+    auto plain = parse(R"({"model": "m", "hardware": "h", "gpus": 8, "seq_len": 1, "global_batch": 1,
+                           "recompute": "selective"})");
+    REQUIRE(plain.ok());
+    CHECK(plain.value().recompute_modules == kRecomputeCoreAttn);
+    CHECK(io::plan_to_json(plain.value()).at("recompute") == "selective");
+  }
+
+  TEST_CASE("a bad recompute module or a key of the other granularity is a one-line error") {
+    const std::string bad =
+        parse(R"({"model": "m", "hardware": "h", "gpus": 8, "seq_len": 1, "global_batch": 1,
+                                      "recompute": {"granularity": "selective", "modules": ["core_attn", "moe_ac"]}})")
+            .error()
+            .message;
+    CHECK(bad.find('\n') == std::string::npos);
+    CHECK_MESSAGE(bad.find("'recompute.modules") != std::string::npos, bad);
+    CHECK_MESSAGE(bad.find("(did you mean \"moe_act\"?)") != std::string::npos, bad);
+    CHECK_MESSAGE(bad.find("\"moe_ac\"") != std::string::npos, bad);
+    const std::string mixed =
+        parse(R"({"model": "m", "hardware": "h", "gpus": 8, "seq_len": 1, "global_batch": 1,
+                                        "recompute": {"granularity": "full", "modules": ["moe_act"]}})")
+            .error()
+            .message;
+    CHECK(mixed.find('\n') == std::string::npos);
+    CHECK_MESSAGE(mixed.find("'recompute.modules'") != std::string::npos, mixed);
+    const std::string method =
+        parse(R"({"model": "m", "hardware": "h", "gpus": 8, "seq_len": 1, "global_batch": 1,
+                                         "recompute": {"granularity": "selective", "method": "block"}})")
+            .error()
+            .message;
+    CHECK_MESSAGE(method.find("'recompute.method'") != std::string::npos, method);
   }
 }

@@ -1,6 +1,6 @@
 // Invariants of whole-step predictions: more bandwidth or FLOP/s never slows a step, overlap never loses to
 // the same plan serialised, doubling DP at a fixed per-replica batch leaves per-GPU compute unchanged; and
-// the breakdown accounts for the whole step.
+// the breakdown accounts for the whole step; the stack decides which overlaps count and which plans run.
 #include <doctest/doctest.h>
 
 #include "simulator/engine/engine.h"
@@ -41,6 +41,31 @@ double compute_flops(const Prediction& p, int64_t stage) {
   }
   return f;
 }
+
+// Four Mixtral-8x7B layers under Megatron-Core on two H100 nodes: ep 8 x etp 2, so the EP all-to-all crosses
+// nodes and sits exposed on the critical path (the alltoall dispatcher runs it in line); four micro-batches.
+struct MegatronCase {
+  ModelSpec model = [] {
+    ModelSpec m = io::load_model("mixtral-8x7b").value();
+    m.layers.resize(4);
+    return m;
+  }();
+  HardwareProfile hw = io::load_hardware("h100-sxm").value();
+  StackProfile stack = io::load_stack("megatron-core").value();
+  Plan plan = [] {
+    Plan p;
+    p.gpus = 16;
+    p.seq_len = 4096;
+    p.global_batch = 64;
+    p.experts.ep = 8;
+    p.experts.etp = 2;
+    p.overlap.dp_comm = true;
+    return p;
+  }();
+  Prediction run() const {
+    return predict(model, plan, hw, stack, cost::uniform_routing(model.moe.num_experts));
+  }
+};
 
 }  // namespace
 
@@ -148,5 +173,49 @@ TEST_SUITE("predict") {
     const Prediction p = c.run();
     CHECK_FALSE(p.violations.empty());
     CHECK(p.graph.ops.empty());
+  }
+
+  TEST_CASE("cross-micro-batch overlap hides exposed expert-parallel all-to-alls") {
+    // Combined 1F1B runs each micro-batch's dispatch and combine beside another's compute: the step is no
+    // slower than 1F1B with the exchanges in line, and here faster (they cross nodes).
+    MegatronCase c;
+    const Prediction plain = c.run();
+    REQUIRE(plain.violations.empty());
+    c.plan.overlap.cross_micro_batch = true;
+    const Prediction combined = c.run();
+    REQUIRE(combined.violations.empty());
+    CHECK(combined.effective_plan.overlap.cross_micro_batch);
+    CHECK(combined.notices.empty());
+    CHECK(combined.step_time_s <= plain.step_time_s);
+    CHECK(combined.step_time_s < 0.99 * plain.step_time_s);
+  }
+
+  TEST_CASE("an overlap the stack lacks predicts exactly as the plan without it, with a notice") {
+    // Megatron-Core has no MegaScale-MoE inter-operator overlap (K/V all-to-all beside Q, shared experts on a
+    // side stream): asking for it changes nothing but the notice.
+    MegatronCase c;
+    const Prediction without = c.run();
+    c.plan.overlap.inter_op = true;
+    const Prediction asked = c.run();
+    REQUIRE(asked.violations.empty());
+    CHECK(asked.step_time_s == without.step_time_s);
+    CHECK(asked.graph.ops.size() == without.graph.ops.size());
+    CHECK_FALSE(asked.effective_plan.overlap.inter_op);
+    REQUIRE(asked.notices.size() == 1);
+    CHECK(asked.notices[0].find("overlap.inter_op") != std::string::npos);
+    CHECK(without.notices.empty());
+  }
+
+  TEST_CASE("a plan feature the stack cannot run is refused before anything is predicted") {
+    // Megatron-Core's alltoall and allgather dispatchers send one copy per expert; node-deduplicated dispatch
+    // needs DeepEP or HybridEP (the megatron-core-deepep / -hybridep stacks).
+    MegatronCase c;
+    c.plan.experts.dispatch = Dispatch::kDedup;
+    const Prediction p = c.run();
+    REQUIRE(p.violations.size() == 1);
+    CHECK(p.violations[0].rule == "stack_dispatch");
+    CHECK(p.graph.ops.empty());
+    c.stack = io::load_stack("megatron-core-deepep").value();
+    CHECK(c.run().violations.empty());
   }
 }

@@ -1,12 +1,24 @@
 // Lowering: per-layer communication volumes against direct per-GPU byte counts (megascale-moe.md §3.3), the
-// pipeline order, and the structure of the graph (every op runs, backward mirrors forward).
+// pipeline order, and the structure of the graph (every op runs, backward mirrors forward); the ops each
+// stack's token dispatcher runs and their volumes (Megatron alltoall / allgather, DeepEP / HybridEP against
+// the volumes DeepEP's tests imply); Megatron's recompute modules and MegaScale-MoE's SAR; combined 1F1B;
+// the kernels a stack runs beside the GEMMs (router, FP8 casts, QK-norm, MTP).
 #include <doctest/doctest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <map>
+#include <set>
+#include <string>
+#include <tuple>
+#include <vector>
 
+#include "simulator/core/model_stats.h"
 #include "simulator/core/units.h"
 #include "simulator/cost/collective.h"
+#include "simulator/io/hardware_loader.h"
 #include "simulator/io/model_loader.h"
+#include "simulator/io/stack_loader.h"
 #include "simulator/workload/lower.h"
 
 using namespace moeplan;
@@ -45,6 +57,90 @@ std::map<CommGroup, double> received_elements(const OpGraph& g) {
     out[op.comm.group] += op.comm.bytes * cost::busbw_factor(op.comm.collective, op.comm.group_size) / 2.0;
   }
   return out;
+}
+
+std::string name_of_op(const Op& op) {
+  return kOpNames[op.name];
+}
+
+// Names of the ops of one layer, micro-batch and phase, in emission order.
+std::vector<std::string> names(const OpGraph& g, int32_t layer, int32_t mb, Phase phase) {
+  std::vector<std::string> out;
+  for (const Op& op : g.ops) {
+    if (op.layer == layer && op.micro_batch == mb && op.phase == phase) out.push_back(name_of_op(op));
+  }
+  return out;
+}
+std::multiset<std::string> name_set(const OpGraph& g, int32_t layer, int32_t mb, Phase phase) {
+  const auto v = names(g, layer, mb, phase);
+  return {v.begin(), v.end()};
+}
+
+// The ops of a name in layer `layer` (any layer when -1), phase and micro-batch 0 (and GEMM part).
+std::vector<const Op*> ops_named(const OpGraph& g, OpName n, int32_t layer = 0, Phase phase = Phase::kForward,
+                                 GemmPart part = GemmPart::kNone) {
+  std::vector<const Op*> out;
+  for (const Op& op : g.ops) {
+    if (op.name == static_cast<uint16_t>(n) && (layer < 0 || op.layer == layer) && op.phase == phase &&
+        op.part == part && (op.micro_batch == 0 || op.micro_batch == -1))
+      out.push_back(&op);
+  }
+  return out;
+}
+const Op& the_op(const OpGraph& g, OpName n, int32_t layer = 0, Phase phase = Phase::kForward,
+                 GemmPart part = GemmPart::kNone) {
+  const auto v = ops_named(g, n, layer, phase, part);
+  REQUIRE_MESSAGE(v.size() == 1, kOpNames[static_cast<size_t>(n)] << ": " << v.size() << " ops");
+  return *v.front();
+}
+
+// Lowering as a stack runs it (its dispatcher, host waits and kernel counts) on H100 nodes of 8 GPUs.
+LoweringOptions stack_options(const char* stack) {
+  static const HardwareProfile hw = io::load_hardware("h100-sxm").value();
+  const StackProfile s = io::load_stack(stack).value();
+  return lowering_options(hw, s);
+}
+
+// The first `layers` layers of Mixtral-8x7B: h = 4096, 32 heads, 8 KV heads, 8 experts, top-2, softmax
+// router.
+ModelSpec mixtral(int64_t layers) {
+  ModelSpec m = io::load_model("mixtral-8x7b").value();
+  m.layers.resize(static_cast<size_t>(layers));
+  return m;
+}
+
+// One node of 8 GPUs, 4096 tokens per micro-batch and rank (tp = 1), one micro-batch per step.
+Plan node_plan(int64_t ep, int64_t etp = 1) {
+  Plan p;
+  p.gpus = 8;
+  p.seq_len = 4096;
+  p.global_batch = 8;
+  p.experts.ep = ep;
+  p.experts.etp = etp;
+  p.data.zero = 1;
+  return p;
+}
+
+// DeepSeek-V3 cut to `dense` dense layers and `moe` MoE layers (h = 7168, MLA, 256 experts in 8 groups,
+// top-8 within the best 4 groups, one shared expert), without MTP unless asked.
+ModelSpec deepseek_v3(int64_t dense, int64_t moe, int64_t mtp = 0) {
+  ModelSpec m = io::load_model("deepseek-v3").value();
+  std::vector<LayerSpec> layers;
+  for (int64_t i = 0; i < dense; ++i) layers.push_back(m.layers[0]);
+  for (int64_t i = 0; i < moe; ++i) layers.push_back(m.layers[3]);
+  m.layers = layers;
+  m.mtp_layers = mtp;
+  return m;
+}
+
+// doctest::Approx compares relatively only with scale 0 (its default scale 1 is absolute below 1).
+doctest::Approx rel(double value) {
+  return doctest::Approx(value).scale(0);
+}
+
+// |value - printed| within half a unit of the printed number's last of `decimals` digits.
+bool rounds_to(double value, double printed, int decimals = 3) {
+  return std::abs(value - printed) <= 0.5 * std::pow(10.0, -decimals) + 1e-12;
 }
 
 }  // namespace
@@ -206,5 +302,529 @@ TEST_SUITE("workload") {
       ++checked;
     }
     CHECK(checked >= 3);
+  }
+
+  // ---- token dispatchers ----
+
+  TEST_CASE("Megatron's alltoall dispatcher sends t k rows, their probs and the counts over ETP x EP") {
+    // One Mixtral-8x7B layer, t = 4096 tokens, h = 4096, E = 8, k = 2, ep 4 x etp 2 (2 local experts).
+    // token all-to-all: t k rows of h bf16 = t k h 2 bytes; probs all-to-all: t k probs of the router dtype
+    // pb (bf16 softmax: 2, fp32 sigmoid: 4); counts: int64 per expert and rank of ETP x EP = 8 E ep etp;
+    // ETP all-gather of the ep_rows = t k etp rows with their prob: ep_rows (2h + pb); ETP reduce-scatter
+    // of the expert outputs in the probs dtype: ep_rows h pb; combine all-to-all as the dispatch.
+    const double t = 4096, k = 2, h = 4096, e = 8, ep = 4, etp = 2;
+    for (RouterScore score : {RouterScore::kSoftmax, RouterScore::kSigmoid}) {
+      ModelSpec m = mixtral(1);
+      m.moe.score = score;
+      const double pb = score == RouterScore::kSigmoid ? 4 : 2;
+      CAPTURE(pb);
+      const OpGraph g = lower(m, node_plan(4, 2), stack_options("megatron-core"));
+      const Op& a2a = the_op(g, OpName::kDispatchA2a);
+      CHECK(a2a.comm.collective == Collective::kAllToAll);
+      CHECK(a2a.comm.group == CommGroup::kEp);
+      CHECK(a2a.comm.group_size == 4);
+      CHECK(a2a.comm.bytes == doctest::Approx(t * k * h * 2));
+      const Op& probs = the_op(g, OpName::kProbsA2a);
+      CHECK(probs.comm.collective == Collective::kAllToAll);
+      CHECK(probs.comm.group == CommGroup::kEp);
+      CHECK(probs.comm.bytes == doctest::Approx(t * k * pb));
+      const Op& counts = the_op(g, OpName::kDispatchCounts);
+      CHECK(counts.comm.collective == Collective::kAllGather);
+      CHECK(counts.comm.group_size == 8);
+      CHECK(counts.comm.bytes == doctest::Approx(8 * e * ep * etp));
+      const Op& ag = the_op(g, OpName::kEtpAg);
+      CHECK(ag.comm.collective == Collective::kAllGather);
+      CHECK(ag.comm.group == CommGroup::kEtp);
+      CHECK(ag.comm.bytes == doctest::Approx(t * k * etp * (2 * h + pb)));
+      const Op& rs = the_op(g, OpName::kEtpRs);
+      CHECK(rs.comm.collective == Collective::kReduceScatter);
+      CHECK(rs.comm.bytes == doctest::Approx(t * k * etp * h * pb));
+      CHECK(the_op(g, OpName::kCombineA2a).comm.bytes == doctest::Approx(t * k * h * 2));
+      CHECK(ops_named(g, OpName::kSortChunks).size() == 1);
+      CHECK(ops_named(g, OpName::kUnsortChunks).size() == 1);
+      // The host waits once per layer forward (for the counts), never in backward.
+      int fwd_syncs = 0, bwd_syncs = 0;
+      for (const Op& op : g.ops) {
+        if (!op.host_sync) continue;
+        CHECK(op.name == static_cast<uint16_t>(OpName::kDispatchSync));
+        (op.phase == Phase::kForward ? fwd_syncs : bwd_syncs) += 1;
+      }
+      CHECK(fwd_syncs == 1);
+      CHECK(bwd_syncs == 0);
+    }
+  }
+
+  TEST_CASE("the alltoall dispatcher sorts chunks only when a rank holds more than one expert") {
+    // ep 8 over 8 experts: one local expert, no sort by expert, and no ETP collectives with etp 1.
+    const OpGraph g = lower(mixtral(1), node_plan(8), stack_options("megatron-core"));
+    CHECK(ops_named(g, OpName::kSortChunks).empty());
+    CHECK(ops_named(g, OpName::kUnsortChunks).empty());
+    CHECK(ops_named(g, OpName::kEtpAg).empty());
+    CHECK(ops_named(g, OpName::kEtpRs).empty());
+    CHECK(ops_named(g, OpName::kDispatchA2a).size() == 1);
+  }
+
+  TEST_CASE("Megatron's allgather dispatcher moves one copy of the tokens whatever top-k is") {
+    // All-gather over EP of each rank's [t, h] bf16 tokens with its [t, E] routing map (1 byte) and probs
+    // (bf16): t ep (2h + 3E) bytes; the combine reduce-scatters [t ep, h] in the probs dtype: t ep h 2.
+    const double t = 4096, h = 4096, e = 8, ep = 8;
+    for (int64_t k : {2, 4}) {
+      CAPTURE(k);
+      ModelSpec m = mixtral(1);
+      m.moe.top_k = k;
+      Plan p = node_plan(8);
+      p.experts.dispatch = Dispatch::kAllGather;
+      const OpGraph g = lower(m, p, stack_options("megatron-core"));
+      const Op& ag = the_op(g, OpName::kDispatchAg);
+      CHECK(ag.comm.collective == Collective::kAllGather);
+      CHECK(ag.comm.bytes == doctest::Approx(t * ep * (2 * h + 3 * e)));
+      CHECK(the_op(g, OpName::kCombineRs).comm.bytes == doctest::Approx(t * ep * h * 2));
+      CHECK(ops_named(g, OpName::kDispatchA2a).empty());
+      CHECK(ops_named(g, OpName::kProbsA2a).empty());
+    }
+  }
+
+  TEST_CASE("with ETP the allgather dispatcher gathers over ETP x EP once, still one copy of the tokens") {
+    // MoEAllGatherTokenDispatcher gathers tokens, routing map and probs over tp_ep_group (ETP x EP) and
+    // reduce-scatters the outputs over the same group (token_dispatcher.py): ep 4 x etp 2 = 8 ranks,
+    // t ep etp (2h + 3E) bytes in, t ep etp h 2 out, no separate ETP collectives, whatever k is.
+    const double t = 4096, h = 4096, e = 8, span = 8;
+    for (int64_t k : {2, 4}) {
+      CAPTURE(k);
+      ModelSpec m = mixtral(1);
+      m.moe.top_k = k;
+      Plan p = node_plan(4, 2);
+      p.experts.dispatch = Dispatch::kAllGather;
+      const OpGraph g = lower(m, p, stack_options("megatron-core"));
+      const Op& ag = the_op(g, OpName::kDispatchAg);
+      CHECK(ag.comm.group_size == 8);
+      CHECK(ag.comm.bytes == doctest::Approx(t * span * (2 * h + 3 * e)));
+      const Op& rs = the_op(g, OpName::kCombineRs);
+      CHECK(rs.comm.group_size == 8);
+      CHECK(rs.comm.bytes == doctest::Approx(t * span * h * 2));
+      CHECK(ops_named(g, OpName::kEtpAg).empty());
+      CHECK(ops_named(g, OpName::kEtpRs).empty());
+    }
+  }
+
+  TEST_CASE("node-deduplicated volumes reproduce the distinct nodes and ranks DeepEP's tests imply") {
+    // T = 4096, H = 7168, k = 8, E = 256 on nodes of 8 GPUs. DeepEP's tests make one expert group per node
+    // and route each token within its best min(N, 4) groups; kernel_facts.md §1.7 derives, per token, the
+    // distinct destination nodes D_node, the chance P_own its own node is one, and the distinct ranks D_rank.
+    struct Case {
+      int64_t ranks, groups, group_top_k;
+      double nodes, own, dest_ranks;
+    };
+    const Case cases[] = {
+        {8, 1, 1, 1.0, 1.0, 5.295},       // EP8 intranode, no groups
+        {16, 2, 2, 1.993, 0.997, 6.523},  // EP16, 2 nodes, 2 groups
+        {32, 4, 4, 3.614, 0.904, 7.267},  // EP32, 4 nodes, 4 groups
+        {64, 8, 4, 3.629, 0.454, 7.359},  // EP64, 8 nodes, node limit 4 of 8 groups
+    };
+    for (const Case& c : cases) {
+      CAPTURE(c.ranks);
+      const DedupVolumes v = dedup_volumes(256, 8, c.ranks, 8, c.groups, c.group_top_k);
+      CHECK_MESSAGE(rounds_to(v.nodes, c.nodes), v.nodes);
+      CHECK_MESSAGE(rounds_to(v.own_node, c.own), v.own_node);
+      CHECK_MESSAGE(rounds_to(v.ranks, c.dest_ranks), v.ranks);
+    }
+  }
+
+  TEST_CASE(
+      "DeepEP's dispatch and combine carry one row per token and destination rank, one per remote node") {
+    // DeepSeek-V3 MoE layer at EP64 on 8 nodes (node limit 4 of 8 groups), T = 4096 tokens per rank,
+    // H = 7168: both exchanges receive T D_rank rows over NVLink (7.359 per token) and send T (D_node -
+    // P_own) rows over RDMA (3.629 - 0.454); BF16 rows are 2H bytes, FP8 dispatch rows H (1 + 4/128).
+    Plan p;
+    p.gpus = 64;
+    p.seq_len = 4096;
+    p.global_batch = 64;
+    p.experts.ep = 64;
+    p.experts.dispatch = Dispatch::kDedup;
+    const double t = 4096, h = 7168, d_rank = 7.359, remote = 3.629 - 0.454;
+    for (auto precision : {DispatchPrecision::kBf16, DispatchPrecision::kFp8}) {
+      p.compression.dispatch = precision;
+      const OpGraph g = lower(deepseek_v3(0, 1), p, stack_options("megatron-core-deepep"));
+      const Op& disp = the_op(g, OpName::kDispatchA2a);
+      const Op& comb = the_op(g, OpName::kCombineA2a);
+      const double row = precision == DispatchPrecision::kFp8 ? h * (1 + 4.0 / 128) : 2 * h;
+      for (const Op* op : {&disp, &comb}) {
+        CHECK(op->comm.node_dedup);
+        CHECK(op->comm.group_size == 64);
+        CHECK(op->comm.nic_bytes_scale == rel(remote / d_rank).epsilon(1e-3));
+      }
+      CHECK(disp.comm.bytes == doctest::Approx(t * d_rank * row).epsilon(1e-3));
+      CHECK(comb.comm.bytes == doctest::Approx(t * d_rank * 2 * h).epsilon(1e-3));
+    }
+  }
+
+  TEST_CASE("node-limited routing lowers DeepEP's NIC bytes") {
+    // EP64 on 8 nodes: within 4 of 8 groups a token leaves its node for 3.629 - 0.454 = 3.175 remote nodes;
+    // unlimited, for 8 (1 - C(224, 8) / C(256, 8)) (1 - 1/8) = 4.633.
+    Plan p;
+    p.gpus = 64;
+    p.seq_len = 4096;
+    p.global_batch = 64;
+    p.experts.ep = 64;
+    p.experts.dispatch = Dispatch::kDedup;
+    auto nic_rows = [&](const ModelSpec& m) {
+      const OpGraph g = lower(m, p, stack_options("megatron-core-deepep"));
+      const Op& op = the_op(g, OpName::kDispatchA2a);
+      return op.comm.bytes * op.comm.nic_bytes_scale / (2 * 7168.0);
+    };
+    ModelSpec limited = deepseek_v3(0, 1);
+    ModelSpec unlimited = limited;
+    unlimited.moe.group_top_k = unlimited.moe.groups;
+    CHECK(nic_rows(limited) / 4096 == doctest::Approx(3.175).epsilon(1e-3));
+    CHECK(nic_rows(unlimited) / 4096 == doctest::Approx(4.633).epsilon(1e-3));
+  }
+
+  TEST_CASE("HybridEP dispatches already permuted: no local permute around the exchanges") {
+    // HybridEP all-gathers the routing map and preprocesses it instead of DeepEP's layout and notify kernels.
+    Plan p;
+    p.gpus = 16;
+    p.seq_len = 4096;
+    p.global_batch = 16;
+    p.experts.ep = 16;
+    p.experts.dispatch = Dispatch::kDedup;
+    const OpGraph deepep = lower(deepseek_v3(0, 1), p, stack_options("megatron-core-deepep"));
+    const OpGraph hybrid = lower(deepseek_v3(0, 1), p, stack_options("megatron-core-hybridep"));
+    CHECK(ops_named(deepep, OpName::kPermute).size() == 1);
+    CHECK(ops_named(deepep, OpName::kDispatchLayout).size() == 1);
+    CHECK(ops_named(deepep, OpName::kDispatchNotify).size() == 1);
+    CHECK(ops_named(hybrid, OpName::kPermute).empty());
+    CHECK(ops_named(hybrid, OpName::kRoutingMapAg).size() == 1);
+    CHECK(ops_named(hybrid, OpName::kDispatchPreprocess).size() == 1);
+    CHECK(the_op(hybrid, OpName::kDispatchA2a).comm.bytes ==
+          doctest::Approx(the_op(deepep, OpName::kDispatchA2a).comm.bytes));
+  }
+
+  // ---- recompute ----
+
+  TEST_CASE("selective recompute re-runs exactly the ops of the plan's Megatron modules") {
+    // One MoE layer under Megatron-Core: moe_act re-runs the expert activation, core_attn the attention core,
+    // layernorm the pre-MLP norm (TE fuses the attention norm into the QKV GEMM); under MLA (DeepSeek-V3)
+    // mla_up_proj re-runs the q and kv up-projections and RoPE.
+    using Names = std::multiset<std::string>;
+    struct Case {
+      uint16_t modules;
+      bool mla;
+      Names want;
+    };
+    const Case cases[] = {
+        {kRecomputeMoeAct, false, Names{"expert_act"}},
+        {kRecomputeCoreAttn, false, Names{"attn_core"}},
+        {kRecomputeLayernorm, false, Names{"ffn_norm"}},
+        {kRecomputeMlaUpProj, true, Names{"q_up", "kv_up", "rope"}},
+        {kRecomputeCoreAttn | kRecomputeMoeAct, false, Names{"attn_core", "expert_act"}},
+    };
+    for (const Case& c : cases) {
+      CAPTURE(c.modules);
+      Plan p = node_plan(c.mla ? 8 : 4);
+      p.recompute = Recompute::kSelective;
+      p.recompute_modules = c.modules;
+      const OpGraph g = lower(c.mla ? deepseek_v3(0, 1) : mixtral(1), p, stack_options("megatron-core"));
+      CHECK(name_set(g, 0, 0, Phase::kRecompute) == c.want);
+    }
+  }
+
+  TEST_CASE("the moe recompute module re-runs the whole MoE layer, its exchanges and host wait included") {
+    // Everything the forward runs from the pre-MLP norm to the final unpermute (the residual add after it is
+    // outside the MoE layer), before the layer's first backward op.
+    Plan p = node_plan(4);
+    p.recompute = Recompute::kSelective;
+    p.recompute_modules = kRecomputeMoe;
+    const OpGraph g = lower(mixtral(1), p, stack_options("megatron-core"));
+    const auto fwd = names(g, 0, 0, Phase::kForward);
+    const auto first = std::find(fwd.begin(), fwd.end(), "ffn_norm");
+    const auto last = std::find(fwd.rbegin(), fwd.rend(), "unpermute");
+    REQUIRE(first != fwd.end());
+    REQUIRE(last != fwd.rend());
+    const std::multiset<std::string> re = name_set(g, 0, 0, Phase::kRecompute);
+    CHECK(re == std::multiset<std::string>(first, last.base()));
+    for (const char* n :
+         {"router", "dispatch_a2a", "probs_a2a", "dispatch_sync", "combine_a2a", "expert_fc2"})
+      CHECK_MESSAGE(re.count(n) == 1, n);
+    int32_t last_re = -1, first_bwd = -1;
+    for (const Op& op : g.ops) {
+      if (op.layer != 0 || op.micro_batch != 0) continue;
+      if (op.phase == Phase::kRecompute) last_re = op.id;
+      if (op.phase == Phase::kBackward && first_bwd < 0) first_bwd = op.id;
+    }
+    CHECK(last_re < first_bwd);
+  }
+
+  TEST_CASE("full recompute re-runs every layer (uniform) or the first N layers of each chunk (block)") {
+    // Four Mixtral layers. uniform: each layer's recompute is its whole forward. block N: the layers at
+    // positions < N of their pipeline chunk (pp 2: layers 0-1 on stage 0, 2-3 on stage 1).
+    const ModelSpec m = mixtral(4);
+    auto recomputed = [&](const Plan& p) {
+      const OpGraph g = lower(m, p, stack_options("megatron-core"));
+      std::vector<int> out;
+      for (int32_t l = 0; l < 4; ++l) {
+        const auto re = name_set(g, l, 0, Phase::kRecompute);
+        if (re.empty()) continue;
+        CHECK(re == name_set(g, l, 0, Phase::kForward));
+        out.push_back(l);
+      }
+      return out;
+    };
+    Plan p = node_plan(4);
+    p.recompute = Recompute::kFull;
+    CHECK(recomputed(p) == std::vector<int>{0, 1, 2, 3});
+    p.recompute_method = RecomputeMethod::kBlock;
+    p.recompute_num_layers = 2;
+    CHECK(recomputed(p) == std::vector<int>{0, 1});
+    p.pipeline.pp = 2;
+    p.recompute_num_layers = 1;
+    CHECK(recomputed(p) == std::vector<int>{0, 2});
+  }
+
+  TEST_CASE("SAR re-runs MegaScale-MoE's set: norms, activations and communication, never a GEMM") {
+    // moerun's lowering of one Mixtral layer with tp 2, ep 4. SAR drops what memory-bound and communication
+    // operators produce and keeps what GEMMs and attention produce (megascale-moe.md §6): it re-runs the
+    // attention norm and its TP all-gather, the pre-MLP norm, the permute, the dispatch and the expert
+    // SwiGLU.
+    Plan p = node_plan(4);
+    p.attention.tp = 2;
+    p.recompute = Recompute::kSar;
+    const OpGraph g = lower(mixtral(1), p, {});
+    CHECK(name_set(g, 0, 0, Phase::kRecompute) == std::multiset<std::string>{"attn_norm", "attn_ag",
+                                                                             "ffn_norm", "permute",
+                                                                             "dispatch_a2a", "expert_act"});
+    for (const Op& op : g.ops) {
+      if (op.phase == Phase::kRecompute)
+        CHECK((op.kind == OpKind::kMemoryBound || op.kind == OpKind::kCollective));
+    }
+  }
+
+  // ---- combined 1F1B (cross-micro-batch overlap) ----
+
+  TEST_CASE("combined 1F1B at pp 1 runs F0, then each forward beside the previous backward, then the last") {
+    // F0, (F1|B0), (F2|B1), (F3|B2), B3 (schedules.py combined 1F1B); plain 1F1B at pp 1 alternates F, B.
+    const auto order = pipeline_order(0, 1, 1, 4, true);
+    REQUIRE(order.size() == 8);
+    const std::vector<std::tuple<bool, int, bool>> want = {
+        {true, 0, false},  {true, 1, true}, {false, 0, false}, {true, 2, true},
+        {false, 1, false}, {true, 3, true}, {false, 2, false}, {false, 3, false}};
+    for (size_t i = 0; i < order.size(); ++i) {
+      CAPTURE(i);
+      CHECK(std::tuple<bool, int, bool>{order[i].forward, order[i].micro_batch, order[i].paired} == want[i]);
+    }
+    for (const auto& t : pipeline_order(0, 1, 1, 4)) CHECK_FALSE(t.paired);
+    CHECK(pipeline_order(0, 1, 1, 4)[1].forward == false);
+  }
+
+  TEST_CASE("combined 1F1B warms up one more forward than interleaved 1F1B and pairs each later forward") {
+    for (int64_t stage = 0; stage < 4; ++stage) {
+      CAPTURE(stage);
+      // Forwards before the first backward: the warm-up and the first steady-state forward.
+      auto leading_forwards = [](const std::vector<PipelineTask>& o) {
+        size_t n = 0;
+        while (n < o.size() && o[n].forward) ++n;
+        return n;
+      };
+      const auto plain = pipeline_order(stage, 4, 2, 8);
+      const auto combined = pipeline_order(stage, 4, 2, 8, true);
+      CHECK(leading_forwards(combined) == leading_forwards(plain) + 1);
+      CHECK_FALSE(combined[leading_forwards(combined) - 2].paired);  // the last warm-up forward runs alone
+      std::map<std::tuple<int, int, bool>, int> seen;
+      for (size_t i = 0; i < combined.size(); ++i) {
+        const auto& t = combined[i];
+        ++seen[{t.micro_batch, t.chunk, t.forward}];
+        if (t.paired) {
+          REQUIRE(i + 1 < combined.size());
+          CHECK_FALSE(combined[i + 1].forward);
+        }
+      }
+      CHECK(seen.size() == 8 * 2 * 2);
+    }
+  }
+
+  TEST_CASE(
+      "a combined pair interleaves forward layer i with backward layer n-1-i, exchanges on the comm stream") {
+    // Four Mixtral layers on one node, ep 8, Megatron-Core, three micro-batches: the pair (F1 | B0). Per
+    // layer pair Megatron runs combine_bwd | pre_dispatch_fwd | mlp_bwd | dispatch_fwd | dispatch_bwd |
+    // mlp_fwd | combine_fwd | pre_dispatch_bwd (model_chunk_schedule_plan.py:236-303): six switches between
+    // the two passes per layer pair, each between forward layer i and backward layer 3 - i.
+    Plan p = node_plan(8);
+    p.global_batch = 24;
+    p.overlap.cross_micro_batch = true;
+    const OpGraph g = lower(mixtral(4), p, stack_options("megatron-core"));
+    std::vector<std::pair<bool, int32_t>> pass;  // (forward, layer) of the pair's layer ops in emission order
+    for (const Op& op : g.ops) {
+      const bool fwd = op.phase == Phase::kForward;
+      if (op.layer >= 0 && ((fwd && op.micro_batch == 1) || (!fwd && op.micro_batch == 0)))
+        pass.emplace_back(fwd, op.layer);
+    }
+    int switches = 0;
+    for (size_t i = 1; i < pass.size(); ++i) {
+      if (pass[i].first == pass[i - 1].first) continue;
+      ++switches;
+      CHECK(pass[i].second + pass[i - 1].second == 3);
+    }
+    CHECK(switches == 6 * 4);
+    for (const Op& op : g.ops) {
+      if (op.layer < 0) continue;
+      const auto n = static_cast<OpName>(op.name);
+      if (n == OpName::kDispatchA2a || n == OpName::kProbsA2a || n == OpName::kCombineA2a)
+        CHECK(op.stream == Stream::kComm);
+      if (n == OpName::kDispatchSync) CHECK(op.stream != Stream::kComm);
+      if (n == OpName::kExpertFc13) CHECK(op.stream == Stream::kCompute);
+    }
+    // Without the overlap the exchanges stay on the compute stream (Megatron runs them in line).
+    p.overlap.cross_micro_batch = false;
+    const OpGraph plain = lower(mixtral(4), p, stack_options("megatron-core"));
+    CHECK(the_op(plain, OpName::kDispatchA2a).stream == Stream::kCompute);
+  }
+
+  // ---- work beside the GEMMs ----
+
+  TEST_CASE("Megatron stacks run the router region as 31 kernels, moerun as 2") {
+    // Megatron-Core with --moe-router-fusion launches 31 kernels from the gating GEMM to the aux loss
+    // (Megatron-LM GB200 MoE notes, l.85); moerun runs its router GEMM and one top-k kernel.
+    for (const char* stack : {"megatron-core", "megatron-core-deepep", "megatron-core-hybridep", "moerun"}) {
+      CAPTURE(stack);
+      const OpGraph g = lower(mixtral(1), node_plan(8), stack_options(stack));
+      const int kernels = the_op(g, OpName::kRouter).kernels + the_op(g, OpName::kRouterTopk).kernels;
+      CHECK(kernels == (std::string(stack) == "moerun" ? 2 : 31));
+    }
+  }
+
+  TEST_CASE("Megatron stacks run a residual add after each sublayer, dense or MoE; moerun fuses them") {
+    // Megatron's bias-dropout-add after attention and after the MLP, whether the MLP is dense or a MoELayer
+    // (TransformerLayer self_attn_bda / mlp_bda): reads the sublayer output and the residual [t, h] and
+    // writes the sum, 3 t h x 2 bytes; no backward kernel (the gradient passes through).
+    Plan p;
+    p.gpus = 8;
+    p.seq_len = 4096;
+    p.global_batch = 8;
+    p.experts.ep = 8;
+    const ModelSpec m = deepseek_v3(1, 1);  // layer 0 dense, layer 1 MoE
+    const OpGraph g = lower(m, p, stack_options("megatron-core"));
+    for (int32_t layer : {0, 1}) {
+      CAPTURE(layer);
+      const auto adds = ops_named(g, OpName::kResidualAdd, layer);
+      CHECK(adds.size() == 2);
+      for (const Op* op : adds) CHECK(op->hbm_bytes == doctest::Approx(3.0 * 4096 * 7168 * 2));
+      CHECK(ops_named(g, OpName::kResidualAdd, layer, Phase::kBackward).empty());
+    }
+    CHECK(ops_named(lower(m, p, stack_options("moerun")), OpName::kResidualAdd, -1).empty());
+  }
+
+  TEST_CASE("FP8 GEMMs quantise their input forward and the incoming gradient in dgrad, per recipe") {
+    // Bytes per element to read BF16 and write the FP8 copy and its transpose: delayed 4, tensorwise 6 (one
+    // more read for the current amax), blockwise 2 + 2 (1 + 4/128) (an fp32 scale per 128 values). Mixtral's
+    // qkv_proj is [t, h] x [h, n], t = h = 4096, n = (32 + 2 x 8) x 128 = 6144: forward quantises t h
+    // elements, dgrad the t n gradient, wgrad nothing (both transposes exist). The expert FC1/FC3 quantises
+    // its t k rows of h (ep 8, uniform routing); the router GEMM stays BF16.
+    const double t = 4096, h = 4096, n = 6144, k = 2;
+    const std::pair<Fp8Recipe, double> recipes[] = {{Fp8Recipe::kDelayed, 4.0},
+                                                    {Fp8Recipe::kTensorwise, 6.0},
+                                                    {Fp8Recipe::kBlockwise, 2.0 + 2.0 * (1 + 4.0 / 128)}};
+    for (const auto& [recipe, per] : recipes) {
+      CAPTURE(per);
+      Plan p = node_plan(8);
+      p.precision = Precision::kFp8;
+      p.fp8_recipe = recipe;
+      const OpGraph g = lower(mixtral(1), p, stack_options("megatron-core"));
+      CHECK(the_op(g, OpName::kQkvProj).aux_bytes == doctest::Approx(t * h * per));
+      CHECK(the_op(g, OpName::kQkvProj, 0, Phase::kBackward, GemmPart::kDgrad).aux_bytes ==
+            doctest::Approx(t * n * per));
+      CHECK(the_op(g, OpName::kQkvProj, 0, Phase::kBackward, GemmPart::kWgrad).aux_bytes == 0.0);
+      CHECK(the_op(g, OpName::kExpertFc13).aux_bytes == doctest::Approx(t * k * h * per));
+      CHECK(the_op(g, OpName::kRouter).aux_bytes == 0.0);
+    }
+    const OpGraph bf16 = lower(mixtral(1), node_plan(8), stack_options("megatron-core"));
+    CHECK(the_op(bf16, OpName::kQkvProj).aux_bytes == 0.0);
+  }
+
+  TEST_CASE("FP8 weights are cast once per step on each stage, before the stage's first forward") {
+    // pp 2 over four Mixtral layers, ep 4, two micro-batches, blockwise recipe: one weight_cast per stage of
+    // its local parameters (dense + routed experts / ep) x (2 + 2 (1 + 4/128)) bytes, four kernels per layer.
+    const ModelSpec m = mixtral(4);
+    Plan p = node_plan(4);
+    p.pipeline.pp = 2;
+    p.precision = Precision::kFp8;
+    p.fp8_recipe = Fp8Recipe::kBlockwise;
+    const OpGraph g = lower(m, p, stack_options("megatron-core"));
+    const ParamBreakdown lp = layer_params(m, m.layers[0]);
+    const double per_layer = lp.total() - lp.routed_experts + lp.routed_experts / 4;
+    std::vector<const Op*> casts;
+    for (const Op& op : g.ops) {
+      if (op.name == static_cast<uint16_t>(OpName::kWeightCast)) casts.push_back(&op);
+    }
+    REQUIRE(casts.size() == 2);
+    for (const Op* cast : casts) {
+      CAPTURE(cast->stage);
+      CHECK(cast->hbm_bytes == doctest::Approx(2 * per_layer * (2.0 + 2.0 * (1 + 4.0 / 128))));
+      CHECK(cast->kernels == 8);
+      // The stage's first forward op after the cast waits for it.
+      const Op* first = nullptr;
+      for (const Op& op : g.ops) {
+        if (op.stage == cast->stage && op.phase == Phase::kForward && op.id != cast->id &&
+            op.micro_batch == 0 && op.kind != OpKind::kCollective) {
+          first = &op;
+          break;
+        }
+      }
+      REQUIRE(first != nullptr);
+      const auto deps = g.deps_of(*first);
+      CHECK(std::find(deps.begin(), deps.end(), cast->id) != deps.end());
+    }
+  }
+
+  TEST_CASE("models with QK-norm run a norm over q and k, others none") {
+    // Qwen3-30B-A3B: 32 heads and 4 KV heads of 128, t = 4096: the norm reads and writes q and k in bf16,
+    // 2 t (32 + 4) 128 x 2 bytes.
+    ModelSpec qwen = io::load_model("qwen3-30b-a3b").value();
+    qwen.layers.resize(1);
+    const OpGraph g = lower(qwen, node_plan(8), stack_options("megatron-core"));
+    CHECK(the_op(g, OpName::kQkNorm).hbm_bytes == doctest::Approx(2.0 * 4096 * 36 * 128 * 2));
+    CHECK(ops_named(g, OpName::kQkNorm, 0, Phase::kBackward).size() == 1);
+    CHECK(
+        ops_named(lower(mixtral(1), node_plan(8), stack_options("megatron-core")), OpName::kQkNorm).empty());
+  }
+
+  TEST_CASE(
+      "DeepSeek-V3's MTP module runs on the last stage: a decoder layer, a projection, a head and a loss") {
+    // One dense and one MoE layer over pp 2 (ep 8, two micro-batches), MTP depth 1: per micro-batch the last
+    // stage runs the next token's embedding, two norms, the [2h -> h] projection, one more MoE decoder layer
+    // (index 2), the shared final norm and head and the MTP loss; backward the loss, head and projection
+    // gradients and the norms. The first stage runs none of it.
+    Plan p;
+    p.gpus = 16;
+    p.seq_len = 4096;
+    p.global_batch = 16;
+    p.experts.ep = 8;
+    p.pipeline.pp = 2;
+    const OpGraph g = lower(deepseek_v3(1, 1, 1), p, stack_options("megatron-core"));
+    auto count = [&](OpName n, Phase ph, GemmPart part = GemmPart::kNone) {
+      int c = 0;
+      for (const Op& op : g.ops) {
+        if (op.name != static_cast<uint16_t>(n)) continue;
+        CHECK(op.stage == 1);
+        c += op.micro_batch == 0 && op.phase == ph && op.part == part ? 1 : 0;
+      }
+      return c;
+    };
+    for (OpName n :
+         {OpName::kMtpEmbedding, OpName::kMtpNorm, OpName::kMtpProj, OpName::kMtpLmHead, OpName::kMtpLoss})
+      CHECK_MESSAGE(count(n, Phase::kForward) == 1, kOpNames[static_cast<size_t>(n)]);
+    CHECK(count(OpName::kMtpLoss, Phase::kBackward) == 1);
+    CHECK(count(OpName::kMtpNorm, Phase::kBackward) == 1);
+    for (OpName n : {OpName::kMtpLmHead, OpName::kMtpProj}) {
+      CHECK(count(n, Phase::kBackward, GemmPart::kDgrad) == 1);
+      CHECK(count(n, Phase::kBackward, GemmPart::kWgrad) == 1);
+    }
+    CHECK(count(OpName::kFinalNorm, Phase::kForward) == 2);  // the main one and the MTP module's
+    // The MTP decoder layer is a MoE layer like layer 1, forward and backward.
+    CHECK(name_set(g, 2, 0, Phase::kForward) == name_set(g, 1, 0, Phase::kForward));
+    CHECK(name_set(g, 2, 0, Phase::kBackward) == name_set(g, 1, 0, Phase::kBackward));
+    for (const Op& op : g.ops) {
+      if (op.layer == 2) CHECK(op.stage == 1);
+    }
+    const OpGraph none = lower(deepseek_v3(1, 1, 0), p, stack_options("megatron-core"));
+    for (const Op& op : none.ops) CHECK(op.layer < 2);
   }
 }
