@@ -3,6 +3,7 @@
 // as a report page.
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <optional>
@@ -43,7 +44,9 @@ nlohmann::json summary_json(const Prediction& p) {
           {"memory_tight", p.memory.tight()},
           {"exposed_comm_s", comm.is_null() ? nlohmann::json::object() : comm},
           {"bubble_s", p.breakdown.bubble},
-          {"extrapolations", p.extrapolations}};
+          {"extrapolations", p.extrapolations},
+          {"hypothetical", p.provenance.hypothetical},
+          {"why_hypothetical", p.provenance.targets}};
 }
 
 }  // namespace
@@ -204,11 +207,24 @@ Runner add_plan(CLI::App& app) {
                  "per GPU", "MFU", "step s", "mem GB", "comm s", "bubble");
       for (size_t i = 0; i < r.plans.size(); ++i) {
         const Prediction& p = r.plans[i].prediction;
-        fmt::print("{:>2}  {:<62} {:>10.0f} {:>8.1f} {:>5.1f}% {:>7.3f} {:>8.1f} {:>7.3f} {:>7.3f}{}\n",
+        fmt::print("{:>2}  {:<62} {:>10.0f} {:>8.1f} {:>5.1f}% {:>7.3f} {:>8.1f} {:>7.3f} {:>7.3f}{}{}\n",
                    i + 1, planner::describe(r.plans[i].plan), p.tokens_per_s, p.tokens_per_s_per_gpu,
                    100 * p.mfu, p.step_time_s, p.memory.total() / 1e9, exposed_comm(p), p.breakdown.bubble,
-                   p.memory.fits() ? (p.memory.tight() ? "  (tight)" : "") : "  (does not fit)");
+                   p.memory.fits() ? (p.memory.tight() ? "  (tight)" : "") : "  (does not fit)",
+                   p.provenance.hypothetical ? "  HYPOTHETICAL" : "");
       }
+    }
+    // What makes the listed predictions hypothetical, once for the table.
+    std::vector<std::string> targets;
+    for (const auto& rp : r.plans) {
+      for (const auto& t : rp.prediction.provenance.targets) {
+        if (std::find(targets.begin(), targets.end(), t) == targets.end()) targets.push_back(t);
+      }
+    }
+    if (!targets.empty()) {
+      fmt::print("\nHYPOTHETICAL: these predictions credit capabilities the {} stack has not measured:\n",
+                 stack.value().name);
+      for (const auto& t : targets) fmt::print("  - {}\n", t);
     }
     if (!r.plans.empty()) {
       fmt::print(

@@ -16,8 +16,9 @@ namespace {
 
 void print_text(const Prediction& p, const ReportContext& ctx) {
   const auto& m = p.memory;
-  fmt::print("{} on {} x {} ({} stack{})\n", ctx.model.name, ctx.plan.gpus, ctx.hardware.name, ctx.stack.name,
-             ctx.stack.calibrated ? "" : ", uncalibrated assumptions");
+  fmt::print("{} on {} x {} ({} stack{}){}\n", ctx.model.name, ctx.plan.gpus, ctx.hardware.name,
+             ctx.stack.name, ctx.stack.calibrated ? "" : ", uncalibrated",
+             p.provenance.hypothetical ? " -- HYPOTHETICAL" : "");
   fmt::print("step {:.3f} s | {:.0f} tokens/s ({:.0f}-{:.0f}) | {:.1f} tokens/s/GPU | MFU {:.1f}%\n",
              p.step_time_s, p.tokens_per_s, p.tokens_per_s_low, p.tokens_per_s_high, p.tokens_per_s_per_gpu,
              100 * p.mfu);
@@ -39,6 +40,13 @@ void print_text(const Prediction& p, const ReportContext& ctx) {
     fmt::print("routing: busiest EP rank gets {:.3f}x the mean; {:.2f}% of assignments dropped\n",
                p.routing.imbalance(), 100 * p.routing.dropped_fraction);
   }
+  const auto& pv = p.provenance;
+  fmt::print(
+      "critical path priced by stack numbers that are: {:.0f}% measured, {:.0f}% derived, {:.0f}% assumed, "
+      "{:.0f}% target\n",
+      100 * pv.measured, 100 * pv.derived, 100 * pv.assumed, 100 * pv.target);
+  for (const auto& t : pv.targets) fmt::print("hypothetical: {}\n", t);
+  for (const auto& n : p.notices) fmt::print("stack: {}\n", n);
   if (!p.extrapolations.empty()) {
     fmt::print("outside the calibrated data ({}):\n", p.extrapolations.size());
     for (const auto& e : p.extrapolations) fmt::print("  - {}\n", e);

@@ -256,6 +256,26 @@ void summary(Out& out, const json& r) {
          "assumptions from public measurements, not a fit to this cluster.</p>\n",
          html_escape(r.at("stack").get<std::string>()));
   }
+  const json& prov = r.at("provenance");
+  const json& share = prov.at("critical_path_share");
+  emit(out,
+       "<p class=\"note\">Critical path priced by stack numbers that are {} measured, {} derived, {} "
+       "assumed, {} "
+       "target.</p>\n",
+       percent(share.at("measured").get<double>(), 0), percent(share.at("derived").get<double>(), 0),
+       percent(share.at("assumed").get<double>(), 0), percent(share.at("target").get<double>(), 0));
+  if (prov.at("hypothetical").get<bool>()) {
+    emit(out,
+         "<p class=\"note\"><span class=\"badge bad\">hypothetical</span> This prediction credits what "
+         "the stack has not measured:</p>\n<ul class=\"warn\">\n");
+    for (const auto& t : prov.at("why_hypothetical"))
+      emit(out, "<li>{}</li>\n", html_escape(t.get<std::string>()));
+    emit(out, "</ul>\n");
+  }
+  for (const auto& n : r.at("stack_notices")) {
+    emit(out, "<p class=\"note\"><span class=\"badge warn\">stack</span> {}</p>\n",
+         html_escape(n.get<std::string>()));
+  }
   const json& extra = r.at("extrapolations");
   if (!extra.empty()) {
     emit(out, "<p class=\"note\">Outside the calibrated data ({}):</p>\n<ul class=\"warn\">\n", extra.size());
@@ -922,7 +942,10 @@ std::string plan_html(const PlanSearchPage& page, const HtmlOptions& options) {
            j.at("tokens_per_s_per_gpu").get<double>(), percent(j.at("mfu").get<double>()),
            duration(j.at("step_time_s").get<double>()), gb(j.at("memory").at("per_gpu_bytes").get<double>()),
            duration(comm), duration(b.at("bubble").get<double>()),
-           fits ? "" : "<span class=\"badge bad\">does not fit</span>");
+           std::string(fits ? "" : "<span class=\"badge bad\">does not fit</span>") +
+               (j.at("provenance").at("hypothetical").get<bool>()
+                    ? "<span class=\"badge bad\">hypothetical</span>"
+                    : ""));
     }
     emit(out,
          "</table>\n<p class=\"note\">Layout: <code>tp sp cp | ep etp dispatch | pp vpp | micro-batch "

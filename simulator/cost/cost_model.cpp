@@ -489,7 +489,9 @@ OpCost CostModel::cost(const Op& op) const {
   const double mem_bw = hw_.gpu.hbm_bw_achieved_bytes_per_s.value * stack_.memory_bound_efficiency.value;
   double err = 0;
   r.host_seconds = stack_.host_s_per_kernel.value * d(op.kernels);
-  r.basis = weaker(stack_.launch_s_per_kernel.basis, stack_.host_s_per_kernel.basis);
+  // Basis: the hardware profile's rates are measurements; each stack number that prices the op weakens it to
+  // its own basis. Host issue time is not part of the op's duration.
+  r.basis = Basis::kMeasured;
   // Memory-bound kernels the stack runs around the main kernel (FP8 quantise / transpose of its operand).
   const double aux = op.aux_bytes > 0 ? op.aux_bytes / mem_bw : 0.0;
   if (op.aux_bytes > 0) r.basis = weaker(r.basis, stack_.memory_bound_efficiency.basis);
@@ -574,6 +576,10 @@ OpCost CostModel::cost(const Op& op) const {
       r.basis = weaker(r.basis, stack_.overlaps.intra_op.basis);
       break;
     }
+  }
+  // Launch gaps and the kernel floor price the op only where they are most of it (small kernels).
+  if (launch + floor >= 0.5 * r.seconds) {
+    r.basis = weaker(r.basis, weaker(stack_.launch_s_per_kernel.basis, stack_.min_kernel_s.basis));
   }
   r.rel_error = err;
   return r;

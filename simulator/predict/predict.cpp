@@ -7,6 +7,8 @@
 #include <initializer_list>
 #include <unordered_map>
 
+#include <fmt/format.h>
+
 #include "simulator/core/model_stats.h"
 #include "simulator/engine/topology.h"
 #include "simulator/workload/lower.h"
@@ -51,7 +53,8 @@ CostKey cost_key(const Op& op) {
   h = mix(h, bits(op.comm.nic_bytes_scale));
   h = mix(h, bits(op.aux_bytes));
   h = mix(h, static_cast<uint64_t>(op.kernels) | (static_cast<uint64_t>(op.host_sync) << 16) |
-                 (static_cast<uint64_t>(op.comm.node_dedup) << 17) | (static_cast<uint64_t>(op.stream) << 24));
+                 (static_cast<uint64_t>(op.comm.node_dedup) << 17) |
+                 (static_cast<uint64_t>(op.stream) << 24));
   return {h};
 }
 
@@ -252,10 +255,30 @@ Prediction predict(const ModelSpec& model, const Plan& plan, const HardwareProfi
       total += dur;
     }
     if (total > 0) {
-      r.provenance = {by_basis[0] / total, by_basis[1] / total, by_basis[2] / total, by_basis[3] / total,
-                      by_basis[3] > 0};
+      r.provenance.measured = by_basis[0] / total;
+      r.provenance.derived = by_basis[1] / total;
+      r.provenance.assumed = by_basis[2] / total;
+      r.provenance.target = by_basis[3] / total;
+      if (by_basis[3] > 0) {
+        r.provenance.targets.push_back(
+            fmt::format("{:.0f}% of the critical path is priced by stack numbers that are targets",
+                        100 * r.provenance.target));
+      }
     }
   }
+  // An overlap the plan uses and the stack only has as a target credits unmeasured hiding.
+  auto target_overlap = [&](bool used, const Stated<bool>& has, const char* key) {
+    if (used && has.value && has.basis == Basis::kTarget) {
+      r.provenance.targets.push_back(
+          fmt::format("overlap.{} is a target of stack {}, not measured: {}", key, stack.name, has.source));
+    }
+  };
+  target_overlap(run.overlap.inter_op, stack.overlaps.inter_op, "inter_op");
+  target_overlap(run.overlap.intra_op, stack.overlaps.intra_op, "intra_op");
+  target_overlap(run.overlap.dp_comm, stack.overlaps.dp_comm, "dp_comm");
+  target_overlap(run.overlap.pp_comm, stack.overlaps.pp_comm, "pp_comm");
+  target_overlap(run.overlap.cross_micro_batch, stack.overlaps.cross_micro_batch, "cross_micro_batch");
+  r.provenance.hypothetical = !r.provenance.targets.empty();
   return r;
 }
 

@@ -32,9 +32,13 @@ struct StepBreakdown {
 // Where the predicted step time comes from: the share of the critical path priced by stack numbers of each
 // basis (an op counts under the weakest basis among the numbers that priced it). `hypothetical` when any of
 // it rests on a capability the stack has not built or measured yet (basis "target").
+// Where the prediction's numbers come from: the critical path's time split by the basis of the stack numbers
+// that priced each op, and what makes it hypothetical (a target on the critical path, or an overlap the plan
+// uses that the stack has only as a target).
 struct Provenance {
   double measured = 0, derived = 0, assumed = 0, target = 0;  // fractions of the critical path's time
   bool hypothetical = false;
+  std::vector<std::string> targets;  // why it is hypothetical, one line each
 };
 
 struct Prediction {

@@ -80,6 +80,20 @@ nlohmann::json prediction_json(const Prediction& p, const ReportContext& ctx) {
                   {"dropped_fraction", p.routing.dropped_fraction}};
   j["extrapolations"] = p.extrapolations;
   j["stack_calibrated"] = ctx.stack.calibrated;
+  j["provenance"] = {
+      {"critical_path_share",
+       {{"measured", p.provenance.measured},
+        {"derived", p.provenance.derived},
+        {"assumed", p.provenance.assumed},
+        {"target", p.provenance.target}}},
+      {"hypothetical", p.provenance.hypothetical},
+      {"why_hypothetical", p.provenance.targets},
+      {"rule",
+       "share of the critical path's time priced by stack numbers of each basis (the weakest basis among the "
+       "numbers that priced an op); hypothetical when a target prices any of it or an overlap the plan uses "
+       "is "
+       "a target of the stack"}};
+  j["stack_notices"] = p.notices;
   j["ops_in_graph"] = p.graph.ops.size();
   j["micro_batches"] = p.graph.micro_batches;
   // What the critical path is made of: seconds by op kind (communication by group).

@@ -1,6 +1,8 @@
 // Invariants of whole-step predictions: more bandwidth or FLOP/s never slows a step, overlap never loses to
 // the same plan serialised, doubling DP at a fixed per-replica batch leaves per-GPU compute unchanged; and
 // the breakdown accounts for the whole step; the stack decides which overlaps count and which plans run.
+#include <algorithm>
+
 #include <doctest/doctest.h>
 
 #include "simulator/engine/engine.h"
@@ -217,5 +219,33 @@ TEST_SUITE("predict") {
     CHECK(p.graph.ops.empty());
     c.stack = io::load_stack("megatron-core-deepep").value();
     CHECK(c.run().violations.empty());
+  }
+
+  TEST_CASE("a prediction is hypothetical exactly when it credits what its stack has only as a target") {
+    // moerun's overlaps are design targets: a plan that uses them is hypothetical and says which; the same
+    // plan without overlaps rests on measured, derived and assumed numbers only.
+    Case c;
+    const Prediction overlapped = c.run();
+    REQUIRE(overlapped.violations.empty());
+    CHECK(overlapped.provenance.hypothetical);
+    const auto names = [](const Prediction& p, const char* key) {
+      return std::any_of(p.provenance.targets.begin(), p.provenance.targets.end(),
+                         [&](const std::string& t) { return t.find(key) != std::string::npos; });
+    };
+    CHECK(names(overlapped, "overlap.inter_op"));
+    CHECK(names(overlapped, "overlap.dp_comm"));
+    CHECK_FALSE(names(overlapped, "overlap.intra_op"));  // not in the plan
+    c.plan.overlap = {false, false, false, false};
+    const Prediction plain = c.run();
+    CHECK_FALSE(plain.provenance.hypothetical);
+    CHECK(plain.provenance.targets.empty());
+    CHECK(plain.provenance.target == 0.0);
+    // The shares are of the critical path's time and add up to one.
+    const auto& v = plain.provenance;
+    CHECK(v.measured + v.derived + v.assumed + v.target == doctest::Approx(1.0).epsilon(1e-9));
+    CHECK(v.measured > 0.0);
+    // Megatron-Core's overlaps are read from its source (derived): never hypothetical.
+    const Prediction mcore = MegatronCase{}.run();
+    CHECK_FALSE(mcore.provenance.hypothetical);
   }
 }
