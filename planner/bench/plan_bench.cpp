@@ -54,6 +54,7 @@ void run(const Case& c, int threads) {
 
 int main(int argc, char** argv) {
   const int threads = argc > 1 ? std::max(1, std::atoi(argv[1])) : 2;
+  moeplan::retain_freed_memory();
   const std::vector<Case> cases{
       {"352b", "internal-352b", "h800-sxm", {1440, 8192, 720}},
       {"dsv3", "deepseek-v3", "h800-sxm", {2048, 4096, 15360}},

@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include "planner/cli/cli_common.h"
+#include "simulator/predict/predict.h"
 
 namespace moeplan::cli {
 
@@ -41,6 +42,7 @@ void print_json(const nlohmann::json& j) {
 
 int main(int argc, char** argv) {
   using namespace moeplan::cli;
+  moeplan::retain_freed_memory();
   CLI::App app{"moeplan: plan, predict and verify the training of Mixture-of-Experts models on GPU clusters"};
   app.require_subcommand(1);
   app.set_version_flag("--version", "moeplan 0.1.0");

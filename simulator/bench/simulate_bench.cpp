@@ -93,7 +93,7 @@ Plan internal_352b(int64_t gpus, int64_t global_batch) {
   p.pipeline.pp = 15;
   p.overlap = {true, true, true, true};
   p.compression.grad_sync = GradSync::kBf16AllToAll;
-  p.recompute = Recompute::kSelective;
+  p.recompute = Recompute::kSar;
   return p;
 }
 
@@ -101,8 +101,10 @@ Plan internal_352b(int64_t gpus, int64_t global_batch) {
 
 int main(int argc, char** argv) {
   const int repeats = argc > 1 ? std::max(1, std::atoi(argv[1])) : 5;
+  moeplan::retain_freed_memory();
   const HardwareProfile h800 = io::load_hardware("h800-sxm").value();
   const StackProfile moerun = io::load_stack("moerun").value();
+  const StackProfile deepep = io::load_stack("megatron-core-deepep").value();
   const ModelSpec m352 = io::load_model("internal-352b").value();
   const ModelSpec v3 = io::load_model("deepseek-v3").value();
 
@@ -120,13 +122,14 @@ int main(int argc, char** argv) {
   dsv3.experts.dispatch = Dispatch::kDedup;
   dsv3.pipeline.pp = 16;
   dsv3.pipeline.layers_per_stage = {3, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 2};
-  dsv3.overlap = {true, false, true, true};
+  dsv3.overlap = {false, false, true, true};
   dsv3.precision = Precision::kFp8;
-  dsv3.compression.dispatch = DispatchPrecision::kFp8;
+  dsv3.fp8_recipe = Fp8Recipe::kBlockwise;
   dsv3.recompute = Recompute::kFull;
-  row("DeepSeek-V3 16384 GPUs EP64 PP16 gb15360", median_of(repeats, v3, dsv3, h800, moerun));
+  // Node-deduplicated dispatch: Megatron-Core with DeepEP (moerun has no deduplicated dispatch).
+  row("DeepSeek-V3 16384 GPUs EP64 PP16 gb15360 (deepep)", median_of(repeats, v3, dsv3, h800, deepep));
   dsv3.global_batch = 15360 * 8;
-  row("DeepSeek-V3 16384 GPUs EP64 PP16 gb122880", median_of(repeats, v3, dsv3, h800, moerun));
+  row("DeepSeek-V3 16384 GPUs EP64 PP16 gb122880 (deepep)", median_of(repeats, v3, dsv3, h800, deepep));
 
   fmt::print("\nscaling with GPUs (Internal-352B, global batch 720; micro-batches = 720 / dp):\n");
   for (int64_t gpus : {240, 480, 720, 960, 1440}) {

@@ -189,8 +189,8 @@ double CostModel::gemm_seconds(const GemmShape& s, DType dtype, double* rel_erro
         "the wave-quantisation model",
         key, g.points, g.min_dim, g.max_dim);
   } else if (lo < g.min_dim || hi > g.max_dim) {
-    note("{} GEMM dims outside the measured range [{}, {}] (e.g. {}x{}x{})", key, g.min_dim, g.max_dim, ps.rows,
-         ps.n, ps.k);
+    note("{} GEMM dims outside the measured range [{}, {}] (e.g. {}x{}x{})", key, g.min_dim, g.max_dim,
+         ps.rows, ps.n, ps.k);
   }
   const double peak = hw_.gpu.peak_flops_per_s.contains(key) ? hw_.gpu.peak_flops_per_s.at(key).value
                                                              : hw_.gpu.peak_flops_per_s.at("bf16").value;
@@ -213,7 +213,8 @@ double CostModel::gemm_seconds(const GemmShape& s, DType dtype, double* rel_erro
 //     round.
 // Both: at least the HBM time of reading every expert's weights once. The fit error is the dense model's,
 // widened to the assumed error when the stack's efficiency is not measured.
-double CostModel::grouped_gemm_seconds(const GemmShape& s, DType dtype, double* rel_error, GemmPart part) const {
+double CostModel::grouped_gemm_seconds(const GemmShape& s, DType dtype, double* rel_error,
+                                       GemmPart part) const {
   const auto& gg = stack_.grouped_gemm;
   const int64_t groups = std::max<int64_t>(1, s.groups);
   const PartShape ps = part_shape(s, part);
@@ -228,8 +229,7 @@ double CostModel::grouped_gemm_seconds(const GemmShape& s, DType dtype, double* 
     double err = 0;
     gemm_seconds(s, dtype, &err, part);  // notes and the fit error of the dense model
     if (rel_error) *rel_error = err;
-    const double bytes =
-        (d(s.m) * d(s.k) + d(groups) * d(s.k) * d(s.n) + d(s.m) * d(s.n)) * bytes_of(dtype);
+    const double bytes = (d(s.m) * d(s.k) + d(groups) * d(s.k) * d(s.n) + d(s.m) * d(s.n)) * bytes_of(dtype);
     t = std::max(tiled_seconds(ps.rows, ps.n, ps.k, groups, g, peak, eff, part != GemmPart::kWgrad),
                  bytes / hw_.gpu.hbm_bw_achieved_bytes_per_s.value);
   } else {
@@ -243,7 +243,8 @@ double CostModel::grouped_gemm_seconds(const GemmShape& s, DType dtype, double* 
     const int64_t rounds = (groups + conc - 1) / conc;
     t = d(rounds) * (t_one + stack_.launch_s_per_kernel.value);
   }
-  if (rel_error && gg.efficiency.basis != Basis::kMeasured) *rel_error = std::max(*rel_error, kAssumedRelError);
+  if (rel_error && gg.efficiency.basis != Basis::kMeasured)
+    *rel_error = std::max(*rel_error, kAssumedRelError);
   return t;
 }
 
@@ -473,7 +474,8 @@ double CostModel::node_dedup_seconds(const CommSpec& c, Resource* resource) cons
                            d(hw_.scale_out.nics_per_node.value) / d(hw_.node.gpus_per_node.value))
                   : 0.0;
   if (resource) *resource = p.nodes > 1 ? Resource::kNic : Resource::kNvlink;
-  const double lat = hw_.node.nvlink_latency_s.value + (p.nodes > 1 ? hw_.scale_out.net_latency_s.value : 0.0);
+  const double lat =
+      hw_.node.nvlink_latency_s.value + (p.nodes > 1 ? hw_.scale_out.net_latency_s.value : 0.0);
   return lat + std::max(t_nvl, t_nic);
 }
 
@@ -504,7 +506,8 @@ OpCost CostModel::cost(const Op& op) const {
     case OpKind::kGroupedGemm: {
       r.seconds = grouped_gemm_seconds(op.gemm, op.dtype, &err, op.part) + aux + launch;
       const auto& gg = stack_.grouped_gemm;
-      r.basis = weaker(r.basis, op.part == GemmPart::kWgrad ? gg.wgrad_efficiency.basis : gg.efficiency.basis);
+      r.basis =
+          weaker(r.basis, op.part == GemmPart::kWgrad ? gg.wgrad_efficiency.basis : gg.efficiency.basis);
       // Per-expert launches come from the framework's C++ loop, on the host: one GEMM per expert and, under
       // FP8, one quantise per expert of its input (forward) or incoming gradient (dgrad). A grouped kernel
       // pays its per-expert set-up on the device instead.
@@ -526,7 +529,8 @@ OpCost CostModel::cost(const Op& op) const {
       r.seconds = std::max(op.hbm_bytes / mem_bw, floor) + launch;
       // HybridEP's dispatch set-up (routing-map all-gather, preprocessing, the wait for counts) as its
       // benchmark measures it beyond the dispatch kernel, per node count of the exchange.
-      if (static_cast<OpName>(op.name) == OpName::kDispatchPreprocess && !stack_.dispatcher.by_nodes.empty()) {
+      if (static_cast<OpName>(op.name) == OpName::kDispatchPreprocess &&
+          !stack_.dispatcher.by_nodes.empty()) {
         r.seconds = std::max(r.seconds, dispatcher_at(d(placement(op.comm).nodes)).dispatch_setup_s);
         r.basis = weaker(r.basis, stack_.dispatcher.by_nodes_basis);
       }
@@ -541,7 +545,8 @@ OpCost CostModel::cost(const Op& op) const {
     case OpKind::kSendRecv: {
       if (op.comm.node_dedup) {
         r.seconds = node_dedup_seconds(op.comm, &r.resource) + launch;
-        // The forward combine's fixed cost beyond its kernel (measured per node count where the stack has it).
+        // The forward combine's fixed cost beyond its kernel (measured per node count where the stack has
+        // it).
         if (op.phase == Phase::kForward && static_cast<OpName>(op.name) == OpName::kCombineA2a)
           r.seconds += dispatcher_at(d(placement(op.comm).nodes)).combine_setup_s;
         err = kAssumedRelError;

@@ -383,8 +383,15 @@ double dispatcher_buffer_bytes(const ModelSpec& m, const Plan& p, const StackPro
   // EP all-gather), and a DP bucket of one layer's fp32 gradients (assumption, as before this model).
   const double rows = t * d(m.moe.top_k) * expert_load_scale * d(p.experts.etp);
   const double exchange = p.experts.dispatch == Dispatch::kAllGather ? t * d(p.experts.ep) * h : rows * h;
+  // The largest layer's parameters, one evaluation per distinct layer kind.
   double largest_layer = 0;
+  std::vector<const LayerSpec*> seen;
   for (const LayerSpec& spec : m.layers) {
+    if (std::any_of(seen.begin(), seen.end(), [&](const LayerSpec* k) {
+          return k->moe == spec.moe && k->window == spec.window && k->kv_projection == spec.kv_projection;
+        }))
+      continue;
+    seen.push_back(&spec);
     const LocalParams lp = local_params(m, p, spec);
     largest_layer = std::max(largest_layer, lp.dense() + lp.experts);
   }
@@ -441,6 +448,8 @@ std::vector<MemoryBreakdown> memory_per_stage(const ModelSpec& m, const Plan& p,
   const double input_bytes = tokens_per_rank(p) * d(m.hidden) * kBf16;
 
   std::vector<MemoryBreakdown> stages;
+  stages.reserve(static_cast<size_t>(pp));
+  std::vector<size_t> chunk;  // the layer kinds of one chunk, reused
   for (int64_t s = 0; s < pp; ++s) {
     MemoryBreakdown b;
     b.stage = s;
@@ -451,7 +460,7 @@ std::vector<MemoryBreakdown> memory_per_stage(const ModelSpec& m, const Plan& p,
     for (int64_t c = 0; c < vpp; ++c) {
       const int64_t v = virtual_stage(c, s, pp, p.pipeline.schedule);
       const bool last = v == chunks - 1;
-      std::vector<size_t> chunk;
+      chunk.clear();
       for (int64_t l = first[static_cast<size_t>(v)]; l < first[static_cast<size_t>(v) + 1]; ++l)
         chunk.push_back(kind_of(m.layers[static_cast<size_t>(l)]));
       const auto n = static_cast<int64_t>(chunk.size());  // decoder layers; MTP layers follow on the last
@@ -493,7 +502,8 @@ std::vector<MemoryBreakdown> memory_per_stage(const ModelSpec& m, const Plan& p,
     }
     // Embedding with the first virtual stage, output layer with the last (vocabulary split over tp): the
     // first and last pipeline stages, or both on stage 0 under DualPipeV's V. The MTP stage holds its own
-    // copy of the embedding (gpt_model.py:173) unless it also holds the embedding or it is tied to the output.
+    // copy of the embedding (gpt_model.py:173) unless it also holds the embedding or it is tied to the
+    // output.
     const double vocab_params = d(m.vocab) * d(m.hidden) / d(tp);
     const bool has_embedding = stage_of_virtual(0, pp, p.pipeline.schedule) == s;
     const bool has_head = stage_of_virtual(chunks - 1, pp, p.pipeline.schedule) == s;

@@ -18,14 +18,14 @@ namespace {
 constexpr double kDoneFraction = 1e-12;
 constexpr double kDoneAbsolute = 1e-15;
 
-// What the event loop touches per op, together in one place (one cache line per op).
-struct OpState {
+// What the event loop touches per op, together in one place (one cache line per op; the host's issue time
+// lives in the timeline).
+struct alignas(64) OpState {
   double remaining = 0;  // standalone seconds of work left
   double rate = 0;       // share of the op's resource it gets now (work-seconds per second)
   double seconds = 0;    // standalone cost
   double link_bytes_per_s = 0;
-  double sm_fraction = 0;  // communication: SMs its kernels hold
-  double issued = 0;       // when the host issued it (infinity until the host gets there)
+  double sm_fraction = 0;                 // communication: SMs its kernels hold
   uint32_t queue = 0;                     // stage * kNumStreams + stream
   int32_t pending = 0;                    // unfinished dependencies
   uint32_t dep_begin = 0, dep_count = 0;  // into OpGraph::deps
@@ -34,6 +34,8 @@ struct OpState {
   uint8_t started = 0;
   uint8_t host_sync = 0;
 };
+
+static_assert(sizeof(OpState) == 64);
 
 class Simulation {
  public:
@@ -44,7 +46,7 @@ class Simulation {
     MOEPLAN_ASSERT(costs.size() == n);
     op_.resize(n);
     timeline_.ops.resize(n);
-    timeline_.issued.assign(n, 0.0);
+    timeline_.issued.assign(n, o.host ? kNever : 0.0);  // until the host gets there
     timeline_.gated_by.assign(n, -1);
     host_s_.resize(n);
     sync_s_.resize(n);
@@ -61,7 +63,6 @@ class Simulation {
       st.link_bytes_per_s = c.link_bytes_per_s;
       st.sm_fraction = c.sm_fraction;
       st.host_sync = o.host && op.host_sync ? 1 : 0;
-      st.issued = o.host ? kNever : 0.0;
       host_s_[i] = c.host_seconds;
       sync_s_[i] = c.host_sync_seconds;
       st.stage = op.stage;
@@ -194,11 +195,14 @@ class Simulation {
     OpState& st = op_[static_cast<size_t>(id)];
     if (st.pending > 0 || st.started) return;
     const auto s = static_cast<size_t>(st.stage);
-    if (st.issued > now_) {
+    const double issued = timeline_.issued[static_cast<size_t>(id)];
+    if (issued > now_) {
       // Ready on the device but not yet issued by the host: wait for the issue time (or for the host to
       // get there, kNever, re-tried when it does).
-      if (st.issued < kNever) add_waiting(s, st.issued, q);
-      else blocked_heads_.push_back(static_cast<uint32_t>(q));
+      if (issued < kNever)
+        add_waiting(s, issued, q);
+      else
+        blocked_heads_.push_back(static_cast<uint32_t>(q));
       return;
     }
     advance(s);  // the others' progress so far is at the old rates
@@ -223,7 +227,8 @@ class Simulation {
     if (head_[q] > queue_begin_[q]) consider(queue_ops_[head_[q] - 1]);
     for (uint32_t k = st.dep_begin; k < st.dep_begin + st.dep_count; ++k) consider(g_.deps[k]);
     // Held back by the host: the chain continues through the op the host issued before it.
-    if (st.issued > 0 && st.issued > latest && id > 0) {
+    const double issued = timeline_.issued[static_cast<size_t>(id)];
+    if (issued > 0 && issued > latest && id > 0) {
       const auto prev = host_prev_[static_cast<size_t>(id)];
       if (prev >= 0) gate = prev;
     }
@@ -321,7 +326,8 @@ class Simulation {
 
   // The stage's next event: a completion or an issue time it waits for.
   void refresh_next(size_t stage) {
-    if (!waiting_[stage].empty()) stage_next_[stage] = std::min(stage_next_[stage], waiting_[stage].front().first);
+    if (!waiting_[stage].empty())
+      stage_next_[stage] = std::min(stage_next_[stage], waiting_[stage].front().first);
   }
 
   // Issue the stage's ops in program order until the next host sync, from its host clock.
@@ -330,7 +336,6 @@ class Simulation {
     while (host_cursor_[s] < host_end_[s]) {
       const auto id = static_cast<size_t>(stage_ops_[host_cursor_[s]++]);
       clock += host_s_[id];
-      op_[id].issued = clock;
       timeline_.issued[id] = clock;
       if (op_[id].host_sync) break;
     }
@@ -369,11 +374,11 @@ class Simulation {
   std::vector<uint8_t> dirty_flag_;
   std::vector<int32_t> dirty_;
   // Host threads, one per stage.
-  std::vector<double> host_s_, sync_s_;          // by op: issue cost, round trip after a host sync
-  std::vector<int32_t> stage_ops_;               // each stage's ops in id order, stage after stage
-  std::vector<int32_t> host_prev_;               // by op: the op its stage's host issued before it
+  std::vector<double> host_s_, sync_s_;           // by op: issue cost, round trip after a host sync
+  std::vector<int32_t> stage_ops_;                // each stage's ops in id order, stage after stage
+  std::vector<int32_t> host_prev_;                // by op: the op its stage's host issued before it
   std::vector<uint32_t> host_cursor_, host_end_;  // per stage: the next op its host issues
-  std::vector<double> host_clock_;               // per stage: when its host issued its last op
+  std::vector<double> host_clock_;                // per stage: when its host issued its last op
   std::vector<std::vector<std::pair<double, uint32_t>>> waiting_;  // per stage: (issue time, stream) heap
   std::vector<uint32_t> blocked_heads_;  // stream heads waiting for a host still blocked at a sync
   Timeline timeline_;

@@ -6,6 +6,9 @@
 #include <cstring>
 #include <initializer_list>
 #include <unordered_map>
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
 
 #include <fmt/format.h>
 
@@ -280,6 +283,13 @@ Prediction predict(const ModelSpec& model, const Plan& plan, const HardwareProfi
   target_overlap(run.overlap.cross_micro_batch, stack.overlaps.cross_micro_batch, "cross_micro_batch");
   r.provenance.hypothetical = !r.provenance.targets.empty();
   return r;
+}
+
+void retain_freed_memory() {
+#if defined(__GLIBC__)
+  mallopt(M_MMAP_THRESHOLD, 32 << 20);  // glibc's largest: arrays below it come from the heap
+  mallopt(M_TRIM_THRESHOLD, 1 << 30);   // and freed heap stays mapped for the next prediction
+#endif
 }
 
 }  // namespace moeplan

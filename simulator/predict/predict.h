@@ -65,6 +65,12 @@ struct Prediction {
   std::vector<int32_t> critical_path;
 };
 
+// Keeps the memory of one prediction for the next: glibc would otherwise map each large op graph, cost and
+// timeline array afresh and return it on free, and a 100k-op step then spends a third of its time in page
+// faults. Programs that predict many steps (plan, sweep, the benchmarks) call it once at start; a no-op
+// outside glibc.
+void retain_freed_memory();
+
 struct PredictOptions {
   bool critical_path = true;  // the report's critical path and uncertainty range
 };
