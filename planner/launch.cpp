@@ -465,8 +465,10 @@ class MegatronBuilder {
           flag("--recompute-modules", "layernorm");
         }
         not_expressible(
-            "MegaScale-MoE's selective activation rematerialization (recompute: sar) of communication outputs "
-            "(the dispatched tokens, the all-to-all results) and of the dense SwiGLU: Megatron recomputes only "
+            "MegaScale-MoE's selective activation rematerialization (recompute: sar) of communication "
+            "outputs "
+            "(the dispatched tokens, the all-to-all results) and of the dense SwiGLU: Megatron recomputes "
+            "only "
             "--recompute-modules, so it keeps more activations than the plan assumes");
         return;
     }

@@ -132,7 +132,8 @@ int64_t for_each_plan(const ModelSpec& model, const HardwareProfile& hw, const S
                 const auto& cap = stack.capabilities;
                 std::vector<Dispatch> dispatches;
                 if (stack_has(cap.dispatch, "all_to_all")) dispatches.push_back(Dispatch::kAllToAll);
-                if (ep > 1 && stack_has(cap.dispatch, "all_gather")) dispatches.push_back(Dispatch::kAllGather);
+                if (ep > 1 && stack_has(cap.dispatch, "all_gather"))
+                  dispatches.push_back(Dispatch::kAllGather);
                 if (ep * etp > g && stack.dispatch_dedup() && stack_has(cap.dispatch, "dedup"))
                   dispatches.push_back(Dispatch::kDedup);
                 // A stack with node-deduplicated dispatch only (DeepEP, HybridEP) still runs EP 1 or one
@@ -156,7 +157,8 @@ int64_t for_each_plan(const ModelSpec& model, const HardwareProfile& hw, const S
                             std::vector<GradSync> syncs;
                             for (GradSync gs : {GradSync::kFp32ReduceScatter, GradSync::kBf16ReduceScatter,
                                                 GradSync::kBf16AllToAll}) {
-                              if (gs != GradSync::kFp32ReduceScatter && dp == 1 && per_stage / (ep * etp) == 1)
+                              if (gs != GradSync::kFp32ReduceScatter && dp == 1 &&
+                                  per_stage / (ep * etp) == 1)
                                 continue;
                               if (stack_has(cap.grad_sync, name_of(gs))) syncs.push_back(gs);
                             }
@@ -184,16 +186,17 @@ int64_t for_each_plan(const ModelSpec& model, const HardwareProfile& hw, const S
                                   rc != Recompute::kFull && disp != Dispatch::kAllGather &&
                                   model.mtp_layers <= 1;
                               p.compression.grad_sync = sync;
-                              p.compression.dispatch =
-                                  prec == Precision::kFp8 && ep > 1 && stack_has(cap.dispatch_precision, "fp8")
-                                      ? DispatchPrecision::kFp8
-                                      : DispatchPrecision::kBf16;
+                              p.compression.dispatch = prec == Precision::kFp8 && ep > 1 &&
+                                                               stack_has(cap.dispatch_precision, "fp8")
+                                                           ? DispatchPrecision::kFp8
+                                                           : DispatchPrecision::kBf16;
                               p.precision = prec;
                               if (prec == Precision::kFp8 && !cap.fp8_recipes.empty() &&
                                   !stack_has(cap.fp8_recipes, name_of(p.fp8_recipe)))
                                 p.fp8_recipe = cap.fp8_recipes.front() == "blockwise" ? Fp8Recipe::kBlockwise
-                                               : cap.fp8_recipes.front() == "delayed" ? Fp8Recipe::kDelayed
-                                                                                       : Fp8Recipe::kTensorwise;
+                                               : cap.fp8_recipes.front() == "delayed"
+                                                   ? Fp8Recipe::kDelayed
+                                                   : Fp8Recipe::kTensorwise;
                               p.recompute = rc;
                               visit(at, std::move(p));
                             }

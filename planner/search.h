@@ -35,7 +35,8 @@ struct SearchSpace {
   std::vector<int64_t> vpps{1, 2, 4};
   std::vector<int64_t> zero_stages{1, 2, 3};
   // Filtered by the stack's capabilities: Megatron's selective (its default module set) or MegaScale's SAR.
-  std::vector<Recompute> recomputes{Recompute::kNone, Recompute::kSelective, Recompute::kSar, Recompute::kFull};
+  std::vector<Recompute> recomputes{Recompute::kNone, Recompute::kSelective, Recompute::kSar,
+                                    Recompute::kFull};
   // --fix key=value pins: a dotted key of the plan-file form and its JSON value.
   std::vector<std::pair<std::string, nlohmann::json>> fixed;
 };

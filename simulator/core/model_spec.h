@@ -59,8 +59,8 @@ struct AttentionSpec {
   int64_t v_dim() const { return kind == AttentionKind::kMla ? mla.v_head_dim : head_dim; }
 };
 
-// How the router turns logits into expert weights (the kernels differ: softmax over E, or a sigmoid per expert
-// with a normalisation over the top k).
+// How the router turns logits into expert weights (the kernels differ: softmax over E, or a sigmoid per
+// expert with a normalisation over the top k).
 enum class RouterScore { kSoftmax, kSigmoid };
 
 struct MoeSpec {

@@ -91,8 +91,8 @@ struct Op {
   uint16_t kernels = 1;    // kernel launches the host issues for this op (an aggregate op counts several)
   bool host_sync = false;  // the host waits for this op to finish on the device before issuing the next
   int16_t stage = 0;       // pipeline stage (the representative rank)
-  int16_t chunk = 0;   // virtual pipeline chunk on that stage
-  int32_t layer = -1;  // model layer, -1 for embedding, head, optimizer
+  int16_t chunk = 0;       // virtual pipeline chunk on that stage
+  int32_t layer = -1;      // model layer, -1 for embedding, head, optimizer
   int32_t micro_batch = -1;
   double flops = 0;      // FLOPs this op executes (attention backward counts its recomputation)
   double hbm_bytes = 0;  // bytes read + written in HBM

@@ -116,8 +116,9 @@ std::vector<Violation> validate(const Plan& p, const ModelSpec& m, const Hardwar
               pp.pp, ")");
     }
     if (divides(p.micro_batch * dp, p.global_batch) && pp.schedule == Schedule::kDualPipeV) {
-      r.check(p.num_micro_batches() >= 2 * pp.pp, "dualpipev_micro_batches", "dualpipev needs at least 2 pp = ",
-              2 * pp.pp, " micro-batches (the plan has ", p.num_micro_batches(), ")");
+      r.check(p.num_micro_batches() >= 2 * pp.pp, "dualpipev_micro_batches",
+              "dualpipev needs at least 2 pp = ", 2 * pp.pp, " micro-batches (the plan has ",
+              p.num_micro_batches(), ")");
     }
   }
 
@@ -126,8 +127,8 @@ std::vector<Violation> validate(const Plan& p, const ModelSpec& m, const Hardwar
     r.check(p.recompute_modules != 0 && (p.recompute_modules & ~kAllRecomputeModules) == 0,
             "recompute_modules", "selective recompute needs at least one of Megatron's recompute modules");
     r.check(!(p.recompute_modules & kRecomputeMlaUpProj) || att.kind == AttentionKind::kMla,
-            "recompute_mla_up_proj_needs_mla", "recompute module mla_up_proj needs MLA attention (",
-            m.name, " has none)");
+            "recompute_mla_up_proj_needs_mla", "recompute module mla_up_proj needs MLA attention (", m.name,
+            " has none)");
     r.check(!(p.recompute_modules & kRecomputeSharedExperts) || m.moe.num_shared_experts > 0,
             "recompute_shared_experts_needs_shared", "recompute module shared_experts needs shared experts (",
             m.name, " has none)");
@@ -154,7 +155,8 @@ std::vector<Violation> validate(const Plan& p, const ModelSpec& m, const Hardwar
   // Cross-micro-batch overlap (Megatron's combined 1F1B, TransformerConfig's rules).
   if (p.overlap.cross_micro_batch) {
     r.check(m.is_moe() && e.ep > 1, "cross_micro_batch_needs_ep",
-            "overlap.cross_micro_batch overlaps expert-parallel communication and needs ep > 1 (ep = ", e.ep, ")");
+            "overlap.cross_micro_batch overlaps expert-parallel communication and needs ep > 1 (ep = ", e.ep,
+            ")");
     r.check(p.recompute != Recompute::kFull, "cross_micro_batch_no_full_recompute",
             "overlap.cross_micro_batch cannot run with full recompute");
     r.check(!(p.recompute == Recompute::kSelective && (p.recompute_modules & kRecomputeMoe)),
@@ -184,13 +186,15 @@ std::vector<Violation> validate_for_stack(const Plan& p, const StackProfile& sta
   const auto& c = stack.capabilities;
   auto check = [&](const std::vector<std::string>& list, const std::string& value, const char* rule,
                    const char* what) {
-    r.check(stack_has(list, value), rule, "stack ", stack.name, " cannot run ", what, " \"", value,
-            "\" (it has: ", [&] {
-              std::string out;
-              for (const auto& v : list) out += (out.empty() ? "" : ", ") + v;
-              return out;
-            }(),
-            ")");
+    r.check(
+        stack_has(list, value), rule, "stack ", stack.name, " cannot run ", what, " \"", value,
+        "\" (it has: ",
+        [&] {
+          std::string out;
+          for (const auto& v : list) out += (out.empty() ? "" : ", ") + v;
+          return out;
+        }(),
+        ")");
   };
   check(c.dispatch, name_of(p.experts.dispatch), "stack_dispatch", "experts.dispatch");
   check(c.recompute, name_of(p.recompute), "stack_recompute", "recompute");
@@ -200,7 +204,8 @@ std::vector<Violation> validate_for_stack(const Plan& p, const StackProfile& sta
   }
   check(c.schedules, name_of(p.pipeline.schedule), "stack_schedule", "pipeline.schedule");
   check(c.precision, name_of(p.precision), "stack_precision", "precision");
-  if (p.precision == Precision::kFp8) check(c.fp8_recipes, name_of(p.fp8_recipe), "stack_fp8_recipe", "fp8_recipe");
+  if (p.precision == Precision::kFp8)
+    check(c.fp8_recipes, name_of(p.fp8_recipe), "stack_fp8_recipe", "fp8_recipe");
   check(c.grad_sync, name_of(p.compression.grad_sync), "stack_grad_sync", "compression.grad_sync");
   check(c.dispatch_precision, name_of(p.compression.dispatch), "stack_dispatch_precision",
         "compression.dispatch");

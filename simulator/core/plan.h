@@ -95,7 +95,7 @@ struct Plan {
   Precision precision = Precision::kBf16;
   Fp8Recipe fp8_recipe = Fp8Recipe::kTensorwise;  // when precision is fp8
   Recompute recompute = Recompute::kNone;
-  uint16_t recompute_modules = kRecomputeCoreAttn;  // selective: Megatron's default module set
+  uint16_t recompute_modules = kRecomputeCoreAttn;               // selective: Megatron's default module set
   RecomputeMethod recompute_method = RecomputeMethod::kUniform;  // full
   int64_t recompute_num_layers = 1;                              // full: layers per checkpoint (uniform) or
                                                                  // recomputed layers per chunk (block)

@@ -57,14 +57,14 @@ std::string grouped_gemm_kernel_names();  // "deepgemm, deepgemm_per_group, ..."
 
 // The token dispatcher: what crosses the wire, which kernels run, and where the host waits.
 enum class DispatcherKind : uint8_t {
-  kNcclAllToAll,  // Megatron alltoall: permute, NCCL all-to-all-v of one row per (token, expert) pair,
-                  // probs all-to-all; ETP all-gather / reduce-scatter after the EP exchange
-  kNcclAllGather, // Megatron allgather: all-gather of tokens over ETP x EP, local permute, reduce-scatter
-  kDeepEp,        // DeepEP normal kernels: one copy per destination node over RDMA, NVLink fan-out to ranks,
-                  // combine reduces within the node first; SMs taken from compute
-  kHybridEp,      // HybridEP: as DeepEP, dispatch fused with the permute
-  kFused,         // moerun / MegaScale-MoE: NVLink all-to-all or all-gather kernels of the plan's dispatch,
-                  // fused into the GEMMs when the plan asks for intra-operator overlap
+  kNcclAllToAll,   // Megatron alltoall: permute, NCCL all-to-all-v of one row per (token, expert) pair,
+                   // probs all-to-all; ETP all-gather / reduce-scatter after the EP exchange
+  kNcclAllGather,  // Megatron allgather: all-gather of tokens over ETP x EP, local permute, reduce-scatter
+  kDeepEp,         // DeepEP normal kernels: one copy per destination node over RDMA, NVLink fan-out to ranks,
+                   // combine reduces within the node first; SMs taken from compute
+  kHybridEp,       // HybridEP: as DeepEP, dispatch fused with the permute
+  kFused,          // moerun / MegaScale-MoE: NVLink all-to-all or all-gather kernels of the plan's dispatch,
+                   // fused into the GEMMs when the plan asks for intra-operator overlap
 };
 const char* name_of(DispatcherKind d);
 
@@ -89,8 +89,8 @@ struct StackProfile {
   // Expert GEMMs.
   struct GroupedGemm {
     Stated<GroupedGemmImpl> impl;
-    Stated<int64_t> streams;     // per-expert launches: streams they round-robin over (TE: 4)
-    Stated<double> efficiency;   // the kernel's rate over the dense GEMM model at the same tiles
+    Stated<int64_t> streams;          // per-expert launches: streams they round-robin over (TE: 4)
+    Stated<double> efficiency;        // the kernel's rate over the dense GEMM model at the same tiles
     Stated<double> wgrad_efficiency;  // the same for the weight-gradient GEMMs (K = rows per expert)
   } grouped_gemm;
 
@@ -98,11 +98,11 @@ struct StackProfile {
 
   struct Dispatcher {
     Stated<DispatcherKind> kind;
-    Stated<bool> host_sync;          // the host waits for the received-token counts before each dispatch
-    Stated<int64_t> sms;             // SMs the dispatch/combine kernels hold while they run
-    Stated<double> nic_efficiency;   // its RDMA leg's rate over the NIC's line rate
+    Stated<bool> host_sync;            // the host waits for the received-token counts before each dispatch
+    Stated<int64_t> sms;               // SMs the dispatch/combine kernels hold while they run
+    Stated<double> nic_efficiency;     // its RDMA leg's rate over the NIC's line rate
     Stated<double> nvlink_efficiency;  // its NVLink leg's rate over the profile's achieved NVLink bandwidth
-    Stated<bool> permute_fused;      // permute / unpermute fused into the dispatch and combine kernels
+    Stated<bool> permute_fused;        // permute / unpermute fused into the dispatch and combine kernels
     // Measured per node count of the exchange (optional): the RDMA leg's efficiency (replacing
     // nic_efficiency) and the fixed cost of a forward dispatch (routing metadata, preprocessing, host wait)
     // and of a forward combine beyond their kernels. Nodes increasing; interpolated, held at the ends.
@@ -115,7 +115,8 @@ struct StackProfile {
   } dispatcher;
   // Convenience: one copy per destination node over RDMA (DeepEP, HybridEP).
   bool dispatch_dedup() const {
-    return dispatcher.kind.value == DispatcherKind::kDeepEp || dispatcher.kind.value == DispatcherKind::kHybridEp;
+    return dispatcher.kind.value == DispatcherKind::kDeepEp ||
+           dispatcher.kind.value == DispatcherKind::kHybridEp;
   }
 
   Stated<AttentionKernel> attention_kernel;
@@ -131,13 +132,13 @@ struct StackProfile {
   // Plan features the stack can run. A plan asking for one it lacks is refused with the reason (overlaps
   // above are switched off instead: no credit, and the report says so).
   struct Capabilities {
-    std::vector<std::string> dispatch;           // plan experts.dispatch values
-    std::vector<std::string> recompute;          // none, selective, full, sar
-    std::vector<std::string> recompute_modules;  // Megatron module names
-    std::vector<std::string> schedules;          // 1f1b, interleaved_1f1b
-    std::vector<std::string> precision;          // bf16, fp8
-    std::vector<std::string> fp8_recipes;        // delayed, tensorwise, blockwise, mxfp8
-    std::vector<std::string> grad_sync;          // fp32_reduce_scatter, bf16_reduce_scatter, bf16_all_to_all
+    std::vector<std::string> dispatch;            // plan experts.dispatch values
+    std::vector<std::string> recompute;           // none, selective, full, sar
+    std::vector<std::string> recompute_modules;   // Megatron module names
+    std::vector<std::string> schedules;           // 1f1b, interleaved_1f1b
+    std::vector<std::string> precision;           // bf16, fp8
+    std::vector<std::string> fp8_recipes;         // delayed, tensorwise, blockwise, mxfp8
+    std::vector<std::string> grad_sync;           // fp32_reduce_scatter, bf16_reduce_scatter, bf16_all_to_all
     std::vector<std::string> dispatch_precision;  // bf16, fp8
     std::string source;
   } capabilities;

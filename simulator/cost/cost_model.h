@@ -30,8 +30,8 @@ struct OpCost {
   Resource resource = Resource::kSm;
   double link_bytes_per_s = 0;  // communication: the rate at which it moves bytes through HBM (interference)
   double sm_fraction = 0;       // communication: the share of the SMs its kernels hold while it runs
-  double host_seconds = 0;      // CPU time to issue the op's kernels (exposed where the host cannot run ahead)
-  double host_sync_seconds = 0;  // host_sync ops: the host's round trip after the op ends on the device
+  double host_seconds = 0;  // CPU time to issue the op's kernels (exposed where the host cannot run ahead)
+  double host_sync_seconds = 0;    // host_sync ops: the host's round trip after the op ends on the device
   Basis basis = Basis::kMeasured;  // the weakest basis of the stack numbers that priced it
 };
 
@@ -48,7 +48,8 @@ class CostModel {
   // Components (also used by tests and the memory model).
   // A GEMM of `s` (as the forward pass sees it) for `part`: dgrad runs [m x n]·[n x k], wgrad
   // [k x m]·[m x n] (reduction over the rows).
-  double gemm_seconds(const GemmShape& s, DType dtype, double* rel_error, GemmPart part = GemmPart::kNone) const;
+  double gemm_seconds(const GemmShape& s, DType dtype, double* rel_error,
+                      GemmPart part = GemmPart::kNone) const;
   // The grouped GEMM of one MoE layer's local experts as the stack runs it (see the .cpp).
   double grouped_gemm_seconds(const GemmShape& s, DType dtype, double* rel_error,
                               GemmPart part = GemmPart::kNone) const;

@@ -14,19 +14,23 @@ namespace {
 constexpr int64_t kMaxDegree = 1 << 20;
 
 constexpr std::pair<const char*, RecomputeModule> kModuleNames[] = {
-    {"core_attn", kRecomputeCoreAttn}, {"moe_act", kRecomputeMoeAct},
-    {"layernorm", kRecomputeLayernorm}, {"mla_up_proj", kRecomputeMlaUpProj},
-    {"mlp", kRecomputeMlp},             {"moe", kRecomputeMoe},
+    {"core_attn", kRecomputeCoreAttn},
+    {"moe_act", kRecomputeMoeAct},
+    {"layernorm", kRecomputeLayernorm},
+    {"mla_up_proj", kRecomputeMlaUpProj},
+    {"mlp", kRecomputeMlp},
+    {"moe", kRecomputeMoe},
     {"shared_experts", kRecomputeSharedExperts}};
 
 // "recompute": "none" | "selective" | "full" | "sar", or an object
 //   {"granularity": "selective", "modules": ["core_attn", "moe_act", ...]}
 //   {"granularity": "full", "method": "uniform" | "block", "num_layers": N}
 void read_recompute(const JsonNode& r, Plan& p) {
-  const std::initializer_list<std::pair<const char*, Recompute>> kinds = {{"none", Recompute::kNone},
-                                                                          {"selective", Recompute::kSelective},
-                                                                          {"full", Recompute::kFull},
-                                                                          {"sar", Recompute::kSar}};
+  const std::initializer_list<std::pair<const char*, Recompute>> kinds = {
+      {"none", Recompute::kNone},
+      {"selective", Recompute::kSelective},
+      {"full", Recompute::kFull},
+      {"sar", Recompute::kSar}};
   if (!r.has("recompute")) return;
   if (r.raw().at("recompute").is_string()) {
     p.recompute = r.choice<Recompute>("recompute", kinds);
@@ -36,7 +40,8 @@ void read_recompute(const JsonNode& r, Plan& p) {
   o.only_keys({"granularity", "modules", "method", "num_layers"});
   p.recompute = o.choice<Recompute>("granularity", kinds);
   if (o.has("modules")) {
-    if (p.recompute != Recompute::kSelective) o.fail("modules", "no modules unless granularity is \"selective\"");
+    if (p.recompute != Recompute::kSelective)
+      o.fail("modules", "no modules unless granularity is \"selective\"");
     p.recompute_modules = 0;
     for (const JsonNode& m : o.array("modules")) {
       if (!m.raw().is_string()) m.fail_here("a recompute module name");
@@ -49,15 +54,17 @@ void read_recompute(const JsonNode& r, Plan& p) {
         std::vector<std::string> known;
         for (const auto& [n, bit] : kModuleNames) known.emplace_back(n);
         const std::string near = closest_match(name, known);
-        m.fail_here(fmt::format("one of core_attn, moe_act, layernorm, mla_up_proj, mlp, moe, shared_experts{}",
-                                near.empty() ? "" : fmt::format(" (did you mean \"{}\"?)", near)));
+        m.fail_here(
+            fmt::format("one of core_attn, moe_act, layernorm, mla_up_proj, mlp, moe, shared_experts{}",
+                        near.empty() ? "" : fmt::format(" (did you mean \"{}\"?)", near)));
       }
     }
     if (p.recompute_modules == 0) o.fail("modules", "at least one module");
   }
   if (o.has("method") || o.has("num_layers")) {
     if (p.recompute != Recompute::kFull)
-      o.fail(o.has("method") ? "method" : "num_layers", "no method or num_layers unless granularity is \"full\"");
+      o.fail(o.has("method") ? "method" : "num_layers",
+             "no method or num_layers unless granularity is \"full\"");
     p.recompute_method = o.choice_or<RecomputeMethod>(
         "method", RecomputeMethod::kUniform,
         {{"uniform", RecomputeMethod::kUniform}, {"block", RecomputeMethod::kBlock}});
@@ -67,8 +74,8 @@ void read_recompute(const JsonNode& r, Plan& p) {
 
 Plan read_plan(const JsonNode& r) {
   r.only_keys({"model", "hardware", "stack", "gpus", "seq_len", "global_batch", "micro_batch", "attention",
-               "experts", "pipeline", "data", "overlap", "compression", "precision", "fp8_recipe", "recompute",
-               "routing"});
+               "experts", "pipeline", "data", "overlap", "compression", "precision", "fp8_recipe",
+               "recompute", "routing"});
   Plan p;
   p.model = r.string("model");
   p.hardware = r.string("hardware");
@@ -97,11 +104,10 @@ Plan read_plan(const JsonNode& r) {
     pp->only_keys({"pp", "vpp", "schedule", "layers_per_stage"});
     p.pipeline.pp = pp->integer_or("pp", 1, 1, kMaxDegree);
     p.pipeline.vpp = pp->integer_or("vpp", 1, 1, 1024);
-    p.pipeline.schedule = pp->choice_or<Schedule>(
-        "schedule", Schedule::k1F1B,
-        {{"1f1b", Schedule::k1F1B},
-         {"interleaved_1f1b", Schedule::kInterleaved1F1B},
-         {"dualpipev", Schedule::kDualPipeV}});
+    p.pipeline.schedule = pp->choice_or<Schedule>("schedule", Schedule::k1F1B,
+                                                  {{"1f1b", Schedule::k1F1B},
+                                                   {"interleaved_1f1b", Schedule::kInterleaved1F1B},
+                                                   {"dualpipev", Schedule::kDualPipeV}});
     if (pp->has("layers_per_stage")) {
       for (const auto& n : pp->array("layers_per_stage"))
         p.pipeline.layers_per_stage.push_back(n.as_integer(0, 100000));

@@ -1,5 +1,5 @@
-// Stack profile reading (`moeplan-stack-v2`): strict keys, {value, source, basis} triples for every scalar, µs
-// and GiB to SI once, capability lists checked against the plan vocabulary.
+// Stack profile reading (`moeplan-stack-v2`): strict keys, {value, source, basis} triples for every scalar,
+// µs and GiB to SI once, capability lists checked against the plan vocabulary.
 #include "simulator/io/stack_loader.h"
 
 #include <algorithm>
@@ -71,8 +71,8 @@ Stated<E> stated_choice(const JsonNode& parent, std::string_view key,
 }
 
 // A [low, high] range in `value`.
-std::pair<Stated<double>, Stated<double>> stated_range(const JsonNode& parent, std::string_view key, double lo,
-                                                       double hi, double unit) {
+std::pair<Stated<double>, Stated<double>> stated_range(const JsonNode& parent, std::string_view key,
+                                                       double lo, double hi, double unit) {
   const JsonNode v = stated_node(parent, key);
   const auto cells = v.array("value");
   if (cells.size() != 2) v.fail("value", "[low, high]");
@@ -90,7 +90,8 @@ std::vector<std::string> string_list(const JsonNode& parent, std::string_view ke
   for (const JsonNode& e : parent.array(key)) {
     if (!e.raw().is_string()) e.fail_here("a string");
     const auto s = e.raw().get<std::string>();
-    if (std::find_if(allowed.begin(), allowed.end(), [&](const char* a) { return s == a; }) == allowed.end()) {
+    if (std::find_if(allowed.begin(), allowed.end(), [&](const char* a) { return s == a; }) ==
+        allowed.end()) {
       std::string list;
       for (const char* a : allowed) list += std::string(list.empty() ? "" : ", ") + a;
       e.fail_here(fmt::format("one of {}", list));
@@ -106,9 +107,10 @@ Result<StackProfile> stack_from_json(const json& j, const std::string& label) {
   return catch_input_errors([&]() -> StackProfile {
     const JsonNode root(j, label);
     if (root.has("format") && root.raw().at("format") == "moeplan-stack-v1") {
-      root.fail("format",
-                "\"moeplan-stack-v2\" (v1 files priced grouped GEMMs by a rows-per-expert curve and cannot say "
-                "what each number rests on; see hwprofiles/stacks/README.md for the v2 fields)");
+      root.fail(
+          "format",
+          "\"moeplan-stack-v2\" (v1 files priced grouped GEMMs by a rows-per-expert curve and cannot say "
+          "what each number rests on; see hwprofiles/stacks/README.md for the v2 fields)");
     }
     root.only_keys({"format", "name", "description", "calibrated", "sources", "host", "grouped_gemm",
                     "memory_bound_efficiency", "dispatcher", "attention_kernel", "comm_sm_fraction",
@@ -128,8 +130,8 @@ Result<StackProfile> stack_from_json(const json& j, const std::string& label) {
     }
 
     const JsonNode host = root.object("host");
-    host.only_keys({"launch_us_per_kernel", "issue_us_per_kernel", "us_per_local_expert", "us_per_micro_batch",
-                    "sync_us", "min_kernel_us"});
+    host.only_keys({"launch_us_per_kernel", "issue_us_per_kernel", "us_per_local_expert",
+                    "us_per_micro_batch", "sync_us", "min_kernel_us"});
     s.launch_s_per_kernel = stated_number(host, "launch_us_per_kernel", 0, 1e3, kMicro);
     s.host_s_per_kernel = stated_number(host, "issue_us_per_kernel", 0, 1e4, kMicro);
     s.host_s_per_local_expert = stated_number(host, "us_per_local_expert", 0, 1e3, kMicro);
@@ -139,10 +141,10 @@ Result<StackProfile> stack_from_json(const json& j, const std::string& label) {
 
     const JsonNode g = root.object("grouped_gemm");
     g.only_keys({"implementation", "streams", "efficiency", "wgrad_efficiency"});
-    s.grouped_gemm.impl = stated_choice<GroupedGemmImpl>(
-        g, "implementation",
-        {{"grouped_kernel", GroupedGemmImpl::kGroupedKernel},
-         {"per_expert_streams", GroupedGemmImpl::kPerExpertStreams}});
+    s.grouped_gemm.impl =
+        stated_choice<GroupedGemmImpl>(g, "implementation",
+                                       {{"grouped_kernel", GroupedGemmImpl::kGroupedKernel},
+                                        {"per_expert_streams", GroupedGemmImpl::kPerExpertStreams}});
     s.grouped_gemm.streams = stated_integer(g, "streams", 1, 64);
     s.grouped_gemm.efficiency = stated_fraction(g, "efficiency", Interval::kEfficiency);
     s.grouped_gemm.wgrad_efficiency = stated_fraction(g, "wgrad_efficiency", Interval::kEfficiency);
@@ -150,7 +152,8 @@ Result<StackProfile> stack_from_json(const json& j, const std::string& label) {
     s.memory_bound_efficiency = stated_fraction(root, "memory_bound_efficiency", Interval::kEfficiency);
 
     const JsonNode d = root.object("dispatcher");
-    d.only_keys({"kind", "host_sync", "sms", "nic_efficiency", "nvlink_efficiency", "permute_fused", "by_nodes"});
+    d.only_keys(
+        {"kind", "host_sync", "sms", "nic_efficiency", "nvlink_efficiency", "permute_fused", "by_nodes"});
     s.dispatcher.kind = stated_choice<DispatcherKind>(d, "kind",
                                                       {{"nccl_all_to_all", DispatcherKind::kNcclAllToAll},
                                                        {"nccl_all_gather", DispatcherKind::kNcclAllGather},
@@ -169,10 +172,10 @@ Result<StackProfile> stack_from_json(const json& j, const std::string& label) {
       s.dispatcher.by_nodes_basis = basis_of(b);
       for (const JsonNode& row : b.array("value")) {
         const auto cells = row.elements();
-        if (cells.size() != 4)
-          row.fail_here("[nodes, nic_efficiency, dispatch_setup_us, combine_setup_us]");
+        if (cells.size() != 4) row.fail_here("[nodes, nic_efficiency, dispatch_setup_us, combine_setup_us]");
         StackProfile::Dispatcher::ByNodes r{cells[0].as_number(1, 1e6), cells[1].as_number(1e-3, 1.0),
-                                            cells[2].as_number(0, 1e6) * kMicro, cells[3].as_number(0, 1e6) * kMicro};
+                                            cells[2].as_number(0, 1e6) * kMicro,
+                                            cells[3].as_number(0, 1e6) * kMicro};
         if (!s.dispatcher.by_nodes.empty() && r.nodes <= s.dispatcher.by_nodes.back().nodes)
           cells[0].fail_here("node counts strictly increasing");
         s.dispatcher.by_nodes.push_back(r);
@@ -192,24 +195,28 @@ Result<StackProfile> stack_from_json(const json& j, const std::string& label) {
                   stated_bool(o, "pp_comm"), stated_bool(o, "cross_micro_batch")};
 
     const JsonNode c = root.object("capabilities");
-    c.only_keys({"source", "dispatch", "recompute", "recompute_modules", "schedules", "precision", "fp8_recipes",
-                 "grad_sync", "dispatch_precision"});
+    c.only_keys({"source", "dispatch", "recompute", "recompute_modules", "schedules", "precision",
+                 "fp8_recipes", "grad_sync", "dispatch_precision"});
     auto& cap = s.capabilities;
     cap.source = source_of(c);
     cap.dispatch = string_list(c, "dispatch", {"all_to_all", "all_gather", "dedup"});
     cap.recompute = string_list(c, "recompute", {"none", "selective", "full", "sar"});
-    cap.recompute_modules = string_list(
-        c, "recompute_modules", {"core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts"});
+    cap.recompute_modules =
+        string_list(c, "recompute_modules",
+                    {"core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts"});
     cap.schedules = string_list(c, "schedules", {"1f1b", "interleaved_1f1b", "dualpipev"});
     cap.precision = string_list(c, "precision", {"bf16", "fp8"});
     cap.fp8_recipes = string_list(c, "fp8_recipes", {"delayed", "tensorwise", "blockwise", "mxfp8"});
-    cap.grad_sync = string_list(c, "grad_sync", {"fp32_reduce_scatter", "bf16_reduce_scatter", "bf16_all_to_all"});
+    cap.grad_sync =
+        string_list(c, "grad_sync", {"fp32_reduce_scatter", "bf16_reduce_scatter", "bf16_all_to_all"});
     cap.dispatch_precision = string_list(c, "dispatch_precision", {"bf16", "fp8"});
 
     const JsonNode m = root.object("memory");
     m.only_keys({"reserve_GiB", "fragmentation"});
-    std::tie(s.memory.reserve_bytes, s.memory.reserve_bytes_high) = stated_range(m, "reserve_GiB", 0, 1024, kGiB);
-    std::tie(s.memory.fragmentation, s.memory.fragmentation_high) = stated_range(m, "fragmentation", 0, 0.9, 1.0);
+    std::tie(s.memory.reserve_bytes, s.memory.reserve_bytes_high) =
+        stated_range(m, "reserve_GiB", 0, 1024, kGiB);
+    std::tie(s.memory.fragmentation, s.memory.fragmentation_high) =
+        stated_range(m, "fragmentation", 0, 0.9, 1.0);
     return s;
   });
 }
@@ -265,8 +272,9 @@ nlohmann::ordered_json stack_to_json(const StackProfile& s) {
       rows.push_back(oj::array({r.nodes, r.nic_efficiency, round_to(r.dispatch_setup_s / kMicro, 1e-4),
                                 round_to(r.combine_setup_s / kMicro, 1e-4)}));
     }
-    j["dispatcher"]["by_nodes"] =
-        oj{{"value", rows}, {"basis", name_of(s.dispatcher.by_nodes_basis)}, {"source", s.dispatcher.by_nodes_source}};
+    j["dispatcher"]["by_nodes"] = oj{{"value", rows},
+                                     {"basis", name_of(s.dispatcher.by_nodes_basis)},
+                                     {"source", s.dispatcher.by_nodes_source}};
   }
   j["attention_kernel"] = name(s.attention_kernel);
   j["comm_sm_fraction"] = num(s.comm_sm_fraction, 1.0);

@@ -1,5 +1,6 @@
-// Reads and writes stack profiles (hwprofiles/stacks/*.json, "format": "moeplan-stack-v2") in SI units inside;
-// every number carries a non-empty source and its basis. hwprofiles/stacks/README.md documents the schema.
+// Reads and writes stack profiles (hwprofiles/stacks/*.json, "format": "moeplan-stack-v2") in SI units
+// inside; every number carries a non-empty source and its basis. hwprofiles/stacks/README.md documents the
+// schema.
 #pragma once
 
 #include <string>

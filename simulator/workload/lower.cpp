@@ -283,7 +283,7 @@ class Builder {
   std::vector<int64_t> layers_, first_layer_;
 
   std::vector<LocalOp> layer_ops_;
-  uint16_t module_ = 0;            // the recompute modules of the ops being recorded
+  uint16_t module_ = 0;             // the recompute modules of the ops being recorded
   Node node_ = Node::kPreDispatch;  // the combined-1F1B node of the ops being recorded
   // Per distinct layer kind (MoE or dense, window, CLA): its recipe.
   std::vector<Recipe> recipes_;
@@ -305,7 +305,7 @@ class Builder {
   // overlap), which the layer's gradient sync must also wait for; -1 when the side stream is not used.
   std::vector<int32_t> layer_last_side_bwd_;
   std::vector<int32_t> layer_param_gather_;
-  int32_t last_dp_op_ = -1;  // last op on the current stage's DP stream
+  int32_t last_dp_op_ = -1;   // last op on the current stage's DP stream
   int32_t weight_cast_ = -1;  // the stage's FP8 weight cast (first forward waits for it)
 
   // A layer's parameters on this rank: replicated over the attention replicas (attention, dense FFN, shared
@@ -532,8 +532,8 @@ int Builder::moe_dispatch_megatron(int r, double rows, double ep_rows, int64_t f
     y = record(mem(OpName::kPermute, MemOp::kPermute, 2.0 * d(t_ * k * h) * dt, Stream::kCompute, 2), {r},
                true);
     node_ = Node::kDispatch;
-    const int sync = o_.dispatcher_host_sync ? record(host_wait(8.0 * d(e.num_experts * ep_)), {c}, false, true)
-                                             : c;
+    const int sync =
+        o_.dispatcher_host_sync ? record(host_wait(8.0 * d(e.num_experts * ep_)), {c}, false, true) : c;
     y = record(coll(OpName::kDispatchA2a, Collective::kAllToAll, CommGroup::kEp, rows * d(h) * dt), {y, sync},
                true);
     // The probs all-to-all (the router dtype), beside the tokens.
@@ -541,8 +541,9 @@ int Builder::moe_dispatch_megatron(int r, double rows, double ep_rows, int64_t f
   }
   node_ = Node::kMlp;
   if (etp_ > 1 && !gather_mode) {
-    y = record(coll(OpName::kEtpAg, Collective::kAllGather, CommGroup::kEtp, ep_rows * (d(h) * dt + probs_bytes)),
-               {y}, true);
+    y = record(
+        coll(OpName::kEtpAg, Collective::kAllGather, CommGroup::kEtp, ep_rows * (d(h) * dt + probs_bytes)),
+        {y}, true);
   }
   if (!gather_mode && local_experts > 1) {
     y = record(mem(OpName::kSortChunks, MemOp::kPermute, 2.0 * ep_rows * (d(h) * dt + probs_bytes),
@@ -560,8 +561,8 @@ int Builder::moe_dispatch_megatron(int r, double rows, double ep_rows, int64_t f
   }
   if (etp_ > 1 && !gather_mode) {
     // Megatron reduce-scatters the expert outputs in the probs dtype.
-    y = record(coll(OpName::kEtpRs, Collective::kReduceScatter, CommGroup::kEtp, ep_rows * d(h) * probs_bytes),
-               {y});
+    y = record(
+        coll(OpName::kEtpRs, Collective::kReduceScatter, CommGroup::kEtp, ep_rows * d(h) * probs_bytes), {y});
   }
   node_ = Node::kCombine;
   if (gather_mode) {
@@ -617,7 +618,8 @@ int Builder::moe_dispatch_dedup(int r, double ep_rows, int64_t f_r, int64_t loca
     y = record(pre, {y}, false, true);
   } else {
     y = record(mem(OpName::kDispatchLayout, MemOp::kRouting, d(t_ * e.num_experts) * 4.0), {y}, false, true);
-    Op notify = coll(OpName::kDispatchNotify, Collective::kAllToAll, CommGroup::kEp, 4.0 * d(e.num_experts * span));
+    Op notify =
+        coll(OpName::kDispatchNotify, Collective::kAllToAll, CommGroup::kEp, 4.0 * d(e.num_experts * span));
     notify.comm.group_size = static_cast<int32_t>(span);
     notify.comm.stride = 1;
     y = record(notify, {y}, false, true);
@@ -636,8 +638,9 @@ int Builder::moe_dispatch_dedup(int r, double ep_rows, int64_t f_r, int64_t loca
   module_ &= static_cast<uint16_t>(~kRecomputeMoeAct);
   y = record(grouped(OpName::kExpertFc2, ep_rows, h, f_r, local_experts), {y});
   if (!o_.permute_fused) {
-    y = record(mem(OpName::kUnpermute, MemOp::kPermute, (ep_rows + recv_rows) * d(h) * dt, Stream::kCompute, 2),
-               {y});
+    y = record(
+        mem(OpName::kUnpermute, MemOp::kPermute, (ep_rows + recv_rows) * d(h) * dt, Stream::kCompute, 2),
+        {y});
   }
   node_ = Node::kCombine;
   return record(exchange(OpName::kCombineA2a, dt, dt_), {y});
@@ -656,7 +659,8 @@ int Builder::moe_fwd(int in) {
   const bool fp8_dispatch = p_.compression.dispatch == DispatchPrecision::kFp8;
   const DType dispatch_dt = fp8_dispatch ? DType::kFp8 : dt_;
   const double dispatch_elt = fp8_dispatch ? bytes_of(DType::kFp8) * kFp8ScaleOverhead : dt;
-  const bool dedup_stack = o_.dispatcher == DispatcherKind::kDeepEp || o_.dispatcher == DispatcherKind::kHybridEp;
+  const bool dedup_stack =
+      o_.dispatcher == DispatcherKind::kDeepEp || o_.dispatcher == DispatcherKind::kHybridEp;
 
   node_ = Node::kPreDispatch;
   module_ = kRecomputeMoe | kRecomputeLayernorm;  // the pre-MLP norm is its own module in MoE layers
@@ -767,8 +771,8 @@ int Builder::moe_fwd(int in) {
       node_ = Node::kCombine;
       if (gather_mode) {
         y = record(mem(OpName::kGather, MemOp::kPermute, 2.0 * rows * d(h) * dt), {y});
-        y = record(
-            coll(OpName::kCombineRs, Collective::kReduceScatter, CommGroup::kEp, d(t_ * ep_ * h) * dt), {y});
+        y = record(coll(OpName::kCombineRs, Collective::kReduceScatter, CommGroup::kEp, d(t_ * ep_ * h) * dt),
+                   {y});
       } else {
         y = record(coll(OpName::kCombineA2a, Collective::kAllToAll, CommGroup::kEp, rows * d(h) * dt), {y});
       }
@@ -777,8 +781,9 @@ int Builder::moe_fwd(int in) {
   node_ = Node::kCombine;
   std::vector<int> ins{y};
   if (shared >= 0) ins.push_back(shared);
-  const double unpermute_bytes =
-      dedup_stack && p_.experts.dispatch == Dispatch::kDedup ? 2.0 * d(t_ * h) * dt : (d(t_ * k * h) + 2.0 * d(t_ * h)) * dt;
+  const double unpermute_bytes = dedup_stack && p_.experts.dispatch == Dispatch::kDedup
+                                     ? 2.0 * d(t_ * h) * dt
+                                     : (d(t_ * k * h) + 2.0 * d(t_ * h)) * dt;
   int out = record(mem(OpName::kUnpermute, MemOp::kPermute, unpermute_bytes), ins);
   module_ = 0;
   // The residual add after the MoE layer (Megatron's mlp_bda), as after attention and the dense MLP.
@@ -893,9 +898,9 @@ void Builder::backward_begin(LayerPass& pass, int64_t layer, int16_t stage, int1
 }
 
 // Backward of one node of a recorded layer: its ops in reverse; a GEMM gives dgrad then wgrad, a collective
-// its transpose (all-gather <-> reduce-scatter, all-to-all reversed), attention its backward kernel. Recompute
-// re-runs forward ops first: Megatron's output-discarding modules just before their consumer's backward (so
-// per node), full recompute, SAR and the whole-MoE module before the layer's first backward op.
+// its transpose (all-gather <-> reduce-scatter, all-to-all reversed), attention its backward kernel.
+// Recompute re-runs forward ops first: Megatron's output-discarding modules just before their consumer's
+// backward (so per node), full recompute, SAR and the whole-MoE module before the layer's first backward op.
 void Builder::backward_node(LayerPass& pass, Node node) {
   const Recipe& rc = recipe_of(pass.layer);
   const auto& ops = rc.ops;
@@ -916,11 +921,13 @@ void Builder::backward_node(LayerPass& pass, Node node) {
     }
     if (ops[i].inputs.size() == 1 && ops[i].inputs[0] < 0) dep(pass.re[i], pass.input);
   };
-  const bool whole_layer_first = p_.recompute == Recompute::kFull || p_.recompute == Recompute::kSar ||
-                                 (p_.recompute == Recompute::kSelective && (p_.recompute_modules & kRecomputeMoe));
+  const bool whole_layer_first =
+      p_.recompute == Recompute::kFull || p_.recompute == Recompute::kSar ||
+      (p_.recompute == Recompute::kSelective && (p_.recompute_modules & kRecomputeMoe));
   if (p_.recompute != Recompute::kNone) {
     if (whole_layer_first) {
-      if (!std::any_of(pass.recomputed_node.begin(), pass.recomputed_node.end(), [](uint8_t x) { return x; })) {
+      if (!std::any_of(pass.recomputed_node.begin(), pass.recomputed_node.end(),
+                       [](uint8_t x) { return x; })) {
         for (size_t i = 0; i < ops.size(); ++i) {
           if (recomputed(ops[i], pass.layer)) emit_recompute(i);
         }
@@ -1061,8 +1068,8 @@ Builder::TaskState Builder::task_begin(int16_t stage, const PipelineTask& task) 
   } else if (ts.v == last_v && o_.embedding_and_head) {
     const int64_t tg = t_ * tp_;
     if (mtp_ > 0) emit_mtp(ts);
-    ts.track(emit(mem(OpName::kLoss, MemOp::kLoss, 2.0 * d(tg * (m_.vocab / tp_)) * 4.0), stage, task.chunk, -1,
-                  mb, Phase::kBackward, {ts.cur}));
+    ts.track(emit(mem(OpName::kLoss, MemOp::kLoss, 2.0 * d(tg * (m_.vocab / tp_)) * 4.0), stage, task.chunk,
+                  -1, mb, Phase::kBackward, {ts.cur}));
     Op head = gemm(OpName::kLmHead, tg, m_.vocab / tp_, h);
     head.part = GemmPart::kDgrad;
     head.aux_bytes = 0;  // Megatron keeps the output layer in BF16
@@ -1144,9 +1151,8 @@ void Builder::emit_mtp(TaskState& ts) {
   if (ts.task.forward) {
     for (int64_t j = 0; j < mtp_; ++j) {
       const int32_t trunk = ts.cur;
-      const int32_t emb =
-          emit(mem(OpName::kMtpEmbedding, MemOp::kEmbedding, 2.0 * d(t_ * h) * dt), stage, chunk, -1, mb,
-               Phase::kForward, {});
+      const int32_t emb = emit(mem(OpName::kMtpEmbedding, MemOp::kEmbedding, 2.0 * d(t_ * h) * dt), stage,
+                               chunk, -1, mb, Phase::kForward, {});
       ts.track(emit(norms, stage, chunk, -1, mb, Phase::kForward, {trunk, emb}));
       ts.track(emit(proj, stage, chunk, -1, mb, Phase::kForward, {ts.cur}));
       forward_begin(pass, n_main_ + j, stage, chunk, mb, ts.cur);
@@ -1154,8 +1160,8 @@ void Builder::emit_mtp(TaskState& ts) {
       ts.cur = pass.last;
       ts.track(emit(final_norm, stage, chunk, -1, mb, Phase::kForward, {ts.cur}));
       ts.track(emit(head, stage, chunk, -1, mb, Phase::kForward, {ts.cur}));
-      ts.track(emit(mem(OpName::kMtpLoss, MemOp::kLoss, 3.0 * d(tg * (m_.vocab / tp_)) * 4.0), stage, chunk, -1,
-                    mb, Phase::kForward, {ts.cur}));
+      ts.track(emit(mem(OpName::kMtpLoss, MemOp::kLoss, 3.0 * d(tg * (m_.vocab / tp_)) * 4.0), stage, chunk,
+                    -1, mb, Phase::kForward, {ts.cur}));
     }
     return;
   }
@@ -1312,7 +1318,8 @@ void Builder::emit_weight_casts(int16_t stage, const std::vector<int64_t>& stage
   }
   if (params <= 0) return;
   Op cast = mem(OpName::kWeightCast, MemOp::kCast, params * fp8_cast_bytes_per_element(p_.fp8_recipe));
-  cast.kernels = static_cast<uint16_t>(std::min<int64_t>(65535, 4 * static_cast<int64_t>(stage_layers.size())));
+  cast.kernels =
+      static_cast<uint16_t>(std::min<int64_t>(65535, 4 * static_cast<int64_t>(stage_layers.size())));
   weight_cast_ = emit(cast, stage, 0, -1, 0, Phase::kForward, {});
 }
 
@@ -1589,8 +1596,8 @@ std::vector<PipelineTask> dualpipev_order(int64_t r, int64_t d, int64_t m) {
   auto b = [&](int16_t c, bool zb = false) { out.push_back({false, next_b[c]++, c, false, zb, false}); };
   auto w = [&]() { out.push_back({false, 0, 0, false, false, true}); };
   for (int64_t i = 0; i < (d - r - 1) * 2; ++i) f(0);  // 1: nF0
-  for (int64_t i = 0; i < r + 1; ++i) f(0), f(1);        // 2: nF0F1
-  for (int64_t i = 0; i < d - r - 1; ++i) {              // 3: nB1W1F1 (zero bubble)
+  for (int64_t i = 0; i < r + 1; ++i) f(0), f(1);      // 2: nF0F1
+  for (int64_t i = 0; i < d - r - 1; ++i) {            // 3: nB1W1F1 (zero bubble)
     b(1, true);
     w();
     f(1);
@@ -1635,8 +1642,12 @@ std::vector<PipelineTask> pipeline_order(int64_t stage, int64_t stages, int64_t 
   // (chunks = 1 reduces to plain 1F1B): groups of `stages` micro-batches cycle through the chunks.
   auto fwd = [&](int64_t k) {
     const int64_t group = k / (stages * chunks), in_group = k % (stages * chunks);
-    return PipelineTask{true, static_cast<int32_t>(group * stages + in_group % stages),
-                        static_cast<int16_t>(in_group / stages), false, false, false};
+    return PipelineTask{true,
+                        static_cast<int32_t>(group * stages + in_group % stages),
+                        static_cast<int16_t>(in_group / stages),
+                        false,
+                        false,
+                        false};
   };
   auto bwd = [&](int64_t k) {
     PipelineTask t = fwd(k);
@@ -1725,9 +1736,10 @@ std::vector<std::vector<int64_t>> in_flight_by_chunk(const ModelSpec& model, con
       weight[static_cast<size_t>(c)] =
           d(layers[static_cast<size_t>(v)]) + (v == pp * vpp - 1 ? d(model.mtp_layers) : 0.0);
     }
-    out.push_back(peak_in_flight_by_chunk(pipeline_order(s, pp, vpp, plan.num_micro_batches(),
-                                                         plan.overlap.cross_micro_batch, plan.pipeline.schedule),
-                                          vpp, weight));
+    out.push_back(
+        peak_in_flight_by_chunk(pipeline_order(s, pp, vpp, plan.num_micro_batches(),
+                                               plan.overlap.cross_micro_batch, plan.pipeline.schedule),
+                                vpp, weight));
   }
   return out;
 }

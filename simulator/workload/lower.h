@@ -52,7 +52,7 @@ struct PipelineTask {
   bool forward = true;
   int32_t micro_batch = 0;
   int16_t chunk = 0;
-  bool paired = false;           // forward only: runs interleaved, layer by layer, with the next task (a backward)
+  bool paired = false;  // forward only: runs interleaved, layer by layer, with the next task (a backward)
   bool input_grad_only = false;  // backward only: weight gradients deferred to a later weights task
   bool weights = false;          // the deferred weight gradients of the oldest input-gradient-only backward
 };

@@ -1,6 +1,6 @@
-// The validation set (tests/validation/cases/*.json) stays apart from calibration: no hardware or stack profile,
-// nor any calibration source, cites a validation case; and every case is a well-formed plan with a published
-// measurement and its source.
+// The validation set (tests/validation/cases/*.json) stays apart from calibration: no hardware or stack
+// profile, nor any calibration source, cites a validation case; and every case is a well-formed plan with a
+// published measurement and its source.
 #include <doctest/doctest.h>
 
 #include <filesystem>

@@ -579,8 +579,10 @@ Result<StackFit> fit_stack(const std::vector<TraceFile>& traces, const HardwareP
     const Spread sp = spread_of(all);
     const double v = round_to(std::clamp(median(all), 1e-4, 1.0), 1e-4);
     const std::string how = fmt::format(
-        "per kernel: the cost model's grouped-kernel time at the hardware profile's dense rate (the per-expert "
-        "shape, rows padded to the tile, waves over all experts; neutral stack) / measured kernel time; median "
+        "per kernel: the cost model's grouped-kernel time at the hardware profile's dense rate (the "
+        "per-expert "
+        "shape, rows padded to the tile, waves over all experts; neutral stack) / measured kernel time; "
+        "median "
         "of {} forward and dgrad kernels, {:.0f} to {:.0f} rows per expert (the report's curve shows the "
         "ratio by rows)",
         sp.n, fit.curve.front().rows_per_expert, fit.curve.back().rows_per_expert);
@@ -594,7 +596,8 @@ Result<StackFit> fit_stack(const std::vector<TraceFile>& traces, const HardwareP
     const Spread sp = spread_of(s.grouped_wgrad);
     const double v = round_to(std::clamp(median(s.grouped_wgrad), 1e-4, 1.0), 1e-4);
     const std::string how = fmt::format(
-        "median over {} weight-gradient grouped GEMM kernels of the grouped-kernel model time (reduction over "
+        "median over {} weight-gradient grouped GEMM kernels of the grouped-kernel model time (reduction "
+        "over "
         "the rows per expert) / measured time",
         sp.n);
     fit.params.push_back({"grouped_gemm.wgrad_efficiency", true, v, sp.n, sp.lo, sp.hi, how});
@@ -682,19 +685,28 @@ Result<StackFit> fit_stack(const std::vector<TraceFile>& traces, const HardwareP
                   s.excluded_gaps));
 
   // Sources: the base's citations that the kept sources still name, and the traces themselves.
-  const std::vector<const std::string*> all_sources = {
-      &st.launch_s_per_kernel.source,     &st.host_s_per_local_expert.source,
-      &st.host_s_per_micro_batch.source,  &st.grouped_gemm.efficiency.source,
-      &st.grouped_gemm.wgrad_efficiency.source, &st.grouped_gemm.impl.source,
-      &st.memory_bound_efficiency.source, &st.dispatcher.kind.source,
-      &st.dispatcher.nic_efficiency.source, &st.dispatcher.nvlink_efficiency.source,
-      &st.host_s_per_kernel.source,       &st.host_sync_s.source,
-      &st.attention_kernel.source,        &st.capabilities.source,
-      &st.memory.reserve_bytes.source,    &st.memory.fragmentation.source,
-      &st.overlaps.cross_micro_batch.source,
-      &st.comm_sm_fraction.source,        &st.overlaps.inter_op.source,
-      &st.overlaps.intra_op.source,       &st.overlaps.dp_comm.source,
-      &st.overlaps.pp_comm.source};
+  const std::vector<const std::string*> all_sources = {&st.launch_s_per_kernel.source,
+                                                       &st.host_s_per_local_expert.source,
+                                                       &st.host_s_per_micro_batch.source,
+                                                       &st.grouped_gemm.efficiency.source,
+                                                       &st.grouped_gemm.wgrad_efficiency.source,
+                                                       &st.grouped_gemm.impl.source,
+                                                       &st.memory_bound_efficiency.source,
+                                                       &st.dispatcher.kind.source,
+                                                       &st.dispatcher.nic_efficiency.source,
+                                                       &st.dispatcher.nvlink_efficiency.source,
+                                                       &st.host_s_per_kernel.source,
+                                                       &st.host_sync_s.source,
+                                                       &st.attention_kernel.source,
+                                                       &st.capabilities.source,
+                                                       &st.memory.reserve_bytes.source,
+                                                       &st.memory.fragmentation.source,
+                                                       &st.overlaps.cross_micro_batch.source,
+                                                       &st.comm_sm_fraction.source,
+                                                       &st.overlaps.inter_op.source,
+                                                       &st.overlaps.intra_op.source,
+                                                       &st.overlaps.dp_comm.source,
+                                                       &st.overlaps.pp_comm.source};
   std::map<std::string, std::string> used;
   for (const auto& [id, citation] : o.base.sources) {
     const std::regex word("(^|[^A-Za-z0-9])" + id + "([^A-Za-z0-9]|$)");

@@ -51,13 +51,14 @@ TEST_SUITE("io") {
   }
 
   TEST_CASE("bad plan values are one-line errors") {
-    CHECK(parse(R"({"model": "m", "hardware": "h", "gpus": 8, "seq_len": 1, "global_batch": 1,
+    CHECK(
+        parse(R"({"model": "m", "hardware": "h", "gpus": 8, "seq_len": 1, "global_batch": 1,
                     "pipeline": {"schedule": "gpipe"}})")
-              .error()
-              .message ==
-          "plan.json: field 'pipeline.schedule': expected one of \"1f1b\" \"interleaved_1f1b\" \"dualpipev\", "
-            "got "
-          "string \"gpipe\"");
+            .error()
+            .message ==
+        "plan.json: field 'pipeline.schedule': expected one of \"1f1b\" \"interleaved_1f1b\" \"dualpipev\", "
+        "got "
+        "string \"gpipe\"");
     CHECK(parse(R"({"model": "m", "hardware": "h", "gpus": 8, "seq_len": 1, "global_batch": 1,
                     "routing": {"distribution": "zipf:-1"}})")
               .error()

@@ -35,8 +35,8 @@ std::string error_of(const io::json& j) {
   return s.error().message;
 }
 
-const char* const kStackNames[] = {"moerun", "megatron-core", "megatron-core-deepep", "megatron-core-hybridep",
-                                    "megascale-moe"};
+const char* const kStackNames[] = {"moerun", "megatron-core", "megatron-core-deepep",
+                                   "megatron-core-hybridep", "megascale-moe"};
 
 }  // namespace
 
@@ -49,15 +49,27 @@ TEST_SUITE("io") {
       CHECK_FALSE(s.calibrated);
       CHECK_FALSE(s.description.empty());
       CHECK_FALSE(s.sources.empty());
-      for (const auto* src :
-           {&s.launch_s_per_kernel.source, &s.host_s_per_kernel.source, &s.host_s_per_local_expert.source,
-            &s.host_s_per_micro_batch.source, &s.host_sync_s.source, &s.grouped_gemm.impl.source,
-            &s.grouped_gemm.efficiency.source, &s.grouped_gemm.wgrad_efficiency.source,
-            &s.memory_bound_efficiency.source, &s.dispatcher.kind.source, &s.dispatcher.sms.source,
-            &s.attention_kernel.source, &s.comm_sm_fraction.source, &s.overlaps.inter_op.source,
-            &s.overlaps.intra_op.source, &s.overlaps.dp_comm.source, &s.overlaps.pp_comm.source,
-            &s.overlaps.cross_micro_batch.source, &s.capabilities.source, &s.memory.reserve_bytes.source,
-            &s.memory.fragmentation.source}) {
+      for (const auto* src : {&s.launch_s_per_kernel.source,
+                              &s.host_s_per_kernel.source,
+                              &s.host_s_per_local_expert.source,
+                              &s.host_s_per_micro_batch.source,
+                              &s.host_sync_s.source,
+                              &s.grouped_gemm.impl.source,
+                              &s.grouped_gemm.efficiency.source,
+                              &s.grouped_gemm.wgrad_efficiency.source,
+                              &s.memory_bound_efficiency.source,
+                              &s.dispatcher.kind.source,
+                              &s.dispatcher.sms.source,
+                              &s.attention_kernel.source,
+                              &s.comm_sm_fraction.source,
+                              &s.overlaps.inter_op.source,
+                              &s.overlaps.intra_op.source,
+                              &s.overlaps.dp_comm.source,
+                              &s.overlaps.pp_comm.source,
+                              &s.overlaps.cross_micro_batch.source,
+                              &s.capabilities.source,
+                              &s.memory.reserve_bytes.source,
+                              &s.memory.fragmentation.source}) {
         CHECK_FALSE(src->empty());
       }
       CHECK(s.memory_bound_efficiency.value > 0.0);

@@ -330,7 +330,8 @@ TEST_SUITE("calibrate") {
     CHECK(f.stack.comm_sm_fraction.value == doctest::Approx(24.0 / 132.0).epsilon(0.001));
     // Kept from the base, with the old source named.
     CHECK_FALSE(param(f, "dispatcher.nic_efficiency").fitted);
-    CHECK(f.stack.dispatcher.nic_efficiency.source.find("kept from hwprofiles/stacks/megatron-core.json") == 0);
+    CHECK(f.stack.dispatcher.nic_efficiency.source.find("kept from hwprofiles/stacks/megatron-core.json") ==
+          0);
     CHECK(f.stack.overlaps.dp_comm.value == true);
   }
 
