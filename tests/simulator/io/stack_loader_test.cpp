@@ -2,6 +2,7 @@
 // write back to the same profile, and every bad input is one line naming the field.
 #include <doctest/doctest.h>
 
+#include <regex>
 #include <string>
 
 #include "simulator/core/stack.h"
@@ -78,6 +79,23 @@ TEST_SUITE("io") {
       CHECK(s.comm_sm_fraction.value < 1.0);
       CHECK(s.memory.reserve_bytes.value <= s.memory.reserve_bytes_high.value);
       CHECK(s.memory.fragmentation.value <= s.memory.fragmentation_high.value);
+    }
+  }
+
+  TEST_CASE("every source a shipped stack lists is cited by one of its numbers") {
+    for (const char* stem : kStackNames) {
+      CAPTURE(stem);
+      auto j = io::parse_json_file(kStacks + std::string(stem) + ".json");
+      REQUIRE(j.ok());
+      io::json body = j.value();
+      const io::json sources = body.at("sources");
+      body.erase("sources");
+      const std::string text = body.dump();
+      for (const auto& [id, citation] : sources.items()) {
+        CAPTURE(id);
+        const std::regex word("(^|[^A-Za-z0-9])" + id + "([^A-Za-z0-9]|$)");
+        CHECK(std::regex_search(text, word));
+      }
     }
   }
 
