@@ -1517,12 +1517,10 @@ LoweringOptions lowering_options(const HardwareProfile& hw, const StackProfile& 
   o.dispatcher = stack.dispatcher.kind.value;
   o.dispatcher_host_sync = stack.dispatcher.host_sync.value;
   o.permute_fused = stack.dispatcher.permute_fused.value;
-  // Megatron-Core's fused router (--moe-router-fusion, TE fused_topk_with_score_function) is one kernel for
-  // scores and top-k plus two for the aux loss; moerun's router is one kernel.
   // The router region: moerun's router is one kernel. Megatron-Core with --moe-router-fusion (TE's fused
-  // top-k and aux-loss kernels) still launches 31 kernels from the gating GEMM to the aux loss, 72 without
-  // fusion (Megatron-LM docs, GB200 MoE optimisation notes at commit 3c1b98ef^, l.85; TE PR 1883); the GEMM
-  // is its own op here.
+  // top-k and aux-loss kernels; our Megatron launch sets it) still launches 31 kernels from the gating GEMM
+  // to the aux loss, 72 without fusion (Megatron-LM docs, GB200 MoE optimisation notes at commit 3c1b98ef^,
+  // l.85; TE PR 1883); the GEMM is its own op here.
   const bool eager = stack.dispatcher.kind.value != DispatcherKind::kFused;
   o.eager_framework = eager;
   o.router_kernels = eager ? 30 : 1;

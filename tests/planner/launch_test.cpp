@@ -765,6 +765,16 @@ TEST_SUITE("planner") {
     CHECK_FALSE(f.has("--recompute-modules"));
   }
 
+  TEST_CASE("a MoE launch asks for the fused router and the fused permute that the cost model prices") {
+    // Without --moe-router-fusion Megatron runs the unfused router (TC:944, default off), about 72 kernels
+    // where the lowering counts 31.
+    Plan p = make_plan("deepseek-v3", 8, 4096, 8);
+    p.experts.ep = 8;
+    const Flags f = parse_flags(checked(p).flags);
+    CHECK(f.has("--moe-router-fusion"));
+    CHECK(f.has("--moe-permute-fusion"));
+  }
+
   TEST_CASE("cross-micro-batch overlap maps to Megatron's combined 1F1B flags and keeps their rules") {
     // --overlap-moe-expert-parallel-comm with --delay-wgrad-compute; never beside --moe-shared-expert-overlap
     // (TC:3002-3072), also when the plan asks for inter-operator overlap too and the model has shared
