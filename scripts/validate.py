@@ -64,7 +64,8 @@ def main():
         p = predict(args.moeplan, c["plan"])
         plan = c["plan"]
         job = (plan["model"], plan["hardware"], plan["gpus"], plan["seq_len"], plan.get("precision", "bf16"))
-        row = {"id": c["id"], "stack": plan.get("stack", "moerun"), "measured": m, "job": job}
+        row = {"id": c["id"], "stack": plan.get("stack", "moerun"), "precision": plan.get("precision", "bf16"),
+               "measured": m, "job": job}
         if "error" in p:
             row["error"] = " ".join(p["error"])
         else:
@@ -115,13 +116,13 @@ def main():
         print(json.dumps({"rows": rows, "pairs": pairs, "summary": summary}, indent=2))
         return 0
     if args.markdown:
-        print("| case | stack | measured tok/s/GPU | predicted (range) | error | fits |")
-        print("|---|---|---:|---:|---:|---|")
+        print("| case | stack | precision | measured tok/s/GPU | predicted (range) | error | fits |")
+        print("|---|---|---|---:|---:|---:|---|")
         for r in rows:
             if "error" in r:
-                print(f"| {r['id']} | {r['stack']} | {r['measured']:.0f} | refused: {r['error']} | | |")
+                print(f"| {r['id']} | {r['stack']} | {r['precision']} | {r['measured']:.0f} | refused: {r['error']} | | |")
                 continue
-            print(f"| {r['id']} | {r['stack']} | {r['measured']:.0f} | {r['predicted']:.0f} "
+            print(f"| {r['id']} | {r['stack']} | {r['precision']} | {r['measured']:.0f} | {r['predicted']:.0f} "
                   f"({r['low']:.0f}-{r['high']:.0f}) | {100 * r['rel_error']:+.1f}% | "
                   f"{'yes' if r['fits'] else 'no'} ({r['memory_GB']:.1f} GB) |")
     else:
