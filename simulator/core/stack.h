@@ -103,6 +103,9 @@ struct StackProfile {
     Stated<double> nic_efficiency;     // its RDMA leg's rate over the NIC's line rate
     Stated<double> nvlink_efficiency;  // its NVLink leg's rate over the profile's achieved NVLink bandwidth
     Stated<bool> permute_fused;        // permute / unpermute fused into the dispatch and combine kernels
+    // Host waits between a forward dispatch and the permute by expert: reads of a size the GPU computed
+    // (DeepEP's indices-to-multihot conversion in Megatron-Core without experimental features).
+    Stated<int64_t> permute_host_waits;
     // Measured per node count of the exchange (optional): the RDMA leg's efficiency (replacing
     // nic_efficiency) and the fixed cost of a forward dispatch (routing metadata, preprocessing, host wait)
     // and of a forward combine beyond their kernels. Nodes increasing; interpolated, held at the ends.

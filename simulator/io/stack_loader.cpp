@@ -152,8 +152,8 @@ Result<StackProfile> stack_from_json(const json& j, const std::string& label) {
     s.memory_bound_efficiency = stated_fraction(root, "memory_bound_efficiency", Interval::kEfficiency);
 
     const JsonNode d = root.object("dispatcher");
-    d.only_keys(
-        {"kind", "host_sync", "sms", "nic_efficiency", "nvlink_efficiency", "permute_fused", "by_nodes"});
+    d.only_keys({"kind", "host_sync", "sms", "nic_efficiency", "nvlink_efficiency", "permute_fused",
+                 "permute_host_waits", "by_nodes"});
     s.dispatcher.kind = stated_choice<DispatcherKind>(d, "kind",
                                                       {{"nccl_all_to_all", DispatcherKind::kNcclAllToAll},
                                                        {"nccl_all_gather", DispatcherKind::kNcclAllGather},
@@ -165,6 +165,7 @@ Result<StackProfile> stack_from_json(const json& j, const std::string& label) {
     s.dispatcher.nic_efficiency = stated_fraction(d, "nic_efficiency", Interval::kEfficiency);
     s.dispatcher.nvlink_efficiency = stated_fraction(d, "nvlink_efficiency", Interval::kEfficiency);
     s.dispatcher.permute_fused = stated_bool(d, "permute_fused");
+    s.dispatcher.permute_host_waits = stated_integer(d, "permute_host_waits", 0, 16);
     if (d.has("by_nodes")) {
       // {"value": [[nodes, nic_efficiency, dispatch_setup_us, combine_setup_us], ...], "basis", "source"}
       const JsonNode b = stated_node(d, "by_nodes");
@@ -265,7 +266,8 @@ nlohmann::ordered_json stack_to_json(const StackProfile& s) {
                        {"sms", integer(s.dispatcher.sms)},
                        {"nic_efficiency", num(s.dispatcher.nic_efficiency, 1.0)},
                        {"nvlink_efficiency", num(s.dispatcher.nvlink_efficiency, 1.0)},
-                       {"permute_fused", flag(s.dispatcher.permute_fused)}};
+                       {"permute_fused", flag(s.dispatcher.permute_fused)},
+                       {"permute_host_waits", integer(s.dispatcher.permute_host_waits)}};
   if (!s.dispatcher.by_nodes.empty()) {
     oj rows = oj::array();
     for (const auto& r : s.dispatcher.by_nodes) {

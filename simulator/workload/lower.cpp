@@ -627,6 +627,8 @@ int Builder::moe_dispatch_dedup(int r, double ep_rows, int64_t f_r, int64_t loca
   if (o_.dispatcher_host_sync) y = record(host_wait(4.0 * d(e.num_experts)), {y}, false, true);
   y = record(exchange(OpName::kDispatchA2a, disp_elt, fp8_dispatch ? DType::kFp8 : dt_), {r, y}, true);
   node_ = Node::kMlp;
+  // Reads of sizes the GPU computed from the received indices, each a host wait (8 bytes each).
+  for (int i = 0; i < o_.permute_host_waits; ++i) y = record(host_wait(8.0), {y}, false, true);
   if (!o_.permute_fused) {
     // A local permute of the received tokens into per-expert rows (TE fused permute).
     y = record(mem(OpName::kPermute, MemOp::kPermute, (recv_rows + ep_rows) * d(h) * dt, Stream::kCompute, 2),
@@ -1517,6 +1519,7 @@ LoweringOptions lowering_options(const HardwareProfile& hw, const StackProfile& 
   o.dispatcher = stack.dispatcher.kind.value;
   o.dispatcher_host_sync = stack.dispatcher.host_sync.value;
   o.permute_fused = stack.dispatcher.permute_fused.value;
+  o.permute_host_waits = static_cast<int>(stack.dispatcher.permute_host_waits.value);
   // The router region: moerun's router is one kernel. Megatron-Core with --moe-router-fusion (TE's fused
   // top-k and aux-loss kernels; our Megatron launch sets it) still launches 31 kernels from the gating GEMM
   // to the aux loss, 72 without fusion (Megatron-LM docs, GB200 MoE optimisation notes at commit 3c1b98ef^,

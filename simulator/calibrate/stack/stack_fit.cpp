@@ -695,6 +695,7 @@ Result<StackFit> fit_stack(const std::vector<TraceFile>& traces, const HardwareP
                                                        &st.dispatcher.kind.source,
                                                        &st.dispatcher.nic_efficiency.source,
                                                        &st.dispatcher.nvlink_efficiency.source,
+                                                       &st.dispatcher.permute_host_waits.source,
                                                        &st.host_s_per_kernel.source,
                                                        &st.host_sync_s.source,
                                                        &st.attention_kernel.source,

@@ -61,6 +61,7 @@ TEST_SUITE("io") {
                               &s.memory_bound_efficiency.source,
                               &s.dispatcher.kind.source,
                               &s.dispatcher.sms.source,
+                              &s.dispatcher.permute_host_waits.source,
                               &s.attention_kernel.source,
                               &s.comm_sm_fraction.source,
                               &s.overlaps.inter_op.source,

@@ -501,6 +501,46 @@ TEST_SUITE("workload") {
           doctest::Approx(the_op(deepep, OpName::kDispatchA2a).comm.bytes));
   }
 
+  TEST_CASE(
+      "DeepEP in Megatron waits for the counts, then three times more before the permute; HybridEP once") {
+    // The stacks' permute_host_waits: _indices_to_multihot's indices[mask], repeat_interleave and probs[mask]
+    // each read a size the GPU computed (Megatron-Core without experimental features).
+    Plan p;
+    p.gpus = 16;
+    p.seq_len = 4096;
+    p.global_batch = 16;
+    p.experts.ep = 16;
+    p.experts.dispatch = Dispatch::kDedup;
+    const OpGraph deepep = lower(deepseek_v3(0, 1), p, stack_options("megatron-core-deepep"));
+    const OpGraph hybrid = lower(deepseek_v3(0, 1), p, stack_options("megatron-core-hybridep"));
+    auto syncs = [](const OpGraph& g, Phase phase) {
+      int n = 0;
+      for (const Op& op : g.ops) n += (op.host_sync && op.phase == phase) ? 1 : 0;
+      return n;
+    };
+    CHECK(syncs(deepep, Phase::kForward) == 4);
+    CHECK(syncs(deepep, Phase::kBackward) == 0);
+    CHECK(syncs(hybrid, Phase::kForward) == 1);
+    // The last wait follows the dispatch and precedes the permute.
+    const Op& permute = the_op(deepep, OpName::kPermute);
+    const auto on = deepep.deps_of(permute);
+    REQUIRE(on.size() == 1);
+    const Op& wait = deepep.ops[static_cast<size_t>(on[0])];
+    CHECK(wait.host_sync);
+    std::vector<int32_t> frontier(deepep.deps_of(wait).begin(), deepep.deps_of(wait).end());
+    bool after_dispatch = false;
+    for (int hops = 0; hops < 3 && !frontier.empty() && !after_dispatch; ++hops) {
+      std::vector<int32_t> next;
+      for (int32_t x : frontier) {
+        const Op& op = deepep.ops[static_cast<size_t>(x)];
+        after_dispatch |= op.name == static_cast<uint16_t>(OpName::kDispatchA2a);
+        for (int32_t y : deepep.deps_of(op)) next.push_back(y);
+      }
+      frontier = next;
+    }
+    CHECK(after_dispatch);
+  }
+
   // ---- recompute ----
 
   TEST_CASE("selective recompute re-runs exactly the ops of the plan's Megatron modules") {
