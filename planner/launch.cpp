@@ -384,10 +384,9 @@ class MegatronBuilder {
     }
     flag("--moe-grouped-gemm");
     flag("--moe-permute-fusion");
-    // The cost model prices the fused router (TE fused_topk_with_score_function and the fused aux-loss
-    // scores; TE >= 2.6, MU:828-847); without this flag Megatron runs the unfused one, about 72 kernels
-    // against 31.
-    flag("--moe-router-fusion");
+    // The plan's router: fused (TE fused_topk_with_score_function and the fused aux-loss scores; TE >= 2.6,
+    // MU:828-847), 31 kernels, or Megatron's default eager one, about 72.
+    if (p_.routing.fused_router) flag("--moe-router-fusion");
     const std::string type = dispatcher();
     flag("--moe-token-dispatcher-type", type);
     if (type == "flex") {

@@ -103,6 +103,9 @@ struct Plan {
   struct Routing {
     std::string distribution = "uniform";  // "uniform", "zipf:<s>", or a router-trace file
     std::optional<double> capacity_factor;
+    // The router's scores, top-k and aux-loss scores as fused kernels (Megatron's --moe-router-fusion, TE's
+    // fused_topk_with_score_function); off, Megatron runs them as eager PyTorch ops (TC:944, default off).
+    bool fused_router = true;
   } routing;
 
   // Derived sizes.

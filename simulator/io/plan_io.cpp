@@ -146,7 +146,7 @@ Plan read_plan(const JsonNode& r) {
   }
   read_recompute(r, p);
   if (auto rt = r.optional_object("routing")) {
-    rt->only_keys({"distribution", "capacity_factor"});
+    rt->only_keys({"distribution", "capacity_factor", "fused_router"});
     p.routing.distribution = rt->string_or("distribution", "uniform");
     const std::string& d = p.routing.distribution;
     if (d.starts_with("zipf:")) {
@@ -161,6 +161,7 @@ Plan read_plan(const JsonNode& r) {
       rt->fail("distribution", "\"uniform\", \"zipf:<s>\", or a router-trace file");
     }
     if (rt->has("capacity_factor")) p.routing.capacity_factor = rt->number("capacity_factor", 1e-3, 1e3);
+    p.routing.fused_router = rt->boolean_or("fused_router", true);
   }
   return p;
 }
@@ -211,7 +212,8 @@ json plan_to_json(const Plan& p) {
   j["recompute"] = recompute_to_json(p);
   j["routing"] = {
       {"distribution", p.routing.distribution},
-      {"capacity_factor", p.routing.capacity_factor ? json(*p.routing.capacity_factor) : json(nullptr)}};
+      {"capacity_factor", p.routing.capacity_factor ? json(*p.routing.capacity_factor) : json(nullptr)},
+      {"fused_router", p.routing.fused_router}};
   return j;
 }
 

@@ -675,7 +675,7 @@ int Builder::moe_fwd(int in) {
   int r = record(router, {x});
   // Scores, top-k (group-limited where configured), probs and routing map [t, E] in fp32, and the aux loss.
   r = record(mem(OpName::kRouterTopk, MemOp::kRouting, d(t_ * e.num_experts) * 13.0, Stream::kCompute,
-                 o_.router_kernels),
+                 p_.routing.fused_router ? o_.router_kernels : o_.router_kernels_unfused),
              {r});
 
   // Shared experts: a dense FFN on the side stream, beside dispatch (MegaScale-MoE §4.1).
@@ -1527,6 +1527,7 @@ LoweringOptions lowering_options(const HardwareProfile& hw, const StackProfile& 
   const bool eager = stack.dispatcher.kind.value != DispatcherKind::kFused;
   o.eager_framework = eager;
   o.router_kernels = eager ? 30 : 1;
+  o.router_kernels_unfused = eager ? 71 : 1;
   return o;
 }
 

@@ -32,7 +32,8 @@ struct LoweringOptions {
   // Kernels the framework launches per op where an op of the graph stands for several (PyTorch eager:
   // Megatron's router region is 31 kernels with router fusion); moerun launches one kernel per op.
   bool eager_framework = false;
-  int router_kernels = 1;
+  int router_kernels = 1;          // with the plan's fused router
+  int router_kernels_unfused = 1;  // without it
 };
 
 // The lowering facts of a stack, for a cluster with `gpus_per_node` GPUs per node (routing load stays the

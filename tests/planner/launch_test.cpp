@@ -765,7 +765,7 @@ TEST_SUITE("planner") {
     CHECK_FALSE(f.has("--recompute-modules"));
   }
 
-  TEST_CASE("a MoE launch asks for the fused router and the fused permute that the cost model prices") {
+  TEST_CASE("a MoE launch asks for the plan's router, fused by default, and the fused permute") {
     // Without --moe-router-fusion Megatron runs the unfused router (TC:944, default off), about 72 kernels
     // where the lowering counts 31.
     Plan p = make_plan("deepseek-v3", 8, 4096, 8);
@@ -773,6 +773,9 @@ TEST_SUITE("planner") {
     const Flags f = parse_flags(checked(p).flags);
     CHECK(f.has("--moe-router-fusion"));
     CHECK(f.has("--moe-permute-fusion"));
+    // A plan of a run with the eager router (Megatron's default) leaves the flag out.
+    p.routing.fused_router = false;
+    CHECK_FALSE(parse_flags(checked(p).flags).has("--moe-router-fusion"));
   }
 
   TEST_CASE("cross-micro-batch overlap maps to Megatron's combined 1F1B flags and keeps their rules") {

@@ -32,6 +32,7 @@ TEST_SUITE("io") {
     CHECK(p.value().recompute == Recompute::kNone);
     CHECK(p.value().routing.distribution == "uniform");
     CHECK_FALSE(p.value().routing.capacity_factor.has_value());
+    CHECK(p.value().routing.fused_router);
   }
 
   TEST_CASE("a plan survives writing and reading back") {
@@ -40,7 +41,7 @@ TEST_SUITE("io") {
                        "pipeline": {"pp": 15, "vpp": 2, "schedule": "interleaved_1f1b"},
                        "overlap": {"inter_op": true, "intra_op": true}, "compression": {"grad_sync": "bf16_all_to_all"},
                        "precision": "fp8", "recompute": "sar",
-                       "routing": {"distribution": "zipf:1.2", "capacity_factor": 1.25}})");
+                       "routing": {"distribution": "zipf:1.2", "capacity_factor": 1.25, "fused_router": false}})");
     REQUIRE(p.ok());
     const auto j = io::plan_to_json(p.value());
     auto back = io::plan_from_json(j, "again.json");
@@ -48,6 +49,7 @@ TEST_SUITE("io") {
     CHECK(io::plan_to_json(back.value()) == j);
     CHECK(back.value().pipeline.vpp == 2);
     CHECK(back.value().routing.capacity_factor == doctest::Approx(1.25));
+    CHECK_FALSE(back.value().routing.fused_router);
   }
 
   TEST_CASE("bad plan values are one-line errors") {

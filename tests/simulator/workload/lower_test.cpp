@@ -722,14 +722,20 @@ TEST_SUITE("workload") {
 
   // ---- work beside the GEMMs ----
 
-  TEST_CASE("Megatron stacks run the router region as 31 kernels, moerun as 2") {
-    // Megatron-Core with --moe-router-fusion launches 31 kernels from the gating GEMM to the aux loss
-    // (Megatron-LM GB200 MoE notes, l.85); moerun runs its router GEMM and one top-k kernel.
+  TEST_CASE("Megatron stacks run the router region as 31 kernels fused, 72 unfused; moerun as 2") {
+    // Megatron-Core launches 31 kernels from the gating GEMM to the aux loss with --moe-router-fusion and 72
+    // without (Megatron-LM GB200 MoE notes, l.85); moerun runs its router GEMM and one top-k kernel.
     for (const char* stack : {"megatron-core", "megatron-core-deepep", "megatron-core-hybridep", "moerun"}) {
       CAPTURE(stack);
-      const OpGraph g = lower(mixtral(1), node_plan(8), stack_options(stack));
-      const int kernels = the_op(g, OpName::kRouter).kernels + the_op(g, OpName::kRouterTopk).kernels;
-      CHECK(kernels == (std::string(stack) == "moerun" ? 2 : 31));
+      const bool moerun = std::string(stack) == "moerun";
+      Plan p = node_plan(8);
+      for (const bool fused : {true, false}) {
+        CAPTURE(fused);
+        p.routing.fused_router = fused;
+        const OpGraph g = lower(mixtral(1), p, stack_options(stack));
+        const int kernels = the_op(g, OpName::kRouter).kernels + the_op(g, OpName::kRouterTopk).kernels;
+        CHECK(kernels == (moerun ? 2 : fused ? 31 : 72));
+      }
     }
   }
 
