@@ -1383,6 +1383,8 @@ struct TrainRunner::Impl {
       case OpName::kUnpermute:
         moe(op, s, l);
         return;
+      case OpName::kRouterTopk:
+        return;  // scores and top-k run inside the router op (router_forward and its backward)
       default:
         MOEPLAN_ASSERT(false && "op the train runner does not implement (train_unsupported should refuse)");
     }
