@@ -479,6 +479,11 @@ class MegatronBuilder {
 
   void precision() {
     flag("--bf16");
+    // The loss kernels the plan was priced with (language_module.py compute_language_model_loss).
+    if (p_.cross_entropy != CrossEntropy::kUnfused) {
+      flag("--cross-entropy-loss-fusion");
+      flag("--cross-entropy-fusion-impl", name_of(p_.cross_entropy));
+    }
     if (p_.precision == Precision::kFp8) {
       flag("--fp8-format", "e4m3");
       flag("--fp8-recipe", name_of(p_.fp8_recipe));

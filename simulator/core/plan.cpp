@@ -269,6 +269,17 @@ const char* name_of(DispatchPrecision d) {
 const char* name_of(Precision p) {
   return p == Precision::kBf16 ? "bf16" : "fp8";
 }
+const char* name_of(CrossEntropy c) {
+  switch (c) {
+    case CrossEntropy::kTe:
+      return "te";
+    case CrossEntropy::kNative:
+      return "native";
+    case CrossEntropy::kUnfused:
+      return "unfused";
+  }
+  return "?";
+}
 const char* name_of(Recompute r) {
   switch (r) {
     case Recompute::kNone:

@@ -29,6 +29,10 @@ enum class Fp8Recipe { kDelayed, kTensorwise, kBlockwise, kMxfp8 };
 // Activation recompute: Megatron's selective (the modules of `recompute_modules`) and full (whole layers,
 // `recompute_method` and `recompute_num_layers`), or MegaScale-MoE's selective activation rematerialization.
 enum class Recompute { kNone, kSelective, kFull, kSar };
+// The language-model loss as Megatron-Core runs it: TE's fused Triton kernels (--cross-entropy-loss-fusion
+// --cross-entropy-fusion-impl te), Megatron's jit-fused PyTorch functions (impl native), or the unfused
+// vocab_parallel_cross_entropy (Megatron's default).
+enum class CrossEntropy { kTe, kNative, kUnfused };
 enum class RecomputeMethod { kUniform, kBlock };
 // Megatron --recompute-modules, as bit flags.
 enum RecomputeModule : uint16_t {
@@ -95,6 +99,7 @@ struct Plan {
   Precision precision = Precision::kBf16;
   Fp8Recipe fp8_recipe = Fp8Recipe::kTensorwise;  // when precision is fp8
   Recompute recompute = Recompute::kNone;
+  CrossEntropy cross_entropy = CrossEntropy::kTe;
   uint16_t recompute_modules = kRecomputeCoreAttn;               // selective: Megatron's default module set
   RecomputeMethod recompute_method = RecomputeMethod::kUniform;  // full
   int64_t recompute_num_layers = 1;                              // full: layers per checkpoint (uniform) or
@@ -143,6 +148,7 @@ const char* name_of(GradSync g);
 const char* name_of(DispatchPrecision d);
 const char* name_of(Precision p);
 const char* name_of(Recompute r);
+const char* name_of(CrossEntropy c);
 const char* name_of(RecomputeMethod m);
 const char* name_of(Fp8Recipe r);
 // Megatron's module names, in flag order ("core_attn", "moe_act", ...).

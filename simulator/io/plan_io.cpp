@@ -75,7 +75,7 @@ void read_recompute(const JsonNode& r, Plan& p) {
 Plan read_plan(const JsonNode& r) {
   r.only_keys({"model", "hardware", "stack", "gpus", "seq_len", "global_batch", "micro_batch", "attention",
                "experts", "pipeline", "data", "overlap", "compression", "precision", "fp8_recipe",
-               "recompute", "routing"});
+               "recompute", "routing", "cross_entropy"});
   Plan p;
   p.model = r.string("model");
   p.hardware = r.string("hardware");
@@ -135,6 +135,9 @@ Plan read_plan(const JsonNode& r) {
         "dispatch", DispatchPrecision::kBf16,
         {{"bf16", DispatchPrecision::kBf16}, {"fp8", DispatchPrecision::kFp8}});
   }
+  p.cross_entropy = r.choice_or<CrossEntropy>(
+      "cross_entropy", CrossEntropy::kTe,
+      {{"te", CrossEntropy::kTe}, {"native", CrossEntropy::kNative}, {"unfused", CrossEntropy::kUnfused}});
   p.precision = r.choice_or<Precision>("precision", Precision::kBf16,
                                        {{"bf16", Precision::kBf16}, {"fp8", Precision::kFp8}});
   if (r.has("fp8_recipe")) {
@@ -208,6 +211,7 @@ json plan_to_json(const Plan& p) {
   j["compression"] = {{"grad_sync", name_of(p.compression.grad_sync)},
                       {"dispatch", name_of(p.compression.dispatch)}};
   j["precision"] = name_of(p.precision);
+  j["cross_entropy"] = name_of(p.cross_entropy);
   if (p.precision == Precision::kFp8) j["fp8_recipe"] = name_of(p.fp8_recipe);
   j["recompute"] = recompute_to_json(p);
   j["routing"] = {

@@ -193,6 +193,34 @@ class Builder {
     gemm_part.comm = c;
     return gemm_part;
   }
+  // The loss over [tg, V / tp] logits, forward or backward. Megatron stacks by the plan's implementation, in
+  // HBM bytes per logit and kernels: TE's Triton kernels read the bf16 logits twice and write the gradient in
+  // place (TE triton/cross_entropy.py: online_softmax_kernel, cross_entropy_kernel), then scale it
+  // (element_mul_kernel); Megatron's native fusion casts to fp32 with the max, subtracts and exponentiates
+  // with the sum, divides, and in backward writes the bf16 gradient (fused_cross_entropy.py); unfused, each
+  // of cast, max, subtract, exp, sum and divide is its own pass, and backward adds a cast
+  // (tensor_parallel/cross_entropy.py). moerun and MegaScale-MoE: one fused kernel each way.
+  Op loss_op(OpName name, bool forward, int64_t tg) const {
+    double per_logit = forward ? 12.0 : 8.0;
+    int kernels = 1;
+    if (o_.eager_framework) {
+      switch (p_.cross_entropy) {
+        case CrossEntropy::kTe:
+          per_logit = forward ? 6.0 : 4.0;
+          kernels = forward ? 2 : 1;
+          break;
+        case CrossEntropy::kNative:
+          per_logit = forward ? 22.0 : 6.0;
+          kernels = forward ? 3 : 1;
+          break;
+        case CrossEntropy::kUnfused:
+          per_logit = forward ? 42.0 : 14.0;
+          kernels = forward ? 6 : 3;
+          break;
+      }
+    }
+    return mem(name, MemOp::kLoss, per_logit * d(tg * (m_.vocab / tp_)), Stream::kCompute, kernels);
+  }
   // A device-to-host copy of routing counts the host waits for (Megatron's dispatchers). It runs on a stream
   // of its own, as Megatron's copy does (cuda_dtoh_stream), so the host waits for the counts only.
   Op host_wait(double bytes) const {
@@ -1070,8 +1098,7 @@ Builder::TaskState Builder::task_begin(int16_t stage, const PipelineTask& task) 
   } else if (ts.v == last_v && o_.embedding_and_head) {
     const int64_t tg = t_ * tp_;
     if (mtp_ > 0) emit_mtp(ts);
-    ts.track(emit(mem(OpName::kLoss, MemOp::kLoss, 2.0 * d(tg * (m_.vocab / tp_)) * 4.0), stage, task.chunk,
-                  -1, mb, Phase::kBackward, {ts.cur}));
+    ts.track(emit(loss_op(OpName::kLoss, false, tg), stage, task.chunk, -1, mb, Phase::kBackward, {ts.cur}));
     Op head = gemm(OpName::kLmHead, tg, m_.vocab / tp_, h);
     head.part = GemmPart::kDgrad;
     head.aux_bytes = 0;  // Megatron keeps the output layer in BF16
@@ -1105,8 +1132,7 @@ void Builder::task_end(TaskState& ts) {
       head.dtype = DType::kBf16;
       ts.track(emit(head, stage, task.chunk, -1, mb, Phase::kForward, {ts.cur}));
       const int32_t main_input = ts.cur;
-      ts.track(emit(mem(OpName::kLoss, MemOp::kLoss, 3.0 * d(tg * (m_.vocab / tp_)) * 4.0), stage, task.chunk,
-                    -1, mb, Phase::kForward, {ts.cur}));
+      ts.track(emit(loss_op(OpName::kLoss, true, tg), stage, task.chunk, -1, mb, Phase::kForward, {ts.cur}));
       if (mtp_ > 0) {
         const int32_t loss = ts.cur;
         ts.cur = main_input;
@@ -1162,14 +1188,12 @@ void Builder::emit_mtp(TaskState& ts) {
       ts.cur = pass.last;
       ts.track(emit(final_norm, stage, chunk, -1, mb, Phase::kForward, {ts.cur}));
       ts.track(emit(head, stage, chunk, -1, mb, Phase::kForward, {ts.cur}));
-      ts.track(emit(mem(OpName::kMtpLoss, MemOp::kLoss, 3.0 * d(tg * (m_.vocab / tp_)) * 4.0), stage, chunk,
-                    -1, mb, Phase::kForward, {ts.cur}));
+      ts.track(emit(loss_op(OpName::kMtpLoss, true, tg), stage, chunk, -1, mb, Phase::kForward, {ts.cur}));
     }
     return;
   }
   for (int64_t j = mtp_; j-- > 0;) {
-    ts.track(emit(mem(OpName::kMtpLoss, MemOp::kLoss, 2.0 * d(tg * (m_.vocab / tp_)) * 4.0), stage, chunk, -1,
-                  mb, Phase::kBackward, {ts.cur}));
+    ts.track(emit(loss_op(OpName::kMtpLoss, false, tg), stage, chunk, -1, mb, Phase::kBackward, {ts.cur}));
     head.part = GemmPart::kDgrad;
     ts.track(emit(head, stage, chunk, -1, mb, Phase::kBackward, {ts.cur}));
     const int32_t dgrad = ts.cur;

@@ -778,6 +778,23 @@ TEST_SUITE("planner") {
     CHECK_FALSE(parse_flags(checked(p).flags).has("--moe-router-fusion"));
   }
 
+  TEST_CASE(
+      "the loss runs the plan's cross-entropy kernels: TE's by default, Megatron's native fusion, or none") {
+    Plan p = make_plan("deepseek-v3", 8, 4096, 8);
+    p.experts.ep = 8;
+    Flags f = parse_flags(checked(p).flags);
+    CHECK(f.has("--cross-entropy-loss-fusion"));
+    CHECK(f.str("--cross-entropy-fusion-impl") == "te");
+    p.cross_entropy = CrossEntropy::kNative;
+    f = parse_flags(checked(p).flags);
+    CHECK(f.has("--cross-entropy-loss-fusion"));
+    CHECK(f.str("--cross-entropy-fusion-impl") == "native");
+    p.cross_entropy = CrossEntropy::kUnfused;
+    f = parse_flags(checked(p).flags);
+    CHECK_FALSE(f.has("--cross-entropy-loss-fusion"));
+    CHECK_FALSE(f.has("--cross-entropy-fusion-impl"));
+  }
+
   TEST_CASE("cross-micro-batch overlap maps to Megatron's combined 1F1B flags and keeps their rules") {
     // --overlap-moe-expert-parallel-comm with --delay-wgrad-compute; never beside --moe-shared-expert-overlap
     // (TC:3002-3072), also when the plan asks for inter-operator overlap too and the model has shared

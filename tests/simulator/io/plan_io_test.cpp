@@ -33,6 +33,7 @@ TEST_SUITE("io") {
     CHECK(p.value().routing.distribution == "uniform");
     CHECK_FALSE(p.value().routing.capacity_factor.has_value());
     CHECK(p.value().routing.fused_router);
+    CHECK(p.value().cross_entropy == CrossEntropy::kTe);
   }
 
   TEST_CASE("a plan survives writing and reading back") {
@@ -41,7 +42,8 @@ TEST_SUITE("io") {
                        "pipeline": {"pp": 15, "vpp": 2, "schedule": "interleaved_1f1b"},
                        "overlap": {"inter_op": true, "intra_op": true}, "compression": {"grad_sync": "bf16_all_to_all"},
                        "precision": "fp8", "recompute": "sar",
-                       "routing": {"distribution": "zipf:1.2", "capacity_factor": 1.25, "fused_router": false}})");
+                       "routing": {"distribution": "zipf:1.2", "capacity_factor": 1.25, "fused_router": false},
+                       "cross_entropy": "native"})");
     REQUIRE(p.ok());
     const auto j = io::plan_to_json(p.value());
     auto back = io::plan_from_json(j, "again.json");
@@ -50,6 +52,7 @@ TEST_SUITE("io") {
     CHECK(back.value().pipeline.vpp == 2);
     CHECK(back.value().routing.capacity_factor == doctest::Approx(1.25));
     CHECK_FALSE(back.value().routing.fused_router);
+    CHECK(back.value().cross_entropy == CrossEntropy::kNative);
   }
 
   TEST_CASE("bad plan values are one-line errors") {
