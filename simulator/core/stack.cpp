@@ -54,6 +54,42 @@ std::string grouped_gemm_kernel_names() {
   return names;
 }
 
+std::vector<const std::string*> StackProfile::number_sources() const {
+  std::vector<const std::string*> out = {&launch_s_per_kernel.source,
+                                         &host_s_per_kernel.source,
+                                         &host_s_per_local_expert.source,
+                                         &host_s_per_micro_batch.source,
+                                         &host_sync_s.source,
+                                         &min_kernel_s.source,
+                                         &grouped_gemm.impl.source,
+                                         &grouped_gemm.streams.source,
+                                         &grouped_gemm.efficiency.source,
+                                         &grouped_gemm.wgrad_efficiency.source,
+                                         &memory_bound_efficiency.source,
+                                         &dispatcher.kind.source,
+                                         &dispatcher.host_sync.source,
+                                         &dispatcher.sms.source,
+                                         &dispatcher.nic_efficiency.source,
+                                         &dispatcher.nvlink_efficiency.source,
+                                         &dispatcher.permute_fused.source,
+                                         &dispatcher.permute_host_waits.source,
+                                         &attention_kernel.source,
+                                         &comm_sm_fraction.source,
+                                         &overlap_compute_efficiency.source,
+                                         &overlaps.inter_op.source,
+                                         &overlaps.intra_op.source,
+                                         &overlaps.dp_comm.source,
+                                         &overlaps.pp_comm.source,
+                                         &overlaps.cross_micro_batch.source,
+                                         &capabilities.source,
+                                         &memory.reserve_bytes.source,
+                                         &memory.reserve_bytes_high.source,
+                                         &memory.fragmentation.source,
+                                         &memory.fragmentation_high.source};
+  if (!dispatcher.by_nodes.empty()) out.push_back(&dispatcher.by_nodes_source);
+  return out;
+}
+
 const char* name_of(DispatcherKind d) {
   switch (d) {
     case DispatcherKind::kNcclAllToAll:

@@ -154,6 +154,9 @@ struct StackProfile {
     Stated<double> fragmentation;       // fraction of allocated tensors
     Stated<double> fragmentation_high;
   } memory;
+
+  // The source of every number above, for tools that look for a citation among them.
+  std::vector<const std::string*> number_sources() const;
 };
 
 // Whether the stack lists `value` among `list` (an empty list means the capability was not stated: allowed).

@@ -873,16 +873,21 @@ bool Builder::recomputed(const LocalOp& lo, int64_t layer) const {
   return false;
 }
 
-void Builder::forward_begin(LayerPass& pass, int64_t layer, int16_t stage, int16_t chunk, int32_t mb,
-                            int32_t input) {
-  const Recipe& rc = recipe_of(layer);
+// A fresh pass over `layer` for one micro-batch; `input` is its activation (forward) or incoming gradient.
+static void start_pass(LayerPass& pass, int64_t layer, int16_t stage, int16_t chunk, int32_t mb,
+                       int32_t input) {
   pass = {};
   pass.layer = layer;
   pass.stage = stage;
   pass.chunk = chunk;
   pass.mb = mb;
   pass.input = input;
-  pass.ids.assign(rc.ops.size(), -1);
+}
+
+void Builder::forward_begin(LayerPass& pass, int64_t layer, int16_t stage, int16_t chunk, int32_t mb,
+                            int32_t input) {
+  start_pass(pass, layer, stage, chunk, mb, input);
+  pass.ids.assign(recipe_of(layer).ops.size(), -1);
   if (p_.data.zero == 3 && o_.data_parallel)
     pass.zero3_gather = emit_param_gather(layer, stage, chunk, mb, Phase::kForward, dp_stream_);
 }
@@ -914,12 +919,7 @@ void Builder::forward_node(LayerPass& pass, Node node) {
 void Builder::backward_begin(LayerPass& pass, int64_t layer, int16_t stage, int16_t chunk, int32_t mb,
                              int32_t grad_input) {
   const Recipe& rc = recipe_of(layer);
-  pass = {};
-  pass.layer = layer;
-  pass.stage = stage;
-  pass.chunk = chunk;
-  pass.mb = mb;
-  pass.input = grad_input;
+  start_pass(pass, layer, stage, chunk, mb, grad_input);
   pass.re.assign(rc.ops.size(), -1);
   pass.grad.assign(rc.ops.size(), -1);
   pass.recomputed_node.assign(kNodes, 0);

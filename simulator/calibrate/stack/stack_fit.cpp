@@ -685,29 +685,7 @@ Result<StackFit> fit_stack(const std::vector<TraceFile>& traces, const HardwareP
                   s.excluded_gaps));
 
   // Sources: the base's citations that the kept sources still name, and the traces themselves.
-  const std::vector<const std::string*> all_sources = {&st.launch_s_per_kernel.source,
-                                                       &st.host_s_per_local_expert.source,
-                                                       &st.host_s_per_micro_batch.source,
-                                                       &st.grouped_gemm.efficiency.source,
-                                                       &st.grouped_gemm.wgrad_efficiency.source,
-                                                       &st.grouped_gemm.impl.source,
-                                                       &st.memory_bound_efficiency.source,
-                                                       &st.dispatcher.kind.source,
-                                                       &st.dispatcher.nic_efficiency.source,
-                                                       &st.dispatcher.nvlink_efficiency.source,
-                                                       &st.dispatcher.permute_host_waits.source,
-                                                       &st.host_s_per_kernel.source,
-                                                       &st.host_sync_s.source,
-                                                       &st.attention_kernel.source,
-                                                       &st.capabilities.source,
-                                                       &st.memory.reserve_bytes.source,
-                                                       &st.memory.fragmentation.source,
-                                                       &st.overlaps.cross_micro_batch.source,
-                                                       &st.comm_sm_fraction.source,
-                                                       &st.overlaps.inter_op.source,
-                                                       &st.overlaps.intra_op.source,
-                                                       &st.overlaps.dp_comm.source,
-                                                       &st.overlaps.pp_comm.source};
+  const std::vector<const std::string*> all_sources = st.number_sources();
   std::map<std::string, std::string> used;
   for (const auto& [id, citation] : o.base.sources) {
     const std::regex word("(^|[^A-Za-z0-9])" + id + "([^A-Za-z0-9]|$)");

@@ -109,6 +109,17 @@ ModelSpec mixtral(int64_t layers) {
   return m;
 }
 
+// EP over all `ranks` GPUs with node-deduplicated dispatch, 4096 tokens per rank, one micro-batch per step.
+Plan dedup_plan(int64_t ranks) {
+  Plan p;
+  p.gpus = ranks;
+  p.seq_len = 4096;
+  p.global_batch = ranks;
+  p.experts.ep = ranks;
+  p.experts.dispatch = Dispatch::kDedup;
+  return p;
+}
+
 // One node of 8 GPUs, 4096 tokens per micro-batch and rank (tp = 1), one micro-batch per step.
 Plan node_plan(int64_t ep, int64_t etp = 1) {
   Plan p;
@@ -435,12 +446,7 @@ TEST_SUITE("workload") {
     // DeepSeek-V3 MoE layer at EP64 on 8 nodes (node limit 4 of 8 groups), T = 4096 tokens per rank,
     // H = 7168: both exchanges receive T D_rank rows over NVLink (7.359 per token) and send T (D_node -
     // P_own) rows over RDMA (3.629 - 0.454); BF16 rows are 2H bytes, FP8 dispatch rows H (1 + 4/128).
-    Plan p;
-    p.gpus = 64;
-    p.seq_len = 4096;
-    p.global_batch = 64;
-    p.experts.ep = 64;
-    p.experts.dispatch = Dispatch::kDedup;
+    Plan p = dedup_plan(64);
     const double t = 4096, h = 7168, d_rank = 7.359, remote = 3.629 - 0.454;
     for (auto precision : {DispatchPrecision::kBf16, DispatchPrecision::kFp8}) {
       p.compression.dispatch = precision;
@@ -461,12 +467,7 @@ TEST_SUITE("workload") {
   TEST_CASE("node-limited routing lowers DeepEP's NIC bytes") {
     // EP64 on 8 nodes: within 4 of 8 groups a token leaves its node for 3.629 - 0.454 = 3.175 remote nodes;
     // unlimited, for 8 (1 - C(224, 8) / C(256, 8)) (1 - 1/8) = 4.633.
-    Plan p;
-    p.gpus = 64;
-    p.seq_len = 4096;
-    p.global_batch = 64;
-    p.experts.ep = 64;
-    p.experts.dispatch = Dispatch::kDedup;
+    Plan p = dedup_plan(64);
     auto nic_rows = [&](const ModelSpec& m) {
       const OpGraph g = lower(m, p, stack_options("megatron-core-deepep"));
       const Op& op = the_op(g, OpName::kDispatchA2a);
@@ -482,12 +483,7 @@ TEST_SUITE("workload") {
   TEST_CASE("HybridEP dispatches already permuted: no local permute around the exchanges") {
     // HybridEP all-gathers the routing map and preprocesses it instead of DeepEP's layout and notify kernels:
     // one set-up op (the stack prices the whole set-up per node count, as HybridEP's benchmark measures it).
-    Plan p;
-    p.gpus = 16;
-    p.seq_len = 4096;
-    p.global_batch = 16;
-    p.experts.ep = 16;
-    p.experts.dispatch = Dispatch::kDedup;
+    Plan p = dedup_plan(16);
     const OpGraph deepep = lower(deepseek_v3(0, 1), p, stack_options("megatron-core-deepep"));
     const OpGraph hybrid = lower(deepseek_v3(0, 1), p, stack_options("megatron-core-hybridep"));
     CHECK(ops_named(deepep, OpName::kPermute).size() == 1);
@@ -505,12 +501,7 @@ TEST_SUITE("workload") {
       "DeepEP in Megatron waits for the counts, then three times more before the permute; HybridEP once") {
     // The stacks' permute_host_waits: _indices_to_multihot's indices[mask], repeat_interleave and probs[mask]
     // each read a size the GPU computed (Megatron-Core without experimental features).
-    Plan p;
-    p.gpus = 16;
-    p.seq_len = 4096;
-    p.global_batch = 16;
-    p.experts.ep = 16;
-    p.experts.dispatch = Dispatch::kDedup;
+    Plan p = dedup_plan(16);
     const OpGraph deepep = lower(deepseek_v3(0, 1), p, stack_options("megatron-core-deepep"));
     const OpGraph hybrid = lower(deepseek_v3(0, 1), p, stack_options("megatron-core-hybridep"));
     auto syncs = [](const OpGraph& g, Phase phase) {
