@@ -68,10 +68,12 @@ Plan explain_baseline(const ModelSpec& model, const Plan& plan, const HardwarePr
                                 broken(full, model, hw, kAttentionRules)));
   }
 
-  // Experts: ep = 1 and all of ep*etp as expert TP, at most one node; else the largest legal ETP share.
+  // Experts: ep = 1 and all of ep*etp as expert TP, at most one node; else the largest legal ETP share. The
+  // dispatch stays the plan's, which its stack runs (a DeepEP stack has no plain all-to-all).
   const int64_t mesh = plan.experts.ep * plan.experts.etp;
   const int64_t per_node = std::max<int64_t>(1, hw.node.gpus_per_node.value);
-  b.experts = {1, mesh, Dispatch::kAllToAll};
+  const Dispatch dispatch = plan.experts.dispatch;
+  b.experts = {1, mesh, dispatch};
   std::string first_why =
       mesh > per_node ? fmt::format("etp{} exceeds the {} GPUs of a node", mesh, per_node) : "";
   if (first_why.empty()) first_why = broken(b, model, hw, kExpertRules);
@@ -80,7 +82,7 @@ Plan explain_baseline(const ModelSpec& model, const Plan& plan, const HardwarePr
     for (int64_t etp = std::min(mesh, per_node); etp >= 1 && !found; --etp) {
       if (mesh % etp != 0) continue;
       Plan t = b;
-      t.experts = {mesh / etp, etp, Dispatch::kAllToAll};
+      t.experts = {mesh / etp, etp, dispatch};
       if (broken(t, model, hw, kExpertRules).empty()) {
         b.experts = t.experts;
         found = true;

@@ -172,6 +172,24 @@ TEST_SUITE("planner") {
     CHECK(validate(b, c.model, c.hw).empty());
   }
 
+  TEST_CASE("the baseline keeps the plan's dispatch, so a DeepEP stack can run every row") {
+    // megatron-core-deepep has no plain all-to-all: a baseline with one would be refused by the stack.
+    Case c;
+    c.stack = io::load_stack("megatron-core-deepep").value();
+    c.plan.stack = "megatron-core-deepep";
+    c.plan.attention = {2, 1, 1};
+    c.plan.experts = {8, 1, Dispatch::kDedup};
+    c.plan.overlap = {};
+    c.plan.compression = {};
+    c.plan.recompute = Recompute::kNone;
+    const auto rows = c.explain();
+    CHECK(rows.front().plan.experts.dispatch == Dispatch::kDedup);
+    for (const auto& r : rows) {
+      CAPTURE(r.technique);
+      CHECK_MESSAGE(r.valid(), r.reason);
+    }
+  }
+
   TEST_CASE("an attention mesh that TP alone cannot take gives the baseline the largest legal TP share") {
     // Ulysses sp4 needs only the heads to divide; TP also splits the hidden size, and 4098 = 2 * 2049 divides
     // by tp2 but not by tp4.
