@@ -75,6 +75,15 @@ double toy_rate(double wave, double k) {
   return kToyPeak * kToyEfficiency * wave * depth(k);
 }
 
+// A stack running each grouped GEMM as one grouped kernel at the given efficiencies.
+StackProfile grouped_kernel_stack(double efficiency, double wgrad_efficiency) {
+  StackProfile s;
+  s.grouped_gemm.impl.value = GroupedGemmImpl::kGroupedKernel;
+  s.grouped_gemm.efficiency.value = efficiency;
+  s.grouped_gemm.wgrad_efficiency.value = wgrad_efficiency;
+  return s;
+}
+
 }  // namespace
 
 TEST_SUITE("cost") {
@@ -114,10 +123,7 @@ TEST_SUITE("cost") {
     // the dense model's time for [512 x 1024] x [1024 x 256] over 0.8. With G = 6 the 6 tiles share one wave
     // (0.75), where per-expert waves would each be 1/8 full.
     const HardwareProfile hw = toy_gpu();
-    StackProfile stack;
-    stack.grouped_gemm.impl.value = GroupedGemmImpl::kGroupedKernel;
-    stack.grouped_gemm.efficiency.value = 0.8;
-    stack.grouped_gemm.wgrad_efficiency.value = 0.8;
+    const StackProfile stack = grouped_kernel_stack(0.8, 0.8);
     const cost::CostModel cm(hw, stack);
     const double t4 = cm.grouped_gemm_seconds({400, 256, 1024, 4}, DType::kBf16, nullptr);
     CHECK(t4 == rel(2.0 * 4 * 128 * 256 * 1024 / (toy_rate(0.5, 1024) * 0.8)));
@@ -134,10 +140,7 @@ TEST_SUITE("cost") {
     // rows, at the wgrad efficiency 0.6:
     //   t = 2 x 4 x 1024 x 256 x 100 / (peak x 0.5 x 0.6 x 1 x 100/356).
     const HardwareProfile hw = toy_gpu();
-    StackProfile stack;
-    stack.grouped_gemm.impl.value = GroupedGemmImpl::kGroupedKernel;
-    stack.grouped_gemm.efficiency.value = 0.8;
-    stack.grouped_gemm.wgrad_efficiency.value = 0.6;
+    const StackProfile stack = grouped_kernel_stack(0.8, 0.6);
     const cost::CostModel cm(hw, stack);
     const GemmShape s{400, 256, 1024, 4};
     CHECK(cm.grouped_gemm_seconds(s, DType::kBf16, nullptr, GemmPart::kDgrad) ==
@@ -150,10 +153,7 @@ TEST_SUITE("cost") {
     // 8 experts of 128 rows, n = 1024, k = 512: forward 8 x 4 tiles, dgrad 8 x 2, wgrad 8 x 4 x 4: all full
     // waves, no padding; each part's time x rate at its depth (k, n, rows) gives back 2 x 1024 x 1024 x 512.
     const HardwareProfile hw = toy_gpu();
-    StackProfile stack;
-    stack.grouped_gemm.impl.value = GroupedGemmImpl::kGroupedKernel;
-    stack.grouped_gemm.efficiency.value = 1.0;
-    stack.grouped_gemm.wgrad_efficiency.value = 1.0;
+    const StackProfile stack = grouped_kernel_stack(1.0, 1.0);
     const cost::CostModel cm(hw, stack);
     const GemmShape s{1024, 1024, 512, 8};
     const double flops = 2.0 * 1024 * 1024 * 512;

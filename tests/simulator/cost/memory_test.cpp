@@ -16,6 +16,16 @@ using namespace moeplan;
 
 namespace {
 
+// Eight GPUs of one node, 4096 tokens per micro-batch, one micro-batch per rank; experts over `ep`.
+Plan one_node_plan(int64_t ep) {
+  Plan p;
+  p.gpus = 8;
+  p.seq_len = 4096;
+  p.global_batch = 8;
+  p.experts.ep = ep;
+  return p;
+}
+
 Plan sp_ep_plan() {
   Plan p;
   p.gpus = 8;
@@ -161,11 +171,7 @@ TEST_SUITE("cost") {
     const ModelSpec m = io::load_model("mixtral-8x7b").value();
     const HardwareProfile hw = io::load_hardware("h100-sxm").value();
     const StackProfile st = io::load_stack("megatron-core").value();
-    Plan p;
-    p.gpus = 8;
-    p.seq_len = 4096;
-    p.global_batch = 8;
-    p.experts.ep = 8;
+    Plan p = one_node_plan(8);
     const double w = cost::layer_activations_under(m, p, st, m.layers[0], 1.0, Recompute::kNone, 0).total();
     const double head = cost::head_activations(m, p, st, 1.0);
     const double input = 4096.0 * 4096 * 2;
@@ -196,10 +202,7 @@ TEST_SUITE("cost") {
     m.layers.assign(32, LayerSpec{false, 0, true});
     const HardwareProfile hw = io::load_hardware("h100-sxm").value();
     const StackProfile st = io::load_stack("megatron-core").value();
-    Plan p;
-    p.gpus = 8;
-    p.seq_len = 4096;
-    p.global_batch = 8;
+    Plan p = one_node_plan(1);
     p.attention.tp = 2;
     const double H = 4096, F = 14336, V = 128256, L = 32, tp = 2, dp = 4;
     const double shard = L * (2 * H * H * (1 + 8.0 / 32) + 3 * H * F) / tp + 2 * V * H / tp + L * 2 * H + H;
@@ -214,11 +217,7 @@ TEST_SUITE("cost") {
     const ModelSpec m = io::load_model("mixtral-8x7b").value();
     const HardwareProfile hw = io::load_hardware("h100-sxm").value();
     const StackProfile st = io::load_stack("megatron-core").value();
-    Plan p;
-    p.gpus = 8;
-    p.seq_len = 4096;
-    p.global_batch = 8;
-    p.experts.ep = 8;
+    Plan p = one_node_plan(8);
     const double H = 4096, F = 14336, V = 32000, E = 8, L = 32;
     const double dense = L * (2 * H * H * (1 + 8.0 / 32) + 2 * H + H * E) + 2 * V * H + H;
     const double experts = L * 3 * H * F * E / 8;
@@ -242,11 +241,7 @@ TEST_SUITE("cost") {
     const ModelSpec m = io::load_model("mixtral-8x7b").value();
     const HardwareProfile hw = io::load_hardware("h100-sxm").value();
     const StackProfile st = io::load_stack("megatron-core").value();
-    Plan p;
-    p.gpus = 8;
-    p.seq_len = 4096;
-    p.global_batch = 8;
-    p.experts.ep = 8;
+    Plan p = one_node_plan(8);
     const ParamCounts c = count_params(m);
     const double experts = c.total.routed_experts / 8;  // each rank holds 1 of 8 experts per layer
     const double dense = c.total.total() - c.total.routed_experts;  // replicated on all 8 (dp = 8, edp = 1)
@@ -338,11 +333,7 @@ TEST_SUITE("cost") {
     const ModelSpec m = io::load_model("mixtral-8x7b").value();
     HardwareProfile hw = io::load_hardware("h100-sxm").value();
     const StackProfile st = io::load_stack("megatron-core").value();
-    Plan p;
-    p.gpus = 8;
-    p.seq_len = 4096;
-    p.global_batch = 8;
-    p.experts.ep = 8;
+    Plan p = one_node_plan(8);
     auto b = cost::memory_per_gpu(m, p, hw, st, {{1}}, 1.0);
     const double a = b.allocated();
     CHECK(b.total_low() ==
