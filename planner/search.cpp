@@ -8,6 +8,7 @@
 #include <cmath>
 #include <map>
 #include <mutex>
+#include <set>
 #include <thread>
 #include <tuple>
 
@@ -62,26 +63,41 @@ bool matches_fixed(const Plan& p, const SearchSpace& space) {
 
 }  // namespace
 
-std::vector<int64_t> uneven_split(int64_t layers, int64_t chunks) {
-  std::vector<int64_t> out(static_cast<size_t>(chunks), layers / chunks);
-  int64_t rem = layers % chunks;
-  for (int64_t i = 1; i + 1 < chunks && rem > 0; ++i, --rem) ++out[static_cast<size_t>(i)];
-  for (size_t i = 0; rem > 0; ++i, --rem) ++out[i];
-  return out;
-}
-
 std::string describe(const Plan& p) {
-  const char* rc =
-      p.recompute == Recompute::kNone ? "none" : (p.recompute == Recompute::kSelective ? "sel" : "full");
-  const char* ov = p.overlap.intra_op ? "intra" : (p.overlap.inter_op ? "inter" : "none");
+  const char* rc = p.recompute == Recompute::kNone        ? "none"
+                   : p.recompute == Recompute::kSelective ? "sel"
+                   : p.recompute == Recompute::kSar       ? "sar"
+                                                          : "full";
+  std::string ov = p.overlap.intra_op ? "intra" : (p.overlap.inter_op ? "inter" : "none");
+  if (p.overlap.cross_micro_batch) ov = ov == "none" ? "xmb" : ov + "+xmb";
+  if (p.pipeline.schedule == Schedule::kDualPipeV) ov += " dualpipev";
   const char* disp = p.experts.dispatch == Dispatch::kAllToAll    ? "a2a"
                      : p.experts.dispatch == Dispatch::kAllGather ? "ag"
                                                                   : "dedup";
-  return fmt::format("tp{} sp{} cp{} | ep{} etp{} {} | pp{} v{} | mb{} z{} | {} | {} | {}{}{}",
+  return fmt::format("tp{} sp{} cp{} | ep{} etp{} {} | pp{} v{} | dp{} mb{} z{} | {} | {} | {}{}{}",
                      p.attention.tp, p.attention.sp, p.attention.cp, p.experts.ep, p.experts.etp, disp,
-                     p.pipeline.pp, p.pipeline.vpp, p.micro_batch, p.data.zero, rc, ov, name_of(p.precision),
-                     p.compression.grad_sync == GradSync::kBf16AllToAll ? " g16" : "",
+                     p.pipeline.pp, p.pipeline.vpp, p.gpus > 0 ? p.dp() : 0, p.micro_batch, p.data.zero, rc,
+                     ov, name_of(p.precision),
+                     p.compression.grad_sync == GradSync::kBf16AllToAll        ? " g16"
+                     : p.compression.grad_sync == GradSync::kBf16ReduceScatter ? " rs16"
+                                                                               : "",
                      p.compression.dispatch == DispatchPrecision::kFp8 ? " d8" : "");
+}
+
+std::string layout_legend() {
+  return "layout: attention tp (tensor, with Megatron's sequence parallelism) sp (Ulysses sequence) cp "
+         "(context)\n"
+         "  | experts ep (expert) etp (expert tensor) and dispatcher: a2a all-to-all, ag all-gather, dedup "
+         "node-deduplicated (DeepEP / HybridEP)\n"
+         "  | pp pipeline stages, v virtual stages per GPU | dp data-parallel replicas of the attention "
+         "(GPUs / (tp sp cp pp)), mb sequences per micro-batch, z ZeRO stage (1 = distributed optimizer)\n"
+         "  | recompute: none, sel (selective modules), full (whole layers), sar (MegaScale-MoE's selective "
+         "rematerialization)\n"
+         "  | overlap: inter (communication on its own streams), intra (fused GEMM + communication kernels), "
+         "xmb (one micro-batch's expert communication behind another's compute, Megatron's combined 1F1B)\n"
+         "  | precision, then rs16 (gradients reduce-scattered in BF16), g16 (MegaScale-MoE's BF16 "
+         "all-to-all "
+         "gradient sync), d8 (FP8 dispatch)";
 }
 
 std::optional<nlohmann::json> plan_value(const Plan& plan, const std::string& key) {
@@ -93,7 +109,11 @@ std::optional<nlohmann::json> plan_value(const Plan& plan, const std::string& ke
 
 std::vector<std::string> plan_keys() {
   std::vector<std::string> out;
-  const nlohmann::json j = io::plan_to_json(Plan{});
+  // Fields the plan file writes only when set are keys too.
+  Plan all;
+  all.overlap.cross_micro_batch = true;
+  all.precision = Precision::kFp8;
+  const nlohmann::json j = io::plan_to_json(all);
   for (auto it = j.begin(); it != j.end(); ++it) {
     if (it->is_object()) {
       for (auto jt = it->begin(); jt != it->end(); ++jt) out.push_back(it.key() + "." + jt.key());
@@ -102,6 +122,27 @@ std::vector<std::string> plan_keys() {
     }
   }
   return out;
+}
+
+Result<nlohmann::json> plan_key_value(const std::string& key, const std::string& text,
+                                      const std::string& context) {
+  nlohmann::json value = nlohmann::json::parse(text, nullptr, false);
+  if (value.is_discarded()) value = text;  // a bare word is a string ("all_gather")
+  // A plan with every required field set, holding the value.
+  Plan base;
+  base.model = "model";
+  base.hardware = "hardware";
+  base.gpus = base.seq_len = base.global_batch = 1;
+  nlohmann::json j = io::plan_to_json(base);
+  const size_t dot = key.find('.');
+  if (dot == std::string::npos) {
+    j[key] = value;
+  } else {
+    j[key.substr(0, dot)][key.substr(dot + 1)] = value;
+  }
+  Result<Plan> check = io::plan_from_json(j, context);
+  if (!check) return check.error();
+  return *plan_value(check.value(), key);
 }
 
 int64_t for_each_plan(const ModelSpec& model, const HardwareProfile& hw, const StackProfile& stack,
@@ -446,6 +487,33 @@ double screen_step_time(const ModelSpec& model, const Plan& plan, const Hardware
   return s.step_time(plan);
 }
 
+std::string explain_unmatched_fix(const ModelSpec& model, const HardwareProfile& hw,
+                                  const StackProfile& stack, const Job& job, const SearchSpace& space) {
+  SearchSpace open = space;
+  open.fixed.clear();
+  std::vector<std::set<std::string>> seen(space.fixed.size());
+  for_each_plan(model, hw, stack, job, open, [&](int64_t, Plan&& p) {
+    const nlohmann::json j = io::plan_to_json(p);
+    for (size_t i = 0; i < space.fixed.size(); ++i) {
+      if (seen[i].size() > 64) continue;
+      const nlohmann::json* v = json_at(j, space.fixed[i].first);
+      if (v) seen[i].insert(v->dump());
+    }
+  });
+  for (size_t i = 0; i < space.fixed.size(); ++i) {
+    const auto& [key, value] = space.fixed[i];
+    if (seen[i].contains(value.dump())) continue;
+    std::string values;
+    for (const std::string& v : seen[i]) values += (values.empty() ? "" : ", ") + v;
+    if (values.empty()) values = "none";
+    return fmt::format(
+        "--fix {}={}: no plan of the search space for this job has this value (the values it has: {}); a "
+        "layout the search does not enumerate can be written as a plan file and simulated",
+        key, value.dump(), values);
+  }
+  return "--fix: each pin matches some plan of the search space, but no plan has them all together";
+}
+
 SearchResult search(const ModelSpec& model, const HardwareProfile& hw, const StackProfile& stack,
                     const cost::RoutingDistribution& routing, const Job& job, const SearchSpace& space,
                     const SearchOptions& options) {
@@ -458,6 +526,9 @@ SearchResult search(const ModelSpec& model, const HardwareProfile& hw, const Sta
     std::vector<Candidate> kept;
     std::map<std::string, int64_t> rejected;
     int64_t enumerated = 0, legal = 0;
+    std::optional<Plan> smallest;
+    double smallest_bytes = 0;
+    int64_t smallest_index = 0;
   };
   std::vector<Pruned> pruned(static_cast<size_t>(threads));
   auto prune = [&](int t) {
@@ -491,6 +562,11 @@ SearchResult search(const ModelSpec& model, const HardwareProfile& hw, const Sta
             sit = scales.emplace(sk, cost::plan_routing(model, p, routing).scale).first;
           const cost::MemoryBreakdown mem =
               cost::memory_per_gpu(model, run, hw, stack, fit->second, sit->second);
+          if (!out.smallest || mem.total_low() < out.smallest_bytes) {
+            out.smallest = p;
+            out.smallest_bytes = mem.total_low();
+            out.smallest_index = index;
+          }
           if (!mem.fits()) {
             ++out.rejected["memory: does not fit"];
             return;
@@ -506,7 +582,16 @@ SearchResult search(const ModelSpec& model, const HardwareProfile& hw, const Sta
     for (auto& w : workers) w.join();
   }
   std::vector<Candidate> fitting;
+  r.capacity_bytes = hw.gpu.hbm_capacity_bytes.value;
+  int64_t smallest_index = 0;
   for (Pruned& p : pruned) {
+    // Smallest need, ties to the earliest plan in the enumeration (whatever the thread split).
+    if (p.smallest && (!r.smallest_need_plan || p.smallest_bytes < r.smallest_need_bytes ||
+                       (p.smallest_bytes == r.smallest_need_bytes && p.smallest_index < smallest_index))) {
+      r.smallest_need_plan = std::move(p.smallest);
+      r.smallest_need_bytes = p.smallest_bytes;
+      smallest_index = p.smallest_index;
+    }
     r.enumerated += p.enumerated;
     r.legal += p.legal;
     for (const auto& [why, n] : p.rejected) r.rejected[why] += n;
@@ -517,6 +602,10 @@ SearchResult search(const ModelSpec& model, const HardwareProfile& hw, const Sta
   std::sort(fitting.begin(), fitting.end(),
             [](const Candidate& a, const Candidate& b) { return a.index < b.index; });
   r.fitting = static_cast<int64_t>(fitting.size());
+  if (options.fit_only) {
+    r.elapsed_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    return r;
+  }
 
   // Screening on `threads` threads, each with its own layer-time cache; the calling thread works too and
   // reports progress between plans.

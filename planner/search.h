@@ -17,6 +17,7 @@
 #include "simulator/core/model_spec.h"
 #include "simulator/core/plan.h"
 #include "simulator/core/stack.h"
+#include "simulator/core/status.h"
 #include "simulator/cost/imbalance.h"
 #include "simulator/predict/predict.h"
 
@@ -62,6 +63,11 @@ struct SearchResult {
   int64_t screened = 0;
   int64_t simulated = 0;
   double elapsed_s = 0;
+  // The legal plan that needs the least memory per GPU (the low end of its range, as the fit test reads it),
+  // whether it fits or not: when nothing fits, how far the job is from fitting.
+  std::optional<Plan> smallest_need_plan;
+  double smallest_need_bytes = 0;
+  double capacity_bytes = 0;                   // one GPU's HBM, as the memory model counts it
   std::vector<Candidate> screened_candidates;  // every screened plan with its estimate (for tests and sweeps)
 };
 
@@ -77,6 +83,9 @@ struct SearchOptions {
   bool keep_graphs = false;
   int threads = 2;
   bool keep_screened = false;
+  // Stop after enumeration and the memory test (no screen, no simulation): counts, rejections and the
+  // smallest memory need only.
+  bool fit_only = false;
   std::function<void(int64_t done, int64_t total)> progress;  // called from the calling thread
 };
 
@@ -105,21 +114,33 @@ std::vector<Plan> enumerate_plans(const ModelSpec& model, const HardwareProfile&
 double screen_step_time(const ModelSpec& model, const Plan& plan, const HardwareProfile& hw,
                         const StackProfile& stack, const cost::RoutingDistribution& routing);
 
+// Why the --fix pins of `space` leave no plan to enumerate, as one line: the first pin whose value no plan of
+// the space has (with the values it has), or that the pins match plans separately but not together.
+std::string explain_unmatched_fix(const ModelSpec& model, const HardwareProfile& hw,
+                                  const StackProfile& stack, const Job& job, const SearchSpace& space);
+
 SearchResult search(const ModelSpec& model, const HardwareProfile& hw, const StackProfile& stack,
                     const cost::RoutingDistribution& routing, const Job& job, const SearchSpace& space,
                     const SearchOptions& options);
 
-// Layers per virtual stage when they do not divide evenly: the first and last chunks (which also hold the
-// embedding and the output layer + loss) take the smaller shares.
-std::vector<int64_t> uneven_split(int64_t layers, int64_t chunks);
+// Layers per virtual stage when they do not divide evenly (simulator/core/plan.h).
+using ::moeplan::uneven_split;
 
-// A one-line description of a plan's layout: "tp2 sp1 cp1 | ep8 etp1 a2a | pp8 v1 | mb1 z1 | sel | inter |
-// bf16".
+// A one-line description of a plan's layout: "tp2 sp1 cp1 | ep8 etp1 a2a | pp8 v1 | dp8 mb1 z1 | sel | inter
+// | bf16" (`layout_legend` explains each field).
 std::string describe(const Plan& plan);
+// What each field of `describe` means, a few lines for the end of a table.
+std::string layout_legend();
 
 // Value of a dotted key ("experts.ep") in the plan-file form, or nullopt when the key does not exist.
 std::optional<nlohmann::json> plan_value(const Plan& plan, const std::string& key);
 // Every dotted key of the plan-file form (for --fix suggestions).
 std::vector<std::string> plan_keys();
+
+// `text` read as the value of plan key `key` (JSON, or a bare word as a string), checked by the plan-file
+// reader as a plan holding it would be, and returned as the plan file holds it (1 and 1.0 both read as the
+// integer 1 where one is expected). Errors are one line that starts with `context`.
+Result<nlohmann::json> plan_key_value(const std::string& key, const std::string& text,
+                                      const std::string& context);
 
 }  // namespace moeplan::planner

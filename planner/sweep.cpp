@@ -28,7 +28,7 @@ struct KeyRule {
 std::optional<KeyRule> key_rule(const std::string& key) {
   if (key == "gpus") return KeyRule{ValueKind::kInteger, int64_t{1} << 20};
   if (key == "seq_len") return KeyRule{ValueKind::kInteger, int64_t{1} << 24};
-  if (key == "global_batch") return KeyRule{ValueKind::kInteger, int64_t{1} << 30};
+  if (key == "global_batch") return KeyRule{ValueKind::kInteger, kMaxGlobalBatch};
   if (key == "top_k" || key == "experts") return KeyRule{ValueKind::kInteger, int64_t{1} << 16};
   if (key == "nics_per_node") return KeyRule{ValueKind::kInteger, 1024};
   if (key == "nvlink_bw" || key == "nic_bw") return KeyRule{ValueKind::kFactor, 0};
@@ -48,17 +48,6 @@ void set_key(nlohmann::json& j, const std::string& key, const nlohmann::json& va
   } else {
     j[key.substr(0, dot)][key.substr(dot + 1)] = value;
   }
-}
-
-// A plan with every required field set, to check that a plan key's value reads.
-Plan template_plan() {
-  Plan p;
-  p.model = "model";
-  p.hardware = "hardware";
-  p.gpus = 1;
-  p.seq_len = 1;
-  p.global_batch = 1;
-  return p;
 }
 
 std::string mark(const std::string& source, const std::string& what) {
@@ -186,6 +175,10 @@ Result<Vary> parse_vary(const std::string& arg, bool fixed_plan) {
     if (rule && rule->kind == ValueKind::kInteger) {
       int64_t n = 0;
       const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), n);
+      if (v.key == "global_batch" && ec == std::errc() && end == text.data() + text.size() &&
+          n > kMaxGlobalBatch) {
+        return Error{fmt::format("--vary {}: '{}': {}", arg, text, kGlobalBatchTooLarge)};
+      }
       if (ec != std::errc() || end != text.data() + text.size() || n < 1 || n > rule->max_integer) {
         return Error{
             fmt::format("--vary {}: '{}' is not an integer in [1, {}]", arg, text, rule->max_integer)};
@@ -199,15 +192,9 @@ Result<Vary> parse_vary(const std::string& arg, bool fixed_plan) {
       }
       v.values.emplace_back(x);
     } else {
-      nlohmann::json value = nlohmann::json::parse(text, nullptr, false);
-      if (value.is_discarded()) value = text;  // a bare word is a string ("all_gather")
-      nlohmann::json j = io::plan_to_json(template_plan());
-      set_key(j, v.key, value);
-      Result<Plan> check = io::plan_from_json(j, "--vary " + arg);
-      if (!check) return check.error();
-      // The value as the plan file holds it (e.g. 1 and 1.0 both read as the integer 1 where one is
-      // expected).
-      v.values.push_back(*plan_value(check.value(), v.key));
+      Result<nlohmann::json> value = plan_key_value(v.key, text, "--vary " + arg);
+      if (!value) return value.error();
+      v.values.push_back(std::move(value).value());
     }
   }
   return v;
@@ -280,6 +267,17 @@ Result<SweepCase> apply_vary(const SweepCase& base, const std::string& key, cons
     Result<Plan> p = io::plan_from_json(j, "--vary " + key);
     if (!p) return p.error();
     c.plan = std::move(p).value();
+    if (key == "pipeline.pp" || key == "pipeline.vpp") {
+      // The layer split and the schedule follow the new number of (virtual) stages: even when the layers
+      // divide, else the search's uneven split; interleaved 1F1B exactly when there are virtual stages.
+      Plan::Pipeline& pl = c.plan->pipeline;
+      const int64_t chunks = pl.pp * pl.vpp, layers = c.model.num_layers();
+      pl.layers_per_stage.clear();
+      if (layers % chunks != 0 && chunks <= layers) pl.layers_per_stage = uneven_split(layers, chunks);
+      if (pl.schedule != Schedule::kDualPipeV) {
+        pl.schedule = pl.vpp > 1 ? Schedule::kInterleaved1F1B : Schedule::k1F1B;
+      }
+    }
   } else if (key == "routing.distribution") {
     c.routing = value.get<std::string>();
   } else {

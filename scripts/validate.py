@@ -78,7 +78,7 @@ def main():
                 high=hi / gpus,
                 rel_error=pred / m - 1.0,
                 in_range=lo / gpus <= m <= hi / gpus,
-                memory_GB=p["memory"]["per_gpu_bytes"] / 1e9,
+                memory_GiB=p["memory"]["per_gpu_bytes"] / 2**30,
                 fits=p["memory"]["fits"],
                 hypothetical=p.get("provenance", {}).get("hypothetical"),
             )
@@ -124,17 +124,17 @@ def main():
                 continue
             print(f"| {r['id']} | {r['stack']} | {r['precision']} | {r['measured']:.0f} | {r['predicted']:.0f} "
                   f"({r['low']:.0f}-{r['high']:.0f}) | {100 * r['rel_error']:+.1f}% | "
-                  f"{'yes' if r['fits'] else 'no'} ({r['memory_GB']:.1f} GB) |")
+                  f"{'yes' if r['fits'] else 'no'} ({r['memory_GiB']:.1f} GiB) |")
     else:
         print(f"{'case':44s} {'stack':24s} {'measured':>9s} {'predicted':>9s} {'range':>15s} {'error':>8s} "
-              f"{'in':>3s} {'mem GB':>7s}")
+              f"{'in':>3s} {'mem GiB':>7s}")
         for r in rows:
             if "error" in r:
                 print(f"{r['id']:44s} {r['stack']:24s} {r['measured']:9.0f}  refused: {r['error']}")
                 continue
             print(f"{r['id']:44s} {r['stack']:24s} {r['measured']:9.0f} {r['predicted']:9.0f} "
                   f"{r['low']:7.0f}-{r['high']:<7.0f} {100 * r['rel_error']:+7.1f}% "
-                  f"{'yes' if r['in_range'] else 'no':>3s} {r['memory_GB']:7.1f}")
+                  f"{'yes' if r['in_range'] else 'no':>3s} {r['memory_GiB']:7.1f}")
     if pairs:
         print("\nlayouts of one job measured >= 10% apart (faster / slower, measured and predicted ratio):")
         for q in pairs:

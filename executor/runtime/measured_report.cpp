@@ -113,13 +113,19 @@ nlohmann::json measured_report_json(const RunInputs& in, const MeasuredRun& run)
   const double model_flops = flops_per_token(in.loaded.model, plan.seq_len).train_step * tokens;
   j["model_flops_per_step"] = model_flops;
   const auto& peaks = in.loaded.hardware.gpu.peak_flops_per_s;
-  const auto bf16 = peaks.find("bf16");
-  j["mfu"] = step > 0 && bf16 != peaks.end()
-                 ? model_flops / (step * static_cast<double>(plan.gpus) * bf16->second.value)
-                 : 0.0;
+  const auto mfu_against = [&](const std::string& dtype) {
+    const auto peak = peaks.find(dtype);
+    return step > 0 && peak != peaks.end()
+               ? model_flops / (step * static_cast<double>(plan.gpus) * peak->second.value)
+               : 0.0;
+  };
+  const std::string peak_dtype = plan.precision == Precision::kFp8 && peaks.contains("fp8") ? "fp8" : "bf16";
+  j["mfu"] = mfu_against(peak_dtype);
+  j["mfu_peak_dtype"] = peak_dtype;
+  j["mfu_bf16_equivalent"] = mfu_against("bf16");
   j["mfu_formula"] =
-      "model FLOPs per step / (step time x GPUs x the plan hardware's dense BF16 peak), as the predicted "
-      "report; on CPU ranks this is far below 1 by construction";
+      "model FLOPs per step / (step time x GPUs x the plan hardware's dense peak of mfu_peak_dtype), as the "
+      "predicted report; on CPU ranks this is far below 1 by construction";
   double graph_flops = 0;
   for (const Op& op : g.ops) graph_flops += op.flops;
   j["graph_flops_per_step"] = graph_flops;  // every stage's representative rank, recompute included

@@ -27,8 +27,8 @@ int run_trace_fit(const Options& o) {
   calibrate::StackFitOptions options;
   options.name = std::filesystem::path(o.stack).stem().string();
   auto base = io::load_stack(o.stack);
-  options.base_label = base ? o.stack : std::string(kDefaultStack);
-  if (!base) base = io::load_stack(kDefaultStack);
+  options.base_label = base ? o.stack : std::string(kDefaultTraceStack);
+  if (!base) base = io::load_stack(kDefaultTraceStack);
   if (!base) return bad_input(base.error().message);
   options.base = base.value();
   auto patterns = calibrate::load_kernel_patterns();
@@ -65,7 +65,7 @@ Runner add_calibrate(CLI::App& app) {
     std::string sources;
     std::string hardware;
     std::string out;
-    std::string stack = kDefaultStack;
+    std::string stack = kDefaultTraceStack;
     std::vector<std::string> traces;
     std::vector<int64_t> moerun_experts;
     bool report = false;

@@ -7,6 +7,7 @@
 
 #include <fmt/format.h>
 
+#include "simulator/core/units.h"
 #include "simulator/io/json_reader.h"
 #include "simulator/io/router_trace.h"
 #include "simulator/io/stack_loader.h"
@@ -39,24 +40,44 @@ Result<planner::SearchSpace> search_space(const std::string& precision, const st
   const std::vector<std::string> keys = planner::plan_keys();
   for (const std::string& f : fix) {
     const size_t eq = f.find('=');
-    if (eq == std::string::npos || eq == 0) return Error{fmt::format("--fix {}: expected KEY=VALUE", f)};
+    if (eq == std::string::npos || eq == 0 || eq + 1 == f.size()) {
+      return Error{fmt::format("--fix {}: expected KEY=VALUE (moeplan plan --list-keys)", f)};
+    }
     const std::string key = f.substr(0, eq), text = f.substr(eq + 1);
     if (std::find(keys.begin(), keys.end(), key) == keys.end()) {
       const std::string guess = io::closest_match(key, keys);
-      return Error{fmt::format("--fix {}: unknown plan key '{}'{}", f, key,
+      return Error{fmt::format("--fix {}: unknown plan key '{}'{} (moeplan plan --list-keys)", f, key,
                                guess.empty() ? "" : fmt::format(" (did you mean '{}'?)", guess))};
     }
-    nlohmann::json value = nlohmann::json::parse(text, nullptr, false);
-    if (value.is_discarded()) value = text;  // a bare word is a string ("all_gather")
-    space.fixed.emplace_back(key, value);
+    if (key == "model" || key == "hardware" || key == "stack" || key == "gpus" || key == "seq_len" ||
+        key == "global_batch") {
+      return Error{fmt::format("--fix {}: '{}' is the job, not a plan choice: use --{}", f, key,
+                               key == "seq_len"        ? "seq-len"
+                               : key == "global_batch" ? "global-batch"
+                                                       : key)};
+    }
+    Result<nlohmann::json> value = planner::plan_key_value(key, text, "--fix " + f);
+    if (!value) return value.error();
+    // A value outside the lists the search enumerates is honoured: the list becomes that value.
+    const nlohmann::json& v = value.value();
+    if (key == "micro_batch") space.micro_batches = {v.get<int64_t>()};
+    if (key == "pipeline.vpp") space.vpps = {v.get<int64_t>()};
+    if (key == "data.zero") space.zero_stages = {v.get<int64_t>()};
+    if (key == "precision") {
+      if (precision != "any" && v.get<std::string>() != precision) {
+        return Error{fmt::format("--fix {}: contradicts --precision {}", f, precision)};
+      }
+      space.precisions = {v.get<std::string>() == "fp8" ? Precision::kFp8 : Precision::kBf16};
+    }
+    space.fixed.emplace_back(key, v);
   }
   return space;
 }
 
 int does_not_fit(const cost::MemoryBreakdown& memory) {
-  std::fprintf(stderr, "moeplan: the plan does not fit: %.1f GB per GPU (%.1f-%.1f) of %.1f GB\n",
-               memory.total() / 1e9, memory.total_low() / 1e9, memory.total_high() / 1e9,
-               memory.capacity / 1e9);
+  std::fprintf(stderr, "moeplan: the plan does not fit: %.1f GiB per GPU (%.1f-%.1f) of %.1f GiB\n",
+               memory.total() / kGiB, memory.total_low() / kGiB, memory.total_high() / kGiB,
+               memory.capacity / kGiB);
   return kExitInfeasible;
 }
 

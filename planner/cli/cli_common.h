@@ -27,14 +27,16 @@ int bad_input(const std::string& message);
 
 // 1.23 B, 456.7 M, 12.3 K
 std::string human_count(double n);
-// 1.23 TB, 4.5 GB (decimal)
+// 1.23 TiB, 74.50 GiB, 512.0 MiB (binary: HBM as the driver reports it)
 std::string human_bytes(double b);
 
 // Writes a JSON object to stdout, indented, with a final newline.
 void print_json(const nlohmann::json& j);
 
-// The stack a plan runs on when neither the plan nor --stack names one.
-inline constexpr const char* kDefaultStack = "moerun";
+// The stack a plan runs on when neither the plan nor --stack names one: the one users run today.
+inline constexpr const char* kDefaultStack = "megatron-core";
+// The stack `calibrate --trace` refits when --stack names none: moerun's own, whose traces it reads.
+inline constexpr const char* kDefaultTraceStack = "moerun";
 // The default job of `plan` and `sweep`: a well-known public MoE on a common Hopper cluster.
 inline constexpr const char* kDefaultModel = "mixtral-8x22b";
 inline constexpr const char* kDefaultHardware = "h100-sxm";
@@ -70,5 +72,6 @@ Runner add_explain(CLI::App& app);
 Runner add_sweep(CLI::App& app);
 Runner add_calibrate(CLI::App& app);
 Runner add_compare(CLI::App& app);
+Runner add_diff(CLI::App& app);
 
 }  // namespace moeplan::cli

@@ -90,7 +90,8 @@ Runner add_explain(CLI::App& app) {
   };
   auto o = std::make_shared<Options>();
   app.add_option("plan", o->plan, "Plan file (JSON)")->required();
-  app.add_option("--stack", o->stack, "Software stack profile (overrides the plan's; default moerun)");
+  app.add_option("--stack", o->stack,
+                 "Software stack profile (overrides the plan's; default " + std::string(kDefaultStack) + ")");
   app.add_flag("--json", o->json, "Print one JSON object");
   app.footer(
       "Rows (cumulative): 1 baseline: attention TP = tp*sp, experts ep 1 and etp = ep*etp (or the nearest "

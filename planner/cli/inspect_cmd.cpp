@@ -171,7 +171,7 @@ int inspect_hardware(const std::string& ref, bool as_json) {
              g.peak_flops_per_s.at("bf16").value / 1e12);
   if (g.peak_flops_per_s.contains("fp8"))
     fmt::print(", FP8 {:.0f} TFLOP/s", g.peak_flops_per_s.at("fp8").value / 1e12);
-  fmt::print(", HBM {:.0f} GB at {:.0f} GB/s achieved ({:.0f} peak)\n", g.hbm_capacity_bytes.value / 1e9,
+  fmt::print(", HBM {} at {:.0f} GB/s achieved ({:.0f} peak)\n", human_bytes(g.hbm_capacity_bytes.value),
              g.hbm_bw_achieved_bytes_per_s.value / 1e9, g.hbm_bw_peak_bytes_per_s.value / 1e9);
   fmt::print("node: {} GPUs, NVLink {:.0f} GB/s per direction ({:.0f} achieved){}\n",
              h.node.gpus_per_node.value, h.node.nvlink_bw_uni_bytes_per_s.value / 1e9,

@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include "planner/cli/cli_common.h"
+#include "simulator/core/units.h"
 #include "simulator/predict/predict.h"
 
 namespace moeplan::cli {
@@ -28,9 +29,9 @@ std::string human_count(double n) {
 }
 
 std::string human_bytes(double b) {
-  if (b >= 1e12) return fmt::format("{:.2f} TB", b / 1e12);
-  if (b >= 1e9) return fmt::format("{:.2f} GB", b / 1e9);
-  if (b >= 1e6) return fmt::format("{:.1f} MB", b / 1e6);
+  if (b >= 1024 * kGiB) return fmt::format("{:.2f} TiB", b / (1024 * kGiB));
+  if (b >= kGiB) return fmt::format("{:.2f} GiB", b / kGiB);
+  if (b >= kMiB) return fmt::format("{:.1f} MiB", b / kMiB);
   return fmt::format("{:.0f} B", b);
 }
 
@@ -81,6 +82,11 @@ int main(int argc, char** argv) {
       "Join a prediction with a measured report of the same plan (op by op) or with a Chrome trace of a real "
       "run (by op category); name what the step-time error is made of",
       add_compare);
+
+  add("diff",
+      "Two plans or two reports side by side: the plan fields that differ, the headline figures and every "
+      "breakdown category",
+      add_diff);
 
   try {
     app.parse(argc, argv);

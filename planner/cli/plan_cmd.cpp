@@ -13,6 +13,7 @@
 #include "planner/cli/cli_common.h"
 #include "planner/report/html_report.h"
 #include "planner/search.h"
+#include "simulator/core/units.h"
 #include "simulator/io/hardware_loader.h"
 #include "simulator/io/json_reader.h"
 #include "simulator/io/model_loader.h"
@@ -38,28 +39,98 @@ nlohmann::json summary_json(const Prediction& p) {
           {"tokens_per_s_per_gpu", p.tokens_per_s_per_gpu},
           {"tokens_per_s_range", {p.tokens_per_s_low, p.tokens_per_s_high}},
           {"mfu", p.mfu},
+          {"mfu_peak_dtype", p.mfu_peak_dtype},
+          {"mfu_bf16_equivalent", p.mfu_bf16},
           {"memory_per_gpu_bytes", p.memory.total()},
           {"memory_per_gpu_bytes_range", {p.memory.total_low(), p.memory.total_high()}},
           {"memory_fits", p.memory.fits()},
           {"memory_tight", p.memory.tight()},
           {"exposed_comm_s", comm.is_null() ? nlohmann::json::object() : comm},
+          {"exposed_comm_total_s", exposed_comm(p)},
           {"bubble_s", p.breakdown.bubble},
           {"extrapolations", p.extrapolations},
           {"hypothetical", p.provenance.hypothetical},
           {"why_hypothetical", p.provenance.targets}};
 }
 
+// A file reference given on the command line (relative to the working directory) as a plan file in `dir`
+// must hold it (relative to the plan's folder); built-in names and absolute paths stay as they are.
+std::string relative_to(const std::string& ref, const std::string& dir) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::path p(ref);
+  if (ref.empty() || p.is_absolute() || !fs::is_regular_file(p, ec)) return ref;
+  const fs::path rel = fs::relative(fs::absolute(p, ec), fs::absolute(dir, ec), ec);
+  return ec || rel.empty() ? fs::absolute(p).string() : rel.string();
+}
+
+// Plans whose predicted range overlaps the best plan's: the model cannot say which of them is faster.
+bool tied_with_best(const Prediction& best, const Prediction& p) {
+  return p.tokens_per_s_high >= best.tokens_per_s_low;
+}
+
+// Time and cost of training on `tokens` at a plan's predicted rate (and its range).
+nlohmann::json time_to_train(const Prediction& p, int64_t gpus, double tokens, double gpu_hour_cost) {
+  const auto hours = [&](double rate) { return rate > 0 ? tokens / rate / 3600.0 : 0.0; };
+  nlohmann::json j = {{"tokens", tokens},
+                      {"hours", hours(p.tokens_per_s)},
+                      {"hours_range", {hours(p.tokens_per_s_high), hours(p.tokens_per_s_low)}},
+                      {"gpu_hours", hours(p.tokens_per_s) * static_cast<double>(gpus)}};
+  if (gpu_hour_cost > 0) j["cost"] = hours(p.tokens_per_s) * static_cast<double>(gpus) * gpu_hour_cost;
+  return j;
+}
+
+std::string duration_text(double hours) {
+  if (hours >= 48) return fmt::format("{:.1f} days", hours / 24);
+  if (hours >= 1) return fmt::format("{:.1f} h", hours);
+  return fmt::format("{:.0f} min", hours * 60);
+}
+
+// When nothing fits: the smallest memory need the search found, and the smallest GPU count (doubling the
+// job's, up to 64x) at which some plan fits, from the memory test alone.
+void print_nothing_fits(const planner::SearchResult& r, const ModelSpec& model, const HardwareProfile& hw,
+                        const StackProfile& stack, const cost::RoutingDistribution& routing,
+                        const planner::Job& job, const planner::SearchSpace& space, int threads) {
+  if (!r.smallest_need_plan) {
+    fmt::print("no plan fits: no legal plan for this job (see the rejections below).\n");
+    return;
+  }
+  fmt::print("no plan fits: the smallest memory need found is {} per GPU against {} of HBM\n  ({})\n",
+             human_bytes(r.smallest_need_bytes), human_bytes(r.capacity_bytes),
+             planner::describe(*r.smallest_need_plan));
+  planner::SearchOptions fit;
+  fit.fit_only = true;
+  fit.threads = threads;
+  for (int64_t k = 2; k <= 64; k *= 2) {
+    planner::Job bigger = job;
+    bigger.gpus = job.gpus * k;
+    const planner::SearchResult more = planner::search(model, hw, stack, routing, bigger, space, fit);
+    if (more.fitting > 0) {
+      fmt::print("  {} GPUs ({}x) give {} plans that fit: moeplan plan --gpus {} ...\n", bigger.gpus, k,
+                 more.fitting, bigger.gpus);
+      return;
+    }
+  }
+  fmt::print(
+      "  no plan fits at up to {} GPUs either: a shorter sequence, a smaller micro-batch or an FP8 "
+      "plan may\n",
+      job.gpus * 64);
+}
+
 }  // namespace
 
 Runner add_plan(CLI::App& app) {
   struct Options {
-    std::string model = kDefaultModel, hardware = kDefaultHardware, stack = "moerun", routing = "uniform";
+    std::string model = kDefaultModel, hardware = kDefaultHardware, stack = kDefaultStack,
+                routing = "uniform";
     int64_t gpus = kDefaultGpus, seq = kDefaultSeq, batch = kDefaultBatch, top = 5;
     std::vector<std::string> fix;
     std::string precision = "any";
     std::string out_dir, html;
     int threads = 2;
     bool json = false;
+    bool list_keys = false;
+    double tokens = 0, gpu_hour_cost = 0;
   };
   auto o = std::make_shared<Options>();
   app.add_option("--model,-m", o->model, "Model: a config.json path or a built-in name")
@@ -91,7 +162,22 @@ Runner add_plan(CLI::App& app) {
                  "Write a self-contained HTML report (top plans, the best plan's breakdown, memory and "
                  "timeline) to this file");
   app.add_flag("--json", o->json, "Print one JSON object");
+  app.add_flag("--list-keys", o->list_keys, "Print the plan keys --fix accepts, one per line, and exit");
+  app.add_option("--tokens", o->tokens,
+                 "Training tokens: adds time-to-train and GPU-hours per plan (e.g. 1e12)")
+      ->check(CLI::Range(1.0, 1e18));
+  app.add_option("--gpu-hour-cost", o->gpu_hour_cost,
+                 "Price of one GPU-hour, for the cost column with --tokens")
+      ->check(CLI::Range(0.0, 1e6));
   return [o]() {
+    if (o->list_keys) {
+      for (const std::string& k : planner::plan_keys()) fmt::print("{}\n", k);
+      return kExitOk;
+    }
+    if (o->gpu_hour_cost > 0 && o->tokens <= 0) return bad_input("--gpu-hour-cost needs --tokens N");
+    if (o->batch > kMaxGlobalBatch) {
+      return bad_input(fmt::format("--global-batch {}: {}", o->batch, kGlobalBatchTooLarge));
+    }
     // Checked before the search, which can take minutes; write_file_atomic reports any other failure.
     const std::filesystem::path html_dir = std::filesystem::path(o->html).parent_path();
     if (!o->html.empty() && !html_dir.empty() && !std::filesystem::is_directory(html_dir)) {
@@ -126,6 +212,10 @@ Runner add_plan(CLI::App& app) {
     planner::SearchResult r =
         planner::search(model.value(), hw.value(), stack.value(), routing.value(), job, space, opts);
     if (tty) std::fprintf(stderr, "\r%60s\r", "");
+    if (r.enumerated == 0 && !space.fixed.empty()) {
+      // The pins left nothing to search: say which one, with the values the search has for it.
+      return bad_input(planner::explain_unmatched_fix(model.value(), hw.value(), stack.value(), job, space));
+    }
     for (auto& rp : r.plans) {
       rp.plan.model = o->model;
       rp.plan.hardware = o->hardware;
@@ -140,11 +230,16 @@ Runner add_plan(CLI::App& app) {
       for (size_t i = 0; i < r.plans.size(); ++i) {
         const auto& rp = r.plans[i];
         const std::string base = fmt::format("{}/plan{}", o->out_dir, i + 1);
-        const ReportContext ctx{rp.plan, model.value(), hw.value(), stack.value()};
+        // The plan file names its inputs as the loader resolves them from the plan's folder.
+        Plan saved = rp.plan;
+        for (std::string* ref : {&saved.model, &saved.hardware, &saved.stack, &saved.routing.distribution}) {
+          *ref = relative_to(*ref, o->out_dir);
+        }
+        const ReportContext ctx{saved, model.value(), hw.value(), stack.value()};
         nlohmann::json report = prediction_json(rp.prediction, ctx);
-        report["plan"] = io::plan_to_json(rp.plan);
+        report["plan"] = io::plan_to_json(saved);
         for (const auto& [path, text] :
-             {std::pair{base + ".json", io::plan_to_json(rp.plan).dump(2) + "\n"},
+             {std::pair{base + ".json", io::plan_to_json(saved).dump(2) + "\n"},
               std::pair{base + ".report.json", report.dump(2) + "\n"},
               std::pair{base + ".trace.json",
                         chrome_trace(rp.prediction.graph, rp.prediction.timeline.ops)}}) {
@@ -175,13 +270,25 @@ Runner add_plan(CLI::App& app) {
     if (o->json) {
       nlohmann::json plans = nlohmann::json::array();
       for (const auto& rp : r.plans) {
-        plans.push_back({{"plan", io::plan_to_json(rp.plan)},
-                         {"layout", planner::describe(rp.plan)},
-                         {"predicted", summary_json(rp.prediction)}});
+        nlohmann::json entry = {{"plan", io::plan_to_json(rp.plan)},
+                                {"layout", planner::describe(rp.plan)},
+                                {"predicted", summary_json(rp.prediction)},
+                                {"tied_with_best", tied_with_best(r.plans[0].prediction, rp.prediction)}};
+        if (o->tokens > 0) {
+          entry["time_to_train"] = time_to_train(rp.prediction, job.gpus, o->tokens, o->gpu_hour_cost);
+        }
+        plans.push_back(std::move(entry));
+      }
+      nlohmann::json smallest = nullptr;
+      if (r.smallest_need_plan) {
+        smallest = {{"plan", io::plan_to_json(*r.smallest_need_plan)},
+                    {"layout", planner::describe(*r.smallest_need_plan)},
+                    {"memory_per_gpu_bytes_low", r.smallest_need_bytes}};
       }
       print_json({{"model", model.value().name},
                   {"hardware", hw.value().name},
                   {"stack", stack.value().name},
+                  {"stack_calibrated", stack.value().calibrated},
                   {"gpus", job.gpus},
                   {"seq_len", job.seq_len},
                   {"global_batch", job.global_batch},
@@ -192,26 +299,65 @@ Runner add_plan(CLI::App& app) {
                   {"fitting", r.fitting},
                   {"screened", r.screened},
                   {"simulated", r.simulated},
+                  {"hbm_capacity_bytes", r.capacity_bytes},
+                  {"smallest_memory_need", smallest},
                   {"elapsed_s", r.elapsed_s}});
       return r.plans.empty() ? kExitInfeasible : kExitOk;
     }
 
-    fmt::print("{} on {} x {} ({} stack), seq {}, global batch {}\n", model.value().name, job.gpus,
-               hw.value().name, stack.value().name, job.seq_len, job.global_batch);
+    fmt::print("{} on {} x {} ({} stack{}), seq {}, global batch {}\n", model.value().name, job.gpus,
+               hw.value().name, stack.value().name, stack.value().calibrated ? "" : ", uncalibrated",
+               job.seq_len, job.global_batch);
     fmt::print("{} plans enumerated, {} legal, {} fit in memory, {} screened, {} simulated in {:.2f} s\n\n",
                r.enumerated, r.legal, r.fitting, r.screened, r.simulated, r.elapsed_s);
     if (r.plans.empty()) {
-      fmt::print("no plan fits.\n");
+      print_nothing_fits(r, model.value(), hw.value(), stack.value(), routing.value(), job, space,
+                         o->threads);
     } else {
-      fmt::print("{:>2}  {:<62} {:>10} {:>8} {:>6} {:>7} {:>8} {:>7} {:>7}\n", "#", "layout", "tokens/s",
-                 "per GPU", "MFU", "step s", "mem GB", "comm s", "bubble");
+      const Prediction& best = r.plans[0].prediction;
+      fmt::print("{:>2}  {:<70} {:>8} {:>13} {:>7} {:>6} {:>6} {:>7} {:>7} {:>7} {:>7}\n", "#", "layout",
+                 "tok/s/GPU", "range", "vs #1", "MFU", "bf16", "step s", "mem GiB", "exp.com", "bubble");
       for (size_t i = 0; i < r.plans.size(); ++i) {
         const Prediction& p = r.plans[i].prediction;
-        fmt::print("{:>2}  {:<62} {:>10.0f} {:>8.1f} {:>5.1f}% {:>7.3f} {:>8.1f} {:>7.3f} {:>7.3f}{}{}\n",
-                   i + 1, planner::describe(r.plans[i].plan), p.tokens_per_s, p.tokens_per_s_per_gpu,
-                   100 * p.mfu, p.step_time_s, p.memory.total() / 1e9, exposed_comm(p), p.breakdown.bubble,
-                   p.memory.fits() ? (p.memory.tight() ? "  (tight)" : "") : "  (does not fit)",
-                   p.provenance.hypothetical ? "  HYPOTHETICAL" : "");
+        const double g = static_cast<double>(job.gpus);
+        const std::string vs = i == 0
+                                   ? "best"
+                                   : fmt::format("{:+.1f}%{}", 100 * (p.tokens_per_s / best.tokens_per_s - 1),
+                                                 tied_with_best(best, p) ? "=" : "");
+        fmt::print(
+            "{:>2}  {:<70} {:>8.0f} {:>13} {:>7} {:>5.1f}% {:>5.1f}% {:>7.3f} {:>7.1f} {:>7.3f} "
+            "{:>7.3f}{}{}\n",
+            i + 1, planner::describe(r.plans[i].plan), p.tokens_per_s_per_gpu,
+            fmt::format("{:.0f}-{:.0f}", p.tokens_per_s_low / g, p.tokens_per_s_high / g), vs, 100 * p.mfu,
+            100 * p.mfu_bf16, p.step_time_s, p.memory.total() / kGiB, exposed_comm(p), p.breakdown.bubble,
+            p.memory.fits() ? (p.memory.tight() ? "  (tight)" : "") : "  (does not fit)",
+            p.provenance.hypothetical ? "  HYPOTHETICAL" : "");
+      }
+      size_t tied = 0;
+      for (const auto& rp : r.plans) tied += tied_with_best(best, rp.prediction) ? 1 : 0;
+      fmt::print(
+          "\nrange: tokens/s/GPU at the ends of the cost model's fit errors. \"=\" after vs #1: the range "
+          "overlaps #1's,\nso the model cannot tell the two apart ({} of the {} listed, #1 included).\n",
+          tied, r.plans.size());
+      fmt::print(
+          "MFU: model FLOPs (no recompute) / (step time x GPUs x the dense peak of the plan's precision: FP8 "
+          "for\nFP8 plans); bf16: the same against the dense BF16 peak. exp.com: communication seconds per "
+          "step "
+          "not\nhidden behind compute; bubble: pipeline idle seconds per step; mem GiB: the busiest stage's "
+          "HBM need\n(of {} per GPU).\n",
+          human_bytes(hw.value().gpu.hbm_capacity_bytes.value));
+      fmt::print("{}\n", planner::layout_legend());
+      if (o->tokens > 0) {
+        fmt::print("\ntime to train {:.3g} tokens:\n", o->tokens);
+        for (size_t i = 0; i < r.plans.size(); ++i) {
+          const nlohmann::json t =
+              time_to_train(r.plans[i].prediction, job.gpus, o->tokens, o->gpu_hour_cost);
+          fmt::print("  #{:<2} {} ({} - {}), {:.0f} GPU-hours{}\n", i + 1,
+                     duration_text(t.at("hours").get<double>()),
+                     duration_text(t.at("hours_range").at(0).get<double>()),
+                     duration_text(t.at("hours_range").at(1).get<double>()), t.at("gpu_hours").get<double>(),
+                     t.contains("cost") ? fmt::format(", cost {:.0f}", t.at("cost").get<double>()) : "");
+        }
       }
     }
     // What makes the listed predictions hypothetical, once for the table.
@@ -226,12 +372,6 @@ Runner add_plan(CLI::App& app) {
                  stack.value().name);
       for (const auto& t : targets) fmt::print("  - {}\n", t);
     }
-    if (!r.plans.empty()) {
-      fmt::print(
-          "\nMFU: model FLOPs (no recompute) / (step time x GPUs x dense BF16 peak); FP8 plans can exceed "
-          "the "
-          "BF16 ceiling.\n");
-    }
     if (!r.rejected.empty()) {
       fmt::print("\nrejected:\n");
       for (const auto& [why, n] : r.rejected) fmt::print("  {:>8}  {}\n", n, why);
@@ -241,6 +381,12 @@ Runner add_plan(CLI::App& app) {
           "\nnote: the {} stack profile is uncalibrated (public-measurement assumptions); see `moeplan "
           "simulate` on a plan for its extrapolations.\n",
           stack.value().name);
+    }
+    if (!r.plans.empty()) {
+      fmt::print(
+          "\nnext: moeplan plan ... --out-dir plans/   (writes plans/plan1.json ... with reports and "
+          "traces),\n      then moeplan simulate plans/plan1.json and moeplan launch plans/plan1.json "
+          "--for megatron\n");
     }
     return r.plans.empty() ? kExitInfeasible : kExitOk;
   };

@@ -65,7 +65,8 @@ Runner add_simulate(CLI::App& app) {
   app.add_option("--trace", o->trace, "Write the step's Chrome trace (opens in Perfetto) to this file");
   app.add_option("--html", o->html,
                  "Write a self-contained HTML report (summary, breakdown, memory, timeline) to this file");
-  app.add_option("--stack", o->stack, "Software stack profile (overrides the plan's; default moerun)");
+  app.add_option("--stack", o->stack,
+                 "Software stack profile (overrides the plan's; default " + std::string(kDefaultStack) + ")");
   app.add_flag("--json", o->json, "Print one JSON object");
   return [o]() {
     Result<PlanInputs> in = load_plan_inputs(o->plan, o->stack);

@@ -126,7 +126,8 @@ Runner add_sweep(CLI::App& app) {
   replan_only(app.add_option("--hardware", o->hardware, "Hardware profile: a path or a built-in name")
                   ->capture_default_str());
   app.add_option("--stack", o->stack,
-                 "Software stack that will run the plan (default moerun; with --plan, overrides the plan's)");
+                 "Software stack that will run the plan (default " + std::string(kDefaultStack) +
+                     "; with --plan, overrides the plan's)");
   replan_only(app.add_option("--gpus", o->gpus, "GPUs")
                   ->capture_default_str()
                   ->check(CLI::Range(int64_t{1}, int64_t{1} << 20)));
@@ -152,6 +153,9 @@ Runner add_sweep(CLI::App& app) {
     const bool fixed = !o->plan.empty();
     Result<planner::Vary> vary = planner::parse_vary(o->vary, fixed);
     if (!vary) return bad_input(vary.error().message);
+    if (o->batch > kMaxGlobalBatch) {
+      return bad_input(fmt::format("--global-batch {}: {}", o->batch, kGlobalBatchTooLarge));
+    }
 
     planner::SweepCase base;
     std::string label;  // the first line of the text table

@@ -91,7 +91,7 @@ std::string grouped(double v) {
 }
 
 std::string gb(double bytes) {
-  return fmt::format("{:.1f} GB", bytes / 1e9);
+  return fmt::format("{:.1f} GiB", bytes / (1024.0 * 1024.0 * 1024.0));
 }
 
 // Seconds with a unit that keeps three significant digits readable.
@@ -235,7 +235,9 @@ void summary(Out& out, const json& r) {
   kpi(out, "tokens_per_s_per_gpu", r.at("tokens_per_s_per_gpu"), "Tokens / s per GPU",
       fmt::format("{:.1f}", r.at("tokens_per_s_per_gpu").get<double>()),
       fmt::format("{} GPUs", r.at("gpus").get<int64_t>()));
-  kpi(out, "mfu", r.at("mfu"), "MFU", percent(r.at("mfu").get<double>()), "of dense BF16 peak");
+  kpi(out, "mfu", r.at("mfu"), "MFU", percent(r.at("mfu").get<double>()),
+      fmt::format("of dense {} peak ({} of BF16)", r.at("mfu_peak_dtype").get<std::string>(),
+                  percent(r.at("mfu_bf16_equivalent").get<double>())));
   kpi(out, "memory.per_gpu_bytes", mem.at("per_gpu_bytes"), "Memory per GPU", gb(per_gpu),
       fmt::format("{} of {} HBM (stage {})", percent(per_gpu / cap, 0), gb(cap),
                   mem.at("stage").get<int64_t>()));
@@ -925,31 +927,45 @@ std::string plan_html(const PlanSearchPage& page, const HtmlOptions& options) {
     emit(out, "<section id=\"top-plans\">\n<h2>Top {} plans by tokens/s</h2>\n<table>\n", r.plans.size());
     emit(out,
          "<tr><th class=\"n\">#</th><th>layout</th><th class=\"n\">tokens/s</th><th class=\"n\">per GPU</th>"
-         "<th class=\"n\">MFU</th><th class=\"n\">step</th><th class=\"n\">memory / GPU</th>"
+         "<th class=\"n\">per GPU range</th><th class=\"n\">MFU</th><th class=\"n\">MFU (BF16 peak)</th>"
+         "<th class=\"n\">step</th><th class=\"n\">memory / GPU</th>"
          "<th class=\"n\">exposed comm</th><th class=\"n\">idle</th><th></th></tr>\n");
+    const double best_low = reports.empty() ? 0.0 : reports[0].at("tokens_per_s_range").at(0).get<double>();
     for (size_t i = 0; i < reports.size(); ++i) {
       const json& j = reports[i];
       const json& b = j.at("breakdown");
       double comm = 0;
       for (const auto& [k, v] : b.at("exposed_comm").items()) comm += v.get<double>();
       const bool fits = j.at("memory").at("fits").get<bool>();
+      const json& range = j.at("tokens_per_s_range");
+      const double gpus = static_cast<double>(j.at("gpus").get<int64_t>());
+      const bool tied = i > 0 && range.at(1).get<double>() >= best_low;
       emit(out,
            "<tr data-rank=\"{}\" data-tokens-per-s=\"{}\"><td class=\"n\">{}</td><td><code>{}</code></td>"
-           "<td class=\"n\">{}</td><td class=\"n\">{:.1f}</td><td class=\"n\">{}</td><td class=\"n\">{}</td>"
+           "<td class=\"n\">{}</td><td class=\"n\">{:.1f}</td><td class=\"n\">{:.0f} – {:.0f}</td>"
+           "<td class=\"n\">{} ({})</td><td class=\"n\">{}</td><td class=\"n\">{}</td>"
            "<td class=\"n\">{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td><td>{}</td></tr>\n",
            i + 1, html_escape(j.at("tokens_per_s").dump()), i + 1,
            html_escape(planner::describe(r.plans[i].plan)), grouped(j.at("tokens_per_s").get<double>()),
-           j.at("tokens_per_s_per_gpu").get<double>(), percent(j.at("mfu").get<double>()),
-           duration(j.at("step_time_s").get<double>()), gb(j.at("memory").at("per_gpu_bytes").get<double>()),
-           duration(comm), duration(b.at("bubble").get<double>()),
-           std::string(fits ? "" : "<span class=\"badge bad\">does not fit</span>") +
+           j.at("tokens_per_s_per_gpu").get<double>(), range.at(0).get<double>() / gpus,
+           range.at(1).get<double>() / gpus, percent(j.at("mfu").get<double>()),
+           html_escape(j.at("mfu_peak_dtype").get<std::string>()),
+           percent(j.at("mfu_bf16_equivalent").get<double>()), duration(j.at("step_time_s").get<double>()),
+           gb(j.at("memory").at("per_gpu_bytes").get<double>()), duration(comm),
+           duration(b.at("bubble").get<double>()),
+           std::string(tied ? "<span class=\"badge warn\">tied with #1</span>" : "") +
+               (fits ? "" : "<span class=\"badge bad\">does not fit</span>") +
                (j.at("provenance").at("hypothetical").get<bool>()
                     ? "<span class=\"badge bad\">hypothetical</span>"
                     : ""));
     }
     emit(out,
-         "</table>\n<p class=\"note\">Layout: <code>tp sp cp | ep etp dispatch | pp vpp | micro-batch "
-         "ZeRO | recompute | overlap | precision</code>.</p>\n");
+         "</table>\n<p class=\"note\">Per GPU range: tokens/s per GPU at the ends of the cost model's fit "
+         "errors; <em>tied with #1</em>: the range overlaps the best plan's, so the model cannot order the "
+         "two. "
+         "MFU against the dense peak of the plan's precision (in brackets), then against the BF16 peak. "
+         "Exposed comm: communication not hidden behind compute.</p>\n<p class=\"note\">{}</p>\n",
+         html_escape(planner::layout_legend()));
     std::vector<double> per_gpu, mfu;
     for (const auto& j : reports) {
       per_gpu.push_back(j.at("tokens_per_s_per_gpu").get<double>());

@@ -32,7 +32,21 @@ bool divides(int64_t d, int64_t n) {
   return d > 0 && n % d == 0;
 }
 
+std::string list_text(const std::vector<int64_t>& v) {
+  std::string out = "[";
+  for (size_t i = 0; i < v.size(); ++i) out += (i ? ", " : "") + std::to_string(v[i]);
+  return out + "]";
+}
+
 }  // namespace
+
+std::vector<int64_t> uneven_split(int64_t layers, int64_t chunks) {
+  std::vector<int64_t> out(static_cast<size_t>(chunks), layers / chunks);
+  int64_t rem = layers % chunks;
+  for (int64_t i = 1; i + 1 < chunks && rem > 0; ++i, --rem) ++out[static_cast<size_t>(i)];
+  for (size_t i = 0; rem > 0; ++i, --rem) ++out[i];
+  return out;
+}
 
 std::vector<Violation> validate(const Plan& p, const ModelSpec& m, const HardwareProfile& hw, bool reasons) {
   Rules r(reasons);
@@ -86,9 +100,13 @@ std::vector<Violation> validate(const Plan& p, const ModelSpec& m, const Hardwar
   // Pipeline: layers per (virtual) stage.
   const int64_t chunks = pp.pp * pp.vpp;
   if (pp.layers_per_stage.empty()) {
-    r.check(divides(chunks, m.num_layers()), "layers_divisible", "layers (", m.num_layers(),
-            ") are not divisible by pp*vpp (", chunks,
-            "); give pipeline.layers_per_stage for an uneven split");
+    const bool even = divides(chunks, m.num_layers());
+    r.check(even, "layers_divisible", "layers (", m.num_layers(), ") are not divisible by pp*vpp (", chunks,
+            "); give pipeline.layers_per_stage for an uneven split",
+            !even && reasons && chunks > 0 && chunks <= m.num_layers()
+                ? ", e.g. " + list_text(uneven_split(m.num_layers(), chunks)) +
+                      " (smaller first and last chunks, which hold the embedding and the loss)"
+                : std::string());
   } else {
     const auto n = static_cast<int64_t>(pp.layers_per_stage.size());
     const int64_t sum = std::accumulate(pp.layers_per_stage.begin(), pp.layers_per_stage.end(), int64_t{0});

@@ -46,6 +46,16 @@ enum RecomputeModule : uint16_t {
 };
 inline constexpr uint16_t kAllRecomputeModules = 0x7f;
 
+// The largest global batch, in sequences, that plans and jobs may ask for: 2^20, about 70x the largest
+// published MoE batch (DeepSeek-V3's 15,360 sequences of 4,096 tokens). Beyond it the number is almost
+// certainly tokens typed where sequences are expected, and the step would hold millions of micro-batches.
+inline constexpr int64_t kMaxGlobalBatch = int64_t{1} << 20;
+// The one-line reason for refusing a larger one.
+inline constexpr const char* kGlobalBatchTooLarge =
+    "at most 1048576 sequences per step (the global batch counts sequences of seq_len tokens, not tokens: "
+    "did "
+    "you mean tokens?)";
+
 struct Plan {
   // Paths as written in the plan file (relative to it) or built-in names.
   std::string model;
@@ -140,6 +150,10 @@ std::vector<Violation> validate_for_stack(const Plan& plan, const StackProfile& 
 // The plan as the stack runs it: each overlap the plan asks for and the stack does not achieve is switched
 // off (it gets no credit), with one notice per overlap saying so.
 Plan with_stack_overlaps(const Plan& plan, const StackProfile& stack, std::vector<std::string>* notices);
+
+// Layers per virtual stage when they do not divide evenly: the first and last chunks (which also hold the
+// embedding and the output layer + loss) take the smaller shares.
+std::vector<int64_t> uneven_split(int64_t layers, int64_t chunks);
 
 // Names used in plan files and reports.
 const char* name_of(Dispatch d);

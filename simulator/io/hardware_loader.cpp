@@ -11,8 +11,8 @@ namespace moeplan::io {
 namespace {
 
 GpuSpec read_gpu(const JsonNode& g) {
-  g.only_keys(
-      {"model", "sm_count", "peak_tflops", "hbm_capacity_GB", "hbm_bw_peak_GBps", "hbm_bw_achieved_GBps"});
+  g.only_keys({"model", "sm_count", "peak_tflops", "hbm_capacity_MiB", "hbm_capacity_GB", "hbm_bw_peak_GBps",
+               "hbm_bw_achieved_GBps"});
   GpuSpec s;
   s.model = g.string("model");
   s.sm_count = sourced_integer(g, "sm_count", 1, 10000);
@@ -22,7 +22,14 @@ GpuSpec read_gpu(const JsonNode& g) {
     if (peaks.has(dtype)) s.peak_flops_per_s[dtype] = sourced_number(peaks, dtype, 1e-3, 1e6, kTera);
   }
   if (!s.peak_flops_per_s.contains("bf16")) peaks.fail("bf16", "the dense BF16 peak (every plan needs it)");
-  s.hbm_capacity_bytes = sourced_number(g, "hbm_capacity_GB", 1e-3, 1e5, kGB);
+  // Capacity as the driver reports it (NVML's memory.total, in MiB: what `nvidia-smi` prints), or in
+  // decimal GB for a profile that only has a datasheet figure. Exactly one of the two.
+  if (g.has("hbm_capacity_MiB") == g.has("hbm_capacity_GB")) {
+    g.fail("hbm_capacity_MiB",
+           "exactly one of hbm_capacity_MiB (as nvidia-smi reports it) or hbm_capacity_GB");
+  }
+  s.hbm_capacity_bytes = g.has("hbm_capacity_MiB") ? sourced_number(g, "hbm_capacity_MiB", 1, 1e8, kMiB)
+                                                   : sourced_number(g, "hbm_capacity_GB", 1e-3, 1e5, kGB);
   s.hbm_bw_peak_bytes_per_s = sourced_number(g, "hbm_bw_peak_GBps", 1, 1e6, kGB);
   s.hbm_bw_achieved_bytes_per_s = sourced_number(g, "hbm_bw_achieved_GBps", 1, 1e6, kGB);
   if (s.hbm_bw_achieved_bytes_per_s.value > s.hbm_bw_peak_bytes_per_s.value) {

@@ -83,6 +83,7 @@ Plan read_plan(const JsonNode& r) {
   p.gpus = r.integer("gpus", 1, kMaxDegree);
   p.seq_len = r.integer("seq_len", 1, int64_t{1} << 30);
   p.global_batch = r.integer("global_batch", 1, int64_t{1} << 40);
+  if (p.global_batch > kMaxGlobalBatch) r.fail("global_batch", kGlobalBatchTooLarge);
   p.micro_batch = r.integer_or("micro_batch", 1, 1, int64_t{1} << 30);
 
   if (auto a = r.optional_object("attention")) {

@@ -148,6 +148,13 @@ StepBreakdown stage_breakdown(const OpGraph& graph, const std::vector<cost::OpCo
   return b;
 }
 
+cost::MemoryBreakdown predict_memory(const ModelSpec& model, const Plan& plan, const HardwareProfile& hw,
+                                     const StackProfile& stack, const cost::RoutingDistribution& routing) {
+  const Plan run = with_stack_overlaps(plan, stack, nullptr);
+  return cost::memory_per_gpu(model, run, hw, stack, in_flight_by_chunk(model, run),
+                              cost::plan_routing(model, plan, routing).scale);
+}
+
 Prediction predict(const ModelSpec& model, const Plan& plan, const HardwareProfile& hw,
                    const StackProfile& stack, const cost::RoutingDistribution& routing,
                    const PredictOptions& options) {
@@ -214,8 +221,14 @@ Prediction predict(const ModelSpec& model, const Plan& plan, const HardwareProfi
   r.tokens_per_s = r.tokens_per_step / r.step_time_s;
   r.tokens_per_s_per_gpu = r.tokens_per_s / static_cast<double>(plan.gpus);
   r.model_flops_per_step = flops_per_token(model, plan.seq_len).train_step * r.tokens_per_step;
-  r.mfu = r.model_flops_per_step /
-          (r.step_time_s * static_cast<double>(plan.gpus) * hw.gpu.peak_flops_per_s.at("bf16").value);
+  // MFU against the dense peak of the precision the plan computes in (FP8 plans: the FP8 peak, when the
+  // profile has one), and against the BF16 peak for comparison across precisions.
+  const double gpu_seconds = r.step_time_s * static_cast<double>(plan.gpus);
+  r.mfu_bf16 = r.model_flops_per_step / (gpu_seconds * hw.gpu.peak_flops_per_s.at("bf16").value);
+  const auto fp8_peak = hw.gpu.peak_flops_per_s.find("fp8");
+  r.mfu_peak_dtype =
+      plan.precision == Precision::kFp8 && fp8_peak != hw.gpu.peak_flops_per_s.end() ? "fp8" : "bf16";
+  r.mfu = r.model_flops_per_step / (gpu_seconds * hw.gpu.peak_flops_per_s.at(r.mfu_peak_dtype).value);
 
   // Memory: activations of the chunks in flight at each stage's peak under its schedule.
   r.memory =

@@ -52,8 +52,10 @@ struct Prediction {
   double tokens_per_s_per_gpu = 0;
   double tokens_per_s_low = 0, tokens_per_s_high = 0;
   double model_flops_per_step =
-      0;           // training FLOPs the model needs (no recompute): flops_per_token_train * tokens
-  double mfu = 0;  // model FLOPs / (step time * GPUs * dense BF16 peak)
+      0;                // training FLOPs the model needs (no recompute): flops_per_token_train * tokens
+  double mfu = 0;       // model FLOPs / (step time * GPUs * dense peak of `mfu_peak_dtype`)
+  double mfu_bf16 = 0;  // model FLOPs / (step time * GPUs * dense BF16 peak)
+  std::string mfu_peak_dtype = "bf16";  // the plan's compute precision ("fp8" for FP8 plans)
   cost::MemoryBreakdown memory;
   cost::RoutingLoad routing;
   StepBreakdown breakdown;  // of the busiest stage (most compute time), which sets the pace
@@ -74,6 +76,12 @@ void retain_freed_memory();
 struct PredictOptions {
   bool critical_path = true;  // the report's critical path and uncertainty range
 };
+
+// The memory part of a prediction alone (no op graph, no simulation): the plan as the stack runs it, its
+// in-flight micro-batches under its schedule and its routing's expert load, as predict() and the search's
+// fit test count them. The plan must be legal.
+cost::MemoryBreakdown predict_memory(const ModelSpec& model, const Plan& plan, const HardwareProfile& hw,
+                                     const StackProfile& stack, const cost::RoutingDistribution& routing);
 
 Prediction predict(const ModelSpec& model, const Plan& plan, const HardwareProfile& hw,
                    const StackProfile& stack, const cost::RoutingDistribution& routing,

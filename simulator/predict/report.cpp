@@ -33,11 +33,14 @@ nlohmann::json prediction_json(const Prediction& p, const ReportContext& ctx) {
   j["tokens_per_s_per_gpu"] = p.tokens_per_s_per_gpu;
   j["tokens_per_s_range"] = {p.tokens_per_s_low, p.tokens_per_s_high};
   j["mfu"] = p.mfu;
+  j["mfu_peak_dtype"] = p.mfu_peak_dtype;
+  j["mfu_bf16_equivalent"] = p.mfu_bf16;
   j["mfu_formula"] =
-      "model FLOPs per step / (step time x GPUs x dense BF16 peak); model FLOPs per step = "
-      "flops_per_token_train "
-      "(moeplan inspect: 3 x forward GEMM and attention FLOPs, recompute not counted) x global_batch x "
-      "seq_len";
+      "model FLOPs per step / (step time x GPUs x the dense peak of mfu_peak_dtype, the precision the plan "
+      "computes in); mfu_bf16_equivalent divides by the dense BF16 peak instead. Model FLOPs per step = "
+      "flops_per_token_train (moeplan inspect: 3 x forward GEMM and attention FLOPs, recompute not counted) "
+      "x "
+      "global_batch x seq_len";
   j["model_flops_per_step"] = p.model_flops_per_step;
   const auto& m = p.memory;
   const auto& sm = ctx.stack.memory;

@@ -64,7 +64,8 @@ fs::path write_plan(const std::string& name, bool pipeline, const std::string& e
   const fs::path p = temp(name + ".json");
   std::ofstream(p)
       << "{\"model\": \"" MOEPLAN_SOURCE_DIR "/models/tiny-moe.json\", \"hardware\": \"" MOEPLAN_SOURCE_DIR
-         "/hwprofiles/h100-sxm.json\", \"gpus\": 2, \"seq_len\": 128, \"global_batch\": 4, "
+         "/hwprofiles/h100-sxm.json\", \"stack\": \"moerun\", \"gpus\": 2, \"seq_len\": 128, "
+         "\"global_batch\": 4, "
          "\"micro_batch\": 1, \"attention\": {\"tp\": 1, \"sp\": 1, \"cp\": 1}, "
       << (pipeline ? "\"experts\": {\"ep\": 1}, \"pipeline\": {\"pp\": 2, \"vpp\": 1, \"schedule\": \"1f1b\"}"
                    : "\"experts\": {\"ep\": 2}, \"pipeline\": {\"pp\": 1}")

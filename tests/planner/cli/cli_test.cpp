@@ -80,7 +80,8 @@ TEST_SUITE("cli") {
     int seen = 0;
     for (const auto& entry : fs::recursive_directory_iterator(root)) {
       if (!entry.is_regular_file() || entry.path().filename() == "expected.tsv" ||
-          entry.path().filename() == "README.md") {
+          entry.path().filename() == "args.tsv" || entry.path().filename() == "README.md" ||
+          fs::relative(entry.path(), root).string().starts_with("args/")) {
         continue;
       }
       const std::string rel = fs::relative(entry.path(), root).string();
@@ -104,6 +105,49 @@ TEST_SUITE("cli") {
     CHECK(seen == static_cast<int>(expected.size()));
     CHECK(seen >= 30);  // the corpus exists and covers every loader
     MESSAGE(seen << " bad-input files checked");
+  }
+
+  TEST_CASE("every command line of the bad-input corpus exits 2 with one line before any work") {
+    // tests/bad_input/args.tsv: <arguments> TAB <text the message must contain>
+    std::ifstream tsv(fs::path(MOEPLAN_SOURCE_DIR) / "tests" / "bad_input" / "args.tsv");
+    std::string line;
+    int seen = 0;
+    while (std::getline(tsv, line)) {
+      if (line.empty() || line[0] == '#') continue;
+      const auto tab = line.find('\t');
+      REQUIRE(tab != std::string::npos);
+      const std::string args = line.substr(0, tab), text = line.substr(tab + 1);
+      CAPTURE(args);
+      const Run r = run_cli(args);
+      CHECK(r.exit_code == 2);
+      CHECK(lines(r.err) == 1);
+      CHECK(r.out.empty());
+      CHECK_MESSAGE(r.err.find(text) != std::string::npos, r.err);
+      ++seen;
+    }
+    CHECK(seen >= 12);
+  }
+
+  TEST_CASE("validate exits 3 for a legal plan that does not fit in memory, naming the need and the HBM") {
+    const std::string dir =
+        fs::temp_directory_path() / ("moeplan_validate_mem_" + std::to_string(::getpid()));
+    fs::create_directories(dir);
+    // Mixtral-8x22B on one node: about 141 B parameters over 8 GPUs.
+    std::ofstream(dir + "/big.json") << R"({"model": "mixtral-8x22b", "hardware": "h100-sxm", "gpus": 8,
+      "seq_len": 4096, "global_batch": 64, "experts": {"ep": 8}, "attention": {"tp": 8}})";
+    const Run r = run_cli("validate '" + dir + "/big.json'");
+    CHECK(r.exit_code == 3);
+    CHECK(r.out.find("does not fit in memory") != std::string::npos);
+    CHECK(r.out.find("of 79.65 GiB") != std::string::npos);
+    const Run j = run_cli("validate --json '" + dir + "/big.json'");
+    CHECK(j.exit_code == 3);
+    const auto v = nlohmann::json::parse(j.out);
+    CHECK(v.at("valid") == false);
+    CHECK(v.at("violations").empty());
+    CHECK(v.at("memory").at("fits") == false);
+    CHECK(v.at("memory").at("per_gpu_bytes").get<double>() >
+          v.at("memory").at("capacity_bytes").get<double>());
+    fs::remove_all(dir);
   }
 
   TEST_CASE("validate exits 3 with every broken rule, 0 for a legal plan") {

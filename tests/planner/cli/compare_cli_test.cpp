@@ -21,7 +21,8 @@ using nlohmann::json;
 
 // tiny-moe on 2 ranks with expert parallelism: every category (gemm, grouped_gemm, attention, memory-bound,
 // ep and dp communication) has ops.
-const char* kPlan = R"({"model": "models/tiny-moe.json", "hardware": "hwprofiles/h100-sxm.json", "gpus": 2,
+const char* kPlan =
+    R"({"model": "models/tiny-moe.json", "hardware": "hwprofiles/h100-sxm.json", "stack": "moerun", "gpus": 2,
   "seq_len": 256, "global_batch": 4, "micro_batch": 1, "experts": {"ep": 2, "etp": 1, "dispatch": "all_to_all"}})";
 
 // A report file under the temp dir, removed when it goes out of scope.

@@ -22,7 +22,7 @@ using namespace moeplan::test;  // Run, run_cli, lines, TempPlan
 // Mixtral-8x7B on 4 nodes with Ulysses attention, EP, two stages, inter-operator overlap and selective
 // recompute: a few seconds of simulation for the six rows.
 constexpr const char* kPlan =
-    R"({"model": "mixtral-8x7b", "hardware": "h100-sxm", "gpus": 32, "seq_len": 4096,
+    R"({"model": "mixtral-8x7b", "hardware": "h100-sxm", "stack": "moerun", "gpus": 32, "seq_len": 4096,
   "global_batch": 32, "attention": {"tp": 1, "sp": 2}, "experts": {"ep": 8}, "pipeline": {"pp": 2},
   "overlap": {"inter_op": true, "dp_comm": true, "pp_comm": true}, "recompute": "sar"})";
 

@@ -144,7 +144,7 @@ TEST_SUITE("cli") {
 
   TEST_CASE("a plan that does not fit exits 3 with one stderr line naming the per-GPU memory") {
     // mixtral-8x22b (~141B parameters) on one node of 8 H100s with only ep 8 sharding the experts, no ZeRO
-    // and no recompute: fp32 Adam states alone exceed 80 GB per GPU.
+    // and no recompute: fp32 Adam states alone exceed 80 GiB per GPU.
     const TempDir dir("moeplan_simulate_no_fit");
     std::ofstream(dir.file("big.json")) << R"({"model": "mixtral-8x22b", "hardware": "h100-sxm", "gpus": 8,
       "seq_len": 4096, "global_batch": 64, "attention": {"tp": 1}, "experts": {"ep": 8}, "pipeline": {"pp": 1},
@@ -164,7 +164,7 @@ TEST_SUITE("cli") {
     CHECK(memory.at("fits") == false);
     const double per_gpu = memory.at("per_gpu_bytes").get<double>();
     CHECK(per_gpu > memory.at("capacity_bytes").get<double>());
-    const std::string named = fmt::format("{:.1f} GB per GPU", per_gpu / 1e9);
+    const std::string named = fmt::format("{:.1f} GiB per GPU", per_gpu / (1024.0 * 1024.0 * 1024.0));
     CHECK_MESSAGE(js.err.find(named) != std::string::npos, "expected '" << named << "' in: " << js.err);
     CHECK(js.err == text.err);
   }

@@ -104,6 +104,30 @@ TEST_SUITE("cli") {
     }
   }
 
+  TEST_CASE("sweep --plan over pipeline.pp and pipeline.vpp re-derives the layer split and the schedule") {
+    // tiny-moe has 4 layers: pp 1, 2 and 4 divide them evenly.
+    const TempPlan plan("moeplan_sweep_pp", kTinyPipeline);
+    const Run r = run_cli("sweep --plan " + plan.quoted() + " --vary pipeline.pp=1,2,4 --json");
+    REQUIRE_MESSAGE(r.exit_code == 0, r.err);
+    for (const json& row : json::parse(r.out).at("rows")) {
+      CHECK_MESSAGE(row.at("reason").is_null(), row.dump());
+      CHECK(!row.at("plan").at("pipeline").contains("layers_per_stage"));
+    }
+    // Mixtral-8x7B's 32 layers over pp 2 x vpp 3 = 6 chunks: uneven, split with smaller first and last
+    // chunks.
+    const TempPlan mixtral("moeplan_sweep_vpp",
+                           R"({"model": "mixtral-8x7b", "hardware": "h100-sxm", "gpus": 16,
+      "seq_len": 4096, "global_batch": 64, "experts": {"ep": 8}, "attention": {"tp": 2}, "pipeline": {"pp": 2}})");
+    const Run v = run_cli("sweep --plan " + mixtral.quoted() + " --vary pipeline.vpp=1,3 --json");
+    REQUIRE_MESSAGE(v.exit_code == 0, v.err);
+    const json rows = json::parse(v.out).at("rows");
+    REQUIRE(rows.size() == 2);
+    CHECK(rows[0].at("plan").at("pipeline").at("schedule") == "1f1b");
+    CHECK_MESSAGE(rows[1].at("reason").is_null(), rows[1].dump());
+    CHECK(rows[1].at("plan").at("pipeline").at("schedule") == "interleaved_1f1b");
+    CHECK(rows[1].at("plan").at("pipeline").at("layers_per_stage") == json::array({5, 6, 6, 5, 5, 5}));
+  }
+
   TEST_CASE("sweep over gpus without a plan re-plans each value") {
     const Run r = run_cli(std::string("sweep ") + kTinyJob + " --vary gpus=8,16 --json");
     REQUIRE_MESSAGE(r.exit_code == 0, r.err);

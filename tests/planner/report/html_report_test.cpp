@@ -137,8 +137,8 @@ TEST_SUITE("report.html") {
     CHECK(html.find(fmt::format("<div class=\"v\">{:.1f}%</div>", 100 * s.p.mfu)) != std::string::npos);
     CHECK(html.find(fmt::format("<div class=\"v\">{:.1f}</div>", s.p.tokens_per_s_per_gpu)) !=
           std::string::npos);
-    CHECK(html.find(fmt::format("<div class=\"v\">{:.1f} GB</div>", s.p.memory.total() / 1e9)) !=
-          std::string::npos);
+    CHECK(html.find(fmt::format("<div class=\"v\">{:.1f} GiB</div>",
+                                s.p.memory.total() / (1024.0 * 1024.0 * 1024.0))) != std::string::npos);
     // The breakdown table lists every part of the --json breakdown with its exact seconds.
     std::map<std::string, json> parts;
     const std::regex part(R"re(<tr data-part="([^"]+)" data-seconds="([^"]+)")re");

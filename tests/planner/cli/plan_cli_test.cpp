@@ -1,0 +1,149 @@
+// `moeplan plan` as a user meets it: the default job on the stack users run, each plan's range and whether it
+// is tied with the best, MFU against the plan's own precision, the legend and the next command, --fix pins
+// that are checked (or honoured) before a search, what to do when nothing fits, and time-to-train.
+#include <doctest/doctest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "tests/planner/cli/run_moeplan.h"
+
+using nlohmann::json;
+namespace fs = std::filesystem;
+
+namespace {
+
+using namespace moeplan::test;  // Run, run_cli, lines
+
+// A small job that plans in well under a second.
+constexpr const char* kTinyJob = "--model tiny-moe --hardware h100-sxm --gpus 8 --seq-len 512";
+
+json plan_json(const std::string& args) {
+  const Run r = run_cli("plan " + std::string(kTinyJob) + " " + args + " --json");  // args give the batch
+  REQUIRE_MESSAGE(r.exit_code == 0, r.err);
+  return json::parse(r.out);
+}
+
+}  // namespace
+
+TEST_SUITE("cli") {
+  TEST_CASE(
+      "plan with no arguments ranks the default job on the Megatron-Core stack, with legend and next step") {
+    const Run r = run_cli("plan");
+    REQUIRE_MESSAGE(r.exit_code == 0, r.err);
+    CHECK(r.out.find("mixtral-8x22b on 128 x h100-sxm (megatron-core stack") != std::string::npos);
+    CHECK(r.out.find("HYPOTHETICAL") == std::string::npos);  // Megatron-Core's numbers are not targets
+    for (const char* s :
+         {"range", "vs #1", "best", "exp.com", "mem GiB", "layout: attention tp", "dp data-parallel",
+          "next: moeplan plan ... --out-dir", "--for megatron", "of 79.65 GiB per GPU"}) {
+      CAPTURE(s);
+      CHECK(r.out.find(s) != std::string::npos);
+    }
+  }
+
+  TEST_CASE("plan --json: ranges, ties with the best and MFU against the plan's precision") {
+    const json j = plan_json("--global-batch 32 --top 8");
+    CHECK(j.at("stack") == "megatron-core");
+    CHECK(j.at("stack_calibrated") == false);
+    const auto& plans = j.at("plans");
+    REQUIRE(plans.size() >= 2);
+    const json& best = plans[0].at("predicted");
+    CHECK(plans[0].at("tied_with_best") == true);
+    int tied = 0;
+    for (const auto& p : plans) {
+      const json& q = p.at("predicted");
+      const double low = q.at("tokens_per_s_range")[0], high = q.at("tokens_per_s_range")[1];
+      CHECK(low < q.at("tokens_per_s").get<double>());
+      CHECK(high > q.at("tokens_per_s").get<double>());
+      const bool overlaps = high >= best.at("tokens_per_s_range")[0].get<double>();
+      CHECK(p.at("tied_with_best") == overlaps);
+      tied += overlaps ? 1 : 0;
+      // H100: FP8 dense peak 1979 TFLOP/s, BF16 989.4 (hwprofiles/h100-sxm.json).
+      const std::string dtype = q.at("mfu_peak_dtype");
+      CHECK(dtype == p.at("plan").at("precision"));
+      const double ratio = q.at("mfu_bf16_equivalent").get<double>() / q.at("mfu").get<double>();
+      CHECK(ratio == doctest::Approx(dtype == "fp8" ? 1979.0 / 989.4 : 1.0).epsilon(1e-3));
+    }
+    MESSAGE(tied << " of " << plans.size() << " plans tied with the best");
+  }
+
+  TEST_CASE("plan --list-keys lists every plan key --fix takes, optional ones included") {
+    const Run r = run_cli("plan --list-keys");
+    REQUIRE(r.exit_code == 0);
+    for (const char* k : {"experts.ep", "pipeline.vpp", "micro_batch", "overlap.cross_micro_batch",
+                          "fp8_recipe", "routing.fused_router", "cross_entropy"}) {
+      CAPTURE(k);
+      CHECK(r.out.find(std::string(k) + "\n") != std::string::npos);
+    }
+  }
+
+  TEST_CASE("a --fix value outside the search's lists is honoured, not silently matched by nothing") {
+    // The search enumerates micro-batches 1, 2 and 4; 8 is taken as asked.
+    const json j = plan_json("--fix micro_batch=8 --global-batch 64 --top 3");
+    REQUIRE(!j.at("plans").empty());
+    for (const auto& p : j.at("plans")) CHECK(p.at("plan").at("micro_batch") == 8);
+  }
+
+  TEST_CASE("a --fix value no plan of the space has exits 2 naming the values the space has") {
+    const Run r = run_cli("plan " + std::string(kTinyJob) + " --global-batch 32 --fix experts.ep=3");
+    CHECK(r.exit_code == 2);
+    CHECK(lines(r.err) == 1);
+    CHECK(r.err.find("--fix experts.ep=3: no plan of the search space") != std::string::npos);
+    CHECK(r.err.find("the values it has: 1, 2, 4, 8") != std::string::npos);
+  }
+
+  TEST_CASE("when nothing fits, plan says the smallest need found and a GPU count that fits") {
+    // Mixtral-8x22B (141 B parameters) cannot be trained on one node.
+    const Run r = run_cli("plan --gpus 8 --global-batch 64 --json");
+    CHECK(r.exit_code == 3);
+    const json j = json::parse(r.out);
+    CHECK(j.at("plans").empty());
+    const double need = j.at("smallest_memory_need").at("memory_per_gpu_bytes_low");
+    CHECK(need > j.at("hbm_capacity_bytes").get<double>());
+    const Run text = run_cli("plan --gpus 8 --global-batch 64");
+    CHECK(text.exit_code == 3);
+    CHECK(text.out.find("no plan fits: the smallest memory need found is") != std::string::npos);
+    CHECK(text.out.find("GPUs (") != std::string::npos);
+    CHECK(text.out.find("plans that fit: moeplan plan --gpus") != std::string::npos);
+  }
+
+  TEST_CASE("--tokens gives time-to-train and GPU-hours from each plan's rate and range") {
+    const json j = plan_json("--global-batch 32 --tokens 1e12 --gpu-hour-cost 2.5 --top 2");
+    for (const auto& p : j.at("plans")) {
+      const json& q = p.at("predicted");
+      const json& t = p.at("time_to_train");
+      const double hours = 1e12 / q.at("tokens_per_s").get<double>() / 3600;
+      CHECK(t.at("hours").get<double>() == doctest::Approx(hours));
+      CHECK(t.at("gpu_hours").get<double>() == doctest::Approx(hours * 8));
+      CHECK(t.at("cost").get<double>() == doctest::Approx(hours * 8 * 2.5));
+      CHECK(t.at("hours_range")[0].get<double>() < hours);
+      CHECK(t.at("hours_range")[1].get<double>() > hours);
+    }
+    const Run r = run_cli("plan " + std::string(kTinyJob) + " --global-batch 32 --gpu-hour-cost 2");
+    CHECK(r.exit_code == 2);
+    CHECK(r.err.find("--gpu-hour-cost needs --tokens") != std::string::npos);
+  }
+
+  TEST_CASE("plans saved by --out-dir name their inputs so they load from any folder") {
+    // A model file given relative to the working directory (not a built-in), saved plans in another folder.
+    const fs::path dir = fs::temp_directory_path() / ("moeplan_outdir_" + std::to_string(::getpid()));
+    fs::create_directories(dir / "models" / "mine");
+    fs::copy_file(fs::path(MOEPLAN_SOURCE_DIR) / "models" / "tiny-moe.json",
+                  dir / "models" / "mine" / "my-moe.json", fs::copy_options::overwrite_existing);
+    const std::string model =
+        fs::relative(dir / "models" / "mine" / "my-moe.json", MOEPLAN_SOURCE_DIR).string();
+    const Run r =
+        run_cli("plan --model '" + model + "' --hardware h100-sxm --gpus 8 --seq-len 512 --global-batch 32 " +
+                "--top 2 --out-dir '" + (dir / "plans").string() + "'");
+    REQUIRE_MESSAGE(r.exit_code == 0, r.err);
+    const json saved = json::parse(slurp((dir / "plans" / "plan1.json").string()));
+    CHECK(saved.at("model") == "../models/mine/my-moe.json");
+    CHECK(saved.at("hardware") == "h100-sxm");
+    const Run sim = run_cli("simulate '" + (dir / "plans" / "plan1.json").string() + "' --json");
+    CHECK_MESSAGE(sim.exit_code == 0, sim.err);
+    fs::remove_all(dir);
+  }
+}
