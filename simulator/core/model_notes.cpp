@@ -39,7 +39,8 @@ std::vector<std::string> model_notes(const ModelSpec& m) {
          "indexer's projections and its ",
          x.heads, "-head x ", x.head_dim,
          " QK scores over every causal key priced as bf16 GEMMs (derived), "
-         "its top-k selection as memory-bound (assumed)");
+         "its top-k selection as memory-bound (assumed); the gather of its keys across sequence shards is "
+         "not priced");
   }
   if (!m.checkpoint_quantization.empty()) {
     line(
