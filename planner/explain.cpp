@@ -23,9 +23,9 @@ std::string broken(const Plan& p, const ModelSpec& model, const HardwareProfile&
 }
 
 // Rules that depend on how the attention mesh splits into tp and sp (its size is the plan's).
-constexpr std::initializer_list<const char*> kAttentionRules = {"heads_divisible", "kv_heads_vs_tp",
-                                                                "hidden_divisible_by_tp",
-                                                                "dense_ffn_divisible_by_tp", "seq_divisible"};
+constexpr std::initializer_list<const char*> kAttentionRules = {
+    "heads_divisible",           "kv_heads_vs_tp", "hidden_divisible_by_tp",
+    "dense_ffn_divisible_by_tp", "seq_divisible",  "mixer_heads_divisible"};
 // Rules that depend on how the expert mesh splits into ep and etp (its size is the plan's).
 constexpr std::initializer_list<const char*> kExpertRules = {
     "experts_divisible_by_ep", "expert_ffn_divisible_by_etp", "shared_ffn_divisible_by_etp",

@@ -256,6 +256,7 @@ class MegatronBuilder {
     flag("--normalization", m_.norm == NormKind::kRmsNorm ? "RMSNorm" : "LayerNorm");
     if (m_.norm == NormKind::kLayerNormNoBias) not_expressible("LayerNorm without bias (Megatron's has one)");
     if (m_.activation == FfnActivation::kSwiGlu) flag("--swiglu");
+    if (m_.activation == FfnActivation::kRelu2) flag("--squared-relu");
     flag("--position-embedding-type", "rope");
     if (!m_.tied_embeddings) flag("--untie-embeddings-and-output-weights");
     if (m_.lm_head_bias) not_expressible("a bias on the output layer");
@@ -318,6 +319,13 @@ class MegatronBuilder {
       not_expressible(
           fmt::format("cross-layer attention (one K/V projection per {} layers)", a.kv_share_layers));
     }
+    if (a.output_gate) not_expressible("the gated attention output (Qwen3-Next)");
+    if (a.indexer.heads > 0)
+      not_expressible("DSA sparse attention and its lightning indexer (DeepSeek-V3.2)");
+    if (m_.has_mixer(MixerKind::kLinearAttention))
+      not_expressible("Gated DeltaNet (linear attention) layers (Qwen3-Next)");
+    if (m_.has_mixer(MixerKind::kMamba2) || m_.has_mixer(MixerKind::kNone))
+      not_expressible("the Mamba-2 / attention / MoE block pattern (Nemotron-H's hybrid_override_pattern)");
     sliding_windows();
   }
 

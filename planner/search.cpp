@@ -358,9 +358,10 @@ class Screener {
     const cost::PlanRouting pr = cost::plan_routing(m_, p, routing_);
     lt.expert_load_scale = lo.expert_load_scale = pr.scale;
     lo.dropped_fraction = pr.load.dropped_fraction;
-    std::map<std::tuple<bool, int64_t, bool>, double> by_kind;  // (moe, window, kv_projection)
+    // (moe, window, kv_projection, mixer, ffn)
+    std::map<std::tuple<bool, int64_t, bool, MixerKind, bool>, double> by_kind;
     for (const LayerSpec& s : m_.layers) {
-      const auto k = std::make_tuple(s.moe, s.window, s.kv_projection);
+      const auto k = std::make_tuple(s.moe, s.window, s.kv_projection, s.mixer, s.ffn);
       auto kind = by_kind.find(k);
       if (kind == by_kind.end()) {
         ModelSpec one_layer = m_;
@@ -427,7 +428,8 @@ class Screener {
     };
     std::vector<StageDp> out(static_cast<size_t>(pp));
     std::vector<double> shard(static_cast<size_t>(pp), 0.0);
-    std::map<std::tuple<bool, int64_t, bool>, std::pair<double, double>> by_kind;  // sync, gather of a layer
+    // sync, gather of a layer, per layer kind
+    std::map<std::tuple<bool, int64_t, bool, MixerKind, bool>, std::pair<double, double>> by_kind;
     int64_t l = 0;
     for (int64_t v = 0; v < pp * p.pipeline.vpp; ++v) {
       StageDp& st = out[static_cast<size_t>(v % pp)];
@@ -436,7 +438,7 @@ class Screener {
         const ParamBreakdown lp = layer_params(m_, spec);
         const double dense = (lp.total() - lp.routed_experts) / d(p.attention.tp);
         const double experts = lp.routed_experts / d(p.experts.ep * p.experts.etp);
-        const auto k = std::make_tuple(spec.moe, spec.window, spec.kv_projection);
+        const auto k = std::make_tuple(spec.moe, spec.window, spec.kv_projection, spec.mixer, spec.ffn);
         auto it = by_kind.find(k);
         if (it == by_kind.end())
           it = by_kind.emplace(k, std::pair{sync(dense, experts), gather(dense, experts)}).first;

@@ -1,8 +1,11 @@
 // `moeplan inspect`: what a model costs before any plan (parameters, FLOPs, bytes per parameter), or what a
 // hardware profile says about the machine.
+#include <algorithm>
+
 #include <fmt/format.h>
 
 #include "planner/cli/cli_common.h"
+#include "simulator/core/model_notes.h"
 #include "simulator/core/model_stats.h"
 #include "simulator/io/hardware_loader.h"
 #include "simulator/io/model_loader.h"
@@ -39,6 +42,37 @@ nlohmann::json flops_json(const FlopBreakdown& f) {
           {"router", f.router},
           {"lm_head", f.lm_head},
           {"total", f.total()}};
+}
+
+// Whether some layer is not attention + FFN (Qwen3-Next, Nemotron-H).
+bool hybrid(const ModelSpec& m) {
+  return std::any_of(m.layers.begin(), m.layers.end(),
+                     [](const LayerSpec& l) { return l.mixer != MixerKind::kAttention || !l.ffn; });
+}
+
+// Layers by (mixer, FFN) kind, for hybrid models: {"attention + MoE": 12, "Mamba-2": 23, ...}.
+nlohmann::json layer_kinds(const ModelSpec& m) {
+  nlohmann::json out = nlohmann::json::object();
+  for (const auto& l : m.layers) {
+    std::string mixer;
+    switch (l.mixer) {
+      case MixerKind::kAttention:
+        mixer = "attention";
+        break;
+      case MixerKind::kLinearAttention:
+        mixer = "Gated DeltaNet";
+        break;
+      case MixerKind::kMamba2:
+        mixer = "Mamba-2";
+        break;
+      case MixerKind::kNone:
+        break;
+    }
+    const std::string ffn = !l.ffn ? "" : (l.moe ? "MoE" : "dense FFN");
+    const std::string key = mixer.empty() ? ffn : (ffn.empty() ? mixer : mixer + " + " + ffn);
+    out[key] = out.value(key, int64_t{0}) + 1;
+  }
+  return out;
 }
 
 const char* attention_name(const ModelSpec& m) {
@@ -92,6 +126,10 @@ int inspect_model(const std::string& ref, int64_t seq_len, bool as_json) {
         {"bytes_per_param", bpp},
         {"flop_formula", kFlopFormula},
     };
+    // Only for models that have them, so the reports of plain models stay as they were.
+    if (!m.checkpoint_quantization.empty()) j["checkpoint_quantization"] = m.checkpoint_quantization;
+    if (hybrid(m)) j["layer_kinds"] = layer_kinds(m);
+    if (const auto notes = model_notes(m); !notes.empty()) j["notes"] = notes;
     print_json(j);
     return kExitOk;
   }
@@ -104,6 +142,14 @@ int inspect_model(const std::string& ref, int64_t seq_len, bool as_json) {
     fmt::print("experts: {} routed, top-{}, expert FFN {}; {} shared (FFN {})\n", m.moe.num_experts,
                m.moe.top_k, m.moe.expert_ffn, m.moe.num_shared_experts, m.moe.shared_expert_ffn);
   }
+  if (hybrid(m)) {
+    const nlohmann::json by_kind = layer_kinds(m);
+    std::string kinds;
+    for (auto it = by_kind.begin(); it != by_kind.end(); ++it)
+      kinds += fmt::format("{}{} {}", kinds.empty() ? "" : ", ", it.value().get<int64_t>(), it.key());
+    fmt::print("layers by kind: {}\n", kinds);
+  }
+  for (const auto& n : model_notes(m)) fmt::print("note: {}\n", n);
   fmt::print("\n{:<22}{:>14}{:>14}\n", "parameters", "total", "active");
   const auto row = [](const char* name, double t, double a) {
     fmt::print("  {:<20}{:>14}{:>14}\n", name, human_count(t), human_count(a));

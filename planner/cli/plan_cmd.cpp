@@ -13,6 +13,7 @@
 #include "planner/cli/cli_common.h"
 #include "planner/report/html_report.h"
 #include "planner/search.h"
+#include "simulator/core/model_notes.h"
 #include "simulator/core/units.h"
 #include "simulator/io/hardware_loader.h"
 #include "simulator/io/json_reader.h"
@@ -285,29 +286,32 @@ Runner add_plan(CLI::App& app) {
                     {"layout", planner::describe(*r.smallest_need_plan)},
                     {"memory_per_gpu_bytes_low", r.smallest_need_bytes}};
       }
-      print_json({{"model", model.value().name},
-                  {"hardware", hw.value().name},
-                  {"stack", stack.value().name},
-                  {"stack_calibrated", stack.value().calibrated},
-                  {"gpus", job.gpus},
-                  {"seq_len", job.seq_len},
-                  {"global_batch", job.global_batch},
-                  {"plans", plans},
-                  {"rejected", r.rejected},
-                  {"candidates", r.enumerated},
-                  {"legal", r.legal},
-                  {"fitting", r.fitting},
-                  {"screened", r.screened},
-                  {"simulated", r.simulated},
-                  {"hbm_capacity_bytes", r.capacity_bytes},
-                  {"smallest_memory_need", smallest},
-                  {"elapsed_s", r.elapsed_s}});
+      nlohmann::json out = {{"model", model.value().name},
+                            {"hardware", hw.value().name},
+                            {"stack", stack.value().name},
+                            {"stack_calibrated", stack.value().calibrated},
+                            {"gpus", job.gpus},
+                            {"seq_len", job.seq_len},
+                            {"global_batch", job.global_batch},
+                            {"plans", plans},
+                            {"rejected", r.rejected},
+                            {"candidates", r.enumerated},
+                            {"legal", r.legal},
+                            {"fitting", r.fitting},
+                            {"screened", r.screened},
+                            {"simulated", r.simulated},
+                            {"hbm_capacity_bytes", r.capacity_bytes},
+                            {"smallest_memory_need", smallest},
+                            {"elapsed_s", r.elapsed_s}};
+      if (const auto notes = model_notes(model.value()); !notes.empty()) out["model_notes"] = notes;
+      print_json(out);
       return r.plans.empty() ? kExitInfeasible : kExitOk;
     }
 
     fmt::print("{} on {} x {} ({} stack{}), seq {}, global batch {}\n", model.value().name, job.gpus,
                hw.value().name, stack.value().name, stack.value().calibrated ? "" : ", uncalibrated",
                job.seq_len, job.global_batch);
+    for (const auto& n : model_notes(model.value())) fmt::print("model: {}\n", n);
     fmt::print("{} plans enumerated, {} legal, {} fit in memory, {} screened, {} simulated in {:.2f} s\n\n",
                r.enumerated, r.legal, r.fitting, r.screened, r.simulated, r.elapsed_s);
     if (r.plans.empty()) {

@@ -6,6 +6,7 @@
 
 #include "planner/cli/cli_common.h"
 #include "planner/report/html_report.h"
+#include "simulator/core/model_notes.h"
 #include "simulator/io/plan_io.h"
 #include "simulator/io/router_trace.h"
 #include "simulator/io/stack_loader.h"
@@ -47,6 +48,7 @@ void print_text(const Prediction& p, const ReportContext& ctx) {
       100 * pv.measured, 100 * pv.derived, 100 * pv.assumed, 100 * pv.target);
   for (const auto& t : pv.targets) fmt::print("hypothetical: {}\n", t);
   for (const auto& n : p.notices) fmt::print("stack: {}\n", n);
+  for (const auto& n : model_notes(ctx.model)) fmt::print("model: {}\n", n);
   if (!p.extrapolations.empty()) {
     fmt::print("outside the calibrated data ({}):\n", p.extrapolations.size());
     for (const auto& e : p.extrapolations) fmt::print("  - {}\n", e);
@@ -88,6 +90,7 @@ Runner add_simulate(CLI::App& app) {
     if (o->json) {
       nlohmann::json j = prediction_json(p, ctx);
       j["plan"] = io::plan_to_json(plan);
+      if (const auto notes = model_notes(model); !notes.empty()) j["model_notes"] = notes;
       print_json(j);
     } else if (!p.violations.empty()) {
       fmt::print("{}: the plan cannot run, {} rule(s) broken:\n", path, p.violations.size());

@@ -30,6 +30,16 @@ enum class QkNorm {
 enum class FfnActivation {
   kSwiGlu,  // three matrices: fc1 (gate) and fc3 (up) [h -> f], fc2 (down) [f -> h]
   kGelu,    // two matrices: fc1 [h -> f], fc2 [f -> h]
+  kRelu2,   // two matrices with a squared ReLU between them (Nemotron-H)
+};
+
+// What mixes tokens in a layer. Softmax attention is priced by the attention kernels; the two recurrent kinds
+// have their projections priced as GEMMs and their scan as a memory-bound kernel (model_notes.h says so).
+enum class MixerKind : uint8_t {
+  kAttention,        // softmax attention (GQA or MLA, as AttentionSpec says)
+  kLinearAttention,  // Gated DeltaNet (Qwen3-Next linear_attention layers), LinearAttentionSpec
+  kMamba2,           // Mamba-2 SSD (Nemotron-H 'M' layers), MambaSpec
+  kNone,             // no mixer: an FFN-only block (Nemotron-H 'E' and '-' layers)
 };
 
 struct MlaDims {
@@ -38,6 +48,15 @@ struct MlaDims {
   int64_t qk_nope_head_dim = 0;
   int64_t qk_rope_head_dim = 0;
   int64_t v_head_dim = 0;
+};
+
+// DeepSeek-V3.2 sparse attention (DSA): a lightning indexer scores every earlier token with `heads` small
+// heads of `head_dim` (q from the q latent, one shared k from h, a per-head weight from h), and the MLA core
+// attends only the `top_k` best-scored keys of each query. heads == 0: dense attention.
+struct DsaIndexerSpec {
+  int64_t heads = 0;
+  int64_t head_dim = 0;
+  int64_t top_k = 0;
 };
 
 struct AttentionSpec {
@@ -51,12 +70,47 @@ struct AttentionSpec {
   QkNorm qk_norm = QkNorm::kNone;
   bool sinks = false;  // one learned logit per head (GPT-OSS)
   int64_t kv_share_layers =
-      1;  // cross-layer attention (Hunyuan CLA): one k/v projection per this many layers
+      1;                     // cross-layer attention (Hunyuan CLA): one k/v projection per this many layers
+  bool output_gate = false;  // q_proj also emits a sigmoid gate per head dim on the output (Qwen3-Next)
+  DsaIndexerSpec indexer;
 
   int64_t qk_dim() const {
     return kind == AttentionKind::kMla ? mla.qk_nope_head_dim + mla.qk_rope_head_dim : head_dim;
   }
   int64_t v_dim() const { return kind == AttentionKind::kMla ? mla.v_head_dim : head_dim; }
+};
+
+// Gated DeltaNet (Qwen3-Next linear_attention layers): in_proj_qkvz [h -> 2*key_dim + 2*value_dim],
+// in_proj_ba [h -> 2*value_heads], a depthwise causal conv1d over q, k, v (conv_kernel taps, no bias),
+// dt_bias and A_log per value head, a gated RMSNorm over value_head_dim, out_proj [value_dim -> h].
+struct LinearAttentionSpec {
+  int64_t key_heads = 0;
+  int64_t value_heads = 0;
+  int64_t key_head_dim = 0;
+  int64_t value_head_dim = 0;
+  int64_t conv_kernel = 0;
+  int64_t chunk = 64;  // tokens per chunk of the chunked delta rule (FLA's kernels use 64; not in the config)
+  int64_t key_dim() const { return key_heads * key_head_dim; }
+  int64_t value_dim() const { return value_heads * value_head_dim; }
+  int64_t in_proj_width() const { return 2 * key_dim() + 2 * value_dim() + 2 * value_heads; }
+  int64_t conv_channels() const { return 2 * key_dim() + value_dim(); }
+};
+
+// Mamba-2 (Nemotron-H 'M' layers): in_proj [h -> 2*inner + 2*groups*state + heads] (z, x, B, C, dt), a
+// depthwise causal conv1d over x, B, C, dt_bias, A_log and D per head, a gated RMSNorm over inner,
+// out_proj [inner -> h]; inner = heads * head_dim.
+struct MambaSpec {
+  int64_t heads = 0;
+  int64_t head_dim = 0;
+  int64_t state_size = 0;
+  int64_t groups = 1;
+  int64_t conv_kernel = 0;
+  int64_t chunk = 128;  // tokens per chunk of the SSD scan (HF chunk_size)
+  bool conv_bias = true;
+  bool proj_bias = false;
+  int64_t inner() const { return heads * head_dim; }
+  int64_t conv_channels() const { return inner() + 2 * groups * state_size; }
+  int64_t in_proj_width() const { return 2 * inner() + 2 * groups * state_size + heads; }
 };
 
 // How the router turns logits into expert weights (the kernels differ: softmax over E, or a sigmoid per
@@ -86,6 +140,14 @@ struct LayerSpec {
   bool moe = false;           // routed experts (plus shared experts) instead of the dense FFN
   int64_t window = 0;         // sliding attention window in tokens; 0 = full causal attention
   bool kv_projection = true;  // false where the layer reuses an earlier layer's k/v (CLA)
+  MixerKind mixer = MixerKind::kAttention;
+  bool ffn = true;  // false: a mixer-only block (Nemotron-H 'M' and '*' layers)
+
+  // The fields that make two layers cost the same (one recipe, one memory evaluation per kind).
+  bool same_kind(const LayerSpec& o) const {
+    return moe == o.moe && window == o.window && kv_projection == o.kv_projection && mixer == o.mixer &&
+           ffn == o.ffn;
+  }
 };
 
 struct ModelSpec {
@@ -102,6 +164,13 @@ struct ModelSpec {
   int64_t dense_ffn = 0;  // intermediate size of the dense FFN in non-MoE layers
   std::vector<LayerSpec> layers;
   int64_t mtp_layers = 0;  // DeepSeek-V3 multi-token-prediction modules (each one more decoder layer)
+  LinearAttentionSpec linear_attention;  // for MixerKind::kLinearAttention layers
+  MambaSpec mamba;                       // for MixerKind::kMamba2 layers
+  // The checkpoint's quantization as the config's quantization_config states it, in one line ("" when the
+  // config has none). Plans train in the plan's precision from these shapes; inspect and plan report it.
+  std::string checkpoint_quantization;
+  // Parts of the checkpoint that are not counted (a vision tower), in one line; "" when none.
+  std::string not_counted;
 
   int64_t num_layers() const { return static_cast<int64_t>(layers.size()); }
   int64_t num_moe_layers() const {
@@ -110,6 +179,12 @@ struct ModelSpec {
     return n;
   }
   bool is_moe() const { return moe.num_experts > 0; }
+  bool has_mixer(MixerKind k) const {
+    for (const auto& l : layers) {
+      if (l.mixer == k) return true;
+    }
+    return false;
+  }
 };
 
 }  // namespace moeplan

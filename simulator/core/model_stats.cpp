@@ -15,12 +15,38 @@ double ffn_matrices(FfnActivation a) {
   return a == FfnActivation::kSwiGlu ? 3.0 : 2.0;
 }
 
-// Weights of the q/k/v/o (or MLA) projections of one layer: these are also the GEMM weights a token
-// multiplies.
+// Weights of the DSA lightning indexer of one layer: wq_b [q_lora_rank -> heads*head_dim], wk [h ->
+// head_dim], weights_proj [h -> heads]; 0 without an indexer.
+double indexer_matmul_params(const ModelSpec& m) {
+  const auto& x = m.attention.indexer;
+  if (x.heads <= 0) return 0.0;
+  const auto h = static_cast<double>(m.hidden);
+  const auto q_in =
+      static_cast<double>(m.attention.mla.q_lora_rank > 0 ? m.attention.mla.q_lora_rank : m.hidden);
+  const auto heads = static_cast<double>(x.heads), dim = static_cast<double>(x.head_dim);
+  return q_in * heads * dim + h * dim + h * heads;
+}
+
+// Weights of the token mixer's projections of one layer (q/k/v/o, MLA, the DSA indexer, or the in/out
+// projections of a Gated DeltaNet or Mamba-2 mixer): these are also the GEMM weights a token multiplies.
 double attention_matmul_params(const ModelSpec& m, const LayerSpec& layer) {
   const auto& a = m.attention;
   const auto h = static_cast<double>(m.hidden);
   const auto heads = static_cast<double>(a.num_heads);
+  switch (layer.mixer) {
+    case MixerKind::kNone:
+      return 0.0;
+    case MixerKind::kLinearAttention: {
+      const auto& g = m.linear_attention;
+      return h * static_cast<double>(g.in_proj_width()) + static_cast<double>(g.value_dim()) * h;
+    }
+    case MixerKind::kMamba2: {
+      const auto& s = m.mamba;
+      return h * static_cast<double>(s.in_proj_width()) + static_cast<double>(s.inner()) * h;
+    }
+    case MixerKind::kAttention:
+      break;
+  }
   if (a.kind == AttentionKind::kMla) {
     const auto& d = a.mla;
     const auto qk = static_cast<double>(d.qk_nope_head_dim + d.qk_rope_head_dim);
@@ -31,23 +57,42 @@ double attention_matmul_params(const ModelSpec& m, const LayerSpec& layer) {
     const double kv_b =
         static_cast<double>(d.kv_lora_rank) * heads * static_cast<double>(d.qk_nope_head_dim + d.v_head_dim);
     const double o = heads * static_cast<double>(d.v_head_dim) * h;
-    return q + kv_a + kv_b + o;
+    return q + kv_a + kv_b + o + indexer_matmul_params(m);
   }
   const auto hd = static_cast<double>(a.head_dim);
-  const double q = h * heads * hd;
+  const double q = h * heads * hd * (a.output_gate ? 2.0 : 1.0);
   const double kv = layer.kv_projection ? 2.0 * h * static_cast<double>(a.num_kv_heads) * hd : 0.0;
   const double o = heads * hd * h;
   return q + kv + o;
 }
 
-// Biases, sinks, q/k norms and MLA's low-rank norms of one layer.
+// Biases, sinks, q/k norms and MLA's low-rank norms of one layer; for the recurrent mixers their conv1d, the
+// per-head dt bias, A (and D) and the gated output norm.
 double attention_small_params(const ModelSpec& m, const LayerSpec& layer) {
   const auto& a = m.attention;
   const auto heads = static_cast<double>(a.num_heads);
   double p = 0;
+  switch (layer.mixer) {
+    case MixerKind::kNone:
+      return 0.0;
+    case MixerKind::kLinearAttention: {
+      const auto& g = m.linear_attention;
+      return static_cast<double>(g.conv_channels() * g.conv_kernel + 2 * g.value_heads + g.value_head_dim);
+    }
+    case MixerKind::kMamba2: {
+      const auto& s = m.mamba;
+      const int64_t conv = s.conv_channels() * s.conv_kernel + (s.conv_bias ? s.conv_channels() : 0);
+      const int64_t bias = s.proj_bias ? s.in_proj_width() + m.hidden : 0;
+      return static_cast<double>(conv + 3 * s.heads + s.inner() + bias);
+    }
+    case MixerKind::kAttention:
+      break;
+  }
   if (a.kind == AttentionKind::kMla) {
     if (a.mla.q_lora_rank > 0) p += norm_params(m.norm, a.mla.q_lora_rank);
     p += norm_params(m.norm, a.mla.kv_lora_rank);
+    // The DSA indexer's k norm is a LayerNorm with weight and bias.
+    if (a.indexer.heads > 0) p += 2.0 * static_cast<double>(a.indexer.head_dim);
     return p;
   }
   const auto hd = static_cast<double>(a.head_dim);
@@ -96,11 +141,14 @@ MoeLayerParams moe_layer_params(const ModelSpec& m) {
 // Parameters of one decoder layer added into `total` and `active`.
 void add_layer(const ModelSpec& m, const LayerSpec& layer, ParamBreakdown& total, ParamBreakdown& active) {
   const double attn = attention_matmul_params(m, layer) + attention_small_params(m, layer);
-  const double norms = 2.0 * norm_params(m.norm, m.hidden);
+  // One pre-norm per sub-block: the mixer's and the FFN's.
+  const double norms = ((layer.mixer != MixerKind::kNone ? 1.0 : 0.0) + (layer.ffn ? 1.0 : 0.0)) *
+                       norm_params(m.norm, m.hidden);
   total.attention += attn;
   active.attention += attn;
   total.norms += norms;
   active.norms += norms;
+  if (!layer.ffn) return;
   if (layer.moe) {
     const MoeLayerParams p = moe_layer_params(m);
     total.routed_experts += p.routed_total;
@@ -154,15 +202,45 @@ double mean_attended_keys(int64_t seq_len, int64_t window) {
   return (w * (w + 1.0) / 2.0 + (s - w) * w) / s;
 }
 
+double mixer_core_flops(const ModelSpec& m, const LayerSpec& layer, int64_t seq_len) {
+  const auto d = [](int64_t x) { return static_cast<double>(x); };
+  switch (layer.mixer) {
+    case MixerKind::kNone:
+      return 0.0;
+    case MixerKind::kLinearAttention: {
+      const auto& g = m.linear_attention;
+      return d(g.value_heads) * chunked_scan_flops(g.key_head_dim, g.value_head_dim, g.chunk);
+    }
+    case MixerKind::kMamba2: {
+      const auto& s = m.mamba;
+      return d(s.heads) * chunked_scan_flops(s.state_size, s.head_dim, s.chunk);
+    }
+    case MixerKind::kAttention:
+      break;
+  }
+  const auto& a = m.attention;
+  // DSA: the core attends the indexer's top_k keys of each query, min(i + 1, top_k) for query i, which is the
+  // key count of a top_k-token window; the indexer scores every causal key with its small heads (QK only).
+  const int64_t window = a.indexer.heads > 0 ? a.indexer.top_k : layer.window;
+  double f = 2.0 * d(a.num_heads) * d(a.qk_dim() + a.v_dim()) * mean_attended_keys(seq_len, window);
+  if (a.indexer.heads > 0)
+    f += 2.0 * d(a.indexer.heads) * d(a.indexer.head_dim) * mean_attended_keys(seq_len, 0);
+  return f;
+}
+
+double chunked_scan_flops(int64_t dk, int64_t dv, int64_t chunk) {
+  const auto k = static_cast<double>(dk), v = static_cast<double>(dv);
+  return 2.0 * (k + v) * mean_attended_keys(chunk, 0) + 4.0 * k * v;
+}
+
 namespace {
 
 void add_layer_flops(const ModelSpec& m, const LayerSpec& layer, int64_t seq_len, FlopBreakdown& f) {
-  const auto& a = m.attention;
   f.attention_proj += 2.0 * attention_matmul_params(m, layer);
-  f.attention_core += 2.0 * static_cast<double>(a.num_heads) * static_cast<double>(a.qk_dim() + a.v_dim()) *
-                      mean_attended_keys(seq_len, layer.window);
+  f.attention_core += mixer_core_flops(m, layer, seq_len);
   const auto h = static_cast<double>(m.hidden);
   const double mats = ffn_matrices(m.activation);
+  if (!layer.ffn) return;
   if (layer.moe) {
     const auto& e = m.moe;
     f.routed_experts += 2.0 * static_cast<double>(e.top_k) * mats * h * static_cast<double>(e.expert_ffn);

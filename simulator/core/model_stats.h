@@ -43,7 +43,7 @@ ParamBreakdown layer_params(const ModelSpec& m, const LayerSpec& layer);
 //   norms, activations and softmax are not counted (they are memory-bound and negligible in FLOPs).
 struct FlopBreakdown {
   double attention_proj = 0;  // q/k/v/o (or MLA) projection GEMMs
-  double attention_core = 0;  // QK^T and PV
+  double attention_core = 0;  // QK^T and PV (and the DSA indexer's scores, the recurrent mixers' scans)
   double dense_ffn = 0;
   double routed_experts = 0;
   double shared_experts = 0;
@@ -66,6 +66,19 @@ FlopsPerToken flops_per_token(const ModelSpec& m, int64_t seq_len);
 
 // Mean number of keys a query attends to under causal masking with an optional sliding window (0 = none).
 double mean_attended_keys(int64_t seq_len, int64_t window);
+
+// FLOPs per token of a layer's token mixer beyond its projections (FlopBreakdown::attention_core):
+//   softmax attention: 2 * heads * (qk_dim + v_dim) * L (L as above; DSA: L of a top_k-token window, plus the
+//                      indexer's 2 * index_heads * index_head_dim * L over all causal keys)
+//   Gated DeltaNet, Mamba-2: value_heads (heads) x chunked_scan_flops(key dim (state), value dim (head),
+//   chunk)
+double mixer_core_flops(const ModelSpec& m, const LayerSpec& layer, int64_t seq_len);
+
+// FLOPs per token and head of a chunked linear recurrence (chunked delta rule, Mamba-2 SSD) with key (state)
+// dim dk, value dim dv and chunks of C tokens (derived, not measured): within the chunk, causal scores and
+// their use as attention over (C+1)/2 keys, 2 (dk + dv) (C+1)/2; across chunks, reading the [dk, dv] state
+// and adding the token's update to it, 4 dk dv. The delta rule's in-chunk triangular solve is left out.
+double chunked_scan_flops(int64_t dk, int64_t dv, int64_t chunk);
 
 // Bytes per parameter kept on GPUs during mixed-precision Adam training, before any ZeRO sharding.
 struct TrainingBytesPerParam {

@@ -78,6 +78,26 @@ std::vector<Violation> validate(const Plan& p, const ModelSpec& m, const Hardwar
   r.check(m.dense_ffn == 0 || divides(a.tp, m.dense_ffn), "dense_ffn_divisible_by_tp", "dense FFN size (",
           m.dense_ffn, ") is not divisible by tp (", a.tp, ")");
 
+  // Recurrent mixers (Gated DeltaNet, Mamba-2): their heads split over tp*sp like attention heads (Mamba's
+  // B/C groups too); a chunk of the sequence needs the state of the chunks before it, which context
+  // parallelism would pass between ranks in order, and no stack here does that.
+  if (m.has_mixer(MixerKind::kLinearAttention)) {
+    const auto& g = m.linear_attention;
+    r.check(divides(a.tp * a.sp, g.key_heads) && divides(a.tp * a.sp, g.value_heads), "mixer_heads_divisible",
+            "Gated DeltaNet heads (", g.key_heads, " key, ", g.value_heads,
+            " value) are not divisible by tp*sp (", a.tp * a.sp, ")");
+  }
+  if (m.has_mixer(MixerKind::kMamba2)) {
+    r.check(divides(a.tp * a.sp, m.mamba.heads) && divides(a.tp * a.sp, m.mamba.groups),
+            "mixer_heads_divisible", "Mamba-2 heads (", m.mamba.heads, ") and groups (", m.mamba.groups,
+            ") are not divisible by tp*sp (", a.tp * a.sp, ")");
+  }
+  r.check(
+      a.cp == 1 || !(m.has_mixer(MixerKind::kLinearAttention) || m.has_mixer(MixerKind::kMamba2)),
+      "recurrent_mixer_no_cp", "cp = ", a.cp,
+      ": the model's Gated DeltaNet / Mamba-2 layers carry state along the sequence, and context parallelism "
+      "of them is not modelled");
+
   // Sequence: SP (Megatron, over tp) and Ulysses split it; CP splits it into 2*cp load-balanced chunks.
   const int64_t seq_split = a.tp * a.sp * a.cp * (a.cp > 1 ? 2 : 1);
   r.check(divides(seq_split, p.seq_len), "seq_divisible", "sequence length (", p.seq_len,

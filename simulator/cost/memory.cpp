@@ -319,9 +319,53 @@ double hybridep_buffer_bytes(double tokens, double hidden, int64_t ranks, int64_
 
 }  // namespace
 
+// A layer whose blocks differ from attention + FFN (model_notes.h): what the attention formulas above say for
+// the mixer is replaced, and a block the layer lacks saves nothing. A Gated DeltaNet or Mamba-2 mixer saves
+// its norm output, the in-projection and conv outputs [tg, (in_width + conv_channels) / tp], the scan output
+// and the gated norm output [tg, 2 out_width / tp] in bf16, and its fp32 chunk states
+// [b, s / chunk, heads / tp, dk, dv] (derived from the kernels' inputs and outputs; no trace checks it).
+namespace {
+LayerActivations reshape_blocks(const ModelSpec& m, const Plan& p, const LayerSpec& layer,
+                                LayerActivations r) {
+  if (layer.mixer != MixerKind::kAttention) {
+    r.attn_norm = r.mla_latent = r.qkv = r.core_attn = 0.0;
+    if (layer.mixer == MixerKind::kNone) r.mlp_residual = 0.0;  // the block's input is the layer input
+  }
+  if (layer.mixer == MixerKind::kLinearAttention || layer.mixer == MixerKind::kMamba2) {
+    const bool gdn = layer.mixer == MixerKind::kLinearAttention;
+    const auto& g = m.linear_attention;
+    const auto& s = m.mamba;
+    const double tp = d(p.attention.tp), t = tokens_per_rank(p), tg = t * tp;
+    const double in_w = d(gdn ? g.in_proj_width() : s.in_proj_width());
+    const double conv = d(gdn ? g.conv_channels() : s.conv_channels());
+    const double out_w = d(gdn ? g.value_dim() : s.inner());
+    const double heads = d(gdn ? g.value_heads : s.heads) / tp;
+    const double dk = d(gdn ? g.key_head_dim : s.state_size), dv = d(gdn ? g.value_head_dim : s.head_dim);
+    const double chunks = std::ceil(d(p.seq_len) / d(gdn ? g.chunk : s.chunk));
+    r.attn_norm = t * d(m.hidden) * kBf16;
+    r.qkv = tg * (in_w + conv) / tp * kBf16;
+    r.core_attn = tg * 2.0 * out_w / tp * kBf16 + d(p.micro_batch) * chunks * heads * dk * dv * kFp32;
+  }
+  if (!layer.ffn) {
+    r.mlp_residual = r.mlp_norm = r.router = r.expert_fc1_in = r.expert_fc1_out = r.expert_fc2_in = r.shared =
+        r.dense_mlp = 0.0;
+  }
+  return r;
+}
+}  // namespace
+
 LayerActivations layer_activations_under(const ModelSpec& m, const Plan& p, const StackProfile& stack,
                                          const LayerSpec& layer, double expert_load_scale,
                                          Recompute recompute, uint16_t modules) {
+  if (layer.mixer != MixerKind::kAttention || !layer.ffn) {
+    LayerSpec plain = layer;
+    plain.mixer = MixerKind::kAttention;
+    plain.ffn = true;
+    if (recompute == Recompute::kFull)
+      return layer_activations_under(m, p, stack, plain, expert_load_scale, recompute, modules);
+    return reshape_blocks(m, p, layer,
+                          layer_activations_under(m, p, stack, plain, expert_load_scale, recompute, modules));
+  }
   switch (recompute) {
     case Recompute::kFull: {
       LayerActivations r;
@@ -387,9 +431,7 @@ double dispatcher_buffer_bytes(const ModelSpec& m, const Plan& p, const StackPro
   double largest_layer = 0;
   std::vector<const LayerSpec*> seen;
   for (const LayerSpec& spec : m.layers) {
-    if (std::any_of(seen.begin(), seen.end(), [&](const LayerSpec* k) {
-          return k->moe == spec.moe && k->window == spec.window && k->kv_projection == spec.kv_projection;
-        }))
+    if (std::any_of(seen.begin(), seen.end(), [&](const LayerSpec* k) { return k->same_kind(spec); }))
       continue;
     seen.push_back(&spec);
     const LocalParams lp = local_params(m, p, spec);
@@ -432,10 +474,7 @@ std::vector<MemoryBreakdown> memory_per_stage(const ModelSpec& m, const Plan& p,
   };
   std::vector<Kind> kinds;
   auto kind_of = [&](const LayerSpec& spec) -> size_t {
-    auto it = std::find_if(kinds.begin(), kinds.end(), [&](const Kind& k) {
-      return k.spec.moe == spec.moe && k.spec.window == spec.window &&
-             k.spec.kv_projection == spec.kv_projection;
-    });
+    auto it = std::find_if(kinds.begin(), kinds.end(), [&](const Kind& k) { return k.spec.same_kind(spec); });
     if (it != kinds.end()) return static_cast<size_t>(it - kinds.begin());
     kinds.push_back(
         {spec, local_params(m, p, spec), layer_activations(m, p, stack, spec, expert_load_scale).total(),

@@ -92,6 +92,7 @@ class Builder {
     dp_ = p.dp();
     edp_ = p.expert_dp();
     t_ = p.micro_batch * p.seq_len / (tp_ * sp_ * cp_);
+    glu_ = m.activation == FfnActivation::kSwiGlu ? 2 : 1;
     dt_ = DType::kBf16;  // activations travel in bf16 (FP8 only where the plan compresses the dispatch)
     combined_ = p.overlap.cross_micro_batch;
     schedule_ = p.pipeline.schedule;
@@ -231,6 +232,8 @@ class Builder {
 
   // ---- layer forward recipes (record into layer_ops_) ----
   int attention_fwd(int in);
+  int indexer_fwd(int x, int q_latent, int64_t tg);
+  int recurrent_mixer_fwd(int in, MixerKind kind);
   int moe_fwd(int in);
   int moe_dispatch_megatron(int r, double rows, double ep_rows, int64_t f_r, int64_t local_experts);
   int moe_dispatch_dedup(int r, double ep_rows, int64_t f_r, int64_t local_experts);
@@ -284,6 +287,7 @@ class Builder {
   const Plan& p_;
   const LoweringOptions& o_;
   int64_t tp_, sp_, cp_, ep_, etp_, pp_, vpp_, dp_, edp_, t_;
+  int64_t glu_ = 2;               // FC1 width over F: 2 for SwiGLU (gate and up), 1 for GELU and squared ReLU
   int64_t n_main_ = 0, mtp_ = 0;  // the model's layers; MTP modules lowered after them
   LayerSpec mtp_spec_;
   const LayerSpec& spec_of(int64_t layer) const {
@@ -383,8 +387,12 @@ int Builder::attention_fwd(int in) {
   }
   // Widths per token of q and of k+v after projection on this rank (before Ulysses splits heads).
   const int64_t q_width = heads_r * qk;
+  // Qwen3-Next's q_proj also emits the output gate [heads_r * head_dim], applied after attention on this
+  // rank.
+  const int64_t q_proj_width = a.output_gate ? 2 * q_width : q_width;
   const int64_t kv_width = mla ? heads_r * (qk + v) : 2 * std::max(kv_r, sp_) * a.head_dim;
   int q = -1, kv = -1;
+  int dsa = -1;  // DSA: the indexer's top-k selection, which the attention core waits for
   if (mla) {
     const auto& l = a.mla;
     int qd = x;
@@ -394,12 +402,13 @@ int Builder::attention_fwd(int in) {
       q = record(gemm(OpName::kQUp, tg, q_width, l.q_lora_rank), {qd});
       module_ = 0;
     } else {
-      q = record(gemm(OpName::kQProj, tg, q_width, h), {x});
+      q = record(gemm(OpName::kQProj, tg, q_proj_width, h), {x});
     }
     const int kvd = record(gemm(OpName::kKvDown, tg, l.kv_lora_rank + l.qk_rope_head_dim, h), {x});
     module_ = kRecomputeMlaUpProj;
     kv = record(gemm(OpName::kKvUp, tg, heads_r * (l.qk_nope_head_dim + v), l.kv_lora_rank), {kvd});
     module_ = 0;
+    if (a.indexer.heads > 0) dsa = indexer_fwd(x, qd, tg);
   }
   const double rope_bytes =
       2.0 * d(tg) * d(heads_r + kv_r) * d(mla ? a.mla.qk_rope_head_dim : a.head_dim) * dt;
@@ -419,31 +428,33 @@ int Builder::attention_fwd(int in) {
     const double q_bytes = d(tg * q_width) * dt, kv_bytes = d(tg * kv_width) * dt;
     if (!mla && p_.overlap.intra_op) {
       // GEMM + all-to-all: each output tile is written to its destination rank from the GEMM epilogue.
-      Op f = fused(OpName::kQkvProjA2a, gemm(OpName::kQkvProj, tg, q_width + kv_width, h),
+      Op f = fused(OpName::kQkvProjA2a, gemm(OpName::kQkvProj, tg, q_proj_width + kv_width, h),
                    comm(Collective::kAllToAll, CommGroup::kSp, q_bytes + kv_bytes, dt_));
       ready = {record(f, {x})};
     } else if (p_.overlap.inter_op) {
       // K/V projection and its all-to-all first, beside the Q projection (MegaScale-MoE §4.1).
       if (!mla) kv = record(gemm(OpName::kKvProj, tg, kv_width, h), {x});
       const int kv_a2a = record(coll(OpName::kKvA2a, Collective::kAllToAll, CommGroup::kSp, kv_bytes), {kv});
-      if (!mla) q = record(gemm(OpName::kQProj, tg, q_width, h), {x});
+      if (!mla) q = record(gemm(OpName::kQProj, tg, q_proj_width, h), {x});
       if (mla) module_ = kRecomputeMlaUpProj;
       const int r = record(mem(OpName::kRope, MemOp::kRope, rope_bytes), {qk_norm(q)});
       module_ = 0;
       ready = {record(coll(OpName::kQA2a, Collective::kAllToAll, CommGroup::kSp, q_bytes), {r}), kv_a2a};
     } else {
-      if (!mla) q = kv = record(gemm(OpName::kQkvProj, tg, q_width + kv_width, h), {x});
+      if (!mla) q = kv = record(gemm(OpName::kQkvProj, tg, q_proj_width + kv_width, h), {x});
       if (mla) module_ = kRecomputeMlaUpProj;
       const int r = record(mem(OpName::kRope, MemOp::kRope, rope_bytes), {qk_norm(q), kv});
       module_ = 0;
       ready = {record(coll(OpName::kQkvA2a, Collective::kAllToAll, CommGroup::kSp, q_bytes + kv_bytes), {r})};
     }
   } else {
-    if (!mla) q = kv = record(gemm(OpName::kQkvProj, tg, q_width + kv_width, h), {x});
+    if (!mla) q = kv = record(gemm(OpName::kQkvProj, tg, q_proj_width + kv_width, h), {x});
     if (mla) module_ = kRecomputeMlaUpProj;
     ready = {record(mem(OpName::kRope, MemOp::kRope, rope_bytes), {qk_norm(q), kv})};
     module_ = 0;
   }
+
+  if (dsa >= 0) ready.push_back(dsa);
 
   // Attention over the full sequence for this rank's heads; CP splits the queries into 2*cp balanced chunks.
   // Per-layer sliding windows are applied by record_layer.
@@ -498,6 +509,76 @@ int Builder::attention_fwd(int in) {
   return out;
 }
 
+// DeepSeek-V3.2's lightning indexer on this rank's heads: q from the q latent [tg, q_lora] -> [tg, heads_r *
+// dim], one shared key [tg, dim] and per-head weights [tg, heads_r] from h; the scores of every query against
+// every causal key as one GEMM [tg * heads_r, dim] x [dim, L] (L the mean causal key count, so its FLOPs are
+// the model's), and the top-k selection reading the fp32 weighted scores [tg, L]. Priced in bf16; the gather
+// of the indexer keys across sequence shards is not priced (model_notes.h says so).
+int Builder::indexer_fwd(int x, int q_latent, int64_t tg) {
+  const auto& ix = m_.attention.indexer;
+  const int64_t h = m_.hidden;
+  const int64_t heads_r = std::max<int64_t>(1, ix.heads / tp_);
+  const int64_t q_in = m_.attention.mla.q_lora_rank > 0 ? m_.attention.mla.q_lora_rank : h;
+  const int q = record(gemm(OpName::kIndexerProj, tg, heads_r * ix.head_dim, q_in), {q_latent});
+  const int kw = record(gemm(OpName::kIndexerProj, tg, ix.head_dim + heads_r, h), {x});
+  const auto keys = static_cast<int64_t>(std::ceil(mean_attended_keys(p_.seq_len, 0)));
+  const int sc = record(gemm(OpName::kIndexerScore, tg * heads_r, keys, ix.head_dim), {q, kw});
+  return record(mem(OpName::kIndexerTopk, MemOp::kRouting, 4.0 * d(tg) * d(keys)), {sc}, false, true);
+}
+
+// A Gated DeltaNet or Mamba-2 mixer (ModelSpec's LinearAttentionSpec / MambaSpec): its norm, the TP
+// all-gather, the in-projection [tg, in_width / tp], the depthwise causal conv over its conv channels, under
+// Ulysses an all-to-all of the projections by heads, the chunked scan, the gated output norm, the all-to-all
+// back, the out-projection [tg, out_width / tp] -> h and the TP reduce-scatter. The scan is memory-bound over
+// its inputs, output and fp32 chunk states [b, s / chunk, heads, dk, dv] written and read once (assumed;
+// model_notes.h).
+int Builder::recurrent_mixer_fwd(int in, MixerKind kind) {
+  const bool gdn = kind == MixerKind::kLinearAttention;
+  const auto& g = m_.linear_attention;
+  const auto& sm = m_.mamba;
+  const int64_t h = m_.hidden;
+  const double dt = bytes_of(dt_);
+  const int64_t in_w = (gdn ? g.in_proj_width() : sm.in_proj_width()) / tp_;
+  const int64_t conv_w = (gdn ? g.conv_channels() : sm.conv_channels()) / tp_;
+  const int64_t gates_w = (gdn ? 2 * g.value_heads : sm.heads) / tp_;
+  const int64_t out_w = (gdn ? g.value_dim() : sm.inner()) / tp_;
+  const int64_t heads_r = (gdn ? g.value_heads : sm.heads) / tp_;
+  const int64_t dk = gdn ? g.key_head_dim : sm.state_size, dv = gdn ? g.value_head_dim : sm.head_dim;
+  const int64_t chunk = gdn ? g.chunk : sm.chunk;
+  node_ = Node::kPreDispatch;
+  module_ = 0;
+  int x = record(mem(OpName::kAttnNorm, MemOp::kNorm, 3.0 * d(t_ * h) * dt), {in}, true);
+  int64_t tg = t_;
+  if (tp_ > 1) {
+    x = record(coll(OpName::kAttnAg, Collective::kAllGather, CommGroup::kTp, d(t_ * tp_ * h) * dt), {x},
+               true);
+    tg = t_ * tp_;
+  }
+  int y = record(gemm(OpName::kMixerInProj, tg, in_w, h), {x});
+  y = record(mem(OpName::kMixerConv, MemOp::kActivation, 2.0 * d(tg * conv_w) * dt), {y}, true);
+  if (sp_ > 1)
+    y = record(coll(OpName::kMixerA2a, Collective::kAllToAll, CommGroup::kSp, d(tg * in_w) * dt), {y}, true);
+  // After the all-to-all: the whole sequence (ta = tg * sp tokens) for heads_r / sp heads.
+  const double ta = d(tg * sp_);
+  const double states =
+      2.0 * d(p_.micro_batch) * std::ceil(d(p_.seq_len) / d(chunk)) * d(heads_r) * d(dk * dv) * 4.0 / d(sp_);
+  Op scan =
+      mem(OpName::kMixerScan, MemOp::kActivation, ta * d(conv_w + gates_w + out_w) / d(sp_) * dt + states);
+  scan.flops = ta * d(heads_r) / d(sp_) * chunked_scan_flops(dk, dv, chunk);
+  y = record(scan, {y}, true);
+  y = record(mem(OpName::kMixerNorm, MemOp::kNorm, 3.0 * ta * d(out_w) / d(sp_) * dt), {y}, true);
+  if (sp_ > 1) {
+    y = record(coll(OpName::kMixerOutA2a, Collective::kAllToAll, CommGroup::kSp, d(tg * out_w) * dt), {y},
+               true);
+  }
+  y = record(gemm(OpName::kMixerOutProj, tg, h, out_w), {y});
+  if (tp_ > 1)
+    y = record(coll(OpName::kAttnRs, Collective::kReduceScatter, CommGroup::kTp, d(tg * h) * dt), {y});
+  if (o_.eager_framework)
+    y = record(mem(OpName::kResidualAdd, MemOp::kActivation, 3.0 * d(t_ * h) * dt), {y}, false, true);
+  return y;
+}
+
 int Builder::dense_ffn_fwd(int in) {
   const int64_t h = m_.hidden, f = m_.dense_ffn;
   const double dt = bytes_of(dt_);
@@ -510,7 +591,7 @@ int Builder::dense_ffn_fwd(int in) {
     tg = t_ * tp_;
   }
   const int64_t f_r = f / tp_;
-  int y = record(gemm(OpName::kFc13, tg, 2 * f_r, h), {x});
+  int y = record(gemm(OpName::kFc13, tg, glu_ * f_r, h), {x});
   y = record(mem(OpName::kAct, MemOp::kActivation, 3.0 * d(tg * f_r) * dt), {y}, true);
   y = record(gemm(OpName::kFc2, tg, h, f_r), {y});
   if (tp_ > 1)
@@ -578,7 +659,7 @@ int Builder::moe_dispatch_megatron(int r, double rows, double ep_rows, int64_t f
                    Stream::kCompute, 2),
                {y}, true);
   }
-  y = record(grouped(OpName::kExpertFc13, ep_rows, 2 * f_r, h, local_experts), {y});
+  y = record(grouped(OpName::kExpertFc13, ep_rows, glu_ * f_r, h, local_experts), {y});
   module_ |= kRecomputeMoeAct;
   y = record(mem(OpName::kExpertAct, MemOp::kActivation, 3.0 * ep_rows * d(f_r) * dt), {y}, true);
   module_ &= static_cast<uint16_t>(~kRecomputeMoeAct);
@@ -662,7 +743,7 @@ int Builder::moe_dispatch_dedup(int r, double ep_rows, int64_t f_r, int64_t loca
     y = record(mem(OpName::kPermute, MemOp::kPermute, (recv_rows + ep_rows) * d(h) * dt, Stream::kCompute, 2),
                {y}, true);
   }
-  y = record(grouped(OpName::kExpertFc13, ep_rows, 2 * f_r, h, local_experts), {y});
+  y = record(grouped(OpName::kExpertFc13, ep_rows, glu_ * f_r, h, local_experts), {y});
   module_ |= kRecomputeMoeAct;
   y = record(mem(OpName::kExpertAct, MemOp::kActivation, 3.0 * ep_rows * d(f_r) * dt), {y}, true);
   module_ &= static_cast<uint16_t>(~kRecomputeMoeAct);
@@ -718,7 +799,7 @@ int Builder::moe_fwd(int in) {
                  true);
       tg = t_ * tp_;
     }
-    y = record(gemm(OpName::kSharedFc13, tg, 2 * fs, h, side_stream_), {y});
+    y = record(gemm(OpName::kSharedFc13, tg, glu_ * fs, h, side_stream_), {y});
     y = record(mem(OpName::kSharedAct, MemOp::kActivation, 3.0 * d(tg * fs) * dt, side_stream_), {y}, true);
     y = record(gemm(OpName::kSharedFc2, tg, h, fs, side_stream_), {y});
     if (tp_ > 1)
@@ -743,7 +824,7 @@ int Builder::moe_fwd(int in) {
       if (p_.overlap.intra_op && etp_ == 1) {
         node_ = Node::kMlp;
         y = record(
-            fused(OpName::kAgScatterFc13, grouped(OpName::kExpertFc13, ep_rows, 2 * f_r, h, local_experts),
+            fused(OpName::kAgScatterFc13, grouped(OpName::kExpertFc13, ep_rows, glu_ * f_r, h, local_experts),
                   comm(Collective::kAllGather, CommGroup::kEp, ag_bytes, dispatch_dt)),
             {r});
       } else {
@@ -765,8 +846,8 @@ int Builder::moe_fwd(int in) {
       }
       if (p_.overlap.intra_op && etp_ == 1) {
         node_ = Node::kMlp;
-        y = record(fused(OpName::kA2aFc13, grouped(OpName::kExpertFc13, ep_rows, 2 * f_r, h, local_experts),
-                         a2a.comm),
+        y = record(fused(OpName::kA2aFc13,
+                         grouped(OpName::kExpertFc13, ep_rows, glu_ * f_r, h, local_experts), a2a.comm),
                    {y});
       } else {
         node_ = Node::kDispatch;
@@ -780,7 +861,7 @@ int Builder::moe_fwd(int in) {
         y = record(coll(OpName::kEtpAg, Collective::kAllGather, CommGroup::kEtp, ep_rows * d(h) * dt), {y},
                    true);
       }
-      y = record(grouped(OpName::kExpertFc13, ep_rows, 2 * f_r, h, local_experts), {y});
+      y = record(grouped(OpName::kExpertFc13, ep_rows, glu_ * f_r, h, local_experts), {y});
     }
     module_ |= kRecomputeMoeAct;
     y = record(mem(OpName::kExpertAct, MemOp::kActivation, 3.0 * ep_rows * d(f_r) * dt), {y}, true);
@@ -826,18 +907,33 @@ void Builder::record_layer(int64_t layer) {
   layer_ops_.clear();
   module_ = 0;
   const LayerSpec& l = spec_of(layer);
-  const int a = attention_fwd(-1);
-  if (l.moe) {
-    moe_fwd(a);
-  } else {
-    dense_ffn_fwd(a);
+  int a = -1;
+  switch (l.mixer) {
+    case MixerKind::kAttention:
+      a = attention_fwd(-1);
+      break;
+    case MixerKind::kLinearAttention:
+    case MixerKind::kMamba2:
+      a = recurrent_mixer_fwd(-1, l.mixer);
+      break;
+    case MixerKind::kNone:
+      break;
   }
-  // Layer-specific attention: sliding windows and CLA (no K/V projection) change the attention ops' work.
+  if (l.ffn) {
+    if (l.moe) {
+      moe_fwd(a);
+    } else {
+      dense_ffn_fwd(a);
+    }
+  }
+  // Layer-specific attention: sliding windows and CLA (no K/V projection) change the attention ops' work. DSA
+  // attends top_k keys per query: the key count of a top_k-token window.
+  const int64_t window = m_.attention.indexer.heads > 0 ? m_.attention.indexer.top_k : l.window;
   for (auto& lo : layer_ops_) {
     Op& op = lo.op;
-    if (op.kind == OpKind::kAttention && l.window > 0) {
-      op.attn.window = static_cast<int32_t>(l.window);
-      op.flops *= mean_attended_keys(p_.seq_len, l.window) / mean_attended_keys(p_.seq_len, 0);
+    if (op.kind == OpKind::kAttention && window > 0 && window < p_.seq_len) {
+      op.attn.window = static_cast<int32_t>(window);
+      op.flops *= mean_attended_keys(p_.seq_len, window) / mean_attended_keys(p_.seq_len, 0);
     }
   }
 }
@@ -1366,9 +1462,7 @@ OpGraph Builder::build() {
   std::vector<LayerSpec> kinds;
   for (size_t l = 0; l < n_all; ++l) {
     const LayerSpec& s = spec_of(static_cast<int64_t>(l));
-    auto it = std::find_if(kinds.begin(), kinds.end(), [&](const LayerSpec& k) {
-      return k.moe == s.moe && k.window == s.window && k.kv_projection == s.kv_projection;
-    });
+    auto it = std::find_if(kinds.begin(), kinds.end(), [&](const LayerSpec& k) { return k.same_kind(s); });
     if (it == kinds.end()) {
       kinds.push_back(s);
       record_layer(static_cast<int64_t>(l));

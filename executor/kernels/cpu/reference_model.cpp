@@ -49,6 +49,8 @@ std::string ReferenceModel<S>::unsupported(const ModelSpec& m) {
   if (a.qk_norm != QkNorm::kNone) return "qk-norm";
   if (a.sinks) return "attention sinks";
   if (a.kv_share_layers != 1) return "cross-layer attention";
+  if (a.indexer.heads > 0) return "DSA sparse attention";
+  if (a.output_gate) return "gated attention outputs";
   if (m.mtp_layers != 0) return "multi-token prediction";
   if (m.moe.shared_expert_gate || m.moe.expert_bias || m.moe.router_bias || m.moe.router_score_bias)
     return "shared-expert gates, expert or router biases";
@@ -57,6 +59,8 @@ std::string ReferenceModel<S>::unsupported(const ModelSpec& m) {
   if (a.head_dim <= 0 || a.head_dim % 2 != 0) return "an odd head_dim (rope pairs dims)";
   for (const auto& l : m.layers) {
     if (!l.kv_projection) return "layers without k/v projections";
+    if (l.mixer != MixerKind::kAttention) return "Gated DeltaNet, Mamba-2 or FFN-only layers";
+    if (!l.ffn) return "layers without an FFN";
     if (l.moe && (m.moe.num_experts <= 0 || m.moe.top_k <= 0 || m.moe.expert_ffn <= 0))
       return "MoE layers without experts";
     if (!l.moe && m.dense_ffn <= 0) return "dense layers without dense_ffn";

@@ -46,6 +46,54 @@ TEST_SUITE("cli") {
     }
   }
 
+  TEST_CASE("inspect, plan and simulate state a model's approximations and its checkpoint's quantization") {
+    // inspect: layers by kind for hybrids, the quantization as stated, one note per approximation.
+    const Run qn = run_cli("inspect --json --model qwen3-next-80b-a3b");
+    REQUIRE(qn.exit_code == 0);
+    const auto j = nlohmann::json::parse(qn.out);
+    CHECK(j.at("layer_kinds").at("Gated DeltaNet + MoE") == 36);
+    CHECK(j.at("layer_kinds").at("attention + MoE") == 12);
+    CHECK(j.at("notes").size() == 1);
+    CHECK_FALSE(j.contains("checkpoint_quantization"));
+    const Run v32 = run_cli("inspect --model deepseek-v3.2");
+    REQUIRE(v32.exit_code == 0);
+    CHECK(v32.out.find("note: checkpoint quantization (quantization_config): fp8, fmt e4m3") !=
+          std::string::npos);
+    CHECK(v32.out.find("note: DSA sparse attention:") != std::string::npos);
+    // A plain model's report keeps its keys (golden outputs stay as they were).
+    const auto plain = nlohmann::json::parse(run_cli("inspect --json --model mixtral-8x7b").out);
+    CHECK_FALSE(plain.contains("notes"));
+    CHECK_FALSE(plain.contains("layer_kinds"));
+    // plan: the same lines, before the ranking and in its JSON.
+    const std::string job =
+        "plan --model nemotron-3-nano-30b-a3b --hardware h100-sxm --gpus 8 --seq-len 4096 --global-batch 64 "
+        "--fix pipeline.pp=1 --fix attention.tp=1 --fix experts.ep=8 --top 1";
+    const Run text = run_cli(job);
+    REQUIRE(text.exit_code == 0);
+    CHECK(text.out.find("\nmodel: Mamba-2 layers: in/out projections priced as GEMMs") != std::string::npos);
+    const auto pj = nlohmann::json::parse(run_cli(job + " --json").out);
+    REQUIRE(pj.at("model_notes").size() == 1);
+    CHECK(pj.at("model_notes")[0].get<std::string>().find("(assumed: no calibrated kernel)") !=
+          std::string::npos);
+    CHECK(pj.at("plans").size() == 1);
+    // simulate: its best plan, text and JSON.
+    const fs::path plan = fs::temp_directory_path() / "moeplan_cli_test_nemotron_plan.json";
+    {
+      nlohmann::json p = pj.at("plans")[0].at("plan");
+      p["model"] = (fs::path(MOEPLAN_SOURCE_DIR) / "models" / "nemotron-3-nano-30b-a3b.json").string();
+      p["hardware"] = (fs::path(MOEPLAN_SOURCE_DIR) / "hwprofiles" / "h100-sxm.json").string();
+      p.erase("stack");
+      std::ofstream(plan) << p.dump();
+    }
+    const Run sim = run_cli("simulate '" + plan.string() + "'");
+    CHECK(sim.exit_code == 0);
+    CHECK(sim.out.find("\nmodel: Mamba-2 layers:") != std::string::npos);
+    const Run sj = run_cli("simulate --json '" + plan.string() + "'");
+    REQUIRE(sj.exit_code == 0);
+    CHECK(nlohmann::json::parse(sj.out).at("model_notes").size() == 1);
+    fs::remove(plan);
+  }
+
   TEST_CASE("inspect --hardware summarises a profile") {
     const Run r = run_cli("inspect --hardware h800-sxm --json");
     REQUIRE(r.exit_code == 0);

@@ -115,6 +115,119 @@ TEST_SUITE("core") {
     CHECK(sliding == 18);
   }
 
+  // Issue 16 families. The config counts are computed apart from moeplan, from each file's fields and the
+  // Hugging Face modules' parameter shapes (weights, biases, norms, conv kernels, per-head dt/A/D; untied
+  // embeddings twice; MTP and vision towers left out); models/README.md has the script's formulas.
+  TEST_CASE("issue 16 families: totals and actives equal the independent config counts") {
+    const Expected cases[] = {
+        {"glm-4.5-air", 106.852, 13.424},      {"minimax-m2.5", 228.690, 11.031},
+        {"deepseek-v3.2", 671.878, 38.404},    {"kimi-k2.5", 1026.408, 32.862},
+        {"qwen3-next-80b-a3b", 79.674, 3.875}, {"nemotron-3-nano-30b-a3b", 31.578, 3.580},
+    };
+    for (const auto& c : cases) {
+      CAPTURE(c.model);
+      const ParamCounts p = count_params(load(c.model));
+      CHECK(p.total.total() / 1e9 == doctest::Approx(c.total_b).epsilon(1e-4));
+      CHECK(p.active.total() / 1e9 == doctest::Approx(c.active_b).epsilon(1e-4));
+    }
+  }
+
+  TEST_CASE("issue 16 families reproduce their published parameter counts") {
+    auto without_embeddings = [](const ParamCounts& p) {
+      return (p.active.total() - p.active.embedding - p.active.output) / 1e9;
+    };
+    // GLM-4.5-Air: "106 billion total parameters and 12 billion active parameters" (GLM-4.5 model card,
+    // zai-org/GLM-4.5 README; arXiv:2508.06471). The MTP layer is left out of both, embeddings out of active.
+    const ParamCounts glm = count_params(load("glm-4.5-air"));
+    CHECK(glm.total.total() / 1e9 == doctest::Approx(106.0).epsilon(0.01));
+    CHECK(without_embeddings(glm) == doctest::Approx(12.0).epsilon(0.02));
+    // MiniMax-M2 / M2.5: "230 billion total parameters with 10 billion active parameters" (MiniMax-M2 model
+    // card); the three MTP modules are not in the 230 B, embeddings not in the 10 B.
+    const ParamCounts mm = count_params(load("minimax-m2.5"));
+    CHECK(mm.total.total() / 1e9 == doctest::Approx(230.0).epsilon(0.01));
+    CHECK(without_embeddings(mm) == doctest::Approx(10.0).epsilon(0.03));
+    // DeepSeek-V3.2: DeepSeek-V3's 671 B (37 B active) plus the lightning indexer; the Hub counts 685 B with
+    // the MTP module. The indexer per layer: wq_b 1536 x 64*128, wk 7168 x 128, its LayerNorm 2 x 128,
+    // weights_proj 7168 x 64.
+    const ParamCounts v32 = count_params(load("deepseek-v3.2"));
+    const ParamCounts v3 = count_params(load("deepseek-v3"));
+    const double indexer = 1536.0 * 64 * 128 + 7168.0 * 128 + 2 * 128 + 7168.0 * 64;
+    CHECK(v32.total.total() - v3.total.total() == doctest::Approx(61 * indexer));
+    CHECK(v32.active.total() - v3.active.total() == doctest::Approx(61 * indexer));
+    CHECK((v32.total.total() + v32.mtp) / 1e9 == doctest::Approx(685.0).epsilon(0.01));
+    // Kimi K2.5: "Total Parameters 1T, Activated Parameters 32B" (Kimi-K2.5 model card); its text model has
+    // Kimi K2's shapes, and the MoonViT vision tower is not counted.
+    const ParamCounts k25 = count_params(load("kimi-k2.5"));
+    CHECK(k25.total.total() == doctest::Approx(count_params(load("kimi-k2")).total.total()));
+    CHECK(k25.total.total() / 1e12 == doctest::Approx(1.0).epsilon(0.03));
+    CHECK(k25.active.total() / 1e9 == doctest::Approx(32.0).epsilon(0.03));
+    // Qwen3-Next-80B-A3B: "80B in total and 3B activated" (Qwen3-Next-80B-A3B model card); 3B is the rounded
+    // figure of the name: 3.25 B without the embeddings.
+    const ParamCounts qn = count_params(load("qwen3-next-80b-a3b"));
+    CHECK(qn.total.total() / 1e9 == doctest::Approx(80.0).epsilon(0.01));
+    CHECK(without_embeddings(qn) == doctest::Approx(3.25).epsilon(0.01));
+    CHECK(without_embeddings(qn) < 3.5);
+    // Nemotron 3 Nano 30B-A3B: 31.6 B total, about 3.2 B active per token, 3.6 B with the embeddings (the
+    // Nemotron 3 Nano report's figures as public model pages quote them, e.g.
+    // https://www.open-source-ai.tech/models/nemotron-3-nano); the model card rounds to "3.5B active and 30B
+    // in total". Its 3.2 B leaves out the input embedding.
+    const ParamCounts nh = count_params(load("nemotron-3-nano-30b-a3b"));
+    CHECK(nh.total.total() / 1e9 == doctest::Approx(31.6).epsilon(0.01));
+    CHECK(nh.active.total() / 1e9 == doctest::Approx(3.6).epsilon(0.01));
+    CHECK((nh.active.total() - nh.active.embedding) / 1e9 == doctest::Approx(3.2).epsilon(0.01));
+  }
+
+  TEST_CASE("recurrent mixers count their conv, per-head and norm parameters and chunked-scan FLOPs") {
+    // Qwen3-Next Gated DeltaNet (16 key / 32 value heads of 128, conv 4, hidden 2048):
+    //   in_proj 2048 x (2*2048 + 2*4096 + 2*32), out_proj 4096 x 2048, conv (2*2048 + 4096) x 4,
+    //   dt_bias + A_log 2 x 32, gated norm 128.
+    const ModelSpec qn = load("qwen3-next-80b-a3b");
+    const LayerSpec& gdn = qn.layers[0];
+    REQUIRE(gdn.mixer == MixerKind::kLinearAttention);
+    const double gdn_params =
+        2048.0 * (2 * 2048 + 2 * 4096 + 64) + 4096.0 * 2048 + (2 * 2048 + 4096) * 4.0 + 64 + 128;
+    CHECK(layer_params(qn, gdn).attention == doctest::Approx(gdn_params));
+    // Gated attention (layer 3): q_proj doubles for the output gate; per-head q/k norms of 256.
+    const LayerSpec& full = qn.layers[3];
+    REQUIRE(full.mixer == MixerKind::kAttention);
+    const double full_params = 2048.0 * 16 * 256 * 2 + 2 * 2048.0 * 2 * 256 + 16 * 256.0 * 2048 + 2 * 256;
+    CHECK(layer_params(qn, full).attention == doctest::Approx(full_params));
+    // Scan FLOPs per token: 32 heads x (2 (128 + 128) (64 + 1) / 2 + 4 x 128 x 128), chunks of 64.
+    CHECK(mixer_core_flops(qn, gdn, 4096) == doctest::Approx(32.0 * (256.0 * 65 + 4 * 128.0 * 128)));
+    // Nemotron-H Mamba-2 (64 heads of 64, state 128, 8 groups, conv 4 with bias, hidden 2688): in_proj
+    // 2688 x (2*4096 + 2*8*128 + 64), out_proj 4096 x 2688, conv (4096 + 2048) x (4 + 1), dt_bias, A_log, D
+    // 3 x 64, gated norm 4096; the block has one norm.
+    const ModelSpec nh = load("nemotron-3-nano-30b-a3b");
+    const LayerSpec& mamba = nh.layers[0];
+    REQUIRE(mamba.mixer == MixerKind::kMamba2);
+    const ParamBreakdown mp = layer_params(nh, mamba);
+    CHECK(mp.attention == doctest::Approx(2688.0 * (2 * 4096 + 2 * 8 * 128 + 64) + 4096.0 * 2688 +
+                                          6144.0 * 5 + 3 * 64 + 4096));
+    CHECK(mp.norms == doctest::Approx(2688.0));
+    CHECK(mp.dense_ffn + mp.routed_experts + mp.shared_experts + mp.router == 0.0);
+    // An 'E' block: no mixer, one norm, squared-ReLU experts of two matrices, the router and its score bias.
+    const LayerSpec& moe = nh.layers[1];
+    REQUIRE(moe.mixer == MixerKind::kNone);
+    const ParamBreakdown ep = layer_params(nh, moe);
+    CHECK(ep.attention == 0.0);
+    CHECK(ep.norms == doctest::Approx(2688.0));
+    CHECK(ep.routed_experts == doctest::Approx(128.0 * 2 * 2688 * 1856));
+    CHECK(ep.shared_experts == doctest::Approx(2.0 * 2688 * 3712));
+    CHECK(ep.router == doctest::Approx(2688.0 * 128 + 128));
+    // SSD FLOPs per token: 64 heads x (2 (128 + 64) (128 + 1) / 2 + 4 x 128 x 64), chunks of 128.
+    CHECK(mixer_core_flops(nh, mamba, 4096) == doctest::Approx(64.0 * (192.0 * 129 + 4 * 128.0 * 64)));
+  }
+
+  TEST_CASE("DSA attends top-k keys per query and its indexer scores every causal key") {
+    // DeepSeek-V3.2 at S = 8192: the core over min(i + 1, 2048) keys, 128 heads x (192 + 128); the indexer
+    // 64 heads x 128 over (S + 1) / 2 keys, QK only.
+    const ModelSpec m = load("deepseek-v3.2");
+    const double s = 8192, w = 2048;
+    const double keys = (w * (w + 1) / 2 + (s - w) * w) / s;
+    CHECK(mixer_core_flops(m, m.layers[5], 8192) ==
+          doctest::Approx(2.0 * 128 * 320 * keys + 2.0 * 64 * 128 * (s + 1) / 2));
+  }
+
   TEST_CASE("bytes per parameter of mixed-precision Adam") {
     CHECK(bytes_per_param(DType::kBf16).total() == 18);  // 2 bf16 weights + 4 fp32 grads + 12 master/m/v
     CHECK(bytes_per_param(DType::kFp32).total() == 16);

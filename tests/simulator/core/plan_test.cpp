@@ -306,4 +306,34 @@ TEST_SUITE("core") {
     REQUIRE(notices.size() == 1);
     CHECK(notices[0].find("overlap.cross_micro_batch") != std::string::npos);
   }
+
+  TEST_CASE("recurrent mixers refuse context parallelism and need their heads to split over tp*sp") {
+    Fixture f;
+    f.model = io::load_model("qwen3-next-80b-a3b").value();  // Gated DeltaNet: 16 key, 32 value heads
+    f.plan.model = "qwen3-next-80b-a3b";
+    f.plan.seq_len = 32768;
+    f.plan.attention.tp = 2;
+    f.plan.experts.ep = 8;
+    f.plan.pipeline.pp = 8;
+    CHECK(f.rules().empty());
+    f.plan.attention.tp = 1;
+    f.plan.attention.cp = 2;
+    CHECK(f.breaks("recurrent_mixer_no_cp"));
+    CHECK_FALSE(f.breaks("mixer_heads_divisible"));
+    // Nemotron-H: 64 Mamba heads in 8 groups; tp 16 splits the heads but not the groups (its 2 KV heads
+    // replicate, and the 32 attention heads split).
+    f.model = io::load_model("nemotron-3-nano-30b-a3b").value();
+    f.plan.attention.cp = 1;
+    f.plan.attention.tp = 16;
+    f.plan.pipeline.pp = 4;
+    CHECK(f.breaks("mixer_heads_divisible"));
+    f.plan.attention.tp = 8;
+    CHECK_FALSE(f.breaks("mixer_heads_divisible"));
+    // A plain attention model is not affected.
+    f.model = io::load_model("mixtral-8x22b").value();
+    f.plan.attention.tp = 2;
+    f.plan.attention.cp = 2;
+    f.plan.pipeline.pp = 8;
+    CHECK_FALSE(f.breaks("recurrent_mixer_no_cp"));
+  }
 }

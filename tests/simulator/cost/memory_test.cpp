@@ -198,7 +198,7 @@ TEST_SUITE("cost") {
     m.hidden = 4096;
     m.vocab = 128256;
     m.dense_ffn = 14336;
-    m.attention = {AttentionKind::kGqa, 32, 8, 128, {}, false, false, QkNorm::kNone, false, 1};
+    m.attention = {AttentionKind::kGqa, 32, 8, 128, {}, false, false, QkNorm::kNone, false, 1, false, {}};
     m.layers.assign(32, LayerSpec{false, 0, true});
     const HardwareProfile hw = io::load_hardware("h100-sxm").value();
     const StackProfile st = io::load_stack("megatron-core").value();

@@ -11,6 +11,18 @@ ModelSpec load(const char* name) {
   REQUIRE_MESSAGE(m.ok(), (m.ok() ? "" : m.error().message));
   return m.value();
 }
+ModelSpec parse(const char* text) {
+  auto j = io::parse_json_text(text, "cfg.json");
+  REQUIRE(j.ok());
+  auto m = io::model_from_json(j.value(), "cfg.json", "cfg");
+  REQUIRE_MESSAGE(m.ok(), (m.ok() ? "" : m.error().message));
+  return m.value();
+}
+int count_mixer(const ModelSpec& m, MixerKind k, bool ffn) {
+  int n = 0;
+  for (const auto& l : m.layers) n += l.mixer == k && l.ffn == ffn ? 1 : 0;
+  return n;
+}
 std::string error_of(const char* text) {
   auto j = io::parse_json_text(text, "cfg.json");
   REQUIRE(j.ok());
@@ -72,6 +84,160 @@ TEST_SUITE("io") {
     CHECK_FALSE(m.layers[0].moe);
     CHECK(m.layers[1].moe);
     CHECK(m.dense_ffn == 16384);
+  }
+
+  // Issue 16 families, from the real configs in models/ (models/README.md says where each came from).
+  TEST_CASE("Qwen3-Next: a gated full-attention layer every fourth, Gated DeltaNet otherwise, all MoE") {
+    const ModelSpec m = load("qwen3-next-80b-a3b");
+    CHECK(m.num_layers() == 48);
+    CHECK(m.num_moe_layers() == 48);
+    CHECK(count_mixer(m, MixerKind::kAttention, true) == 12);
+    CHECK(count_mixer(m, MixerKind::kLinearAttention, true) == 36);
+    CHECK(m.layers[3].mixer == MixerKind::kAttention);
+    CHECK(m.layers[4].mixer == MixerKind::kLinearAttention);
+    CHECK(m.attention.output_gate);
+    CHECK(m.attention.qk_norm == QkNorm::kPerHead);
+    CHECK(m.linear_attention.key_heads == 16);
+    CHECK(m.linear_attention.value_heads == 32);
+    CHECK(m.linear_attention.conv_kernel == 4);
+    CHECK(m.moe.num_experts == 512);
+    CHECK(m.moe.top_k == 10);
+    CHECK(m.moe.shared_expert_gate);
+    CHECK(m.checkpoint_quantization.empty());
+  }
+
+  TEST_CASE("Nemotron-H reads one block per pattern character: Mamba-2, attention or MoE") {
+    const ModelSpec m = load("nemotron-3-nano-30b-a3b");
+    CHECK(m.num_layers() == 52);
+    CHECK(count_mixer(m, MixerKind::kMamba2, false) == 23);
+    CHECK(count_mixer(m, MixerKind::kAttention, false) == 6);
+    CHECK(count_mixer(m, MixerKind::kNone, true) == 23);
+    CHECK(m.num_moe_layers() == 23);
+    CHECK(m.activation == FfnActivation::kRelu2);
+    CHECK(m.mamba.heads == 64);
+    CHECK(m.mamba.inner() == 4096);
+    CHECK(m.mamba.groups == 8);
+    CHECK(m.mamba.chunk == 128);
+    CHECK(m.moe.router_score_bias);
+    CHECK(m.moe.shared_expert_ffn == 3712);
+  }
+
+  TEST_CASE("DeepSeek-V3.2 adds the DSA indexer to V3's layout and reports its FP8 checkpoint") {
+    const ModelSpec m = load("deepseek-v3.2");
+    CHECK(m.attention.kind == AttentionKind::kMla);
+    CHECK(m.attention.indexer.heads == 64);
+    CHECK(m.attention.indexer.head_dim == 128);
+    CHECK(m.attention.indexer.top_k == 2048);
+    CHECK(m.num_moe_layers() == 58);
+    CHECK(m.mtp_layers == 1);
+    CHECK(m.checkpoint_quantization == "fp8, fmt e4m3, activation_scheme dynamic, weight blocks 128x128");
+  }
+
+  TEST_CASE("MiniMax-M2.5: sigmoid routing with a score bias, q/k norms over all heads, MTP left out") {
+    const ModelSpec m = load("minimax-m2.5");
+    CHECK(m.moe.num_experts == 256);
+    CHECK(m.moe.expert_ffn == 1536);
+    CHECK(m.moe.score == RouterScore::kSigmoid);
+    CHECK(m.moe.router_score_bias);
+    CHECK(m.moe.num_shared_experts == 0);
+    CHECK(m.attention.qk_norm == QkNorm::kFull);
+    CHECK(m.mtp_layers == 0);
+    CHECK(m.not_counted.find("3 MTP modules") != std::string::npos);
+    CHECK(m.checkpoint_quantization ==
+          "fp8, fmt float8_e4m3fn, activation_scheme dynamic, weight blocks 128x128, 3 modules left "
+          "unquantized");
+  }
+
+  TEST_CASE("Kimi K2.5 reads its text_config and the quantization stated there, not the vision tower") {
+    const ModelSpec m = load("kimi-k2.5");
+    CHECK(m.family == "kimi_k2");
+    CHECK(m.attention.kind == AttentionKind::kMla);
+    CHECK(m.moe.num_experts == 384);
+    CHECK(m.num_moe_layers() == 60);
+    CHECK(m.checkpoint_quantization.starts_with("compressed-tensors, format pack-quantized"));
+    CHECK(m.checkpoint_quantization.find("group_0: weights int4-bit, group 32") != std::string::npos);
+    CHECK(m.not_counted.find("vision") != std::string::npos);
+  }
+
+  TEST_CASE("GLM-4.5-Air: q/k/v biases without an o bias, one dense layer, sigmoid group routing, MTP") {
+    const ModelSpec m = load("glm-4.5-air");
+    CHECK(m.attention.qkv_bias);
+    CHECK_FALSE(m.attention.out_bias);
+    CHECK(m.attention.qk_norm == QkNorm::kNone);
+    CHECK_FALSE(m.layers[0].moe);
+    CHECK(m.num_moe_layers() == 45);
+    CHECK(m.moe.score == RouterScore::kSigmoid);
+    CHECK(m.moe.router_score_bias);
+    CHECK(m.mtp_layers == 1);
+    // The MLX community conversion names no method: the stated keys are reported as they are.
+    CHECK(m.checkpoint_quantization == "method not named, bits 4, group_size 64");
+  }
+
+  // Families without a real config found in public repositories (models/README.md): their keys, read from
+  // small hand-written configs.
+  TEST_CASE("ERNIE 4.5 MoE: expert keys of its own and MoE between the start and end layer") {
+    const ModelSpec m = parse(R"({"model_type": "ernie4_5_moe", "hidden_size": 64, "num_hidden_layers": 6,
+        "vocab_size": 100, "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 96,
+        "moe_num_experts": 8, "moe_k": 2, "moe_intermediate_size": 32, "moe_num_shared_experts": 2,
+        "moe_layer_start_index": 1, "moe_layer_end_index": 4, "moe_layer_interval": 1,
+        "tie_word_embeddings": true})");
+    CHECK_FALSE(m.layers[0].moe);
+    CHECK(m.layers[1].moe);
+    CHECK(m.layers[4].moe);
+    CHECK_FALSE(m.layers[5].moe);
+    CHECK(m.moe.num_shared_experts == 2);
+    CHECK(m.moe.shared_expert_ffn == 32);
+    CHECK(m.dense_ffn == 96);
+    CHECK(m.tied_embeddings);
+    CHECK(error_of(R"({"model_type": "ernie4_5_moe", "hidden_size": 64, "num_hidden_layers": 2,
+        "vocab_size": 100, "num_attention_heads": 4, "moe_num_experts": 8, "moe_k": 2,
+        "moe_intermediate_size": 32, "use_bias": true})")
+              .find("'use_bias': expected false") != std::string::npos);
+  }
+
+  TEST_CASE("Granite MoE: experts of intermediate_size; the shared variant adds one shared expert") {
+    const char* base = R"({"model_type": "granitemoe", "hidden_size": 64, "num_hidden_layers": 2,
+        "vocab_size": 100, "num_attention_heads": 4, "num_key_value_heads": 4, "intermediate_size": 32,
+        "num_local_experts": 8, "num_experts_per_tok": 2, "tie_word_embeddings": true})";
+    const ModelSpec g = parse(base);
+    CHECK(g.moe.expert_ffn == 32);
+    CHECK(g.moe.num_shared_experts == 0);
+    CHECK(g.num_moe_layers() == 2);
+    const ModelSpec s = parse(R"({"model_type": "granitemoeshared", "hidden_size": 64, "num_hidden_layers": 2,
+        "vocab_size": 100, "num_attention_heads": 4, "intermediate_size": 32, "num_local_experts": 8,
+        "num_experts_per_tok": 2, "shared_intermediate_size": 128})");
+    CHECK(s.moe.num_shared_experts == 1);
+    CHECK(s.moe.shared_expert_ffn == 128);
+    CHECK_FALSE(s.moe.shared_expert_gate);
+  }
+
+  TEST_CASE("Hunyuan V1 MoE accepts per-layer lists with one value, and names a list that varies") {
+    const ModelSpec m = parse(R"({"model_type": "hunyuan_v1_moe", "hidden_size": 64, "num_hidden_layers": 3,
+        "vocab_size": 100, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+        "intermediate_size": 48, "num_experts": 8, "moe_topk": [2, 2, 2], "moe_intermediate_size": [32, 32, 32],
+        "num_shared_expert": [1, 1, 1], "use_mixed_mlp_moe": true, "use_qk_norm": true})");
+    CHECK(m.moe.top_k == 2);
+    CHECK(m.moe.expert_ffn == 32);
+    CHECK(m.moe.num_shared_experts == 1);
+    CHECK(m.moe.shared_expert_ffn == 48);
+    CHECK(m.attention.qk_norm == QkNorm::kPerHead);
+    CHECK(
+        error_of(R"({"model_type": "hunyuan_v1_moe", "hidden_size": 64, "num_hidden_layers": 2,
+        "vocab_size": 100, "num_attention_heads": 4, "num_experts": 8, "moe_topk": [2, 4],
+        "moe_intermediate_size": 32})") ==
+        "cfg.json: field 'moe_topk': expected the same value on every layer (per-layer expert shapes are not "
+        "modelled), got array [2,4]");
+  }
+
+  TEST_CASE("Llama 4: an explicit moe_layers list wins over the interleave step") {
+    const ModelSpec m = parse(R"({"model_type": "llama4", "text_config": {"hidden_size": 64,
+        "num_hidden_layers": 4, "vocab_size": 100, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "head_dim": 16, "intermediate_size": 32, "intermediate_size_mlp": 96, "num_local_experts": 4,
+        "num_experts_per_tok": 1, "interleave_moe_layer_step": 1, "moe_layers": [1, 3]}})");
+    CHECK_FALSE(m.layers[0].moe);
+    CHECK(m.layers[1].moe);
+    CHECK_FALSE(m.layers[2].moe);
+    CHECK(m.num_moe_layers() == 2);
   }
 
   TEST_CASE("inconsistent shapes are rejected with the field named") {

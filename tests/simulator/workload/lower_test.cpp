@@ -841,6 +841,72 @@ TEST_SUITE("workload") {
     }
   }
 
+  TEST_CASE(
+      "recurrent mixers lower to GEMM projections around a memory-bound scan; FFN-only blocks to the FFN") {
+    // Qwen3-Next layers 0 (Gated DeltaNet) and 3 (gated attention), tp 2, t = 4096 tokens per micro-batch.
+    ModelSpec qn = io::load_model("qwen3-next-80b-a3b").value();
+    qn.layers = {qn.layers[0], qn.layers[3]};
+    Plan p = node_plan(8);
+    p.attention.tp = 2;
+    p.experts.ep = 4;
+    const OpGraph g = lower(qn, p, stack_options("moerun"));
+    // In-projection [tg = 4096, (2*2048 + 2*4096 + 64) / 2] from h = 2048; out-projection [4096, 2048 / ...].
+    const Op& in = the_op(g, OpName::kMixerInProj);
+    CHECK(in.gemm.m == 4096);
+    CHECK(in.gemm.n == (2 * 2048 + 2 * 4096 + 64) / 2);
+    CHECK(in.gemm.k == 2048);
+    const Op& out = the_op(g, OpName::kMixerOutProj);
+    CHECK(out.gemm.n == 2048);
+    CHECK(out.gemm.k == 4096 / 2);
+    // The scan reads q, k, v (4096 conv channels per rank), b and a (32 per rank), writes the output (2048
+    // per rank) in bf16, and writes and reads 64 chunks x 16 heads x 128 x 128 fp32 states.
+    const Op& scan = the_op(g, OpName::kMixerScan);
+    CHECK(scan.kind == OpKind::kMemoryBound);
+    CHECK(scan.hbm_bytes == doctest::Approx(4096.0 * (4096 + 32 + 2048) * 2 + 2.0 * 64 * 16 * 128 * 128 * 4));
+    CHECK(scan.flops == doctest::Approx(4096.0 * 16 * (256.0 * 65 + 4 * 128.0 * 128)));
+    CHECK(ops_named(g, OpName::kAttnCore).empty());
+    CHECK(ops_named(g, OpName::kAttnCore, 1).size() == 1);
+    CHECK(ops_named(g, OpName::kMixerScan, 1).empty());
+    // The gated attention layer's q projection is twice as wide (the output gate).
+    CHECK(the_op(g, OpName::kQkvProj, 1).gemm.n == (16 * 256 * 2 + 2 * 2 * 256) / 2);
+    // Nemotron-H: a Mamba-2 block has no FFN ops, an 'E' block no attention ops, and its experts' FC1 is one
+    // matrix wide (squared ReLU).
+    ModelSpec nh = io::load_model("nemotron-3-nano-30b-a3b").value();
+    nh.layers = {nh.layers[0], nh.layers[1]};
+    const OpGraph h = lower(nh, node_plan(8), stack_options("moerun"));
+    CHECK(ops_named(h, OpName::kRouter, 0).empty());
+    CHECK(ops_named(h, OpName::kMixerScan, 0).size() == 1);
+    CHECK(ops_named(h, OpName::kAttnNorm, 1).empty());
+    CHECK(ops_named(h, OpName::kRouter, 1).size() == 1);
+    CHECK(the_op(h, OpName::kExpertFc13, 1).gemm.n == 1856);
+  }
+
+  TEST_CASE("DSA runs the indexer before the core, which attends a top-k window of keys") {
+    // DeepSeek-V3.2, one MoE layer, seq 8192, tp 1: the indexer's q from the 1536 q latent to 64 x 128, its
+    // key and weights from h, scores of 8192 x 64 rows against 4097 mean causal keys over 128 dims.
+    ModelSpec m = io::load_model("deepseek-v3.2").value();
+    m.layers = {m.layers[3]};
+    m.mtp_layers = 0;
+    Plan p = node_plan(8);
+    p.seq_len = 8192;
+    p.global_batch = 8;
+    const OpGraph g = lower(m, p, stack_options("moerun"));
+    const auto proj = ops_named(g, OpName::kIndexerProj);
+    REQUIRE(proj.size() == 2);
+    CHECK(proj[0]->gemm.n * proj[0]->gemm.k == 64 * 128 * 1536);
+    CHECK(proj[1]->gemm.n == 128 + 64);
+    const Op& score = the_op(g, OpName::kIndexerScore);
+    CHECK(score.flops == doctest::Approx(2.0 * 8192 * 64 * 4097 * 128));
+    const Op& core = the_op(g, OpName::kAttnCore);
+    CHECK(core.attn.window == 2048);
+    const double w = 2048, s = 8192;
+    CHECK(core.flops == doctest::Approx(s * 2.0 * 128 * 320 * (w * (w + 1) / 2 + (s - w) * w) / s));
+    // The core waits for the top-k selection.
+    const Op& topk = the_op(g, OpName::kIndexerTopk);
+    const auto deps = g.deps_of(core);
+    CHECK(std::find(deps.begin(), deps.end(), topk.id) != deps.end());
+  }
+
   TEST_CASE("models with QK-norm run a norm over q and k, others none") {
     // Qwen3-30B-A3B: 32 heads and 4 KV heads of 128, t = 4096: the norm reads and writes q and k in bf16,
     // 2 t (32 + 4) 128 x 2 bytes.
