@@ -83,6 +83,10 @@ int main(int argc, char** argv) {
       "run (by op category); name what the step-time error is made of",
       add_compare);
 
+  add("import",
+      "The plan of a Megatron-LM launch (script or pasted flags), as a plan file to simulate, validate or "
+      "diff",
+      add_import);
   add("diff",
       "Two plans or two reports side by side: the plan fields that differ, the headline figures and every "
       "breakdown category",

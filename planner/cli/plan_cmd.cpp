@@ -54,17 +54,6 @@ nlohmann::json summary_json(const Prediction& p) {
           {"why_hypothetical", p.provenance.targets}};
 }
 
-// A file reference given on the command line (relative to the working directory) as a plan file in `dir`
-// must hold it (relative to the plan's folder); built-in names and absolute paths stay as they are.
-std::string relative_to(const std::string& ref, const std::string& dir) {
-  namespace fs = std::filesystem;
-  std::error_code ec;
-  const fs::path p(ref);
-  if (ref.empty() || p.is_absolute() || !fs::is_regular_file(p, ec)) return ref;
-  const fs::path rel = fs::relative(fs::absolute(p, ec), fs::absolute(dir, ec), ec);
-  return ec || rel.empty() ? fs::absolute(p).string() : rel.string();
-}
-
 // Plans whose predicted range overlaps the best plan's: the model cannot say which of them is faster.
 bool tied_with_best(const Prediction& best, const Prediction& p) {
   return p.tokens_per_s_high >= best.tokens_per_s_low;

@@ -1,0 +1,116 @@
+// import (planner/import.h): shell words as bash reads them, and the round trip that defines the importer:
+// every top plan of a search on a Megatron stack whose launch has no "not expressible" line comes back from
+// its own `launch --for megatron` text unchanged.
+#include "planner/import.h"
+
+#include <doctest/doctest.h>
+
+#include <string>
+#include <vector>
+
+#include "planner/launch.h"
+#include "planner/search.h"
+#include "simulator/io/hardware_loader.h"
+#include "simulator/io/model_loader.h"
+#include "simulator/io/plan_io.h"
+#include "simulator/io/stack_loader.h"
+
+using namespace moeplan;
+
+namespace {
+
+// The plan-file form of `p` with the references an import does not produce normalised.
+nlohmann::json comparable(Plan p) {
+  p.model = "m";
+  p.hardware = "h";
+  // Without pipeline stages there is no p2p to overlap: the flag has no effect and no Megatron form.
+  if (p.pipeline.pp == 1) p.overlap.pp_comm = false;
+  return io::plan_to_json(p);
+}
+
+// Top plans of a search, each launched for Megatron and imported back; returns how many round-tripped.
+int round_trip(const std::string& model_name, const std::string& stack_name, planner::Job job) {
+  const ModelSpec model = io::load_model(model_name).value();
+  const HardwareProfile hw = io::load_hardware("h100-sxm").value();
+  const StackProfile stack = io::load_stack(stack_name).value();
+  planner::SearchOptions opts;
+  opts.top = 8;
+  const auto r = planner::search(model, hw, stack, cost::uniform_routing(model.moe.num_experts), job,
+                                 planner::SearchSpace{}, opts);
+  int checked = 0;
+  for (auto rp : r.plans) {
+    rp.plan.model = model_name;
+    rp.plan.hardware = "h100-sxm";
+    rp.plan.stack = stack_name;
+    const planner::MegatronArgs args = planner::megatron_args(rp.plan, model, hw);
+    CAPTURE(planner::describe(rp.plan));
+    CHECK_MESSAGE(args.not_expressible.empty(), args.not_expressible.front());
+    if (!args.not_expressible.empty()) continue;
+    const std::string text = planner::megatron_text(rp.plan, model, hw, "plan.json");
+    const Result<planner::Imported> imported = planner::import_megatron(text, model, {});
+    REQUIRE_MESSAGE(imported, imported.error().message);
+    nlohmann::json j = imported.value().plan;
+    j["model"] = "m";
+    j["hardware"] = "h";
+    const Result<Plan> back = io::plan_from_json(j, "imported");
+    REQUIRE_MESSAGE(back, back.error().message);
+    CHECK(comparable(back.value()).dump() == comparable(rp.plan).dump());
+    CHECK_MESSAGE(imported.value().unread.empty(), imported.value().unread.front());
+    ++checked;
+  }
+  return checked;
+}
+
+}  // namespace
+
+TEST_SUITE("import") {
+  TEST_CASE("shell_words joins continued lines, drops comments and quotes, keeps --flag=value") {
+    const auto w = planner::shell_words(
+        "# a comment --not-a-flag 1\ntorchrun --nnodes=2 pretrain_gpt.py \\\n  --recompute-modules core_attn "
+        "moe_act \\\n  --pipeline-model-parallel-layout 'E,t|t,L'  # trailing\n");
+    const std::vector<std::string> expected = {"torchrun",
+                                               "--nnodes=2",
+                                               "pretrain_gpt.py",
+                                               "--recompute-modules",
+                                               "core_attn",
+                                               "moe_act",
+                                               "--pipeline-model-parallel-layout",
+                                               "E,t|t,L"};
+    CHECK(w == expected);
+  }
+
+  TEST_CASE("launch --for megatron then import gives the same plan (megatron-core, all-to-all)") {
+    CHECK(round_trip("mixtral-8x22b", "megatron-core", {128, 4096, 256}) >= 5);
+  }
+
+  TEST_CASE("launch --for megatron then import gives the same plan (DeepEP and HybridEP stacks)") {
+    CHECK(round_trip("qwen3-30b-a3b", "megatron-core-deepep", {32, 4096, 128}) >= 5);
+    CHECK(round_trip("qwen3-30b-a3b", "megatron-core-hybridep", {32, 4096, 128}) >= 5);
+  }
+
+  TEST_CASE("import reads Megatron's defaults and refuses a launch for another model") {
+    const ModelSpec model = io::load_model("mixtral-8x7b").value();
+    const std::string text =
+        "torchrun --nnodes 2 --nproc-per-node 8 pretrain_gpt.py --tensor-model-parallel-size 2 "
+        "--expert-model-parallel-size 4 --context-parallel-size 2 --seq-length 8192 --num-layers 32 "
+        "--recompute-granularity selective --fp8-format hybrid --cross-entropy-loss-fusion";
+    const auto r = planner::import_megatron(text, model, {});
+    REQUIRE_MESSAGE(r, r.error().message);
+    const nlohmann::json& p = r.value().plan;
+    CHECK(p.at("gpus") == 16);
+    CHECK(p.at("experts").at("etp") == 2);                  // defaults to tp
+    CHECK(p.at("experts").at("dispatch") == "all_gather");  // Megatron's default dispatcher
+    CHECK(p.at("attention").at("cp") == 2);                 // p2p ring, priced as the K/V all-gather (noted)
+    CHECK(p.at("fp8_recipe") == "delayed");
+    CHECK(p.at("cross_entropy") == "native");
+    CHECK(p.at("recompute").at("modules") == nlohmann::json::array({"core_attn"}));
+    CHECK(p.at("global_batch") == 4);  // Megatron's default: micro-batch 1 x dp (16 / (tp 2 x cp 2))
+    const auto wrong = planner::import_megatron(text + " --hidden-size 1024", model, {});
+    REQUIRE(!wrong);
+    CHECK(wrong.error().message.find("--hidden-size 1024: the model mixtral-8x7b has 4096") !=
+          std::string::npos);
+    const auto no_gpus = planner::import_megatron("--seq-length 4096", model, {});
+    REQUIRE(!no_gpus);
+    CHECK(no_gpus.error().message.find("give --gpus N") != std::string::npos);
+  }
+}
