@@ -341,4 +341,24 @@ std::vector<SweepRow> sweep(const SweepCase& base, const Vary& vary, const Sweep
   return rows;
 }
 
+GpuScaling gpu_scaling(const std::vector<SweepRow>& rows, double threshold) {
+  GpuScaling g;
+  g.threshold = threshold;
+  g.efficiency.resize(rows.size());
+  std::optional<double> base;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    if (!rows[i].has_numbers() || rows[i].prediction.tokens_per_s_per_gpu <= 0) continue;
+    if (!base) base = rows[i].prediction.tokens_per_s_per_gpu;
+    const double e = rows[i].prediction.tokens_per_s_per_gpu / *base;
+    g.efficiency[i] = e;
+    if (g.knee_in_range) continue;
+    if (e >= threshold) {
+      g.knee = i;
+    } else {
+      g.knee_in_range = g.knee.has_value();
+    }
+  }
+  return g;
+}
+
 }  // namespace moeplan::planner

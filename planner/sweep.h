@@ -80,6 +80,17 @@ struct SweepRow {
   bool has_numbers() const { return plan.has_value() && prediction.violations.empty(); }
 };
 
+// Strong scaling over a GPU sweep (rows in the order swept, increasing GPU counts): each row's tokens/s per
+// GPU relative to the first row with numbers, and the knee: the last GPU count before the per-GPU rate first
+// falls below `threshold` of the first row's (the last row when it never does, `knee_in_range` false).
+struct GpuScaling {
+  std::vector<std::optional<double>> efficiency;  // per row; nullopt for a row without numbers
+  std::optional<size_t> knee;                     // row index
+  bool knee_in_range = false;                     // a later row fell below the threshold
+  double threshold = 0.8;
+};
+GpuScaling gpu_scaling(const std::vector<SweepRow>& rows, double threshold = 0.8);
+
 struct SweepOptions {
   SearchOptions search;                                     // top is forced to 1
   std::function<void(size_t done, size_t total)> progress;  // after each value, from the calling thread

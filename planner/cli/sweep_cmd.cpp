@@ -12,6 +12,7 @@
 #include "planner/explain.h"
 #include "planner/search.h"
 #include "planner/sweep.h"
+#include "simulator/core/units.h"
 #include "simulator/io/hardware_loader.h"
 #include "simulator/io/json_reader.h"
 #include "simulator/io/model_loader.h"
@@ -64,7 +65,7 @@ nlohmann::json row_json(const planner::SweepRow& r) {
 
 void print_csv(const std::string& key, const std::vector<planner::SweepRow>& rows) {
   fmt::print(
-      "{},layout,tokens_per_s,tokens_per_s_per_gpu,mfu,step_time_s,memory_per_gpu_gb,memory_fits,"
+      "{},layout,tokens_per_s,tokens_per_s_per_gpu,mfu,step_time_s,memory_per_gpu_gib,memory_fits,"
       "exposed_comm_s,bubble_s,reason\n",
       key);
   for (const planner::SweepRow& r : rows) {
@@ -76,7 +77,7 @@ void print_csv(const std::string& key, const std::vector<planner::SweepRow>& row
     }
     const Prediction& p = r.prediction;
     fmt::print("{},{},{:.1f},{:.2f},{:.4f},{:.6f},{:.3f},{},{:.6f},{:.6f},{}\n", value, layout,
-               p.tokens_per_s, p.tokens_per_s_per_gpu, p.mfu, p.step_time_s, p.memory.total() / 1e9,
+               p.tokens_per_s, p.tokens_per_s_per_gpu, p.mfu, p.step_time_s, p.memory.total() / kGiB,
                p.memory.fits() ? "true" : "false", planner::exposed_comm_seconds(p), p.breakdown.bubble,
                csv_cell(r.reason));
   }
@@ -89,7 +90,7 @@ void print_text(const std::string& key, const std::vector<planner::SweepRow>& ro
     if (r.has_numbers()) lw = std::max(lw, planner::describe(*r.plan).size());
   }
   fmt::print("{:<{}}  {:<{}} {:>10} {:>9} {:>6} {:>7} {:>7} {:>7} {:>8}\n", key, w, "layout", lw, "tokens/s",
-             "per GPU", "MFU", "step s", "mem GB", "comm s", "bubble s");
+             "per GPU", "MFU", "step s", "mem GiB", "comm s", "bubble s");
   for (const planner::SweepRow& r : rows) {
     const std::string value = planner::vary_value_text(r.value);
     if (!r.has_numbers()) {
@@ -99,8 +100,30 @@ void print_text(const std::string& key, const std::vector<planner::SweepRow>& ro
     const Prediction& p = r.prediction;
     fmt::print("{:<{}}  {:<{}} {:>10.0f} {:>9.1f} {:>5.1f}% {:>7.3f} {:>7.1f} {:>7.3f} {:>8.3f}{}\n", value,
                w, planner::describe(*r.plan), lw, p.tokens_per_s, p.tokens_per_s_per_gpu, 100 * p.mfu,
-               p.step_time_s, p.memory.total() / 1e9, planner::exposed_comm_seconds(p), p.breakdown.bubble,
+               p.step_time_s, p.memory.total() / kGiB, planner::exposed_comm_seconds(p), p.breakdown.bubble,
                r.reason.empty() ? "" : "  (" + r.reason + ")");
+  }
+}
+
+// The knee of a GPU sweep: where tokens/s per GPU falls below 80 % of the smallest count's.
+void print_knee(const std::vector<planner::SweepRow>& rows) {
+  const planner::GpuScaling g = planner::gpu_scaling(rows);
+  fmt::print("\nscaling (tokens/s per GPU against the first row):");
+  for (size_t i = 0; i < rows.size(); ++i) {
+    if (g.efficiency[i]) {
+      fmt::print(" {} GPUs {:.0f}%", planner::vary_value_text(rows[i].value), 100 * *g.efficiency[i]);
+    }
+  }
+  fmt::print("\n");
+  if (!g.knee) return;
+  if (g.knee_in_range) {
+    fmt::print(
+        "knee: {} GPUs, the last count at which each GPU keeps >= {:.0f}% of the first row's rate; beyond "
+        "it, added GPUs buy less\n",
+        planner::vary_value_text(rows[*g.knee].value), 100 * g.threshold);
+  } else {
+    fmt::print("no knee in the swept range: every count keeps >= {:.0f}% of the first row's per-GPU rate\n",
+               100 * g.threshold);
   }
 }
 
@@ -227,6 +250,16 @@ Runner add_sweep(CLI::App& app) {
                           {"hardware", base.hw.name},
                           {"stack", base.stack.name},
                           {"rows", out}};
+      if (key == "gpus") {
+        const planner::GpuScaling g = planner::gpu_scaling(rows);
+        for (size_t i = 0; i < rows.size(); ++i) {
+          j["rows"][i]["scaling_efficiency"] = g.efficiency[i] ? nlohmann::json(*g.efficiency[i]) : nullptr;
+        }
+        j["knee"] = g.knee ? nlohmann::json{{"gpus", rows[*g.knee].value},
+                                            {"in_range", g.knee_in_range},
+                                            {"threshold", g.threshold}}
+                           : nlohmann::json(nullptr);
+      }
       if (fixed) {
         j["plan_file"] = o->plan;
       } else {
@@ -238,6 +271,7 @@ Runner add_sweep(CLI::App& app) {
     } else {
       fmt::print("{}\n\n", label);
       print_text(key, rows);
+      if (key == "gpus") print_knee(rows);
     }
     return kExitOk;
   };

@@ -229,4 +229,29 @@ TEST_SUITE("planner") {
     CHECK(rows[2].reason.find("no legal plan") != std::string::npos);
     CHECK(rows[2].reason.find("whole_nodes") != std::string::npos);
   }
+
+  TEST_CASE("gpu_scaling: efficiency against the first row with numbers, the knee before the first drop") {
+    auto row = [](int64_t gpus, double per_gpu) {
+      planner::SweepRow r;
+      r.value = gpus;
+      r.plan = Plan{};
+      r.prediction.tokens_per_s_per_gpu = per_gpu;
+      return r;
+    };
+    planner::SweepRow none;
+    none.value = 4;
+    none.reason = "no plan fits";
+    const std::vector<planner::SweepRow> rows = {none,        row(8, 100), row(16, 95),
+                                                 row(32, 81), row(64, 70), row(128, 85)};
+    const planner::GpuScaling g = planner::gpu_scaling(rows);
+    CHECK_FALSE(g.efficiency[0].has_value());
+    CHECK(*g.efficiency[1] == doctest::Approx(1.0));
+    CHECK(*g.efficiency[4] == doctest::Approx(0.70));
+    REQUIRE(g.knee.has_value());
+    CHECK(*g.knee == 3);  // 32 GPUs: the last before 64 falls under 80 %; a later recovery does not move it
+    CHECK(g.knee_in_range);
+    const planner::GpuScaling flat = planner::gpu_scaling({row(8, 100), row(16, 99)});
+    CHECK(*flat.knee == 1);
+    CHECK_FALSE(flat.knee_in_range);
+  }
 }

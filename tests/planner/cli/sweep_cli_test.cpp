@@ -138,6 +138,14 @@ TEST_SUITE("cli") {
     CHECK(j.at("rows")[1].at("plan").at("gpus") == 16);
     CHECK(j.at("rows")[1].at("plan").at("model") == "tiny-moe");
     CHECK(j.at("rows")[1].at("predicted").at("memory_fits") == true);
+    CHECK(j.at("rows")[0].at("scaling_efficiency") == 1.0);
+    const double e = j.at("rows")[1].at("predicted").at("tokens_per_s_per_gpu").get<double>() /
+                     j.at("rows")[0].at("predicted").at("tokens_per_s_per_gpu").get<double>();
+    CHECK(j.at("rows")[1].at("scaling_efficiency").get<double>() == doctest::Approx(e));
+    CHECK(j.at("knee").at("threshold") == 0.8);
+    const Run text = run_cli(std::string("sweep ") + kTinyJob + " --vary gpus=8,16");
+    CHECK(text.out.find("scaling (tokens/s per GPU against the first row): 8 GPUs 100%") !=
+          std::string::npos);
   }
 
   TEST_CASE("sweep with a value that leaves no plan prints a row with the reason and exits 0") {
