@@ -22,29 +22,27 @@ void walk(const json& a, const json& b, const std::string& prefix, std::vector<F
   if (a != b) out.push_back({prefix, a, b});
 }
 
-double number_at(const json& j, const std::vector<std::string>& path) {
+// The value at `path` in a report, or null when a step of it is missing.
+const json* at_path(const json& j, const std::vector<std::string>& path) {
   const json* at = &j;
   for (const std::string& k : path) {
-    if (!at->is_object() || !at->contains(k)) return 0;
+    if (!at->is_object() || !at->contains(k)) return nullptr;
     at = &at->at(k);
   }
-  return at->is_number() ? at->get<double>() : 0;
+  return at;
 }
 
-// The union of the keys of an object found at `path` in either report, sorted.
+double number_at(const json& j, const std::vector<std::string>& path) {
+  const json* at = at_path(j, path);
+  return at && at->is_number() ? at->get<double>() : 0;
+}
+
+// The union of the numeric keys of the object at `path` in either report, sorted.
 std::vector<std::string> keys_at(const json& a, const json& b, const std::vector<std::string>& path) {
   std::set<std::string> keys;
   for (const json* r : {&a, &b}) {
-    const json* at = r;
-    bool found = true;
-    for (const std::string& k : path) {
-      if (!at->is_object() || !at->contains(k)) {
-        found = false;
-        break;
-      }
-      at = &at->at(k);
-    }
-    if (!found || !at->is_object()) continue;
+    const json* at = at_path(*r, path);
+    if (!at || !at->is_object()) continue;
     for (auto it = at->begin(); it != at->end(); ++it) {
       if (it->is_number()) keys.insert(it.key());
     }

@@ -240,7 +240,6 @@ Result<Imported> import_megatron(const std::string& text, const ModelSpec& model
   Flags f(shell_words(text));
   Imported out;
   json& plan = out.plan;
-  auto fail_if = [](const auto& r) { return !r; };
 
   // The GPUs: given, or the launcher's nodes x GPUs per node (comment lines included: `moeplan launch`
   // prints the torchrun line as a comment).
@@ -289,7 +288,7 @@ Result<Imported> import_megatron(const std::string& text, const ModelSpec& model
                   pp = f.integer("pipeline-model-parallel-size", 1),
                   cp = f.integer("context-parallel-size", 1), ep = f.integer("expert-model-parallel-size", 1);
   for (const auto* r : {&tp, &pp, &cp, &ep}) {
-    if (fail_if(*r)) return r->error();
+    if (!*r) return r->error();
   }
   Result<int64_t> etp = f.integer("expert-tensor-parallel-size", tp.value());
   if (!etp) return etp.error();

@@ -84,6 +84,10 @@ std::string describe(const Plan& p) {
                      p.compression.dispatch == DispatchPrecision::kFp8 ? " d8" : "");
 }
 
+bool tied_with_best(const Prediction& best, const Prediction& p) {
+  return p.tokens_per_s_high >= best.tokens_per_s_low;
+}
+
 std::string layout_legend() {
   return "layout: attention tp (tensor, with Megatron's sequence parallelism) sp (Ulysses sequence) cp "
          "(context)\n"
@@ -124,6 +128,15 @@ std::vector<std::string> plan_keys() {
   return out;
 }
 
+void set_plan_key(nlohmann::json& plan, const std::string& key, const nlohmann::json& value) {
+  const size_t dot = key.find('.');
+  if (dot == std::string::npos) {
+    plan[key] = value;
+  } else {
+    plan[key.substr(0, dot)][key.substr(dot + 1)] = value;
+  }
+}
+
 Result<nlohmann::json> plan_key_value(const std::string& key, const std::string& text,
                                       const std::string& context) {
   nlohmann::json value = nlohmann::json::parse(text, nullptr, false);
@@ -134,12 +147,7 @@ Result<nlohmann::json> plan_key_value(const std::string& key, const std::string&
   base.hardware = "hardware";
   base.gpus = base.seq_len = base.global_batch = 1;
   nlohmann::json j = io::plan_to_json(base);
-  const size_t dot = key.find('.');
-  if (dot == std::string::npos) {
-    j[key] = value;
-  } else {
-    j[key.substr(0, dot)][key.substr(dot + 1)] = value;
-  }
+  set_plan_key(j, key, value);
   Result<Plan> check = io::plan_from_json(j, context);
   if (!check) return check.error();
   return *plan_value(check.value(), key);

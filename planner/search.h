@@ -129,6 +129,9 @@ using ::moeplan::uneven_split;
 // A one-line description of a plan's layout: "tp2 sp1 cp1 | ep8 etp1 a2a | pp8 v1 | dp8 mb1 z1 | sel | inter
 // | bf16" (`layout_legend` explains each field).
 std::string describe(const Plan& plan);
+// Whether a plan's predicted range overlaps the best plan's: the model cannot say which of the two is faster.
+bool tied_with_best(const Prediction& best, const Prediction& p);
+
 // What each field of `describe` means, a few lines for the end of a table.
 std::string layout_legend();
 
@@ -136,6 +139,9 @@ std::string layout_legend();
 std::optional<nlohmann::json> plan_value(const Plan& plan, const std::string& key);
 // Every dotted key of the plan-file form (for --fix suggestions).
 std::vector<std::string> plan_keys();
+
+// Sets a dotted plan-file key ("experts.ep") in the plan-file form.
+void set_plan_key(nlohmann::json& plan, const std::string& key, const nlohmann::json& value);
 
 // `text` read as the value of plan key `key` (JSON, or a bare word as a string), checked by the plan-file
 // reader as a plan holding it would be, and returned as the plan file holds it (1 and 1.0 both read as the

@@ -40,16 +40,6 @@ bool excluded_plan_key(const std::string& key) {
   return key == "model" || key == "hardware" || key == "stack";
 }
 
-// Sets a dotted plan-file key ("experts.ep") in the plan-file form.
-void set_key(nlohmann::json& j, const std::string& key, const nlohmann::json& value) {
-  const size_t dot = key.find('.');
-  if (dot == std::string::npos) {
-    j[key] = value;
-  } else {
-    j[key.substr(0, dot)][key.substr(dot + 1)] = value;
-  }
-}
-
 std::string mark(const std::string& source, const std::string& what) {
   return source + " [" + what + " by moeplan sweep]";
 }
@@ -263,7 +253,7 @@ Result<SweepCase> apply_vary(const SweepCase& base, const std::string& key, cons
     c.hw = with_nics_per_node(c.hw, value.get<int64_t>());
   } else if (c.plan) {
     nlohmann::json j = io::plan_to_json(*c.plan);
-    set_key(j, key, value);
+    set_plan_key(j, key, value);
     Result<Plan> p = io::plan_from_json(j, "--vary " + key);
     if (!p) return p.error();
     c.plan = std::move(p).value();

@@ -119,7 +119,7 @@ nlohmann::json measured_report_json(const RunInputs& in, const MeasuredRun& run)
                ? model_flops / (step * static_cast<double>(plan.gpus) * peak->second.value)
                : 0.0;
   };
-  const std::string peak_dtype = plan.precision == Precision::kFp8 && peaks.contains("fp8") ? "fp8" : "bf16";
+  const std::string peak_dtype = mfu_peak_dtype(plan, in.loaded.hardware);
   j["mfu"] = mfu_against(peak_dtype);
   j["mfu_peak_dtype"] = peak_dtype;
   j["mfu_bf16_equivalent"] = mfu_against("bf16");

@@ -74,17 +74,6 @@ Result<planner::SearchSpace> search_space(const std::string& precision, const st
   return space;
 }
 
-// A file reference given on the command line (relative to the working directory) as a plan file in `dir`
-// must hold it (relative to the plan's folder); built-in names and absolute paths stay as they are.
-std::string relative_to(const std::string& ref, const std::string& dir) {
-  namespace fs = std::filesystem;
-  std::error_code ec;
-  const fs::path p(ref);
-  if (ref.empty() || p.is_absolute() || !fs::is_regular_file(p, ec)) return ref;
-  const fs::path rel = fs::relative(fs::absolute(p, ec), fs::absolute(dir, ec), ec);
-  return ec || rel.empty() ? fs::absolute(p).string() : rel.string();
-}
-
 int does_not_fit(const cost::MemoryBreakdown& memory) {
   std::fprintf(stderr, "moeplan: the plan does not fit: %.1f GiB per GPU (%.1f-%.1f) of %.1f GiB\n",
                memory.total() / kGiB, memory.total_low() / kGiB, memory.total_high() / kGiB,

@@ -58,10 +58,6 @@ Result<PlanInputs> load_plan_inputs(const std::string& plan_path, const std::str
 // a string); an unknown key is an error with a "did you mean".
 Result<planner::SearchSpace> search_space(const std::string& precision, const std::vector<std::string>& fix);
 
-// A file reference given on the command line (relative to the working directory) as a plan file in `dir`
-// must hold it (relative to the plan's folder); built-in names and absolute paths stay as they are.
-std::string relative_to(const std::string& ref, const std::string& dir);
-
 // Prints "moeplan: the plan does not fit: X GB per GPU of Y GB" on stderr and returns kExitInfeasible.
 int does_not_fit(const cost::MemoryBreakdown& memory);
 

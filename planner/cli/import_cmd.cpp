@@ -9,6 +9,7 @@
 
 #include "planner/cli/cli_common.h"
 #include "planner/import.h"
+#include "planner/launch.h"
 #include "planner/search.h"
 #include "simulator/io/hardware_loader.h"
 #include "simulator/io/json_reader.h"
@@ -61,26 +62,26 @@ Runner add_import(CLI::App& app) {
     Result<planner::Imported> imported = planner::import_megatron(text, model.value(), options);
     if (!imported) return bad_input("--megatron: " + imported.error().message);
     nlohmann::json j = imported.value().plan;
-    const std::string dir =
-        o->out.empty() ? std::string(".") : std::filesystem::path(o->out).parent_path().string();
-    j["model"] = relative_to(o->model, dir.empty() ? "." : dir);
-    j["hardware"] = relative_to(o->hardware, dir.empty() ? "." : dir);
-    Result<Plan> plan = io::plan_from_json(j, "--megatron");
-    if (!plan) return bad_input(plan.error().message);
-    const std::string body = io::plan_to_json(plan.value()).dump(2) + "\n";
+    j["model"] = o->model;
+    j["hardware"] = o->hardware;
+    Result<Plan> read = io::plan_from_json(j, "--megatron");
+    if (!read) return bad_input(read.error().message);
+    // Inputs named as the loader resolves them from the plan file's folder.
+    const Plan plan = planner::rebase_plan_paths(read.value(), "", o->out.empty() ? "plan.json" : o->out);
+    const std::string body = io::plan_to_json(plan).dump(2) + "\n";
     if (o->out.empty()) {
       fmt::print("{}", body);
     } else {
       Result<bool> w = write_file_atomic(o->out, body);
       if (!w) return bad_input(w.error().message);
-      fmt::print("wrote {}: {}\n", o->out, planner::describe(plan.value()));
+      fmt::print("wrote {}: {}\n", o->out, planner::describe(plan));
     }
     for (const std::string& n : imported.value().notes) fmt::print(stderr, "note: {}\n", n);
     if (!imported.value().unread.empty()) {
       fmt::print(stderr, "note: flags with no plan field, not read: {}\n",
                  fmt::join(imported.value().unread, " "));
     }
-    for (const Violation& v : validate(plan.value(), model.value(), hw.value())) {
+    for (const Violation& v : validate(plan, model.value(), hw.value())) {
       fmt::print(stderr, "warning: the plan breaks {}: {}\n", v.rule, v.reason);
     }
     return kExitOk;

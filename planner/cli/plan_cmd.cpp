@@ -11,6 +11,7 @@
 #include <fmt/format.h>
 
 #include "planner/cli/cli_common.h"
+#include "planner/launch.h"
 #include "planner/report/html_report.h"
 #include "planner/search.h"
 #include "simulator/core/model_notes.h"
@@ -52,11 +53,6 @@ nlohmann::json summary_json(const Prediction& p) {
           {"extrapolations", p.extrapolations},
           {"hypothetical", p.provenance.hypothetical},
           {"why_hypothetical", p.provenance.targets}};
-}
-
-// Plans whose predicted range overlaps the best plan's: the model cannot say which of them is faster.
-bool tied_with_best(const Prediction& best, const Prediction& p) {
-  return p.tokens_per_s_high >= best.tokens_per_s_low;
 }
 
 // Time and cost of training on `tokens` at a plan's predicted rate (and its range).
@@ -220,11 +216,9 @@ Runner add_plan(CLI::App& app) {
       for (size_t i = 0; i < r.plans.size(); ++i) {
         const auto& rp = r.plans[i];
         const std::string base = fmt::format("{}/plan{}", o->out_dir, i + 1);
-        // The plan file names its inputs as the loader resolves them from the plan's folder.
-        Plan saved = rp.plan;
-        for (std::string* ref : {&saved.model, &saved.hardware, &saved.stack, &saved.routing.distribution}) {
-          *ref = relative_to(*ref, o->out_dir);
-        }
+        // The plan file names its inputs (given relative to the working directory) as the loader resolves
+        // them from the plan's folder.
+        const Plan saved = planner::rebase_plan_paths(rp.plan, "", base + ".json");
         const ReportContext ctx{saved, model.value(), hw.value(), stack.value()};
         nlohmann::json report = prediction_json(rp.prediction, ctx);
         report["plan"] = io::plan_to_json(saved);
@@ -260,10 +254,11 @@ Runner add_plan(CLI::App& app) {
     if (o->json) {
       nlohmann::json plans = nlohmann::json::array();
       for (const auto& rp : r.plans) {
-        nlohmann::json entry = {{"plan", io::plan_to_json(rp.plan)},
-                                {"layout", planner::describe(rp.plan)},
-                                {"predicted", summary_json(rp.prediction)},
-                                {"tied_with_best", tied_with_best(r.plans[0].prediction, rp.prediction)}};
+        nlohmann::json entry = {
+            {"plan", io::plan_to_json(rp.plan)},
+            {"layout", planner::describe(rp.plan)},
+            {"predicted", summary_json(rp.prediction)},
+            {"tied_with_best", planner::tied_with_best(r.plans[0].prediction, rp.prediction)}};
         if (o->tokens > 0) {
           entry["time_to_train"] = time_to_train(rp.prediction, job.gpus, o->tokens, o->gpu_hour_cost);
         }
@@ -316,7 +311,7 @@ Runner add_plan(CLI::App& app) {
         const std::string vs = i == 0
                                    ? "best"
                                    : fmt::format("{:+.1f}%{}", 100 * (p.tokens_per_s / best.tokens_per_s - 1),
-                                                 tied_with_best(best, p) ? "=" : "");
+                                                 planner::tied_with_best(best, p) ? "=" : "");
         fmt::print(
             "{:>2}  {:<70} {:>8.0f} {:>13} {:>7} {:>5.1f}% {:>5.1f}% {:>7.3f} {:>7.1f} {:>7.3f} "
             "{:>7.3f}{}{}\n",
@@ -327,7 +322,7 @@ Runner add_plan(CLI::App& app) {
             p.provenance.hypothetical ? "  HYPOTHETICAL" : "");
       }
       size_t tied = 0;
-      for (const auto& rp : r.plans) tied += tied_with_best(best, rp.prediction) ? 1 : 0;
+      for (const auto& rp : r.plans) tied += planner::tied_with_best(best, rp.prediction) ? 1 : 0;
       fmt::print(
           "\nrange: tokens/s/GPU at the ends of the cost model's fit errors. \"=\" after vs #1: the range "
           "overlaps #1's,\nso the model cannot tell the two apart ({} of the {} listed, #1 included).\n",

@@ -930,7 +930,6 @@ std::string plan_html(const PlanSearchPage& page, const HtmlOptions& options) {
          "<th class=\"n\">per GPU range</th><th class=\"n\">MFU</th><th class=\"n\">MFU (BF16 peak)</th>"
          "<th class=\"n\">step</th><th class=\"n\">memory / GPU</th>"
          "<th class=\"n\">exposed comm</th><th class=\"n\">idle</th><th></th></tr>\n");
-    const double best_low = reports.empty() ? 0.0 : reports[0].at("tokens_per_s_range").at(0).get<double>();
     for (size_t i = 0; i < reports.size(); ++i) {
       const json& j = reports[i];
       const json& b = j.at("breakdown");
@@ -939,7 +938,7 @@ std::string plan_html(const PlanSearchPage& page, const HtmlOptions& options) {
       const bool fits = j.at("memory").at("fits").get<bool>();
       const json& range = j.at("tokens_per_s_range");
       const double gpus = static_cast<double>(j.at("gpus").get<int64_t>());
-      const bool tied = i > 0 && range.at(1).get<double>() >= best_low;
+      const bool tied = i > 0 && planner::tied_with_best(r.plans[0].prediction, r.plans[i].prediction);
       emit(out,
            "<tr data-rank=\"{}\" data-tokens-per-s=\"{}\"><td class=\"n\">{}</td><td><code>{}</code></td>"
            "<td class=\"n\">{}</td><td class=\"n\">{:.1f}</td><td class=\"n\">{:.0f} – {:.0f}</td>"

@@ -40,6 +40,10 @@ std::string list_text(const std::vector<int64_t>& v) {
 
 }  // namespace
 
+const char* mfu_peak_dtype(const Plan& plan, const HardwareProfile& hw) {
+  return plan.precision == Precision::kFp8 && hw.gpu.peak_flops_per_s.contains("fp8") ? "fp8" : "bf16";
+}
+
 std::vector<int64_t> uneven_split(int64_t layers, int64_t chunks) {
   std::vector<int64_t> out(static_cast<size_t>(chunks), layers / chunks);
   int64_t rem = layers % chunks;

@@ -155,6 +155,10 @@ Plan with_stack_overlaps(const Plan& plan, const StackProfile& stack, std::vecto
 // embedding and the output layer + loss) take the smaller shares.
 std::vector<int64_t> uneven_split(int64_t layers, int64_t chunks);
 
+// The dense peak MFU is measured against: the precision the plan computes in ("fp8" for FP8 plans when the
+// hardware profile has an FP8 peak), else "bf16".
+const char* mfu_peak_dtype(const Plan& plan, const HardwareProfile& hw);
+
 // Names used in plan files and reports.
 const char* name_of(Dispatch d);
 const char* name_of(Schedule s);

@@ -225,9 +225,7 @@ Prediction predict(const ModelSpec& model, const Plan& plan, const HardwareProfi
   // profile has one), and against the BF16 peak for comparison across precisions.
   const double gpu_seconds = r.step_time_s * static_cast<double>(plan.gpus);
   r.mfu_bf16 = r.model_flops_per_step / (gpu_seconds * hw.gpu.peak_flops_per_s.at("bf16").value);
-  const auto fp8_peak = hw.gpu.peak_flops_per_s.find("fp8");
-  r.mfu_peak_dtype =
-      plan.precision == Precision::kFp8 && fp8_peak != hw.gpu.peak_flops_per_s.end() ? "fp8" : "bf16";
+  r.mfu_peak_dtype = mfu_peak_dtype(plan, hw);
   r.mfu = r.model_flops_per_step / (gpu_seconds * hw.gpu.peak_flops_per_s.at(r.mfu_peak_dtype).value);
 
   // Memory: activations of the chunks in flight at each stage's peak under its schedule.
