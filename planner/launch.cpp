@@ -4,6 +4,7 @@
 #include "planner/launch.h"
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <functional>
 #include <optional>
@@ -94,6 +95,7 @@ class MegatronBuilder {
     precision();
     optimizer_and_overlap();
     data();
+    run();
     if (needs_max_connections_) out_.env.push_back("CUDA_DEVICE_MAX_CONNECTIONS=1");
     return std::move(out_);
   }
@@ -258,6 +260,7 @@ class MegatronBuilder {
     if (m_.activation == FfnActivation::kSwiGlu) flag("--swiglu");
     if (m_.activation == FfnActivation::kRelu2) flag("--squared-relu");
     flag("--position-embedding-type", "rope");
+    rope_and_norm_constants();
     if (!m_.tied_embeddings) flag("--untie-embeddings-and-output-weights");
     if (m_.lm_head_bias) not_expressible("a bias on the output layer");
     if (m_.mtp_layers > 0) flag("--mtp-num-layers", m_.mtp_layers);  // needs rope or none (A:882-886)
@@ -274,6 +277,30 @@ class MegatronBuilder {
                         "with biases (TC:2612-2615), so they are disabled",
                         p_.experts.etp));
       }
+    }
+  }
+
+  // The rotary base (an int in Megatron, A:2418-2421) and the norm epsilon from the config; Megatron's
+  // defaults (10000, 1e-5) are said where the config states none.
+  void rope_and_norm_constants() {
+    if (m_.rope_theta > 0) {
+      const auto base = static_cast<int64_t>(std::llround(m_.rope_theta));
+      flag("--rotary-base", base);
+      if (static_cast<double>(base) != m_.rope_theta)
+        note(fmt::format("rope_theta {:g} rounded to the integer --rotary-base {}", m_.rope_theta, base));
+    } else {
+      note("the model's config states no rope_theta: Megatron's default --rotary-base 10000 applies");
+    }
+    if (m_.norm_eps > 0) {
+      flag("--norm-epsilon", fmt::format("{:g}", m_.norm_eps));
+    } else {
+      note("the model's config states no norm epsilon: Megatron's default --norm-epsilon 1e-5 applies");
+    }
+    if (!m_.rope_scaling.empty()) {
+      note(fmt::format(
+          "the config's rope_scaling ({}) is not passed: it is a context extension, and the plan trains at "
+          "sequence length {}; add --rope-type and --rotary-scaling-factor to train with it",
+          m_.rope_scaling, p_.seq_len));
     }
   }
 
@@ -581,9 +608,30 @@ class MegatronBuilder {
                     "model's tokenizer instead",
                     m_.vocab));
     note(
-        "the model's rotary base and scaling, norm epsilon and router details (group-limited routing, score "
-        "scaling) are not in moeplan's model form: Megatron's defaults apply unless --rotary-base, "
-        "--norm-epsilon, --moe-router-num-groups, ... are added from its config.json");
+        "the router's score scaling (routed_scaling_factor) is not in moeplan's model form: add "
+        "--moe-router-topk-scaling-factor from config.json to train the published model (it does not change "
+        "the step time)");
+  }
+
+  // A throughput run: 100 iterations logging every step with its throughput, no evaluation, and a placeholder
+  // optimizer schedule (the step time does not depend on its values).
+  void run() {
+    flag("--train-iters", 100);
+    flag("--eval-iters", 0);
+    flag("--lr", "1e-4");
+    flag("--min-lr", "1e-5");
+    flag("--lr-decay-style", "cosine");
+    flag("--lr-warmup-iters", 10);
+    flag("--weight-decay", "0.1");
+    flag("--clip-grad", "1.0");
+    flag("--adam-beta1", "0.9");
+    flag("--adam-beta2", "0.95");
+    flag("--init-method-std", "0.02");
+    flag("--log-interval", 1);
+    flag("--log-throughput");
+    note(
+        "a 100-iteration throughput run with a placeholder schedule (lr 1e-4 cosine, 10 warm-up iterations, "
+        "no evaluation): set your own schedule, --save and --load for training");
   }
 
   const Plan& p_;
@@ -605,42 +653,68 @@ std::string default_run_dir(const std::string& plan_path) {
 }
 
 MoerunLaunch moerun_launch(const Plan& plan, const HardwareProfile& hw, const std::string& plan_path,
-                           const std::string& run_dir) {
+                           const std::string& run_dir, const std::string& backend) {
   const NodeLayout n = node_layout(plan, hw);
-  const std::string run = fmt::format("moerun run {} --out {}", shell_word(plan_path), shell_word(run_dir));
+  const bool cuda = backend == "cuda";
+  const std::string run =
+      fmt::format("moerun run {} --backend {} --out {}", shell_word(plan_path), backend, shell_word(run_dir));
   MoerunLaunch out;
   out.plan_json = io::plan_to_json(plan).dump(2) + "\n";
-  out.mpirun = fmt::format("mpirun -np {} --map-by ppr:{}:node {}", plan.gpus, n.ranks_per_node, run);
-  out.srun = fmt::format("srun --nodes={} --ntasks-per-node={} --gpus-per-node={} {}", n.nodes,
-                         n.ranks_per_node, n.ranks_per_node, run);
+  // CUDA: no core binding (moerun's host threads feed the GPU), NCCL's warnings in the job's output.
+  out.mpirun = fmt::format("mpirun -np {} --map-by ppr:{}:node {}{}", plan.gpus, n.ranks_per_node,
+                           cuda ? "--bind-to none -x NCCL_DEBUG=WARN " : "", run);
+  out.srun = fmt::format("srun --mpi=pmix --nodes={} --ntasks-per-node={} {}{}", n.nodes, n.ranks_per_node,
+                         cuda ? fmt::format("--gpus-per-node={} ", n.ranks_per_node) : "", run);
   return out;
 }
 
+namespace {
+
+// What a CUDA launch needs the user to know about devices and the network; nothing on the CPU backend.
+std::string cuda_environment(const std::string& backend, bool script) {
+  if (backend != "cuda") return "";
+  std::string s =
+      "# one rank per GPU: moerun gives local rank i the node's GPU i (GPU 0 when each task sees one GPU)\n"
+      "# NCCL runs over NVLink inside a node and InfiniBand across nodes and finds the HCAs itself; where "
+      "it\n"
+      "# does not, set NCCL_IB_HCA to the node's InfiniBand devices (ibv_devices) and NCCL_SOCKET_IFNAME to\n"
+      "# the bootstrap interface\n";
+  if (script) s += "export NCCL_DEBUG=WARN\n";
+  return s;
+}
+
+}  // namespace
+
 std::string moerun_text(const Plan& plan, const ModelSpec& model, const HardwareProfile& hw,
-                        const std::string& plan_path, const std::string& run_dir) {
+                        const std::string& plan_path, const std::string& run_dir,
+                        const std::string& backend) {
   const NodeLayout n = node_layout(plan, hw);
-  const MoerunLaunch l = moerun_launch(plan, hw, plan_path, run_dir);
+  const MoerunLaunch l = moerun_launch(plan, hw, plan_path, run_dir, backend);
   return fmt::format(
-      "# moerun plan {}: {} ({} node(s) x {} rank(s))\n{}# start one rank per GPU with either "
+      "# moerun plan {}: {} ({} node(s) x {} rank(s), {} backend)\n{}{}# start one rank per GPU with either "
       "line:\n{}\n{}\n",
-      plan_path, one_line_summary(plan, model, hw), n.nodes, n.ranks_per_node, l.plan_json, l.mpirun, l.srun);
+      plan_path, one_line_summary(plan, model, hw), n.nodes, n.ranks_per_node, backend, l.plan_json,
+      cuda_environment(backend, false), l.mpirun, l.srun);
 }
 
 std::string slurm_script(const Plan& plan, const ModelSpec& model, const HardwareProfile& hw,
-                         const std::string& plan_path, const std::string& run_dir) {
+                         const std::string& plan_path, const std::string& run_dir,
+                         const std::string& backend) {
   const NodeLayout n = node_layout(plan, hw);
   const std::string stem = stem_of(plan_path);
   std::string s = "#!/bin/bash\n";
   s += fmt::format("#SBATCH --job-name=moerun-{}\n", stem);
   s += fmt::format("#SBATCH --nodes={}\n", n.nodes);
   s += fmt::format("#SBATCH --ntasks-per-node={}\n", n.ranks_per_node);
-  s += fmt::format("#SBATCH --gpus-per-node={}\n", n.ranks_per_node);
+  if (backend == "cuda") s += fmt::format("#SBATCH --gpus-per-node={}\n", n.ranks_per_node);
   s += "#SBATCH --exclusive\n";
   s += fmt::format("#SBATCH --output=moerun-{}-%j.out\n", stem);
-  s += fmt::format("# moerun on plan {}: {}\n", plan_path, one_line_summary(plan, model, hw));
+  s += fmt::format("# moerun on plan {} ({} backend): {}\n", plan_path, backend,
+                   one_line_summary(plan, model, hw));
   s += "set -euo pipefail\n";
+  s += cuda_environment(backend, true);
   s += fmt::format("mkdir -p {}\n", shell_word(run_dir));
-  s += moerun_launch(plan, hw, plan_path, run_dir).srun + "\n";
+  s += moerun_launch(plan, hw, plan_path, run_dir, backend).srun + "\n";
   return s;
 }
 
@@ -656,24 +730,46 @@ std::string megatron_text(const Plan& plan, const ModelSpec& model, const Hardwa
                           const std::string& plan_path) {
   const MegatronArgs a = megatron_args(plan, model, hw);
   const NodeLayout n = node_layout(plan, hw);
-  std::string s = fmt::format("# Megatron-LM (Megatron-Core) arguments for plan {}: {}\n", plan_path,
-                              one_line_summary(plan, model, hw));
+  const std::string commit(kMegatronCommit);
+  std::string s = "#!/bin/bash\n";
+  s += fmt::format("# Megatron-LM (Megatron-Core) launch for plan {}: {}\n", plan_path,
+                   one_line_summary(plan, model, hw));
   s += fmt::format(
       "# tp {}, cp {} (sp {} x cp {}), ep {}, etp {}, pp {}, vpp {}, dp {}; {} micro-batch(es) of "
       "{} x {} tokens per step\n",
       plan.attention.tp, plan.attention.sp * plan.attention.cp, plan.attention.sp, plan.attention.cp,
       plan.experts.ep, plan.experts.etp, plan.pipeline.pp, plan.pipeline.vpp, plan.dp(),
       plan.dp() > 0 ? plan.num_micro_batches() : 0, plan.micro_batch, plan.seq_len);
-  for (const std::string& e : a.env) s += fmt::format("# environment: export {}\n", e);
+  s += fmt::format(
+      "# the flags are those of Megatron-LM commit {} (2026-08-22): set MEGATRON_LM to a checkout of it\n",
+      commit);
   for (const std::string& r : a.not_expressible)
     s += fmt::format("# not expressible in Megatron-LM: {}\n", r);
   for (const std::string& r : a.notes) s += fmt::format("# note: {}\n", r);
-  s += "# add optimizer, schedule and checkpoint flags (--train-iters, --lr, --save, ...) as usual\n";
   s += fmt::format(
-      "# torchrun --nnodes={} --nproc-per-node={} --rdzv-backend=c10d --rdzv-endpoint=$MASTER_ADDR:29500 "
-      "pretrain_gpt.py \\\n",
+      "# run once on each of the {} node(s): under Slurm, srun --nodes={} --ntasks-per-node=1 bash <this "
+      "script>; elsewhere set NODE_RANK and MASTER_ADDR on each node\n",
+      n.nodes, n.nodes);
+  s += "set -euo pipefail\n";
+  s += fmt::format("MEGATRON_LM=\"${{MEGATRON_LM:?set MEGATRON_LM to a Megatron-LM checkout at {}}}\"\n",
+                   commit.substr(0, 12));
+  for (const std::string& e : a.env) s += fmt::format("export {}\n", e);
+  s += "NODE_RANK=\"${NODE_RANK:-${SLURM_NODEID:-0}}\"\n";
+  if (n.nodes > 1) {
+    s += "if [[ -z \"${MASTER_ADDR:-}\" && -n \"${SLURM_JOB_NODELIST:-}\" ]]; then\n";
+    s += "  MASTER_ADDR=\"$(scontrol show hostnames \"$SLURM_JOB_NODELIST\" | head -n 1)\"\n";
+    s += "fi\n";
+    s += "MASTER_ADDR=\"${MASTER_ADDR:?set MASTER_ADDR to the address of the first node}\"\n";
+  } else {
+    s += "MASTER_ADDR=\"${MASTER_ADDR:-localhost}\"\n";
+  }
+  s += fmt::format(
+      "torchrun --nnodes={} --nproc-per-node={} --node-rank=\"$NODE_RANK\" --master-addr=\"$MASTER_ADDR\" "
+      "--master-port=\"${{MASTER_PORT:-29500}}\" \\\n",
       n.nodes, n.ranks_per_node);
-  for (size_t i = 0; i < a.flags.size(); ++i) s += a.flags[i] + (i + 1 < a.flags.size() ? " \\\n" : "\n");
+  s += "  \"$MEGATRON_LM/pretrain_gpt.py\" \\\n";
+  for (size_t i = 0; i < a.flags.size(); ++i)
+    s += "  " + a.flags[i] + (i + 1 < a.flags.size() ? " \\\n" : "\n");
   return s;
 }
 

@@ -23,26 +23,31 @@ NodeLayout node_layout(const Plan& plan, const HardwareProfile& hw);
 // Where `moerun run` writes its report when the caller names no directory: runs/<plan file stem>.
 std::string default_run_dir(const std::string& plan_path);
 
-// moerun: the plan file (pretty plan-file JSON) and the two ways to start it.
+// moerun: the plan file (pretty plan-file JSON) and the two ways to start it on `backend`: "cuda" (NCCL and
+// the CUDA kernels; moerun gives local rank i the node's GPU i) or "cpu" (MPI ranks with Eigen kernels).
 struct MoerunLaunch {
   std::string plan_json;  // plan_to_json, indented, final newline
-  std::string mpirun;     // mpirun -np <gpus> --map-by ppr:<G>:node moerun run <plan> --out <dir>
-  std::string srun;       // srun --nodes=<N> --ntasks-per-node=<G> --gpus-per-node=<G> moerun run ...
+  std::string mpirun;     // mpirun -np <gpus> --map-by ppr:<G>:node ... moerun run <plan> --backend B ...
+  std::string srun;  // srun --mpi=pmix --nodes=<N> --ntasks-per-node=<G> [--gpus-per-node=<G>] moerun ...
 };
 MoerunLaunch moerun_launch(const Plan& plan, const HardwareProfile& hw, const std::string& plan_path,
-                           const std::string& run_dir);
+                           const std::string& run_dir, const std::string& backend);
 // The plan file and the command lines, as one text for a terminal (comment lines start with '#').
 std::string moerun_text(const Plan& plan, const ModelSpec& model, const HardwareProfile& hw,
-                        const std::string& plan_path, const std::string& run_dir);
+                        const std::string& plan_path, const std::string& run_dir, const std::string& backend);
 
-// slurm: an sbatch script (#SBATCH nodes, tasks and GPUs per node, exclusive, job name, output file) that
-// ends with the srun line of moerun_launch.
+// slurm: an sbatch script (#SBATCH nodes, tasks and GPUs per node, exclusive, job name, output file; the
+// NCCL environment on the CUDA backend) that ends with the srun line of moerun_launch.
 std::string slurm_script(const Plan& plan, const ModelSpec& model, const HardwareProfile& hw,
-                         const std::string& plan_path, const std::string& run_dir);
+                         const std::string& plan_path, const std::string& run_dir,
+                         const std::string& backend);
 
-// Megatron-LM: flags that exist in Megatron-LM d98e8a64 (shared/reference/megatron_flags.txt) and satisfy the
-// cross-flag rules of shared/reference/megatron-flags.md. A plan feature Megatron cannot express is kept as a
-// reason in `not_expressible` instead of being dropped.
+// The Megatron-LM commit whose flags the launch uses (shared/reference/megatron-flags.md).
+inline constexpr const char* kMegatronCommit = "d98e8a64ddf34856e74b24714e3bedb2f5a39553";
+
+// Megatron-LM: flags that exist in Megatron-LM at kMegatronCommit (shared/reference/megatron_flags.txt) and
+// satisfy the cross-flag rules of shared/reference/megatron-flags.md. A plan feature Megatron cannot express
+// is kept as a reason in `not_expressible` instead of being dropped.
 struct MegatronArgs {
   std::vector<std::string> flags;            // one flag with its values per entry, shell-quoted
   std::vector<std::string> not_expressible;  // each becomes "# not expressible in Megatron-LM: <reason>"
@@ -51,8 +56,10 @@ struct MegatronArgs {
 };
 MegatronArgs megatron_args(const Plan& plan, const ModelSpec& model, const HardwareProfile& hw);
 std::vector<std::string> megatron_flags(const Plan& plan, const ModelSpec& model, const HardwareProfile& hw);
-// Comment lines (header, environment, what is not expressible), then one flag per line with trailing
-// backslashes, ready to follow `torchrun ... pretrain_gpt.py \`.
+// A bash script to run once per node: comment lines (the plan, the commit, the model constants, what is not
+// expressible, notes), the environment, then the torchrun line starting $MEGATRON_LM/pretrain_gpt.py with one
+// flag per line. Node rank and master address come from Slurm when it runs the script, else from
+// NODE_RANK / MASTER_ADDR.
 std::string megatron_text(const Plan& plan, const ModelSpec& model, const HardwareProfile& hw,
                           const std::string& plan_path);
 

@@ -96,6 +96,40 @@ Communicator& ProcessGroups::internal(CommGroup g) {
   return *internal_[static_cast<size_t>(g)];
 }
 
+NodePlace node_place(MPI_Comm world) {
+  int world_rank = 0;
+  MOEPLAN_MPI_CHECK(MPI_Comm_rank(world, &world_rank));
+  MPI_Comm node = MPI_COMM_NULL;
+  MOEPLAN_MPI_CHECK(MPI_Comm_split_type(world, MPI_COMM_TYPE_SHARED, world_rank, MPI_INFO_NULL, &node));
+  NodePlace place;
+  MOEPLAN_MPI_CHECK(MPI_Comm_rank(node, &place.local_rank));
+  MOEPLAN_MPI_CHECK(MPI_Comm_size(node, &place.local_size));
+  MOEPLAN_MPI_CHECK(MPI_Comm_free(&node));
+  return place;
+}
+
+Result<int> device_for_rank(NodePlace place, int visible_devices) {
+  if (visible_devices >= place.local_size) return place.local_rank;
+  if (visible_devices == 1) return 0;
+  return Error{fmt::format(
+      "{} ranks on this node but {} visible CUDA devices: start one rank per GPU (e.g. --ntasks-per-node={})",
+      place.local_size, visible_devices, visible_devices)};
+}
+
+std::string shared_device_error(const std::vector<std::string>& bus_ids) {
+  for (size_t i = 0; i < bus_ids.size(); ++i) {
+    for (size_t j = i + 1; j < bus_ids.size(); ++j) {
+      if (bus_ids[i] == bus_ids[j]) {
+        return fmt::format(
+            "local ranks {} and {} both use the GPU at PCI bus id {}: --backend cuda needs one GPU per rank "
+            "(bind one GPU per task, or start no more ranks per node than it has GPUs)",
+            i, j, bus_ids[i]);
+      }
+    }
+  }
+  return "";
+}
+
 Result<ProcessGroups> make_process_groups(const Plan& plan, MPI_Comm world) {
   int rank = 0, size = 0;
   MOEPLAN_MPI_CHECK(MPI_Comm_rank(world, &rank));

@@ -9,6 +9,7 @@
 
 #include <array>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "executor/comm/mpi_communicator.h"
@@ -66,6 +67,23 @@ class ProcessGroups {
   std::array<std::unique_ptr<MpiCommunicator>, 10> groups_;    // indexed by CommGroup
   std::array<std::unique_ptr<MpiCommunicator>, 10> internal_;  // indexed by CommGroup (kNone: world)
 };
+
+// This rank's place on its node: the ranks of `world` that share its memory (MPI_COMM_TYPE_SHARED), ordered
+// by world rank. Collective over `world`.
+struct NodePlace {
+  int local_rank = 0;
+  int local_size = 1;
+};
+NodePlace node_place(MPI_Comm world);
+
+// The CUDA device of a rank, one GPU per local rank: local_rank when the node shows at least local_size
+// devices; device 0 when each rank sees one device (a launcher that binds one GPU per task, e.g. srun
+// --gpus-per-task=1); otherwise an error saying how many ranks and devices the node has.
+Result<int> device_for_rank(NodePlace place, int visible_devices);
+
+// "" when the node's ranks use distinct devices; otherwise a line naming the first two local ranks that share
+// one (ids: each local rank's device PCI bus id, in local-rank order).
+std::string shared_device_error(const std::vector<std::string>& bus_ids);
 
 // One MPI_Comm_split of `world` per group kind (collective over `world`: every rank must call it). The world
 // size must equal plan.gpus. Communicators are named like "ep[0,2,4,6]".

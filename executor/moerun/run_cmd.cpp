@@ -72,6 +72,34 @@ void unpack_stage(const OpGraph& g, int stage, const std::vector<double>& v, std
   }
 }
 
+#if MOERUN_WITH_CUDA
+// One GPU per local rank (device_for_rank), then a check across the node that no two ranks share one; ""
+// when the device is set. Collective over the world.
+std::string select_device(int rank) {
+  const NodePlace place = node_place(MPI_COMM_WORLD);
+  int devices = 0;
+  MOERUN_CUDA_CHECK(cudaGetDeviceCount(&devices));
+  const Result<int> device = device_for_rank(place, devices);
+  // Every rank takes part in the gather below, so a rank without a device sends an empty id.
+  char bus_id[32] = {};
+  if (device) {
+    MOERUN_CUDA_CHECK(cudaSetDevice(device.value()));
+    MOERUN_CUDA_CHECK(cudaDeviceGetPCIBusId(bus_id, sizeof bus_id, device.value()));
+  }
+  MPI_Comm node = MPI_COMM_NULL;
+  MOEPLAN_MPI_CHECK(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node));
+  std::vector<char> all(sizeof bus_id * static_cast<size_t>(place.local_size));
+  MOEPLAN_MPI_CHECK(
+      MPI_Allgather(bus_id, sizeof bus_id, MPI_CHAR, all.data(), sizeof bus_id, MPI_CHAR, node));
+  MOEPLAN_MPI_CHECK(MPI_Comm_free(&node));
+  if (!device) return "--backend cuda: " + device.error().message;
+  std::vector<std::string> ids;
+  for (int r = 0; r < place.local_size; ++r) ids.emplace_back(all.data() + r * sizeof bus_id);
+  const std::string shared = shared_device_error(ids);
+  return shared.empty() ? "" : "--backend cuda: " + shared;
+}
+#endif
+
 int run_plan(const RunOptions& o, int rank, int world) {
   Result<std::optional<Fault>> fault = parse_fault(std::getenv("MOERUN_FAULT"));
   if (!fault) return bad_input(rank, fault.error().message);
@@ -110,9 +138,14 @@ int run_plan(const RunOptions& o, int rank, int world) {
     }
     if (const std::string why = cuda::device_unavailable(); !why.empty())
       return bad_input(rank, fmt::format("--backend cuda: no CUDA device ({})", why));
-    int devices = 0;
-    MOERUN_CUDA_CHECK(cudaGetDeviceCount(&devices));
-    MOERUN_CUDA_CHECK(cudaSetDevice(rank % devices));  // ranks of a node take its devices in turn
+    // Every rank learns whether any rank failed; the lowest failing rank says why.
+    const std::string why = select_device(rank);
+    int first_bad = why.empty() ? world : rank;
+    MOEPLAN_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &first_bad, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD));
+    if (first_bad < world) {
+      if (rank == first_bad) std::fprintf(stderr, "moerun: rank %d: %s\n", rank, why.c_str());
+      return kExitBadInput;
+    }
   }
 #else
   if (on_gpu) return bad_input(rank, "--backend cuda: this moerun was built without CUDA (MOEPLAN_CUDA=OFF)");

@@ -128,6 +128,9 @@ int inspect_model(const std::string& ref, int64_t seq_len, bool as_json) {
     };
     // Only for models that have them, so the reports of plain models stay as they were.
     if (!m.checkpoint_quantization.empty()) j["checkpoint_quantization"] = m.checkpoint_quantization;
+    if (m.rope_theta > 0) j["rope_theta"] = m.rope_theta;
+    if (m.norm_eps > 0) j["norm_eps"] = m.norm_eps;
+    if (!m.rope_scaling.empty()) j["rope_scaling"] = m.rope_scaling;
     if (hybrid(m)) j["layer_kinds"] = layer_kinds(m);
     if (const auto notes = model_notes(m); !notes.empty()) j["notes"] = notes;
     print_json(j);
@@ -148,6 +151,12 @@ int inspect_model(const std::string& ref, int64_t seq_len, bool as_json) {
     for (auto it = by_kind.begin(); it != by_kind.end(); ++it)
       kinds += fmt::format("{}{} {}", kinds.empty() ? "" : ", ", it.value().get<int64_t>(), it.key());
     fmt::print("layers by kind: {}\n", kinds);
+  }
+  if (m.rope_theta > 0 || m.norm_eps > 0) {
+    fmt::print("rotary base {}, norm epsilon {}{}\n",
+               m.rope_theta > 0 ? fmt::format("{:g}", m.rope_theta) : "not stated",
+               m.norm_eps > 0 ? fmt::format("{:g}", m.norm_eps) : "not stated",
+               m.rope_scaling.empty() ? "" : ", rope_scaling " + m.rope_scaling);
   }
   for (const auto& n : model_notes(m)) fmt::print("note: {}\n", n);
   fmt::print("\n{:<22}{:>14}{:>14}\n", "parameters", "total", "active");

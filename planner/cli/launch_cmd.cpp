@@ -13,7 +13,7 @@ namespace moeplan::cli {
 
 Runner add_launch(CLI::App& app) {
   struct Options {
-    std::string plan, target, out, run_dir;
+    std::string plan, target, out, run_dir, backend = "cuda";
     bool json = false;
   };
   auto o = std::make_shared<Options>();
@@ -26,6 +26,11 @@ Runner add_launch(CLI::App& app) {
   app.add_option("--out", o->out,
                  "Write to this file instead of stdout (moerun: the plan file the command lines run)");
   app.add_option("--run-dir", o->run_dir, "Directory moerun writes its report to (default runs/<plan name>)");
+  app.add_option("--backend", o->backend,
+                 "moerun and slurm: the backend moerun runs on (cuda: one GPU per local rank, NCCL; cpu: MPI "
+                 "ranks with Eigen kernels)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"cuda", "cpu"}));
   app.add_flag("--json", o->json, "Print one JSON object");
   return [o]() {
     Result<io::LoadedPlan> loaded = io::load_plan(o->plan);
@@ -48,20 +53,24 @@ Runner add_launch(CLI::App& app) {
       const std::string plan_path = o->out.empty() ? path : o->out;
       const Plan out_plan = o->out.empty() ? plan : planner::rebase_plan_paths(plan, path, o->out);
       const std::string run_dir = o->run_dir.empty() ? planner::default_run_dir(plan_path) : o->run_dir;
-      const planner::MoerunLaunch l = planner::moerun_launch(out_plan, hw, plan_path, run_dir);
-      full = planner::moerun_text(out_plan, model, hw, plan_path, run_dir);
+      const planner::MoerunLaunch l = planner::moerun_launch(out_plan, hw, plan_path, run_dir, o->backend);
+      full = planner::moerun_text(out_plan, model, hw, plan_path, run_dir, o->backend);
       file = l.plan_json;
       shown = o->out.empty() ? full : fmt::format("# wrote {}\n{}\n{}\n", o->out, l.mpirun, l.srun);
       j["plan"] = io::plan_to_json(out_plan);
       j["commands"] = {{"mpirun", l.mpirun}, {"srun", l.srun}};
+      j["backend"] = o->backend;
     } else if (o->target == "slurm") {
       const std::string run_dir = o->run_dir.empty() ? planner::default_run_dir(path) : o->run_dir;
-      full = file = planner::slurm_script(plan, model, hw, path, run_dir);
+      full = file = planner::slurm_script(plan, model, hw, path, run_dir, o->backend);
       shown = o->out.empty() ? full : fmt::format("# wrote {}; submit it with: sbatch {}\n", o->out, o->out);
+      j["backend"] = o->backend;
     } else {
       const planner::MegatronArgs a = planner::megatron_args(plan, model, hw);
       full = file = planner::megatron_text(plan, model, hw, path);
-      shown = o->out.empty() ? full : fmt::format("# wrote {}\n", o->out);
+      shown =
+          o->out.empty() ? full : fmt::format("# wrote {}; run it once per node: bash {}\n", o->out, o->out);
+      j["megatron_commit"] = planner::kMegatronCommit;
       j["flags"] = a.flags;
       j["not_expressible"] = a.not_expressible;
       j["notes"] = a.notes;

@@ -171,6 +171,12 @@ struct ModelSpec {
   std::string checkpoint_quantization;
   // Parts of the checkpoint that are not counted (a vision tower), in one line; "" when none.
   std::string not_counted;
+  // Constants that do not change the cost but a launch must state: the rotary base (rope_theta) and the norm
+  // epsilon as the config gives them (0: the config does not state it), and its rope_scaling in one line
+  // ("" when none; a long-context extension, not applied at pretraining length).
+  double rope_theta = 0;
+  double norm_eps = 0;
+  std::string rope_scaling;
 
   int64_t num_layers() const { return static_cast<int64_t>(layers.size()); }
   int64_t num_moe_layers() const {

@@ -219,6 +219,34 @@ void read_windows(const JsonNode& c, std::vector<LayerSpec>& layers) {
   for (auto& l : layers) l.window = window;
 }
 
+// The rotary base, the norm epsilon and the rope_scaling of a config (DBRX keeps rope_theta in attn_config;
+// newer configs keep it in rope_parameters).
+void read_launch_constants(const JsonNode& c, ModelSpec& m) {
+  constexpr double kMaxTheta = 1e12;
+  if (c.has("rope_theta")) {
+    m.rope_theta = c.number("rope_theta", 1, kMaxTheta);
+  } else {
+    for (const char* holder : {"attn_config", "rope_parameters"}) {
+      if (auto o = c.optional_object(holder); o && o->has("rope_theta")) {
+        m.rope_theta = o->number("rope_theta", 1, kMaxTheta);
+        break;
+      }
+    }
+  }
+  for (const char* key :
+       {"rms_norm_eps", "layer_norm_epsilon", "norm_eps", "layer_norm_eps", "norm_epsilon"}) {
+    if (c.has(key)) {
+      m.norm_eps = c.number(key, 1e-12, 1);
+      break;
+    }
+  }
+  if (auto r = c.optional_object("rope_scaling")) {
+    std::string type = r->has("rope_type") ? r->string("rope_type") : r->string_or("type", "");
+    const double factor = r->number_or("factor", 0, 0, 1e9);
+    m.rope_scaling = factor > 0 ? fmt::format("{} factor {:g}", type, factor) : type;
+  }
+}
+
 ModelSpec from_hf(const JsonNode& root, const std::string& name) {
   std::string family = root.string("model_type");
   JsonNode c = root;
@@ -269,6 +297,8 @@ ModelSpec from_hf(const JsonNode& root, const std::string& name) {
     if (m.checkpoint_quantization.empty() && q->has("quantization_config"))
       m.checkpoint_quantization = quantization_summary(q->object("quantization_config"));
   }
+
+  read_launch_constants(c, m);
 
   // Attention.
   auto& a = m.attention;
@@ -490,7 +520,7 @@ ModelSpec from_hf(const JsonNode& root, const std::string& name) {
 
 ModelSpec from_plain(const JsonNode& c, const std::string& fallback_name) {
   c.only_keys({"format", "name", "source", "hidden_size", "num_layers", "vocab_size", "tie_embeddings",
-               "norm", "attention", "ffn", "moe"});
+               "norm", "norm_eps", "rope_theta", "attention", "ffn", "moe"});
   ModelSpec m;
   m.name = c.string_or("name", fallback_name);
   m.family = "moeplan";
@@ -500,6 +530,7 @@ ModelSpec from_plain(const JsonNode& c, const std::string& fallback_name) {
   m.tied_embeddings = c.boolean_or("tie_embeddings", false);
   m.norm = c.choice_or<NormKind>("norm", NormKind::kRmsNorm,
                                  {{"rmsnorm", NormKind::kRmsNorm}, {"layernorm", NormKind::kLayerNorm}});
+  read_launch_constants(c, m);
 
   const JsonNode at = c.object("attention");
   at.only_keys({"heads", "kv_heads", "head_dim"});

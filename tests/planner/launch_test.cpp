@@ -709,20 +709,53 @@ TEST_SUITE("planner") {
       CAPTURE(what);
       CHECK(text.find(std::string("# not expressible in Megatron-LM: ") + what) != std::string::npos);
     }
-    // Comments first, then one flag per line, each but the last ending in a backslash.
+    // A bash script: comments, then the environment from `set -euo pipefail` on, the torchrun line, the
+    // program, then one flag per line, each but the last ending in a backslash.
     std::istringstream in(text);
     std::vector<std::string> lines;
     for (std::string line; std::getline(in, line);) lines.push_back(line);
-    const auto first_flag =
-        std::find_if(lines.begin(), lines.end(), [](const std::string& s) { return s.starts_with("--"); });
-    REQUIRE(first_flag != lines.end());
-    CHECK((first_flag - 1)->ends_with("pretrain_gpt.py \\"));
-    for (auto it = lines.begin(); it != first_flag; ++it) CHECK(it->starts_with("#"));
+    REQUIRE(!lines.empty());
+    CHECK(lines.front() == "#!/bin/bash");
+    const auto set_e = std::find(lines.begin(), lines.end(), "set -euo pipefail");
+    REQUIRE(set_e != lines.end());
+    for (auto it = lines.begin(); it != set_e; ++it) CHECK(it->starts_with("#"));
+    CHECK(text.find(std::string("Megatron-LM commit ") + planner::kMegatronCommit) != std::string::npos);
+    const auto torchrun =
+        std::find_if(set_e, lines.end(), [](const std::string& s) { return s.starts_with("torchrun "); });
+    REQUIRE(torchrun != lines.end());
+    CHECK(torchrun->find("--nnodes=180 --nproc-per-node=8") != std::string::npos);
+    REQUIRE(torchrun + 1 != lines.end());
+    CHECK(*(torchrun + 1) == "  \"$MEGATRON_LM/pretrain_gpt.py\" \\");
+    const auto first_flag = torchrun + 2;
     for (auto it = first_flag; it != lines.end(); ++it) {
-      CHECK(it->starts_with("--"));
+      CHECK(it->starts_with("  --"));
       CHECK(it->ends_with(" \\") == (it + 1 != lines.end()));
     }
     CHECK(static_cast<size_t>(lines.end() - first_flag) == planner::megatron_flags(plan, m, hw).size());
+  }
+
+  TEST_CASE("the rotary base and norm epsilon come from the model's config; Megatron's defaults are named") {
+    Plan p = make_plan("mixtral-8x7b", 16, 4096, 32);
+    p.experts.ep = 8;
+    const auto a = checked(p);  // rope_theta 1e6, rms_norm_eps 1e-5 in models/mixtral-8x7b.json
+    CHECK(mentions(a.flags, "--rotary-base 1000000"));
+    CHECK(mentions(a.flags, "--norm-epsilon 1e-05"));
+
+    Plan d = make_plan("deepseek-v3", 256, 4096, 512);
+    d.experts.ep = 64;
+    const auto b = planner::megatron_args(d, model("deepseek-v3"), hardware("h100-sxm"));
+    CHECK(mentions(b.flags, "--rotary-base 10000"));
+    CHECK(mentions(b.flags, "--norm-epsilon 1e-06"));
+    CHECK(mentions(b.notes, "rope_scaling (yarn factor 40) is not passed"));
+
+    // The MegaScale-MoE model states neither: the notes say which defaults apply.
+    Plan i = make_plan("internal-352b", 64, 4096, 64);
+    i.experts.ep = 32;
+    const auto c = planner::megatron_args(i, model("internal-352b"), hardware("h800-sxm"));
+    CHECK_FALSE(mentions(c.flags, "--rotary-base"));
+    CHECK_FALSE(mentions(c.flags, "--norm-epsilon"));
+    CHECK(mentions(c.notes, "default --rotary-base 10000"));
+    CHECK(mentions(c.notes, "default --norm-epsilon 1e-5"));
   }
 
   TEST_CASE("first and last pipeline stages map to Megatron's uneven split") {
@@ -872,7 +905,8 @@ TEST_SUITE("planner") {
     p.precision = Precision::kFp8;
     p.recompute = Recompute::kSar;
     p.routing = {.distribution = "zipf:1.2", .capacity_factor = 1.5};
-    const planner::MoerunLaunch l = planner::moerun_launch(p, hardware("h800-sxm"), "plan.json", "runs/plan");
+    const planner::MoerunLaunch l =
+        planner::moerun_launch(p, hardware("h800-sxm"), "plan.json", "runs/plan", "cuda");
     Result<nlohmann::json> j = io::parse_json_text(l.plan_json, "plan.json");
     REQUIRE(j.ok());
     Result<Plan> back = io::plan_from_json(j.value(), "plan.json");
@@ -909,27 +943,40 @@ TEST_SUITE("planner") {
     CHECK(io::plan_to_json(q) == io::plan_to_json(p));
   }
 
-  TEST_CASE("mpirun and srun start one rank per GPU on whole nodes") {
+  TEST_CASE("mpirun and srun start one rank per GPU on whole nodes, on the CUDA backend") {
     Plan p = make_plan("mixtral-8x7b", 16, 4096, 32);
     p.experts.ep = 8;
     const planner::MoerunLaunch l =
-        planner::moerun_launch(p, hardware("h100-sxm"), "plans/my plan.json", "runs/x");
-    CHECK(l.mpirun == "mpirun -np 16 --map-by ppr:8:node moerun run 'plans/my plan.json' --out runs/x");
+        planner::moerun_launch(p, hardware("h100-sxm"), "plans/my plan.json", "runs/x", "cuda");
     CHECK(
-        l.srun ==
-        "srun --nodes=2 --ntasks-per-node=8 --gpus-per-node=8 moerun run 'plans/my plan.json' --out runs/x");
+        l.mpirun ==
+        "mpirun -np 16 --map-by ppr:8:node --bind-to none -x NCCL_DEBUG=WARN moerun run 'plans/my plan.json' "
+        "--backend cuda --out runs/x");
+    CHECK(l.srun ==
+          "srun --mpi=pmix --nodes=2 --ntasks-per-node=8 --gpus-per-node=8 moerun run 'plans/my plan.json' "
+          "--backend cuda --out runs/x");
     CHECK(planner::default_run_dir("plans/my plan.json") == "runs/my_plan");
     const std::string text =
-        planner::moerun_text(p, model(p.model), hardware(p.hardware), "p.json", "runs/p");
-    CHECK(text.find(planner::moerun_launch(p, hardware("h100-sxm"), "p.json", "runs/p").plan_json) !=
+        planner::moerun_text(p, model(p.model), hardware(p.hardware), "p.json", "runs/p", "cuda");
+    CHECK(text.find(planner::moerun_launch(p, hardware("h100-sxm"), "p.json", "runs/p", "cuda").plan_json) !=
           std::string::npos);
+    CHECK(text.find("local rank i the node's GPU i") != std::string::npos);
+
+    // The CPU backend: MPI ranks, no GPUs asked for, no NCCL environment.
+    const planner::MoerunLaunch c =
+        planner::moerun_launch(p, hardware("h100-sxm"), "p.json", "runs/p", "cpu");
+    CHECK(c.mpirun == "mpirun -np 16 --map-by ppr:8:node moerun run p.json --backend cpu --out runs/p");
+    CHECK(c.srun ==
+          "srun --mpi=pmix --nodes=2 --ntasks-per-node=8 moerun run p.json --backend cpu --out runs/p");
+    CHECK(planner::moerun_text(p, model(p.model), hardware(p.hardware), "p.json", "runs/p", "cpu")
+              .find("NCCL") == std::string::npos);
   }
 
-  TEST_CASE("the sbatch script asks for the plan's node count") {
+  TEST_CASE("the sbatch script asks for the plan's node count and states the NCCL environment") {
     Result<io::LoadedPlan> l = example("deepseek-v3-2048xh800.json");
     REQUIRE(l.ok());
     const auto& [plan, m, hw, path] = l.value();
-    const std::string s = planner::slurm_script(plan, m, hw, "ds.json", "runs/ds");
+    const std::string s = planner::slurm_script(plan, m, hw, "ds.json", "runs/ds", "cuda");
     CHECK(s.starts_with("#!/bin/bash\n"));
     CHECK(s.find("#SBATCH --nodes=256\n") != std::string::npos);
     CHECK(s.find("#SBATCH --ntasks-per-node=8\n") != std::string::npos);
@@ -937,16 +984,21 @@ TEST_SUITE("planner") {
     CHECK(s.find("#SBATCH --exclusive\n") != std::string::npos);
     CHECK(s.find("#SBATCH --job-name=moerun-ds\n") != std::string::npos);
     CHECK(s.find("#SBATCH --output=") != std::string::npos);
-    CHECK(s.ends_with(
-        "srun --nodes=256 --ntasks-per-node=8 --gpus-per-node=8 moerun run ds.json --out runs/ds\n"));
+    CHECK(s.find("NCCL_IB_HCA") != std::string::npos);
+    CHECK(s.find("\nexport NCCL_DEBUG=WARN\n") != std::string::npos);
+    CHECK(
+        s.ends_with("srun --mpi=pmix --nodes=256 --ntasks-per-node=8 --gpus-per-node=8 moerun run ds.json "
+                    "--backend cuda --out runs/ds\n"));
 
-    // Fewer GPUs than a node: one node, one rank per GPU.
+    // Fewer GPUs than a node: one node, one rank per GPU. The CPU backend asks for no GPUs.
     Plan small = make_plan("tiny-moe", 4, 256, 8);
     small.experts.ep = 4;
     const std::string t =
-        planner::slurm_script(small, model("tiny-moe"), hardware("h100-sxm"), "t.json", "runs/t");
+        planner::slurm_script(small, model("tiny-moe"), hardware("h100-sxm"), "t.json", "runs/t", "cpu");
     CHECK(t.find("#SBATCH --nodes=1\n") != std::string::npos);
     CHECK(t.find("#SBATCH --ntasks-per-node=4\n") != std::string::npos);
+    CHECK(t.find("--gpus-per-node") == std::string::npos);
+    CHECK(t.find("NCCL") == std::string::npos);
   }
 
   TEST_CASE("a plan copied elsewhere names the same model files") {

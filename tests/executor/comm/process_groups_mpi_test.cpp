@@ -77,4 +77,16 @@ TEST_SUITE("executor.comm.mpi") {
   }
 }
 
+TEST_SUITE("executor.comm.mpi") {
+  TEST_CASE("node_place: the ranks of one host are its local ranks 0..n-1, in world-rank order") {
+    int rank = 0, world = 0;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &world);
+    const NodePlace place = node_place(MPI_COMM_WORLD);
+    // mpiexec here starts every rank on this machine.
+    CHECK(place.local_size == world);
+    CHECK(place.local_rank == rank);
+  }
+}
+
 }  // namespace moeplan::executor

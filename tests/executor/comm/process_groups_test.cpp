@@ -156,4 +156,29 @@ TEST_SUITE("executor.comm") {
   }
 }
 
+TEST_SUITE("executor.comm: one GPU per local rank") {
+  TEST_CASE("a node showing enough devices gives each local rank its own") {
+    for (int r = 0; r < 8; ++r) {
+      const Result<int> d = device_for_rank({r, 8}, 8);
+      REQUIRE(d);
+      CHECK(d.value() == r);
+    }
+    CHECK(device_for_rank({3, 4}, 8).value() == 3);  // fewer ranks than GPUs: the first four
+  }
+  TEST_CASE("a launcher that binds one GPU per task shows each rank device 0") {
+    CHECK(device_for_rank({5, 8}, 1).value() == 0);
+  }
+  TEST_CASE("more ranks than devices on a node is refused with both counts") {
+    const Result<int> d = device_for_rank({2, 8}, 4);
+    REQUIRE_FALSE(d);
+    CHECK(d.error().message.find("8 ranks on this node but 4 visible CUDA devices") != std::string::npos);
+  }
+  TEST_CASE("two local ranks on one PCI bus id are named; distinct ids pass") {
+    CHECK(shared_device_error({"0000:18:00.0", "0000:2a:00.0", "0000:3a:00.0"}).empty());
+    const std::string e = shared_device_error({"0000:18:00.0", "0000:2a:00.0", "0000:18:00.0"});
+    CHECK(e.find("local ranks 0 and 2") != std::string::npos);
+    CHECK(e.find("0000:18:00.0") != std::string::npos);
+  }
+}
+
 }  // namespace moeplan::executor

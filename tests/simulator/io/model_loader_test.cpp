@@ -33,6 +33,33 @@ std::string error_of(const char* text) {
 }  // namespace
 
 TEST_SUITE("io") {
+  TEST_CASE("the rotary base, norm epsilon and rope_scaling are read where each family keeps them") {
+    const ModelSpec mixtral = load("mixtral-8x7b");
+    CHECK(mixtral.rope_theta == 1e6);
+    CHECK(mixtral.norm_eps == 1e-5);
+    CHECK(mixtral.rope_scaling.empty());
+    const ModelSpec dbrx = load("dbrx");  // attn_config.rope_theta; no epsilon stated
+    CHECK(dbrx.rope_theta == 5e5);
+    CHECK(dbrx.norm_eps == 0);
+    const ModelSpec nemotron = load("nemotron-3-nano-30b-a3b");  // layer_norm_epsilon
+    CHECK(nemotron.norm_eps == 1e-5);
+    const ModelSpec ds = load("deepseek-v3");
+    CHECK(ds.rope_scaling == "yarn factor 40");
+    const ModelSpec scout = load("llama-4-scout");  // text_config, rope_type
+    CHECK(scout.rope_theta == 5e5);
+    CHECK(scout.rope_scaling == "llama3 factor 16");
+    const ModelSpec plain = parse(
+        R"({"format": "moeplan-model-v1", "hidden_size": 64, "num_layers": 2, "vocab_size": 128,
+            "rope_theta": 500000, "norm_eps": 1e-6, "attention": {"heads": 4}, "ffn": {},
+            "moe": {"num_experts": 4, "top_k": 2, "expert_ffn_size": 128}})");
+    CHECK(plain.rope_theta == 5e5);
+    CHECK(plain.norm_eps == 1e-6);
+    CHECK(load("internal-352b").rope_theta == 0);
+    CHECK(error_of(R"({"model_type": "mixtral", "hidden_size": 64, "num_hidden_layers": 2, "vocab_size": 8,
+                      "num_attention_heads": 4, "rope_theta": -1})")
+              .find("rope_theta") != std::string::npos);
+  }
+
   TEST_CASE("DeepSeek-V3: MLA, 3 dense layers, 1 shared expert, MTP") {
     const ModelSpec m = load("deepseek-v3");
     CHECK(m.attention.kind == AttentionKind::kMla);
