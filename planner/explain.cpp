@@ -99,7 +99,7 @@ Plan explain_baseline(const ModelSpec& model, const Plan& plan, const HardwarePr
 }
 
 std::vector<ExplainRow> explain(const ModelSpec& model, const Plan& plan, const HardwareProfile& hw,
-                                const StackProfile& stack, const cost::RoutingDistribution& routing) {
+                                const StackProfile& stack, const workload::RoutingDistribution& routing) {
   // Each step copies one technique's fields from the plan onto the previous row's plan.
   const std::vector<std::pair<const char*, std::function<void(Plan&)>>> steps = {
       {"+ SP attention / EP experts",

@@ -12,8 +12,8 @@
 #include "simulator/core/model_spec.h"
 #include "simulator/core/plan.h"
 #include "simulator/core/stack.h"
-#include "simulator/cost/imbalance.h"
 #include "simulator/predict/predict.h"
+#include "simulator/workload/routing.h"
 
 namespace moeplan::planner {
 
@@ -44,6 +44,6 @@ Plan explain_baseline(const ModelSpec& model, const Plan& plan, const HardwarePr
 // + compression, + selective recompute. Each row's plan differs from the previous one only in its technique's
 // fields; the last row's plan is `plan`.
 std::vector<ExplainRow> explain(const ModelSpec& model, const Plan& plan, const HardwareProfile& hw,
-                                const StackProfile& stack, const cost::RoutingDistribution& routing);
+                                const StackProfile& stack, const workload::RoutingDistribution& routing);
 
 }  // namespace moeplan::planner

@@ -286,7 +286,7 @@ struct LayerTimes {
 class Screener {
  public:
   Screener(const ModelSpec& m, const HardwareProfile& hw, const StackProfile& st,
-           const cost::RoutingDistribution& r)
+           const workload::RoutingDistribution& r)
       : m_(m), hw_(hw), st_(st), routing_(r), cm_(hw, st) {
     cm_.record_extrapolations(false);
   }
@@ -363,7 +363,7 @@ class Screener {
     one.global_batch = p.micro_batch * one.dp();
     LoweringOptions lo = lowering_options(hw_, st_);
     lo.data_parallel = false;
-    const cost::PlanRouting pr = cost::plan_routing(m_, p, routing_);
+    const workload::PlanRouting pr = workload::plan_routing(m_, p, routing_);
     lt.expert_load_scale = lo.expert_load_scale = pr.scale;
     lo.dropped_fraction = pr.load.dropped_fraction;
     // (moe, window, kv_projection, mixer, ffn)
@@ -468,7 +468,7 @@ class Screener {
   const ModelSpec& m_;
   const HardwareProfile& hw_;
   const StackProfile& st_;
-  const cost::RoutingDistribution& routing_;
+  const workload::RoutingDistribution& routing_;
   cost::CostModel cm_;
   std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int, int64_t, int, bool, bool, int, int>,
            LayerTimes>
@@ -492,7 +492,7 @@ void drop_graph(Prediction& p) {
 }  // namespace
 
 double screen_step_time(const ModelSpec& model, const Plan& plan, const HardwareProfile& hw,
-                        const StackProfile& stack, const cost::RoutingDistribution& routing) {
+                        const StackProfile& stack, const workload::RoutingDistribution& routing) {
   Screener s(model, hw, stack, routing);
   return s.step_time(plan);
 }
@@ -525,7 +525,7 @@ std::string explain_unmatched_fix(const ModelSpec& model, const HardwareProfile&
 }
 
 SearchResult search(const ModelSpec& model, const HardwareProfile& hw, const StackProfile& stack,
-                    const cost::RoutingDistribution& routing, const Job& job, const SearchSpace& space,
+                    const workload::RoutingDistribution& routing, const Job& job, const SearchSpace& space,
                     const SearchOptions& options) {
   const auto t0 = std::chrono::steady_clock::now();
   SearchResult r;
@@ -569,7 +569,7 @@ SearchResult search(const ModelSpec& model, const HardwareProfile& hw, const Sta
           const auto sk = std::make_pair(p.micro_batch * p.seq_len / p.attention_mesh(), p.experts.ep);
           auto sit = scales.find(sk);
           if (sit == scales.end())
-            sit = scales.emplace(sk, cost::plan_routing(model, p, routing).scale).first;
+            sit = scales.emplace(sk, workload::plan_routing(model, p, routing).scale).first;
           const cost::MemoryBreakdown mem =
               cost::memory_per_gpu(model, run, hw, stack, fit->second, sit->second);
           if (!out.smallest || mem.total_low() < out.smallest_bytes) {

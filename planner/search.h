@@ -18,8 +18,8 @@
 #include "simulator/core/plan.h"
 #include "simulator/core/stack.h"
 #include "simulator/core/status.h"
-#include "simulator/cost/imbalance.h"
 #include "simulator/predict/predict.h"
+#include "simulator/workload/routing.h"
 
 namespace moeplan::planner {
 
@@ -112,7 +112,7 @@ std::vector<Plan> enumerate_plans(const ModelSpec& model, const HardwareProfile&
 
 // The fast estimate of one legal plan's step time (seconds); see the file comment.
 double screen_step_time(const ModelSpec& model, const Plan& plan, const HardwareProfile& hw,
-                        const StackProfile& stack, const cost::RoutingDistribution& routing);
+                        const StackProfile& stack, const workload::RoutingDistribution& routing);
 
 // Why the --fix pins of `space` leave no plan to enumerate, as one line: the first pin whose value no plan of
 // the space has (with the values it has), or that the pins match plans separately but not together.
@@ -120,7 +120,7 @@ std::string explain_unmatched_fix(const ModelSpec& model, const HardwareProfile&
                                   const StackProfile& stack, const Job& job, const SearchSpace& space);
 
 SearchResult search(const ModelSpec& model, const HardwareProfile& hw, const StackProfile& stack,
-                    const cost::RoutingDistribution& routing, const Job& job, const SearchSpace& space,
+                    const workload::RoutingDistribution& routing, const Job& job, const SearchSpace& space,
                     const SearchOptions& options);
 
 // Layers per virtual stage when they do not divide evenly (simulator/core/plan.h).

@@ -291,7 +291,7 @@ SweepRow sweep_row(const SweepCase& base, const std::string& key, const nlohmann
   }
   const SweepCase& c = applied.value();
   const std::string& spec = c.plan ? c.plan->routing.distribution : c.routing;
-  Result<cost::RoutingDistribution> routing =
+  Result<workload::RoutingDistribution> routing =
       io::routing_distribution(spec, std::max<int64_t>(1, c.model.moe.num_experts), c.routing_base);
   if (!routing) {
     row.reason = routing.error().message;

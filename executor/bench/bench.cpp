@@ -378,6 +378,9 @@ nlohmann::ordered_json sourced_int(int64_t value, const std::string& source) {
 }  // namespace
 
 std::string nccl_float(double value, int width) {
+  // nccl-tests prints 2 decimals, so a bandwidth below 0.005 GB/s (a loaded CPU machine) would read as zero
+  // and carry nothing: such values keep two significant digits in e-notation, which nccl-tests readers parse.
+  if (value > 0 && value < 0.005) return fmt::format("{:{}.1e}", value, width);
   int power = 0;
   for (double v = 1; value >= v; v *= 10) ++power;
   if (power < width - 2) return fmt::format("{:{}.2f}", value, width);

@@ -37,7 +37,7 @@ struct BenchSummary {
 Result<BenchSummary> run_bench(const BenchOptions& options, MPI_Comm world);
 
 // nccl-tests' number formatting (util.cu getFloatStr): width columns, 2 decimals while they fit, then fewer,
-// then exponent notation.
+// then exponent notation; a positive value below 0.005 in exponent notation too (not read back as zero).
 std::string nccl_float(double value, int width);
 
 // nccl-tests' bus bandwidth factor for n ranks: all_reduce 2(n-1)/n; all_gather, reduce_scatter, alltoall

@@ -151,7 +151,10 @@ int run_plan(const RunOptions& o, int rank, int world) {
   if (on_gpu) return bad_input(rank, "--backend cuda: this moerun was built without CUDA (MOEPLAN_CUDA=OFF)");
 #endif
   if (train) {
-    if (const std::string why = train_unsupported(plan, in.loaded.model); !why.empty()) {
+    std::string why = train_unsupported(plan, in.loaded.model);
+    if (why.empty() && in.lowering.dispatcher != DispatcherKind::kFused)
+      why = "the token dispatcher of stack " + plan.stack + " (it trains moerun's fused dispatch)";
+    if (!why.empty()) {
       if (rank == 0)
         std::fprintf(stderr, "moerun: %s: the train runner does not support %s\n", in.loaded.path.c_str(),
                      why.c_str());

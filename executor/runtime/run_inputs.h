@@ -1,6 +1,6 @@
 // What one moerun rank needs from a plan file: the plan with its model and hardware (the simulator's
 // loaders), the rules it breaks (the simulator's validate) and the op graph, lowered exactly as `moeplan
-// simulate` does.
+// simulate` does (stack_lowering: the plan's stack, moerun when it names none).
 #pragma once
 
 #include <string>
@@ -9,6 +9,7 @@
 #include "simulator/core/op_graph.h"
 #include "simulator/core/plan.h"
 #include "simulator/io/plan_io.h"
+#include "simulator/workload/lower.h"
 
 namespace moeplan::executor {
 
@@ -17,6 +18,7 @@ struct RunInputs {
   std::vector<Violation> violations;  // non-empty: the plan cannot run and `graph` is empty
   OpGraph graph;
   double expert_load_scale = 1.0;  // busiest EP rank's routed rows / the mean (the simulator's routing model)
+  LoweringOptions lowering;        // the stack's lowering facts (stack_lowering), as predict() uses them
 };
 
 // Errors are one line "FILE: field: what was expected" (a bad plan, model, hardware, stack or router trace).

@@ -29,7 +29,7 @@ void run(const Case& c, int threads) {
   const ModelSpec model = io::load_model(c.model).value();
   const HardwareProfile hw = io::load_hardware(c.hardware).value();
   const StackProfile stack = io::load_stack("moerun").value();
-  const auto routing = cost::uniform_routing(std::max<int64_t>(1, model.moe.num_experts));
+  const auto routing = workload::uniform_routing(std::max<int64_t>(1, model.moe.num_experts));
   planner::SearchOptions opts;
   opts.threads = threads;
   opts.top = 3;

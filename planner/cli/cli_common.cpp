@@ -26,7 +26,7 @@ Result<PlanInputs> load_plan_inputs(const std::string& plan_path, const std::str
   Result<StackProfile> stack = io::load_stack(stack_ref, stack_override.empty() ? in.dir : "");
   if (!stack) return stack.error();
   in.stack = std::move(stack).value();
-  Result<cost::RoutingDistribution> routing = io::routing_distribution(
+  Result<workload::RoutingDistribution> routing = io::routing_distribution(
       plan.routing.distribution, std::max<int64_t>(1, in.loaded.model.moe.num_experts), in.dir);
   if (!routing) return routing.error();
   in.routing = std::move(routing).value();
@@ -79,6 +79,23 @@ int does_not_fit(const cost::MemoryBreakdown& memory) {
                memory.total() / kGiB, memory.total_low() / kGiB, memory.total_high() / kGiB,
                memory.capacity / kGiB);
   return kExitInfeasible;
+}
+
+Result<TraceSelection> trace_selection(const OpGraph& graph, int64_t micro_batches, const std::string& stages,
+                                       std::string* note) {
+  Result<TraceSelection> sel =
+      parse_trace_selection(std::max<int64_t>(0, micro_batches), stages, graph.num_stages);
+  if (!sel || micro_batches >= 0) return sel;
+  const int64_t fit = trace_micro_batches_within(graph, sel.value().stages, kMaxTraceEvents);
+  if (fit > 0) {
+    sel.value().micro_batches = fit;
+    const TraceSelection all{.micro_batches = 0, .stages = sel.value().stages};
+    *note = fmt::format(
+        "the trace shows micro-batches 0..{} ({} of the step's {} ops; Perfetto loads files up to about "
+        "100 MB): --trace-micro-batches 0 writes all, --trace-stages LIST picks stages",
+        fit - 1, trace_events(graph, sel.value()), trace_events(graph, all));
+  }
+  return sel;
 }
 
 }  // namespace moeplan::cli

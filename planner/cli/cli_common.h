@@ -11,9 +11,10 @@
 
 #include "planner/search.h"
 #include "simulator/core/stack.h"
-#include "simulator/cost/imbalance.h"
 #include "simulator/cost/memory.h"
+#include "simulator/io/op_trace.h"
 #include "simulator/io/plan_io.h"
+#include "simulator/workload/routing.h"
 
 namespace moeplan::cli {
 
@@ -49,7 +50,7 @@ inline constexpr int64_t kDefaultBatch = 256;
 struct PlanInputs {
   io::LoadedPlan loaded;
   StackProfile stack;
-  cost::RoutingDistribution routing;
+  workload::RoutingDistribution routing;
   std::string dir;  // the plan file's folder (relative paths in the plan start there)
 };
 Result<PlanInputs> load_plan_inputs(const std::string& plan_path, const std::string& stack_override);
@@ -57,6 +58,13 @@ Result<PlanInputs> load_plan_inputs(const std::string& plan_path, const std::str
 // The search space of `plan`-style options: --precision bf16|fp8|any and --fix KEY=VALUE pins (a bare word is
 // a string); an unknown key is an error with a "did you mean".
 Result<planner::SearchSpace> search_space(const std::string& precision, const std::vector<std::string>& fix);
+
+// The ops a written Chrome trace shows: --trace-micro-batches N (-1: as many as keep the file near 100 MB,
+// kMaxTraceEvents; 0: all) of the --trace-stages LIST (""; every stage). `note` gets a line for the user when
+// the default left micro-batches out. Errors name the option.
+inline constexpr int64_t kMaxTraceEvents = 400000;
+Result<TraceSelection> trace_selection(const OpGraph& graph, int64_t micro_batches, const std::string& stages,
+                                       std::string* note);
 
 // Prints "moeplan: the plan does not fit: X GB per GPU of Y GB" on stderr and returns kExitInfeasible.
 int does_not_fit(const cost::MemoryBreakdown& memory);

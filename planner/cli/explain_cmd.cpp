@@ -104,7 +104,7 @@ Runner add_explain(CLI::App& app) {
     if (!in) return bad_input(in.error().message);
     const auto& [plan, model, hw, path] = in.value().loaded;
     const StackProfile& stack = in.value().stack;
-    const cost::RoutingDistribution& routing = in.value().routing;
+    const workload::RoutingDistribution& routing = in.value().routing;
 
     const std::vector<Violation> broken = validate(plan, model, hw);
     if (!broken.empty()) {

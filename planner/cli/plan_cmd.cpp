@@ -75,7 +75,7 @@ std::string duration_text(double hours) {
 // When nothing fits: the smallest memory need the search found, and the smallest GPU count (doubling the
 // job's, up to 64x) at which some plan fits, from the memory test alone.
 void print_nothing_fits(const planner::SearchResult& r, const ModelSpec& model, const HardwareProfile& hw,
-                        const StackProfile& stack, const cost::RoutingDistribution& routing,
+                        const StackProfile& stack, const workload::RoutingDistribution& routing,
                         const planner::Job& job, const planner::SearchSpace& space, int threads) {
   if (!r.smallest_need_plan) {
     fmt::print("no plan fits: no legal plan for this job (see the rejections below).\n");
@@ -175,7 +175,7 @@ Runner add_plan(CLI::App& app) {
     if (!hw) return bad_input(hw.error().message);
     Result<StackProfile> stack = io::load_stack(o->stack);
     if (!stack) return bad_input(stack.error().message);
-    Result<cost::RoutingDistribution> routing =
+    Result<workload::RoutingDistribution> routing =
         io::routing_distribution(o->routing, std::max<int64_t>(1, model.value().moe.num_experts), "");
     if (!routing) return bad_input(routing.error().message);
 
@@ -222,11 +222,15 @@ Runner add_plan(CLI::App& app) {
         const ReportContext ctx{saved, model.value(), hw.value(), stack.value()};
         nlohmann::json report = prediction_json(rp.prediction, ctx);
         report["plan"] = io::plan_to_json(saved);
+        std::string note;  // the default trace selection of a large step, said once per file
+        const Result<TraceSelection> trace_sel = trace_selection(rp.prediction.graph, -1, "", &note);
+        if (!trace_sel) return bad_input(trace_sel.error().message);
+        if (!note.empty()) std::fprintf(stderr, "moeplan: %s.trace.json: %s\n", base.c_str(), note.c_str());
         for (const auto& [path, text] :
              {std::pair{base + ".json", io::plan_to_json(saved).dump(2) + "\n"},
               std::pair{base + ".report.json", report.dump(2) + "\n"},
               std::pair{base + ".trace.json",
-                        chrome_trace(rp.prediction.graph, rp.prediction.timeline.ops)}}) {
+                        chrome_trace(rp.prediction.graph, rp.prediction.timeline.ops, trace_sel.value())}}) {
           Result<bool> w = write_file_atomic(path, text);
           if (!w) return bad_input(w.error().message);
         }

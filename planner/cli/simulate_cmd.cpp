@@ -59,12 +59,18 @@ void print_text(const Prediction& p, const ReportContext& ctx) {
 
 Runner add_simulate(CLI::App& app) {
   struct Options {
-    std::string plan, trace, html, stack;
+    std::string plan, trace, html, stack, trace_stages;
+    int64_t trace_micro_batches = -1;
     bool json = false;
   };
   auto o = std::make_shared<Options>();
   app.add_option("plan", o->plan, "Plan file (JSON)")->required();
   app.add_option("--trace", o->trace, "Write the step's Chrome trace (opens in Perfetto) to this file");
+  app.add_option("--trace-micro-batches", o->trace_micro_batches,
+                 "Micro-batches the trace shows, from the first (0: all; default: as many as keep the file "
+                 "near 100 MB)");
+  app.add_option("--trace-stages", o->trace_stages,
+                 "Pipeline stages the trace shows, e.g. 0,7-9 (default: all)");
   app.add_option("--html", o->html,
                  "Write a self-contained HTML report (summary, breakdown, memory, timeline) to this file");
   app.add_option("--stack", o->stack,
@@ -75,13 +81,17 @@ Runner add_simulate(CLI::App& app) {
     if (!in) return bad_input(in.error().message);
     const auto& [plan, model, hw, path] = in.value().loaded;
     const StackProfile& stack = in.value().stack;
-    const cost::RoutingDistribution& routing = in.value().routing;
+    const workload::RoutingDistribution& routing = in.value().routing;
 
     const Prediction p = predict(model, plan, hw, stack, routing);
     const ReportContext ctx{plan, model, hw, stack};
     if (!o->trace.empty() && p.violations.empty()) {
-      Result<bool> w = write_file_atomic(o->trace, chrome_trace(p.graph, p.timeline.ops));
+      std::string note;
+      Result<TraceSelection> sel = trace_selection(p.graph, o->trace_micro_batches, o->trace_stages, &note);
+      if (!sel) return bad_input(sel.error().message);
+      Result<bool> w = write_file_atomic(o->trace, chrome_trace(p.graph, p.timeline.ops, sel.value()));
       if (!w) return bad_input(w.error().message);
+      if (!note.empty()) std::fprintf(stderr, "moeplan: %s: %s\n", o->trace.c_str(), note.c_str());
     }
     if (!o->html.empty()) {  // also for an illegal plan: the page lists the rules it breaks
       Result<bool> w = write_file_atomic(o->html, report::simulate_html(p, ctx));

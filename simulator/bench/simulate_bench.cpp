@@ -41,7 +41,7 @@ struct Timing {
 
 Timing run_once(const ModelSpec& m, const Plan& p, const HardwareProfile& hw, const StackProfile& st) {
   Timing t;
-  const auto routing = cost::uniform_routing(m.moe.num_experts);
+  const auto routing = workload::uniform_routing(m.moe.num_experts);
   auto t0 = Clock::now();
   const Prediction pr = predict(m, p, hw, st, routing, {.critical_path = true});
   t.total = seconds_since(t0);

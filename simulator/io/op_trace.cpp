@@ -1,6 +1,8 @@
 // Per-op summary, Chrome trace and atomic file writes (see op_trace.h).
 #include "simulator/io/op_trace.h"
 
+#include <algorithm>
+#include <charconv>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -45,15 +47,114 @@ nlohmann::json op_summary_json(const OpGraph& graph, std::span<const OpTiming> t
   return out;
 }
 
-std::string chrome_trace(const OpGraph& graph, std::span<const OpTiming> timing) {
+namespace {
+
+bool stage_selected(const TraceSelection& sel, int stage) {
+  return sel.stages.empty() || std::find(sel.stages.begin(), sel.stages.end(), stage) != sel.stages.end();
+}
+
+bool selected(const TraceSelection& sel, const Op& op) {
+  return stage_selected(sel, op.stage) && (sel.micro_batches <= 0 || op.micro_batch < sel.micro_batches);
+}
+
+int micro_batches_of(const OpGraph& graph) {
+  int n = 0;
+  for (const Op& op : graph.ops) n = std::max(n, op.micro_batch + 1);
+  return n;
+}
+
+}  // namespace
+
+int64_t trace_events(const OpGraph& graph, const TraceSelection& selection) {
+  return std::count_if(graph.ops.begin(), graph.ops.end(),
+                       [&](const Op& op) { return selected(selection, op); });
+}
+
+int64_t trace_micro_batches_within(const OpGraph& graph, const std::vector<int>& stages, int64_t max_events) {
+  // Ops per micro-batch index (and of none) on the selected stages; keep the longest prefix that fits.
+  TraceSelection sel{.micro_batches = 0, .stages = stages};
+  std::vector<int64_t> per_mb;
+  int64_t fixed = 0;
+  for (const Op& op : graph.ops) {
+    if (!stage_selected(sel, op.stage)) continue;
+    if (op.micro_batch < 0) {
+      ++fixed;
+      continue;
+    }
+    const auto mb = static_cast<size_t>(op.micro_batch);
+    if (per_mb.size() <= mb) per_mb.resize(mb + 1, 0);
+    ++per_mb[mb];
+  }
+  int64_t total = fixed;
+  for (const int64_t n : per_mb) total += n;
+  if (total <= max_events) return 0;
+  int64_t kept = fixed, count = 0;
+  for (const int64_t n : per_mb) {
+    if (count > 0 && kept + n > max_events) break;
+    kept += n;
+    ++count;
+  }
+  return std::max<int64_t>(1, count);
+}
+
+Result<TraceSelection> parse_trace_selection(int64_t micro_batches, const std::string& stages,
+                                             int num_stages) {
+  if (micro_batches < 0)
+    return Error{fmt::format("--trace-micro-batches {}: expected a count >= 1 (0: all)", micro_batches)};
+  TraceSelection sel;
+  sel.micro_batches = micro_batches;
+  if (stages.empty()) return sel;
+  auto bad = [&](const std::string& why) {
+    return Error{fmt::format("--trace-stages {}: {} (stages are 0..{})", stages, why, num_stages - 1)};
+  };
+  auto number = [](const std::string& w, int& v) {
+    const auto [end, ec] = std::from_chars(w.data(), w.data() + w.size(), v);
+    return ec == std::errc() && end == w.data() + w.size() && v >= 0;
+  };
+  size_t start = 0;
+  while (start <= stages.size()) {
+    const size_t comma = std::min(stages.find(',', start), stages.size());
+    const std::string item = stages.substr(start, comma - start);
+    const size_t dash = item.find('-');
+    int lo = 0, hi = 0;
+    if (dash == std::string::npos ? !number(item, lo)
+                                  : !number(item.substr(0, dash), lo) || !number(item.substr(dash + 1), hi)) {
+      return bad(fmt::format("'{}' is not a stage or a range a-b", item));
+    }
+    if (dash == std::string::npos) hi = lo;
+    if (hi < lo) return bad(fmt::format("the range '{}' runs backwards", item));
+    if (hi >= num_stages) return bad(fmt::format("stage {} does not exist", hi));
+    for (int s = lo; s <= hi; ++s) {
+      if (std::find(sel.stages.begin(), sel.stages.end(), s) == sel.stages.end()) sel.stages.push_back(s);
+    }
+    start = comma + 1;
+  }
+  std::sort(sel.stages.begin(), sel.stages.end());
+  return sel;
+}
+
+std::string chrome_trace(const OpGraph& graph, std::span<const OpTiming> timing,
+                         const TraceSelection& selection) {
   fmt::memory_buffer out;
-  fmt::format_to(std::back_inserter(out), "{{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n");
+  fmt::format_to(std::back_inserter(out), "{{\"displayTimeUnit\":\"ms\",");
+  if (!selection.selects_all()) {
+    fmt::format_to(
+        std::back_inserter(out),
+        "\"otherData\":{{\"selection\":\"{}, {}; the step has {} micro-batch(es) and {} stage(s)\"}},",
+        selection.micro_batches > 0 ? fmt::format("micro-batches 0..{}", selection.micro_batches - 1)
+                                    : std::string("every micro-batch"),
+        selection.stages.empty() ? std::string("every stage")
+                                 : fmt::format("stages {}", fmt::join(selection.stages, ",")),
+        micro_batches_of(graph), graph.num_stages);
+  }
+  fmt::format_to(std::back_inserter(out), "\"traceEvents\":[\n");
   bool first = true;
   auto sep = [&] {
     if (!first) fmt::format_to(std::back_inserter(out), ",\n");
     first = false;
   };
   for (int s = 0; s < graph.num_stages; ++s) {
+    if (!stage_selected(selection, s)) continue;
     sep();
     fmt::format_to(std::back_inserter(out),
                    R"({{"ph":"M","name":"process_name","pid":{},"args":{{"name":"stage {}"}}}})", s, s);
@@ -65,6 +166,7 @@ std::string chrome_trace(const OpGraph& graph, std::span<const OpTiming> timing)
     }
   }
   for (const Op& op : graph.ops) {
+    if (!selected(selection, op)) continue;
     const auto& t = timing[static_cast<size_t>(op.id)];
     sep();
     fmt::format_to(

@@ -58,17 +58,17 @@ Result<std::vector<double>> load_router_trace(const std::string& path, int64_t e
   });
 }
 
-Result<cost::RoutingDistribution> routing_distribution(const std::string& spec, int64_t experts,
-                                                       const std::string& base_dir) {
+Result<workload::RoutingDistribution> routing_distribution(const std::string& spec, int64_t experts,
+                                                           const std::string& base_dir) {
   MOEPLAN_ASSERT(experts >= 1);
-  if (spec == "uniform") return cost::uniform_routing(experts);
+  if (spec == "uniform") return workload::uniform_routing(experts);
   if (spec.starts_with("zipf:")) {
     const std::optional<double> s = zipf_exponent(std::string_view(spec).substr(5));
     if (!s) {
       return Error{fmt::format("field '{}': expected \"zipf:<s>\" with 0 < s < {}, got \"{}\"", kField,
                                kMaxZipf, spec)};
     }
-    return cost::zipf_routing(experts, *s);
+    return workload::zipf_routing(experts, *s);
   }
   if (spec.empty()) {
     return Error{fmt::format(
@@ -78,7 +78,7 @@ Result<cost::RoutingDistribution> routing_distribution(const std::string& spec, 
   if (p.is_relative() && !base_dir.empty()) p = std::filesystem::path(base_dir) / p;
   Result<std::vector<double>> counts = load_router_trace(p.string(), experts);
   if (!counts) return Error{fmt::format("{} (router trace named by {})", counts.error().message, kField)};
-  return cost::routing_from_counts(counts.value());
+  return workload::routing_from_counts(counts.value());
 }
 
 }  // namespace moeplan::io

@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "simulator/core/status.h"
-#include "simulator/cost/imbalance.h"
+#include "simulator/workload/routing.h"
 
 namespace moeplan::io {
 
@@ -18,7 +18,7 @@ Result<std::vector<double>> load_router_trace(const std::string& path, int64_t e
 
 // A plan's routing.distribution: "uniform", "zipf:<s>" (0 < s < 100), or a router-trace path (relative to
 // base_dir unless absolute).
-Result<cost::RoutingDistribution> routing_distribution(const std::string& spec, int64_t experts,
-                                                       const std::string& base_dir);
+Result<workload::RoutingDistribution> routing_distribution(const std::string& spec, int64_t experts,
+                                                           const std::string& base_dir);
 
 }  // namespace moeplan::io

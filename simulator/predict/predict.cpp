@@ -149,29 +149,28 @@ StepBreakdown stage_breakdown(const OpGraph& graph, const std::vector<cost::OpCo
 }
 
 cost::MemoryBreakdown predict_memory(const ModelSpec& model, const Plan& plan, const HardwareProfile& hw,
-                                     const StackProfile& stack, const cost::RoutingDistribution& routing) {
+                                     const StackProfile& stack,
+                                     const workload::RoutingDistribution& routing) {
   const Plan run = with_stack_overlaps(plan, stack, nullptr);
   return cost::memory_per_gpu(model, run, hw, stack, in_flight_by_chunk(model, run),
-                              cost::plan_routing(model, plan, routing).scale);
+                              workload::plan_routing(model, plan, routing).scale);
 }
 
 Prediction predict(const ModelSpec& model, const Plan& plan, const HardwareProfile& hw,
-                   const StackProfile& stack, const cost::RoutingDistribution& routing,
+                   const StackProfile& stack, const workload::RoutingDistribution& routing,
                    const PredictOptions& options) {
   Prediction r;
   r.violations = validate(plan, model, hw);
   for (Violation& v : validate_for_stack(plan, stack)) r.violations.push_back(std::move(v));
   if (!r.violations.empty()) return r;
-  // The plan as the stack runs it: overlaps the stack does not achieve get no credit.
-  r.effective_plan = with_stack_overlaps(plan, stack, &r.notices);
+  // The plan as the stack runs it (overlaps the stack does not achieve get no credit), its lowering facts and
+  // the busiest EP rank's share of one micro-batch's token-expert assignments: the same lowering moerun runs.
+  StackLowering sl = stack_lowering(model, plan, hw, stack, routing);
+  r.effective_plan = std::move(sl.run);
+  for (std::string& n : sl.notices) r.notices.push_back(std::move(n));
   const Plan& run = r.effective_plan;
-
-  // Routing: the busiest EP rank's share of one micro-batch's token-expert assignments.
-  const cost::PlanRouting pr = cost::plan_routing(model, run, routing);
-  r.routing = pr.load;
-  LoweringOptions lo = lowering_options(hw, stack);
-  lo.expert_load_scale = pr.scale;
-  lo.dropped_fraction = pr.load.dropped_fraction;
+  r.routing = sl.routing.load;
+  const LoweringOptions& lo = sl.options;
   r.graph = lower(model, run, lo);
 
   // Costs, once per distinct op. Pipeline sends take the path between the stages' ranks on the cluster

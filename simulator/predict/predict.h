@@ -13,9 +13,9 @@
 #include "simulator/core/plan.h"
 #include "simulator/core/stack.h"
 #include "simulator/cost/cost_model.h"
-#include "simulator/cost/imbalance.h"
 #include "simulator/cost/memory.h"
 #include "simulator/engine/engine.h"
+#include "simulator/workload/routing.h"
 
 namespace moeplan {
 
@@ -57,7 +57,7 @@ struct Prediction {
   double mfu_bf16 = 0;  // model FLOPs / (step time * GPUs * dense BF16 peak)
   std::string mfu_peak_dtype = "bf16";  // the plan's compute precision ("fp8" for FP8 plans)
   cost::MemoryBreakdown memory;
-  cost::RoutingLoad routing;
+  workload::RoutingLoad routing;
   StepBreakdown breakdown;  // of the busiest stage (most compute time), which sets the pace
   int64_t critical_stage = 0;
   std::vector<std::string> extrapolations;
@@ -81,10 +81,10 @@ struct PredictOptions {
 // in-flight micro-batches under its schedule and its routing's expert load, as predict() and the search's
 // fit test count them. The plan must be legal.
 cost::MemoryBreakdown predict_memory(const ModelSpec& model, const Plan& plan, const HardwareProfile& hw,
-                                     const StackProfile& stack, const cost::RoutingDistribution& routing);
+                                     const StackProfile& stack, const workload::RoutingDistribution& routing);
 
 Prediction predict(const ModelSpec& model, const Plan& plan, const HardwareProfile& hw,
-                   const StackProfile& stack, const cost::RoutingDistribution& routing,
+                   const StackProfile& stack, const workload::RoutingDistribution& routing,
                    const PredictOptions& options = {});
 
 StepBreakdown stage_breakdown(const OpGraph& graph, const std::vector<cost::OpCost>& costs,

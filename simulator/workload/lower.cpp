@@ -1649,6 +1649,17 @@ LoweringOptions lowering_options(const HardwareProfile& hw, const StackProfile& 
   return o;
 }
 
+StackLowering stack_lowering(const ModelSpec& model, const Plan& plan, const HardwareProfile& hw,
+                             const StackProfile& stack, const workload::RoutingDistribution& routing) {
+  StackLowering out;
+  out.run = with_stack_overlaps(plan, stack, &out.notices);
+  out.routing = workload::plan_routing(model, out.run, routing);
+  out.options = lowering_options(hw, stack);
+  out.options.expert_load_scale = out.routing.scale;
+  out.options.dropped_fraction = out.routing.load.dropped_fraction;
+  return out;
+}
+
 CommSpec group_comm(const Plan& p, Collective c, CommGroup g, double bytes, DType dtype) {
   const int64_t tp = p.attention.tp, sp = p.attention.sp, cp = p.attention.cp;
   const int64_t ep = p.experts.ep, etp = p.experts.etp;

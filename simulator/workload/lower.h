@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "simulator/core/hardware.h"
@@ -12,6 +13,7 @@
 #include "simulator/core/op_graph.h"
 #include "simulator/core/plan.h"
 #include "simulator/core/stack.h"
+#include "simulator/workload/routing.h"
 
 namespace moeplan {
 
@@ -41,6 +43,18 @@ struct LoweringOptions {
 LoweringOptions lowering_options(const HardwareProfile& hw, const StackProfile& stack);
 
 OpGraph lower(const ModelSpec& model, const Plan& plan, const LoweringOptions& options);
+
+// How a plan runs on a stack, built in one place for predict() and moerun, so the graph moerun executes is
+// the graph the simulator prices: the plan with only the overlaps the stack achieves (with_stack_overlaps,
+// its notices), the stack's lowering facts, and the busiest EP rank's routing load under `routing`.
+struct StackLowering {
+  Plan run;                          // the plan as the stack runs it: lower(model, run, options)
+  std::vector<std::string> notices;  // overlaps asked for that the stack does not achieve
+  workload::PlanRouting routing;
+  LoweringOptions options;
+};
+StackLowering stack_lowering(const ModelSpec& model, const Plan& plan, const HardwareProfile& hw,
+                             const StackProfile& stack, const workload::RoutingDistribution& routing);
 
 // The pipeline order of one stage: forward and backward passes of (micro-batch, chunk), as Megatron-Core
 // schedules them (1F1B: warm-up forwards, then one forward one backward, then cool-down backwards;

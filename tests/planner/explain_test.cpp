@@ -39,7 +39,7 @@ struct Case {
     p.recompute = Recompute::kSar;
     return p;
   }();
-  cost::RoutingDistribution routing() const { return cost::uniform_routing(model.moe.num_experts); }
+  workload::RoutingDistribution routing() const { return workload::uniform_routing(model.moe.num_experts); }
   std::vector<planner::ExplainRow> explain() const {
     return planner::explain(model, plan, hw, stack, routing());
   }

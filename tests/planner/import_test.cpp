@@ -35,7 +35,7 @@ int round_trip(const std::string& model_name, const std::string& stack_name, pla
   const StackProfile stack = io::load_stack(stack_name).value();
   planner::SearchOptions opts;
   opts.top = 8;
-  const auto r = planner::search(model, hw, stack, cost::uniform_routing(model.moe.num_experts), job,
+  const auto r = planner::search(model, hw, stack, workload::uniform_routing(model.moe.num_experts), job,
                                  planner::SearchSpace{}, opts);
   int checked = 0;
   for (auto rp : r.plans) {

@@ -21,9 +21,9 @@ struct Setup {
   ModelSpec model;
   HardwareProfile hw = io::load_hardware("h100-sxm").value();
   StackProfile stack = io::load_stack("moerun").value();
-  cost::RoutingDistribution routing;
+  workload::RoutingDistribution routing;
   explicit Setup(const char* name) : model(io::load_model(name).value()) {
-    routing = cost::uniform_routing(std::max<int64_t>(1, model.moe.num_experts));
+    routing = workload::uniform_routing(std::max<int64_t>(1, model.moe.num_experts));
   }
 };
 

@@ -90,7 +90,8 @@ TEST_SUITE("executor.bench") {
   TEST_CASE("nccl-tests number formatting keeps the column widths") {
     CHECK(nccl_float(12.345, 7) == "  12.35");
     CHECK(nccl_float(123456.7, 7) == " 123457");
-    CHECK(nccl_float(0.001, 6) == "  0.00");
+    CHECK(nccl_float(0.001, 6) == "1.0e-03");  // below 2 decimals: e-notation, not a zero
+    CHECK(nccl_float(0.0, 6) == "  0.00");
     CHECK(busbw_factor("all_reduce", 4) == doctest::Approx(1.5));
     CHECK(busbw_factor("alltoall", 4) == doctest::Approx(0.75));
     CHECK(busbw_factor("sendrecv", 4) == 1.0);

@@ -43,7 +43,8 @@ struct Simulated {
         stack(io::load_stack(in.plan.stack.empty() ? "moerun" : in.plan.stack,
                              std::string(MOEPLAN_SOURCE_DIR) + "/planner/examples")
                   .value()),
-        p(predict(in.model, in.plan, in.hardware, stack, cost::uniform_routing(in.model.moe.num_experts))) {}
+        p(predict(in.model, in.plan, in.hardware, stack,
+                  workload::uniform_routing(in.model.moe.num_experts))) {}
   ReportContext ctx() const { return {in.plan, in.model, in.hardware, stack}; }
 };
 
@@ -250,7 +251,7 @@ TEST_SUITE("report.html") {
     Simulated s("tiny-moe-ep2.json");
     s.in.plan.attention.tp = 3;  // divides neither the heads nor the GPUs
     const Prediction p = predict(s.in.model, s.in.plan, s.in.hardware, s.stack,
-                                 cost::uniform_routing(s.in.model.moe.num_experts));
+                                 workload::uniform_routing(s.in.model.moe.num_experts));
     REQUIRE(!p.violations.empty());
     const std::string html = report::simulate_html(p, s.ctx());
     check_self_contained(html);
@@ -263,7 +264,7 @@ TEST_SUITE("report.html") {
     const ModelSpec model = io::load_model("tiny-moe").value();
     const HardwareProfile hw = io::load_hardware("h100-sxm").value();
     const StackProfile stack = io::load_stack("moerun").value();
-    const auto routing = cost::uniform_routing(model.moe.num_experts);
+    const auto routing = workload::uniform_routing(model.moe.num_experts);
     const planner::Job job{8, 256, 32};
     planner::SearchOptions opts;
     opts.top = 4;

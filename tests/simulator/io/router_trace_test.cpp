@@ -38,7 +38,7 @@ std::string error_of(const Result<std::vector<double>>& r) {
   return r.error().message;
 }
 
-std::string error_of(const Result<cost::RoutingDistribution>& r) {
+std::string error_of(const Result<workload::RoutingDistribution>& r) {
   REQUIRE_FALSE(r.ok());
   CHECK(r.error().message.find('\n') == std::string::npos);
   return r.error().message;
@@ -69,7 +69,7 @@ TEST_SUITE("io") {
     CHECK(u.value().expert_probability == std::vector<double>(8, 0.125));
     auto z = io::routing_distribution("zipf:1.5", 8, "");
     REQUIRE(z.ok());
-    CHECK(z.value().expert_probability == cost::zipf_routing(8, 1.5).expert_probability);
+    CHECK(z.value().expert_probability == workload::zipf_routing(8, 1.5).expert_probability);
     CHECK(error_of(io::routing_distribution("zipf:abc", 8, "")) ==
           "field 'routing.distribution': expected \"zipf:<s>\" with 0 < s < 100, got \"zipf:abc\"");
     CHECK(error_of(io::routing_distribution("zipf:0", 8, "")).find("0 < s < 100") != std::string::npos);

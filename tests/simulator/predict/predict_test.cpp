@@ -32,7 +32,7 @@ struct Case {
     return p;
   }();
   Prediction run() const {
-    return predict(model, plan, hw, stack, cost::uniform_routing(model.moe.num_experts));
+    return predict(model, plan, hw, stack, workload::uniform_routing(model.moe.num_experts));
   }
 };
 
@@ -65,7 +65,7 @@ struct MegatronCase {
     return p;
   }();
   Prediction run() const {
-    return predict(model, plan, hw, stack, cost::uniform_routing(model.moe.num_experts));
+    return predict(model, plan, hw, stack, workload::uniform_routing(model.moe.num_experts));
   }
 };
 

@@ -9,9 +9,9 @@
 #include <random>
 #include <vector>
 
-#include "simulator/cost/imbalance.h"
+#include "simulator/workload/routing.h"
 
-using namespace moeplan::cost;
+using namespace moeplan::workload;
 
 namespace {
 

@@ -1,6 +1,6 @@
 // Expected busiest expert/rank load and capacity drops under random routing: normal approximations of the
 // per-unit loads, and the expected maximum of independent normals by quadrature of its CDF.
-#include "simulator/cost/imbalance.h"
+#include "simulator/workload/routing.h"
 
 #include <algorithm>
 #include <array>
@@ -10,7 +10,7 @@
 
 #include "simulator/core/status.h"
 
-namespace moeplan::cost {
+namespace moeplan::workload {
 namespace {
 
 constexpr double kSpan = 8.0;         // a unit's support: mean +- 8 sd, Phi(-8) = 6.2e-16
@@ -485,4 +485,4 @@ PlanRouting plan_routing(const ModelSpec& model, const Plan& plan, const Routing
   return r;
 }
 
-}  // namespace moeplan::cost
+}  // namespace moeplan::workload

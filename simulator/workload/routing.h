@@ -9,7 +9,7 @@
 #include "simulator/core/model_spec.h"
 #include "simulator/core/plan.h"
 
-namespace moeplan::cost {
+namespace moeplan::workload {
 
 // Token distribution over routed experts: probabilities p_e (sum 1), one per expert. p_e is the share of
 // token-expert assignments that go to expert e.
@@ -91,4 +91,4 @@ struct PlanRouting {
 };
 PlanRouting plan_routing(const ModelSpec& model, const Plan& plan, const RoutingDistribution& dist);
 
-}  // namespace moeplan::cost
+}  // namespace moeplan::workload

@@ -1,0 +1,85 @@
+// The Chrome trace writer's selection: a large step's trace keeps the micro-batches and stages asked for,
+// every op of no micro-batch, and says what it left out; bad selections are one-line errors naming the
+// option.
+#include "simulator/io/op_trace.h"
+
+#include <doctest/doctest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "simulator/io/model_loader.h"
+#include "simulator/workload/lower.h"
+
+using namespace moeplan;
+
+namespace {
+
+// tiny-moe on 4 pipeline stages with 8 micro-batches, timed with unit durations (the writer does not care).
+struct Step {
+  OpGraph graph;
+  std::vector<OpTiming> timing;
+  Step() {
+    Result<ModelSpec> m = io::load_model("tiny-moe");
+    REQUIRE(m);
+    Plan p;
+    p.gpus = 4;
+    p.seq_len = 256;
+    p.global_batch = 8;
+    p.pipeline.pp = 4;
+    p.pipeline.layers_per_stage = {1, 1, 1, 1};
+    REQUIRE(m.value().num_layers() == 4);
+    graph = lower(m.value(), p, LoweringOptions{});
+    for (const Op& op : graph.ops) timing.push_back({static_cast<double>(op.id), op.id + 1.0});
+  }
+};
+
+}  // namespace
+
+TEST_SUITE("io") {
+  TEST_CASE("a trace selection keeps the first micro-batches of the listed stages and says so") {
+    const Step s;
+    REQUIRE(s.graph.num_stages == 4);
+    const nlohmann::json all = nlohmann::json::parse(chrome_trace(s.graph, s.timing));
+    CHECK_FALSE(all.contains("otherData"));
+    Result<TraceSelection> sel = parse_trace_selection(2, "0,2-3", 4);
+    REQUIRE(sel);
+    CHECK(sel.value().stages == std::vector<int>{0, 2, 3});
+    const nlohmann::json some = nlohmann::json::parse(chrome_trace(s.graph, s.timing, sel.value()));
+    int64_t shown = 0;
+    for (const auto& e : some.at("traceEvents")) {
+      if (e.at("ph") != "X") continue;
+      ++shown;
+      CHECK(e.at("pid") != 1);
+      CHECK(e.at("args").at("micro_batch").get<int>() < 2);
+    }
+    CHECK(shown == trace_events(s.graph, sel.value()));
+    int64_t expected = 0;
+    for (const Op& op : s.graph.ops) expected += op.stage != 1 && op.micro_batch < 2 ? 1 : 0;
+    CHECK(shown == expected);
+    CHECK(some.at("otherData")
+              .at("selection")
+              .get<std::string>()
+              .find("micro-batches 0..1, stages 0,2,3; the step has 8 micro-batch(es) and 4 stage(s)") == 0);
+  }
+
+  TEST_CASE("the default selection keeps the longest prefix of micro-batches within the event budget") {
+    const Step s;
+    const int64_t total = trace_events(s.graph, {});
+    CHECK(trace_micro_batches_within(s.graph, {}, total) == 0);  // fits whole
+    const int64_t three = trace_events(s.graph, {.micro_batches = 3, .stages = {}});
+    CHECK(trace_micro_batches_within(s.graph, {}, three) == 3);
+    CHECK(trace_micro_batches_within(s.graph, {}, three + 1) == 3);
+    CHECK(trace_micro_batches_within(s.graph, {}, 1) == 1);  // never fewer than one
+  }
+
+  TEST_CASE("bad trace selections name the option and the stages that exist") {
+    CHECK(parse_trace_selection(-2, "", 4).error().message.find("--trace-micro-batches -2") == 0);
+    for (const char* bad : {"x", "1-", "3-1", "4", "0,,1"}) {
+      CAPTURE(bad);
+      Result<TraceSelection> r = parse_trace_selection(0, bad, 4);
+      REQUIRE_FALSE(r);
+      CHECK(r.error().message.find(std::string("--trace-stages ") + bad) == 0);
+      CHECK(r.error().message.find("stages are 0..3") != std::string::npos);
+    }
+  }
+}
