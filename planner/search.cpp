@@ -88,6 +88,16 @@ bool tied_with_best(const Prediction& best, const Prediction& p) {
   return p.tokens_per_s_high >= best.tokens_per_s_low;
 }
 
+void prefer_memory_margin_among_ties(std::vector<RankedPlan>& ranked) {
+  if (ranked.empty() || !ranked.front().prediction.memory.fits()) return;
+  const Prediction best = ranked.front().prediction;
+  const auto tied_end = std::find_if(ranked.begin(), ranked.end(), [&](const RankedPlan& r) {
+    return !r.prediction.memory.fits() || !tied_with_best(best, r.prediction);
+  });
+  std::stable_partition(ranked.begin(), tied_end,
+                        [](const RankedPlan& r) { return !r.prediction.memory.tight(); });
+}
+
 std::string layout_legend() {
   return "layout: attention tp (tensor, with Megatron's sequence parallelism) sp (Ulysses sequence) cp "
          "(context)\n"
@@ -461,7 +471,8 @@ class Screener {
                 : dense / d(p.attention.sp * p.attention.cp * p.dp()) + experts / d(p.expert_dp());
       }
     }
-    for (size_t s = 0; s < out.size(); ++s) out[s].optimizer = cm_.memory_bound_seconds(shard[s] * 30.0);
+    for (size_t s = 0; s < out.size(); ++s)
+      out[s].optimizer = cm_.memory_bound_seconds(shard[s] * kAdamStepBytesPerParam);
     return out;
   }
 

@@ -132,6 +132,12 @@ std::string describe(const Plan& plan);
 // Whether a plan's predicted range overlaps the best plan's: the model cannot say which of the two is faster.
 bool tied_with_best(const Prediction& best, const Prediction& p);
 
+// `ranked` sorted fitting plans first, fastest first: among the leading plans tied with #1 (plans the model
+// cannot order), those whose memory range fits wholly move ahead of tight ones (the high end of their memory
+// range does not fit), keeping their order otherwise. A user then starts from a plan with memory margin.
+// `plan` applies it to the plans it lists; search() itself ranks by step time alone.
+void prefer_memory_margin_among_ties(std::vector<RankedPlan>& ranked);
+
 // What each field of `describe` means, a few lines for the end of a table.
 std::string layout_legend();
 

@@ -202,6 +202,7 @@ Runner add_plan(CLI::App& app) {
       // The pins left nothing to search: say which one, with the values the search has for it.
       return bad_input(planner::explain_unmatched_fix(model.value(), hw.value(), stack.value(), job, space));
     }
+    planner::prefer_memory_margin_among_ties(r.plans);
     for (auto& rp : r.plans) {
       rp.plan.model = o->model;
       rp.plan.hardware = o->hardware;
@@ -329,7 +330,8 @@ Runner add_plan(CLI::App& app) {
       for (const auto& rp : r.plans) tied += planner::tied_with_best(best, rp.prediction) ? 1 : 0;
       fmt::print(
           "\nrange: tokens/s/GPU at the ends of the cost model's fit errors. \"=\" after vs #1: the range "
-          "overlaps #1's,\nso the model cannot tell the two apart ({} of the {} listed, #1 included).\n",
+          "overlaps #1's,\nso the model cannot tell the two apart ({} of the {} listed, #1 included); among "
+          "such ties, plans\nwhose memory range fits wholly come before tight ones.\n",
           tied, r.plans.size());
       fmt::print(
           "MFU: model FLOPs (no recompute) / (step time x GPUs x the dense peak of the plan's precision: FP8 "

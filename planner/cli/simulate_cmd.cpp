@@ -1,5 +1,6 @@
 // `moeplan simulate PLAN`: predicts one training step of a plan (step time, throughput, MFU, memory per GPU,
 // a breakdown) and writes its Chrome trace and HTML report; exit 3 when the plan is illegal or does not fit.
+#include <cctype>
 #include <filesystem>
 
 #include <fmt/format.h>
@@ -15,14 +16,24 @@
 namespace moeplan::cli {
 namespace {
 
+std::string to_upper(std::string s) {
+  for (char& c : s) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  return s;
+}
+
 void print_text(const Prediction& p, const ReportContext& ctx) {
   const auto& m = p.memory;
   fmt::print("{} on {} x {} ({} stack{}){}\n", ctx.model.name, ctx.plan.gpus, ctx.hardware.name,
              ctx.stack.name, ctx.stack.calibrated ? "" : ", uncalibrated",
              p.provenance.hypothetical ? " -- HYPOTHETICAL" : "");
-  fmt::print("step {:.3f} s | {:.0f} tokens/s ({:.0f}-{:.0f}) | {:.1f} tokens/s/GPU | MFU {:.1f}%\n",
-             p.step_time_s, p.tokens_per_s, p.tokens_per_s_low, p.tokens_per_s_high, p.tokens_per_s_per_gpu,
-             100 * p.mfu);
+  // MFU names the peak it divides by: the dense peak of the plan's precision, and BF16's beside an FP8 one.
+  const std::string bf16_too =
+      p.mfu_peak_dtype == "bf16" ? "" : fmt::format(", {:.1f}% of the BF16 peak", 100 * p.mfu_bf16);
+  fmt::print(
+      "step {:.3f} s | {:.0f} tokens/s ({:.0f}-{:.0f}) | {:.1f} tokens/s/GPU | MFU {:.1f}% of the {} "
+      "peak{}\n",
+      p.step_time_s, p.tokens_per_s, p.tokens_per_s_low, p.tokens_per_s_high, p.tokens_per_s_per_gpu,
+      100 * p.mfu, to_upper(p.mfu_peak_dtype), bf16_too);
   fmt::print("memory per GPU (stage {}): {} ({} - {}) of {} -> {}\n", m.stage, human_bytes(m.total()),
              human_bytes(m.total_low()), human_bytes(m.total_high()), human_bytes(m.capacity),
              !m.fits() ? "DOES NOT FIT" : (m.tight() ? "fits, tight (the high end does not)" : "fits"));

@@ -90,4 +90,9 @@ struct TrainingBytesPerParam {
 
 TrainingBytesPerParam bytes_per_param(DType compute);
 
+// HBM bytes the Adam step moves per parameter of a rank's shard: read the fp32 gradient (4), read and write
+// the fp32 master weight (8), m (8) and v (8), write the bf16 weight (2). The lowering's optimizer op and the
+// search's screen both use it.
+inline constexpr double kAdamStepBytesPerParam = 30.0;
+
 }  // namespace moeplan

@@ -18,8 +18,6 @@ namespace {
 
 constexpr double kFp8ScaleOverhead = 1.0 + 4.0 / 128.0;  // one fp32 scale per 128 fp8 values
 constexpr double kAttentionBackwardFlops = 2.5;          // flash-attention backward recomputes the scores
-constexpr double kAdamBytesPerParam =
-    30.0;  // read grad 4, read+write master 8, m 8, v 8, write bf16 weight 2
 
 double d(int64_t x) {
   return static_cast<double>(x);
@@ -307,7 +305,6 @@ class Builder {
     int16_t stage, chunk;
     int32_t layer, mb, dgrad;
   };
-  bool defer_wgrad_ = false;
   std::vector<DeferredWgrad>* deferring_ = nullptr;
   std::vector<std::vector<DeferredWgrad>> deferred_;  // per input-gradient-only backward, in order
   void emit_weights(int16_t stage);
@@ -1555,7 +1552,7 @@ OpGraph Builder::build() {
       shard += p_.data.zero == 0 ? dense + experts : dense / d(sp_ * cp_ * dp_) + experts / d(edp_);
     }
     Op opt = base(OpName::kOptimizerStep, OpKind::kOptimizer, Stream::kCompute);
-    opt.hbm_bytes = shard * kAdamBytesPerParam;
+    opt.hbm_bytes = shard * kAdamStepBytesPerParam;
     opt.flops = shard * 12.0;
     opt.kernels = 4;  // Megatron's fused multi-tensor Adam: a few launches per parameter group
     const int32_t o = emit(opt, stage, 0, -1, -1, Phase::kOptimizer, {g_.ops.back().id, last_dp_op_});

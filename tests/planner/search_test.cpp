@@ -283,4 +283,35 @@ TEST_SUITE("planner.search") {
   TEST_CASE("the screen never loses the best plan: DeepSeek-MoE-16B on 8 H200") {
     check_screen("deepseek-moe-16b", "h200-sxm", {8, 4096, 16});
   }
+
+  TEST_CASE("among plans tied with #1, one whose memory range fits wholly comes before tight ones") {
+    // tokens/s ranges: a 100 (90-110), b 98 (88-108), c 95 (85-105), d 80 (75-85): d is not tied with a.
+    auto plan = [](double tps, double lo, double hi, double need_high, int id) {
+      planner::RankedPlan r;
+      r.plan.gpus = id;
+      r.prediction.tokens_per_s = tps;
+      r.prediction.tokens_per_s_low = lo;
+      r.prediction.tokens_per_s_high = hi;
+      r.prediction.memory.capacity = 80;
+      r.prediction.memory.weights = 70;
+      r.prediction.memory.reserve_low = 5;
+      r.prediction.memory.reserve_high = need_high - 70;
+      return r;
+    };
+    std::vector<planner::RankedPlan> ranked = {plan(100, 90, 110, 84, 1), plan(98, 88, 108, 83, 2),
+                                               plan(95, 85, 105, 79, 3), plan(80, 75, 85, 78, 4)};
+    REQUIRE(ranked[0].prediction.memory.tight());
+    REQUIRE_FALSE(ranked[2].prediction.memory.tight());
+    planner::prefer_memory_margin_among_ties(ranked);
+    std::vector<int64_t> order;
+    for (const auto& r : ranked) order.push_back(r.plan.gpus);
+    CHECK(order == std::vector<int64_t>{3, 1, 2, 4});
+
+    // No tied plan with margin: the order stays.
+    std::vector<planner::RankedPlan> all_tight = {plan(100, 90, 110, 84, 1), plan(98, 88, 108, 83, 2),
+                                                  plan(80, 75, 85, 70, 3)};
+    planner::prefer_memory_margin_among_ties(all_tight);
+    CHECK(all_tight[0].plan.gpus == 1);
+    CHECK(all_tight[2].plan.gpus == 3);
+  }
 }

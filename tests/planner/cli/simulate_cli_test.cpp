@@ -111,6 +111,21 @@ TEST_SUITE("cli") {
     }
   }
 
+  TEST_CASE("simulate's MFU names its peak: the plan's precision, and BF16's beside an FP8 one") {
+    const Run bf16 = run_cli("simulate planner/examples/mixtral-8x22b-128xh100.json");
+    REQUIRE(bf16.exit_code == 0);
+    CHECK(bf16.out.find("% of the BF16 peak\n") != std::string::npos);
+    const std::string root = MOEPLAN_SOURCE_DIR;
+    const TempPlan fp8_plan("simulate_fp8", R"({"model": ")" + root + R"(/models/mixtral-8x22b.json",
+        "hardware": "h100-sxm", "stack": "megatron-core", "gpus": 128, "seq_len": 4096, "global_batch": 256,
+        "micro_batch": 1, "attention": {"tp": 2}, "experts": {"ep": 8}, "pipeline": {"pp": 8},
+        "precision": "fp8", "fp8_recipe": "tensorwise"})");
+    const Run fp8 = run_cli("simulate " + fp8_plan.quoted());
+    REQUIRE_MESSAGE(fp8.exit_code == 0, fp8.err);
+    CHECK(fp8.out.find("% of the FP8 peak, ") != std::string::npos);
+    CHECK(fp8.out.find("% of the BF16 peak\n") != std::string::npos);
+  }
+
   TEST_CASE("an illegal plan exits 3, prints its broken rules and writes no trace") {
     // mixtral-8x7b has 8 routed experts; ep 3 does not divide them.
     const TempDir dir("moeplan_simulate_illegal");
