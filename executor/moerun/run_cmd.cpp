@@ -273,6 +273,11 @@ int run_plan(const RunOptions& o, int rank, int world) {
   if (gpu_runner != nullptr) hwm = gpu_runner->device_high_water_bytes();  // device memory, not host RSS
 #endif
   MOEPLAN_MPI_CHECK(MPI_Reduce(&hwm, &hwm_max, 1, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD));
+  // Every rank's own mean step (skew and stragglers in the report), gathered on rank 0.
+  double my_step = 0;
+  for (const double s : spans) my_step += s / static_cast<double>(spans.size());
+  std::vector<double> rank_steps(rank == 0 ? static_cast<size_t>(world) : 0);
+  MOEPLAN_MPI_CHECK(MPI_Gather(&my_step, 1, MPI_DOUBLE, rank_steps.data(), 1, MPI_DOUBLE, 0, MPI_COMM_WORLD));
   // Each stage's representative rank (its lowest world rank) sends its timings to rank 0.
   const int per_stage = static_cast<int>(plan.gpus / plan.pipeline.pp);
   std::vector<int> representatives;
@@ -311,6 +316,7 @@ int run_plan(const RunOptions& o, int rank, int world) {
     run.representative_ranks = representatives;
     run.high_water_bytes = hwm_max;
     run.world_size = world;
+    run.rank_step_s = rank_steps;
     nlohmann::json report = measured_report_json(in, run);
     report["runner"] = o.runner;
     report["backend"] = o.backend;
@@ -324,10 +330,13 @@ int run_plan(const RunOptions& o, int rank, int world) {
     if (!w) {
       code = bad_input(rank, w.error().message);
     } else {
-      std::printf("moerun: %s: step %.4f s (mean of %d steps after %d warm-up) | %.0f tokens/s | %s\n",
-                  in.loaded.path.c_str(), report["step_time_s"].get<double>(), o.steps, o.warmup,
-                  report["tokens_per_s"].get<double>(),
-                  (std::filesystem::path(o.out) / "report.json").c_str());
+      const nlohmann::json& ranks = report["ranks"];
+      std::printf(
+          "moerun: %s: step %.4f s (mean of %d steps after %d warm-up) | %.0f tokens/s | rank skew %.3f "
+          "(slowest rank %d, %zu straggler(s)) | %s\n",
+          in.loaded.path.c_str(), report["step_time_s"].get<double>(), o.steps, o.warmup,
+          report["tokens_per_s"].get<double>(), ranks["skew"].get<double>(), ranks["slowest_rank"].get<int>(),
+          ranks["stragglers"].size(), (std::filesystem::path(o.out) / "report.json").c_str());
     }
   }
   MOEPLAN_MPI_CHECK(MPI_Bcast(&code, 1, MPI_INT, 0, MPI_COMM_WORLD));

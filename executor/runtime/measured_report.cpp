@@ -8,6 +8,8 @@
 #include <sstream>
 #include <string>
 
+#include <fmt/format.h>
+
 #include "simulator/core/model_stats.h"
 #include "simulator/io/op_trace.h"
 #include "simulator/io/plan_io.h"
@@ -85,6 +87,29 @@ nlohmann::json measured_breakdown_json(const OpGraph& graph, std::span<const OpT
           {"optimizer", optimizer}};
 }
 
+nlohmann::json rank_skew_json(const std::vector<double>& rank_step_s) {
+  nlohmann::json j;
+  j["step_s"] = rank_step_s;
+  if (rank_step_s.empty()) return j;
+  const auto [lo, hi] = std::minmax_element(rank_step_s.begin(), rank_step_s.end());
+  j["fastest_rank"] = lo - rank_step_s.begin();
+  j["slowest_rank"] = hi - rank_step_s.begin();
+  j["skew"] = *lo > 0 ? *hi / *lo : 1.0;
+  std::vector<double> sorted = rank_step_s;
+  std::sort(sorted.begin(), sorted.end());
+  const size_t n = sorted.size();
+  const double median = n % 2 ? sorted[n / 2] : (sorted[n / 2 - 1] + sorted[n / 2]) / 2;
+  j["median_step_s"] = median;
+  std::vector<int> stragglers;
+  for (size_t r = 0; r < n; ++r) {
+    if (rank_step_s[r] > median * (1 + kStragglerMargin)) stragglers.push_back(static_cast<int>(r));
+  }
+  j["stragglers"] = stragglers;
+  j["straggler_rule"] = fmt::format("a rank whose mean step exceeds the median rank's by more than {:g}%",
+                                    100 * kStragglerMargin);
+  return j;
+}
+
 nlohmann::json measured_report_json(const RunInputs& in, const MeasuredRun& run) {
   const Plan& plan = in.loaded.plan;
   const OpGraph& g = in.graph;
@@ -149,6 +174,7 @@ nlohmann::json measured_report_json(const RunInputs& in, const MeasuredRun& run)
   }
   j["breakdown"] = measured_breakdown_json(g, run.ops, busiest, step);
   j["representative_ranks"] = run.representative_ranks;
+  if (!run.rank_step_s.empty()) j["ranks"] = rank_skew_json(run.rank_step_s);
   j["op_times_rule"] =
       "each stage's ops from its representative rank (the stage's lowest world rank); start and end are "
       "means "

@@ -21,7 +21,16 @@ struct MeasuredRun {
   std::vector<int> representative_ranks;  // by stage: the world rank whose op times the report shows
   double high_water_bytes = 0;            // max over ranks of the process's resident high-water mark (VmHWM)
   int world_size = 1;
+  // By world rank: the mean over measured steps of the rank's own step (world barrier to its last op); empty
+  // when not gathered. The report's "ranks" shows the skew and the stragglers.
+  std::vector<double> rank_step_s;
 };
+
+// Per-rank step times as the report shows them: each rank's mean step, the fastest and slowest ranks, the
+// skew (slowest / fastest) and the stragglers: ranks whose step exceeds the median rank's by more than
+// kStragglerMargin.
+inline constexpr double kStragglerMargin = 0.05;
+nlohmann::json rank_skew_json(const std::vector<double>& rank_step_s);
 
 // Seconds of `stage`'s step by what it was doing, as predict's breakdown: at each instant, compute ops
 // running share it by kind; otherwise communication by group (exposed); otherwise idle. Optimizer apart.

@@ -99,6 +99,13 @@ TEST_SUITE("moerun") {
     CHECK(measured["step_times_s"].size() == 2);
     CHECK(measured["step_time_s"].get<double>() > 0);
     CHECK(measured["memory"]["per_gpu_bytes"].get<double>() > 0);
+    // Both ranks' own steps, each no longer than the slowest rank's mean step.
+    REQUIRE(measured["ranks"]["step_s"].size() == 2);
+    for (const auto& s : measured["ranks"]["step_s"]) {
+      CHECK(s.get<double>() > 0);
+      CHECK(s.get<double>() <= measured["step_time_s"].get<double>() * (1 + 1e-12));
+    }
+    CHECK(measured["ranks"]["skew"].get<double>() >= 1.0);
     CHECK(nlohmann::json::parse(slurp(out / "trace.json"))["traceEvents"].size() > 10);
     const std::string pred_path = temp("pred.json").string();
     REQUIRE(std::system(("'" MOEPLAN_BIN "' simulate '" + plan.string() + "' --json > '" + pred_path + "'")

@@ -23,6 +23,17 @@ class NullRunner final : public OpRunner {
 }  // namespace
 
 TEST_SUITE("executor_runtime") {
+  TEST_CASE("per-rank steps give the skew, the slowest rank and the stragglers over the median") {
+    const nlohmann::json j = rank_skew_json({1.0, 1.02, 1.3, 0.98});
+    CHECK(j["fastest_rank"] == 3);
+    CHECK(j["slowest_rank"] == 2);
+    CHECK(j["skew"].get<double>() == doctest::Approx(1.3 / 0.98));
+    CHECK(j["median_step_s"].get<double>() == doctest::Approx(1.01));
+    CHECK(j["stragglers"] == nlohmann::json::array({2}));  // 1.02 is within 5% of the median
+    CHECK(rank_skew_json({2.0, 2.0})["stragglers"].empty());
+    CHECK(rank_skew_json({2.0, 2.0})["skew"] == 1.0);
+  }
+
   TEST_CASE(
       "the measured report carries the predicted keys, every step and ops joinable by stage op and phase") {
     const RunInputs in = test::load_tiny("report_pp2", test::tiny_plan(2, test::kPp2));
