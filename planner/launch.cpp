@@ -448,6 +448,8 @@ class MegatronBuilder {
       flag("--moe-router-pre-softmax");
     }
     if (e.router_bias) not_expressible("a bias in the router projection");
+    if (e.routed_scaling != 1.0)
+      flag("--moe-router-topk-scaling-factor", fmt::format("{:g}", e.routed_scaling));
     if (e.num_experts >= 32) flag("--moe-router-dtype", "fp32");  // warns otherwise (TC:3119-3127)
 
     // A capacity factor drops tokens (by router probability); dropless otherwise. Default load balancing
@@ -607,10 +609,6 @@ class MegatronBuilder {
         fmt::format("mock data and a null tokenizer of {} tokens; for real training give --data-path and the "
                     "model's tokenizer instead",
                     m_.vocab));
-    note(
-        "the router's score scaling (routed_scaling_factor) is not in moeplan's model form: add "
-        "--moe-router-topk-scaling-factor from config.json to train the published model (it does not change "
-        "the step time)");
   }
 
   // A throughput run: 100 iterations logging every step with its throughput, no evaluation, and a placeholder

@@ -128,6 +128,7 @@ struct MoeSpec {
   bool router_bias = false;         // a bias in the router projection (GPT-OSS)
   bool router_score_bias = false;  // a per-expert score-correction bias (DeepSeek-V3 aux-loss-free balancing)
   RouterScore score = RouterScore::kSoftmax;
+  double routed_scaling = 1.0;  // factor on the routed experts' combine weights (HF routed_scaling_factor)
   // Group-limited routing (HF n_group / topk_group): experts form `groups` contiguous groups and a token's
   // top-k is taken within its best `group_top_k` groups. DeepSeek-V3: 8 groups of 32, top 4 groups, so a
   // token reaches at most 4 nodes when each node holds one group. 1 / 0: unlimited.

@@ -219,8 +219,8 @@ void read_windows(const JsonNode& c, std::vector<LayerSpec>& layers) {
   for (auto& l : layers) l.window = window;
 }
 
-// The rotary base, the norm epsilon and the rope_scaling of a config (DBRX keeps rope_theta in attn_config;
-// newer configs keep it in rope_parameters).
+// The rotary base, the norm epsilon, the rope_scaling and the routed experts' scaling factor of a config
+// (DBRX keeps rope_theta in attn_config; newer configs keep it in rope_parameters).
 void read_launch_constants(const JsonNode& c, ModelSpec& m) {
   constexpr double kMaxTheta = 1e12;
   if (c.has("rope_theta")) {
@@ -240,6 +240,7 @@ void read_launch_constants(const JsonNode& c, ModelSpec& m) {
       break;
     }
   }
+  m.moe.routed_scaling = c.number_or("routed_scaling_factor", 1.0, 1e-6, 1e6);
   if (auto r = c.optional_object("rope_scaling")) {
     std::string type = r->has("rope_type") ? r->string("rope_type") : r->string_or("type", "");
     const double factor = r->number_or("factor", 0, 0, 1e9);

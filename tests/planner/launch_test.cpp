@@ -747,6 +747,8 @@ TEST_SUITE("planner") {
     CHECK(mentions(b.flags, "--rotary-base 10000"));
     CHECK(mentions(b.flags, "--norm-epsilon 1e-06"));
     CHECK(mentions(b.notes, "rope_scaling (yarn factor 40) is not passed"));
+    CHECK(mentions(b.flags, "--moe-router-topk-scaling-factor 2.5"));    // routed_scaling_factor
+    CHECK_FALSE(mentions(a.flags, "--moe-router-topk-scaling-factor"));  // Mixtral has none
 
     // The MegaScale-MoE model states neither: the notes say which defaults apply.
     Plan i = make_plan("internal-352b", 64, 4096, 64);
