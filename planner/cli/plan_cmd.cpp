@@ -223,15 +223,23 @@ Runner add_plan(CLI::App& app) {
         const ReportContext ctx{saved, model.value(), hw.value(), stack.value()};
         nlohmann::json report = prediction_json(rp.prediction, ctx);
         report["plan"] = io::plan_to_json(saved);
+        // The trace shows the whole step: a prediction that added the steady phase's periods runs again,
+        // micro-batch by micro-batch (the same step time).
+        std::optional<Prediction> whole;
+        if (rp.prediction.simulation.extrapolated) {
+          whole = predict(model.value(), rp.plan, hw.value(), stack.value(), routing.value(),
+                          {.critical_path = false, .whole_step = true, .op_summary = false});
+        }
+        const Prediction& traced = whole ? *whole : rp.prediction;
         std::string note;  // the default trace selection of a large step, said once per file
-        const Result<TraceSelection> trace_sel = trace_selection(rp.prediction.graph, -1, "", &note);
+        const Result<TraceSelection> trace_sel = trace_selection(traced.graph, -1, "", &note);
         if (!trace_sel) return bad_input(trace_sel.error().message);
         if (!note.empty()) std::fprintf(stderr, "moeplan: %s.trace.json: %s\n", base.c_str(), note.c_str());
         for (const auto& [path, text] :
              {std::pair{base + ".json", io::plan_to_json(saved).dump(2) + "\n"},
               std::pair{base + ".report.json", report.dump(2) + "\n"},
               std::pair{base + ".trace.json",
-                        chrome_trace(rp.prediction.graph, rp.prediction.timeline.ops, trace_sel.value())}}) {
+                        chrome_trace(traced.graph, traced.timeline.ops, trace_sel.value())}}) {
           Result<bool> w = write_file_atomic(path, text);
           if (!w) return bad_input(w.error().message);
         }

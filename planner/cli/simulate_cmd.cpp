@@ -42,6 +42,13 @@ void print_text(const Prediction& p, const ReportContext& ctx) {
       "buffers {}, reserve {}\n",
       human_bytes(m.weights), human_bytes(m.gradients), human_bytes(m.optimizer), human_bytes(m.activations),
       m.in_flight, human_bytes(m.comm_buffers), human_bytes(m.reserve));
+  if (const StepSimulation& sim = p.simulation; sim.extrapolated) {
+    fmt::print(
+        "simulated {} of {} micro-batches; the steady phase ({} micro-batch(es), {:.4f} s) repeats {} more "
+        "times, added exactly (--whole-step simulates them all)\n",
+        sim.simulated_micro_batches, sim.micro_batches, sim.period_micro_batches, sim.period_s,
+        sim.periods_added);
+  }
   const auto& b = p.breakdown;
   fmt::print("breakdown of stage {} (seconds):\n", p.critical_stage);
   for (const auto& [k, v] : b.compute) fmt::print("  compute {:<18} {:9.4f}\n", k, v);
@@ -72,7 +79,7 @@ Runner add_simulate(CLI::App& app) {
   struct Options {
     std::string plan, trace, html, stack, trace_stages;
     int64_t trace_micro_batches = -1;
-    bool json = false;
+    bool json = false, whole_step = false;
   };
   auto o = std::make_shared<Options>();
   app.add_option("plan", o->plan, "Plan file (JSON)")->required();
@@ -87,6 +94,9 @@ Runner add_simulate(CLI::App& app) {
   app.add_option("--stack", o->stack,
                  "Software stack profile (overrides the plan's; default " + std::string(kDefaultStack) + ")");
   app.add_flag("--json", o->json, "Print one JSON object");
+  app.add_flag("--whole-step", o->whole_step,
+               "Simulate every micro-batch instead of adding the repeating steady phase exactly (implied by "
+               "--trace)");
   return [o]() {
     Result<PlanInputs> in = load_plan_inputs(o->plan, o->stack);
     if (!in) return bad_input(in.error().message);
@@ -94,7 +104,9 @@ Runner add_simulate(CLI::App& app) {
     const StackProfile& stack = in.value().stack;
     const workload::RoutingDistribution& routing = in.value().routing;
 
-    const Prediction p = predict(model, plan, hw, stack, routing);
+    // A trace shows every simulated op, so it needs the whole step.
+    const Prediction p =
+        predict(model, plan, hw, stack, routing, {.whole_step = o->whole_step || !o->trace.empty()});
     const ReportContext ctx{plan, model, hw, stack};
     if (!o->trace.empty() && p.violations.empty()) {
       std::string note;

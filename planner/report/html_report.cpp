@@ -235,6 +235,15 @@ void timeline_section(Out& out, const Prediction& p, const HtmlOptions& options)
        "<p class=\"note\">One row per stream of one representative GPU per pipeline stage; below each stage, "
        "the time its GPU runs no compute kernel: exposed communication (red) or idle (grey, the pipeline "
        "bubble and waits). ★ marks the stage of the breakdown. Hover a rectangle for its op.</p>\n");
+  if (const StepSimulation& sim = p.simulation; sim.extrapolated) {
+    emit(
+        out,
+        "<p class=\"note\">Drawn: the step at {} of its {} micro-batches (fill, steady phase, drain). The "
+        "steady phase repeats every {} micro-batch(es), {} each; the step's other {} periods are added to "
+        "every figure above exactly and are not drawn (<code>simulate --whole-step</code> draws them).</p>\n",
+        sim.simulated_micro_batches, sim.micro_batches, sim.period_micro_batches, duration(sim.period_s),
+        sim.periods_added);
+  }
   timeline_chart(out, p, t);
   std::set<std::string> used;
   for (const auto& r : t.rects) {

@@ -1,12 +1,16 @@
-// Benchmark of one simulated training step: wall time per phase (lower, cost, event simulation, critical
-// path), events per second and peak memory, for the reference cases and for growing GPU and
-// micro-batch counts. Usage: moeplan_simulate_bench [repeats=5]. Single-threaded by construction.
+// Benchmark of one simulated training step: wall time of predict() (the periodic steady state where it
+// applies) beside the same step simulated micro-batch by micro-batch, the ops each simulates and how far
+// their step times differ, for the reference cases and for growing GPU and micro-batch counts; peak
+// memory. Usage: moeplan_simulate_bench [repeats=5] | --million [repeats]. Single-threaded by construction.
 #include <sys/resource.h>
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <string>
 #include <vector>
 
 #include <fmt/format.h>
@@ -15,7 +19,6 @@
 #include "simulator/io/model_loader.h"
 #include "simulator/io/stack_loader.h"
 #include "simulator/predict/predict.h"
-#include "simulator/workload/lower.h"
 
 using namespace moeplan;
 using Clock = std::chrono::steady_clock;
@@ -33,51 +36,64 @@ double peak_rss_mb() {
 }
 
 struct Timing {
-  double total = 0, lower = 0, engine = 0, critical = 0;
-  size_t ops = 0;
-  int64_t events = 0;
-  double step = 0;
+  double total = 0, whole = 0;  // ms: predict() as simulate runs it, and with every micro-batch simulated
+  int64_t ops = 0, simulated_ops = 0, micro_batches = 0, simulated_micro_batches = 0;
+  double step = 0, whole_step = 0;
 };
 
-Timing run_once(const ModelSpec& m, const Plan& p, const HardwareProfile& hw, const StackProfile& st) {
-  Timing t;
+Prediction predict_once(const ModelSpec& m, const Plan& p, const HardwareProfile& hw, const StackProfile& st,
+                        bool whole, double& seconds) {
   const auto routing = workload::uniform_routing(m.moe.num_experts);
-  auto t0 = Clock::now();
-  const Prediction pr = predict(m, p, hw, st, routing, {.critical_path = true});
-  t.total = seconds_since(t0);
+  const auto t0 = Clock::now();
+  Prediction pr = predict(m, p, hw, st, routing, {.critical_path = true, .whole_step = whole});
+  seconds = seconds_since(t0);
   if (!pr.violations.empty()) {
     std::fprintf(stderr, "bench plan invalid: %s\n", pr.violations.front().reason.c_str());
     std::exit(1);
   }
-  t.ops = pr.graph.ops.size();
-  t.events = pr.timeline.events;
-  t.step = pr.step_time_s;
-  // Phase timings, measured separately on the same inputs.
-  t0 = Clock::now();
-  const OpGraph g = lower(m, p, {.gpus_per_node = 8, .expert_load_scale = 1.0, .dropped_fraction = 0.0});
-  t.lower = seconds_since(t0);
-  engine::EngineOptions eo;
-  t0 = Clock::now();
-  const auto tl = engine::simulate(pr.graph, pr.costs, eo);
-  t.engine = seconds_since(t0);
-  t0 = Clock::now();
-  (void)engine::critical_path(tl);
-  t.critical = seconds_since(t0);
+  return pr;
+}
+
+// Medians over `repeats` of predict() (periodic steady state where it applies) and, with `whole`, of the same
+// step simulated micro-batch by micro-batch.
+Timing median_of(int repeats, const ModelSpec& m, const Plan& p, const HardwareProfile& hw,
+                 const StackProfile& st, bool whole = true) {
+  Timing t;
+  std::vector<double> fast, slow;
+  for (int i = 0; i < repeats; ++i) {
+    double sec = 0;
+    const Prediction pr = predict_once(m, p, hw, st, false, sec);
+    fast.push_back(sec);
+    t.ops = pr.ops_in_step;
+    t.simulated_ops = pr.simulation.simulated_ops;
+    t.micro_batches = pr.simulation.micro_batches;
+    t.simulated_micro_batches = pr.simulation.simulated_micro_batches;
+    t.step = pr.step_time_s;
+    if (whole) {
+      t.whole_step = predict_once(m, p, hw, st, true, sec).step_time_s;
+      slow.push_back(sec);
+    }
+  }
+  auto median = [](std::vector<double>& v) {
+    std::sort(v.begin(), v.end());
+    return v.empty() ? 0.0 : 1e3 * v[v.size() / 2];
+  };
+  t.total = median(fast);
+  t.whole = median(slow);
   return t;
 }
 
-Timing median_of(int repeats, const ModelSpec& m, const Plan& p, const HardwareProfile& hw,
-                 const StackProfile& st) {
-  std::vector<Timing> runs;
-  for (int i = 0; i < repeats; ++i) runs.push_back(run_once(m, p, hw, st));
-  std::sort(runs.begin(), runs.end(), [](const Timing& a, const Timing& b) { return a.total < b.total; });
-  return runs[runs.size() / 2];
+void header() {
+  fmt::print("{:<48} {:>9} {:>9} {:>11} {:>9} {:>9} {:>10} {:>9}\n", "case", "ops", "sim_ops", "mb sim/all",
+             "total_ms", "whole_ms", "step_s", "rel_diff");
 }
 
-void row(const char* name, const Timing& t) {
-  fmt::print("{:<44} {:>8} {:>9.1f} {:>8.1f} {:>8.1f} {:>8.1f} {:>10.2f} {:>9.3f}\n", name, t.ops,
-             t.total * 1e3, t.lower * 1e3, t.engine * 1e3, t.critical * 1e3,
-             static_cast<double>(t.events) / t.engine / 1e6, t.step);
+void row(const std::string& name, const Timing& t) {
+  const std::string whole = t.whole > 0 ? fmt::format("{:.1f}", t.whole) : "-";
+  const std::string diff =
+      t.whole > 0 ? fmt::format("{:.1e}", std::abs(t.step - t.whole_step) / t.whole_step) : "-";
+  fmt::print("{:<48} {:>9} {:>9} {:>11} {:>9.1f} {:>9} {:>10.3f} {:>9}\n", name, t.ops, t.simulated_ops,
+             fmt::format("{}/{}", t.simulated_micro_batches, t.micro_batches), t.total, whole, t.step, diff);
 }
 
 Plan internal_352b(int64_t gpus, int64_t global_batch) {
@@ -97,51 +113,60 @@ Plan internal_352b(int64_t gpus, int64_t global_batch) {
   return p;
 }
 
+Plan deepseek_v3(int64_t global_batch) {
+  Plan p;
+  p.gpus = 16384;
+  p.seq_len = 4096;
+  p.global_batch = global_batch;
+  p.experts.ep = 64;
+  p.experts.dispatch = Dispatch::kDedup;
+  p.pipeline.pp = 16;
+  p.pipeline.layers_per_stage = {3, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 2};
+  p.overlap = {false, false, true, true};
+  p.precision = Precision::kFp8;
+  p.fp8_recipe = Fp8Recipe::kBlockwise;
+  p.recompute = Recompute::kFull;
+  return p;
+}
+
 }  // namespace
 
+// `moeplan_simulate_bench [repeats=5]`: the table; `moeplan_simulate_bench --million [repeats]`: only the
+// global batch of 1,048,576 sequences, so that the peak RSS printed is that case's alone.
 int main(int argc, char** argv) {
-  const int repeats = argc > 1 ? std::max(1, std::atoi(argv[1])) : 5;
+  const bool million = argc > 1 && std::strcmp(argv[1], "--million") == 0;
+  const int arg = million ? 2 : 1;
+  const int repeats = argc > arg ? std::max(1, std::atoi(argv[arg])) : 5;
   moeplan::retain_freed_memory();
   const HardwareProfile h800 = io::load_hardware("h800-sxm").value();
   const StackProfile moerun = io::load_stack("moerun").value();
+  // Node-deduplicated dispatch: Megatron-Core with DeepEP (moerun has no deduplicated dispatch).
   const StackProfile deepep = io::load_stack("megatron-core-deepep").value();
   const ModelSpec m352 = io::load_model("internal-352b").value();
   const ModelSpec v3 = io::load_model("deepseek-v3").value();
-
-  fmt::print("{:<44} {:>8} {:>9} {:>8} {:>8} {:>8} {:>10} {:>9}\n", "case", "ops", "total_ms", "lower",
-             "engine", "critpath", "Mevents/s", "step_s");
-  const Timing ref = median_of(repeats, m352, internal_352b(1440, 720), h800, moerun);
-  row("Internal-352B 1440 GPUs SP8 EP8 PP15 gb720", ref);
-  const double rss_after_ref = peak_rss_mb();
-
-  Plan dsv3;
-  dsv3.gpus = 16384;
-  dsv3.seq_len = 4096;
-  dsv3.global_batch = 15360;
-  dsv3.experts.ep = 64;
-  dsv3.experts.dispatch = Dispatch::kDedup;
-  dsv3.pipeline.pp = 16;
-  dsv3.pipeline.layers_per_stage = {3, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 2};
-  dsv3.overlap = {false, false, true, true};
-  dsv3.precision = Precision::kFp8;
-  dsv3.fp8_recipe = Fp8Recipe::kBlockwise;
-  dsv3.recompute = Recompute::kFull;
-  // Node-deduplicated dispatch: Megatron-Core with DeepEP (moerun has no deduplicated dispatch).
-  row("DeepSeek-V3 16384 GPUs EP64 PP16 gb15360 (deepep)", median_of(repeats, v3, dsv3, h800, deepep));
-  dsv3.global_batch = 15360 * 8;
-  row("DeepSeek-V3 16384 GPUs EP64 PP16 gb122880 (deepep)", median_of(repeats, v3, dsv3, h800, deepep));
+  header();
+  if (million) {
+    row("DeepSeek-V3 16384 GPUs gb1048576 (deepep)",
+        median_of(repeats, v3, deepseek_v3(1048576), h800, deepep, false));
+    fmt::print("peak RSS: {:.1f} MB\n", peak_rss_mb());
+    return 0;
+  }
+  row("Internal-352B 1440 GPUs SP8 EP8 PP15 gb720",
+      median_of(repeats, m352, internal_352b(1440, 720), h800, moerun));
+  row("DeepSeek-V3 16384 GPUs EP64 PP16 gb15360 (deepep)",
+      median_of(repeats, v3, deepseek_v3(15360), h800, deepep));
+  row("DeepSeek-V3 16384 GPUs EP64 PP16 gb122880 (deepep)",
+      median_of(repeats, v3, deepseek_v3(122880), h800, deepep));
 
   fmt::print("\nscaling with GPUs (Internal-352B, global batch 720; micro-batches = 720 / dp):\n");
   for (int64_t gpus : {240, 480, 720, 960, 1440}) {
-    row(fmt::format("  {} GPUs", gpus).c_str(),
-        median_of(repeats, m352, internal_352b(gpus, 720), h800, moerun));
+    row(fmt::format("  {} GPUs", gpus), median_of(repeats, m352, internal_352b(gpus, 720), h800, moerun));
   }
   fmt::print("\nscaling with micro-batches (Internal-352B, 1440 GPUs, dp 12):\n");
-  for (int64_t gb : {180, 360, 720, 1440, 2880}) {
-    row(fmt::format("  global batch {} ({} micro-batches)", gb, gb / 12).c_str(),
-        median_of(repeats, m352, internal_352b(1440, gb), h800, moerun));
+  for (int64_t gb : {180, 360, 720, 1440, 2880, 11520, 46080}) {
+    row(fmt::format("  global batch {} ({} micro-batches)", gb, gb / 12),
+        median_of(repeats, m352, internal_352b(1440, gb), h800, moerun, gb <= 11520));
   }
-  fmt::print("\npeak RSS after the Internal-352B reference case: {:.1f} MB; at the end: {:.1f} MB\n",
-             rss_after_ref, peak_rss_mb());
+  fmt::print("\npeak RSS at the end: {:.1f} MB\n", peak_rss_mb());
   return 0;
 }

@@ -8,43 +8,72 @@
 #include <fstream>
 #include <map>
 #include <tuple>
+#include <unordered_map>
 
 #include <fmt/format.h>
 
 namespace moeplan {
 
-nlohmann::json op_summary_json(const OpGraph& graph, std::span<const OpTiming> timing) {
-  struct Acc {
-    int64_t count = 0;
-    double total = 0;
-    const Op* op = nullptr;
+std::vector<OpSummaryRow> op_summary(const OpGraph& graph, std::span<const OpTiming> timing) {
+  // Grouped by an integer key first (labels are built once per row, not once per op), then ordered by
+  // (stage, label, phase).
+  auto key = [](const Op& op) {
+    return (static_cast<uint64_t>(static_cast<uint16_t>(op.stage)) << 48) |
+           (static_cast<uint64_t>(static_cast<uint32_t>(op.layer + 1) & 0xffffff) << 24) |
+           (static_cast<uint64_t>(op.name) << 8) | (static_cast<uint64_t>(op.part) << 4) |
+           static_cast<uint64_t>(op.phase);
   };
-  std::map<std::tuple<int, std::string, int>, Acc> acc;
+  std::unordered_map<uint64_t, size_t> row_of;
+  std::vector<OpSummaryRow> rows;
   for (const Op& op : graph.ops) {
-    auto& a = acc[{op.stage, op_label(op), static_cast<int>(op.phase)}];
+    auto [it, added] = row_of.try_emplace(key(op), rows.size());
+    if (added) {
+      OpSummaryRow r;
+      r.stage = op.stage;
+      r.op = op_label(op);
+      r.phase = op.phase;
+      rows.push_back(std::move(r));
+    }
+    OpSummaryRow& r = rows[it->second];
     const auto& t = timing[static_cast<size_t>(op.id)];
-    a.count += 1;
-    a.total += t.end - t.start;
-    a.op = &op;
+    r.count += 1;
+    r.total_s += t.end - t.start;
+    // The kind and message of the row's last op.
+    r.kind = op.kind;
+    r.comm =
+        op.kind == OpKind::kCollective || op.kind == OpKind::kSendRecv || op.kind == OpKind::kFusedGemmComm;
+    r.group = op.comm.group;
+    r.collective = op.comm.collective;
+    r.bytes = op.comm.bytes;
   }
+  std::sort(rows.begin(), rows.end(), [](const OpSummaryRow& a, const OpSummaryRow& b) {
+    return std::tie(a.stage, a.op, a.phase) < std::tie(b.stage, b.op, b.phase);
+  });
+  return rows;
+}
+
+nlohmann::json op_summary_json(std::span<const OpSummaryRow> rows) {
   nlohmann::json out = nlohmann::json::array();
-  for (const auto& [key, a] : acc) {
-    nlohmann::json j = {{"stage", std::get<0>(key)},
-                        {"op", std::get<1>(key)},
-                        {"phase", name_of(a.op->phase)},
-                        {"kind", name_of(a.op->kind)},
-                        {"count", a.count},
-                        {"total_s", a.total},
-                        {"mean_s", a.total / static_cast<double>(a.count)}};
-    if (a.op->kind == OpKind::kCollective || a.op->kind == OpKind::kSendRecv ||
-        a.op->kind == OpKind::kFusedGemmComm) {
-      j["group"] = name_of(a.op->comm.group);
-      j["collective"] = name_of(a.op->comm.collective);
-      j["bytes"] = a.op->comm.bytes;
+  for (const OpSummaryRow& r : rows) {
+    nlohmann::json j = {{"stage", r.stage},
+                        {"op", r.op},
+                        {"phase", name_of(r.phase)},
+                        {"kind", name_of(r.kind)},
+                        {"count", r.count},
+                        {"total_s", r.total_s},
+                        {"mean_s", r.total_s / static_cast<double>(r.count)}};
+    if (r.comm) {
+      j["group"] = name_of(r.group);
+      j["collective"] = name_of(r.collective);
+      j["bytes"] = r.bytes;
     }
     out.push_back(std::move(j));
   }
   return out;
+}
+
+nlohmann::json op_summary_json(const OpGraph& graph, std::span<const OpTiming> timing) {
+  return op_summary_json(op_summary(graph, timing));
 }
 
 namespace {

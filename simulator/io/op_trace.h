@@ -16,7 +16,22 @@
 namespace moeplan {
 
 // Per (stage, op label, phase): count and mean / total seconds, the join key for predicted vs measured.
-// `timing` is indexed by op id.
+struct OpSummaryRow {
+  int stage = 0;
+  std::string op;  // op_label
+  Phase phase = Phase::kForward;
+  OpKind kind = OpKind::kGemm;
+  bool comm = false;  // a collective, transfer or fused GEMM+collective: group, collective and bytes apply
+  CommGroup group = CommGroup::kNone;
+  Collective collective = Collective::kAllReduce;
+  double bytes = 0;
+  int64_t count = 0;
+  double total_s = 0;
+};
+
+// The rows in (stage, label, phase) order; `timing` is indexed by op id.
+std::vector<OpSummaryRow> op_summary(const OpGraph& graph, std::span<const OpTiming> timing);
+nlohmann::json op_summary_json(std::span<const OpSummaryRow> rows);
 nlohmann::json op_summary_json(const OpGraph& graph, std::span<const OpTiming> timing);
 
 // Which ops a Chrome trace shows, so a step of a very large job stays a file Perfetto loads: the first

@@ -3,8 +3,11 @@
 
 #include <algorithm>
 #include <array>
+#include <cmath>
 #include <cstring>
+#include <deque>
 #include <initializer_list>
+#include <optional>
 #include <unordered_map>
 #if defined(__GLIBC__)
 #include <malloc.h>
@@ -156,23 +159,20 @@ cost::MemoryBreakdown predict_memory(const ModelSpec& model, const Plan& plan, c
                               workload::plan_routing(model, plan, routing).scale);
 }
 
-Prediction predict(const ModelSpec& model, const Plan& plan, const HardwareProfile& hw,
-                   const StackProfile& stack, const workload::RoutingDistribution& routing,
-                   const PredictOptions& options) {
-  Prediction r;
-  r.violations = validate(plan, model, hw);
-  for (Violation& v : validate_for_stack(plan, stack)) r.violations.push_back(std::move(v));
-  if (!r.violations.empty()) return r;
-  // The plan as the stack runs it (overlaps the stack does not achieve get no credit), its lowering facts and
-  // the busiest EP rank's share of one micro-batch's token-expert assignments: the same lowering moerun runs.
-  StackLowering sl = stack_lowering(model, plan, hw, stack, routing);
-  r.effective_plan = std::move(sl.run);
-  for (std::string& n : sl.notices) r.notices.push_back(std::move(n));
-  const Plan& run = r.effective_plan;
-  r.routing = sl.routing.load;
-  const LoweringOptions& lo = sl.options;
-  r.graph = lower(model, run, lo);
+namespace {
 
+// One simulated run: the op graph of `run`, each op's cost and the timeline.
+struct Run {
+  OpGraph graph;
+  std::vector<cost::OpCost> costs;
+  engine::Timeline timeline;
+  std::vector<std::string> extrapolations;  // the cost model's, outside its measured ranges
+};
+
+Run simulate_run(const ModelSpec& model, const Plan& run, const LoweringOptions& lo,
+                 const HardwareProfile& hw, const StackProfile& stack) {
+  Run r;
+  r.graph = lower(model, run, lo);
   // Costs, once per distinct op. Pipeline sends take the path between the stages' ranks on the cluster
   // graph (same node: NVLink; otherwise NIC, leaf, maybe spine), bounded by its slowest link.
   const cost::CostModel cm(hw, stack);
@@ -214,8 +214,258 @@ Prediction predict(const ModelSpec& model, const Plan& plan, const HardwareProfi
   eo.overlap_compute_efficiency = stack.overlap_compute_efficiency.value;
   r.timeline = engine::simulate(r.graph, r.costs, eo);
   r.extrapolations = cm.extrapolations();
+  return r;
+}
 
-  r.step_time_s = r.timeline.step_time;
+// Each stage's compute time (the ops on its SMs), by which the busiest stage is chosen.
+std::vector<double> stage_busy(const Run& r) {
+  std::vector<double> busy(static_cast<size_t>(r.graph.num_stages), 0.0);
+  for (const Op& op : r.graph.ops) {
+    const auto i = static_cast<size_t>(op.id);
+    if (r.costs[i].resource == cost::Resource::kSm)
+      busy[static_cast<size_t>(op.stage)] += r.timeline.ops[i].end - r.timeline.ops[i].start;
+  }
+  return busy;
+}
+
+// What a prediction reports of one run, with the breakdown of stage `stage`.
+struct Figures {
+  double step_time = 0;
+  int64_t events = 0, ops = 0;
+  std::vector<double> stage_end;
+  StepBreakdown breakdown;
+  double spread = 0;                 // sum over the critical path of each op's fit error x its duration
+  std::array<double, 4> by_basis{};  // the critical path's seconds by the basis of the numbers that priced it
+  std::map<std::string, double> cp_seconds;
+  int64_t cp_ops = 0;
+  std::vector<OpSummaryRow> summary;
+  std::vector<int32_t> critical_path;
+};
+
+Figures figures_of(const Run& r, int64_t stage, const PredictOptions& options) {
+  Figures f;
+  f.step_time = r.timeline.step_time;
+  f.events = r.timeline.events;
+  f.ops = static_cast<int64_t>(r.graph.ops.size());
+  f.stage_end = r.timeline.stage_end;
+  std::vector<int32_t> ops_of_stage;
+  for (const Op& op : r.graph.ops) {
+    if (op.stage == stage) ops_of_stage.push_back(op.id);
+  }
+  f.breakdown = stage_breakdown(r.graph, r.costs, r.timeline, ops_of_stage);
+  if (options.critical_path) {
+    f.critical_path = engine::critical_path(r.timeline);
+    for (int32_t id : f.critical_path) {
+      const auto i = static_cast<size_t>(id);
+      const Op& op = r.graph.ops[i];
+      const double dur = r.timeline.ops[i].end - r.timeline.ops[i].start;
+      f.spread += r.costs[i].rel_error * dur;
+      f.by_basis[static_cast<size_t>(r.costs[i].basis)] += dur;
+      const bool is_comm = op.kind == OpKind::kCollective || op.kind == OpKind::kSendRecv;
+      f.cp_seconds[is_comm ? std::string("comm_") + name_of(op.comm.group) : std::string(name_of(op.kind))] +=
+          dur;
+    }
+    f.cp_ops = static_cast<int64_t>(f.critical_path.size());
+  }
+  if (options.op_summary) f.summary = op_summary(r.graph, r.timeline.ops);
+  return f;
+}
+
+// Linear extrapolation of figures at m0, m0 + d and m0 + 2d to m0 + k d, after checking that the second
+// step repeats the first: times to `tol` seconds, counts exactly. `a` receives the result.
+class Extrapolation {
+ public:
+  Extrapolation(int64_t k, double tol) : k_(k), tol_(tol) {}
+
+  bool ok() const { return ok_; }
+  const std::string& failed() const { return failed_; }
+
+  void time(double& a, double b, double c, const char* what) {
+    if (std::abs(c - 2 * b + a) > tol_) fail(what);
+    a += static_cast<double>(k_) * (b - a);
+  }
+  void count(int64_t& a, int64_t b, int64_t c, const char* what) {
+    if (c - 2 * b + a != 0) fail(what);
+    a += k_ * (b - a);
+  }
+  void times(std::vector<double>& a, const std::vector<double>& b, const std::vector<double>& c,
+             const char* what) {
+    for (size_t i = 0; i < a.size(); ++i) time(a[i], b[i], c[i], what);
+  }
+  void times(std::map<std::string, double>& a, const std::map<std::string, double>& b,
+             const std::map<std::string, double>& c, const char* what) {
+    auto at = [](const std::map<std::string, double>& m, const std::string& key) {
+      auto it = m.find(key);
+      return it == m.end() ? 0.0 : it->second;
+    };
+    for (const auto* m : {&b, &c}) {
+      for (const auto& [key, v] : *m) a.try_emplace(key, 0.0);
+    }
+    for (auto& [key, v] : a) time(v, at(b, key), at(c, key), what);
+  }
+  void figures(Figures& a, const Figures& b, const Figures& c) {
+    time(a.step_time, b.step_time, c.step_time, "step time");
+    count(a.events, b.events, c.events, "events");
+    count(a.ops, b.ops, c.ops, "ops");
+    times(a.stage_end, b.stage_end, c.stage_end, "stage end");
+    times(a.breakdown.compute, b.breakdown.compute, c.breakdown.compute, "breakdown");
+    times(a.breakdown.exposed_comm, b.breakdown.exposed_comm, c.breakdown.exposed_comm, "breakdown");
+    time(a.breakdown.bubble, b.breakdown.bubble, c.breakdown.bubble, "bubble");
+    time(a.breakdown.optimizer, b.breakdown.optimizer, c.breakdown.optimizer, "optimizer");
+    time(a.spread, b.spread, c.spread, "critical path");
+    for (size_t i = 0; i < a.by_basis.size(); ++i)
+      time(a.by_basis[i], b.by_basis[i], c.by_basis[i], "critical path");
+    times(a.cp_seconds, b.cp_seconds, c.cp_seconds, "critical path");
+    count(a.cp_ops, b.cp_ops, c.cp_ops, "critical path");
+    if (a.summary.size() != b.summary.size() || b.summary.size() != c.summary.size())
+      return fail("op summary");
+    for (size_t i = 0; i < a.summary.size(); ++i) {
+      OpSummaryRow& x = a.summary[i];
+      const OpSummaryRow &y = b.summary[i], &z = c.summary[i];
+      if (x.stage != y.stage || y.stage != z.stage || x.op != y.op || y.op != z.op || x.phase != y.phase ||
+          y.phase != z.phase)
+        return fail("op summary");
+      count(x.count, y.count, z.count, "op summary");
+      time(x.total_s, y.total_s, z.total_s, "op summary");
+    }
+  }
+
+ private:
+  void fail(const char* what) {
+    if (ok_) failed_ = what;
+    ok_ = false;
+  }
+  int64_t k_;
+  double tol_;
+  bool ok_ = true;
+  std::string failed_;
+};
+
+// The micro-batches after which the steady phase repeats (Megatron's interleaved schedule cycles through the
+// chunks in groups of pp micro-batches) and the smallest batch whose step has a steady phase past the fill
+// (DualPipeV needs 2 pp micro-batches before its steady phase has one pair).
+int64_t period_micro_batches(const Plan& p) {
+  return p.pipeline.schedule == Schedule::kInterleaved1F1B ? p.pipeline.pp : 1;
+}
+int64_t first_window(const Plan& p) {
+  const int64_t pp = p.pipeline.pp;
+  return p.pipeline.schedule == Schedule::kDualPipeV ? 2 * pp + 1 : pp + period_micro_batches(p);
+}
+
+Plan with_micro_batches(Plan p, int64_t m) {
+  p.global_batch = m * p.micro_batch * p.dp();
+  return p;
+}
+
+// Tries the periodic steady state: the runs at m0, m0 + d, m0 + 2d, sliding on by one period while a figure
+// does not repeat. Returns the figures of the whole step and, in `first`, the run at m0; or nothing, with
+// the reason in `why`, when the whole step is cheaper or the figures never repeat.
+std::optional<Figures> extrapolate_step(const ModelSpec& model, const Plan& run, const LoweringOptions& lo,
+                                        const HardwareProfile& hw, const StackProfile& stack,
+                                        const PredictOptions& options, StepSimulation& sim, Run& first,
+                                        int64_t& critical_stage) {
+  constexpr int kMaxSlides = 3;
+  const int64_t m = run.num_micro_batches(), d = period_micro_batches(run);
+  int64_t m0 = first_window(run);
+  m0 += (m - m0) % d == 0 ? 0 : d - (m - m0) % d;
+  if (3 * m0 + 3 * d + kMaxSlides * d > m) {
+    sim.why_full = "the batch is too small for the periodic steady state to save time";
+    return std::nullopt;
+  }
+  if (!validate(with_micro_batches(run, m0), model, hw).empty()) {
+    sim.why_full = "the plan at fewer micro-batches is not legal";
+    return std::nullopt;
+  }
+  std::deque<Run> runs;
+  for (int64_t i = 0; i < 3; ++i) {
+    runs.push_back(simulate_run(model, with_micro_batches(run, m0 + i * d), lo, hw, stack));
+    sim.simulated_ops += static_cast<int64_t>(runs.back().graph.ops.size());
+  }
+  for (int slide = 0;; ++slide) {
+    // The busiest stage of the whole step, from each stage's compute time, then every figure.
+    const int64_t k = (m - m0) / d;
+    const double tol = 1e-11 * runs[2].timeline.step_time;
+    Extrapolation x(k, tol);
+    std::vector<double> busy = stage_busy(runs[0]);
+    x.times(busy, stage_busy(runs[1]), stage_busy(runs[2]), "stage compute");
+    const int64_t stage = std::max_element(busy.begin(), busy.end()) - busy.begin();
+    Figures f = figures_of(runs[0], stage, options);
+    x.figures(f, figures_of(runs[1], stage, options), figures_of(runs[2], stage, options));
+    if (x.ok()) {
+      sim.extrapolated = true;
+      sim.simulated_micro_batches = m0;
+      sim.period_micro_batches = d;
+      sim.periods_added = k;
+      sim.period_s = runs[1].timeline.step_time - runs[0].timeline.step_time;
+      critical_stage = stage;
+      first = std::move(runs[0]);
+      return f;
+    }
+    if (slide == kMaxSlides) {
+      sim.why_full =
+          fmt::format("the {} does not repeat from one period of the steady phase to the next", x.failed());
+      return std::nullopt;
+    }
+    runs.pop_front();
+    m0 += d;
+    runs.push_back(simulate_run(model, with_micro_batches(run, m0 + 2 * d), lo, hw, stack));
+    sim.simulated_ops += static_cast<int64_t>(runs.back().graph.ops.size());
+  }
+}
+
+}  // namespace
+
+Prediction predict(const ModelSpec& model, const Plan& plan, const HardwareProfile& hw,
+                   const StackProfile& stack, const workload::RoutingDistribution& routing,
+                   const PredictOptions& options) {
+  Prediction r;
+  r.violations = validate(plan, model, hw);
+  for (Violation& v : validate_for_stack(plan, stack)) r.violations.push_back(std::move(v));
+  if (!r.violations.empty()) return r;
+  // The plan as the stack runs it (overlaps the stack does not achieve get no credit), its lowering facts and
+  // the busiest EP rank's share of one micro-batch's token-expert assignments: the same lowering moerun runs.
+  StackLowering sl = stack_lowering(model, plan, hw, stack, routing);
+  r.effective_plan = std::move(sl.run);
+  for (std::string& n : sl.notices) r.notices.push_back(std::move(n));
+  const Plan& run = r.effective_plan;
+  r.routing = sl.routing.load;
+  const LoweringOptions& lo = sl.options;
+
+  // The step: its periodic steady state extrapolated, or every micro-batch simulated.
+  StepSimulation& sim = r.simulation;
+  sim.micro_batches = run.num_micro_batches();
+  Run simulated;
+  std::optional<Figures> step;
+  if (options.whole_step) {
+    sim.why_full = "the whole step was asked for";
+  } else {
+    step = extrapolate_step(model, run, lo, hw, stack, options, sim, simulated, r.critical_stage);
+  }
+  if (!step) {
+    simulated = simulate_run(model, run, lo, hw, stack);
+    sim.simulated_micro_batches = sim.micro_batches;
+    sim.simulated_ops += static_cast<int64_t>(simulated.graph.ops.size());
+    // The breakdown shown is the busiest stage's: the one whose ops' summed durations are largest (it sets
+    // the pipeline's pace; the others wait for it in the bubble).
+    const std::vector<double> busy = stage_busy(simulated);
+    r.critical_stage = std::max_element(busy.begin(), busy.end()) - busy.begin();
+    step = figures_of(simulated, r.critical_stage, options);
+  }
+  Figures& f = *step;
+  r.graph = std::move(simulated.graph);
+  r.costs = std::move(simulated.costs);
+  r.timeline = std::move(simulated.timeline);
+  r.extrapolations = std::move(simulated.extrapolations);
+  r.critical_path = std::move(f.critical_path);
+  r.ops_in_step = f.ops;
+  r.events = f.events;
+  r.stage_end = std::move(f.stage_end);
+  r.breakdown = std::move(f.breakdown);
+  r.critical_path_seconds = std::move(f.cp_seconds);
+  r.critical_path_ops = f.cp_ops;
+  r.op_summary = std::move(f.summary);
+
+  r.step_time_s = f.step_time;
   r.tokens_per_step = static_cast<double>(plan.global_batch * plan.seq_len);
   r.tokens_per_s = r.tokens_per_step / r.step_time_s;
   r.tokens_per_s_per_gpu = r.tokens_per_s / static_cast<double>(plan.gpus);
@@ -231,42 +481,16 @@ Prediction predict(const ModelSpec& model, const Plan& plan, const HardwareProfi
   r.memory =
       cost::memory_per_gpu(model, run, hw, stack, in_flight_by_chunk(model, run), lo.expert_load_scale);
 
-  // The breakdown shown is the busiest stage's: the one whose ops' summed durations are largest (it sets the
-  // pipeline's pace; the others wait for it in the bubble).
-  std::vector<double> busy(static_cast<size_t>(run.pipeline.pp), 0.0);
-  std::vector<std::vector<int32_t>> stage_ops(static_cast<size_t>(run.pipeline.pp));
-  for (const Op& op : r.graph.ops) {
-    const auto i = static_cast<size_t>(op.id);
-    stage_ops[static_cast<size_t>(op.stage)].push_back(op.id);
-    if (r.costs[i].resource == cost::Resource::kSm)
-      busy[static_cast<size_t>(op.stage)] += r.timeline.ops[i].end - r.timeline.ops[i].start;
-  }
-  r.critical_stage = std::max_element(busy.begin(), busy.end()) - busy.begin();
-  r.breakdown =
-      stage_breakdown(r.graph, r.costs, r.timeline, stage_ops[static_cast<size_t>(r.critical_stage)]);
-
   // Uncertainty: each op on the critical path may be off by its curve's fit error (errors of one curve move
   // together, so they add): step in [T - sum e_i d_i, T + sum e_i d_i].
   r.tokens_per_s_low = r.tokens_per_s_high = r.tokens_per_s;
   if (options.critical_path) {
-    r.critical_path = engine::critical_path(r.timeline);
-    double spread = 0;
-    for (int32_t id : r.critical_path) {
-      const auto& tm = r.timeline.ops[static_cast<size_t>(id)];
-      spread += r.costs[static_cast<size_t>(id)].rel_error * (tm.end - tm.start);
-    }
-    spread = std::min(spread, 0.9 * r.step_time_s);
+    const double spread = std::min(f.spread, 0.9 * r.step_time_s);
     r.tokens_per_s_low = r.tokens_per_step / (r.step_time_s + spread);
     r.tokens_per_s_high = r.tokens_per_step / (r.step_time_s - spread);
     // Provenance: the critical path's time by the basis of the stack numbers that priced each op.
-    std::array<double, 4> by_basis{};
-    double total = 0;
-    for (int32_t id : r.critical_path) {
-      const auto& tm = r.timeline.ops[static_cast<size_t>(id)];
-      const double dur = tm.end - tm.start;
-      by_basis[static_cast<size_t>(r.costs[static_cast<size_t>(id)].basis)] += dur;
-      total += dur;
-    }
+    const auto& by_basis = f.by_basis;
+    const double total = by_basis[0] + by_basis[1] + by_basis[2] + by_basis[3];
     if (total > 0) {
       r.provenance.measured = by_basis[0] / total;
       r.provenance.derived = by_basis[1] / total;

@@ -15,6 +15,7 @@
 #include "simulator/cost/cost_model.h"
 #include "simulator/cost/memory.h"
 #include "simulator/engine/engine.h"
+#include "simulator/io/op_trace.h"
 #include "simulator/workload/routing.h"
 
 namespace moeplan {
@@ -41,6 +42,24 @@ struct Provenance {
   std::vector<std::string> targets;  // why it is hypothetical, one line each
 };
 
+// How the step was simulated. A pipeline step is fill, a steady phase that repeats every
+// `period_micro_batches` micro-batches, and drain; with deterministic costs the steady phase is exactly
+// periodic. predict() then runs the step at three small batch sizes m0, m0 + d, m0 + 2d (d = the period),
+// checks that every reported figure moves by the same amount from the first to the second as from the second
+// to the third (to 1e-9 of the step), and adds the remaining (m - m0) / d periods exactly. Where a figure
+// does not repeat it simulates more periods, and in the end falls back to the whole step; `why_full` says why
+// a step was simulated whole.
+struct StepSimulation {
+  bool extrapolated = false;
+  int64_t micro_batches = 0;            // of the step
+  int64_t simulated_micro_batches = 0;  // of the run the graph and timeline hold (m0 when extrapolated)
+  int64_t period_micro_batches = 0;     // d
+  int64_t periods_added = 0;            // (m - m0) / d
+  double period_s = 0;                  // the step time one period adds
+  int64_t simulated_ops = 0;            // ops simulated in all runs together
+  std::string why_full;
+};
+
 struct Prediction {
   std::vector<Violation> violations;  // non-empty: the plan is illegal and nothing else is filled
   std::vector<std::string> notices;   // what the stack changed: overlaps asked for and not achieved
@@ -61,10 +80,20 @@ struct Prediction {
   StepBreakdown breakdown;  // of the busiest stage (most compute time), which sets the pace
   int64_t critical_stage = 0;
   std::vector<std::string> extrapolations;
+  // The whole step's figures (also when the graph below holds fewer micro-batches).
+  StepSimulation simulation;
+  int64_t ops_in_step = 0;
+  int64_t events = 0;                                   // op starts and completions of the whole step
+  std::vector<double> stage_end;                        // when each stage's last op ends
+  std::map<std::string, double> critical_path_seconds;  // by op kind, communication as comm_<group>
+  int64_t critical_path_ops = 0;
+  std::vector<OpSummaryRow> op_summary;  // per (stage, op, phase) over the whole step
+  // The simulated run: the whole step, or the simulated_micro_batches of an extrapolated one (the trace and
+  // the timeline chart show these; PredictOptions::whole_step asks for the whole step).
   OpGraph graph;
   std::vector<cost::OpCost> costs;
   engine::Timeline timeline;
-  std::vector<int32_t> critical_path;
+  std::vector<int32_t> critical_path;  // in `graph`
 };
 
 // Keeps the memory of one prediction for the next: glibc would otherwise map each large op graph, cost and
@@ -75,6 +104,8 @@ void retain_freed_memory();
 
 struct PredictOptions {
   bool critical_path = true;  // the report's critical path and uncertainty range
+  bool whole_step = false;    // simulate every micro-batch (for a trace of the step), never extrapolate
+  bool op_summary = true;     // fill Prediction::op_summary
 };
 
 // The memory part of a prediction alone (no op graph, no simulation): the plan as the stack runs it, its

@@ -97,20 +97,20 @@ nlohmann::json prediction_json(const Prediction& p, const ReportContext& ctx) {
        "is "
        "a target of the stack"}};
   j["stack_notices"] = p.notices;
-  j["ops_in_graph"] = p.graph.ops.size();
-  j["micro_batches"] = p.graph.micro_batches;
+  j["ops_in_graph"] = p.ops_in_step;
+  j["micro_batches"] = p.simulation.micro_batches;
+  const StepSimulation& sim = p.simulation;
+  j["simulation"] = {{"extrapolated", sim.extrapolated},
+                     {"simulated_micro_batches", sim.simulated_micro_batches},
+                     {"period_micro_batches", sim.period_micro_batches},
+                     {"periods_added", sim.periods_added},
+                     {"period_s", sim.period_s},
+                     {"simulated_ops", sim.simulated_ops},
+                     {"why_whole_step", sim.why_full}};
   // What the critical path is made of: seconds by op kind (communication by group).
-  std::map<std::string, double> along;
-  for (int32_t id : p.critical_path) {
-    const Op& op = p.graph.ops[static_cast<size_t>(id)];
-    const auto& t = p.timeline.ops[static_cast<size_t>(id)];
-    const bool is_comm = op.kind == OpKind::kCollective || op.kind == OpKind::kSendRecv;
-    along[is_comm ? std::string("comm_") + name_of(op.comm.group) : std::string(name_of(op.kind))] +=
-        t.end - t.start;
-  }
-  j["critical_path_seconds"] = along;
-  j["critical_path_ops"] = p.critical_path.size();
-  j["ops"] = op_summary_json(p.graph, p.timeline.ops);
+  j["critical_path_seconds"] = p.critical_path_seconds;
+  j["critical_path_ops"] = p.critical_path_ops;
+  j["ops"] = op_summary_json(p.op_summary);
   return j;
 }
 

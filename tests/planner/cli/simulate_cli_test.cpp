@@ -265,6 +265,35 @@ TEST_SUITE("cli") {
     CHECK(end_us * 1e-6 == doctest::Approx(report.at("step_time_s").get<double>()).epsilon(1e-6));
   }
 
+  TEST_CASE("a large batch is predicted from the periodic steady state; --whole-step simulates it all") {
+    // Internal-352B on 1,440 GPUs at 240 micro-batches: the report says how the step was simulated, the text
+    // says what was added, and the whole step gives the same figures.
+    TempDir dir("moeplan_periodic");
+    json plan = json::parse(
+        slurp(std::string(MOEPLAN_SOURCE_DIR) + "/planner/examples/internal-352b-1440xh800.json"));
+    plan["global_batch"] = 2880;
+    for (const char* key : {"model", "hardware"})
+      plan[key] = std::string(MOEPLAN_SOURCE_DIR) + "/" + plan[key].get<std::string>();
+    const std::string path = dir.file("plan.json");
+    std::ofstream(path) << plan.dump();
+    const Run fast = run_cli("simulate " + path + " --json");
+    const Run whole = run_cli("simulate " + path + " --json --whole-step");
+    const Run text = run_cli("simulate " + path);
+    REQUIRE(fast.exit_code == 0);
+    REQUIRE(whole.exit_code == 0);
+    const json a = json::parse(fast.out), b = json::parse(whole.out);
+    CHECK(a.at("simulation").at("extrapolated").get<bool>());
+    CHECK(a.at("simulation").at("simulated_micro_batches").get<int>() < 240);
+    CHECK_FALSE(b.at("simulation").at("extrapolated").get<bool>());
+    CHECK(b.at("simulation").at("why_whole_step").get<std::string>() == "the whole step was asked for");
+    CHECK(a.at("micro_batches") == 240);
+    CHECK(a.at("ops_in_graph") == b.at("ops_in_graph"));
+    CHECK(a.at("step_time_s").get<double>() ==
+          doctest::Approx(b.at("step_time_s").get<double>()).epsilon(1e-9));
+    CHECK(a.at("ops").size() == b.at("ops").size());
+    CHECK(text.out.find("micro-batches; the steady phase") != std::string::npos);
+  }
+
   TEST_CASE("simulate with an unknown --stack or a missing plan file exits 2 with one line") {
     const std::vector<std::pair<std::string, std::string>> cases = {
         {"simulate planner/examples/mixtral-8x22b-128xh100.json --stack no-such-stack", "no-such-stack"},
