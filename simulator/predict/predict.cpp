@@ -166,56 +166,72 @@ struct Run {
   OpGraph graph;
   std::vector<cost::OpCost> costs;
   engine::Timeline timeline;
-  std::vector<std::string> extrapolations;  // the cost model's, outside its measured ranges
 };
 
-Run simulate_run(const ModelSpec& model, const Plan& run, const LoweringOptions& lo,
-                 const HardwareProfile& hw, const StackProfile& stack) {
-  Run r;
-  r.graph = lower(model, run, lo);
-  // Costs, once per distinct op. Pipeline sends take the path between the stages' ranks on the cluster
-  // graph (same node: NVLink; otherwise NIC, leaf, maybe spine), bounded by its slowest link.
-  const cost::CostModel cm(hw, stack);
-  std::vector<engine::Path> paths;
-  if (run.pipeline.pp > 1) {
-    const engine::Topology topo(hw, run.gpus);
-    const int64_t per_stage = run.gpus / run.pipeline.pp;
-    for (int64_t s = 0; s + 1 < run.pipeline.pp; ++s)
-      paths.push_back(topo.path(s * per_stage, (s + 1) * per_stage));
-  }
-  std::unordered_map<CostKey, cost::OpCost, CostKeyHash> cache;
-  r.costs.resize(r.graph.ops.size());
-  for (const Op& op : r.graph.ops) {
-    auto& c = r.costs[static_cast<size_t>(op.id)];
-    if (op.kind == OpKind::kSendRecv && !paths.empty()) {
-      // Forward sends go to stage + 1, backward sends to stage - 1 (the same link, reversed); interleaved
-      // chunks wrap from the last stage to the first over the same kind of path.
-      const int64_t link = op.phase == Phase::kForward ? op.stage : op.stage - 1;
-      const engine::Path& path =
-          paths[static_cast<size_t>(std::clamp<int64_t>(link, 0, run.pipeline.pp - 2))];
-      c = cm.cost(op);
-      const bool remote = path.crosses_nodes();
-      const double hop = remote ? hw.scale_out.net_latency_s.value : hw.node.nvlink_latency_s.value;
-      c.seconds = stack.launch_s_per_kernel.value + stack.host_s_per_micro_batch.value / 2.0 +
-                  hop * static_cast<double>(path.links.size() - 1) +
-                  op.comm.bytes / path.bottleneck_bytes_per_s();
-      c.resource = remote ? cost::Resource::kNic : cost::Resource::kNvlink;
-      c.link_bytes_per_s = op.comm.bytes / c.seconds;
-      c.sm_fraction = stack.comm_sm_fraction.value;
-      continue;
+// What every run of one plan shares: the cost model with its costs so far (once per distinct op), and the
+// path between consecutive pipeline stages' ranks on the cluster graph (same node: NVLink; otherwise NIC,
+// leaf, maybe spine), bounded by its slowest link.
+class Pricing {
+ public:
+  Pricing(const Plan& run, const HardwareProfile& hw, const StackProfile& stack)
+      : hw_(hw), stack_(stack), cm_(hw, stack) {
+    if (run.pipeline.pp > 1) {
+      const engine::Topology topo(hw, run.gpus);
+      const int64_t per_stage = run.gpus / run.pipeline.pp;
+      for (int64_t s = 0; s + 1 < run.pipeline.pp; ++s)
+        paths_.push_back(topo.path(s * per_stage, (s + 1) * per_stage));
     }
-    const CostKey key = cost_key(op);
-    auto it = cache.find(key);
-    if (it == cache.end()) it = cache.emplace(key, cm.cost(op)).first;
-    c = it->second;
   }
-  engine::EngineOptions eo;
-  eo.hbm_bytes_per_s = hw.gpu.hbm_bw_achieved_bytes_per_s.value;
-  eo.overlap_compute_efficiency = stack.overlap_compute_efficiency.value;
-  r.timeline = engine::simulate(r.graph, r.costs, eo);
-  r.extrapolations = cm.extrapolations();
-  return r;
-}
+
+  Run simulate(const ModelSpec& model, const Plan& run, const LoweringOptions& lo) {
+    Run r;
+    r.graph = lower(model, run, lo);
+    r.costs.resize(r.graph.ops.size());
+    for (const Op& op : r.graph.ops) {
+      auto& c = r.costs[static_cast<size_t>(op.id)];
+      if (op.kind == OpKind::kSendRecv && !paths_.empty()) {
+        c = send_cost(op, run.pipeline.pp);
+        continue;
+      }
+      const CostKey key = cost_key(op);
+      auto it = cache_.find(key);
+      if (it == cache_.end()) it = cache_.emplace(key, cm_.cost(op)).first;
+      c = it->second;
+    }
+    engine::EngineOptions eo;
+    eo.hbm_bytes_per_s = hw_.gpu.hbm_bw_achieved_bytes_per_s.value;
+    eo.overlap_compute_efficiency = stack_.overlap_compute_efficiency.value;
+    r.timeline = engine::simulate(r.graph, r.costs, eo);
+    return r;
+  }
+
+  // The cost model's inputs outside its measured ranges, over every run.
+  std::vector<std::string> extrapolations() const { return cm_.extrapolations(); }
+
+ private:
+  // Forward sends go to stage + 1, backward sends to stage - 1 (the same link, reversed); interleaved chunks
+  // wrap from the last stage to the first over the same kind of path.
+  cost::OpCost send_cost(const Op& op, int64_t pp) const {
+    const int64_t link = op.phase == Phase::kForward ? op.stage : op.stage - 1;
+    const engine::Path& path = paths_[static_cast<size_t>(std::clamp<int64_t>(link, 0, pp - 2))];
+    cost::OpCost c = cm_.cost(op);
+    const bool remote = path.crosses_nodes();
+    const double hop = remote ? hw_.scale_out.net_latency_s.value : hw_.node.nvlink_latency_s.value;
+    c.seconds = stack_.launch_s_per_kernel.value + stack_.host_s_per_micro_batch.value / 2.0 +
+                hop * static_cast<double>(path.links.size() - 1) +
+                op.comm.bytes / path.bottleneck_bytes_per_s();
+    c.resource = remote ? cost::Resource::kNic : cost::Resource::kNvlink;
+    c.link_bytes_per_s = op.comm.bytes / c.seconds;
+    c.sm_fraction = stack_.comm_sm_fraction.value;
+    return c;
+  }
+
+  const HardwareProfile& hw_;
+  const StackProfile& stack_;
+  const cost::CostModel cm_;
+  std::vector<engine::Path> paths_;
+  std::unordered_map<CostKey, cost::OpCost, CostKeyHash> cache_;
+};
 
 // Each stage's compute time (the ops on its SMs), by which the busiest stage is chosen.
 std::vector<double> stage_busy(const Run& r) {
@@ -361,7 +377,7 @@ Plan with_micro_batches(Plan p, int64_t m) {
 // does not repeat. Returns the figures of the whole step and, in `first`, the run at m0; or nothing, with
 // the reason in `why`, when the whole step is cheaper or the figures never repeat.
 std::optional<Figures> extrapolate_step(const ModelSpec& model, const Plan& run, const LoweringOptions& lo,
-                                        const HardwareProfile& hw, const StackProfile& stack,
+                                        const HardwareProfile& hw, Pricing& pricing,
                                         const PredictOptions& options, StepSimulation& sim, Run& first,
                                         int64_t& critical_stage) {
   constexpr int kMaxSlides = 3;
@@ -378,7 +394,7 @@ std::optional<Figures> extrapolate_step(const ModelSpec& model, const Plan& run,
   }
   std::deque<Run> runs;
   for (int64_t i = 0; i < 3; ++i) {
-    runs.push_back(simulate_run(model, with_micro_batches(run, m0 + i * d), lo, hw, stack));
+    runs.push_back(pricing.simulate(model, with_micro_batches(run, m0 + i * d), lo));
     sim.simulated_ops += static_cast<int64_t>(runs.back().graph.ops.size());
   }
   for (int slide = 0;; ++slide) {
@@ -408,7 +424,7 @@ std::optional<Figures> extrapolate_step(const ModelSpec& model, const Plan& run,
     }
     runs.pop_front();
     m0 += d;
-    runs.push_back(simulate_run(model, with_micro_batches(run, m0 + 2 * d), lo, hw, stack));
+    runs.push_back(pricing.simulate(model, with_micro_batches(run, m0 + 2 * d), lo));
     sim.simulated_ops += static_cast<int64_t>(runs.back().graph.ops.size());
   }
 }
@@ -434,15 +450,16 @@ Prediction predict(const ModelSpec& model, const Plan& plan, const HardwareProfi
   // The step: its periodic steady state extrapolated, or every micro-batch simulated.
   StepSimulation& sim = r.simulation;
   sim.micro_batches = run.num_micro_batches();
+  Pricing pricing(run, hw, stack);
   Run simulated;
   std::optional<Figures> step;
   if (options.whole_step) {
     sim.why_full = "the whole step was asked for";
   } else {
-    step = extrapolate_step(model, run, lo, hw, stack, options, sim, simulated, r.critical_stage);
+    step = extrapolate_step(model, run, lo, hw, pricing, options, sim, simulated, r.critical_stage);
   }
   if (!step) {
-    simulated = simulate_run(model, run, lo, hw, stack);
+    simulated = pricing.simulate(model, run, lo);
     sim.simulated_micro_batches = sim.micro_batches;
     sim.simulated_ops += static_cast<int64_t>(simulated.graph.ops.size());
     // The breakdown shown is the busiest stage's: the one whose ops' summed durations are largest (it sets
@@ -455,7 +472,7 @@ Prediction predict(const ModelSpec& model, const Plan& plan, const HardwareProfi
   r.graph = std::move(simulated.graph);
   r.costs = std::move(simulated.costs);
   r.timeline = std::move(simulated.timeline);
-  r.extrapolations = std::move(simulated.extrapolations);
+  r.extrapolations = pricing.extrapolations();
   r.critical_path = std::move(f.critical_path);
   r.ops_in_step = f.ops;
   r.events = f.events;
