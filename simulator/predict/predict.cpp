@@ -17,6 +17,7 @@
 
 #include "simulator/core/model_stats.h"
 #include "simulator/engine/topology.h"
+#include "simulator/predict/periodic.h"
 #include "simulator/workload/lower.h"
 
 namespace moeplan {
@@ -244,22 +245,8 @@ std::vector<double> stage_busy(const Run& r) {
   return busy;
 }
 
-// What a prediction reports of one run, with the breakdown of stage `stage`.
-struct Figures {
-  double step_time = 0;
-  int64_t events = 0, ops = 0;
-  std::vector<double> stage_end;
-  StepBreakdown breakdown;
-  double spread = 0;                 // sum over the critical path of each op's fit error x its duration
-  std::array<double, 4> by_basis{};  // the critical path's seconds by the basis of the numbers that priced it
-  std::map<std::string, double> cp_seconds;
-  int64_t cp_ops = 0;
-  std::vector<OpSummaryRow> summary;
-  std::vector<int32_t> critical_path;
-};
-
-Figures figures_of(const Run& r, int64_t stage, const PredictOptions& options) {
-  Figures f;
+StepFigures figures_of(const Run& r, int64_t stage, const PredictOptions& options) {
+  StepFigures f;
   f.step_time = r.timeline.step_time;
   f.events = r.timeline.events;
   f.ops = static_cast<int64_t>(r.graph.ops.size());
@@ -287,76 +274,6 @@ Figures figures_of(const Run& r, int64_t stage, const PredictOptions& options) {
   return f;
 }
 
-// Linear extrapolation of figures at m0, m0 + d and m0 + 2d to m0 + k d, after checking that the second
-// step repeats the first: times to `tol` seconds, counts exactly. `a` receives the result.
-class Extrapolation {
- public:
-  Extrapolation(int64_t k, double tol) : k_(k), tol_(tol) {}
-
-  bool ok() const { return ok_; }
-  const std::string& failed() const { return failed_; }
-
-  void time(double& a, double b, double c, const char* what) {
-    if (std::abs(c - 2 * b + a) > tol_) fail(what);
-    a += static_cast<double>(k_) * (b - a);
-  }
-  void count(int64_t& a, int64_t b, int64_t c, const char* what) {
-    if (c - 2 * b + a != 0) fail(what);
-    a += k_ * (b - a);
-  }
-  void times(std::vector<double>& a, const std::vector<double>& b, const std::vector<double>& c,
-             const char* what) {
-    for (size_t i = 0; i < a.size(); ++i) time(a[i], b[i], c[i], what);
-  }
-  void times(std::map<std::string, double>& a, const std::map<std::string, double>& b,
-             const std::map<std::string, double>& c, const char* what) {
-    auto at = [](const std::map<std::string, double>& m, const std::string& key) {
-      auto it = m.find(key);
-      return it == m.end() ? 0.0 : it->second;
-    };
-    for (const auto* m : {&b, &c}) {
-      for (const auto& [key, v] : *m) a.try_emplace(key, 0.0);
-    }
-    for (auto& [key, v] : a) time(v, at(b, key), at(c, key), what);
-  }
-  void figures(Figures& a, const Figures& b, const Figures& c) {
-    time(a.step_time, b.step_time, c.step_time, "step time");
-    count(a.events, b.events, c.events, "events");
-    count(a.ops, b.ops, c.ops, "ops");
-    times(a.stage_end, b.stage_end, c.stage_end, "stage end");
-    times(a.breakdown.compute, b.breakdown.compute, c.breakdown.compute, "breakdown");
-    times(a.breakdown.exposed_comm, b.breakdown.exposed_comm, c.breakdown.exposed_comm, "breakdown");
-    time(a.breakdown.bubble, b.breakdown.bubble, c.breakdown.bubble, "bubble");
-    time(a.breakdown.optimizer, b.breakdown.optimizer, c.breakdown.optimizer, "optimizer");
-    time(a.spread, b.spread, c.spread, "critical path");
-    for (size_t i = 0; i < a.by_basis.size(); ++i)
-      time(a.by_basis[i], b.by_basis[i], c.by_basis[i], "critical path");
-    times(a.cp_seconds, b.cp_seconds, c.cp_seconds, "critical path");
-    count(a.cp_ops, b.cp_ops, c.cp_ops, "critical path");
-    if (a.summary.size() != b.summary.size() || b.summary.size() != c.summary.size())
-      return fail("op summary");
-    for (size_t i = 0; i < a.summary.size(); ++i) {
-      OpSummaryRow& x = a.summary[i];
-      const OpSummaryRow &y = b.summary[i], &z = c.summary[i];
-      if (x.stage != y.stage || y.stage != z.stage || x.op != y.op || y.op != z.op || x.phase != y.phase ||
-          y.phase != z.phase)
-        return fail("op summary");
-      count(x.count, y.count, z.count, "op summary");
-      time(x.total_s, y.total_s, z.total_s, "op summary");
-    }
-  }
-
- private:
-  void fail(const char* what) {
-    if (ok_) failed_ = what;
-    ok_ = false;
-  }
-  int64_t k_;
-  double tol_;
-  bool ok_ = true;
-  std::string failed_;
-};
-
 // The micro-batches after which the steady phase repeats (Megatron's interleaved schedule cycles through the
 // chunks in groups of pp micro-batches) and the smallest batch whose step has a steady phase past the fill
 // (DualPipeV needs 2 pp micro-batches before its steady phase has one pair).
@@ -376,10 +293,10 @@ Plan with_micro_batches(Plan p, int64_t m) {
 // Tries the periodic steady state: the runs at m0, m0 + d, m0 + 2d, sliding on by one period while a figure
 // does not repeat. Returns the figures of the whole step and, in `first`, the run at m0; or nothing, with
 // the reason in `why`, when the whole step is cheaper or the figures never repeat.
-std::optional<Figures> extrapolate_step(const ModelSpec& model, const Plan& run, const LoweringOptions& lo,
-                                        const HardwareProfile& hw, Pricing& pricing,
-                                        const PredictOptions& options, StepSimulation& sim, Run& first,
-                                        int64_t& critical_stage) {
+std::optional<StepFigures> extrapolate_step(const ModelSpec& model, const Plan& run,
+                                            const LoweringOptions& lo, const HardwareProfile& hw,
+                                            Pricing& pricing, const PredictOptions& options,
+                                            StepSimulation& sim, Run& first, int64_t& critical_stage) {
   constexpr int kMaxSlides = 3;
   const int64_t m = run.num_micro_batches(), d = period_micro_batches(run);
   int64_t m0 = first_window(run);
@@ -401,11 +318,11 @@ std::optional<Figures> extrapolate_step(const ModelSpec& model, const Plan& run,
     // The busiest stage of the whole step, from each stage's compute time, then every figure.
     const int64_t k = (m - m0) / d;
     const double tol = 1e-11 * runs[2].timeline.step_time;
-    Extrapolation x(k, tol);
+    PeriodicExtrapolation x(k, tol);
     std::vector<double> busy = stage_busy(runs[0]);
     x.times(busy, stage_busy(runs[1]), stage_busy(runs[2]), "stage compute");
     const int64_t stage = std::max_element(busy.begin(), busy.end()) - busy.begin();
-    Figures f = figures_of(runs[0], stage, options);
+    StepFigures f = figures_of(runs[0], stage, options);
     x.figures(f, figures_of(runs[1], stage, options), figures_of(runs[2], stage, options));
     if (x.ok()) {
       sim.extrapolated = true;
@@ -452,7 +369,7 @@ Prediction predict(const ModelSpec& model, const Plan& plan, const HardwareProfi
   sim.micro_batches = run.num_micro_batches();
   Pricing pricing(run, hw, stack);
   Run simulated;
-  std::optional<Figures> step;
+  std::optional<StepFigures> step;
   if (options.whole_step) {
     sim.why_full = "the whole step was asked for";
   } else {
@@ -468,7 +385,7 @@ Prediction predict(const ModelSpec& model, const Plan& plan, const HardwareProfi
     r.critical_stage = std::max_element(busy.begin(), busy.end()) - busy.begin();
     step = figures_of(simulated, r.critical_stage, options);
   }
-  Figures& f = *step;
+  StepFigures& f = *step;
   r.graph = std::move(simulated.graph);
   r.costs = std::move(simulated.costs);
   r.timeline = std::move(simulated.timeline);

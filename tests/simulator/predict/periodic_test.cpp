@@ -8,6 +8,7 @@
 #include "simulator/io/hardware_loader.h"
 #include "simulator/io/model_loader.h"
 #include "simulator/io/stack_loader.h"
+#include "simulator/predict/periodic.h"
 #include "simulator/predict/predict.h"
 
 using namespace moeplan;
@@ -176,6 +177,59 @@ TEST_SUITE("predict") {
       CHECK(w.graph.micro_batches == l.plan.num_micro_batches());
       check_same(x, w);
     }
+  }
+
+  TEST_CASE("figures that repeat are extrapolated by whole periods; one that does not is named") {
+    // Three runs whose figures grow by the same step each: 10 more periods add 10 steps.
+    auto figures = [](double step, int64_t ops, double bubble) {
+      StepFigures f;
+      f.step_time = step;
+      f.ops = ops;
+      f.events = 2 * ops;
+      f.stage_end = {step - 0.1, step};
+      f.breakdown.compute["gemm"] = step / 2;
+      f.breakdown.bubble = bubble;
+      f.cp_seconds["gemm"] = step / 2;
+      OpSummaryRow row;
+      row.op = "L0.fc13";
+      row.count = ops / 10;
+      row.total_s = step / 4;
+      f.summary = {row};
+      return f;
+    };
+    StepFigures a = figures(1.0, 100, 0.2);
+    PeriodicExtrapolation x(10, 1e-12);
+    x.figures(a, figures(1.5, 130, 0.2), figures(2.0, 160, 0.2));
+    CHECK(x.ok());
+    CHECK(a.step_time == doctest::Approx(6.0));
+    CHECK(a.ops == 400);
+    CHECK(a.events == 800);
+    CHECK(a.stage_end[1] == doctest::Approx(6.0));
+    CHECK(a.breakdown.compute.at("gemm") == doctest::Approx(3.0));
+    CHECK(a.breakdown.bubble == doctest::Approx(0.2));
+    CHECK(a.summary[0].count == 40);
+    CHECK(a.summary[0].total_s == doctest::Approx(1.5));
+    // A bubble that grows faster in the second period than in the first does not repeat.
+    StepFigures b = figures(1.0, 100, 0.2);
+    PeriodicExtrapolation y(10, 1e-12);
+    y.figures(b, figures(1.5, 130, 0.25), figures(2.0, 160, 0.35));
+    CHECK_FALSE(y.ok());
+    CHECK(y.failed() == "bubble");
+    // Counts repeat exactly or not at all; an op that appears in one run only breaks the summary.
+    StepFigures c = figures(1.0, 100, 0.2);
+    PeriodicExtrapolation z(10, 1e-12);
+    StepFigures extra = figures(2.0, 161, 0.2);
+    extra.events = 320;  // the events repeat, the ops do not
+    extra.summary.push_back(extra.summary.front());
+    z.figures(c, figures(1.5, 130, 0.2), extra);
+    CHECK_FALSE(z.ok());
+    CHECK(z.failed() == "ops");
+    extra.ops = 160;
+    StepFigures e = figures(1.0, 100, 0.2);
+    PeriodicExtrapolation w(10, 1e-12);
+    w.figures(e, figures(1.5, 130, 0.2), extra);
+    CHECK_FALSE(w.ok());
+    CHECK(w.failed() == "op summary");
   }
 
   TEST_CASE("a batch too small to gain from the periodic state is simulated whole, and says so") {

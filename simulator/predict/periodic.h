@@ -1,0 +1,103 @@
+// The periodic steady state's arithmetic (predict() uses it; see StepSimulation in predict.h): the figures a
+// prediction reports of one simulated run, and their extrapolation from runs at m0, m0 + d and m0 + 2d
+// micro-batches to m0 + k d, after checking that the second period repeats the first.
+#pragma once
+
+#include <array>
+#include <cmath>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "simulator/io/op_trace.h"
+#include "simulator/predict/predict.h"
+
+namespace moeplan {
+
+// What a prediction reports of one run, with the breakdown of stage `stage`.
+struct StepFigures {
+  double step_time = 0;
+  int64_t events = 0, ops = 0;
+  std::vector<double> stage_end;
+  StepBreakdown breakdown;
+  double spread = 0;                 // sum over the critical path of each op's fit error x its duration
+  std::array<double, 4> by_basis{};  // the critical path's seconds by the basis of the numbers that priced it
+  std::map<std::string, double> cp_seconds;
+  int64_t cp_ops = 0;
+  std::vector<OpSummaryRow> summary;
+  std::vector<int32_t> critical_path;
+};
+
+// Linear extrapolation of figures at m0, m0 + d and m0 + 2d to m0 + k d, after checking that the second
+// period repeats the first: times to `tol` seconds, counts and op summary rows exactly. The first argument of
+// each call receives the result; failed() names the first figure that did not repeat.
+class PeriodicExtrapolation {
+ public:
+  PeriodicExtrapolation(int64_t k, double tol) : k_(k), tol_(tol) {}
+
+  bool ok() const { return ok_; }
+  const std::string& failed() const { return failed_; }
+
+  void time(double& a, double b, double c, const char* what) {
+    if (std::abs(c - 2 * b + a) > tol_) fail(what);
+    a += static_cast<double>(k_) * (b - a);
+  }
+  void count(int64_t& a, int64_t b, int64_t c, const char* what) {
+    if (c - 2 * b + a != 0) fail(what);
+    a += k_ * (b - a);
+  }
+  void times(std::vector<double>& a, const std::vector<double>& b, const std::vector<double>& c,
+             const char* what) {
+    for (size_t i = 0; i < a.size(); ++i) time(a[i], b[i], c[i], what);
+  }
+  void times(std::map<std::string, double>& a, const std::map<std::string, double>& b,
+             const std::map<std::string, double>& c, const char* what) {
+    auto at = [](const std::map<std::string, double>& m, const std::string& key) {
+      auto it = m.find(key);
+      return it == m.end() ? 0.0 : it->second;
+    };
+    for (const auto* m : {&b, &c}) {
+      for (const auto& [key, v] : *m) a.try_emplace(key, 0.0);
+    }
+    for (auto& [key, v] : a) time(v, at(b, key), at(c, key), what);
+  }
+  void figures(StepFigures& a, const StepFigures& b, const StepFigures& c) {
+    time(a.step_time, b.step_time, c.step_time, "step time");
+    count(a.events, b.events, c.events, "events");
+    count(a.ops, b.ops, c.ops, "ops");
+    times(a.stage_end, b.stage_end, c.stage_end, "stage end");
+    times(a.breakdown.compute, b.breakdown.compute, c.breakdown.compute, "breakdown");
+    times(a.breakdown.exposed_comm, b.breakdown.exposed_comm, c.breakdown.exposed_comm, "breakdown");
+    time(a.breakdown.bubble, b.breakdown.bubble, c.breakdown.bubble, "bubble");
+    time(a.breakdown.optimizer, b.breakdown.optimizer, c.breakdown.optimizer, "optimizer");
+    time(a.spread, b.spread, c.spread, "critical path");
+    for (size_t i = 0; i < a.by_basis.size(); ++i)
+      time(a.by_basis[i], b.by_basis[i], c.by_basis[i], "critical path");
+    times(a.cp_seconds, b.cp_seconds, c.cp_seconds, "critical path");
+    count(a.cp_ops, b.cp_ops, c.cp_ops, "critical path");
+    if (a.summary.size() != b.summary.size() || b.summary.size() != c.summary.size())
+      return fail("op summary");
+    for (size_t i = 0; i < a.summary.size(); ++i) {
+      OpSummaryRow& x = a.summary[i];
+      const OpSummaryRow &y = b.summary[i], &z = c.summary[i];
+      if (x.stage != y.stage || y.stage != z.stage || x.op != y.op || y.op != z.op || x.phase != y.phase ||
+          y.phase != z.phase)
+        return fail("op summary");
+      count(x.count, y.count, z.count, "op summary");
+      time(x.total_s, y.total_s, z.total_s, "op summary");
+    }
+  }
+
+ private:
+  void fail(const char* what) {
+    if (ok_) failed_ = what;
+    ok_ = false;
+  }
+  int64_t k_;
+  double tol_;
+  bool ok_ = true;
+  std::string failed_;
+};
+
+}  // namespace moeplan
