@@ -43,11 +43,12 @@ void print_text(const Prediction& p, const ReportContext& ctx) {
       human_bytes(m.weights), human_bytes(m.gradients), human_bytes(m.optimizer), human_bytes(m.activations),
       m.in_flight, human_bytes(m.comm_buffers), human_bytes(m.reserve));
   if (const StepSimulation& sim = p.simulation; sim.extrapolated) {
+    const int64_t m0 = sim.simulated_micro_batches, d = sim.period_micro_batches;
     fmt::print(
-        "simulated {} of {} micro-batches; the steady phase ({} micro-batch(es), {:.4f} s) repeats {} more "
-        "times, added exactly (--whole-step simulates them all)\n",
-        sim.simulated_micro_batches, sim.micro_batches, sim.period_micro_batches, sim.period_s,
-        sim.periods_added);
+        "simulated at {}, {} and {} of its {} micro-batches: the steady phase repeats every {} "
+        "micro-batch(es) "
+        "({:.4f} s), so the other {} periods are added exactly (--whole-step simulates every micro-batch)\n",
+        m0, m0 + d, m0 + 2 * d, sim.micro_batches, d, sim.period_s, sim.periods_added);
   }
   const auto& b = p.breakdown;
   fmt::print("breakdown of stage {} (seconds):\n", p.critical_stage);

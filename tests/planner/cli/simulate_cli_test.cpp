@@ -291,7 +291,7 @@ TEST_SUITE("cli") {
     CHECK(a.at("step_time_s").get<double>() ==
           doctest::Approx(b.at("step_time_s").get<double>()).epsilon(1e-9));
     CHECK(a.at("ops").size() == b.at("ops").size());
-    CHECK(text.out.find("micro-batches; the steady phase") != std::string::npos);
+    CHECK(text.out.find("micro-batches: the steady phase repeats every 1 micro-batch") != std::string::npos);
   }
 
   TEST_CASE("simulate with an unknown --stack or a missing plan file exits 2 with one line") {
