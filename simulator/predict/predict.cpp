@@ -292,7 +292,7 @@ Plan with_micro_batches(Plan p, int64_t m) {
 
 // Tries the periodic steady state: the runs at m0, m0 + d, m0 + 2d, sliding on by one period while a figure
 // does not repeat. Returns the figures of the whole step and, in `first`, the run at m0; or nothing, with
-// the reason in `why`, when the whole step is cheaper or the figures never repeat.
+// the reason in sim.why_full, when the whole step is cheaper or the figures never repeat.
 std::optional<StepFigures> extrapolate_step(const ModelSpec& model, const Plan& run,
                                             const LoweringOptions& lo, const HardwareProfile& hw,
                                             Pricing& pricing, const PredictOptions& options,

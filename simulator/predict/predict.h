@@ -46,9 +46,9 @@ struct Provenance {
 // `period_micro_batches` micro-batches, and drain; with deterministic costs the steady phase is exactly
 // periodic. predict() then runs the step at three small batch sizes m0, m0 + d, m0 + 2d (d = the period),
 // checks that every reported figure moves by the same amount from the first to the second as from the second
-// to the third (to 1e-9 of the step), and adds the remaining (m - m0) / d periods exactly. Where a figure
-// does not repeat it simulates more periods, and in the end falls back to the whole step; `why_full` says why
-// a step was simulated whole.
+// to the third (times to 1e-11 of a run's step, counts exactly), and adds the remaining (m - m0) / d periods
+// exactly. Where a figure does not repeat it simulates more periods, and in the end falls back to the whole
+// step; `why_full` says why a step was simulated whole.
 struct StepSimulation {
   bool extrapolated = false;
   int64_t micro_batches = 0;            // of the step
