@@ -251,11 +251,7 @@ StepFigures figures_of(const Run& r, int64_t stage, const PredictOptions& option
   f.events = r.timeline.events;
   f.ops = static_cast<int64_t>(r.graph.ops.size());
   f.stage_end = r.timeline.stage_end;
-  std::vector<int32_t> ops_of_stage;
-  for (const Op& op : r.graph.ops) {
-    if (op.stage == stage) ops_of_stage.push_back(op.id);
-  }
-  f.breakdown = stage_breakdown(r.graph, r.costs, r.timeline, ops_of_stage);
+  f.breakdown = stage_breakdown(r.graph, r.costs, r.timeline, stage);
   if (options.critical_path) {
     f.critical_path = engine::critical_path(r.timeline);
     for (int32_t id : f.critical_path) {
