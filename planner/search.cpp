@@ -284,13 +284,45 @@ std::vector<Plan> enumerate_plans(const ModelSpec& model, const HardwareProfile&
 
 namespace {
 
+// The kind of a model layer: layers of one kind cost the same (lowered and simulated once).
+using LayerKind = std::tuple<bool, int64_t, bool, MixerKind, bool>;
+LayerKind kind_of(const LayerSpec& s) {
+  return {s.moe, s.window, s.kv_projection, s.mixer, s.ffn};
+}
+
 // Per-layout costs shared by every plan that differs only in pipeline, ZeRO and gradient compression: one
 // layer of each kind for one micro-batch (forward, recompute, backward) through the cost model and the
 // engine, and the embedding + output layer.
 struct LayerTimes {
-  std::vector<double> layer;  // seconds per model layer (computed once per distinct kind of layer)
-  double head = 0;            // embedding + output layer + loss, fwd + bwd
+  std::vector<double> layer;    // seconds per model layer: forward, recompute and backward of one micro-batch
+  std::vector<double> forward;  // the forward's share of it
+  double head = 0;              // embedding + output layer + loss, fwd + bwd
   double expert_load_scale = 1;
+};
+
+// A layer's data-parallel ops as the lowering emits them, priced by the cost model: its gradient
+// synchronisation (reduce-scatter or all-reduce, or MegaScale-MoE's cast, all-to-all and reduce), one
+// all-gather of its parameters, and its share of the optimizer step (the step's op, bytes and FLOPs).
+// Each with its drag: the compute progress lost beside it when it runs under the compute (its kernels hold
+// SMs, and the compute beside runs at the stack's overlap efficiency: the engine's rule).
+struct LayerDp {
+  double sync = 0, sync_drag = 0;
+  double gather = 0, gather_drag = 0;
+  Op optimizer;
+};
+
+// The step's data-parallel cost on one stage: the time it adds to each micro-batch (ZeRO-2/3) and after the
+// last one.
+struct StageDp {
+  double per_micro_batch = 0;
+  double tail = 0;
+};
+
+// How a pipeline splits the layers over its stages, with each stage's data-parallel totals.
+struct StageShapes {
+  std::vector<std::vector<int64_t>> layers;  // each stage's layers, in model order
+  std::vector<double> sync, gather, drag;    // sums over the stage's layers (drag: per micro-batch)
+  std::vector<double> optimizer;             // the optimizer step over the stage's shard
 };
 
 class Screener {
@@ -303,60 +335,54 @@ class Screener {
 
   double step_time(const Plan& p) {
     const LayerTimes& lt = layer_times(p);
+    const std::vector<LayerDp>& dp = layer_dp(p);
     const int64_t pp = p.pipeline.pp, vpp = p.pipeline.vpp;
-    const auto layers = layers_per_virtual_stage(m_, p);
+    const StageShapes& shapes = stage_shapes(p, dp);
     std::vector<double> stage(static_cast<size_t>(pp), 0.0);
-    int64_t l = 0;
-    for (int64_t v = 0; v < pp * vpp; ++v) {
-      for (int64_t i = 0; i < layers[static_cast<size_t>(v)]; ++i, ++l) {
-        stage[static_cast<size_t>(v % pp)] += lt.layer[static_cast<size_t>(l)];
-      }
+    for (size_t s = 0; s < stage.size(); ++s) {
+      for (int64_t x : shapes.layers[s]) stage[s] += lt.layer[static_cast<size_t>(x)];
     }
     stage.back() += lt.head;
-    // Pipeline sends: exposed when not overlapped (forward activation and backward gradient per micro-batch).
+    // Pipeline sends, the lowering's op. Not overlapped, each runs on its stage's compute stream: per
+    // micro-batch a stage sends from each of its virtual stages forward (but the last) and backward (but the
+    // first). Overlapped, they cost only the latency of the first activation's and the last gradient's way
+    // through the pipeline.
+    double send_latency = 0;
     if (pp > 1) {
-      const double bytes = d(p.micro_batch * p.seq_len / p.attention_mesh()) * d(m_.hidden) * 2.0;
-      const CommSpec send = group_comm(p, Collective::kSendRecv, CommGroup::kPp, bytes, DType::kBf16);
-      const double t_send = cm_.collective_seconds(send, nullptr, nullptr) + st_.host_s_per_micro_batch.value;
-      for (auto& t : stage) t += (p.overlap.pp_comm ? 0.1 : 2.0) * t_send * d(vpp);
+      const double t_send = send_seconds(p);
+      if (p.overlap.pp_comm) {
+        send_latency = 2.0 * d(pp - 1) * t_send;
+      } else {
+        for (int64_t s = 0; s < pp; ++s) {
+          const int64_t sends = 2 * vpp - (s == 0 ? 1 : 0) - (s == pp - 1 ? 1 : 0);
+          stage[static_cast<size_t>(s)] += d(sends) * t_send;
+        }
+      }
     }
-    const int64_t m = p.num_micro_batches();
-    const auto tail_key =
-        std::make_tuple(p.attention.tp, p.attention.sp, p.attention.cp, p.experts.ep, p.experts.etp, pp, vpp,
-                        p.data.zero, static_cast<int>(p.compression.grad_sync), p.overlap.dp_comm, m);
-    auto dp = tails_.find(tail_key);
-    if (dp == tails_.end()) dp = tails_.emplace(tail_key, data_parallel(p, layers)).first;
-    // 1F1B with v chunks: m micro-batches at the slowest stage's pace, plus the others' fill and drain / v.
-    // ZeRO-2/3 synchronise (and gather) every micro-batch on the data-parallel stream: beside the stage's
-    // compute when overlapped (the slower of the two sets the pace), after it otherwise.
-    double slowest = 0, sum = 0, per_mb = 0;
+    // 1F1B with v chunks: m micro-batches at the slowest stage's pace (its compute and the data-parallel
+    // time it adds to each micro-batch), plus the others' fill and drain / v, then the step's data-parallel
+    // tail, the slowest stage's.
+    double pace = 0, slowest = 0, sum = 0, tail = 0;
     for (size_t s = 0; s < stage.size(); ++s) {
+      const StageDp x = stage_dp(p, shapes, s, lt, dp);
+      pace = std::max(pace, stage[s] + x.per_micro_batch);
       slowest = std::max(slowest, stage[s]);
       sum += stage[s];
-      per_mb = std::max(per_mb, dp->second[s].per_micro_batch);
+      tail = std::max(tail, x.tail);
     }
-    const double pace = per_mb <= 0         ? slowest
-                        : p.overlap.dp_comm ? std::max(slowest, per_mb)
-                                            : slowest + per_mb;
-    // Then the step's data-parallel tail: overlapped, the gradient synchronisation hides behind the last
-    // micro-batch's backward (about 2/3 of its time) and the parameter gathers behind the first forward
-    // (1/3), except their first layer's; otherwise all of it is exposed.
-    double tail = 0;
-    for (size_t s = 0; s < stage.size(); ++s) {
-      const StageDp& x = dp->second[s];
-      double t = x.optimizer;
-      if (p.overlap.dp_comm) {
-        t += std::max(x.sync_first, x.sync - stage[s] * 2.0 / 3.0);
-        if (x.gather > 0) t += std::max(x.gather_first, x.gather - stage[s] / 3.0);
-      } else {
-        t += x.sync + x.gather;
-      }
-      tail = std::max(tail, t);
-    }
-    return d(m) * pace + (sum - slowest) / d(vpp) + tail;
+    return d(p.num_micro_batches()) * pace + (sum - slowest) / d(vpp) + send_latency + tail;
   }
 
  private:
+  // One pipeline stage running one micro-batch: the plan the per-layer lowerings use.
+  static Plan one_stage(const Plan& p) {
+    Plan one = p;
+    one.pipeline = {};
+    one.gpus = p.gpus_per_stage();
+    one.global_batch = p.micro_batch * one.dp();
+    return one;
+  }
+
   const LayerTimes& layer_times(const Plan& p) {
     const auto key = std::make_tuple(p.attention.tp, p.attention.sp, p.attention.cp, p.experts.ep,
                                      p.experts.etp, static_cast<int>(p.experts.dispatch), p.micro_batch,
@@ -367,113 +393,208 @@ class Screener {
     if (it != cache_.end()) return it->second;
     LayerTimes lt;
     // One pipeline stage, one micro-batch, no data-parallel ops.
-    Plan one = p;
-    one.pipeline = {};
-    one.gpus = p.gpus_per_stage();
-    one.global_batch = p.micro_batch * one.dp();
+    const Plan one = one_stage(p);
     LoweringOptions lo = lowering_options(hw_, st_);
     lo.data_parallel = false;
     const workload::PlanRouting pr = workload::plan_routing(m_, p, routing_);
     lt.expert_load_scale = lo.expert_load_scale = pr.scale;
     lo.dropped_fraction = pr.load.dropped_fraction;
-    // (moe, window, kv_projection, mixer, ffn)
-    std::map<std::tuple<bool, int64_t, bool, MixerKind, bool>, double> by_kind;
+    std::map<LayerKind, std::pair<double, double>> by_kind;  // (whole, forward)
     for (const LayerSpec& s : m_.layers) {
-      const auto k = std::make_tuple(s.moe, s.window, s.kv_projection, s.mixer, s.ffn);
-      auto kind = by_kind.find(k);
+      auto kind = by_kind.find(kind_of(s));
       if (kind == by_kind.end()) {
         ModelSpec one_layer = m_;
         one_layer.layers = {s};
         lo.embedding_and_head = false;
-        kind = by_kind.emplace(k, simulate(lower(one_layer, one, lo))).first;
+        kind = by_kind.emplace(kind_of(s), simulate(lower(one_layer, one, lo))).first;
       }
-      lt.layer.push_back(kind->second);
+      lt.layer.push_back(kind->second.first);
+      lt.forward.push_back(kind->second.second);
     }
     ModelSpec no_layers = m_;
     no_layers.layers.clear();
     lo.embedding_and_head = true;
-    lt.head = simulate(lower(no_layers, one, lo));
+    lt.head = simulate(lower(no_layers, one, lo)).first;
     return cache_.emplace(key, std::move(lt)).first->second;
   }
 
-  double simulate(const OpGraph& g) {
+  // Step time and the end of the forward ops.
+  std::pair<double, double> simulate(const OpGraph& g) {
+    if (g.ops.empty()) return {0.0, 0.0};
     std::vector<cost::OpCost> costs(g.ops.size());
     for (const Op& op : g.ops) costs[static_cast<size_t>(op.id)] = cm_.cost(op);
     engine::EngineOptions eo;
     eo.hbm_bytes_per_s = hw_.gpu.hbm_bw_achieved_bytes_per_s.value;
     eo.overlap_compute_efficiency = st_.overlap_compute_efficiency.value;
-    return g.ops.empty() ? 0.0 : engine::simulate(g, costs, eo).step_time;
+    const engine::Timeline t = engine::simulate(g, costs, eo);
+    double forward = 0;
+    for (const Op& op : g.ops) {
+      if (op.phase == Phase::kForward) forward = std::max(forward, t.ops[static_cast<size_t>(op.id)].end);
+    }
+    return {t.step_time, forward};
   }
 
-  // Data-parallel work per stage: once per step the gradient synchronisation, the parameter all-gather
-  // (ZeRO >= 1) and the optimizer; for ZeRO-2/3 also per micro-batch (gradient reduce-scatter, and ZeRO-3's
-  // forward and backward parameter gathers). Layer by layer as the lowering emits them, with the stage's
-  // first layer apart: its gradients are synchronised last and its parameters gathered first.
-  struct StageDp {
-    double optimizer = 0;
-    double sync = 0, sync_first = 0;      // whole stage, its first layer
-    double gather = 0, gather_first = 0;  // ZeRO-1/2 step-level parameter all-gather
-    double per_micro_batch = 0;           // ZeRO-2/3
-  };
-  std::vector<StageDp> data_parallel(const Plan& p, const std::vector<int64_t>& layers) {
-    const int64_t pp = p.pipeline.pp;
-    auto sync = [&](double dense, double experts) {
-      double t = 0;
-      for (auto [params, group] :
-           {std::pair{dense, CommGroup::kAttnReplica}, std::pair{experts, CommGroup::kExpertDp}}) {
-        if (params <= 0) continue;
-        if (p.compression.grad_sync == GradSync::kBf16AllToAll) {
-          t += cm_.collective_seconds(group_comm(p, Collective::kAllToAll, group, params * 2.0, DType::kBf16),
-                                      nullptr, nullptr) +
-               cm_.memory_bound_seconds(params * 8.0);
-        } else {
-          const Collective c = p.data.zero == 0 ? Collective::kAllReduce : Collective::kReduceScatter;
-          t += cm_.collective_seconds(group_comm(p, c, group, params * 4.0, DType::kFp32), nullptr, nullptr);
+  // Each layer's data-parallel ops, from the lowering of that layer alone with its data-parallel work on.
+  // They depend on the layout's groups, the ZeRO stage and the gradient sync only.
+  const std::vector<LayerDp>& layer_dp(const Plan& p) {
+    const auto key =
+        std::make_tuple(p.attention.tp, p.attention.sp, p.attention.cp, p.experts.ep, p.experts.etp,
+                        p.pipeline.pp, p.data.zero, static_cast<int>(p.compression.grad_sync));
+    auto it = dp_cache_.find(key);
+    if (it != dp_cache_.end()) return it->second;
+    Plan one = one_stage(p);
+    one.micro_batch = 1;
+    one.global_batch = one.dp();
+    one.recompute = Recompute::kNone;
+    one.overlap.dp_comm = true;
+    LoweringOptions lo = lowering_options(hw_, st_);
+    lo.embedding_and_head = false;
+    auto add = [&](double& seconds, double& drag, const Op& op) {
+      const cost::OpCost c = cm_.cost(op);
+      seconds += c.seconds;
+      if (op.kind == OpKind::kCollective)
+        drag += c.seconds * (1.0 - engine::compute_share_beside_comm(c.sm_fraction,
+                                                                     st_.overlap_compute_efficiency.value));
+    };
+    std::map<LayerKind, LayerDp> by_kind;
+    std::vector<LayerDp> out;
+    for (const LayerSpec& s : m_.layers) {
+      auto kind = by_kind.find(kind_of(s));
+      if (kind == by_kind.end()) {
+        ModelSpec one_layer = m_;
+        one_layer.layers = {s};
+        LayerDp x;
+        for (const Op& op : lower(one_layer, one, lo).ops) {
+          switch (static_cast<OpName>(op.name)) {
+            case OpName::kGradCast:
+            case OpName::kGradRs:
+            case OpName::kGradA2a:
+            case OpName::kGradReduce:
+              add(x.sync, x.sync_drag, op);
+              break;
+            case OpName::kParamAg:  // ZeRO-3 gathers again for the backward: one gather is the forward's
+              if (op.phase != Phase::kBackward) add(x.gather, x.gather_drag, op);
+              break;
+            case OpName::kOptimizerStep:
+              x.optimizer = op;
+              break;
+            default:
+              break;
+          }
         }
+        kind = by_kind.emplace(kind_of(s), x).first;
       }
-      return t;
-    };
-    auto gather = [&](double dense, double experts) {
-      if (p.data.zero == 0) return 0.0;
-      double t = 0;
-      for (auto [params, group] :
-           {std::pair{dense, CommGroup::kAttnReplica}, std::pair{experts, CommGroup::kExpertDp}}) {
-        if (params > 0)
-          t += cm_.collective_seconds(
-              group_comm(p, Collective::kAllGather, group, params * 2.0, DType::kBf16), nullptr, nullptr);
+      out.push_back(kind->second);
+    }
+    return dp_cache_.emplace(key, std::move(out)).first->second;
+  }
+
+  // A stage's data-parallel time, as the lowering orders it on the in-order data-parallel stream.
+  // - ZeRO-0/1: after the last micro-batch's backward, each layer's gradient synchronisation; ZeRO-1 then
+  //   gathers the updated parameters.
+  // - ZeRO-2: every micro-batch synchronises each layer's gradients after its backward.
+  // - ZeRO-3: also gathers each layer's parameters before its forward and again before its backward.
+  // - After the last micro-batch: the optimizer step over the stage's shard.
+  // Overlapped, a layer's synchronisation starts when its backward ends (and the stream is free) while the
+  // backward goes on with the layers before it, and a layer's pass waits for its gather; the step-level
+  // gathers of ZeRO-1/2 run ahead of the first forward. Two micro-batches are walked so that the second one
+  // gives the steady per-micro-batch time. Not overlapped, everything runs on the compute stream.
+  StageDp stage_dp(const Plan& p, const StageShapes& shapes, size_t stage, const LayerTimes& lt,
+                   const std::vector<LayerDp>& dp) const {
+    StageDp out;
+    const int64_t zero = p.data.zero;
+    const std::vector<int64_t>& layers = shapes.layers[stage];
+    const double sync = shapes.sync[stage], gather = shapes.gather[stage], drag = shapes.drag[stage];
+    double work = 0;
+    for (int64_t l : layers) work += lt.layer[static_cast<size_t>(l)];
+    if (!p.overlap.dp_comm) {
+      if (zero >= 2) out.per_micro_batch = sync + (zero == 3 ? 2.0 * gather : 0.0);
+      out.tail = (zero < 2 ? sync : 0.0) + (zero == 1 || zero == 2 ? gather : 0.0);
+    } else {
+      // compute: when the stage's compute stream is free; stream: when the data-parallel stream is
+      double compute = 0, stream = 0, after_first = 0, stream_after_first = 0;
+      const int passes = zero >= 2 ? 2 : 1;  // ZeRO-0/1: only the last backward synchronises
+      for (int mb = 0; mb < passes; ++mb) {
+        for (size_t k = 0; zero >= 2 && k < layers.size(); ++k) {
+          const auto i = static_cast<size_t>(layers[k]);
+          if (zero == 3) compute = std::max(compute, stream += dp[i].gather);
+          compute += lt.forward[i];
+        }
+        for (auto l = layers.rbegin(); l != layers.rend(); ++l) {
+          const auto i = static_cast<size_t>(*l);
+          if (zero == 3) compute = std::max(compute, stream += dp[i].gather);
+          compute += lt.layer[i] - lt.forward[i];
+          stream = std::max(stream, compute) + dp[i].sync;
+        }
+        if (mb == 0) after_first = compute, stream_after_first = stream;
       }
-      return t;
-    };
-    std::vector<StageDp> out(static_cast<size_t>(pp));
-    std::vector<double> shard(static_cast<size_t>(pp), 0.0);
-    // sync, gather of a layer, per layer kind
-    std::map<std::tuple<bool, int64_t, bool, MixerKind, bool>, std::pair<double, double>> by_kind;
-    int64_t l = 0;
-    for (int64_t v = 0; v < pp * p.pipeline.vpp; ++v) {
-      StageDp& st = out[static_cast<size_t>(v % pp)];
-      for (int64_t i = 0; i < layers[static_cast<size_t>(v)]; ++i, ++l) {
-        const LayerSpec& spec = m_.layers[static_cast<size_t>(l)];
-        const ParamBreakdown lp = layer_params(m_, spec);
-        const double dense = (lp.total() - lp.routed_experts) / d(p.attention.tp);
-        const double experts = lp.routed_experts / d(p.experts.ep * p.experts.etp);
-        const auto k = std::make_tuple(spec.moe, spec.window, spec.kv_projection, spec.mixer, spec.ffn);
-        auto it = by_kind.find(k);
-        if (it == by_kind.end())
-          it = by_kind.emplace(k, std::pair{sync(dense, experts), gather(dense, experts)}).first;
-        const auto [ls, lg] = it->second;
-        if (v < pp && i == 0) st.sync_first = ls, st.gather_first = lg;
-        st.sync += ls;
-        if (p.data.zero == 1 || p.data.zero == 2) st.gather += lg;
-        if (p.data.zero >= 2) st.per_micro_batch += ls + (p.data.zero == 3 ? 2.0 * lg : 0.0);
-        shard[static_cast<size_t>(v % pp)] +=
-            p.data.zero == 0
-                ? dense + experts
-                : dense / d(p.attention.sp * p.attention.cp * p.dp()) + experts / d(p.expert_dp());
+      // ZeRO-2/3: the second micro-batch is the steady one; its compute slows beside the stream's work, for
+      // as much of it as it overlaps. The stream may fall behind the compute by more each micro-batch.
+      if (zero >= 2) {
+        const double busy = sync + (zero == 3 ? 2.0 * gather : 0.0);
+        const double cycle = compute - after_first + (busy > 0 ? drag * std::min(1.0, work / busy) : 0.0);
+        const double stream_cycle = stream - stream_after_first, m = d(p.num_micro_batches() - 1);
+        out.per_micro_batch = cycle - work;
+        out.tail = std::max(0.0, stream_after_first + m * stream_cycle - (after_first + m * cycle));
+      } else {
+        out.tail = stream - compute;
+      }
+      if (zero == 1 || zero == 2) {
+        double forward = 0, gathered = 0, alone = 0;
+        for (int64_t l : layers) {
+          const auto i = static_cast<size_t>(l);
+          gathered += dp[i].gather;
+          forward = std::max(forward, gathered) + lt.forward[i];
+          alone += lt.forward[i];
+        }
+        out.tail += forward - alone;
       }
     }
-    for (size_t s = 0; s < out.size(); ++s)
-      out[s].optimizer = cm_.memory_bound_seconds(shard[s] * kAdamStepBytesPerParam);
+    out.tail += shapes.optimizer[stage];
     return out;
+  }
+
+  // The stages' layers (virtual stage v runs on stage v % pp) and their data-parallel totals, for a
+  // pipeline split and a layer's data-parallel ops.
+  const StageShapes& stage_shapes(const Plan& p, const std::vector<LayerDp>& dp) {
+    const int64_t pp = p.pipeline.pp;
+    auto key = std::make_tuple(&dp, pp, layers_per_virtual_stage(m_, p));
+    auto it = shapes_.find(key);
+    if (it != shapes_.end()) return it->second;
+    const std::vector<int64_t>& chunks = std::get<2>(key);
+    StageShapes out;
+    out.layers.resize(static_cast<size_t>(pp));
+    int64_t l = 0;
+    for (size_t v = 0; v < chunks.size(); ++v) {
+      for (int64_t i = 0; i < chunks[v]; ++i) out.layers[v % static_cast<size_t>(pp)].push_back(l++);
+    }
+    for (const std::vector<int64_t>& layers : out.layers) {
+      double sync = 0, gather = 0, drag = 0;
+      Op opt = layers.empty() ? Op{} : dp[static_cast<size_t>(layers.front())].optimizer;
+      opt.hbm_bytes = opt.flops = 0;
+      for (int64_t x : layers) {
+        const LayerDp& layer = dp[static_cast<size_t>(x)];
+        sync += layer.sync;
+        gather += layer.gather;
+        drag += layer.sync_drag + (p.data.zero == 3 ? 2.0 * layer.gather_drag : 0.0);
+        opt.hbm_bytes += layer.optimizer.hbm_bytes;
+        opt.flops += layer.optimizer.flops;
+      }
+      out.sync.push_back(sync);
+      out.gather.push_back(gather);
+      out.drag.push_back(drag);
+      out.optimizer.push_back(layers.empty() ? 0.0 : cm_.cost(opt).seconds);
+    }
+    return shapes_.emplace(std::move(key), std::move(out)).first->second;
+  }
+
+  // One pipeline send, priced (it depends on the layout's groups and the micro-batch only).
+  double send_seconds(const Plan& p) {
+    const auto key = std::make_tuple(p.attention.tp, p.attention.sp, p.attention.cp, p.experts.ep,
+                                     p.experts.etp, p.pipeline.pp, p.micro_batch, p.overlap.pp_comm);
+    auto it = sends_.find(key);
+    if (it == sends_.end()) it = sends_.emplace(key, cm_.cost(pipeline_send(m_, p, true)).seconds).first;
+    return it->second;
   }
 
   const ModelSpec& m_;
@@ -484,12 +605,11 @@ class Screener {
   std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int, int64_t, int, bool, bool, int, int>,
            LayerTimes>
       cache_;
-  // The data-parallel work depends on the layout, pipeline, ZeRO stage, gradient sync and micro-batch
-  // count only: shared by the plans that differ in precision, recompute, dispatch or intra-op overlap.
-  std::map<
-      std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int, bool, int64_t>,
-      std::vector<StageDp>>
-      tails_;
+  std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int>,
+           std::vector<LayerDp>>
+      dp_cache_;
+  std::map<std::tuple<const std::vector<LayerDp>*, int64_t, std::vector<int64_t>>, StageShapes> shapes_;
+  std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool>, double> sends_;
 };
 
 // The op graph, costs and timeline of a prediction, released (its numbers stay).

@@ -8,6 +8,7 @@
 
 #include "executor/kernels/cpu/attention.h"
 #include "executor/runtime/stage_schedule.h"
+#include "simulator/core/model_stats.h"
 #include "simulator/core/status.h"
 
 namespace moeplan::executor {
@@ -16,8 +17,6 @@ namespace {
 using Mat = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
 using MapMat = Eigen::Map<Mat>;
 using MapArr = Eigen::Map<Eigen::ArrayXf>;
-
-constexpr double kAdamBytesPerParam = 30.0;  // as lower.cpp: grad 4, master 8, m 8, v 8, bf16 weight 2
 
 size_t sz(int64_t v) {
   MOEPLAN_ASSERT(v >= 0);
@@ -170,7 +169,7 @@ void ReplayRunner::memory_bound(double bytes, Scratch& s) {
 }
 
 void ReplayRunner::optimizer(const Op& op, Scratch& s) {
-  const auto n = static_cast<int64_t>(op.hbm_bytes / kAdamBytesPerParam);
+  const auto n = static_cast<int64_t>(op.hbm_bytes / kAdamStepBytesPerParam);
   if (n <= 0) return;
   MapArr p(s.get(0, sz(n)).data(), n), g(s.get(1, sz(n)).data(), n);
   MapArr m(s.get(2, sz(n)).data(), n), v(s.get(3, sz(n)).data(), n);

@@ -91,8 +91,8 @@ struct TrainingBytesPerParam {
 TrainingBytesPerParam bytes_per_param(DType compute);
 
 // HBM bytes the Adam step moves per parameter of a rank's shard: read the fp32 gradient (4), read and write
-// the fp32 master weight (8), m (8) and v (8), write the bf16 weight (2). The lowering's optimizer op and the
-// search's screen both use it.
+// the fp32 master weight (8), m (8) and v (8), write the bf16 weight (2). The lowering's optimizer op uses it
+// (the search's screen prices that op), and moerun's replay recovers the shard's parameter count from it.
 inline constexpr double kAdamStepBytesPerParam = 30.0;
 
 }  // namespace moeplan

@@ -293,11 +293,10 @@ class Simulation {
     }
     // Transfers read and write HBM at their share of the link: 2 x bytes/s each.
     const double comm_hbm = (n_nv ? 2.0 * nv_bytes / n_nv : 0.0) + (n_nic ? 2.0 * nic_bytes / n_nic : 0.0);
-    // Communication kernels hold their SMs while they run (at most 90 % of them together), and the compute
-    // beside them runs slower still (shared HBM, L2 and power).
+    // Communication kernels hold their SMs while they run, and the compute beside them runs slower still.
     const bool comm_running = n_nv + n_nic > 0;
     const double sm_share =
-        (1.0 - std::min(0.9, comm_sms)) * (comm_running && n_sm > 0 ? o_.overlap_compute_efficiency : 1.0);
+        compute_share_beside_comm(comm_sms, comm_running && n_sm > 0 ? o_.overlap_compute_efficiency : 1.0);
     const double hbm_share =
         o_.hbm_bytes_per_s > 0 ? std::max(0.2, 1.0 - comm_hbm / o_.hbm_bytes_per_s) : 1.0;
     double next = kNever;

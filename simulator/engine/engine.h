@@ -6,6 +6,7 @@
 // device-to-host sync show. Deterministic: the same inputs give the same timeline.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <span>
 #include <vector>
@@ -33,6 +34,13 @@ struct Timeline {
   double step_time = 0;           // the latest end
   int64_t events = 0;             // op starts + completions processed
 };
+
+// The share of a rank's SM rate that compute keeps beside running communication kernels holding `comm_sms`
+// of the SMs together (they hold at most 90 % of them): the rest of the SMs, at the stack's overlap
+// efficiency (shared HBM, L2 and power).
+inline double compute_share_beside_comm(double comm_sms, double overlap_compute_efficiency) {
+  return (1.0 - std::min(0.9, comm_sms)) * overlap_compute_efficiency;
+}
 
 // `costs[i]` is op i's standalone cost. Asserts that the graph has no cycle (every op runs).
 Timeline simulate(const OpGraph& graph, std::span<const cost::OpCost> costs, const EngineOptions& options);

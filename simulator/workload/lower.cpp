@@ -1245,8 +1245,7 @@ void Builder::task_end(TaskState& ts) {
   if (sends && stage_of_virtual(next_v) == stage) {
     task_send_[task_index(mb, ts.v, task.forward)] = ts.cur;
   } else if (sends) {
-    Op send = base(task.forward ? OpName::kPpSendFwd : OpName::kPpSendBwd, OpKind::kSendRecv, pp_stream_);
-    send.comm = comm(Collective::kSendRecv, CommGroup::kPp, d(t_ * h) * dt, dt_);
+    const Op send = pipeline_send(m_, p_, task.forward);
     task_send_[task_index(mb, ts.v, task.forward)] =
         emit(send, stage, task.chunk, -1, mb, task.forward ? Phase::kForward : Phase::kBackward, {ts.cur});
   }
@@ -1702,6 +1701,18 @@ CommSpec group_comm(const Plan& p, Collective c, CommGroup g, double bytes, DTyp
       break;
   }
   return s;
+}
+
+Op pipeline_send(const ModelSpec& model, const Plan& plan, bool forward) {
+  Op send;
+  send.name = static_cast<uint16_t>(forward ? OpName::kPpSendFwd : OpName::kPpSendBwd);
+  send.kind = OpKind::kSendRecv;
+  send.stream = plan.overlap.pp_comm ? Stream::kPpComm : Stream::kCompute;
+  send.dtype = plan.precision == Precision::kFp8 ? DType::kFp8 : DType::kBf16;
+  const int64_t tokens = plan.micro_batch * plan.seq_len / plan.attention_mesh();
+  send.comm =
+      group_comm(plan, Collective::kSendRecv, CommGroup::kPp, d(tokens * model.hidden) * 2.0, DType::kBf16);
+  return send;
 }
 
 std::vector<int64_t> layers_per_virtual_stage(const ModelSpec& model, const Plan& plan) {

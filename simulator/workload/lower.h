@@ -100,6 +100,12 @@ CommSpec group_comm(const Plan& plan, Collective c, CommGroup g, double bytes, D
 // Layers of each virtual stage (pp * vpp entries, in virtual-stage order v = chunk * pp + stage).
 std::vector<int64_t> layers_per_virtual_stage(const ModelSpec& model, const Plan& plan);
 
+// The pipeline send of one micro-batch's activation (forward) or its gradient (backward) to the neighbouring
+// stage: the micro-batch's tokens on this rank at the model width, in BF16, on the pipeline stream when the
+// plan overlaps it and the compute stream otherwise. The op the lowering emits (its graph fields are the
+// emitter's to set).
+Op pipeline_send(const ModelSpec& model, const Plan& plan, bool forward);
+
 // Node-deduplicated dispatch (DeepEP / HybridEP): per token, the expected number of distinct destination
 // nodes (its own included), the chance its own node is one of them, and the number of distinct destination
 // ranks, when E experts sit contiguously on `ranks` ranks of `per_node` GPUs each, the token picks top_k
