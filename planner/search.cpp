@@ -290,9 +290,11 @@ LayerKind kind_of(const LayerSpec& s) {
   return {s.moe, s.window, s.kv_projection, s.mixer, s.ffn};
 }
 
-// Per-layout costs shared by every plan that differs only in pipeline, ZeRO and gradient compression: one
-// layer of each kind for one micro-batch (forward, recompute, backward) through the cost model and the
-// engine, and the embedding + output layer.
+// Per-layout costs shared by every plan that differs only in pipeline, ZeRO and gradient compression: each
+// kind of layer for one micro-batch (forward, recompute, backward) through the cost model and the engine,
+// and the embedding + output layer. A layer's time is what one more layer adds: two layers simulated, less
+// one. Inside a stage the host issues a layer's kernels while the previous one runs, so the host's start
+// of a graph alone is not a layer's cost (the stage's own start is the head's).
 struct LayerTimes {
   std::vector<double> layer;    // seconds per model layer: forward, recompute and backward of one micro-batch
   std::vector<double> forward;  // the forward's share of it
@@ -320,9 +322,9 @@ struct StageDp {
 
 // How a pipeline splits the layers over its stages, with each stage's data-parallel totals.
 struct StageShapes {
-  std::vector<std::vector<int64_t>> layers;  // each stage's layers, in model order
-  std::vector<double> sync, gather, drag;    // sums over the stage's layers (drag: per micro-batch)
-  std::vector<double> optimizer;             // the optimizer step over the stage's shard
+  std::vector<std::vector<int64_t>> layers;                  // each stage's layers, in model order
+  std::vector<double> sync, gather, sync_drag, gather_drag;  // sums over the stage's layers
+  std::vector<double> optimizer;                             // the optimizer step over the stage's shard
 };
 
 class Screener {
@@ -406,7 +408,10 @@ class Screener {
         ModelSpec one_layer = m_;
         one_layer.layers = {s};
         lo.embedding_and_head = false;
-        kind = by_kind.emplace(kind_of(s), simulate(lower(one_layer, one, lo))).first;
+        const auto [t1, f1] = simulate(lower(one_layer, one, lo));
+        one_layer.layers = {s, s};
+        const auto [t2, f2] = simulate(lower(one_layer, one, lo));
+        kind = by_kind.emplace(kind_of(s), std::pair{t2 - t1, f2 - f1}).first;
       }
       lt.layer.push_back(kind->second.first);
       lt.forward.push_back(kind->second.second);
@@ -504,7 +509,8 @@ class Screener {
     StageDp out;
     const int64_t zero = p.data.zero;
     const std::vector<int64_t>& layers = shapes.layers[stage];
-    const double sync = shapes.sync[stage], gather = shapes.gather[stage], drag = shapes.drag[stage];
+    const double sync = shapes.sync[stage], gather = shapes.gather[stage];
+    const double sync_drag = shapes.sync_drag[stage], gather_drag = shapes.gather_drag[stage];
     double work = 0;
     for (int64_t l : layers) work += lt.layer[static_cast<size_t>(l)];
     if (!p.overlap.dp_comm) {
@@ -532,6 +538,7 @@ class Screener {
       // as much of it as it overlaps. The stream may fall behind the compute by more each micro-batch.
       if (zero >= 2) {
         const double busy = sync + (zero == 3 ? 2.0 * gather : 0.0);
+        const double drag = sync_drag + (zero == 3 ? 2.0 * gather_drag : 0.0);
         const double cycle = compute - after_first + (busy > 0 ? drag * std::min(1.0, work / busy) : 0.0);
         const double stream_cycle = stream - stream_after_first, m = d(p.num_micro_batches() - 1);
         out.per_micro_batch = cycle - work;
@@ -569,20 +576,22 @@ class Screener {
       for (int64_t i = 0; i < chunks[v]; ++i) out.layers[v % static_cast<size_t>(pp)].push_back(l++);
     }
     for (const std::vector<int64_t>& layers : out.layers) {
-      double sync = 0, gather = 0, drag = 0;
+      double sync = 0, gather = 0, sync_drag = 0, gather_drag = 0;
       Op opt = layers.empty() ? Op{} : dp[static_cast<size_t>(layers.front())].optimizer;
       opt.hbm_bytes = opt.flops = 0;
       for (int64_t x : layers) {
         const LayerDp& layer = dp[static_cast<size_t>(x)];
         sync += layer.sync;
         gather += layer.gather;
-        drag += layer.sync_drag + (p.data.zero == 3 ? 2.0 * layer.gather_drag : 0.0);
+        sync_drag += layer.sync_drag;
+        gather_drag += layer.gather_drag;
         opt.hbm_bytes += layer.optimizer.hbm_bytes;
         opt.flops += layer.optimizer.flops;
       }
       out.sync.push_back(sync);
       out.gather.push_back(gather);
-      out.drag.push_back(drag);
+      out.sync_drag.push_back(sync_drag);
+      out.gather_drag.push_back(gather_drag);
       out.optimizer.push_back(layers.empty() ? 0.0 : cm_.cost(opt).seconds);
     }
     return shapes_.emplace(std::move(key), std::move(out)).first->second;

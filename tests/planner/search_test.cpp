@@ -145,9 +145,9 @@ void check_screen(const char* model, const char* hardware, const planner::Job& j
 }
 
 // The screen against the full simulation of one layout under every ZeRO stage, gradient synchronisation
-// and data-parallel overlap (and pipelines of 1 and 2 stages): each screened step within -12 % / +15 % of
-// the simulated one, and every pair of variants of one pipeline that the simulation tells apart by 10 % or
-// more in the same order. The screen prices each layer's data-parallel ops from the lowering and walks them
+// and data-parallel overlap (and pipelines of 1 and 2 stages): each screened step within -12 % / +10 % of
+// the simulated one, and every pair of variants that the simulation tells apart by 10 % or more in the same
+// order. The screen prices each layer's data-parallel ops from the lowering and walks them
 // on the in-order data-parallel stream, so ZeRO-2/3 per-micro-batch traffic and BF16 gradient reduce-scatters
 // move it as they move the simulation.
 void check_screen_data_parallel(const char* model, const char* stack) {
@@ -155,7 +155,6 @@ void check_screen_data_parallel(const char* model, const char* stack) {
   s.stack = io::load_stack(stack).value();
   struct Row {
     std::string name;
-    int64_t pp;
     double screen, sim;
   };
   std::vector<Row> rows;
@@ -179,7 +178,7 @@ void check_screen_data_parallel(const char* model, const char* stack) {
           const double sim =
               predict(s.model, p, s.hw, s.stack, s.routing, {.critical_path = false}).step_time_s;
           REQUIRE(sim > 0);  // a plan the stack runs
-          rows.push_back({planner::describe(p) + (overlap ? " dp-overlap" : ""), pp,
+          rows.push_back({planner::describe(p) + (overlap ? " dp-overlap" : ""),
                           planner::screen_step_time(s.model, p, s.hw, s.stack, s.routing), sim});
         }
       }
@@ -189,13 +188,11 @@ void check_screen_data_parallel(const char* model, const char* stack) {
   for (const Row& r : rows) {
     CAPTURE(r.name);
     CHECK(r.screen / r.sim > 0.88);
-    CHECK(r.screen / r.sim < 1.15);
+    CHECK(r.screen / r.sim < 1.1);
   }
   for (const Row& a : rows) {
     for (const Row& b : rows) {
-      // b at least 10 % slower than a in the simulation, on the same pipeline (across pipelines the screen's
-      // layers lack the host's run-ahead during pipeline waits: a gap of its own, not this test's)
-      if (a.pp != b.pp || a.sim * 1.1 > b.sim) continue;
+      if (a.sim * 1.1 > b.sim) continue;  // b is at least 10 % slower than a in the simulation
       CAPTURE(a.name);
       CAPTURE(b.name);
       CHECK(a.screen < b.screen);

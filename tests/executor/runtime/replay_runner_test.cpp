@@ -11,7 +11,8 @@
 namespace moeplan::executor {
 namespace {
 
-double seconds_of(ReplayRunner& r, const Op& op, int repeats = 5) {
+// The best of several runs: robust to a machine busy with other work.
+double seconds_of(ReplayRunner& r, const Op& op, int repeats = 9) {
   double best = 1e9;
   for (int i = 0; i < repeats; ++i) {
     const auto t0 = std::chrono::steady_clock::now();
