@@ -97,7 +97,6 @@ class Builder {
     comm_stream_ = p.overlap.inter_op ? Stream::kComm : Stream::kCompute;
     side_stream_ = p.overlap.inter_op ? Stream::kSide : Stream::kCompute;
     dp_stream_ = p.overlap.dp_comm ? Stream::kDpComm : Stream::kCompute;
-    pp_stream_ = p.overlap.pp_comm ? Stream::kPpComm : Stream::kCompute;
     megatron_ = o.dispatcher != DispatcherKind::kFused;
     layers_ = layers_per_virtual_stage(m, p);
     // Multi-token prediction modules (DeepSeek-V3) run on the last virtual stage, after its layers, as layer
@@ -308,7 +307,7 @@ class Builder {
   std::vector<DeferredWgrad>* deferring_ = nullptr;
   std::vector<std::vector<DeferredWgrad>> deferred_;  // per input-gradient-only backward, in order
   void emit_weights(int16_t stage);
-  Stream comm_stream_, side_stream_, dp_stream_, pp_stream_;
+  Stream comm_stream_, side_stream_, dp_stream_;
   std::vector<int64_t> layers_, first_layer_;
 
   std::vector<LocalOp> layer_ops_;
