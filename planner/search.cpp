@@ -292,9 +292,9 @@ LayerKind kind_of(const LayerSpec& s) {
 
 // Per-layout costs shared by every plan that differs only in pipeline, ZeRO and gradient compression: each
 // kind of layer for one micro-batch (forward, recompute, backward) through the cost model and the engine,
-// and the embedding + output layer. A layer's time is what one more layer adds: two layers simulated, less
-// one. Inside a stage the host issues a layer's kernels while the previous one runs, so the host's start
-// of a graph alone is not a layer's cost (the stage's own start is the head's).
+// and the embedding + output layer. A layer's time is what one more layer adds, read from a run of two: the
+// second layer's forward and backward. Inside a stage the host issues a layer's kernels while the previous
+// one runs, so a graph's first layer, which waits on the host, is not a layer's cost.
 struct LayerTimes {
   std::vector<double> layer;    // seconds per model layer: forward, recompute and backward of one micro-batch
   std::vector<double> forward;  // the forward's share of it
@@ -408,10 +408,8 @@ class Screener {
         ModelSpec one_layer = m_;
         one_layer.layers = {s};
         lo.embedding_and_head = false;
-        const auto [t1, f1] = simulate(lower(one_layer, one, lo));
         one_layer.layers = {s, s};
-        const auto [t2, f2] = simulate(lower(one_layer, one, lo));
-        kind = by_kind.emplace(kind_of(s), std::pair{t2 - t1, f2 - f1}).first;
+        kind = by_kind.emplace(kind_of(s), second_layer(lower(one_layer, one, lo))).first;
       }
       lt.layer.push_back(kind->second.first);
       lt.forward.push_back(kind->second.second);
@@ -419,24 +417,34 @@ class Screener {
     ModelSpec no_layers = m_;
     no_layers.layers.clear();
     lo.embedding_and_head = true;
-    lt.head = simulate(lower(no_layers, one, lo)).first;
+    lt.head = simulate(lower(no_layers, one, lo));
     return cache_.emplace(key, std::move(lt)).first->second;
   }
 
-  // Step time and the end of the forward ops.
-  std::pair<double, double> simulate(const OpGraph& g) {
-    if (g.ops.empty()) return {0.0, 0.0};
+  engine::Timeline run(const OpGraph& g) {
     std::vector<cost::OpCost> costs(g.ops.size());
     for (const Op& op : g.ops) costs[static_cast<size_t>(op.id)] = cm_.cost(op);
     engine::EngineOptions eo;
     eo.hbm_bytes_per_s = hw_.gpu.hbm_bw_achieved_bytes_per_s.value;
     eo.overlap_compute_efficiency = st_.overlap_compute_efficiency.value;
-    const engine::Timeline t = engine::simulate(g, costs, eo);
-    double forward = 0;
+    return engine::simulate(g, costs, eo);
+  }
+
+  double simulate(const OpGraph& g) { return g.ops.empty() ? 0.0 : run(g).step_time; }
+
+  // What the second of two layers adds, whole and forward: from the end of the first layer's forward to the
+  // end of the second's backward (the first's backward follows either way), and to the end of its forward.
+  std::pair<double, double> second_layer(const OpGraph& g) {
+    const engine::Timeline t = run(g);
+    double first_forward = 0, second_forward = 0, second = 0;
     for (const Op& op : g.ops) {
-      if (op.phase == Phase::kForward) forward = std::max(forward, t.ops[static_cast<size_t>(op.id)].end);
+      const double end = t.ops[static_cast<size_t>(op.id)].end;
+      if (op.layer == 0 && op.phase == Phase::kForward) first_forward = std::max(first_forward, end);
+      if (op.layer != 1) continue;
+      if (op.phase == Phase::kForward) second_forward = std::max(second_forward, end);
+      second = std::max(second, end);
     }
-    return {t.step_time, forward};
+    return {second - first_forward, second_forward - first_forward};
   }
 
   // Each layer's data-parallel ops, from the lowering of that layer alone with its data-parallel work on.
@@ -565,10 +573,10 @@ class Screener {
   // pipeline split and a layer's data-parallel ops.
   const StageShapes& stage_shapes(const Plan& p, const std::vector<LayerDp>& dp) {
     const int64_t pp = p.pipeline.pp;
-    auto key = std::make_tuple(&dp, pp, layers_per_virtual_stage(m_, p));
+    auto key = std::make_tuple(&dp, pp, p.pipeline.vpp, p.pipeline.layers_per_stage);  // empty: even split
     auto it = shapes_.find(key);
     if (it != shapes_.end()) return it->second;
-    const std::vector<int64_t>& chunks = std::get<2>(key);
+    const std::vector<int64_t> chunks = layers_per_virtual_stage(m_, p);
     StageShapes out;
     out.layers.resize(static_cast<size_t>(pp));
     int64_t l = 0;
@@ -617,7 +625,8 @@ class Screener {
   std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int>,
            std::vector<LayerDp>>
       dp_cache_;
-  std::map<std::tuple<const std::vector<LayerDp>*, int64_t, std::vector<int64_t>>, StageShapes> shapes_;
+  std::map<std::tuple<const std::vector<LayerDp>*, int64_t, int64_t, std::vector<int64_t>>, StageShapes>
+      shapes_;
   std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool>, double> sends_;
 };
 
@@ -731,6 +740,10 @@ SearchResult search(const ModelSpec& model, const HardwareProfile& hw, const Sta
     prune(0);
     for (auto& w : workers) w.join();
   }
+  auto seconds_since = [](std::chrono::steady_clock::time_point t) {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+  };
+  r.prune_s = seconds_since(t0);
   std::vector<Candidate> fitting;
   r.capacity_bytes = hw.gpu.hbm_capacity_bytes.value;
   int64_t smallest_index = 0;
@@ -759,6 +772,7 @@ SearchResult search(const ModelSpec& model, const HardwareProfile& hw, const Sta
 
   // Screening on `threads` threads, each with its own layer-time cache; the calling thread works too and
   // reports progress between plans.
+  const auto t_screen = std::chrono::steady_clock::now();
   std::atomic<int64_t> next{0}, done{0};
   auto screen = [&](bool report) {
     Screener s(model, hw, stack, routing);
@@ -774,6 +788,7 @@ SearchResult search(const ModelSpec& model, const HardwareProfile& hw, const Sta
   screen(true);
   for (auto& t : pool) t.join();
   r.screened = static_cast<int64_t>(fitting.size());
+  r.screen_s = seconds_since(t_screen);
   // Fastest estimate first (ties in enumeration order); the plans themselves stay where they are.
   std::vector<uint32_t> by_estimate(fitting.size());
   for (size_t i = 0; i < fitting.size(); ++i) by_estimate[i] = static_cast<uint32_t>(i);
@@ -790,6 +805,7 @@ SearchResult search(const ModelSpec& model, const HardwareProfile& hw, const Sta
     ++finalists;
   }
   finalists = std::min(fitting.size(), std::max(finalists, static_cast<size_t>(options.top)));
+  const auto t_simulate = std::chrono::steady_clock::now();
   std::vector<RankedPlan> ranked(finalists);
   std::atomic<size_t> fin{0};
   auto simulate_finalists = [&] {
@@ -804,6 +820,7 @@ SearchResult search(const ModelSpec& model, const HardwareProfile& hw, const Sta
   simulate_finalists();
   for (auto& t : pool) t.join();
   r.simulated = static_cast<int64_t>(finalists);
+  r.simulate_s = seconds_since(t_simulate);
   std::stable_sort(ranked.begin(), ranked.end(), [](const RankedPlan& a, const RankedPlan& b) {
     const bool fa = a.prediction.memory.fits(), fb = b.prediction.memory.fits();
     if (fa != fb) return fa;

@@ -63,6 +63,8 @@ struct SearchResult {
   int64_t screened = 0;
   int64_t simulated = 0;
   double elapsed_s = 0;
+  // Wall seconds of the phases: enumeration and pruning, the screen, the finalists' full simulation.
+  double prune_s = 0, screen_s = 0, simulate_s = 0;
   // The legal plan that needs the least memory per GPU (the low end of its range, as the fit test reads it),
   // whether it fits or not: when nothing fits, how far the job is from fitting.
   std::optional<Plan> smallest_need_plan;
