@@ -747,6 +747,7 @@ SearchResult search(const ModelSpec& model, const HardwareProfile& hw, const Sta
   std::vector<Candidate> fitting;
   r.capacity_bytes = hw.gpu.hbm_capacity_bytes.value;
   int64_t smallest_index = 0;
+  size_t kept = 0;
   for (Pruned& p : pruned) {
     // Smallest need, ties to the earliest plan in the enumeration (whatever the thread split).
     if (p.smallest && (!r.smallest_need_plan || p.smallest_bytes < r.smallest_need_bytes ||
@@ -758,12 +759,22 @@ SearchResult search(const ModelSpec& model, const HardwareProfile& hw, const Sta
     r.enumerated += p.enumerated;
     r.legal += p.legal;
     for (const auto& [why, n] : p.rejected) r.rejected[why] += n;
-    for (auto& c : p.kept) fitting.push_back(std::move(c));
-    p.kept = {};
+    kept += p.kept.size();
   }
-  // The enumeration's order, whatever the thread interleaving.
-  std::sort(fitting.begin(), fitting.end(),
-            [](const Candidate& a, const Candidate& b) { return a.index < b.index; });
+  // The enumeration's order, whatever the thread interleaving: each thread kept its plans in that order, so
+  // a merge of the threads' lists.
+  fitting.reserve(kept);
+  std::vector<size_t> at(pruned.size(), 0);
+  while (fitting.size() < kept) {
+    size_t from = pruned.size();
+    for (size_t t = 0; t < pruned.size(); ++t) {
+      if (at[t] < pruned[t].kept.size() &&
+          (from == pruned.size() || pruned[t].kept[at[t]].index < pruned[from].kept[at[from]].index))
+        from = t;
+    }
+    fitting.push_back(std::move(pruned[from].kept[at[from]++]));
+  }
+  for (Pruned& p : pruned) p.kept = {};
   r.fitting = static_cast<int64_t>(fitting.size());
   if (options.fit_only) {
     r.elapsed_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
