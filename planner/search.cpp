@@ -299,7 +299,6 @@ struct LayerTimes {
   std::vector<double> layer;    // seconds per model layer: forward, recompute and backward of one micro-batch
   std::vector<double> forward;  // the forward's share of it
   double head = 0;              // embedding + output layer + loss, fwd + bwd
-  double expert_load_scale = 1;
 };
 
 // A layer's data-parallel ops as the lowering emits them, priced by the cost model: its gradient
@@ -399,7 +398,7 @@ class Screener {
     LoweringOptions lo = lowering_options(hw_, st_);
     lo.data_parallel = false;
     const workload::PlanRouting pr = workload::plan_routing(m_, p, routing_);
-    lt.expert_load_scale = lo.expert_load_scale = pr.scale;
+    lo.expert_load_scale = pr.scale;
     lo.dropped_fraction = pr.load.dropped_fraction;
     std::map<LayerKind, std::pair<double, double>> by_kind;  // (whole, forward)
     for (const LayerSpec& s : m_.layers) {
@@ -529,10 +528,12 @@ class Screener {
       double compute = 0, stream = 0, after_first = 0, stream_after_first = 0;
       const int passes = zero >= 2 ? 2 : 1;  // ZeRO-0/1: only the last backward synchronises
       for (int mb = 0; mb < passes; ++mb) {
-        for (size_t k = 0; zero >= 2 && k < layers.size(); ++k) {
-          const auto i = static_cast<size_t>(layers[k]);
-          if (zero == 3) compute = std::max(compute, stream += dp[i].gather);
-          compute += lt.forward[i];
+        if (zero >= 2) {  // ZeRO-0/1 walk the last backward alone
+          for (int64_t l : layers) {
+            const auto i = static_cast<size_t>(l);
+            if (zero == 3) compute = std::max(compute, stream += dp[i].gather);
+            compute += lt.forward[i];
+          }
         }
         for (auto l = layers.rbegin(); l != layers.rend(); ++l) {
           const auto i = static_cast<size_t>(*l);
@@ -777,7 +778,7 @@ SearchResult search(const ModelSpec& model, const HardwareProfile& hw, const Sta
   for (Pruned& p : pruned) p.kept = {};
   r.fitting = static_cast<int64_t>(fitting.size());
   if (options.fit_only) {
-    r.elapsed_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    r.elapsed_s = seconds_since(t0);
     return r;
   }
 
@@ -855,7 +856,7 @@ SearchResult search(const ModelSpec& model, const HardwareProfile& hw, const Sta
     r.screened_candidates.reserve(fitting.size());
     for (uint32_t i : by_estimate) r.screened_candidates.push_back(std::move(fitting[i]));
   }
-  r.elapsed_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  r.elapsed_s = seconds_since(t0);
   return r;
 }
 

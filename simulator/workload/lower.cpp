@@ -23,6 +23,11 @@ double d(int64_t x) {
   return static_cast<double>(x);
 }
 
+// The dtype an op of the plan is tagged with: FP8 plans run their ops in FP8.
+DType op_dtype(const Plan& p) {
+  return p.precision == Precision::kFp8 ? DType::kFp8 : DType::kBf16;
+}
+
 // Bytes an FP8 recipe moves per element to quantise a BF16 GEMM operand for forward and its transposed use
 // in backward (Hopper's FP8 GEMMs are TN only, so TE materialises the FP8 transpose): read 2, write the FP8
 // copy and its transpose (1 + 1); current scaling (tensorwise) first reads the tensor once more for its amax;
@@ -142,7 +147,7 @@ class Builder {
     op.name = static_cast<uint16_t>(name);
     op.kind = kind;
     op.stream = stream;
-    op.dtype = p_.precision == Precision::kFp8 ? DType::kFp8 : DType::kBf16;
+    op.dtype = op_dtype(p_);
     return op;
   }
   // FP8 GEMMs quantise their input here (forward) and the incoming gradient in backward (set at emission).
@@ -1707,7 +1712,7 @@ Op pipeline_send(const ModelSpec& model, const Plan& plan, bool forward) {
   send.name = static_cast<uint16_t>(forward ? OpName::kPpSendFwd : OpName::kPpSendBwd);
   send.kind = OpKind::kSendRecv;
   send.stream = plan.overlap.pp_comm ? Stream::kPpComm : Stream::kCompute;
-  send.dtype = plan.precision == Precision::kFp8 ? DType::kFp8 : DType::kBf16;
+  send.dtype = op_dtype(plan);
   const int64_t tokens = plan.micro_batch * plan.seq_len / plan.attention_mesh();
   send.comm =
       group_comm(plan, Collective::kSendRecv, CommGroup::kPp, d(tokens * model.hidden) * 2.0, DType::kBf16);
