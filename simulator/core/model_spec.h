@@ -126,6 +126,9 @@ struct MoeSpec {
   bool shared_expert_gate = false;  // a sigmoid gate [h -> 1] on the shared expert's output (Qwen2-MoE)
   bool expert_bias = false;         // biases in the expert projections (GPT-OSS)
   bool router_bias = false;         // a bias in the router projection (GPT-OSS)
+  // The experts' GLU clamps its inputs to this magnitude before the activation (GPT-OSS swiglu_limit 7.0:
+  // gate at most +limit, linear half within +-limit); 0 for none.
+  double glu_limit = 0;
   bool router_score_bias = false;  // a per-expert score-correction bias (DeepSeek-V3 aux-loss-free balancing)
   RouterScore score = RouterScore::kSoftmax;
   double routed_scaling = 1.0;  // factor on the routed experts' combine weights (HF routed_scaling_factor)

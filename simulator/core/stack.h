@@ -122,6 +122,18 @@ struct StackProfile {
            dispatcher.kind.value == DispatcherKind::kHybridEp;
   }
 
+  // What the framework runs around the expert GEMMs for model features the GEMMs do not take in.
+  struct ExpertMlp {
+    // The down projection's bias is added outside the GEMM, per local expert, weighted by the routing probs:
+    // two elementwise kernels per expert and a concatenation forward, four per expert and a concatenation
+    // backward (Megatron-Core's TEGroupedMLP._apply_bias).
+    Stated<bool> eager_output_bias;
+    // A clamped GLU (GPT-OSS) clamps its halves and concatenates them in separate kernels before the fused
+    // activation, and makes its offset a device tensor from a Python float: a host-to-device copy that
+    // synchronises the stream, in the forward and in every recomputation of the activation.
+    Stated<bool> eager_glu_clamp;
+  } expert_mlp;
+
   Stated<AttentionKernel> attention_kernel;
   Stated<double> comm_sm_fraction;  // share of SMs comm kernels take while overlapping compute
   // Compute running beside communication kernels runs at this fraction of its rate on the SMs left to it

@@ -478,6 +478,7 @@ ModelSpec from_hf(const JsonNode& root, const std::string& name) {
   } else if (family == "gpt_oss") {
     e.expert_bias = true;
     e.router_bias = true;
+    e.glu_limit = c.number_or("swiglu_limit", 0, 0, 1e6);
   }
 
   m.layers = layer_layout(c, family, n_layers, true);

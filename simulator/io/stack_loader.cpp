@@ -113,8 +113,8 @@ Result<StackProfile> stack_from_json(const json& j, const std::string& label) {
           "what each number rests on; see hwprofiles/stacks/README.md for the v2 fields)");
     }
     root.only_keys({"format", "name", "description", "calibrated", "sources", "host", "grouped_gemm",
-                    "memory_bound_efficiency", "dispatcher", "attention_kernel", "comm_sm_fraction",
-                    "overlap_compute_efficiency", "overlaps", "capabilities", "memory"});
+                    "memory_bound_efficiency", "dispatcher", "expert_mlp", "attention_kernel",
+                    "comm_sm_fraction", "overlap_compute_efficiency", "overlaps", "capabilities", "memory"});
     if (root.string("format") != "moeplan-stack-v2") root.fail("format", "\"moeplan-stack-v2\"");
     StackProfile s;
     s.name = root.string("name");
@@ -183,6 +183,11 @@ Result<StackProfile> stack_from_json(const json& j, const std::string& label) {
       }
       if (s.dispatcher.by_nodes.empty()) b.fail("value", "at least one row");
     }
+
+    const JsonNode x = root.object("expert_mlp");
+    x.only_keys({"eager_output_bias", "eager_glu_clamp"});
+    s.expert_mlp.eager_output_bias = stated_bool(x, "eager_output_bias");
+    s.expert_mlp.eager_glu_clamp = stated_bool(x, "eager_glu_clamp");
 
     s.attention_kernel = stated_choice<AttentionKernel>(
         root, "attention_kernel",
@@ -278,6 +283,8 @@ nlohmann::ordered_json stack_to_json(const StackProfile& s) {
                                      {"basis", name_of(s.dispatcher.by_nodes_basis)},
                                      {"source", s.dispatcher.by_nodes_source}};
   }
+  j["expert_mlp"] = oj{{"eager_output_bias", flag(s.expert_mlp.eager_output_bias)},
+                       {"eager_glu_clamp", flag(s.expert_mlp.eager_glu_clamp)}};
   j["attention_kernel"] = name(s.attention_kernel);
   j["comm_sm_fraction"] = num(s.comm_sm_fraction, 1.0);
   j["overlap_compute_efficiency"] = num(s.overlap_compute_efficiency, 1.0);

@@ -58,6 +58,10 @@ struct LocalOp {
   uint16_t module = 0;      // the Megatron recompute modules it belongs to (RecomputeModule bits)
   Node node = Node::kPreDispatch;
   bool forward_only = false;  // no backward op (routing metadata, host syncs): gradients pass through
+  // A memory-bound op whose backward moves other bytes or launches other kernels than its forward (autograd
+  // of eager elementwise code); < 0: the backward mirrors the forward.
+  double backward_bytes = -1;
+  uint16_t backward_kernels = 0;
 };
 
 // A layer recipe: its forward ops, per op the ops consuming it, and the index range of each node.
@@ -121,6 +125,12 @@ class Builder {
     if (o_.eager_framework) op.kernels = static_cast<uint16_t>(op.kernels + eager_extra_kernels(op));
     layer_ops_.push_back({std::move(op), std::move(inputs), sar, module_, node_, forward_only});
     return static_cast<int>(layer_ops_.size()) - 1;
+  }
+  // Recorded op `i`'s backward moves `bytes` in `kernels` kernels.
+  void backward_as(int i, double bytes, int kernels) {
+    LocalOp& lo = layer_ops_[static_cast<size_t>(i)];
+    lo.backward_bytes = bytes;
+    lo.backward_kernels = static_cast<uint16_t>(kernels);
   }
   // Kernels beyond the op's main one that Megatron-Core + TE launch for it (read from their sources):
   // TE's fused RoPE runs once for q and once for k, QK-norm once each, cuDNN attention a forward kernel and a
@@ -239,6 +249,11 @@ class Builder {
   int moe_fwd(int in);
   int moe_dispatch_megatron(int r, double rows, double ep_rows, int64_t f_r, int64_t local_experts);
   int moe_dispatch_dedup(int r, double ep_rows, int64_t f_r, int64_t local_experts);
+  int expert_act(int y, double ep_rows, int64_t f_r);
+  int expert_bias(int y, double ep_rows, int64_t local_experts);
+  // Bytes per router prob: fp32 for sigmoid routers (Megatron-Bridge sets moe_router_dtype fp32 for
+  // DeepSeek-V3), the activation dtype otherwise.
+  double probs_bytes() const { return m_.moe.score == RouterScore::kSigmoid ? 4.0 : 2.0; }
   int dense_ffn_fwd(int in);
   void record_layer(int64_t layer);
 
@@ -611,9 +626,7 @@ int Builder::moe_dispatch_megatron(int r, double rows, double ep_rows, int64_t f
   const auto& e = m_.moe;
   const int64_t h = m_.hidden, k = e.top_k;
   const double dt = bytes_of(dt_);
-  // Router probabilities travel in the router dtype: fp32 for sigmoid routers (Megatron-Bridge sets
-  // moe_router_dtype fp32 for DeepSeek-V3), the activation dtype otherwise.
-  const double probs_bytes = e.score == RouterScore::kSigmoid ? 4.0 : 2.0;
+  const double probs_bytes = this->probs_bytes();  // router probabilities travel in the router dtype
   const bool gather_mode = p_.experts.dispatch == Dispatch::kAllGather;
   int y;
   node_ = Node::kPreDispatch;
@@ -661,10 +674,9 @@ int Builder::moe_dispatch_megatron(int r, double rows, double ep_rows, int64_t f
                {y}, true);
   }
   y = record(grouped(OpName::kExpertFc13, ep_rows, glu_ * f_r, h, local_experts), {y});
-  module_ |= kRecomputeMoeAct;
-  y = record(mem(OpName::kExpertAct, MemOp::kActivation, 3.0 * ep_rows * d(f_r) * dt), {y}, true);
-  module_ &= static_cast<uint16_t>(~kRecomputeMoeAct);
-  y = record(grouped(OpName::kExpertFc2, ep_rows, h, f_r, local_experts), {y});
+  y = expert_act(y, ep_rows, f_r);
+  y = expert_bias(record(grouped(OpName::kExpertFc2, ep_rows, h, f_r, local_experts), {y}), ep_rows,
+                  local_experts);
   if (!gather_mode && local_experts > 1) {
     y = record(mem(OpName::kUnsortChunks, MemOp::kPermute, 2.0 * ep_rows * d(h) * dt, Stream::kCompute, 2),
                {y});
@@ -745,10 +757,9 @@ int Builder::moe_dispatch_dedup(int r, double ep_rows, int64_t f_r, int64_t loca
                {y}, true);
   }
   y = record(grouped(OpName::kExpertFc13, ep_rows, glu_ * f_r, h, local_experts), {y});
-  module_ |= kRecomputeMoeAct;
-  y = record(mem(OpName::kExpertAct, MemOp::kActivation, 3.0 * ep_rows * d(f_r) * dt), {y}, true);
-  module_ &= static_cast<uint16_t>(~kRecomputeMoeAct);
-  y = record(grouped(OpName::kExpertFc2, ep_rows, h, f_r, local_experts), {y});
+  y = expert_act(y, ep_rows, f_r);
+  y = expert_bias(record(grouped(OpName::kExpertFc2, ep_rows, h, f_r, local_experts), {y}), ep_rows,
+                  local_experts);
   if (!o_.permute_fused) {
     y = record(
         mem(OpName::kUnpermute, MemOp::kPermute, (ep_rows + recv_rows) * d(h) * dt, Stream::kCompute, 2),
@@ -756,6 +767,48 @@ int Builder::moe_dispatch_dedup(int r, double ep_rows, int64_t f_r, int64_t loca
   }
   node_ = Node::kCombine;
   return record(exchange(OpName::kCombineA2a, dt, dt_), {y});
+}
+
+// The expert activation, in the moe_act recompute module. A clamped GLU on a stack that clamps eagerly
+// (Megatron-Core's weighted_bias_quick_geglu_impl, fused_bias_geglu.py) first clamps each half of the fc1
+// output and concatenates them: clamps read and write f each, the concatenation 2f; backward, each clamp's
+// masked gradient reads the gradient and its input and writes f, and the chunk's backward concatenates 2f.
+// It then makes its linear offset a device tensor from a Python float, a host-to-device copy that waits for
+// the stream (PyTorch's memcpy_and_sync), before the fused activation kernel.
+int Builder::expert_act(int y, double ep_rows, int64_t f_r) {
+  const double dt = bytes_of(dt_);
+  const double elems = ep_rows * d(f_r);
+  module_ |= kRecomputeMoeAct;
+  if (o_.eager_glu_clamp && m_.moe.glu_limit > 0 && glu_ == 2) {
+    y = record(mem(OpName::kExpertGluClamp, MemOp::kActivation, 8.0 * elems * dt, Stream::kCompute, 3), {y},
+               true);
+    backward_as(y, 10.0 * elems * dt, 3);
+    Op offset = mem(OpName::kExpertActSync, MemOp::kActivation, dt);
+    offset.host_sync = true;
+    y = record(offset, {y}, false, true);
+  }
+  y = record(mem(OpName::kExpertAct, MemOp::kActivation, 3.0 * elems * dt), {y}, true);
+  module_ &= static_cast<uint16_t>(~kRecomputeMoeAct);
+  return y;
+}
+
+// The down projection's bias, where the stack adds it outside the GEMM (Megatron-Core's
+// TEGroupedMLP._apply_bias): per local expert `t + b * p` (a product in the probs dtype and a sum), then one
+// concatenation, and a cast back when the probs are wider. Backward, per expert: the bias gradient
+// sum(g * p) and the probs gradient sum(g * b), two kernels each, then the split's backward concatenates.
+int Builder::expert_bias(int y, double ep_rows, int64_t local_experts) {
+  if (!o_.eager_output_bias || !m_.moe.expert_bias) return y;
+  const double dt = bytes_of(dt_);
+  const double wide = std::max(dt, probs_bytes());
+  const double cast = wide > dt ? wide + dt : 0.0;
+  const int extra = wide > dt ? 1 : 0;
+  const double elems = ep_rows * d(m_.hidden);
+  const auto experts = static_cast<int>(local_experts);
+  y = record(mem(OpName::kExpertBias, MemOp::kActivation, elems * (dt + 5.0 * wide + cast), Stream::kCompute,
+                 2 * experts + 1 + extra),
+             {y});
+  backward_as(y, elems * (6.0 * wide + 2.0 * dt + cast), 4 * experts + 1 + extra);
+  return y;
 }
 
 int Builder::moe_fwd(int in) {
@@ -864,9 +917,7 @@ int Builder::moe_fwd(int in) {
       }
       y = record(grouped(OpName::kExpertFc13, ep_rows, glu_ * f_r, h, local_experts), {y});
     }
-    module_ |= kRecomputeMoeAct;
-    y = record(mem(OpName::kExpertAct, MemOp::kActivation, 3.0 * ep_rows * d(f_r) * dt), {y}, true);
-    module_ &= static_cast<uint16_t>(~kRecomputeMoeAct);
+    y = expert_act(y, ep_rows, f_r);
     if (fused_fc13) {
       const double bytes = gather_mode ? d(t_ * ep_ * h) * dt : rows * d(h) * dt;
       const Collective c = gather_mode ? Collective::kReduceScatter : Collective::kAllToAll;
@@ -875,7 +926,8 @@ int Builder::moe_fwd(int in) {
                        comm(c, CommGroup::kEp, bytes, dt_)),
                  {y});
     } else {
-      y = record(grouped(OpName::kExpertFc2, ep_rows, h, f_r, local_experts), {y});
+      y = expert_bias(record(grouped(OpName::kExpertFc2, ep_rows, h, f_r, local_experts), {y}), ep_rows,
+                      local_experts);
       if (etp_ > 1) {
         y = record(coll(OpName::kEtpRs, Collective::kReduceScatter, CommGroup::kEtp, ep_rows * d(h) * dt),
                    {y});
@@ -1146,6 +1198,10 @@ void Builder::backward_node(LayerPass& pass, Node node) {
         break;
       }
       default:
+        if (lo.backward_bytes >= 0) {
+          op.hbm_bytes = lo.backward_bytes;
+          op.kernels = lo.backward_kernels;
+        }
         break;
     }
     pass.grad[ri] = emit_with(op);
@@ -1638,6 +1694,8 @@ LoweringOptions lowering_options(const HardwareProfile& hw, const StackProfile& 
   o.dispatcher_host_sync = stack.dispatcher.host_sync.value;
   o.permute_fused = stack.dispatcher.permute_fused.value;
   o.permute_host_waits = static_cast<int>(stack.dispatcher.permute_host_waits.value);
+  o.eager_output_bias = stack.expert_mlp.eager_output_bias.value;
+  o.eager_glu_clamp = stack.expert_mlp.eager_glu_clamp.value;
   // The router region: moerun's router is one kernel. Megatron-Core with --moe-router-fusion (TE's fused
   // top-k and aux-loss kernels; our Megatron launch sets it) still launches 31 kernels from the gating GEMM
   // to the aux loss, 72 without fusion (Megatron-LM docs, GB200 MoE optimisation notes at commit 3c1b98ef^,

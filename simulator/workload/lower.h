@@ -31,6 +31,8 @@ struct LoweringOptions {
   bool dispatcher_host_sync = false;
   bool permute_fused = false;  // the permute is part of the dispatch kernel (HybridEP)
   int permute_host_waits = 0;  // host waits between a forward dispatch and the permute (DeepEP in Megatron)
+  bool eager_output_bias = false;  // the experts' down-projection bias added per expert outside the GEMM
+  bool eager_glu_clamp = false;    // a clamped GLU clamps in separate kernels and syncs the stream
   // Kernels the framework launches per op where an op of the graph stands for several (PyTorch eager:
   // Megatron's router region is 31 kernels with router fusion); moerun launches one kernel per op.
   bool eager_framework = false;

@@ -62,6 +62,8 @@ TEST_SUITE("io") {
                               &s.dispatcher.kind.source,
                               &s.dispatcher.sms.source,
                               &s.dispatcher.permute_host_waits.source,
+                              &s.expert_mlp.eager_output_bias.source,
+                              &s.expert_mlp.eager_glu_clamp.source,
                               &s.attention_kernel.source,
                               &s.comm_sm_fraction.source,
                               &s.overlaps.inter_op.source,
@@ -74,6 +76,10 @@ TEST_SUITE("io") {
                               &s.memory.fragmentation.source}) {
         CHECK_FALSE(src->empty());
       }
+      // Megatron-Core's TEGroupedMLP adds expert biases and clamps GLUs in eager PyTorch; the others do not.
+      const bool megatron = std::string(stem).starts_with("megatron-core");
+      CHECK(s.expert_mlp.eager_output_bias.value == megatron);
+      CHECK(s.expert_mlp.eager_glu_clamp.value == megatron);
       CHECK(s.memory_bound_efficiency.value > 0.0);
       CHECK(s.memory_bound_efficiency.value <= 1.0);
       CHECK(s.comm_sm_fraction.value >= 0.0);

@@ -779,6 +779,65 @@ TEST_SUITE("workload") {
     CHECK(ops_named(lower(m, p, stack_options("moerun")), OpName::kResidualAdd, -1).empty());
   }
 
+  TEST_CASE("Megatron adds GPT-OSS's expert bias per expert and clamps its GLU eagerly, syncing the stream") {
+    // GPT-OSS-120B's first layer on one node, EP 8: 16 local experts, 4096 tokens x top-4 = 16,384 rows per
+    // rank, h = f = 2880. TEGroupedMLP._apply_bias: per expert t + b * p (bf16 probs: the product writes
+    // 2 h, the sum reads 4 h and writes 2 h), then one concatenation (4 h): 12 h bytes per row in 2 x 16 + 1
+    // kernels; backward g * p and g * b with their sums (6 h each) and the split's concatenation (4 h):
+    // 16 h in 4 x 16 + 1. The clamped GLU: two clamps (4 f) and a concatenation (4 f), 16 f bytes per row in
+    // 3 kernels; backward two masked gradients (6 f) and a concatenation (4 f), 20 f; then the offset's
+    // host-to-device copy, which waits for the compute stream. Under moe_act recompute the clamps and the
+    // wait run again.
+    ModelSpec m = io::load_model("gpt-oss-120b").value();
+    m.layers.resize(1);
+    REQUIRE(m.moe.glu_limit == 7.0);
+    Plan p = node_plan(8);
+    p.recompute = Recompute::kSelective;
+    p.recompute_modules = kRecomputeMoeAct;
+    const OpGraph g = lower(m, p, stack_options("megatron-core"));
+    const double rows = 4096.0 * 4, h = 2880, f = 2880;
+    const Op& bias = the_op(g, OpName::kExpertBias);
+    CHECK(bias.hbm_bytes == doctest::Approx(12.0 * rows * h));
+    CHECK(bias.kernels == 33);
+    const Op& bias_bwd = the_op(g, OpName::kExpertBias, 0, Phase::kBackward);
+    CHECK(bias_bwd.hbm_bytes == doctest::Approx(16.0 * rows * h));
+    CHECK(bias_bwd.kernels == 65);
+    const Op& clamp = the_op(g, OpName::kExpertGluClamp);
+    CHECK(clamp.hbm_bytes == doctest::Approx(16.0 * rows * f));
+    CHECK(clamp.kernels == 3);
+    CHECK(the_op(g, OpName::kExpertGluClamp, 0, Phase::kBackward).hbm_bytes ==
+          doctest::Approx(20.0 * rows * f));
+    const Op& sync = the_op(g, OpName::kExpertActSync);
+    CHECK(sync.host_sync);
+    CHECK(sync.stream == Stream::kCompute);
+    CHECK(ops_named(g, OpName::kExpertActSync, 0, Phase::kBackward).empty());
+    // Program order: fc1, clamps, the wait, the activation, fc2, the bias.
+    const auto fwd = names(g, 0, 0, Phase::kForward);
+    auto at = [&](const char* n) { return std::find(fwd.begin(), fwd.end(), n) - fwd.begin(); };
+    CHECK(at("expert_fc13") < at("expert_glu_clamp"));
+    CHECK(at("expert_glu_clamp") < at("expert_act_sync"));
+    CHECK(at("expert_act_sync") < at("expert_act"));
+    CHECK(at("expert_fc2") < at("expert_bias"));
+    CHECK(name_set(g, 0, 0, Phase::kRecompute) ==
+          std::multiset<std::string>{"expert_glu_clamp", "expert_act_sync", "expert_act"});
+    // The flex dispatchers hand the experts the same counts; moerun runs neither, and nor does a model
+    // without biases or clamps on Megatron.
+    for (const char* stack : {"megatron-core-deepep", "megatron-core-hybridep"}) {
+      CAPTURE(stack);
+      Plan q = node_plan(8);
+      q.experts.dispatch = Dispatch::kDedup;
+      const OpGraph flex = lower(m, q, stack_options(stack));
+      CHECK(ops_named(flex, OpName::kExpertBias).size() == 1);
+      CHECK(ops_named(flex, OpName::kExpertActSync).size() == 1);
+    }
+    const OpGraph own = lower(m, node_plan(8), stack_options("moerun"));
+    CHECK(ops_named(own, OpName::kExpertBias).empty());
+    CHECK(ops_named(own, OpName::kExpertGluClamp).empty());
+    const OpGraph plain = lower(mixtral(1), node_plan(8), stack_options("megatron-core"));
+    CHECK(ops_named(plain, OpName::kExpertBias).empty());
+    CHECK(ops_named(plain, OpName::kExpertActSync).empty());
+  }
+
   TEST_CASE("FP8 GEMMs quantise their input forward and the incoming gradient in dgrad, per recipe") {
     // Bytes per element to read BF16 and write the FP8 copy and its transpose: delayed 4, tensorwise 6 (one
     // more read for the current amax), blockwise 2 + 2 (1 + 4/128) (an fp32 scale per 128 values). Mixtral's
