@@ -90,9 +90,12 @@ struct Op {
   DType dtype = DType::kBf16;
   uint16_t kernels = 1;    // kernel launches the host issues for this op (an aggregate op counts several)
   bool host_sync = false;  // the host waits for this op to finish on the device before issuing the next
-  int16_t stage = 0;       // pipeline stage (the representative rank)
-  int16_t chunk = 0;       // virtual pipeline chunk on that stage
-  int32_t layer = -1;      // model layer, -1 for embedding, head, optimizer
+  // Kernels around the main one that move aux_bytes (FP8 current scaling: amax, scale, cast), per group of
+  // a grouped GEMM; each takes at least the stack's shortest kernel.
+  uint8_t aux_kernels = 0;
+  int16_t stage = 0;   // pipeline stage (the representative rank)
+  int16_t chunk = 0;   // virtual pipeline chunk on that stage
+  int32_t layer = -1;  // model layer, -1 for embedding, head, optimizer
   int32_t micro_batch = -1;
   double flops = 0;      // FLOPs this op executes (attention backward counts its recomputation)
   double hbm_bytes = 0;  // bytes read + written in HBM

@@ -494,14 +494,19 @@ OpCost CostModel::cost(const Op& op) const {
   // Basis: the hardware profile's rates are measurements; each stack number that prices the op weakens it to
   // its own basis. Host issue time is not part of the op's duration.
   r.basis = Basis::kMeasured;
-  // Memory-bound kernels the stack runs around the main kernel (FP8 quantise / transpose of its operand).
-  const double aux = op.aux_bytes > 0 ? op.aux_bytes / mem_bw : 0.0;
-  if (op.aux_bytes > 0) r.basis = weaker(r.basis, stack_.memory_bound_efficiency.basis);
   // Every kernel takes at least the stack's minimum on the device, however little it moves.
-  const double floor = stack_.min_kernel_s.value * d(std::max<uint16_t>(1, op.kernels));
+  const double min_kernel = stack_.min_kernel_s.value;
+  const double floor = min_kernel * d(std::max<uint16_t>(1, op.kernels));
+  // Memory-bound kernels the stack runs around the main kernel (FP8 amax, scale, quantise / transpose of its
+  // operand), per group of a grouped GEMM: their bytes at the memory-bound rate, each at least the shortest
+  // kernel.
+  const double aux_launches =
+      d(op.aux_kernels) * (op.kind == OpKind::kGroupedGemm ? d(std::max<int64_t>(1, op.gemm.groups)) : 1.0);
+  const double aux = op.aux_bytes > 0 ? std::max(op.aux_bytes / mem_bw, min_kernel * aux_launches) : 0.0;
+  if (op.aux_bytes > 0) r.basis = weaker(r.basis, stack_.memory_bound_efficiency.basis);
   switch (op.kind) {
     case OpKind::kGemm:
-      r.seconds = std::max(gemm_seconds(op.gemm, op.dtype, &err, op.part) + aux, floor) + launch;
+      r.seconds = std::max(gemm_seconds(op.gemm, op.dtype, &err, op.part), min_kernel) + aux + launch;
       break;
     case OpKind::kGroupedGemm: {
       r.seconds = grouped_gemm_seconds(op.gemm, op.dtype, &err, op.part) + aux + launch;
@@ -509,11 +514,11 @@ OpCost CostModel::cost(const Op& op) const {
       r.basis =
           weaker(r.basis, op.part == GemmPart::kWgrad ? gg.wgrad_efficiency.basis : gg.efficiency.basis);
       // Per-expert launches come from the framework's C++ loop, on the host: one GEMM per expert and, under
-      // FP8, one quantise per expert of its input (forward) or incoming gradient (dgrad). A grouped kernel
-      // pays its per-expert set-up on the device instead.
+      // FP8, the quantisation kernels per expert of its input (forward) or incoming gradient (dgrad), each
+      // counted as one launch. A grouped kernel pays its per-expert set-up on the device instead.
       const double groups = d(std::max<int64_t>(1, op.gemm.groups));
       if (gg.impl.value == GroupedGemmImpl::kPerExpertStreams) {
-        const double per_expert = op.aux_bytes > 0 && op.part != GemmPart::kWgrad ? 2.0 : 1.0;
+        const double per_expert = 1.0 + (op.aux_bytes > 0 ? d(op.aux_kernels) : 0.0);
         r.host_seconds += stack_.host_s_per_local_expert.value * groups * per_expert;
       } else {
         r.seconds += stack_.host_s_per_local_expert.value * groups;

@@ -61,7 +61,7 @@ CostKey cost_key(const Op& op) {
   h = mix(h, bits(op.aux_bytes));
   h = mix(h, static_cast<uint64_t>(op.kernels) | (static_cast<uint64_t>(op.host_sync) << 16) |
                  (static_cast<uint64_t>(op.comm.node_dedup) << 17) |
-                 (static_cast<uint64_t>(op.stream) << 24));
+                 (static_cast<uint64_t>(op.stream) << 24) | (static_cast<uint64_t>(op.aux_kernels) << 32));
   return {h};
 }
 

@@ -45,6 +45,15 @@ double fp8_cast_bytes_per_element(Fp8Recipe r) {
   return 4.0;
 }
 
+// Kernels Transformer Engine launches to quantise one tensor (TE pytorch/csrc/quantizer.cpp): current
+// scaling (tensorwise) computes the amax, then the scale from it, then casts (Float8CurrentScalingQuantizer::
+// quantize_impl: nvte_compute_amax, nvte_compute_scale_from_amax, nvte_quantize_v2); delayed scaling casts
+// with the scale of its amax history (the history is updated once per step); block and MX scaling compute
+// each block's scale inside the cast kernel.
+int fp8_quantize_kernels(Fp8Recipe r) {
+  return r == Fp8Recipe::kTensorwise ? 3 : 1;
+}
+
 // The Megatron combined-1F1B sub-layer nodes (model_chunk_schedule_plan.py): what runs before the dispatch
 // on the compute stream, the dispatch exchange, the experts, and the combine exchange.
 enum class Node : uint8_t { kPreDispatch, kDispatch, kMlp, kCombine };
@@ -170,8 +179,18 @@ class Builder {
     op.flops = 2.0 * d(m) * d(n) * d(k);
     op.hbm_bytes = (d(m) * d(k) + d(k) * d(n) + d(m) * d(n)) * bytes_of(DType::kBf16);
     op.aux_bytes = fp8_input_cast(d(m) * d(k));
-    if (op.aux_bytes > 0) op.kernels = 2;
+    if (op.aux_bytes > 0) {
+      op.aux_kernels = static_cast<uint8_t>(fp8_quantize_kernels(p_.fp8_recipe));
+      op.kernels = static_cast<uint16_t>(1 + op.aux_kernels);
+    }
     return op;
+  }
+  // A GEMM the stack keeps in BF16 under FP8 training: no quantisation around it.
+  static void in_bf16(Op& op) {
+    op.dtype = DType::kBf16;
+    op.aux_bytes = 0;
+    op.aux_kernels = 0;
+    op.kernels = 1;
   }
   Op grouped(OpName name, double rows, int64_t n, int64_t k, int64_t groups) const {
     Op op = base(name, OpKind::kGroupedGemm, Stream::kCompute);
@@ -180,6 +199,7 @@ class Builder {
     op.flops = 2.0 * rows * d(n) * d(k);
     op.hbm_bytes = (rows * d(k) + d(groups) * d(k) * d(n) + rows * d(n)) * bytes_of(DType::kBf16);
     op.aux_bytes = fp8_input_cast(rows * d(k));
+    if (op.aux_bytes > 0) op.aux_kernels = static_cast<uint8_t>(fp8_quantize_kernels(p_.fp8_recipe));
     return op;
   }
   Op mem(OpName name, MemOp kind, double bytes, Stream stream = Stream::kCompute, int kernels = 1) const {
@@ -832,9 +852,7 @@ int Builder::moe_fwd(int in) {
   const int x = record(mem(OpName::kFfnNorm, MemOp::kNorm, 3.0 * d(t_ * h) * dt), {in}, true);
   module_ = kRecomputeMoe;
   Op router = gemm(OpName::kRouter, t_, e.num_experts, h);
-  router.dtype = DType::kBf16;  // the router GEMM runs in BF16 (or FP32) under FP8 training
-  router.aux_bytes = 0;
-  router.kernels = 1;
+  in_bf16(router);  // the router GEMM runs in BF16 (or FP32) under FP8 training
   int r = record(router, {x});
   // Scores, top-k (group-limited where configured), probs and routing map [t, E] in fp32, and the aux loss.
   r = record(mem(OpName::kRouterTopk, MemOp::kRouting, d(t_ * e.num_experts) * 13.0, Stream::kCompute,
@@ -1170,6 +1188,7 @@ void Builder::backward_node(LayerPass& pass, Node node) {
         wgrad.comm = {};
         wgrad.part = GemmPart::kWgrad;
         wgrad.aux_bytes = 0;  // both operands' FP8 transposes exist already
+        wgrad.aux_kernels = 0;
         wgrad.kernels = 1;
         wgrad.stream = Stream::kCompute;
         if (deferring_) {
@@ -1254,9 +1273,7 @@ Builder::TaskState Builder::task_begin(int16_t stage, const PipelineTask& task) 
     ts.track(emit(loss_op(OpName::kLoss, false, tg), stage, task.chunk, -1, mb, Phase::kBackward, {ts.cur}));
     Op head = gemm(OpName::kLmHead, tg, m_.vocab / tp_, h);
     head.part = GemmPart::kDgrad;
-    head.aux_bytes = 0;  // Megatron keeps the output layer in BF16
-    head.kernels = 1;
-    head.dtype = DType::kBf16;
+    in_bf16(head);  // Megatron keeps the output layer in BF16
     ts.track(emit(head, stage, task.chunk, -1, mb, Phase::kBackward, {ts.cur}));
     const int32_t dgrad = ts.cur;
     head.part = GemmPart::kWgrad;
@@ -1280,9 +1297,7 @@ void Builder::task_end(TaskState& ts) {
       ts.track(emit(mem(OpName::kFinalNorm, MemOp::kNorm, 3.0 * d(t_ * h) * dt), stage, task.chunk, -1, mb,
                     Phase::kForward, {ts.cur}));
       Op head = gemm(OpName::kLmHead, tg, m_.vocab / tp_, h);
-      head.aux_bytes = 0;  // Megatron keeps the output layer in BF16
-      head.kernels = 1;
-      head.dtype = DType::kBf16;
+      in_bf16(head);  // Megatron keeps the output layer in BF16
       ts.track(emit(head, stage, task.chunk, -1, mb, Phase::kForward, {ts.cur}));
       const int32_t main_input = ts.cur;
       ts.track(emit(loss_op(OpName::kLoss, true, tg), stage, task.chunk, -1, mb, Phase::kForward, {ts.cur}));
@@ -1323,9 +1338,7 @@ void Builder::emit_mtp(TaskState& ts) {
   Op norms = mem(OpName::kMtpNorm, MemOp::kNorm, 6.0 * d(t_ * h) * dt, Stream::kCompute, 2);
   Op proj = gemm(OpName::kMtpProj, tg, h / tp_, 2 * h);
   Op head = gemm(OpName::kMtpLmHead, tg, m_.vocab / tp_, h);
-  head.aux_bytes = 0;
-  head.kernels = 1;
-  head.dtype = DType::kBf16;
+  in_bf16(head);
   Op final_norm = mem(OpName::kFinalNorm, MemOp::kNorm, 3.0 * d(t_ * h) * dt);
   LayerPass pass;
   if (ts.task.forward) {
@@ -1363,6 +1376,8 @@ void Builder::emit_mtp(TaskState& ts) {
     Op pw = proj;
     pw.part = GemmPart::kWgrad;
     pw.aux_bytes = 0;
+    pw.aux_kernels = 0;
+    pw.kernels = 1;
     emit(pw, stage, chunk, -1, mb, Phase::kBackward, {pd});
     ts.track(emit(norms, stage, chunk, -1, mb, Phase::kBackward, {pd}));
   }

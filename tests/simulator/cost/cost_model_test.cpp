@@ -317,4 +317,39 @@ TEST_SUITE("cost") {
     op.hbm_bytes = 1e9;
     CHECK(cm.cost(op).seconds == rel(1e9 / (0.7 * hw.gpu.hbm_bw_achieved_bytes_per_s.value) + 3 * 1.3e-6));
   }
+
+  TEST_CASE("FP8 quantisation kernels add their bytes, or the shortest kernel each, and host launches") {
+    // Megatron-Core on H100: 4 us per kernel, 1.3 us launch gap, 25 us host per kernel, 10 us host per local
+    // expert launch, memory-bound work at 0.7 of achieved HBM. A current-scaling GEMM quantises its input in
+    // 3 kernels (amax, scale, cast): a small input costs the GEMM, then 3 x 4 us, then 4 launch gaps; a large
+    // one its bytes. A grouped GEMM over 8 experts quantises per expert: 24 kernels, 8 x (1 + 3) host
+    // launches; its wgrad quantises nothing.
+    const HardwareProfile hw = io::load_hardware("h100-sxm").value();
+    const StackProfile stack = io::load_stack("megatron-core").value();
+    const cost::CostModel cm(hw, stack);
+    const double bw = 0.7 * hw.gpu.hbm_bw_achieved_bytes_per_s.value;
+    Op op = gemm_op();
+    op.kernels = 4;
+    op.aux_kernels = 3;
+    op.aux_bytes = 1e3;
+    const double gemm = cm.gemm_seconds(op.gemm, op.dtype, nullptr);
+    CHECK(cm.cost(op).seconds == rel(gemm + 3 * 4e-6 + 4 * 1.3e-6));
+    CHECK(cm.cost(op).host_seconds == rel(4 * 25e-6));
+    op.aux_bytes = 1e9;
+    CHECK(cm.cost(op).seconds == rel(gemm + 1e9 / bw + 4 * 1.3e-6));
+
+    Op g = gemm_op();
+    g.kind = OpKind::kGroupedGemm;
+    g.gemm = {8 * 512, 4096, 4096, 8};
+    g.kernels = 1;
+    g.aux_kernels = 3;
+    g.aux_bytes = 1e3;
+    const double grouped = cm.grouped_gemm_seconds(g.gemm, g.dtype, nullptr);
+    CHECK(cm.cost(g).seconds == rel(grouped + 24 * 4e-6 + 1.3e-6));
+    CHECK(cm.cost(g).host_seconds == rel(25e-6 + 8 * 4 * 10e-6));
+    g.part = GemmPart::kWgrad;
+    g.aux_kernels = 0;
+    g.aux_bytes = 0;
+    CHECK(cm.cost(g).host_seconds == rel(25e-6 + 8 * 10e-6));
+  }
 }

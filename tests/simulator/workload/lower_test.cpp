@@ -843,23 +843,40 @@ TEST_SUITE("workload") {
     // more read for the current amax), blockwise 2 + 2 (1 + 4/128) (an fp32 scale per 128 values). Mixtral's
     // qkv_proj is [t, h] x [h, n], t = h = 4096, n = (32 + 2 x 8) x 128 = 6144: forward quantises t h
     // elements, dgrad the t n gradient, wgrad nothing (both transposes exist). The expert FC1/FC3 quantises
-    // its t k rows of h (ep 8, uniform routing); the router GEMM stays BF16.
+    // its t k rows of h (ep 8, uniform routing); the router GEMM stays BF16. Kernels per quantised tensor
+    // (TE's quantizers): current scaling computes the amax, the scale, then casts (3); delayed and block
+    // scaling cast with the scale at hand (1). A grouped GEMM quantises per expert.
     const double t = 4096, h = 4096, n = 6144, k = 2;
-    const std::pair<Fp8Recipe, double> recipes[] = {{Fp8Recipe::kDelayed, 4.0},
-                                                    {Fp8Recipe::kTensorwise, 6.0},
-                                                    {Fp8Recipe::kBlockwise, 2.0 + 2.0 * (1 + 4.0 / 128)}};
-    for (const auto& [recipe, per] : recipes) {
+    struct Case {
+      Fp8Recipe recipe;
+      double per;
+      int kernels;
+    };
+    const Case recipes[] = {{Fp8Recipe::kDelayed, 4.0, 1},
+                            {Fp8Recipe::kTensorwise, 6.0, 3},
+                            {Fp8Recipe::kBlockwise, 2.0 + 2.0 * (1 + 4.0 / 128), 1}};
+    for (const auto& [recipe, per, kernels] : recipes) {
       CAPTURE(per);
       Plan p = node_plan(8);
       p.precision = Precision::kFp8;
       p.fp8_recipe = recipe;
       const OpGraph g = lower(mixtral(1), p, stack_options("megatron-core"));
-      CHECK(the_op(g, OpName::kQkvProj).aux_bytes == doctest::Approx(t * h * per));
-      CHECK(the_op(g, OpName::kQkvProj, 0, Phase::kBackward, GemmPart::kDgrad).aux_bytes ==
-            doctest::Approx(t * n * per));
-      CHECK(the_op(g, OpName::kQkvProj, 0, Phase::kBackward, GemmPart::kWgrad).aux_bytes == 0.0);
-      CHECK(the_op(g, OpName::kExpertFc13).aux_bytes == doctest::Approx(t * k * h * per));
+      const Op& qkv = the_op(g, OpName::kQkvProj);
+      CHECK(qkv.aux_bytes == doctest::Approx(t * h * per));
+      CHECK(qkv.aux_kernels == kernels);
+      CHECK(qkv.kernels == 1 + kernels);
+      const Op& dgrad = the_op(g, OpName::kQkvProj, 0, Phase::kBackward, GemmPart::kDgrad);
+      CHECK(dgrad.aux_bytes == doctest::Approx(t * n * per));
+      CHECK(dgrad.aux_kernels == kernels);
+      const Op& wgrad = the_op(g, OpName::kQkvProj, 0, Phase::kBackward, GemmPart::kWgrad);
+      CHECK(wgrad.aux_bytes == 0.0);
+      CHECK(wgrad.aux_kernels == 0);
+      CHECK(wgrad.kernels == 1);
+      const Op& fc13 = the_op(g, OpName::kExpertFc13);
+      CHECK(fc13.aux_bytes == doctest::Approx(t * k * h * per));
+      CHECK(fc13.aux_kernels == kernels);
       CHECK(the_op(g, OpName::kRouter).aux_bytes == 0.0);
+      CHECK(the_op(g, OpName::kRouter).aux_kernels == 0);
     }
     const OpGraph bf16 = lower(mixtral(1), node_plan(8), stack_options("megatron-core"));
     CHECK(the_op(bf16, OpName::kQkvProj).aux_bytes == 0.0);
