@@ -181,7 +181,7 @@ nlohmann::json measured_report_json(const RunInputs& in, const MeasuredRun& run)
       "over the measured steps";
   j["ops_in_graph"] = g.ops.size();
   j["micro_batches"] = g.micro_batches;
-  j["expert_load_scale"] = in.expert_load_scale;
+  j["expert_load_scale"] = in.lowering.expert_load_scale;
   j["ops"] = op_summary_json(g, run.ops);
   return j;
 }

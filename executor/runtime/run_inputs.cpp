@@ -29,7 +29,6 @@ Result<RunInputs> load_run_inputs(const std::string& plan_path) {
   in.violations = validate(plan, model, in.loaded.hardware);
   if (!in.violations.empty()) return in;
   const StackLowering sl = stack_lowering(model, plan, in.loaded.hardware, stack.value(), routing.value());
-  in.expert_load_scale = sl.options.expert_load_scale;
   in.lowering = sl.options;
   in.graph = lower(model, sl.run, sl.options);
   return in;

@@ -17,8 +17,9 @@ struct RunInputs {
   io::LoadedPlan loaded;
   std::vector<Violation> violations;  // non-empty: the plan cannot run and `graph` is empty
   OpGraph graph;
-  double expert_load_scale = 1.0;  // busiest EP rank's routed rows / the mean (the simulator's routing model)
-  LoweringOptions lowering;        // the stack's lowering facts (stack_lowering), as predict() uses them
+  // The stack's lowering facts (stack_lowering), as predict() uses them; expert_load_scale is the busiest EP
+  // rank's routed rows over the mean, from the simulator's routing model.
+  LoweringOptions lowering;
 };
 
 // Errors are one line "FILE: field: what was expected" (a bad plan, model, hardware, stack or router trace).

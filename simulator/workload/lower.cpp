@@ -270,7 +270,7 @@ class Builder {
   int moe_dispatch_megatron(int r, double rows, double ep_rows, int64_t f_r, int64_t local_experts);
   int moe_dispatch_dedup(int r, double ep_rows, int64_t f_r, int64_t local_experts);
   int expert_act(int y, double ep_rows, int64_t f_r);
-  int expert_bias(int y, double ep_rows, int64_t local_experts);
+  int expert_fc2(int y, double ep_rows, int64_t f_r, int64_t local_experts);
   // Bytes per router prob: fp32 for sigmoid routers (Megatron-Bridge sets moe_router_dtype fp32 for
   // DeepSeek-V3), the activation dtype otherwise.
   double probs_bytes() const { return m_.moe.score == RouterScore::kSigmoid ? 4.0 : 2.0; }
@@ -695,8 +695,7 @@ int Builder::moe_dispatch_megatron(int r, double rows, double ep_rows, int64_t f
   }
   y = record(grouped(OpName::kExpertFc13, ep_rows, glu_ * f_r, h, local_experts), {y});
   y = expert_act(y, ep_rows, f_r);
-  y = expert_bias(record(grouped(OpName::kExpertFc2, ep_rows, h, f_r, local_experts), {y}), ep_rows,
-                  local_experts);
+  y = expert_fc2(y, ep_rows, f_r, local_experts);
   if (!gather_mode && local_experts > 1) {
     y = record(mem(OpName::kUnsortChunks, MemOp::kPermute, 2.0 * ep_rows * d(h) * dt, Stream::kCompute, 2),
                {y});
@@ -778,8 +777,7 @@ int Builder::moe_dispatch_dedup(int r, double ep_rows, int64_t f_r, int64_t loca
   }
   y = record(grouped(OpName::kExpertFc13, ep_rows, glu_ * f_r, h, local_experts), {y});
   y = expert_act(y, ep_rows, f_r);
-  y = expert_bias(record(grouped(OpName::kExpertFc2, ep_rows, h, f_r, local_experts), {y}), ep_rows,
-                  local_experts);
+  y = expert_fc2(y, ep_rows, f_r, local_experts);
   if (!o_.permute_fused) {
     y = record(
         mem(OpName::kUnpermute, MemOp::kPermute, (ep_rows + recv_rows) * d(h) * dt, Stream::kCompute, 2),
@@ -812,11 +810,12 @@ int Builder::expert_act(int y, double ep_rows, int64_t f_r) {
   return y;
 }
 
-// The down projection's bias, where the stack adds it outside the GEMM (Megatron-Core's
+// The down projection and its bias, where the stack adds it outside the GEMM (Megatron-Core's
 // TEGroupedMLP._apply_bias): per local expert `t + b * p` (a product in the probs dtype and a sum), then one
 // concatenation, and a cast back when the probs are wider. Backward, per expert: the bias gradient
 // sum(g * p) and the probs gradient sum(g * b), two kernels each, then the split's backward concatenates.
-int Builder::expert_bias(int y, double ep_rows, int64_t local_experts) {
+int Builder::expert_fc2(int y, double ep_rows, int64_t f_r, int64_t local_experts) {
+  y = record(grouped(OpName::kExpertFc2, ep_rows, m_.hidden, f_r, local_experts), {y});
   if (!o_.eager_output_bias || !m_.moe.expert_bias) return y;
   const double dt = bytes_of(dt_);
   const double wide = std::max(dt, probs_bytes());
@@ -944,8 +943,7 @@ int Builder::moe_fwd(int in) {
                        comm(c, CommGroup::kEp, bytes, dt_)),
                  {y});
     } else {
-      y = expert_bias(record(grouped(OpName::kExpertFc2, ep_rows, h, f_r, local_experts), {y}), ep_rows,
-                      local_experts);
+      y = expert_fc2(y, ep_rows, f_r, local_experts);
       if (etp_ > 1) {
         y = record(coll(OpName::kEtpRs, Collective::kReduceScatter, CommGroup::kEtp, ep_rows * d(h) * dt),
                    {y});

@@ -16,7 +16,7 @@ TEST_SUITE("executor_runtime") {
     CHECK(in.violations.empty());
     CHECK(in.graph.num_stages == 2);
     CHECK(!in.graph.ops.empty());
-    CHECK(in.expert_load_scale >= 1.0);
+    CHECK(in.lowering.expert_load_scale >= 1.0);
   }
 
   TEST_CASE("moerun runs the graph predict() prices: same ops, shapes and dependencies, on every stack") {
@@ -58,7 +58,7 @@ TEST_SUITE("executor_runtime") {
         differing += same ? 0 : 1;
       }
       CHECK(differing == 0);
-      CHECK(in.expert_load_scale > 1.0);  // zipf routing loads one EP rank more than the other
+      CHECK(in.lowering.expert_load_scale > 1.0);  // zipf routing loads one EP rank more than the other
     }
   }
 
