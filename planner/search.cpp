@@ -326,6 +326,21 @@ struct StageShapes {
   std::vector<double> optimizer;                             // the optimizer step over the stage's shard
 };
 
+// f(layer) for each layer of the model, computed once per kind of layer.
+template <class F>
+auto per_layer_kind(const ModelSpec& m, F&& f) {
+  using T = decltype(f(m.layers.front()));
+  std::map<LayerKind, T> by_kind;
+  std::vector<T> out;
+  out.reserve(m.layers.size());
+  for (const LayerSpec& s : m.layers) {
+    auto kind = by_kind.find(kind_of(s));
+    if (kind == by_kind.end()) kind = by_kind.emplace(kind_of(s), f(s)).first;
+    out.push_back(kind->second);
+  }
+  return out;
+}
+
 class Screener {
  public:
   Screener(const ModelSpec& m, const HardwareProfile& hw, const StackProfile& st,
@@ -400,18 +415,15 @@ class Screener {
     const workload::PlanRouting pr = workload::plan_routing(m_, p, routing_);
     lo.expert_load_scale = pr.scale;
     lo.dropped_fraction = pr.load.dropped_fraction;
-    std::map<LayerKind, std::pair<double, double>> by_kind;  // (whole, forward)
-    for (const LayerSpec& s : m_.layers) {
-      auto kind = by_kind.find(kind_of(s));
-      if (kind == by_kind.end()) {
-        ModelSpec one_layer = m_;
-        one_layer.layers = {s};
-        lo.embedding_and_head = false;
-        one_layer.layers = {s, s};
-        kind = by_kind.emplace(kind_of(s), second_layer(lower(one_layer, one, lo))).first;
-      }
-      lt.layer.push_back(kind->second.first);
-      lt.forward.push_back(kind->second.second);
+    lo.embedding_and_head = false;
+    const auto per_layer = per_layer_kind(m_, [&](const LayerSpec& s) {
+      ModelSpec two_layers = m_;
+      two_layers.layers = {s, s};
+      return second_layer(lower(two_layers, one, lo));
+    });
+    for (const auto& [whole, forward] : per_layer) {
+      lt.layer.push_back(whole);
+      lt.forward.push_back(forward);
     }
     ModelSpec no_layers = m_;
     no_layers.layers.clear();
@@ -468,36 +480,30 @@ class Screener {
         drag += c.seconds * (1.0 - engine::compute_share_beside_comm(c.sm_fraction,
                                                                      st_.overlap_compute_efficiency.value));
     };
-    std::map<LayerKind, LayerDp> by_kind;
-    std::vector<LayerDp> out;
-    for (const LayerSpec& s : m_.layers) {
-      auto kind = by_kind.find(kind_of(s));
-      if (kind == by_kind.end()) {
-        ModelSpec one_layer = m_;
-        one_layer.layers = {s};
-        LayerDp x;
-        for (const Op& op : lower(one_layer, one, lo).ops) {
-          switch (static_cast<OpName>(op.name)) {
-            case OpName::kGradCast:
-            case OpName::kGradRs:
-            case OpName::kGradA2a:
-            case OpName::kGradReduce:
-              add(x.sync, x.sync_drag, op);
-              break;
-            case OpName::kParamAg:  // ZeRO-3 gathers again for the backward: one gather is the forward's
-              if (op.phase != Phase::kBackward) add(x.gather, x.gather_drag, op);
-              break;
-            case OpName::kOptimizerStep:
-              x.optimizer = op;
-              break;
-            default:
-              break;
-          }
+    std::vector<LayerDp> out = per_layer_kind(m_, [&](const LayerSpec& s) {
+      ModelSpec one_layer = m_;
+      one_layer.layers = {s};
+      LayerDp x;
+      for (const Op& op : lower(one_layer, one, lo).ops) {
+        switch (static_cast<OpName>(op.name)) {
+          case OpName::kGradCast:
+          case OpName::kGradRs:
+          case OpName::kGradA2a:
+          case OpName::kGradReduce:
+            add(x.sync, x.sync_drag, op);
+            break;
+          case OpName::kParamAg:  // ZeRO-3 gathers again for the backward: one gather is the forward's
+            if (op.phase != Phase::kBackward) add(x.gather, x.gather_drag, op);
+            break;
+          case OpName::kOptimizerStep:
+            x.optimizer = op;
+            break;
+          default:
+            break;
         }
-        kind = by_kind.emplace(kind_of(s), x).first;
       }
-      out.push_back(kind->second);
-    }
+      return x;
+    });
     return dp_cache_.emplace(key, std::move(out)).first->second;
   }
 

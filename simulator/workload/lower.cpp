@@ -185,12 +185,16 @@ class Builder {
     }
     return op;
   }
-  // A GEMM the stack keeps in BF16 under FP8 training: no quantisation around it.
-  static void in_bf16(Op& op) {
-    op.dtype = DType::kBf16;
+  // A GEMM with no quantisation around it: a weight gradient (both operands' FP8 transposes exist already).
+  static void without_casts(Op& op) {
     op.aux_bytes = 0;
     op.aux_kernels = 0;
     op.kernels = 1;
+  }
+  // A GEMM the stack keeps in BF16 under FP8 training.
+  static void in_bf16(Op& op) {
+    op.dtype = DType::kBf16;
+    without_casts(op);
   }
   Op grouped(OpName name, double rows, int64_t n, int64_t k, int64_t groups) const {
     Op op = base(name, OpKind::kGroupedGemm, Stream::kCompute);
@@ -1185,9 +1189,7 @@ void Builder::backward_node(LayerPass& pass, Node node) {
                          : op.kind;
         wgrad.comm = {};
         wgrad.part = GemmPart::kWgrad;
-        wgrad.aux_bytes = 0;  // both operands' FP8 transposes exist already
-        wgrad.aux_kernels = 0;
-        wgrad.kernels = 1;
+        without_casts(wgrad);
         wgrad.stream = Stream::kCompute;
         if (deferring_) {
           deferring_->push_back({wgrad, pass.stage, pass.chunk, L, pass.mb, pass.grad[ri]});
@@ -1373,9 +1375,7 @@ void Builder::emit_mtp(TaskState& ts) {
     const int32_t pd = ts.cur;
     Op pw = proj;
     pw.part = GemmPart::kWgrad;
-    pw.aux_bytes = 0;
-    pw.aux_kernels = 0;
-    pw.kernels = 1;
+    without_casts(pw);
     emit(pw, stage, chunk, -1, mb, Phase::kBackward, {pd});
     ts.track(emit(norms, stage, chunk, -1, mb, Phase::kBackward, {pd}));
   }
