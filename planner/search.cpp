@@ -11,6 +11,8 @@
 #include <set>
 #include <thread>
 #include <tuple>
+#include <type_traits>
+#include <unordered_map>
 
 #include <fmt/format.h>
 
@@ -35,6 +37,31 @@ std::vector<int64_t> divisors(int64_t n, int64_t cap) {
   }
   return out;
 }
+
+// A hash of a cache key: a tuple (or pair) of integers, enums, pointers and integer vectors.
+struct KeyHash {
+  static size_t mix(size_t h, size_t v) { return h ^ (v + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2)); }
+  template <class T>
+  static size_t one(const T& x) {
+    if constexpr (std::is_same_v<T, std::vector<int64_t>>) {
+      size_t h = x.size();
+      for (int64_t v : x) h = mix(h, std::hash<int64_t>{}(v));
+      return h;
+    } else {
+      return std::hash<T>{}(x);
+    }
+  }
+  template <class Tuple>
+  size_t operator()(const Tuple& t) const {
+    return std::apply(
+        [](const auto&... x) {
+          size_t h = 0;
+          ((h = mix(h, one(x))), ...);
+          return h;
+        },
+        t);
+  }
+};
 
 // Value of a dotted key in a plan's JSON form, or null when absent (or an object).
 const nlohmann::json* json_at(const nlohmann::json& j, const std::string& key) {
@@ -321,9 +348,10 @@ struct StageDp {
 
 // How a pipeline splits the layers over its stages, with each stage's data-parallel totals.
 struct StageShapes {
-  std::vector<std::vector<int64_t>> layers;                  // each stage's layers, in model order
-  std::vector<double> sync, gather, sync_drag, gather_drag;  // sums over the stage's layers
-  std::vector<double> optimizer;                             // the optimizer step over the stage's shard
+  std::vector<std::vector<int64_t>> layers;                     // each stage's layers, in model order
+  std::vector<std::vector<std::pair<int64_t, int64_t>>> kinds;  // each stage's: (a layer of a kind, how many)
+  std::vector<double> sync, gather, sync_drag, gather_drag;     // sums over the stage's layers
+  std::vector<double> optimizer;                                // the optimizer step over the stage's shard
 };
 
 // f(layer) for each layer of the model, computed once per kind of layer.
@@ -356,7 +384,7 @@ class Screener {
     const StageShapes& shapes = stage_shapes(p, dp);
     std::vector<double> stage(static_cast<size_t>(pp), 0.0);
     for (size_t s = 0; s < stage.size(); ++s) {
-      for (int64_t x : shapes.layers[s]) stage[s] += lt.layer[static_cast<size_t>(x)];
+      for (const auto& [x, n] : shapes.kinds[s]) stage[s] += d(n) * lt.layer[static_cast<size_t>(x)];
     }
     stage.back() += lt.head;
     // Pipeline sends, the lowering's op. Not overlapped, each runs on its stage's compute stream: per
@@ -591,6 +619,16 @@ class Screener {
       for (int64_t i = 0; i < chunks[v]; ++i) out.layers[v % static_cast<size_t>(pp)].push_back(l++);
     }
     for (const std::vector<int64_t>& layers : out.layers) {
+      std::vector<std::pair<int64_t, int64_t>> kinds;
+      for (int64_t x : layers) {
+        const LayerKind k = kind_of(m_.layers[static_cast<size_t>(x)]);
+        auto same = std::find_if(kinds.begin(), kinds.end(), [&](const auto& y) {
+          return kind_of(m_.layers[static_cast<size_t>(y.first)]) == k;
+        });
+        if (same == kinds.end()) same = kinds.insert(kinds.end(), {x, 0});
+        ++same->second;
+      }
+      out.kinds.push_back(std::move(kinds));
       double sync = 0, gather = 0, sync_drag = 0, gather_drag = 0;
       Op opt = layers.empty() ? Op{} : dp[static_cast<size_t>(layers.front())].optimizer;
       opt.hbm_bytes = opt.flops = 0;
@@ -626,15 +664,19 @@ class Screener {
   const StackProfile& st_;
   const workload::RoutingDistribution& routing_;
   cost::CostModel cm_;
-  std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int, int64_t, int, bool, bool, int, int>,
-           LayerTimes>
+  std::unordered_map<
+      std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int, int64_t, int, bool, bool, int, int>,
+      LayerTimes, KeyHash>
       cache_;
-  std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int>,
-           std::vector<LayerDp>>
+  std::unordered_map<std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int>,
+                     std::vector<LayerDp>, KeyHash>
       dp_cache_;
-  std::map<std::tuple<const std::vector<LayerDp>*, int64_t, int64_t, std::vector<int64_t>>, StageShapes>
+  std::unordered_map<std::tuple<const std::vector<LayerDp>*, int64_t, int64_t, std::vector<int64_t>>,
+                     StageShapes, KeyHash>
       shapes_;
-  std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool>, double> sends_;
+  std::unordered_map<std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool>, double,
+                     KeyHash>
+      sends_;
 };
 
 // The op graph, costs and timeline of a prediction, released (its numbers stay).
@@ -685,29 +727,40 @@ SearchResult search(const ModelSpec& model, const HardwareProfile& hw, const Sta
                     const SearchOptions& options) {
   const auto t0 = std::chrono::steady_clock::now();
   SearchResult r;
-  // Enumeration and pruning (--fix pins, the legality rules, then the memory model), the space split over
-  // the threads by index so that it is never held in memory whole.
+  // One pass over the space, split over the threads by index so that it is never held in memory whole:
+  // enumeration, pruning (--fix pins, the legality rules, then the memory model) and the screen of each plan
+  // that fits. A thread keeps only its best plans by estimate, as many as can become finalists (and every
+  // screened plan when asked).
   const int threads = std::max(1, options.threads);
-  struct Pruned {
-    std::vector<Candidate> kept;
+  const size_t best_kept = static_cast<size_t>(std::max<int64_t>({1, options.finalists, options.top}));
+  // Fastest estimate first, ties in enumeration order.
+  auto before = [](const Candidate& a, const Candidate& b) {
+    return a.screen_step_s < b.screen_step_s || (a.screen_step_s == b.screen_step_s && a.index < b.index);
+  };
+  struct Pass {
+    std::vector<Candidate> best;  // a max-heap under `before`: its front is the worst one kept
+    std::vector<Candidate> screened;
     std::map<std::string, int64_t> rejected;
-    int64_t enumerated = 0, legal = 0;
+    int64_t enumerated = 0, legal = 0, fitting = 0;
     std::optional<Plan> smallest;
     double smallest_bytes = 0;
     int64_t smallest_index = 0;
   };
-  std::vector<Pruned> pruned(static_cast<size_t>(threads));
-  auto prune = [&](int t) {
-    Pruned& out = pruned[static_cast<size_t>(t)];
+  std::vector<Pass> passes(static_cast<size_t>(threads));
+  const cost::LayerKindCounts layer_kinds(model);
+  auto pass = [&](int t) {
+    Pass& out = passes[static_cast<size_t>(t)];
+    Screener screener(model, hw, stack, routing);
     // Shared by many plans: in-flight chunks per (pp, vpp, m, combined 1F1B, layer split), routing scale per
     // (tokens, ep).
-    std::map<std::tuple<int64_t, int64_t, int64_t, bool, std::vector<int64_t>>,
-             std::vector<std::vector<int64_t>>>
+    std::unordered_map<std::tuple<int64_t, int64_t, int64_t, bool, std::vector<int64_t>>,
+                       std::vector<std::vector<int64_t>>, KeyHash>
         flights;
-    std::map<std::pair<int64_t, int64_t>, double> scales;
+    std::unordered_map<std::pair<int64_t, int64_t>, double, KeyHash> scales;
     for_each_plan(
         model, hw, stack, job, space,
         [&](int64_t index, Plan&& p) {
+          if (t == 0 && options.progress && index % 65536 == 0) options.progress(index);
           if (!matches_fixed(p, space)) return;
           ++out.enumerated;
           const auto v = validate(p, model, hw, /*reasons=*/false);
@@ -727,7 +780,7 @@ SearchResult search(const ModelSpec& model, const HardwareProfile& hw, const Sta
           if (sit == scales.end())
             sit = scales.emplace(sk, workload::plan_routing(model, p, routing).scale).first;
           const cost::MemoryBreakdown mem =
-              cost::memory_per_gpu(model, run, hw, stack, fit->second, sit->second);
+              cost::memory_per_gpu(model, run, hw, stack, fit->second, sit->second, &layer_kinds);
           if (!out.smallest || mem.total_low() < out.smallest_bytes) {
             out.smallest = p;
             out.smallest_bytes = mem.total_low();
@@ -737,25 +790,40 @@ SearchResult search(const ModelSpec& model, const HardwareProfile& hw, const Sta
             ++out.rejected["memory: does not fit"];
             return;
           }
-          out.kept.push_back({std::move(p), 0.0, mem.total_low(), index});
+          ++out.fitting;
+          if (options.fit_only) return;
+          Candidate c{{}, screener.step_time(p), mem.total_low(), index};
+          if (options.keep_screened) c.plan = p;
+          if (out.best.size() == best_kept && !before(c, out.best.front())) {
+            if (options.keep_screened) out.screened.push_back(std::move(c));
+            return;
+          }
+          if (options.keep_screened) out.screened.push_back(c);
+          c.plan = std::move(p);
+          if (out.best.size() == best_kept) {
+            std::pop_heap(out.best.begin(), out.best.end(), before);
+            out.best.back() = std::move(c);
+          } else {
+            out.best.push_back(std::move(c));
+          }
+          std::push_heap(out.best.begin(), out.best.end(), before);
         },
         threads, t);
   };
   {
     std::vector<std::thread> workers;
-    for (int t = 1; t < threads; ++t) workers.emplace_back(prune, t);
-    prune(0);
+    for (int t = 1; t < threads; ++t) workers.emplace_back(pass, t);
+    pass(0);
     for (auto& w : workers) w.join();
   }
   auto seconds_since = [](std::chrono::steady_clock::time_point t) {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
   };
-  r.prune_s = seconds_since(t0);
-  std::vector<Candidate> fitting;
+  r.prune_and_screen_s = seconds_since(t0);
   r.capacity_bytes = hw.gpu.hbm_capacity_bytes.value;
   int64_t smallest_index = 0;
-  size_t kept = 0;
-  for (Pruned& p : pruned) {
+  std::vector<Candidate> best;
+  for (Pass& p : passes) {
     // Smallest need, ties to the earliest plan in the enumeration (whatever the thread split).
     if (p.smallest && (!r.smallest_need_plan || p.smallest_bytes < r.smallest_need_bytes ||
                        (p.smallest_bytes == r.smallest_need_bytes && p.smallest_index < smallest_index))) {
@@ -765,103 +833,62 @@ SearchResult search(const ModelSpec& model, const HardwareProfile& hw, const Sta
     }
     r.enumerated += p.enumerated;
     r.legal += p.legal;
+    r.fitting += p.fitting;
     for (const auto& [why, n] : p.rejected) r.rejected[why] += n;
-    kept += p.kept.size();
+    std::move(p.best.begin(), p.best.end(), std::back_inserter(best));
+    std::move(p.screened.begin(), p.screened.end(), std::back_inserter(r.screened_candidates));
+    p = {};
   }
-  // The enumeration's order, whatever the thread interleaving: each thread kept its plans in that order, so
-  // a merge of the threads' lists.
-  fitting.reserve(kept);
-  std::vector<size_t> at(pruned.size(), 0);
-  while (fitting.size() < kept) {
-    size_t from = pruned.size();
-    for (size_t t = 0; t < pruned.size(); ++t) {
-      if (at[t] < pruned[t].kept.size() &&
-          (from == pruned.size() || pruned[t].kept[at[t]].index < pruned[from].kept[at[from]].index))
-        from = t;
-    }
-    fitting.push_back(std::move(pruned[from].kept[at[from]++]));
-  }
-  for (Pruned& p : pruned) p.kept = {};
-  r.fitting = static_cast<int64_t>(fitting.size());
   if (options.fit_only) {
     r.elapsed_s = seconds_since(t0);
     return r;
   }
-
-  // Screening on `threads` threads, each with its own layer-time cache; the calling thread works too and
-  // reports progress between plans.
-  const auto t_screen = std::chrono::steady_clock::now();
-  std::atomic<int64_t> next{0}, done{0};
-  auto screen = [&](bool report) {
-    Screener s(model, hw, stack, routing);
-    const auto total = static_cast<int64_t>(fitting.size());
-    for (int64_t i = next++; i < total; i = next++) {
-      fitting[static_cast<size_t>(i)].screen_step_s = s.step_time(fitting[static_cast<size_t>(i)].plan);
-      const int64_t finished = ++done;
-      if (report && options.progress && finished % 256 == 0) options.progress(finished, total);
-    }
-  };
-  std::vector<std::thread> pool;
-  for (int t = 1; t < threads; ++t) pool.emplace_back(screen, false);
-  screen(true);
-  for (auto& t : pool) t.join();
-  r.screened = static_cast<int64_t>(fitting.size());
-  r.screen_s = seconds_since(t_screen);
-  // Fastest estimate first (ties in enumeration order); the plans themselves stay where they are.
-  std::vector<uint32_t> by_estimate(fitting.size());
-  for (size_t i = 0; i < fitting.size(); ++i) by_estimate[i] = static_cast<uint32_t>(i);
-  std::stable_sort(by_estimate.begin(), by_estimate.end(), [&](uint32_t a, uint32_t b) {
-    return fitting[a].screen_step_s < fitting[b].screen_step_s;
-  });
+  r.screened = r.fitting;
+  // Whatever the thread split, the same order: by estimate, ties in enumeration order.
+  std::sort(best.begin(), best.end(), before);
+  std::sort(r.screened_candidates.begin(), r.screened_candidates.end(), before);
 
   // Full simulation of the finalists (see SearchOptions), graphs dropped as soon as their numbers are read.
   size_t finalists = 0;
-  const double cutoff =
-      fitting.empty() ? 0.0 : fitting[by_estimate.front()].screen_step_s * (1.0 + options.finalist_window);
-  while (finalists < fitting.size() && finalists < static_cast<size_t>(options.finalists) &&
-         fitting[by_estimate[finalists]].screen_step_s <= cutoff) {
+  const double cutoff = best.empty() ? 0.0 : best.front().screen_step_s * (1.0 + options.finalist_window);
+  while (finalists < best.size() && finalists < static_cast<size_t>(options.finalists) &&
+         best[finalists].screen_step_s <= cutoff) {
     ++finalists;
   }
-  finalists = std::min(fitting.size(), std::max(finalists, static_cast<size_t>(options.top)));
+  finalists = std::min(best.size(), std::max(finalists, static_cast<size_t>(options.top)));
   const auto t_simulate = std::chrono::steady_clock::now();
   std::vector<RankedPlan> ranked(finalists);
-  std::atomic<size_t> fin{0};
-  auto simulate_finalists = [&] {
-    for (size_t i = fin++; i < finalists; i = fin++) {
-      const Plan& plan = fitting[by_estimate[i]].plan;
-      ranked[i] = {plan, predict(model, plan, hw, stack, routing, {.critical_path = true})};
-      drop_graph(ranked[i].prediction);
-    }
+  // f(i) for i < n, shared by the threads.
+  auto on_threads = [threads](size_t n, const std::function<void(size_t)>& f) {
+    std::atomic<size_t> next_one{0};
+    auto work = [&] {
+      for (size_t i = next_one++; i < n; i = next_one++) f(i);
+    };
+    std::vector<std::thread> pool;
+    for (int t = 1; t < threads; ++t) pool.emplace_back(work);
+    work();
+    for (auto& t : pool) t.join();
   };
-  pool.clear();
-  for (int t = 1; t < threads; ++t) pool.emplace_back(simulate_finalists);
-  simulate_finalists();
-  for (auto& t : pool) t.join();
+  // Each finalist's step.
+  on_threads(finalists, [&](size_t i) {
+    ranked[i] = {best[i].plan, predict(model, best[i].plan, hw, stack, routing, {.critical_path = true})};
+    drop_graph(ranked[i].prediction);
+  });
   r.simulated = static_cast<int64_t>(finalists);
-  r.simulate_s = seconds_since(t_simulate);
   std::stable_sort(ranked.begin(), ranked.end(), [](const RankedPlan& a, const RankedPlan& b) {
     const bool fa = a.prediction.memory.fits(), fb = b.prediction.memory.fits();
     if (fa != fb) return fa;
     return a.prediction.step_time_s < b.prediction.step_time_s;
   });
   ranked.resize(std::min(ranked.size(), static_cast<size_t>(options.top)));
+  r.simulate_s = seconds_since(t_simulate);
   if (options.keep_graphs) {
     // Again for the few kept, with their graphs (deterministic: the same numbers).
-    std::atomic<size_t> again{0};
-    auto resimulate = [&] {
-      for (size_t i = again++; i < ranked.size(); i = again++)
-        ranked[i].prediction = predict(model, ranked[i].plan, hw, stack, routing, {.critical_path = true});
-    };
-    pool.clear();
-    for (int t = 1; t < threads; ++t) pool.emplace_back(resimulate);
-    resimulate();
-    for (auto& t : pool) t.join();
+    on_threads(ranked.size(), [&](size_t i) {
+      ranked[i].prediction = predict(model, ranked[i].plan, hw, stack, routing, {.critical_path = true});
+    });
   }
   r.plans = std::move(ranked);
-  if (options.keep_screened) {
-    r.screened_candidates.reserve(fitting.size());
-    for (uint32_t i : by_estimate) r.screened_candidates.push_back(std::move(fitting[i]));
-  }
   r.elapsed_s = seconds_since(t0);
   return r;
 }

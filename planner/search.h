@@ -63,8 +63,9 @@ struct SearchResult {
   int64_t screened = 0;
   int64_t simulated = 0;
   double elapsed_s = 0;
-  // Wall seconds of the phases: enumeration and pruning, the screen, the finalists' full simulation.
-  double prune_s = 0, screen_s = 0, simulate_s = 0;
+  // Wall seconds of the phases: enumeration, pruning and the screen (one pass), the finalists' full
+  // simulation.
+  double prune_and_screen_s = 0, simulate_s = 0;
   // The legal plan that needs the least memory per GPU (the low end of its range, as the fit test reads it),
   // whether it fits or not: when nothing fits, how far the job is from fitting.
   std::optional<Plan> smallest_need_plan;
@@ -78,7 +79,7 @@ struct SearchOptions {
   // Finalists, re-scored by the full simulation: the plans whose estimate is within `finalist_window` of the
   // best estimate (the screen's disagreement with the full simulation stays below it; see the screening
   // tests), at most `finalists`, at least `top`.
-  int64_t finalists = 24;
+  int64_t finalists = 96;
   double finalist_window = 0.15;
   // Keep the op graph, costs and timeline of the top plans (for traces). Without it only the numbers are
   // kept: a large job's graph takes hundreds of MB.
@@ -88,7 +89,9 @@ struct SearchOptions {
   // Stop after enumeration and the memory test (no screen, no simulation): counts, rejections and the
   // smallest memory need only.
   bool fit_only = false;
-  std::function<void(int64_t done, int64_t total)> progress;  // called from the calling thread
+  // Called from the calling thread now and then with the plans enumerated so far (a lower bound: the
+  // threads share the enumeration).
+  std::function<void(int64_t enumerated)> progress;
 };
 
 // The space: pp dividing the GPUs (at most one stage per layer) with vpp from the SearchSpace; the attention

@@ -41,8 +41,8 @@ void run(const Case& c, int threads) {
   fmt::print("  wall {:.2f} s: {} enumerated, {} legal, {} fit, {} screened, {} simulated; {:.0f} plans/s\n",
              s, r.enumerated, r.legal, r.fitting, r.screened, r.simulated,
              static_cast<double>(r.enumerated) / s);
-  fmt::print("  phases: enumerate and prune {:.2f} s, screen {:.2f} s, simulate the finalists {:.2f} s\n",
-             r.prune_s, r.screen_s, r.simulate_s);
+  fmt::print("  phases: enumerate, prune and screen {:.2f} s, simulate the finalists {:.2f} s\n",
+             r.prune_and_screen_s, r.simulate_s);
   for (const auto& [why, n] : r.rejected) fmt::print("  rejected {:>9}  {}\n", n, why);
   for (size_t i = 0; i < r.plans.size(); ++i) {
     const Prediction& p = r.plans[i].prediction;

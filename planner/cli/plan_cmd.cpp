@@ -190,9 +190,8 @@ Runner add_plan(CLI::App& app) {
     opts.keep_graphs = !o->out_dir.empty();
     const bool tty = isatty(STDERR_FILENO) && !o->json;
     if (tty) {
-      opts.progress = [](int64_t done, int64_t total) {
-        std::fprintf(stderr, "\rscreening %lld / %lld plans", static_cast<long long>(done),
-                     static_cast<long long>(total));
+      opts.progress = [](int64_t enumerated) {
+        std::fprintf(stderr, "\rsearching: %lld plans enumerated", static_cast<long long>(enumerated));
       };
     }
     planner::SearchResult r =

@@ -85,20 +85,20 @@ std::vector<Violation> validate(const Plan& p, const ModelSpec& m, const Hardwar
   // Recurrent mixers (Gated DeltaNet, Mamba-2): their heads split over tp*sp like attention heads (Mamba's
   // B/C groups too); a chunk of the sequence needs the state of the chunks before it, which context
   // parallelism would pass between ranks in order, and no stack here does that.
-  if (m.has_mixer(MixerKind::kLinearAttention)) {
+  const bool delta_net = m.has_mixer(MixerKind::kLinearAttention), mamba = m.has_mixer(MixerKind::kMamba2);
+  if (delta_net) {
     const auto& g = m.linear_attention;
     r.check(divides(a.tp * a.sp, g.key_heads) && divides(a.tp * a.sp, g.value_heads), "mixer_heads_divisible",
             "Gated DeltaNet heads (", g.key_heads, " key, ", g.value_heads,
             " value) are not divisible by tp*sp (", a.tp * a.sp, ")");
   }
-  if (m.has_mixer(MixerKind::kMamba2)) {
+  if (mamba) {
     r.check(divides(a.tp * a.sp, m.mamba.heads) && divides(a.tp * a.sp, m.mamba.groups),
             "mixer_heads_divisible", "Mamba-2 heads (", m.mamba.heads, ") and groups (", m.mamba.groups,
             ") are not divisible by tp*sp (", a.tp * a.sp, ")");
   }
   r.check(
-      a.cp == 1 || !(m.has_mixer(MixerKind::kLinearAttention) || m.has_mixer(MixerKind::kMamba2)),
-      "recurrent_mixer_no_cp", "cp = ", a.cp,
+      a.cp == 1 || !(delta_net || mamba), "recurrent_mixer_no_cp", "cp = ", a.cp,
       ": the model's Gated DeltaNet / Mamba-2 layers carry state along the sequence, and context parallelism "
       "of them is not modelled");
 

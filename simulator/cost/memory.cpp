@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 
 #include "simulator/core/model_stats.h"
 #include "simulator/core/units.h"
@@ -404,8 +405,24 @@ double head_activations(const ModelSpec& m, const Plan& p, const StackProfile& s
   return head + d(m.mtp_layers) * mtp;
 }
 
+LayerKindCounts::LayerKindCounts(const ModelSpec& m) {
+  for (size_t l = 0; l < m.layers.size(); ++l) {
+    const LayerSpec& spec = m.layers[l];
+    auto it =
+        std::find_if(kinds_.begin(), kinds_.end(), [&](const LayerSpec& k) { return k.same_kind(spec); });
+    if (it == kinds_.end()) {
+      kinds_.push_back(spec);
+      before_.emplace_back(m.layers.size() + 1, 0);
+      it = kinds_.end() - 1;
+    }
+    const auto k = static_cast<size_t>(it - kinds_.begin());
+    for (size_t j = 0; j < kinds_.size(); ++j) before_[j][l + 1] = before_[j][l] + (j == k ? 1 : 0);
+  }
+}
+
 double dispatcher_buffer_bytes(const ModelSpec& m, const Plan& p, const StackProfile& stack,
-                               const HardwareProfile& hw, double expert_load_scale) {
+                               const HardwareProfile& hw, double expert_load_scale,
+                               const LayerKindCounts* counts) {
   if (!m.is_moe()) return 0.0;
   const double h = d(m.hidden), t = tokens_per_rank(p);
   const int64_t group =
@@ -428,12 +445,10 @@ double dispatcher_buffer_bytes(const ModelSpec& m, const Plan& p, const StackPro
   const double rows = t * d(m.moe.top_k) * expert_load_scale * d(p.experts.etp);
   const double exchange = p.experts.dispatch == Dispatch::kAllGather ? t * d(p.experts.ep) * h : rows * h;
   // The largest layer's parameters, one evaluation per distinct layer kind.
+  std::optional<LayerKindCounts> own;
+  if (!counts) counts = &own.emplace(m);
   double largest_layer = 0;
-  std::vector<const LayerSpec*> seen;
-  for (const LayerSpec& spec : m.layers) {
-    if (std::any_of(seen.begin(), seen.end(), [&](const LayerSpec* k) { return k->same_kind(spec); }))
-      continue;
-    seen.push_back(&spec);
+  for (const LayerSpec& spec : counts->kinds()) {
     const LocalParams lp = local_params(m, p, spec);
     largest_layer = std::max(largest_layer, lp.dense() + lp.experts);
   }
@@ -443,7 +458,7 @@ double dispatcher_buffer_bytes(const ModelSpec& m, const Plan& p, const StackPro
 std::vector<MemoryBreakdown> memory_per_stage(const ModelSpec& m, const Plan& p, const HardwareProfile& hw,
                                               const StackProfile& stack,
                                               const std::vector<std::vector<int64_t>>& in_flight,
-                                              double expert_load_scale) {
+                                              double expert_load_scale, const LayerKindCounts* counts) {
   const int64_t pp = p.pipeline.pp, vpp = p.pipeline.vpp, tp = p.attention.tp;
   const int64_t chunks = pp * vpp;
   const double replicas = d(p.attention.sp * p.attention.cp * p.dp());  // ranks holding the same dense params
@@ -467,28 +482,28 @@ std::vector<MemoryBreakdown> memory_per_stage(const ModelSpec& m, const Plan& p,
 
   // Per distinct layer kind: parameters on this rank and saved activations (layers of a kind are identical).
   struct Kind {
-    LayerSpec spec;
     LocalParams params;
     double saved = 0;    // under the plan's recompute (full: the layer input)
     double working = 0;  // without recompute: the backward's working set (see below)
   };
-  std::vector<Kind> kinds;
-  auto kind_of = [&](const LayerSpec& spec) -> size_t {
-    auto it = std::find_if(kinds.begin(), kinds.end(), [&](const Kind& k) { return k.spec.same_kind(spec); });
-    if (it != kinds.end()) return static_cast<size_t>(it - kinds.begin());
-    kinds.push_back(
-        {spec, local_params(m, p, spec), layer_activations(m, p, stack, spec, expert_load_scale).total(),
-         layer_activations_under(m, p, stack, spec, expert_load_scale, Recompute::kNone, 0).total()});
-    return kinds.size() - 1;
+  std::optional<LayerKindCounts> own;
+  if (!counts) counts = &own.emplace(m);
+  auto kind_of = [&](const LayerSpec& spec) {
+    return Kind{local_params(m, p, spec), layer_activations(m, p, stack, spec, expert_load_scale).total(),
+                layer_activations_under(m, p, stack, spec, expert_load_scale, Recompute::kNone, 0).total()};
   };
-  const LayerSpec mtp_spec{m.is_moe(), 0, true};
-  const double comm = dispatcher_buffer_bytes(m, p, stack, hw, expert_load_scale);
+  std::vector<Kind> kinds;
+  kinds.reserve(counts->kinds().size());
+  for (const LayerSpec& spec : counts->kinds()) kinds.push_back(kind_of(spec));
+  const Kind mtp = m.mtp_layers > 0 ? kind_of(LayerSpec{m.is_moe(), 0, true}) : Kind{};
+  const double comm = dispatcher_buffer_bytes(m, p, stack, hw, expert_load_scale, counts);
   const double head = head_activations(m, p, stack, expert_load_scale);
   const double input_bytes = tokens_per_rank(p) * d(m.hidden) * kBf16;
+  const bool full = p.recompute == Recompute::kFull;
+  const int64_t group_layers = std::max<int64_t>(1, p.recompute_num_layers);
 
   std::vector<MemoryBreakdown> stages;
   stages.reserve(static_cast<size_t>(pp));
-  std::vector<size_t> chunk;  // the layer kinds of one chunk, reused
   for (int64_t s = 0; s < pp; ++s) {
     MemoryBreakdown b;
     b.stage = s;
@@ -496,40 +511,40 @@ std::vector<MemoryBreakdown> memory_per_stage(const ModelSpec& m, const Plan& p,
     double sharded = 0, replicated = 0, experts = 0, gemm = 0, largest_layer = 0, working = 0;
     int64_t stage_layers = 0, longest_chunk = 0;
     std::vector<double> chunk_bytes(static_cast<size_t>(vpp), 0.0);
+    // `count` layers of one kind: their parameters, and the largest layer and working set among them.
+    auto hold = [&](const Kind& k, int64_t count) {
+      sharded += d(count) * k.params.sharded;
+      gemm += d(count) * k.params.gemm;
+      replicated += d(count) * k.params.replicated;
+      experts += d(count) * k.params.experts;
+      largest_layer = std::max(largest_layer, k.params.dense() + k.params.experts);
+      working = std::max(working, k.working);
+    };
     for (int64_t c = 0; c < vpp; ++c) {
       const int64_t v = virtual_stage(c, s, pp, p.pipeline.schedule);
       const bool last = v == chunks - 1;
-      chunk.clear();
-      for (int64_t l = first[static_cast<size_t>(v)]; l < first[static_cast<size_t>(v) + 1]; ++l)
-        chunk.push_back(kind_of(m.layers[static_cast<size_t>(l)]));
-      const auto n = static_cast<int64_t>(chunk.size());  // decoder layers; MTP layers follow on the last
-      if (last) {
-        for (int64_t j = 0; j < m.mtp_layers; ++j) chunk.push_back(kind_of(mtp_spec));
-      }
+      const int64_t a = first[static_cast<size_t>(v)], e = first[static_cast<size_t>(v) + 1];
+      const int64_t n = e - a;  // decoder layers; MTP layers follow on the last
       double& bytes = chunk_bytes[static_cast<size_t>(c)];
-      for (int64_t i = 0; i < static_cast<int64_t>(chunk.size()); ++i) {
-        const Kind& k = kinds[chunk[static_cast<size_t>(i)]];
-        sharded += k.params.sharded;
-        gemm += k.params.gemm;
-        replicated += k.params.replicated;
-        experts += k.params.experts;
-        largest_layer = std::max(largest_layer, k.params.dense() + k.params.experts);
-        working = std::max(working, k.working);
-        if (i >= n) continue;  // an MTP layer: its activations are among the head's
-        // Full recompute (recompute.py:157-181): uniform keeps one input per group of N layers of the chunk;
-        // block checkpoints the first N layers of the chunk and keeps everything of the rest.
-        if (p.recompute == Recompute::kFull) {
-          const int64_t nl = std::max<int64_t>(1, p.recompute_num_layers);
-          if (p.recompute_method == RecomputeMethod::kUniform) {
-            if (i % nl == 0) bytes += input_bytes;
-          } else {
-            bytes += i < nl ? input_bytes : k.working;
-          }
-        } else {
-          bytes += k.saved;
+      // Full recompute (recompute.py:157-181): uniform keeps one input per group of N layers of the chunk;
+      // block checkpoints the first N layers of the chunk and keeps everything of the rest.
+      if (full) {
+        bytes += d(p.recompute_method == RecomputeMethod::kUniform ? (n + group_layers - 1) / group_layers
+                                                                   : std::min(n, group_layers)) *
+                 input_bytes;
+      }
+      for (size_t k = 0; k < kinds.size(); ++k) {
+        const int64_t count = counts->in(k, a, e);
+        if (count == 0) continue;
+        hold(kinds[k], count);
+        if (!full) {
+          bytes += d(count) * kinds[k].saved;
+        } else if (p.recompute_method != RecomputeMethod::kUniform) {
+          bytes += d(counts->in(k, std::min(e, a + group_layers), e)) * kinds[k].working;
         }
       }
-      stage_layers += static_cast<int64_t>(chunk.size());
+      if (last && m.mtp_layers > 0) hold(mtp, m.mtp_layers);  // its activations are among the head's
+      stage_layers += n + (last ? m.mtp_layers : 0);
       longest_chunk = std::max(longest_chunk, n);
       if (last) {
         bytes += head;
@@ -606,8 +621,9 @@ std::vector<MemoryBreakdown> memory_per_stage(const ModelSpec& m, const Plan& p,
 
 MemoryBreakdown memory_per_gpu(const ModelSpec& m, const Plan& p, const HardwareProfile& hw,
                                const StackProfile& stack, const std::vector<std::vector<int64_t>>& in_flight,
-                               double expert_load_scale) {
-  const std::vector<MemoryBreakdown> stages = memory_per_stage(m, p, hw, stack, in_flight, expert_load_scale);
+                               double expert_load_scale, const LayerKindCounts* counts) {
+  const std::vector<MemoryBreakdown> stages =
+      memory_per_stage(m, p, hw, stack, in_flight, expert_load_scale, counts);
   return *std::max_element(
       stages.begin(), stages.end(),
       [](const MemoryBreakdown& a, const MemoryBreakdown& b) { return a.total() < b.total(); });

@@ -15,6 +15,22 @@
 
 namespace moeplan::cost {
 
+// The model's distinct kinds of layer (LayerSpec::same_kind) and how many of each the first l layers hold, so
+// that the layers of any range are counted by kind without walking them.
+class LayerKindCounts {
+ public:
+  explicit LayerKindCounts(const ModelSpec& m);
+  const std::vector<LayerSpec>& kinds() const { return kinds_; }
+  // Layers of kind k among layers [first, last).
+  int64_t in(size_t k, int64_t first, int64_t last) const {
+    return before_[k][static_cast<size_t>(last)] - before_[k][static_cast<size_t>(first)];
+  }
+
+ private:
+  std::vector<LayerSpec> kinds_;
+  std::vector<std::vector<int64_t>> before_;  // before_[k][l]: layers of kind k among the first l
+};
+
 // Bytes one decoder layer keeps for backward, per micro-batch on one rank, by the tensor's owner (the modules
 // Megatron's --recompute-modules name). Notation: t = b*s/(tp*sp*cp) tokens of the rank's sequence shard,
 // tg = t*tp after the TP all-gather, rows = t*k*load routed rows reaching the busiest rank's experts (x etp).
@@ -68,7 +84,8 @@ double head_activations(const ModelSpec& m, const Plan& p, const StackProfile& s
 // NCCL all-to-all / all-gather: none beyond NCCL's own (in the stack's reserve).
 // Fused (moerun / MegaScale-MoE): send and receive windows of the largest exchange, and a DP bucket.
 double dispatcher_buffer_bytes(const ModelSpec& m, const Plan& p, const StackProfile& stack,
-                               const HardwareProfile& hw, double expert_load_scale);
+                               const HardwareProfile& hw, double expert_load_scale,
+                               const LayerKindCounts* counts = nullptr);
 
 struct MemoryBreakdown {
   int64_t stage = 0;       // the pipeline stage with the largest total
@@ -97,11 +114,13 @@ struct MemoryBreakdown {
 std::vector<MemoryBreakdown> memory_per_stage(const ModelSpec& m, const Plan& p, const HardwareProfile& hw,
                                               const StackProfile& stack,
                                               const std::vector<std::vector<int64_t>>& in_flight,
-                                              double expert_load_scale);
+                                              double expert_load_scale,
+                                              const LayerKindCounts* counts = nullptr);
 
 // The stage with the largest (central) total: what one GPU must hold.
+// `counts`: the model's (computed here when absent; a search that prices many plans passes its own).
 MemoryBreakdown memory_per_gpu(const ModelSpec& m, const Plan& p, const HardwareProfile& hw,
                                const StackProfile& stack, const std::vector<std::vector<int64_t>>& in_flight,
-                               double expert_load_scale);
+                               double expert_load_scale, const LayerKindCounts* counts = nullptr);
 
 }  // namespace moeplan::cost
