@@ -420,7 +420,7 @@ class MegatronBuilder {
     flag("--moe-grouped-gemm");
     flag("--moe-permute-fusion");
     // The plan's router: fused (TE fused_topk_with_score_function and the fused aux-loss scores; TE >= 2.6,
-    // MU:828-847), 31 kernels, or Megatron's default eager one, about 72.
+    // MU:828-847) or Megatron's default eager one (their kernels: workload's megatron_router_kernels).
     if (p_.routing.fused_router) flag("--moe-router-fusion");
     const std::string type = dispatcher();
     flag("--moe-token-dispatcher-type", type);

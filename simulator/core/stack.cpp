@@ -73,6 +73,8 @@ std::vector<const std::string*> StackProfile::number_sources() const {
                                          &dispatcher.nvlink_efficiency.source,
                                          &dispatcher.permute_fused.source,
                                          &dispatcher.permute_host_waits.source,
+                                         &dispatcher.permute_index_kernels.source,
+                                         &dispatcher.permute_index_backward_kernels.source,
                                          &expert_mlp.eager_output_bias.source,
                                          &expert_mlp.eager_glu_clamp.source,
                                          &attention_kernel.source,

@@ -106,6 +106,9 @@ struct StackProfile {
     // Host waits between a forward dispatch and the permute by expert: reads of a size the GPU computed
     // (DeepEP's indices-to-multihot conversion in Megatron-Core without experimental features).
     Stated<int64_t> permute_host_waits;
+    // Kernels of that conversion beyond its waits, forward and backward (0: none).
+    Stated<int64_t> permute_index_kernels;
+    Stated<int64_t> permute_index_backward_kernels;
     // Measured per node count of the exchange (optional): the RDMA leg's efficiency (replacing
     // nic_efficiency) and the fixed cost of a forward dispatch (routing metadata, preprocessing, host wait)
     // and of a forward combine beyond their kernels. Nodes increasing; interpolated, held at the ends.

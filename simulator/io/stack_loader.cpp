@@ -153,7 +153,8 @@ Result<StackProfile> stack_from_json(const json& j, const std::string& label) {
 
     const JsonNode d = root.object("dispatcher");
     d.only_keys({"kind", "host_sync", "sms", "nic_efficiency", "nvlink_efficiency", "permute_fused",
-                 "permute_host_waits", "by_nodes"});
+                 "permute_host_waits", "permute_index_kernels", "permute_index_backward_kernels",
+                 "by_nodes"});
     s.dispatcher.kind = stated_choice<DispatcherKind>(d, "kind",
                                                       {{"nccl_all_to_all", DispatcherKind::kNcclAllToAll},
                                                        {"nccl_all_gather", DispatcherKind::kNcclAllGather},
@@ -166,6 +167,8 @@ Result<StackProfile> stack_from_json(const json& j, const std::string& label) {
     s.dispatcher.nvlink_efficiency = stated_fraction(d, "nvlink_efficiency", Interval::kEfficiency);
     s.dispatcher.permute_fused = stated_bool(d, "permute_fused");
     s.dispatcher.permute_host_waits = stated_integer(d, "permute_host_waits", 0, 16);
+    s.dispatcher.permute_index_kernels = stated_integer(d, "permute_index_kernels", 0, 256);
+    s.dispatcher.permute_index_backward_kernels = stated_integer(d, "permute_index_backward_kernels", 0, 256);
     if (d.has("by_nodes")) {
       // {"value": [[nodes, nic_efficiency, dispatch_setup_us, combine_setup_us], ...], "basis", "source"}
       const JsonNode b = stated_node(d, "by_nodes");
@@ -266,13 +269,16 @@ nlohmann::ordered_json stack_to_json(const StackProfile& s) {
                          {"efficiency", num(s.grouped_gemm.efficiency, 1.0)},
                          {"wgrad_efficiency", num(s.grouped_gemm.wgrad_efficiency, 1.0)}};
   j["memory_bound_efficiency"] = num(s.memory_bound_efficiency, 1.0);
-  j["dispatcher"] = oj{{"kind", name(s.dispatcher.kind)},
-                       {"host_sync", flag(s.dispatcher.host_sync)},
-                       {"sms", integer(s.dispatcher.sms)},
-                       {"nic_efficiency", num(s.dispatcher.nic_efficiency, 1.0)},
-                       {"nvlink_efficiency", num(s.dispatcher.nvlink_efficiency, 1.0)},
-                       {"permute_fused", flag(s.dispatcher.permute_fused)},
-                       {"permute_host_waits", integer(s.dispatcher.permute_host_waits)}};
+  j["dispatcher"] =
+      oj{{"kind", name(s.dispatcher.kind)},
+         {"host_sync", flag(s.dispatcher.host_sync)},
+         {"sms", integer(s.dispatcher.sms)},
+         {"nic_efficiency", num(s.dispatcher.nic_efficiency, 1.0)},
+         {"nvlink_efficiency", num(s.dispatcher.nvlink_efficiency, 1.0)},
+         {"permute_fused", flag(s.dispatcher.permute_fused)},
+         {"permute_host_waits", integer(s.dispatcher.permute_host_waits)},
+         {"permute_index_kernels", integer(s.dispatcher.permute_index_kernels)},
+         {"permute_index_backward_kernels", integer(s.dispatcher.permute_index_backward_kernels)}};
   if (!s.dispatcher.by_nodes.empty()) {
     oj rows = oj::array();
     for (const auto& r : s.dispatcher.by_nodes) {

@@ -772,8 +772,17 @@ int Builder::moe_dispatch_dedup(int r, double ep_rows, int64_t f_r, int64_t loca
   if (o_.dispatcher_host_sync) y = record(host_wait(4.0 * d(e.num_experts)), {y}, false, true);
   y = record(exchange(OpName::kDispatchA2a, disp_elt, fp8_dispatch ? DType::kFp8 : dt_), {r, y}, true);
   node_ = Node::kMlp;
-  // Reads of sizes the GPU computed from the received indices, each a host wait (8 bytes each).
+  // Reads of sizes the GPU computed from the received indices, each a host wait (8 bytes each), and the rest
+  // of that conversion: a long and a float map [received tokens, local experts] zeroed and written, the
+  // routing map cast to bool; its backward gathers the probs' gradient back.
   for (int i = 0; i < o_.permute_host_waits; ++i) y = record(host_wait(8.0), {y}, false, true);
+  if (o_.permute_index_kernels > 0) {
+    const double map_bytes = recv_rows * d(local_experts) * (2.0 * (8.0 + 4.0) + 8.0 + 1.0);
+    y = record(
+        mem(OpName::kPermuteIndex, MemOp::kRouting, map_bytes, Stream::kCompute, o_.permute_index_kernels),
+        {y});
+    backward_as(y, recv_rows * d(k) * 3.0 * 4.0, o_.permute_index_backward_kernels);
+  }
   if (!o_.permute_fused) {
     // A local permute of the received tokens into per-expert rows (TE fused permute).
     y = record(mem(OpName::kPermute, MemOp::kPermute, (recv_rows + ep_rows) * d(h) * dt, Stream::kCompute, 2),
@@ -858,9 +867,12 @@ int Builder::moe_fwd(int in) {
   in_bf16(router);  // the router GEMM runs in BF16 (or FP32) under FP8 training
   int r = record(router, {x});
   // Scores, top-k (group-limited where configured), probs and routing map [t, E] in fp32, and the aux loss.
-  r = record(mem(OpName::kRouterTopk, MemOp::kRouting, d(t_ * e.num_experts) * 13.0, Stream::kCompute,
-                 p_.routing.fused_router ? o_.router_kernels : o_.router_kernels_unfused),
-             {r});
+  const double routing_bytes = d(t_ * e.num_experts) * 13.0;
+  const RouterKernels rk =
+      o_.eager_framework ? megatron_router_kernels(e, p_.routing.fused_router, tp_ * p_.attention.cp > 1)
+                         : RouterKernels{};
+  r = record(mem(OpName::kRouterTopk, MemOp::kRouting, routing_bytes, Stream::kCompute, rk.forward), {r});
+  backward_as(r, routing_bytes, rk.backward);
 
   // Shared experts: a dense FFN on the side stream, beside dispatch (MegaScale-MoE §4.1).
   int shared = -1;
@@ -1707,17 +1719,59 @@ LoweringOptions lowering_options(const HardwareProfile& hw, const StackProfile& 
   o.dispatcher_host_sync = stack.dispatcher.host_sync.value;
   o.permute_fused = stack.dispatcher.permute_fused.value;
   o.permute_host_waits = static_cast<int>(stack.dispatcher.permute_host_waits.value);
+  o.permute_index_kernels = static_cast<int>(stack.dispatcher.permute_index_kernels.value);
+  o.permute_index_backward_kernels = static_cast<int>(stack.dispatcher.permute_index_backward_kernels.value);
   o.eager_output_bias = stack.expert_mlp.eager_output_bias.value;
   o.eager_glu_clamp = stack.expert_mlp.eager_glu_clamp.value;
-  // The router region: moerun's router is one kernel. Megatron-Core with --moe-router-fusion (TE's fused
-  // top-k and aux-loss kernels; our Megatron launch sets it) still launches 31 kernels from the gating GEMM
-  // to the aux loss, 72 without fusion (Megatron-LM docs, GB200 MoE optimisation notes at commit 3c1b98ef^,
-  // l.85; TE PR 1883); the GEMM is its own op here.
-  const bool eager = stack.dispatcher.kind.value != DispatcherKind::kFused;
-  o.eager_framework = eager;
-  o.router_kernels = eager ? 30 : 1;
-  o.router_kernels_unfused = eager ? 71 : 1;
+  o.eager_framework = stack.dispatcher.kind.value != DispatcherKind::kFused;
   return o;
+}
+
+RouterKernels megatron_router_kernels(const MoeSpec& e, bool fused, bool partitioned) {
+  // Read from Megatron-LM's TopKRouter (router.py) and moe_utils.py: the eager router at 1e057005 (the
+  // ModelZoo runs' commit, before --moe-router-fusion existed) and the fused one at 2edffadb (Megatron-Bridge
+  // v0.4.2's), with TE's fused router functions (transformer_engine/pytorch/router.py, common/fused_router:
+  // one kernel each way, the aux loss one kernel forward up to TE 2.15). Counted per kernel: a view launches
+  // none; a sorted torch.topk selects then sorts (2), out-of-place scatter and masked_fill copy first (2);
+  // a collective is one. Megatron's recipes route in fp32 (--moe-router-dtype fp32: two casts each way at
+  // 1e057005; at 2edffadb the gating function casts only in its backward, four) and balance DeepSeek-style
+  // routers (score-correction bias) with the sequence aux loss, the others with the switch aux loss.
+  // Check: DeepSeek-V3's router gives 47 + 30 = 77 unfused and 10 + 11 = 21 fused, against "72" and "31"
+  // for its router part before and after fusion in Megatron's GB200 notes (3c1b98ef^, l.85), forward and
+  // backward together (an earlier fused implementation).
+  const bool sigmoid = e.score == RouterScore::kSigmoid, seq_aux = e.router_score_bias;
+  const bool bias = e.router_score_bias, scaled = e.routed_scaling != 1.0;
+  const int collective = partitioned ? 1 : 0;  // over TP x CP: the token counts' all-reduce (switch loss),
+                                               // the probs' all-gather (sequence loss, reduce-scatter back)
+  RouterKernels k;
+  if (fused) {
+    // Forward: fused top-k, fused aux scores, tokens per expert (sum) and their all-reduce, fused aux loss
+    // (sequence loss: / batch), / coeff and the logging tracker's add, the expert bias's count (sum, add).
+    k.forward = 3 + collective + 1 + (seq_aux ? 1 : 0) + 2 + (bias ? 2 : 0);
+    // Backward: the aux-loss scaler (ones, scale), [/ batch], the three fused backwards, the two gradients
+    // summed into the logits', the gating function's four casts.
+    k.backward = 2 + (seq_aux ? 1 : 0) + 3 + 1 + 4;
+    return k;
+  }
+  // Forward: the input and weight cast to fp32; the scores and top-k; the masked gates (zeros, scatter),
+  // the routing map (zeros, int, scatter, bool) and tokens per expert (sum); the aux loss's scores, the loss
+  // and the logging tracker (divide, add in place); the expert bias's count.
+  const int top_k = e.group_limited() ? 13  // group scores (top-k, sum), group top-k, mask (zeros, scatter,
+                                            // expand copy, bool, not), masked_fill, masked top-k
+                                      : 2;
+  const int scores = sigmoid ? 1 + (bias ? 2 : 0) + top_k + 3  // sigmoid, [+bias, gather], sum, add, div
+                             : top_k + 1;                      // top-k of the logits, softmax
+  const int aux_loss = (seq_aux ? 7 : 4) + collective;
+  k.forward = 2 + scores + (scaled ? 1 : 0) + 9 + (sigmoid ? 4 : 1) + aux_loss + 2 + (bias ? 2 : 0);
+  // Backward: the aux-loss scaler (ones, scale); the loss back to its scores (sequence: scale, mean, mul,
+  // mean [, reduce-scatter]; switch: scale, mul) and through them (sigmoid: the division's 6, an add, the
+  // sigmoid; softmax: contiguous, softmax); the probs through the gates' scatter (a gather), [the scaling],
+  // and the division, the gather (zeros, scatter-add) and the sigmoid, or the softmax and the top-k (zeros,
+  // scatter); both paths summed into the logits' gradient; the two casts.
+  const int loss_back = (seq_aux ? 4 + collective : 2) + (sigmoid ? 8 : 2);
+  const int probs_back = 1 + (scaled ? 1 : 0) + (sigmoid ? 10 : 3);
+  k.backward = 2 + loss_back + probs_back + 1 + 2;
+  return k;
 }
 
 StackLowering stack_lowering(const ModelSpec& model, const Plan& plan, const HardwareProfile& hw,

@@ -31,14 +31,24 @@ struct LoweringOptions {
   bool dispatcher_host_sync = false;
   bool permute_fused = false;  // the permute is part of the dispatch kernel (HybridEP)
   int permute_host_waits = 0;  // host waits between a forward dispatch and the permute (DeepEP in Megatron)
+  int permute_index_kernels = 0;           // kernels of that index conversion beyond its waits, forward
+  int permute_index_backward_kernels = 0;  // and backward
   bool eager_output_bias = false;  // the experts' down-projection bias added per expert outside the GEMM
   bool eager_glu_clamp = false;    // a clamped GLU clamps in separate kernels and syncs the stream
   // Kernels the framework launches per op where an op of the graph stands for several (PyTorch eager:
-  // Megatron's router region is 31 kernels with router fusion); moerun launches one kernel per op.
+  // Megatron's router, megatron_router_kernels); moerun launches one kernel per op.
   bool eager_framework = false;
-  int router_kernels = 1;          // with the plan's fused router
-  int router_kernels_unfused = 1;  // without it
 };
+
+// Kernels Megatron-Core's router launches per layer and micro-batch beside its gating GEMM, forward and
+// backward, for the model's router (score function, score-correction bias, group-limited top-k, scaling)
+// with or without --moe-router-fusion; `partitioned`: the sequence is split over TP or CP, so the aux loss
+// reduces over that group.
+struct RouterKernels {
+  int forward = 1;
+  int backward = 1;
+};
+RouterKernels megatron_router_kernels(const MoeSpec& moe, bool fused, bool partitioned);
 
 // The lowering facts of a stack, for a cluster with `gpus_per_node` GPUs per node (routing load stays the
 // caller's: it needs the cost library's routing model).

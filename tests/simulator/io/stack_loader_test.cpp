@@ -62,6 +62,8 @@ TEST_SUITE("io") {
                               &s.dispatcher.kind.source,
                               &s.dispatcher.sms.source,
                               &s.dispatcher.permute_host_waits.source,
+                              &s.dispatcher.permute_index_kernels.source,
+                              &s.dispatcher.permute_index_backward_kernels.source,
                               &s.expert_mlp.eager_output_bias.source,
                               &s.expert_mlp.eager_glu_clamp.source,
                               &s.attention_kernel.source,
