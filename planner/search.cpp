@@ -372,8 +372,8 @@ auto per_layer_kind(const ModelSpec& m, F&& f) {
 class Screener {
  public:
   Screener(const ModelSpec& m, const HardwareProfile& hw, const StackProfile& st,
-           const workload::RoutingDistribution& r)
-      : m_(m), hw_(hw), st_(st), routing_(r), cm_(hw, st) {
+           const workload::RoutingDistribution& r, const cost::LayerKindCounts& kinds)
+      : m_(m), hw_(hw), st_(st), routing_(r), kinds_(kinds), cm_(hw, st) {
     cm_.record_extrapolations(false);
   }
 
@@ -614,21 +614,21 @@ class Screener {
     const std::vector<int64_t> chunks = layers_per_virtual_stage(m_, p);
     StageShapes out;
     out.layers.resize(static_cast<size_t>(pp));
+    std::vector<std::vector<int64_t>> counts(static_cast<size_t>(pp),
+                                             std::vector<int64_t>(kinds_.kinds().size(), 0));
     int64_t l = 0;
     for (size_t v = 0; v < chunks.size(); ++v) {
-      for (int64_t i = 0; i < chunks[v]; ++i) out.layers[v % static_cast<size_t>(pp)].push_back(l++);
+      const size_t s = v % static_cast<size_t>(pp);
+      for (size_t k = 0; k < kinds_.kinds().size(); ++k) counts[s][k] += kinds_.in(k, l, l + chunks[v]);
+      for (int64_t i = 0; i < chunks[v]; ++i) out.layers[s].push_back(l++);
+    }
+    for (const std::vector<int64_t>& stage : counts) {
+      std::vector<std::pair<int64_t, int64_t>> kinds;
+      for (size_t k = 0; k < stage.size(); ++k)
+        if (stage[k] > 0) kinds.emplace_back(kinds_.first_of(k), stage[k]);
+      out.kinds.push_back(std::move(kinds));
     }
     for (const std::vector<int64_t>& layers : out.layers) {
-      std::vector<std::pair<int64_t, int64_t>> kinds;
-      for (int64_t x : layers) {
-        const LayerKind k = kind_of(m_.layers[static_cast<size_t>(x)]);
-        auto same = std::find_if(kinds.begin(), kinds.end(), [&](const auto& y) {
-          return kind_of(m_.layers[static_cast<size_t>(y.first)]) == k;
-        });
-        if (same == kinds.end()) same = kinds.insert(kinds.end(), {x, 0});
-        ++same->second;
-      }
-      out.kinds.push_back(std::move(kinds));
       double sync = 0, gather = 0, sync_drag = 0, gather_drag = 0;
       Op opt = layers.empty() ? Op{} : dp[static_cast<size_t>(layers.front())].optimizer;
       opt.hbm_bytes = opt.flops = 0;
@@ -663,6 +663,7 @@ class Screener {
   const HardwareProfile& hw_;
   const StackProfile& st_;
   const workload::RoutingDistribution& routing_;
+  const cost::LayerKindCounts& kinds_;
   cost::CostModel cm_;
   std::unordered_map<
       std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int, int64_t, int, bool, bool, int, int>,
@@ -691,7 +692,8 @@ void drop_graph(Prediction& p) {
 
 double screen_step_time(const ModelSpec& model, const Plan& plan, const HardwareProfile& hw,
                         const StackProfile& stack, const workload::RoutingDistribution& routing) {
-  Screener s(model, hw, stack, routing);
+  const cost::LayerKindCounts kinds(model);
+  Screener s(model, hw, stack, routing, kinds);
   return s.step_time(plan);
 }
 
@@ -750,7 +752,7 @@ SearchResult search(const ModelSpec& model, const HardwareProfile& hw, const Sta
   const cost::LayerKindCounts layer_kinds(model);
   auto pass = [&](int t) {
     Pass& out = passes[static_cast<size_t>(t)];
-    Screener screener(model, hw, stack, routing);
+    Screener screener(model, hw, stack, routing, layer_kinds);
     // Shared by many plans: in-flight chunks per (pp, vpp, m, combined 1F1B, layer split), routing scale per
     // (tokens, ep).
     std::unordered_map<std::tuple<int64_t, int64_t, int64_t, bool, std::vector<int64_t>>,

@@ -412,6 +412,7 @@ LayerKindCounts::LayerKindCounts(const ModelSpec& m) {
         std::find_if(kinds_.begin(), kinds_.end(), [&](const LayerSpec& k) { return k.same_kind(spec); });
     if (it == kinds_.end()) {
       kinds_.push_back(spec);
+      first_.push_back(static_cast<int64_t>(l));
       before_.emplace_back(m.layers.size() + 1, 0);
       it = kinds_.end() - 1;
     }

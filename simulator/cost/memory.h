@@ -21,6 +21,7 @@ class LayerKindCounts {
  public:
   explicit LayerKindCounts(const ModelSpec& m);
   const std::vector<LayerSpec>& kinds() const { return kinds_; }
+  int64_t first_of(size_t k) const { return first_[k]; }  // the first layer of kind k
   // Layers of kind k among layers [first, last).
   int64_t in(size_t k, int64_t first, int64_t last) const {
     return before_[k][static_cast<size_t>(last)] - before_[k][static_cast<size_t>(first)];
@@ -28,6 +29,7 @@ class LayerKindCounts {
 
  private:
   std::vector<LayerSpec> kinds_;
+  std::vector<int64_t> first_;
   std::vector<std::vector<int64_t>> before_;  // before_[k][l]: layers of kind k among the first l
 };
 
