@@ -311,12 +311,6 @@ std::vector<Plan> enumerate_plans(const ModelSpec& model, const HardwareProfile&
 
 namespace {
 
-// The kind of a model layer: layers of one kind cost the same (lowered and simulated once).
-using LayerKind = std::tuple<bool, int64_t, bool, MixerKind, bool>;
-LayerKind kind_of(const LayerSpec& s) {
-  return {s.moe, s.window, s.kv_projection, s.mixer, s.ffn};
-}
-
 // Per-layout costs shared by every plan that differs only in pipeline, ZeRO and gradient compression: each
 // kind of layer for one micro-batch (forward, recompute, backward) through the cost model and the engine,
 // and the embedding + output layer. A layer's time is what one more layer adds, read from a run of two: the
@@ -354,25 +348,10 @@ struct StageShapes {
   std::vector<double> optimizer;                                // the optimizer step over the stage's shard
 };
 
-// f(layer) for each layer of the model, computed once per kind of layer.
-template <class F>
-auto per_layer_kind(const ModelSpec& m, F&& f) {
-  using T = decltype(f(m.layers.front()));
-  std::map<LayerKind, T> by_kind;
-  std::vector<T> out;
-  out.reserve(m.layers.size());
-  for (const LayerSpec& s : m.layers) {
-    auto kind = by_kind.find(kind_of(s));
-    if (kind == by_kind.end()) kind = by_kind.emplace(kind_of(s), f(s)).first;
-    out.push_back(kind->second);
-  }
-  return out;
-}
-
 class Screener {
  public:
   Screener(const ModelSpec& m, const HardwareProfile& hw, const StackProfile& st,
-           const workload::RoutingDistribution& r, const cost::LayerKindCounts& kinds)
+           const workload::RoutingDistribution& r, const LayerKindCounts& kinds)
       : m_(m), hw_(hw), st_(st), routing_(r), kinds_(kinds), cm_(hw, st) {
     cm_.record_extrapolations(false);
   }
@@ -418,6 +397,18 @@ class Screener {
   }
 
  private:
+  // f(layer) for each layer of the model, computed once per kind of layer (layers of one kind cost the same).
+  template <class F>
+  auto per_layer_kind(F&& f) const {
+    using T = decltype(f(m_.layers.front()));
+    std::vector<T> by_kind;
+    for (const LayerSpec& s : kinds_.kinds()) by_kind.push_back(f(s));
+    std::vector<T> out;
+    out.reserve(m_.layers.size());
+    for (int64_t l = 0; l < m_.num_layers(); ++l) out.push_back(by_kind[kinds_.kind_of(l)]);
+    return out;
+  }
+
   // One pipeline stage running one micro-batch: the plan the per-layer lowerings use.
   static Plan one_stage(const Plan& p) {
     Plan one = p;
@@ -444,7 +435,7 @@ class Screener {
     lo.expert_load_scale = pr.scale;
     lo.dropped_fraction = pr.load.dropped_fraction;
     lo.embedding_and_head = false;
-    const auto per_layer = per_layer_kind(m_, [&](const LayerSpec& s) {
+    const auto per_layer = per_layer_kind([&](const LayerSpec& s) {
       ModelSpec two_layers = m_;
       two_layers.layers = {s, s};
       return second_layer(lower(two_layers, one, lo));
@@ -508,7 +499,7 @@ class Screener {
         drag += c.seconds * (1.0 - engine::compute_share_beside_comm(c.sm_fraction,
                                                                      st_.overlap_compute_efficiency.value));
     };
-    std::vector<LayerDp> out = per_layer_kind(m_, [&](const LayerSpec& s) {
+    std::vector<LayerDp> out = per_layer_kind([&](const LayerSpec& s) {
       ModelSpec one_layer = m_;
       one_layer.layers = {s};
       LayerDp x;
@@ -663,7 +654,7 @@ class Screener {
   const HardwareProfile& hw_;
   const StackProfile& st_;
   const workload::RoutingDistribution& routing_;
-  const cost::LayerKindCounts& kinds_;
+  const LayerKindCounts& kinds_;
   cost::CostModel cm_;
   std::unordered_map<
       std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int, int64_t, int, bool, bool, int, int>,
@@ -692,7 +683,7 @@ void drop_graph(Prediction& p) {
 
 double screen_step_time(const ModelSpec& model, const Plan& plan, const HardwareProfile& hw,
                         const StackProfile& stack, const workload::RoutingDistribution& routing) {
-  const cost::LayerKindCounts kinds(model);
+  const LayerKindCounts kinds(model);
   Screener s(model, hw, stack, routing, kinds);
   return s.step_time(plan);
 }
@@ -749,7 +740,7 @@ SearchResult search(const ModelSpec& model, const HardwareProfile& hw, const Sta
     int64_t smallest_index = 0;
   };
   std::vector<Pass> passes(static_cast<size_t>(threads));
-  const cost::LayerKindCounts layer_kinds(model);
+  const LayerKindCounts layer_kinds(model);
   auto pass = [&](int t) {
     Pass& out = passes[static_cast<size_t>(t)];
     Screener screener(model, hw, stack, routing, layer_kinds);

@@ -285,4 +285,26 @@ TrainingBytesPerParam bytes_per_param(DType compute) {
   return {};
 }
 
+LayerKindCounts::LayerKindCounts(const ModelSpec& m) {
+  for (size_t l = 0; l < m.layers.size(); ++l) {
+    const LayerSpec& spec = m.layers[l];
+    auto it =
+        std::find_if(kinds_.begin(), kinds_.end(), [&](const LayerSpec& k) { return k.same_kind(spec); });
+    if (it == kinds_.end()) {
+      kinds_.push_back(spec);
+      first_.push_back(static_cast<int64_t>(l));
+      before_.emplace_back(m.layers.size() + 1, 0);
+      it = kinds_.end() - 1;
+    }
+    const auto k = static_cast<size_t>(it - kinds_.begin());
+    for (size_t j = 0; j < kinds_.size(); ++j) before_[j][l + 1] = before_[j][l] + (j == k ? 1 : 0);
+  }
+}
+
+size_t LayerKindCounts::kind_of(int64_t layer) const {
+  for (size_t k = 0; k < kinds_.size(); ++k)
+    if (in(k, layer, layer + 1) == 1) return k;
+  return kinds_.size();
+}
+
 }  // namespace moeplan

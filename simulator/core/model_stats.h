@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "simulator/core/model_spec.h"
 #include "simulator/core/units.h"
@@ -34,6 +35,25 @@ ParamCounts count_params(const ModelSpec& m);
 
 // Parameters of one decoder layer by component (routed_experts: all of them); embedding and output are 0.
 ParamBreakdown layer_params(const ModelSpec& m, const LayerSpec& layer);
+
+// The model's distinct kinds of layer (LayerSpec::same_kind) and how many of each the first l layers hold, so
+// that the layers of any range are counted by kind without walking them.
+class LayerKindCounts {
+ public:
+  explicit LayerKindCounts(const ModelSpec& m);
+  const std::vector<LayerSpec>& kinds() const { return kinds_; }
+  int64_t first_of(size_t k) const { return first_[k]; }  // the first layer of kind k
+  size_t kind_of(int64_t layer) const;                    // the kind of a layer
+  // Layers of kind k among layers [first, last).
+  int64_t in(size_t k, int64_t first, int64_t last) const {
+    return before_[k][static_cast<size_t>(last)] - before_[k][static_cast<size_t>(first)];
+  }
+
+ private:
+  std::vector<LayerSpec> kinds_;
+  std::vector<int64_t> first_;
+  std::vector<std::vector<int64_t>> before_;  // before_[k][l]: layers of kind k among the first l
+};
 
 // FLOPs per token by kind, counting multiply and add as 2 FLOPs.
 //   GEMMs:     2 * (weights the token multiplies: q/k/v/o or MLA projections, active experts, router, LM

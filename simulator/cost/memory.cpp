@@ -405,22 +405,6 @@ double head_activations(const ModelSpec& m, const Plan& p, const StackProfile& s
   return head + d(m.mtp_layers) * mtp;
 }
 
-LayerKindCounts::LayerKindCounts(const ModelSpec& m) {
-  for (size_t l = 0; l < m.layers.size(); ++l) {
-    const LayerSpec& spec = m.layers[l];
-    auto it =
-        std::find_if(kinds_.begin(), kinds_.end(), [&](const LayerSpec& k) { return k.same_kind(spec); });
-    if (it == kinds_.end()) {
-      kinds_.push_back(spec);
-      first_.push_back(static_cast<int64_t>(l));
-      before_.emplace_back(m.layers.size() + 1, 0);
-      it = kinds_.end() - 1;
-    }
-    const auto k = static_cast<size_t>(it - kinds_.begin());
-    for (size_t j = 0; j < kinds_.size(); ++j) before_[j][l + 1] = before_[j][l] + (j == k ? 1 : 0);
-  }
-}
-
 double dispatcher_buffer_bytes(const ModelSpec& m, const Plan& p, const StackProfile& stack,
                                const HardwareProfile& hw, double expert_load_scale,
                                const LayerKindCounts* counts) {

@@ -10,28 +10,11 @@
 
 #include "simulator/core/hardware.h"
 #include "simulator/core/model_spec.h"
+#include "simulator/core/model_stats.h"
 #include "simulator/core/plan.h"
 #include "simulator/core/stack.h"
 
 namespace moeplan::cost {
-
-// The model's distinct kinds of layer (LayerSpec::same_kind) and how many of each the first l layers hold, so
-// that the layers of any range are counted by kind without walking them.
-class LayerKindCounts {
- public:
-  explicit LayerKindCounts(const ModelSpec& m);
-  const std::vector<LayerSpec>& kinds() const { return kinds_; }
-  int64_t first_of(size_t k) const { return first_[k]; }  // the first layer of kind k
-  // Layers of kind k among layers [first, last).
-  int64_t in(size_t k, int64_t first, int64_t last) const {
-    return before_[k][static_cast<size_t>(last)] - before_[k][static_cast<size_t>(first)];
-  }
-
- private:
-  std::vector<LayerSpec> kinds_;
-  std::vector<int64_t> first_;
-  std::vector<std::vector<int64_t>> before_;  // before_[k][l]: layers of kind k among the first l
-};
 
 // Bytes one decoder layer keeps for backward, per micro-batch on one rank, by the tensor's owner (the modules
 // Megatron's --recompute-modules name). Notation: t = b*s/(tp*sp*cp) tokens of the rank's sequence shard,

@@ -1739,8 +1739,9 @@ RouterKernels megatron_router_kernels(const MoeSpec& e, bool fused, bool partiti
   // Check: DeepSeek-V3's router gives 47 + 30 = 77 unfused and 10 + 11 = 21 fused, against "72" and "31"
   // for its router part before and after fusion in Megatron's GB200 notes (3c1b98ef^, l.85), forward and
   // backward together (an earlier fused implementation).
-  const bool sigmoid = e.score == RouterScore::kSigmoid, seq_aux = e.router_score_bias;
-  const bool bias = e.router_score_bias, scaled = e.routed_scaling != 1.0;
+  const bool sigmoid = e.score == RouterScore::kSigmoid, bias = e.router_score_bias;
+  const bool seq_aux = bias;  // the recipes' aux loss for routers with a score-correction bias
+  const bool scaled = e.routed_scaling != 1.0;
   const int collective = partitioned ? 1 : 0;  // over TP x CP: the token counts' all-reduce (switch loss),
                                                // the probs' all-gather (sequence loss, reduce-scatter back)
   RouterKernels k;

@@ -26,6 +26,23 @@ struct Expected {
 }  // namespace
 
 TEST_SUITE("core") {
+  TEST_CASE("layers are counted by kind over any range: DeepSeek-V3's three dense layers, then MoE") {
+    const ModelSpec m = io::load_model("deepseek-v3").value();
+    const LayerKindCounts counts(m);
+    REQUIRE(counts.kinds().size() == 2);
+    const size_t dense = counts.kinds()[0].moe ? 1 : 0, moe = 1 - dense;
+    CHECK(!counts.kinds()[dense].moe);
+    CHECK(counts.in(dense, 0, 3) == 3);
+    CHECK(counts.in(moe, 0, 3) == 0);
+    CHECK(counts.in(dense, 2, 10) == 1);
+    CHECK(counts.in(moe, 2, 10) == 7);
+    CHECK(counts.in(moe, 0, m.num_layers()) == m.num_layers() - 3);
+    CHECK(counts.in(moe, 5, 5) == 0);
+    CHECK(counts.kind_of(2) == dense);
+    CHECK(counts.kind_of(3) == moe);
+    CHECK(counts.first_of(moe) == 3);
+  }
+
   TEST_CASE("parameter totals and actives agree within 1% with the config-derived counts") {
     // SOURCES.md, table column "Config count total / active" (billions).
     const Expected cases[] = {
