@@ -17,6 +17,7 @@
 #include <fmt/format.h>
 
 #include "simulator/core/model_stats.h"
+#include "simulator/core/parallel.h"
 #include "simulator/cost/cost_model.h"
 #include "simulator/cost/memory.h"
 #include "simulator/engine/engine.h"
@@ -851,19 +852,8 @@ SearchResult search(const ModelSpec& model, const HardwareProfile& hw, const Sta
   finalists = std::min(best.size(), std::max(finalists, static_cast<size_t>(options.top)));
   const auto t_simulate = std::chrono::steady_clock::now();
   std::vector<RankedPlan> ranked(finalists);
-  // f(i) for i < n, shared by the threads.
-  auto on_threads = [threads](size_t n, const std::function<void(size_t)>& f) {
-    std::atomic<size_t> next_one{0};
-    auto work = [&] {
-      for (size_t i = next_one++; i < n; i = next_one++) f(i);
-    };
-    std::vector<std::thread> pool;
-    for (int t = 1; t < threads; ++t) pool.emplace_back(work);
-    work();
-    for (auto& t : pool) t.join();
-  };
   // Each finalist's step.
-  on_threads(finalists, [&](size_t i) {
+  parallel_for(finalists, threads, [&](size_t i) {
     ranked[i] = {best[i].plan, predict(model, best[i].plan, hw, stack, routing, {.critical_path = true})};
     drop_graph(ranked[i].prediction);
   });
@@ -877,7 +867,7 @@ SearchResult search(const ModelSpec& model, const HardwareProfile& hw, const Sta
   r.simulate_s = seconds_since(t_simulate);
   if (options.keep_graphs) {
     // Again for the few kept, with their graphs (deterministic: the same numbers).
-    on_threads(ranked.size(), [&](size_t i) {
+    parallel_for(ranked.size(), threads, [&](size_t i) {
       ranked[i].prediction = predict(model, ranked[i].plan, hw, stack, routing, {.critical_path = true});
     });
   }

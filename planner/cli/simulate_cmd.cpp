@@ -44,11 +44,14 @@ void print_text(const Prediction& p, const ReportContext& ctx) {
       m.in_flight, human_bytes(m.comm_buffers), human_bytes(m.reserve));
   if (const StepSimulation& sim = p.simulation; sim.extrapolated) {
     const int64_t m0 = sim.simulated_micro_batches, d = sim.period_micro_batches;
+    const std::string runs = sim.runs == 2 ? fmt::format("{} and {}", m0, m0 + d)
+                                           : fmt::format("{}, {} and {}", m0, m0 + d, m0 + 2 * d);
     fmt::print(
-        "simulated at {}, {} and {} of its {} micro-batches: the steady phase repeats every {} "
-        "micro-batch(es) "
-        "({:.4f} s), so the other {} periods are added exactly (--whole-step simulates every micro-batch)\n",
-        m0, m0 + d, m0 + 2 * d, sim.micro_batches, d, sim.period_s, sim.periods_added);
+        "simulated at {} of its {} micro-batches: the steady phase repeats every {} micro-batch(es) "
+        "({:.4f} s){}, so the other {} periods are added exactly (--whole-step simulates every "
+        "micro-batch)\n",
+        runs, sim.micro_batches, d, sim.period_s, sim.runs == 2 ? ", checked op by op" : "",
+        sim.periods_added);
   }
   const auto& b = p.breakdown;
   fmt::print("breakdown of stage {} (seconds):\n", p.critical_stage);
@@ -80,6 +83,7 @@ Runner add_simulate(CLI::App& app) {
   struct Options {
     std::string plan, trace, html, stack, trace_stages;
     int64_t trace_micro_batches = -1;
+    int threads = 2;
     bool json = false, whole_step = false;
   };
   auto o = std::make_shared<Options>();
@@ -98,6 +102,9 @@ Runner add_simulate(CLI::App& app) {
   app.add_flag("--whole-step", o->whole_step,
                "Simulate every micro-batch instead of adding the repeating steady phase exactly (implied by "
                "--trace)");
+  app.add_option("--threads", o->threads, "Threads for the periodic steady state's three small runs")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 64));
   return [o]() {
     Result<PlanInputs> in = load_plan_inputs(o->plan, o->stack);
     if (!in) return bad_input(in.error().message);
@@ -106,8 +113,8 @@ Runner add_simulate(CLI::App& app) {
     const workload::RoutingDistribution& routing = in.value().routing;
 
     // A trace shows every simulated op, so it needs the whole step.
-    const Prediction p =
-        predict(model, plan, hw, stack, routing, {.whole_step = o->whole_step || !o->trace.empty()});
+    const Prediction p = predict(model, plan, hw, stack, routing,
+                                 {.whole_step = o->whole_step || !o->trace.empty(), .threads = o->threads});
     const ReportContext ctx{plan, model, hw, stack};
     if (!o->trace.empty() && p.violations.empty()) {
       std::string note;

@@ -1,7 +1,8 @@
 // Benchmark of one simulated training step: wall time of predict() (the periodic steady state where it
 // applies) beside the same step simulated micro-batch by micro-batch, the ops each simulates and how far
 // their step times differ, for the reference cases and for growing GPU and micro-batch counts; peak
-// memory. Usage: moeplan_simulate_bench [repeats=5] | --million [repeats]. Single-threaded by construction.
+// memory. Usage: moeplan_simulate_bench [repeats=5 [threads=1]] | --million [repeats [threads]]. `threads`
+// is predict()'s for the periodic steady state's three runs; the whole step runs on one.
 #include <sys/resource.h>
 
 #include <algorithm>
@@ -41,11 +42,14 @@ struct Timing {
   double step = 0, whole_step = 0;
 };
 
+int g_threads = 1;
+
 Prediction predict_once(const ModelSpec& m, const Plan& p, const HardwareProfile& hw, const StackProfile& st,
                         bool whole, double& seconds) {
   const auto routing = workload::uniform_routing(m.moe.num_experts);
   const auto t0 = Clock::now();
-  Prediction pr = predict(m, p, hw, st, routing, {.critical_path = true, .whole_step = whole});
+  Prediction pr =
+      predict(m, p, hw, st, routing, {.critical_path = true, .whole_step = whole, .threads = g_threads});
   seconds = seconds_since(t0);
   if (!pr.violations.empty()) {
     std::fprintf(stderr, "bench plan invalid: %s\n", pr.violations.front().reason.c_str());
@@ -131,12 +135,14 @@ Plan deepseek_v3(int64_t global_batch) {
 
 }  // namespace
 
-// `moeplan_simulate_bench [repeats=5]`: the table; `moeplan_simulate_bench --million [repeats]`: only the
-// global batch of 1,048,576 sequences, so that the peak RSS printed is that case's alone.
+// `moeplan_simulate_bench [repeats=5 [threads]]`: the table; `moeplan_simulate_bench --million [repeats]`:
+// only the global batch of 1,048,576 sequences, so that the peak RSS printed is that case's alone.
 int main(int argc, char** argv) {
   const bool million = argc > 1 && std::strcmp(argv[1], "--million") == 0;
   const int arg = million ? 2 : 1;
   const int repeats = argc > arg ? std::max(1, std::atoi(argv[arg])) : 5;
+  g_threads = argc > arg + 1 ? std::max(1, std::atoi(argv[arg + 1])) : 1;
+  fmt::print("threads for the periodic runs: {}\n", g_threads);
   moeplan::retain_freed_memory();
   const HardwareProfile h800 = io::load_hardware("h800-sxm").value();
   const StackProfile moerun = io::load_stack("moerun").value();

@@ -8,7 +8,6 @@
 #include <fstream>
 #include <map>
 #include <tuple>
-#include <unordered_map>
 
 #include <fmt/format.h>
 
@@ -23,18 +22,43 @@ std::vector<OpSummaryRow> op_summary(const OpGraph& graph, std::span<const OpTim
            (static_cast<uint64_t>(op.name) << 8) | (static_cast<uint64_t>(op.part) << 4) |
            static_cast<uint64_t>(op.phase);
   };
-  std::unordered_map<uint64_t, size_t> row_of;
+  // Key -> row by open addressing: a step has hundreds of rows and up to millions of ops, so the lookup is
+  // the loop's cost. The table stays at most half full.
+  constexpr uint64_t kEmpty = ~0ULL;
+  std::vector<uint64_t> keys(1024, kEmpty);
+  std::vector<uint32_t> row_at(keys.size());
+  auto slot_of = [&](uint64_t k) {
+    size_t i = static_cast<size_t>((k * 0x9e3779b97f4a7c15ULL) >> 40) & (keys.size() - 1);
+    while (keys[i] != kEmpty && keys[i] != k) i = (i + 1) & (keys.size() - 1);
+    return i;
+  };
   std::vector<OpSummaryRow> rows;
   for (const Op& op : graph.ops) {
-    auto [it, added] = row_of.try_emplace(key(op), rows.size());
-    if (added) {
+    const uint64_t k = key(op);
+    size_t i = slot_of(k);
+    if (keys[i] == kEmpty) {
+      if (2 * (rows.size() + 1) > keys.size()) {
+        std::vector<uint64_t> old_keys(2 * keys.size(), kEmpty);
+        std::vector<uint32_t> old_rows(old_keys.size());
+        old_keys.swap(keys);
+        old_rows.swap(row_at);
+        for (size_t j = 0; j < old_keys.size(); ++j) {
+          if (old_keys[j] == kEmpty) continue;
+          const size_t at = slot_of(old_keys[j]);
+          keys[at] = old_keys[j];
+          row_at[at] = old_rows[j];
+        }
+        i = slot_of(k);
+      }
+      keys[i] = k;
+      row_at[i] = static_cast<uint32_t>(rows.size());
       OpSummaryRow r;
       r.stage = op.stage;
       r.op = op_label(op);
       r.phase = op.phase;
       rows.push_back(std::move(r));
     }
-    OpSummaryRow& r = rows[it->second];
+    OpSummaryRow& r = rows[row_at[i]];
     const auto& t = timing[static_cast<size_t>(op.id)];
     r.count += 1;
     r.total_s += t.end - t.start;

@@ -1,15 +1,19 @@
 // The periodic steady state's arithmetic (predict() uses it; see StepSimulation in predict.h): the figures a
-// prediction reports of one simulated run, and their extrapolation from runs at m0, m0 + d and m0 + 2d
-// micro-batches to m0 + k d, after checking that the second period repeats the first.
+// prediction reports of one simulated run; the check that a run at m0 + d micro-batches is the run at m0 with
+// one period of the steady phase inserted, op by op; and the extrapolation of the figures to m0 + k d, from
+// those two runs or, where that check fails, from runs at m0, m0 + d and m0 + 2d after checking that the
+// second period repeats the first.
 #pragma once
 
 #include <array>
 #include <cmath>
 #include <cstdint>
 #include <map>
+#include <span>
 #include <string>
 #include <vector>
 
+#include "simulator/engine/engine.h"
 #include "simulator/io/op_trace.h"
 #include "simulator/predict/predict.h"
 
@@ -29,22 +33,45 @@ struct StepFigures {
   std::vector<int32_t> critical_path;
 };
 
-// Linear extrapolation of figures at m0, m0 + d and m0 + 2d to m0 + k d, after checking that the second
-// period repeats the first: times to `tol` seconds, counts and op summary rows exactly. The first argument of
-// each call receives the result; failed() names the first figure that did not repeat.
+// A hash of the fields that decide an op's cost: ops equal in them cost the same.
+uint64_t cost_fields_hash(const Op& op);
+
+// Whether run `b` (m0 + d micro-batches) is run `a` (m0) with one period of the steady phase inserted. Each
+// stream of each stage must hold a's ops up to some position, then a block of ops that repeats the block
+// before it, then the rest of a's ops (equal in every field that decides their cost, layer and chunk, with
+// their dependencies where that reading puts them). In time, each of a's ops must run in b at the same
+// times or exactly one period later (b's step minus a's), and each inserted op exactly one period after
+// the op a block before it; the predecessor that started each op must be the same op, or the op one block
+// on. And on each stage, the host must issue one period's ops within the period (or wait for the device
+// in it), so that it cannot fall behind over more periods. Then every further period inserts the same
+// block, and each figure grows by what the first one added. Times agree to `tol` seconds; `failed` names
+// the first op or stream that does not fit.
+struct InsertedPeriod {
+  bool ok = false;
+  double period_s = 0;
+  std::string failed;
+};
+InsertedPeriod inserted_period(const OpGraph& a, const engine::Timeline& ta, const OpGraph& b,
+                               const engine::Timeline& tb, std::span<const cost::OpCost> costs_b, double tol);
+
+// Linear extrapolation of figures at m0 and m0 + d to m0 + k d. With a tolerance (checked()), it also takes
+// the figures at m0 + 2d and checks that the second period repeats the first: times to `tol` seconds, counts
+// and op summary rows exactly; failed() names the first figure that did not repeat. Without one (trusted()),
+// the runs were checked op by op (inserted_period). The first argument of each call receives the result.
 class PeriodicExtrapolation {
  public:
-  PeriodicExtrapolation(int64_t k, double tol) : k_(k), tol_(tol) {}
+  static PeriodicExtrapolation checked(int64_t k, double tol) { return {k, tol}; }
+  static PeriodicExtrapolation trusted(int64_t k) { return {k, -1.0}; }
 
   bool ok() const { return ok_; }
   const std::string& failed() const { return failed_; }
 
   void time(double& a, double b, double c, const char* what) {
-    if (std::abs(c - 2 * b + a) > tol_) fail(what);
+    if (tol_ >= 0 && std::abs(c - 2 * b + a) > tol_) fail(what);
     a += static_cast<double>(k_) * (b - a);
   }
   void count(int64_t& a, int64_t b, int64_t c, const char* what) {
-    if (c - 2 * b + a != 0) fail(what);
+    if (tol_ >= 0 && c - 2 * b + a != 0) fail(what);
     a += k_ * (b - a);
   }
   void times(std::vector<double>& a, const std::vector<double>& b, const std::vector<double>& c,
@@ -89,7 +116,11 @@ class PeriodicExtrapolation {
     }
   }
 
+  // Two runs only (trusted()): each figure of the third is taken as the second's.
+  void figures(StepFigures& a, const StepFigures& b) { figures(a, b, b); }
+
  private:
+  PeriodicExtrapolation(int64_t k, double tol) : k_(k), tol_(tol) {}
   void fail(const char* what) {
     if (ok_) failed_ = what;
     ok_ = false;

@@ -4,9 +4,7 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
-#include <cstring>
 #include <deque>
-#include <initializer_list>
 #include <optional>
 #include <unordered_map>
 #if defined(__GLIBC__)
@@ -16,6 +14,7 @@
 #include <fmt/format.h>
 
 #include "simulator/core/model_stats.h"
+#include "simulator/core/parallel.h"
 #include "simulator/engine/topology.h"
 #include "simulator/predict/periodic.h"
 #include "simulator/workload/lower.h"
@@ -33,36 +32,8 @@ struct CostKeyHash {
   size_t operator()(const CostKey& k) const { return static_cast<size_t>(k.h); }
 };
 
-uint64_t mix(uint64_t h, uint64_t v) {
-  h ^= v + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2);
-  return h;
-}
-uint64_t bits(double x) {
-  uint64_t b;
-  std::memcpy(&b, &x, sizeof b);
-  return b;
-}
-
 CostKey cost_key(const Op& op) {
-  uint64_t h = 1469598103934665603ULL;
-  h = mix(h, static_cast<uint64_t>(op.kind) | (static_cast<uint64_t>(op.dtype) << 8) |
-                 (static_cast<uint64_t>(op.part) << 16) | (static_cast<uint64_t>(op.phase) << 24) |
-                 (static_cast<uint64_t>(op.mem) << 32) | (static_cast<uint64_t>(op.name) << 40));
-  h = mix(h, bits(op.flops));
-  h = mix(h, bits(op.hbm_bytes));
-  for (int64_t v : std::initializer_list<int64_t>{op.gemm.m, op.gemm.n, op.gemm.k, op.gemm.groups,
-                                                  op.attn.seq_kv, op.attn.window, op.attn.qk_dim,
-                                                  op.attn.causal, op.comm.group_size, op.comm.stride}) {
-    h = mix(h, static_cast<uint64_t>(v));
-  }
-  h = mix(h, static_cast<uint64_t>(op.comm.collective) | (static_cast<uint64_t>(op.comm.group) << 8));
-  h = mix(h, bits(op.comm.bytes));
-  h = mix(h, bits(op.comm.nic_bytes_scale));
-  h = mix(h, bits(op.aux_bytes));
-  h = mix(h, static_cast<uint64_t>(op.kernels) | (static_cast<uint64_t>(op.host_sync) << 16) |
-                 (static_cast<uint64_t>(op.comm.node_dedup) << 17) |
-                 (static_cast<uint64_t>(op.stream) << 24) | (static_cast<uint64_t>(op.aux_kernels) << 32));
-  return {h};
+  return {cost_fields_hash(op)};
 }
 
 }  // namespace
@@ -187,11 +158,18 @@ class Pricing {
   Run simulate(const ModelSpec& model, const Plan& run, const LoweringOptions& lo) {
     Run r;
     r.graph = lower(model, run, lo);
+    price(r);
+    time(r);
+    return r;
+  }
+
+  // Each op's cost, from the cache where an equal op was priced before (one caller at a time).
+  void price(Run& r) {
     r.costs.resize(r.graph.ops.size());
     for (const Op& op : r.graph.ops) {
       auto& c = r.costs[static_cast<size_t>(op.id)];
       if (op.kind == OpKind::kSendRecv && !paths_.empty()) {
-        c = send_cost(op, run.pipeline.pp);
+        c = send_cost(op, r.graph.num_stages);
         continue;
       }
       const CostKey key = cost_key(op);
@@ -199,11 +177,14 @@ class Pricing {
       if (it == cache_.end()) it = cache_.emplace(key, cm_.cost(op)).first;
       c = it->second;
     }
+  }
+
+  // The run's timeline from its priced graph (runs may be timed at once).
+  void time(Run& r) const {
     engine::EngineOptions eo;
     eo.hbm_bytes_per_s = hw_.gpu.hbm_bw_achieved_bytes_per_s.value;
     eo.overlap_compute_efficiency = stack_.overlap_compute_efficiency.value;
     r.timeline = engine::simulate(r.graph, r.costs, eo);
-    return r;
   }
 
   // The cost model's inputs outside its measured ranges, over every run.
@@ -233,17 +214,6 @@ class Pricing {
   std::vector<engine::Path> paths_;
   std::unordered_map<CostKey, cost::OpCost, CostKeyHash> cache_;
 };
-
-// Each stage's compute time (the ops on its SMs), by which the busiest stage is chosen.
-std::vector<double> stage_busy(const Run& r) {
-  std::vector<double> busy(static_cast<size_t>(r.graph.num_stages), 0.0);
-  for (const Op& op : r.graph.ops) {
-    const auto i = static_cast<size_t>(op.id);
-    if (r.costs[i].resource == cost::Resource::kSm)
-      busy[static_cast<size_t>(op.stage)] += r.timeline.ops[i].end - r.timeline.ops[i].start;
-  }
-  return busy;
-}
 
 StepFigures figures_of(const Run& r, int64_t stage, const PredictOptions& options) {
   StepFigures f;
@@ -286,9 +256,11 @@ Plan with_micro_batches(Plan p, int64_t m) {
   return p;
 }
 
-// Tries the periodic steady state: the runs at m0, m0 + d, m0 + 2d, sliding on by one period while a figure
-// does not repeat. Returns the figures of the whole step and, in `first`, the run at m0; or nothing, with
-// the reason in sim.why_full, when the whole step is cheaper or the figures never repeat.
+// Tries the periodic steady state: the runs at m0 + d and m0 + 2d, checked op by op to be one period apart;
+// where they are not, also the run at m0, with the three runs' figures' second differences checked instead,
+// sliding on by one period while a figure does not repeat. Returns the figures of the whole step and, in
+// `first`, the first run; or nothing, with the reason in sim.why_full, when the whole step is cheaper or the
+// figures never repeat.
 std::optional<StepFigures> extrapolate_step(const ModelSpec& model, const Plan& run,
                                             const LoweringOptions& lo, const HardwareProfile& hw,
                                             Pricing& pricing, const PredictOptions& options,
@@ -305,31 +277,68 @@ std::optional<StepFigures> extrapolate_step(const ModelSpec& model, const Plan& 
     sim.why_full = "the plan at fewer micro-batches is not legal";
     return std::nullopt;
   }
+  // Runs at `from`, from + d, ... lowered and timed on up to options.threads threads; pricing shares the
+  // cost cache, so it runs on this one.
+  auto simulate_runs = [&](int64_t from, size_t n) {
+    std::vector<Run> out(n);
+    parallel_for(n, options.threads, [&](size_t i) {
+      out[i].graph = lower(model, with_micro_batches(run, from + static_cast<int64_t>(i) * d), lo);
+    });
+    for (Run& r : out) {
+      pricing.price(r);
+      sim.simulated_ops += static_cast<int64_t>(r.graph.ops.size());
+    }
+    parallel_for(n, options.threads, [&](size_t i) { pricing.time(out[i]); });
+    return out;
+  };
   std::deque<Run> runs;
-  for (int64_t i = 0; i < 3; ++i) {
-    runs.push_back(pricing.simulate(model, with_micro_batches(run, m0 + i * d), lo));
-    sim.simulated_ops += static_cast<int64_t>(runs.back().graph.ops.size());
+  auto figures = [&](int64_t stage) {
+    std::vector<StepFigures> at(runs.size());
+    parallel_for(runs.size(), options.threads,
+                 [&](size_t i) { at[i] = figures_of(runs[i], stage, options); });
+    return at;
+  };
+  auto done = [&](StepFigures f, int64_t stage) {
+    sim.extrapolated = true;
+    sim.simulated_micro_batches = m0;
+    sim.period_micro_batches = d;
+    sim.periods_added = (m - m0) / d;
+    sim.period_s = runs[1].timeline.step_time - runs[0].timeline.step_time;
+    sim.runs = static_cast<int>(runs.size());
+    critical_stage = stage;
+    first = std::move(runs[0]);
+    return f;
+  };
+  // The runs at m0 + d and m0 + 2d, one period apart op by op: every figure grows by what the period added.
+  // (The later pair of the three holds more of the steady phase: the interleaved schedule's first run holds
+  // less than a period of it.)
+  for (Run& r : simulate_runs(m0 + d, 2)) runs.push_back(std::move(r));
+  const InsertedPeriod inserted =
+      options.op_by_op ? inserted_period(runs[0].graph, runs[0].timeline, runs[1].graph, runs[1].timeline,
+                                         runs[1].costs, 1e-11 * runs[1].timeline.step_time)
+                       : InsertedPeriod{.failed = "the three-run check was asked for"};
+  if (inserted.ok) {
+    m0 += d;
+    auto x = PeriodicExtrapolation::trusted((m - m0) / d);
+    std::vector<double> busy = runs[0].timeline.stage_sm;
+    x.times(busy, runs[1].timeline.stage_sm, runs[1].timeline.stage_sm, "stage compute");
+    const int64_t stage = std::max_element(busy.begin(), busy.end()) - busy.begin();
+    std::vector<StepFigures> at = figures(stage);
+    x.figures(at[0], at[1]);
+    return done(std::move(at[0]), stage);
   }
+  sim.why_three_runs = "the runs at m0 + d and m0 + 2d are not one period apart: " + inserted.failed;
+  runs.push_front(std::move(simulate_runs(m0, 1).front()));
   for (int slide = 0;; ++slide) {
     // The busiest stage of the whole step, from each stage's compute time, then every figure.
     const int64_t k = (m - m0) / d;
-    const double tol = 1e-11 * runs[2].timeline.step_time;
-    PeriodicExtrapolation x(k, tol);
-    std::vector<double> busy = stage_busy(runs[0]);
-    x.times(busy, stage_busy(runs[1]), stage_busy(runs[2]), "stage compute");
+    auto x = PeriodicExtrapolation::checked(k, 1e-11 * runs[2].timeline.step_time);
+    std::vector<double> busy = runs[0].timeline.stage_sm;
+    x.times(busy, runs[1].timeline.stage_sm, runs[2].timeline.stage_sm, "stage compute");
     const int64_t stage = std::max_element(busy.begin(), busy.end()) - busy.begin();
-    StepFigures f = figures_of(runs[0], stage, options);
-    x.figures(f, figures_of(runs[1], stage, options), figures_of(runs[2], stage, options));
-    if (x.ok()) {
-      sim.extrapolated = true;
-      sim.simulated_micro_batches = m0;
-      sim.period_micro_batches = d;
-      sim.periods_added = k;
-      sim.period_s = runs[1].timeline.step_time - runs[0].timeline.step_time;
-      critical_stage = stage;
-      first = std::move(runs[0]);
-      return f;
-    }
+    std::vector<StepFigures> at = figures(stage);
+    x.figures(at[0], at[1], at[2]);
+    if (x.ok()) return done(std::move(at[0]), stage);
     if (slide == kMaxSlides) {
       sim.why_full =
           fmt::format("the {} does not repeat from one period of the steady phase to the next", x.failed());
@@ -337,8 +346,7 @@ std::optional<StepFigures> extrapolate_step(const ModelSpec& model, const Plan& 
     }
     runs.pop_front();
     m0 += d;
-    runs.push_back(pricing.simulate(model, with_micro_batches(run, m0 + 2 * d), lo));
-    sim.simulated_ops += static_cast<int64_t>(runs.back().graph.ops.size());
+    runs.push_back(std::move(simulate_runs(m0 + 2 * d, 1).front()));
   }
 }
 
@@ -377,7 +385,7 @@ Prediction predict(const ModelSpec& model, const Plan& plan, const HardwareProfi
     sim.simulated_ops += static_cast<int64_t>(simulated.graph.ops.size());
     // The breakdown shown is the busiest stage's: the one whose ops' summed durations are largest (it sets
     // the pipeline's pace; the others wait for it in the bubble).
-    const std::vector<double> busy = stage_busy(simulated);
+    const std::vector<double>& busy = simulated.timeline.stage_sm;
     r.critical_stage = std::max_element(busy.begin(), busy.end()) - busy.begin();
     step = figures_of(simulated, r.critical_stage, options);
   }

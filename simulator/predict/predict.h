@@ -44,11 +44,13 @@ struct Provenance {
 
 // How the step was simulated. A pipeline step is fill, a steady phase that repeats every
 // `period_micro_batches` micro-batches, and drain; with deterministic costs the steady phase is exactly
-// periodic. predict() then runs the step at three small batch sizes m0, m0 + d, m0 + 2d (d = the period),
-// checks that every reported figure moves by the same amount from the first to the second as from the second
-// to the third (times to 1e-11 of a run's step, counts exactly), and adds the remaining (m - m0) / d periods
-// exactly. Where a figure does not repeat it simulates more periods, and in the end falls back to the whole
-// step; `why_full` says why a step was simulated whole.
+// periodic. predict() then runs the step at two small batch sizes m0 and m0 + d (d = the period) and checks
+// op by op that the second is the first with one period inserted (inserted_period in periodic.h); every
+// figure then grows by what that period added, and the remaining (m - m0) / d periods are added exactly.
+// Where that check fails (`why_three_runs`), it also runs m0 + 2d and checks that every reported figure moves
+// by the same amount from the first run to the second as from the second to the third (times to 1e-11 of a
+// run's step, counts exactly); where a figure does not repeat it simulates more periods, and in the end
+// falls back to the whole step; `why_full` says why a step was simulated whole.
 struct StepSimulation {
   bool extrapolated = false;
   int64_t micro_batches = 0;            // of the step
@@ -56,7 +58,9 @@ struct StepSimulation {
   int64_t period_micro_batches = 0;     // d
   int64_t periods_added = 0;            // (m - m0) / d
   double period_s = 0;                  // the step time one period adds
+  int runs = 0;                         // extrapolated from 2 (checked op by op) or 3 runs
   int64_t simulated_ops = 0;            // ops simulated in all runs together
+  std::string why_three_runs;
   std::string why_full;
 };
 
@@ -106,6 +110,12 @@ struct PredictOptions {
   bool critical_path = true;  // the report's critical path and uncertainty range
   bool whole_step = false;    // simulate every micro-batch (for a trace of the step), never extrapolate
   bool op_summary = true;     // fill Prediction::op_summary
+  // Threads for the periodic steady state's three runs (lowered, timed and measured at once). The planner
+  // keeps 1: it predicts its finalists on its own threads.
+  int threads = 1;
+  // The periodic steady state from two runs checked op by op where that check holds; false: always from
+  // three runs checked by their figures (tests run both).
+  bool op_by_op = true;
 };
 
 // The memory part of a prediction alone (no op graph, no simulation): the plan as the stack runs it, its

@@ -105,6 +105,8 @@ nlohmann::json prediction_json(const Prediction& p, const ReportContext& ctx) {
                      {"period_micro_batches", sim.period_micro_batches},
                      {"periods_added", sim.periods_added},
                      {"period_s", sim.period_s},
+                     {"runs", sim.runs},
+                     {"why_three_runs", sim.why_three_runs},
                      {"simulated_ops", sim.simulated_ops},
                      {"why_whole_step", sim.why_full}};
   // What the critical path is made of: seconds by op kind (communication by group).

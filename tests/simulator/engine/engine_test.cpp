@@ -106,8 +106,10 @@ int32_t add_op(Built& b, const OpSpec& o) {
 
 TEST_SUITE("engine") {
   TEST_CASE("the 1F1B bubble fraction is (p-1)/(m+p-1)") {
-    // p stages, m micro-batches, forward 1 s and backward 2 s per stage: step = (m + p - 1) * 3 s.
-    for (auto [p, m] : {std::pair{4L, 8L}, std::pair{8L, 8L}, std::pair{2L, 16L}, std::pair{15L, 60L}}) {
+    // p stages, m micro-batches, forward 1 s and backward 2 s per stage: step = (m + p - 1) * 3 s, of which
+    // each stage computes m * 3 s (its sends take no SMs).
+    for (auto [p, m] : {std::pair{1L, 4L}, std::pair{4L, 8L}, std::pair{8L, 8L}, std::pair{2L, 16L},
+                        std::pair{15L, 60L}, std::pair{17L, 20L}}) {
       CAPTURE(p);
       CAPTURE(m);
       Built b = pipeline_graph(p, m, 1, 1.0, 2.0);
@@ -116,6 +118,8 @@ TEST_SUITE("engine") {
       CHECK(t.step_time == doctest::Approx(static_cast<double>(m + p - 1) * 3.0));
       CHECK(1.0 - ideal / t.step_time ==
             doctest::Approx(static_cast<double>(p - 1) / static_cast<double>(m + p - 1)));
+      REQUIRE(t.stage_sm.size() == static_cast<size_t>(p));
+      for (double busy : t.stage_sm) CHECK(busy == doctest::Approx(ideal));
     }
   }
 

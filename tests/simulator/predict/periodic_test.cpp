@@ -1,5 +1,7 @@
-// The periodic steady state: a step predicted from three short runs and the repeating period equals the
-// whole step simulated micro-batch by micro-batch, in every reported figure, on many layouts and schedules.
+// The periodic steady state: a step predicted from two short runs checked op by op (or three, checked by
+// their figures) and the repeating period equals the whole step simulated micro-batch by micro-batch, in
+// every reported figure, on many layouts and schedules; the op-by-op check itself on runs that differ by one
+// period and on runs it must refuse.
 #include <algorithm>
 #include <string>
 
@@ -165,9 +167,17 @@ TEST_SUITE("predict") {
       const Prediction x = predict(l.model, l.plan, hw, stack, routing);
       for (const Violation& v : x.violations) MESSAGE(v.reason);
       REQUIRE(x.violations.empty());
+      // Its runs on several threads: the same numbers, bit for bit.
+      const Prediction t = predict(l.model, l.plan, hw, stack, routing, {.threads = 3});
+      CHECK(t.step_time_s == x.step_time_s);
+      CHECK(t.breakdown.total() == x.breakdown.total());
+      CHECK(t.critical_path_seconds == x.critical_path_seconds);
       const Prediction w = predict(l.model, l.plan, hw, stack, routing, {.whole_step = true});
       // Extrapolated: fewer micro-batches simulated (the graph holds only those), the rest added.
       CHECK_MESSAGE(x.simulation.extrapolated, x.simulation.why_full);
+      // Every layout here passes the op-by-op check of two runs.
+      CHECK_MESSAGE(x.simulation.runs == 2, x.simulation.why_three_runs);
+      CHECK(x.simulation.why_three_runs.empty());
       CHECK(x.simulation.simulated_micro_batches < x.simulation.micro_batches);
       CHECK(x.graph.micro_batches == x.simulation.simulated_micro_batches);
       CHECK(x.simulation.simulated_micro_batches +
@@ -176,6 +186,11 @@ TEST_SUITE("predict") {
       CHECK_FALSE(w.simulation.extrapolated);
       CHECK(w.graph.micro_batches == l.plan.num_micro_batches());
       check_same(x, w);
+      // The three-run check, where the op-by-op one fails, gives the same step.
+      const Prediction three = predict(l.model, l.plan, hw, stack, routing, {.op_by_op = false});
+      CHECK(three.simulation.runs == 3);
+      CHECK_FALSE(three.simulation.why_three_runs.empty());
+      check_same(three, w);
     }
   }
 
@@ -198,7 +213,7 @@ TEST_SUITE("predict") {
       return f;
     };
     StepFigures a = figures(1.0, 100, 0.2);
-    PeriodicExtrapolation x(10, 1e-12);
+    auto x = PeriodicExtrapolation::checked(10, 1e-12);
     x.figures(a, figures(1.5, 130, 0.2), figures(2.0, 160, 0.2));
     CHECK(x.ok());
     CHECK(a.step_time == doctest::Approx(6.0));
@@ -211,13 +226,13 @@ TEST_SUITE("predict") {
     CHECK(a.summary[0].total_s == doctest::Approx(1.5));
     // A bubble that grows faster in the second period than in the first does not repeat.
     StepFigures b = figures(1.0, 100, 0.2);
-    PeriodicExtrapolation y(10, 1e-12);
+    auto y = PeriodicExtrapolation::checked(10, 1e-12);
     y.figures(b, figures(1.5, 130, 0.25), figures(2.0, 160, 0.35));
     CHECK_FALSE(y.ok());
     CHECK(y.failed() == "bubble");
     // Counts repeat exactly or not at all; an op that appears in one run only breaks the summary.
     StepFigures c = figures(1.0, 100, 0.2);
-    PeriodicExtrapolation z(10, 1e-12);
+    auto z = PeriodicExtrapolation::checked(10, 1e-12);
     StepFigures extra = figures(2.0, 161, 0.2);
     extra.events = 320;  // the events repeat, the ops do not
     extra.summary.push_back(extra.summary.front());
@@ -226,7 +241,7 @@ TEST_SUITE("predict") {
     CHECK(z.failed() == "ops");
     extra.ops = 160;
     StepFigures e = figures(1.0, 100, 0.2);
-    PeriodicExtrapolation w(10, 1e-12);
+    auto w = PeriodicExtrapolation::checked(10, 1e-12);
     w.figures(e, figures(1.5, 130, 0.2), extra);
     CHECK_FALSE(w.ok());
     CHECK(w.failed() == "op summary");
@@ -239,5 +254,74 @@ TEST_SUITE("predict") {
     CHECK_FALSE(p.simulation.extrapolated);
     CHECK(p.graph.micro_batches == 8);
     CHECK(p.simulation.why_full.find("too small") != std::string::npos);
+  }
+
+  TEST_CASE(
+      "a run one period longer is recognised op by op, and a moved op, dependency or slow host is not") {
+    Layout l{"1f1b pp4", truncated("mixtral-8x7b", 8), "megatron-core", base_plan(4, 5)};
+    const HardwareProfile hw = io::load_hardware("h100-sxm").value();
+    const StackProfile stack = io::load_stack(l.stack).value();
+    const auto routing = workload::uniform_routing(8);
+    auto whole = [&](int64_t micro_batches) {
+      Plan p = l.plan;
+      p.global_batch = micro_batches * p.dp();
+      return predict(l.model, p, hw, stack, routing, {.whole_step = true});
+    };
+    const Prediction a = whole(5), b = whole(6), c = whole(7);
+    const double tol = 1e-11 * b.step_time_s;
+    const InsertedPeriod ok = inserted_period(a.graph, a.timeline, b.graph, b.timeline, b.costs, tol);
+    CHECK_MESSAGE(ok.ok, ok.failed);
+    CHECK(ok.period_s == b.step_time_s - a.step_time_s);
+    // The next period adds the same time: what the two runs imply about the third holds.
+    CHECK(c.step_time_s == doctest::Approx(b.step_time_s + ok.period_s).epsilon(1e-12));
+    const InsertedPeriod next = inserted_period(b.graph, b.timeline, c.graph, c.timeline, c.costs, tol);
+    CHECK_MESSAGE(next.ok, next.failed);
+    // Two periods apart is not one.
+    CHECK_FALSE(inserted_period(a.graph, a.timeline, c.graph, c.timeline, c.costs, tol).ok);
+
+    // One op of the inserted period ending later: named.
+    auto last_of = [&](const Prediction& p, int64_t micro_batch) {
+      int32_t id = -1;
+      for (const Op& op : p.graph.ops) {
+        if (op.micro_batch == micro_batch && op.stage == 1 && op.stream == Stream::kCompute) id = op.id;
+      }
+      REQUIRE(id >= 0);
+      return static_cast<size_t>(id);
+    };
+    {
+      engine::Timeline late = b.timeline;
+      late.ops[last_of(b, 5)].end += 1e-6;
+      const InsertedPeriod r = inserted_period(a.graph, a.timeline, b.graph, late, b.costs, tol);
+      CHECK_FALSE(r.ok);
+      MESSAGE(r.failed);
+      CHECK(r.failed.find("stage 1") != std::string::npos);
+    }
+    // One of a's ops running later in b than the same op or one period later.
+    {
+      engine::Timeline late = b.timeline;
+      late.ops[last_of(b, 0)].end += 1e-6;
+      CHECK_FALSE(inserted_period(a.graph, a.timeline, b.graph, late, b.costs, tol).ok);
+    }
+    // A dependency of the inserted period that is neither its block's one block on nor the same op.
+    {
+      OpGraph g = b.graph;
+      const Op& op = g.ops[last_of(b, 5)];
+      REQUIRE(op.dep_count > 0);
+      g.deps[op.dep_begin] = g.ops.back().id;
+      CHECK_FALSE(inserted_period(a.graph, a.timeline, g, b.timeline, b.costs, tol).ok);
+    }
+    // A host that needs longer than the period to issue it, and never waits for the device, falls behind
+    // with every period. (Where it waits in each period, the timeline shows whether it keeps up.)
+    {
+      std::vector<cost::OpCost> slow = b.costs;
+      for (cost::OpCost& cost : slow) cost.host_seconds = ok.period_s;
+      OpGraph ga = a.graph, gb = b.graph;
+      for (Op& op : ga.ops) op.host_sync = false;
+      for (Op& op : gb.ops) op.host_sync = false;
+      CHECK(inserted_period(ga, a.timeline, gb, b.timeline, b.costs, tol).ok);
+      const InsertedPeriod r = inserted_period(ga, a.timeline, gb, b.timeline, slow, tol);
+      CHECK_FALSE(r.ok);
+      CHECK(r.failed.find("the host of stage") != std::string::npos);
+    }
   }
 }

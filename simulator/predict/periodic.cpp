@@ -1,0 +1,176 @@
+// The op-by-op check that a run is another with one period inserted (see periodic.h).
+#include "simulator/predict/periodic.h"
+
+#include <cstring>
+#include <initializer_list>
+
+#include <fmt/format.h>
+
+namespace moeplan {
+namespace {
+
+uint64_t mix(uint64_t h, uint64_t v) {
+  h ^= v + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2);
+  return h;
+}
+uint64_t bits(double x) {
+  uint64_t b;
+  std::memcpy(&b, &x, sizeof b);
+  return b;
+}
+
+// Each stream's ops in program (id) order, where each op sits in its stream, and each op's signature: its
+// cost fields, layer and chunk, what two runs' versions of one op share.
+struct Streams {
+  std::vector<std::vector<int32_t>> ops;  // by queue = stage * kNumStreams + stream
+  std::vector<uint32_t> queue, pos;       // by op id
+  std::vector<uint64_t> sig;              // by op id
+
+  explicit Streams(const OpGraph& g)
+      : ops(static_cast<size_t>(g.num_stages) * kNumStreams),
+        queue(g.ops.size()),
+        pos(g.ops.size()),
+        sig(g.ops.size()) {
+    for (const Op& op : g.ops) {
+      const auto i = static_cast<size_t>(op.id);
+      queue[i] = static_cast<uint32_t>(op.stage) * kNumStreams + static_cast<uint32_t>(op.stream);
+      auto& list = ops[queue[i]];
+      pos[i] = static_cast<uint32_t>(list.size());
+      list.push_back(op.id);
+      sig[i] = mix(mix(cost_fields_hash(op), static_cast<uint64_t>(static_cast<int64_t>(op.layer))),
+                   static_cast<uint64_t>(op.chunk));
+    }
+  }
+};
+
+}  // namespace
+
+uint64_t cost_fields_hash(const Op& op) {
+  uint64_t h = 1469598103934665603ULL;
+  h = mix(h, static_cast<uint64_t>(op.kind) | (static_cast<uint64_t>(op.dtype) << 8) |
+                 (static_cast<uint64_t>(op.part) << 16) | (static_cast<uint64_t>(op.phase) << 24) |
+                 (static_cast<uint64_t>(op.mem) << 32) | (static_cast<uint64_t>(op.name) << 40));
+  h = mix(h, bits(op.flops));
+  h = mix(h, bits(op.hbm_bytes));
+  for (int64_t v : std::initializer_list<int64_t>{op.gemm.m, op.gemm.n, op.gemm.k, op.gemm.groups,
+                                                  op.attn.seq_kv, op.attn.window, op.attn.qk_dim,
+                                                  op.attn.causal, op.comm.group_size, op.comm.stride}) {
+    h = mix(h, static_cast<uint64_t>(v));
+  }
+  h = mix(h, static_cast<uint64_t>(op.comm.collective) | (static_cast<uint64_t>(op.comm.group) << 8));
+  h = mix(h, bits(op.comm.bytes));
+  h = mix(h, bits(op.comm.nic_bytes_scale));
+  h = mix(h, bits(op.aux_bytes));
+  h = mix(h, static_cast<uint64_t>(op.kernels) | (static_cast<uint64_t>(op.host_sync) << 16) |
+                 (static_cast<uint64_t>(op.comm.node_dedup) << 17) |
+                 (static_cast<uint64_t>(op.stream) << 24) | (static_cast<uint64_t>(op.aux_kernels) << 32));
+  return h;
+}
+
+InsertedPeriod inserted_period(const OpGraph& a, const engine::Timeline& ta, const OpGraph& b,
+                               const engine::Timeline& tb, std::span<const cost::OpCost> costs_b,
+                               double tol) {
+  InsertedPeriod r;
+  r.period_s = tb.step_time - ta.step_time;
+  auto fail = [&](std::string why) {
+    r.failed = std::move(why);
+    return r;
+  };
+  if (a.num_stages != b.num_stages || !(r.period_s > tol)) return fail("the step");
+  const Streams sa(a), sb(b);
+  const size_t queues = sa.ops.size();
+  auto stream_name = [](size_t q) {
+    return fmt::format("stage {} stream {}", q / kNumStreams, q % kNumStreams);
+  };
+  auto near = [&](double x, double y) { return std::abs(x - y) <= tol; };
+  auto name = [](const OpGraph& g, int32_t id) {
+    const Op& op = g.ops[static_cast<size_t>(id)];
+    return fmt::format("{} (stage {}, micro-batch {})", op_label(op), op.stage, op.micro_batch);
+  };
+  // Per stream: a's ops before `cut` run in b at the same place and times; a block of `len` ops follows,
+  // repeating the block before it one period later; a's ops from `cut` follow it, one period later. Where
+  // the steady phase starts the cut is not fixed by the ops (every block looks alike), so the times place
+  // it: the last op of the period before the insertion may run beside an op of the inserted one.
+  std::vector<uint32_t> cut(queues), len(queues);
+  for (size_t q = 0; q < queues; ++q) {
+    const auto &xa = sa.ops[q], &xb = sb.ops[q];
+    if (xb.size() < xa.size()) return fail(stream_name(q));
+    const size_t n = xb.size() - xa.size();
+    len[q] = static_cast<uint32_t>(n);
+    size_t c = 0;
+    while (c < xa.size() && sa.sig[static_cast<size_t>(xa[c])] == sb.sig[static_cast<size_t>(xb[c])] &&
+           near(tb.ops[static_cast<size_t>(xb[c])].start, ta.ops[static_cast<size_t>(xa[c])].start) &&
+           near(tb.ops[static_cast<size_t>(xb[c])].end, ta.ops[static_cast<size_t>(xa[c])].end))
+      ++c;
+    cut[q] = static_cast<uint32_t>(c);
+    if (c < n) return fail(stream_name(q));  // no period before the inserted one
+    for (size_t x = c; x < xa.size(); ++x) {
+      const OpTiming &u = ta.ops[static_cast<size_t>(xa[x])], &v = tb.ops[static_cast<size_t>(xb[x + n])];
+      if (sa.sig[static_cast<size_t>(xa[x])] != sb.sig[static_cast<size_t>(xb[x + n])] ||
+          !near(v.start, u.start + r.period_s) || !near(v.end, u.end + r.period_s))
+        return fail(name(a, xa[x]));
+    }
+  }
+  // b's version of a's op `y`: the same op before the cut, the op one block on after it (and for an op one
+  // period on, always the op one block on).
+  auto version = [&](int32_t y, bool one_on) -> int32_t {
+    if (y < 0) return -1;
+    const auto j = static_cast<size_t>(y);
+    const uint32_t q = sa.queue[j], x = sa.pos[j];
+    return sb.ops[q][one_on || x >= cut[q] ? x + len[q] : x];
+  };
+  // The op a block on from b's op `v` in its stream (-1 past the end).
+  auto later = [&](int32_t v) -> int32_t {
+    if (v < 0) return -1;
+    const auto i = static_cast<size_t>(v);
+    const uint32_t q = sb.queue[i];
+    const size_t x = sb.pos[i] + len[q];
+    return x < sb.ops[q].size() ? sb.ops[q][x] : -1;
+  };
+  // The dependencies of a's ops, and the op that started each: where the cut puts them. A dependency may
+  // also be the same op in both runs (one that every period waits for, such as the step's weight cast).
+  for (const Op& op : a.ops) {
+    const auto u = static_cast<size_t>(op.id);
+    const bool moved = sa.pos[u] >= cut[sa.queue[u]];
+    const int32_t v = version(op.id, false);
+    const Op& w = b.ops[static_cast<size_t>(v)];
+    if (w.dep_count != op.dep_count) return fail(name(a, op.id));
+    for (uint32_t k = 0; k < op.dep_count; ++k) {
+      const int32_t d = a.deps[op.dep_begin + k], got = b.deps[w.dep_begin + k];
+      if (got != version(d, moved) && got != version(d, false)) return fail(name(a, op.id));
+    }
+    if (tb.gated_by[static_cast<size_t>(v)] != version(ta.gated_by[u], moved)) return fail(name(a, op.id));
+  }
+  // The inserted ops: the ops a block before them, one period later, depending on the ops one block on (or
+  // the same ones) and started by the op one block on.
+  std::vector<double> host_s(static_cast<size_t>(b.num_stages), 0.0);
+  std::vector<uint8_t> waits(static_cast<size_t>(b.num_stages), 0);
+  for (size_t q = 0; q < queues; ++q) {
+    for (size_t x = cut[q]; x < cut[q] + len[q]; ++x) {
+      const int32_t id = sb.ops[q][x], prev = sb.ops[q][x - len[q]];
+      const auto i = static_cast<size_t>(id), p = static_cast<size_t>(prev);
+      if (!near(tb.ops[i].start, tb.ops[p].start + r.period_s) ||
+          !near(tb.ops[i].end, tb.ops[p].end + r.period_s))
+        return fail(name(b, id));
+      const Op &op = b.ops[i], &before = b.ops[p];
+      if (sb.sig[static_cast<size_t>(id)] != sb.sig[static_cast<size_t>(prev)] ||
+          op.dep_count != before.dep_count)
+        return fail(name(b, id));
+      for (uint32_t k = 0; k < op.dep_count; ++k) {
+        const int32_t d = b.deps[before.dep_begin + k], got = b.deps[op.dep_begin + k];
+        if (got != later(d) && got != d) return fail(name(b, id));
+      }
+      if (tb.gated_by[i] != later(tb.gated_by[p])) return fail(name(b, id));
+      host_s[q / kNumStreams] += costs_b[i].host_seconds;
+      if (op.host_sync) waits[q / kNumStreams] = 1;
+    }
+  }
+  // A host that issues a period's ops slower than the device runs them falls further behind each period.
+  for (size_t s = 0; s < host_s.size(); ++s) {
+    if (!waits[s] && host_s[s] > r.period_s + tol) return fail(fmt::format("the host of stage {}", s));
+  }
+  r.ok = true;
+  return r;
+}
+
+}  // namespace moeplan
