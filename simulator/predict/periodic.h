@@ -54,10 +54,11 @@ struct InsertedPeriod {
 InsertedPeriod inserted_period(const OpGraph& a, const engine::Timeline& ta, const OpGraph& b,
                                const engine::Timeline& tb, std::span<const cost::OpCost> costs_b, double tol);
 
-// Linear extrapolation of figures at m0 and m0 + d to m0 + k d. With a tolerance (checked()), it also takes
-// the figures at m0 + 2d and checks that the second period repeats the first: times to `tol` seconds, counts
-// and op summary rows exactly; failed() names the first figure that did not repeat. Without one (trusted()),
-// the runs were checked op by op (inserted_period). The first argument of each call receives the result.
+// Linear extrapolation of figures at m0 and m0 + d to m0 + k d, each call taking the figure at m0 + 2d too.
+// checked(): the second period must repeat the first, times to `tol` seconds, counts and op summary rows
+// exactly; failed() names the first figure that did not. trusted(): the runs were checked op by op
+// (inserted_period), and the third is not checked (pass the second). The first argument of each call
+// receives the result.
 class PeriodicExtrapolation {
  public:
   static PeriodicExtrapolation checked(int64_t k, double tol) { return {k, tol}; }
@@ -115,9 +116,6 @@ class PeriodicExtrapolation {
       time(x.total_s, y.total_s, z.total_s, "op summary");
     }
   }
-
-  // Two runs only (trusted()): each figure of the third is taken as the second's.
-  void figures(StepFigures& a, const StepFigures& b) { figures(a, b, b); }
 
  private:
   PeriodicExtrapolation(int64_t k, double tol) : k_(k), tol_(tol) {}

@@ -298,6 +298,16 @@ std::optional<StepFigures> extrapolate_step(const ModelSpec& model, const Plan& 
                  [&](size_t i) { at[i] = figures_of(runs[i], stage, options); });
     return at;
   };
+  // Every figure of the whole step, of the busiest stage (from each stage's compute time), from the runs'
+  // figures (with two runs, the second stands in for the third).
+  auto extrapolate = [&](PeriodicExtrapolation& x, int64_t& stage) {
+    std::vector<double> busy = runs[0].timeline.stage_sm;
+    x.times(busy, runs[1].timeline.stage_sm, runs.back().timeline.stage_sm, "stage compute");
+    stage = std::max_element(busy.begin(), busy.end()) - busy.begin();
+    std::vector<StepFigures> at = figures(stage);
+    x.figures(at[0], at[1], at.back());
+    return std::move(at[0]);
+  };
   auto done = [&](StepFigures f, int64_t stage) {
     sim.extrapolated = true;
     sim.simulated_micro_batches = m0;
@@ -320,25 +330,18 @@ std::optional<StepFigures> extrapolate_step(const ModelSpec& model, const Plan& 
   if (inserted.ok) {
     m0 += d;
     auto x = PeriodicExtrapolation::trusted((m - m0) / d);
-    std::vector<double> busy = runs[0].timeline.stage_sm;
-    x.times(busy, runs[1].timeline.stage_sm, runs[1].timeline.stage_sm, "stage compute");
-    const int64_t stage = std::max_element(busy.begin(), busy.end()) - busy.begin();
-    std::vector<StepFigures> at = figures(stage);
-    x.figures(at[0], at[1]);
-    return done(std::move(at[0]), stage);
+    int64_t stage = 0;
+    StepFigures f = extrapolate(x, stage);
+    return done(std::move(f), stage);
   }
-  sim.why_three_runs = "the runs at m0 + d and m0 + 2d are not one period apart: " + inserted.failed;
+  sim.why_three_runs = fmt::format("the runs at {} and {} micro-batches are not one period apart: {}", m0 + d,
+                                   m0 + 2 * d, inserted.failed);
   runs.push_front(std::move(simulate_runs(m0, 1).front()));
   for (int slide = 0;; ++slide) {
-    // The busiest stage of the whole step, from each stage's compute time, then every figure.
-    const int64_t k = (m - m0) / d;
-    auto x = PeriodicExtrapolation::checked(k, 1e-11 * runs[2].timeline.step_time);
-    std::vector<double> busy = runs[0].timeline.stage_sm;
-    x.times(busy, runs[1].timeline.stage_sm, runs[2].timeline.stage_sm, "stage compute");
-    const int64_t stage = std::max_element(busy.begin(), busy.end()) - busy.begin();
-    std::vector<StepFigures> at = figures(stage);
-    x.figures(at[0], at[1], at[2]);
-    if (x.ok()) return done(std::move(at[0]), stage);
+    auto x = PeriodicExtrapolation::checked((m - m0) / d, 1e-11 * runs[2].timeline.step_time);
+    int64_t stage = 0;
+    StepFigures f = extrapolate(x, stage);
+    if (x.ok()) return done(std::move(f), stage);
     if (slide == kMaxSlides) {
       sim.why_full =
           fmt::format("the {} does not repeat from one period of the steady phase to the next", x.failed());
