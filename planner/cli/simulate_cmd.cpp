@@ -102,7 +102,7 @@ Runner add_simulate(CLI::App& app) {
   app.add_flag("--whole-step", o->whole_step,
                "Simulate every micro-batch instead of adding the repeating steady phase exactly (implied by "
                "--trace)");
-  app.add_option("--threads", o->threads, "Threads for the periodic steady state's three small runs")
+  app.add_option("--threads", o->threads, "Threads for the periodic steady state's small runs")
       ->capture_default_str()
       ->check(CLI::Range(1, 64));
   return [o]() {

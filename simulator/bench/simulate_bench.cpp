@@ -2,7 +2,7 @@
 // applies) beside the same step simulated micro-batch by micro-batch, the ops each simulates and how far
 // their step times differ, for the reference cases and for growing GPU and micro-batch counts; peak
 // memory. Usage: moeplan_simulate_bench [repeats=5 [threads=1]] | --million [repeats [threads]]. `threads`
-// is predict()'s for the periodic steady state's three runs; the whole step runs on one.
+// is predict()'s for the periodic steady state's runs; the whole step runs on one.
 #include <sys/resource.h>
 
 #include <algorithm>

@@ -489,13 +489,14 @@ std::vector<MemoryBreakdown> memory_per_stage(const ModelSpec& m, const Plan& p,
 
   std::vector<MemoryBreakdown> stages;
   stages.reserve(static_cast<size_t>(pp));
+  std::vector<double> chunk_bytes(static_cast<size_t>(vpp));  // each chunk's saved activations
   for (int64_t s = 0; s < pp; ++s) {
     MemoryBreakdown b;
     b.stage = s;
     b.capacity = hw.gpu.hbm_capacity_bytes.value;
     double sharded = 0, replicated = 0, experts = 0, gemm = 0, largest_layer = 0, working = 0;
     int64_t stage_layers = 0, longest_chunk = 0;
-    std::vector<double> chunk_bytes(static_cast<size_t>(vpp), 0.0);
+    std::fill(chunk_bytes.begin(), chunk_bytes.end(), 0.0);
     // `count` layers of one kind: their parameters, and the largest layer and working set among them.
     auto hold = [&](const Kind& k, int64_t count) {
       sharded += d(count) * k.params.sharded;

@@ -269,7 +269,9 @@ std::optional<StepFigures> extrapolate_step(const ModelSpec& model, const Plan& 
   const int64_t m = run.num_micro_batches(), d = period_micro_batches(run);
   int64_t m0 = first_window(run);
   m0 += (m - m0) % d == 0 ? 0 : d - (m - m0) % d;
-  if (3 * m0 + 3 * d + kMaxSlides * d > m) {
+  // Two runs of m0 + d and m0 + 2d micro-batches save time over the whole step beyond 2 m0 + 3d of them; the
+  // three-run check (its slides too) beyond 3 m0 + 6d.
+  if (2 * m0 + 3 * d >= m) {
     sim.why_full = "the batch is too small for the periodic steady state to save time";
     return std::nullopt;
   }
@@ -336,6 +338,10 @@ std::optional<StepFigures> extrapolate_step(const ModelSpec& model, const Plan& 
   }
   sim.why_three_runs = fmt::format("the runs at {} and {} micro-batches are not one period apart: {}", m0 + d,
                                    m0 + 2 * d, inserted.failed);
+  if (3 * m0 + 3 * d + kMaxSlides * d > m) {
+    sim.why_full = "the batch is too small for the three-run check to save time, and " + sim.why_three_runs;
+    return std::nullopt;
+  }
   runs.push_front(std::move(simulate_runs(m0, 1).front()));
   for (int slide = 0;; ++slide) {
     auto x = PeriodicExtrapolation::checked((m - m0) / d, 1e-11 * runs[2].timeline.step_time);

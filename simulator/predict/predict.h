@@ -110,7 +110,7 @@ struct PredictOptions {
   bool critical_path = true;  // the report's critical path and uncertainty range
   bool whole_step = false;    // simulate every micro-batch (for a trace of the step), never extrapolate
   bool op_summary = true;     // fill Prediction::op_summary
-  // Threads for the periodic steady state's three runs (lowered, timed and measured at once). The planner
+  // Threads for the periodic steady state's runs (lowered, timed and measured at once). The planner
   // keeps 1: it predicts its finalists on its own threads.
   int threads = 1;
   // The periodic steady state from two runs checked op by op where that check holds; false: always from

@@ -21,13 +21,13 @@ struct Simulated {
   io::LoadedPlan in;
   StackProfile stack;
   Prediction p;
-  explicit Simulated(const std::string& example)
+  explicit Simulated(const std::string& example, const PredictOptions& options = {})
       : in(io::load_plan(std::string(MOEPLAN_SOURCE_DIR) + "/planner/examples/" + example).value()),
         stack(io::load_stack(in.plan.stack.empty() ? "moerun" : in.plan.stack,
                              std::string(MOEPLAN_SOURCE_DIR) + "/planner/examples")
                   .value()),
         p(predict(in.model, in.plan, in.hardware, stack,
-                  workload::uniform_routing(in.model.moe.num_experts))) {}
+                  workload::uniform_routing(in.model.moe.num_experts), options)) {}
   ReportContext ctx() const { return {in.plan, in.model, in.hardware, stack}; }
 };
 

@@ -60,7 +60,9 @@ TEST_SUITE("report.svg") {
   TEST_CASE("the exposed-communication and idle marks of the breakdown's stage add up to the breakdown") {
     // Without merging, the marks are the intervals stage_breakdown attributes to exposed communication and
     // to the bubble, so their lengths sum to those parts (pp 8: a real bubble; EP all-to-all: exposed comm).
-    const Simulated s("mixtral-8x22b-128xh100.json");
+    // The whole step: where the periodic steady state is extrapolated, the timeline draws only the run that
+    // was simulated.
+    const Simulated s("mixtral-8x22b-128xh100.json", {.whole_step = true});
     const report::TimelineLayout t =
         report::timeline_layout(s.p, {.max_timeline_rects = int64_t{1} << 40, .max_timeline_stages = 8});
     REQUIRE(t.merge_resolution_s == 0);

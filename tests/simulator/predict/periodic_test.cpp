@@ -256,6 +256,24 @@ TEST_SUITE("predict") {
     CHECK(p.simulation.why_full.find("too small") != std::string::npos);
   }
 
+  TEST_CASE("a batch that two runs can save time on but three cannot: two runs, else the whole step") {
+    // pp 4, 1F1B: runs of 6 and 7 micro-batches save time on 16; the three-run check (5, 6, 7 and up to three
+    // slides) would not.
+    Layout l{"1f1b pp4", truncated("mixtral-8x7b", 8), "megatron-core", base_plan(4, 16)};
+    const HardwareProfile hw = io::load_hardware("h100-sxm").value();
+    const StackProfile stack = io::load_stack(l.stack).value();
+    const auto routing = workload::uniform_routing(8);
+    const Prediction x = predict(l.model, l.plan, hw, stack, routing);
+    CHECK_MESSAGE(x.simulation.extrapolated, x.simulation.why_full);
+    CHECK(x.simulation.runs == 2);
+    const Prediction w = predict(l.model, l.plan, hw, stack, routing, {.whole_step = true});
+    check_same(x, w);
+    const Prediction three = predict(l.model, l.plan, hw, stack, routing, {.op_by_op = false});
+    CHECK_FALSE(three.simulation.extrapolated);
+    CHECK(three.simulation.why_full.find("three-run check") != std::string::npos);
+    CHECK(three.step_time_s == w.step_time_s);
+  }
+
   TEST_CASE(
       "a run one period longer is recognised op by op, and a moved op, dependency or slow host is not") {
     Layout l{"1f1b pp4", truncated("mixtral-8x7b", 8), "megatron-core", base_plan(4, 5)};
