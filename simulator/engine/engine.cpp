@@ -43,7 +43,6 @@ static_assert(sizeof(OpState) == 64);
 class EarliestStage {
  public:
   void reset(const std::vector<double>& times) {
-    times_ = &times;
     leaves_ = 1;
     while (leaves_ < times.size()) leaves_ *= 2;
     // Padding leaves never come first: no event, and a stage number above every real one.
@@ -56,8 +55,8 @@ class EarliestStage {
     for (size_t i = leaves_ - 1; i >= 1; --i) pull(i);
   }
   size_t first() const { return stage_[1]; }
-  void update(size_t s) {
-    time_[leaves_ + s] = (*times_)[s];
+  void set(size_t s, double t) {
+    time_[leaves_ + s] = t;
     for (size_t i = (leaves_ + s) / 2; i >= 1; i /= 2) pull(i);
   }
 
@@ -70,7 +69,6 @@ class EarliestStage {
     time_[i] = time_[w];
     stage_[i] = stage_[w];
   }
-  const std::vector<double>* times_ = nullptr;
   size_t leaves_ = 1;
   std::vector<double> time_;
   std::vector<uint32_t> stage_;
@@ -304,7 +302,7 @@ class Simulation {
       dirty_flag_[static_cast<size_t>(s)] = 0;
       update_rates(static_cast<size_t>(s));
       refresh_next(static_cast<size_t>(s));
-      next_.update(static_cast<size_t>(s));
+      next_.set(static_cast<size_t>(s), stage_next_[static_cast<size_t>(s)]);
     }
     dirty_.clear();
   }

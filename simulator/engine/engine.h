@@ -31,10 +31,9 @@ struct Timeline {
   std::vector<double> issued;     // by op id: when the host issued it (its start is never earlier)
   std::vector<int32_t> gated_by;  // by op id: the predecessor whose end started it (-1: nothing before it)
   std::vector<double> stage_end;  // when each stage's last op ends
-  std::vector<double>
-      stage_sm;          // each stage's summed durations of the ops on its SMs (compute, memory-bound)
-  double step_time = 0;  // the latest end
-  int64_t events = 0;    // op starts + completions processed
+  std::vector<double> stage_sm;   // per stage: the summed durations of its ops on the SMs
+  double step_time = 0;           // the latest end
+  int64_t events = 0;             // op starts + completions processed
 };
 
 // The share of a rank's SM rate that compute keeps beside running communication kernels holding `comm_sms`

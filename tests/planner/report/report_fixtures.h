@@ -26,8 +26,8 @@ struct Simulated {
         stack(io::load_stack(in.plan.stack.empty() ? "moerun" : in.plan.stack,
                              std::string(MOEPLAN_SOURCE_DIR) + "/planner/examples")
                   .value()),
-        p(predict(in.model, in.plan, in.hardware, stack,
-                  workload::uniform_routing(in.model.moe.num_experts), options)) {}
+        p(predict(in.model, in.plan, in.hardware, stack, workload::uniform_routing(in.model.moe.num_experts),
+                  options)) {}
   ReportContext ctx() const { return {in.plan, in.model, in.hardware, stack}; }
 };
 
