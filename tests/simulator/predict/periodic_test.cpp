@@ -194,6 +194,51 @@ TEST_SUITE("predict") {
     }
   }
 
+  TEST_CASE("the periodic steady state equals the whole step over a grid of schedules, stacks and settings") {
+    // Three schedules x three stacks x four settings; a combination the stack or the plan rules refuse is
+    // skipped, and most must remain. Every one that is extrapolated equals the whole step in every figure.
+    const HardwareProfile hw = io::load_hardware("h100-sxm").value();
+    int checked = 0, two_runs = 0;
+    for (int schedule = 0; schedule < 3; ++schedule) {
+      for (const std::string stack_name : {"megatron-core", "moerun", "megatron-core-deepep"}) {
+        for (int setting = 0; setting < 4; ++setting) {
+          const bool deepep = stack_name == "megatron-core-deepep";
+          // Layers divisible by the virtual stages: 3 x 2 or 2 x 2 x 2.
+          ModelSpec model = truncated(deepep ? "deepseek-v3" : "mixtral-8x7b", schedule == 0 ? 6 : 8);
+          Plan p = base_plan(schedule == 0 ? 3 : 2, 24);
+          if (deepep) p.experts.dispatch = Dispatch::kDedup;
+          if (schedule > 0) p.pipeline.vpp = 2;
+          if (schedule == 1) p.pipeline.schedule = Schedule::kInterleaved1F1B;
+          if (schedule == 2) p.pipeline.schedule = Schedule::kDualPipeV;
+          if (setting == 1) p.overlap = {};
+          if (setting == 2) p.recompute = Recompute::kFull;
+          if (setting == 3) p.precision = Precision::kFp8;
+          if (setting == 3) p.fp8_recipe = Fp8Recipe::kBlockwise;
+          StackProfile stack = io::load_stack(stack_name).value();
+          if (schedule == 2) stack.capabilities.schedules.push_back("dualpipev");
+          const auto routing = workload::uniform_routing(model.moe.num_experts);
+          const Prediction x = predict(model, p, hw, stack, routing);
+          CAPTURE(schedule);
+          CAPTURE(stack_name);
+          CAPTURE(setting);
+          if (!x.violations.empty()) {
+            MESSAGE("skipped: ", x.violations.front().reason);
+            continue;
+          }
+          const Prediction w = predict(model, p, hw, stack, routing, {.whole_step = true});
+          CHECK_MESSAGE(x.simulation.extrapolated, x.simulation.why_full);
+          two_runs += x.simulation.runs == 2 ? 1 : 0;
+          if (x.simulation.runs != 2) MESSAGE(x.simulation.why_three_runs);
+          check_same(x, w);
+          ++checked;
+        }
+      }
+    }
+    MESSAGE(checked, " combinations checked, ", two_runs, " from two runs");
+    CHECK(checked >= 24);
+    CHECK(two_runs >= checked - 4);
+  }
+
   TEST_CASE("figures that repeat are extrapolated by whole periods; one that does not is named") {
     // Three runs whose figures grow by the same step each: 10 more periods add 10 steps.
     auto figures = [](double step, int64_t ops, double bubble) {
