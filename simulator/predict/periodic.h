@@ -39,7 +39,8 @@ uint64_t cost_fields_hash(const Op& op);
 // Whether run `b` (m0 + d micro-batches) is run `a` (m0) with one period of the steady phase inserted. Each
 // stream of each stage must hold a's ops up to some position, then a block of ops that repeats the block
 // before it, then the rest of a's ops (equal in every field that decides their cost, layer and chunk, with
-// their dependencies where that reading puts them). In time, each of a's ops must run in b at the same
+// their dependencies where that reading puts them, or on the same op in both runs, such as the step's weight
+// cast). Where the block starts is placed by the times. In time, each of a's ops must run in b at the same
 // times or exactly one period later (b's step minus a's), and each inserted op exactly one period after
 // the op a block before it; the predecessor that started each op must be the same op, or the op one block
 // on. And on each stage, the host must issue one period's ops within the period (or wait for the device
