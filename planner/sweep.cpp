@@ -299,7 +299,9 @@ SweepRow sweep_row(const SweepCase& base, const std::string& key, const nlohmann
   }
   if (c.plan) {
     row.plan = *c.plan;
-    row.prediction = without_trace(predict(c.model, *c.plan, c.hw, c.stack, routing.value()));
+    // One plan per value, one after another: the search's threads run its periodic runs at once.
+    row.prediction = without_trace(
+        predict(c.model, *c.plan, c.hw, c.stack, routing.value(), {.threads = options.search.threads}));
     if (!row.prediction.violations.empty()) {
       row.reason = reasons_of(row.prediction.violations);
     } else if (!row.prediction.memory.fits()) {

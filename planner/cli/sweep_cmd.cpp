@@ -167,7 +167,8 @@ Runner add_sweep(CLI::App& app) {
   replan_only(
       app.add_option("--routing", o->routing, "Token routing: uniform, zipf:<s>, or a router-trace file")
           ->capture_default_str());
-  app.add_option("--threads", o->threads, "Worker threads of the search")
+  app.add_option("--threads", o->threads,
+                 "Worker threads of the search (with --plan: of each simulated step)")
       ->capture_default_str()
       ->check(CLI::Range(1, 64));
   CLI::Option* csv = app.add_flag("--csv", o->csv, "Print a CSV header and one line per value");
