@@ -401,6 +401,35 @@ TEST_SUITE("planner.search") {
     check_screen_data_parallel("qwen3-30b-a3b", "megatron-core");
   }
 
+  TEST_CASE("the top plans' steps from the periodic steady state equal their whole steps") {
+    // The plans the planner ranks first (interleaved pipelines, combined 1F1B, FP8, fused kernels) as it
+    // predicts them, against the same steps simulated micro-batch by micro-batch. (Megatron-Core's are
+    // interleaved with combined 1F1B and take the three-run check; moerun's take two runs.)
+    for (const char* stack_name : {"megatron-core", "moerun"}) {
+      Setup s("mixtral-8x22b");
+      s.stack = io::load_stack(stack_name).value();
+      planner::SearchOptions opts;
+      opts.threads = 2;
+      opts.top = 6;
+      const planner::SearchResult r =
+          planner::search(s.model, s.hw, s.stack, s.routing, {128, 4096, 768}, planner::SearchSpace{}, opts);
+      REQUIRE(r.plans.size() == 6);
+      int extrapolated = 0;
+      for (const planner::RankedPlan& rp : r.plans) {
+        CAPTURE(stack_name);
+        CAPTURE(planner::describe(rp.plan));
+        const Prediction w = predict(s.model, rp.plan, s.hw, s.stack, s.routing, {.whole_step = true});
+        const Prediction& x = rp.prediction;
+        extrapolated += x.simulation.extrapolated ? 1 : 0;
+        CHECK(std::abs(x.step_time_s - w.step_time_s) <= 1e-9 * w.step_time_s);
+        CHECK(std::abs(x.breakdown.total() - w.breakdown.total()) <= 1e-9 * w.step_time_s);
+        CHECK(std::abs(x.tokens_per_s_low - w.tokens_per_s_low) <= 1e-9 * w.tokens_per_s);
+        CHECK(x.events == w.events);
+      }
+      CHECK(extrapolated == 6);
+    }
+  }
+
   TEST_CASE("among plans tied with #1, one whose memory range fits wholly comes before tight ones") {
     // tokens/s ranges: a 100 (90-110), b 98 (88-108), c 95 (85-105), d 80 (75-85): d is not tied with a.
     auto plan = [](double tps, double lo, double hi, double need_high, int id) {
