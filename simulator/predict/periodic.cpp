@@ -127,8 +127,15 @@ InsertedPeriod inserted_period(const OpGraph& a, const engine::Timeline& ta, con
     const size_t x = sb.pos[i] + len[q];
     return x < sb.ops[q].size() ? sb.ops[q][x] : -1;
   };
+  // b's op at the place of a's op `y` in its stream.
+  auto same_place = [&](int32_t y) -> int32_t {
+    return y < 0 ? -1 : sb.ops[sa.queue[static_cast<size_t>(y)]][sa.pos[static_cast<size_t>(y)]];
+  };
   // The dependencies of a's ops, and the op that started each: where the cut puts them. A dependency may
-  // also be the same op in both runs (one that every period waits for, such as the step's weight cast).
+  // also be the same op in both runs (one that every period waits for, such as the step's weight cast). An
+  // op at the same times in both runs may also have them at the same place in its stream: the op there
+  // may be a copy in b of one that a runs a period later (a send the op did not wait for, which ran beside
+  // the next period's ops in b and alone in a).
   for (const Op& op : a.ops) {
     const auto u = static_cast<size_t>(op.id);
     const bool moved = sa.pos[u] >= cut[sa.queue[u]];
@@ -137,9 +144,11 @@ InsertedPeriod inserted_period(const OpGraph& a, const engine::Timeline& ta, con
     if (w.dep_count != op.dep_count) return fail(name(a, op.id));
     for (uint32_t k = 0; k < op.dep_count; ++k) {
       const int32_t d = a.deps[op.dep_begin + k], got = b.deps[w.dep_begin + k];
-      if (got != version(d, moved) && got != version(d, false)) return fail(name(a, op.id));
+      if (got != version(d, moved) && got != version(d, false) && (moved || got != same_place(d)))
+        return fail(name(a, op.id));
     }
-    if (tb.gated_by[static_cast<size_t>(v)] != version(ta.gated_by[u], moved)) return fail(name(a, op.id));
+    const int32_t g = ta.gated_by[u], got = tb.gated_by[static_cast<size_t>(v)];
+    if (got != version(g, moved) && (moved || got != same_place(g))) return fail(name(a, op.id));
   }
   // The inserted ops: the ops a block before them, one period later, depending on the ops one block on (or
   // the same ones) and started by the op one block on.

@@ -403,8 +403,7 @@ TEST_SUITE("planner.search") {
 
   TEST_CASE("the top plans' steps from the periodic steady state equal their whole steps") {
     // The plans the planner ranks first (interleaved pipelines, combined 1F1B, FP8, fused kernels) as it
-    // predicts them, against the same steps simulated micro-batch by micro-batch. (Megatron-Core's are
-    // interleaved with combined 1F1B and take the three-run check; moerun's take two runs.)
+    // predicts them, against the same steps simulated micro-batch by micro-batch.
     for (const char* stack_name : {"megatron-core", "moerun"}) {
       Setup s("mixtral-8x22b");
       s.stack = io::load_stack(stack_name).value();
