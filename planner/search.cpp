@@ -16,6 +16,7 @@
 
 #include <fmt/format.h>
 
+#include "simulator/core/hash.h"
 #include "simulator/core/model_stats.h"
 #include "simulator/core/parallel.h"
 #include "simulator/cost/cost_model.h"
@@ -41,12 +42,11 @@ std::vector<int64_t> divisors(int64_t n, int64_t cap) {
 
 // A hash of a cache key: a tuple (or pair) of integers, enums, pointers and integer vectors.
 struct KeyHash {
-  static size_t mix(size_t h, size_t v) { return h ^ (v + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2)); }
   template <class T>
   static size_t one(const T& x) {
     if constexpr (std::is_same_v<T, std::vector<int64_t>>) {
       size_t h = x.size();
-      for (int64_t v : x) h = mix(h, std::hash<int64_t>{}(v));
+      for (int64_t v : x) h = hash_combine(h, std::hash<int64_t>{}(v));
       return h;
     } else {
       return std::hash<T>{}(x);
@@ -57,7 +57,7 @@ struct KeyHash {
     return std::apply(
         [](const auto&... x) {
           size_t h = 0;
-          ((h = mix(h, one(x))), ...);
+          ((h = hash_combine(h, one(x))), ...);
           return h;
         },
         t);

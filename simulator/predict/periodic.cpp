@@ -6,13 +6,11 @@
 
 #include <fmt/format.h>
 
+#include "simulator/core/hash.h"
+
 namespace moeplan {
 namespace {
 
-uint64_t mix(uint64_t h, uint64_t v) {
-  h ^= v + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2);
-  return h;
-}
 uint64_t bits(double x) {
   uint64_t b;
   std::memcpy(&b, &x, sizeof b);
@@ -37,8 +35,9 @@ struct Streams {
       auto& list = ops[queue[i]];
       pos[i] = static_cast<uint32_t>(list.size());
       list.push_back(op.id);
-      sig[i] = mix(mix(cost_fields_hash(op), static_cast<uint64_t>(static_cast<int64_t>(op.layer))),
-                   static_cast<uint64_t>(op.chunk));
+      sig[i] = hash_combine(
+          hash_combine(cost_fields_hash(op), static_cast<uint64_t>(static_cast<int64_t>(op.layer))),
+          static_cast<uint64_t>(op.chunk));
     }
   }
 };
@@ -47,23 +46,25 @@ struct Streams {
 
 uint64_t cost_fields_hash(const Op& op) {
   uint64_t h = 1469598103934665603ULL;
-  h = mix(h, static_cast<uint64_t>(op.kind) | (static_cast<uint64_t>(op.dtype) << 8) |
-                 (static_cast<uint64_t>(op.part) << 16) | (static_cast<uint64_t>(op.phase) << 24) |
-                 (static_cast<uint64_t>(op.mem) << 32) | (static_cast<uint64_t>(op.name) << 40));
-  h = mix(h, bits(op.flops));
-  h = mix(h, bits(op.hbm_bytes));
+  h = hash_combine(h, static_cast<uint64_t>(op.kind) | (static_cast<uint64_t>(op.dtype) << 8) |
+                          (static_cast<uint64_t>(op.part) << 16) | (static_cast<uint64_t>(op.phase) << 24) |
+                          (static_cast<uint64_t>(op.mem) << 32) | (static_cast<uint64_t>(op.name) << 40));
+  h = hash_combine(h, bits(op.flops));
+  h = hash_combine(h, bits(op.hbm_bytes));
   for (int64_t v : std::initializer_list<int64_t>{op.gemm.m, op.gemm.n, op.gemm.k, op.gemm.groups,
                                                   op.attn.seq_kv, op.attn.window, op.attn.qk_dim,
                                                   op.attn.causal, op.comm.group_size, op.comm.stride}) {
-    h = mix(h, static_cast<uint64_t>(v));
+    h = hash_combine(h, static_cast<uint64_t>(v));
   }
-  h = mix(h, static_cast<uint64_t>(op.comm.collective) | (static_cast<uint64_t>(op.comm.group) << 8));
-  h = mix(h, bits(op.comm.bytes));
-  h = mix(h, bits(op.comm.nic_bytes_scale));
-  h = mix(h, bits(op.aux_bytes));
-  h = mix(h, static_cast<uint64_t>(op.kernels) | (static_cast<uint64_t>(op.host_sync) << 16) |
-                 (static_cast<uint64_t>(op.comm.node_dedup) << 17) |
-                 (static_cast<uint64_t>(op.stream) << 24) | (static_cast<uint64_t>(op.aux_kernels) << 32));
+  h = hash_combine(h,
+                   static_cast<uint64_t>(op.comm.collective) | (static_cast<uint64_t>(op.comm.group) << 8));
+  h = hash_combine(h, bits(op.comm.bytes));
+  h = hash_combine(h, bits(op.comm.nic_bytes_scale));
+  h = hash_combine(h, bits(op.aux_bytes));
+  h = hash_combine(h, static_cast<uint64_t>(op.kernels) | (static_cast<uint64_t>(op.host_sync) << 16) |
+                          (static_cast<uint64_t>(op.comm.node_dedup) << 17) |
+                          (static_cast<uint64_t>(op.stream) << 24) |
+                          (static_cast<uint64_t>(op.aux_kernels) << 32));
   return h;
 }
 

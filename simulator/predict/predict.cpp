@@ -20,23 +20,6 @@
 #include "simulator/workload/lower.h"
 
 namespace moeplan {
-namespace {
-
-// Ops with equal cost-relevant fields cost the same; a step repeats each op once per micro-batch, so the
-// costs are computed once per distinct op.
-struct CostKey {
-  uint64_t h;
-  bool operator==(const CostKey& o) const { return h == o.h; }
-};
-struct CostKeyHash {
-  size_t operator()(const CostKey& k) const { return static_cast<size_t>(k.h); }
-};
-
-CostKey cost_key(const Op& op) {
-  return {cost_fields_hash(op)};
-}
-
-}  // namespace
 
 double StepBreakdown::total() const {
   double t = bubble + optimizer;
@@ -172,7 +155,7 @@ class Pricing {
         c = send_cost(op, r.graph.num_stages);
         continue;
       }
-      const CostKey key = cost_key(op);
+      const uint64_t key = cost_fields_hash(op);
       auto it = cache_.find(key);
       if (it == cache_.end()) it = cache_.emplace(key, cm_.cost(op)).first;
       c = it->second;
@@ -212,7 +195,9 @@ class Pricing {
   const StackProfile& stack_;
   const cost::CostModel cm_;
   std::vector<engine::Path> paths_;
-  std::unordered_map<CostKey, cost::OpCost, CostKeyHash> cache_;
+  // Ops with equal cost fields cost the same; a step repeats each op once per micro-batch, so the costs are
+  // computed once per distinct op.
+  std::unordered_map<uint64_t, cost::OpCost> cache_;
 };
 
 StepFigures figures_of(const Run& r, int64_t stage, const PredictOptions& options) {
