@@ -8,24 +8,34 @@
 namespace moeplan {
 namespace {
 
+// The broken rules, with their reasons, by name only, or only the first one's name.
 class Rules {
  public:
-  explicit Rules(bool reasons) : reasons_(reasons) {}
+  enum class Keep { kReasons, kNames, kFirst };
+  explicit Rules(Keep keep) : keep_(keep) {}
   template <class... Args>
   void check(bool ok, const char* rule, const Args&... parts) {
-    if (ok) return;
-    if (!reasons_) {
-      out.push_back({rule, {}});
-      return;
+    if (ok || first) return;
+    switch (keep_) {
+      case Keep::kFirst:
+        first = rule;
+        return;
+      case Keep::kNames:
+        out.push_back({rule, {}});
+        return;
+      case Keep::kReasons:
+        break;
     }
     std::ostringstream s;
     (s << ... << parts);
     out.push_back({rule, s.str()});
   }
+  bool reasons() const { return keep_ == Keep::kReasons; }
   std::vector<Violation> out;
+  const char* first = nullptr;  // kFirst only
 
  private:
-  bool reasons_;
+  Keep keep_;
 };
 
 bool divides(int64_t d, int64_t n) {
@@ -52,8 +62,9 @@ std::vector<int64_t> uneven_split(int64_t layers, int64_t chunks) {
   return out;
 }
 
-std::vector<Violation> validate(const Plan& p, const ModelSpec& m, const HardwareProfile& hw, bool reasons) {
-  Rules r(reasons);
+namespace {
+
+void check_rules(Rules& r, const Plan& p, const ModelSpec& m, const HardwareProfile& hw) {
   const auto& a = p.attention;
   const auto& e = p.experts;
   const auto& pp = p.pipeline;
@@ -127,7 +138,7 @@ std::vector<Violation> validate(const Plan& p, const ModelSpec& m, const Hardwar
     const bool even = divides(chunks, m.num_layers());
     r.check(even, "layers_divisible", "layers (", m.num_layers(), ") are not divisible by pp*vpp (", chunks,
             "); give pipeline.layers_per_stage for an uneven split",
-            !even && reasons && chunks > 0 && chunks <= m.num_layers()
+            !even && r.reasons() && chunks > 0 && chunks <= m.num_layers()
                 ? ", e.g. " + list_text(uneven_split(m.num_layers(), chunks)) +
                       " (smaller first and last chunks, which hold the embedding and the loss)"
                 : std::string());
@@ -220,11 +231,24 @@ std::vector<Violation> validate(const Plan& p, const ModelSpec& m, const Hardwar
   const int64_t g = hw.node.gpus_per_node.value;
   r.check(g <= 0 || p.gpus < g || p.gpus % g == 0, "whole_nodes", "gpus (", p.gpus,
           ") is neither a multiple of the ", g, " GPUs per node nor less than one node");
+}
+
+}  // namespace
+
+std::vector<Violation> validate(const Plan& p, const ModelSpec& m, const HardwareProfile& hw, bool reasons) {
+  Rules r(reasons ? Rules::Keep::kReasons : Rules::Keep::kNames);
+  check_rules(r, p, m, hw);
   return r.out;
 }
 
+const char* first_broken_rule(const Plan& p, const ModelSpec& m, const HardwareProfile& hw) {
+  Rules r(Rules::Keep::kFirst);
+  check_rules(r, p, m, hw);
+  return r.first;
+}
+
 std::vector<Violation> validate_for_stack(const Plan& p, const StackProfile& stack, bool reasons) {
-  Rules r(reasons);
+  Rules r(reasons ? Rules::Keep::kReasons : Rules::Keep::kNames);
   const auto& c = stack.capabilities;
   auto check = [&](const std::vector<std::string>& list, const std::string& value, const char* rule,
                    const char* what) {

@@ -142,6 +142,9 @@ struct Violation {
 // Without reasons, each violation names its rule only (the planner counts rules over millions of plans).
 std::vector<Violation> validate(const Plan& plan, const ModelSpec& model, const HardwareProfile& hw,
                                 bool reasons = true);
+// The rule of validate()'s first violation, or nullptr when the plan is legal, without building the list
+// (the search's test of millions of plans).
+const char* first_broken_rule(const Plan& plan, const ModelSpec& model, const HardwareProfile& hw);
 
 // Every plan feature the stack cannot run (its capabilities): dispatch, recompute granularity and modules,
 // schedule, precision and FP8 recipe, gradient synchronisation, dispatch precision. Overlaps are not here.

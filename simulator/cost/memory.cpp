@@ -440,10 +440,14 @@ double dispatcher_buffer_bytes(const ModelSpec& m, const Plan& p, const StackPro
   return 2.0 * exchange * kBf16 + largest_layer * kFp32;
 }
 
-std::vector<MemoryBreakdown> memory_per_stage(const ModelSpec& m, const Plan& p, const HardwareProfile& hw,
-                                              const StackProfile& stack,
-                                              const std::vector<std::vector<int64_t>>& in_flight,
-                                              double expert_load_scale, const LayerKindCounts* counts) {
+namespace {
+
+// Each pipeline stage's memory, in stage order, passed to `visit` (memory_per_stage keeps them all,
+// memory_per_gpu only the largest).
+template <class Visit>
+void visit_stages(const ModelSpec& m, const Plan& p, const HardwareProfile& hw, const StackProfile& stack,
+                  const std::vector<std::vector<int64_t>>& in_flight, double expert_load_scale,
+                  const LayerKindCounts* counts, Visit&& visit) {
   const int64_t pp = p.pipeline.pp, vpp = p.pipeline.vpp, tp = p.attention.tp;
   const int64_t chunks = pp * vpp;
   const double replicas = d(p.attention.sp * p.attention.cp * p.dp());  // ranks holding the same dense params
@@ -487,8 +491,6 @@ std::vector<MemoryBreakdown> memory_per_stage(const ModelSpec& m, const Plan& p,
   const bool full = p.recompute == Recompute::kFull;
   const int64_t group_layers = std::max<int64_t>(1, p.recompute_num_layers);
 
-  std::vector<MemoryBreakdown> stages;
-  stages.reserve(static_cast<size_t>(pp));
   std::vector<double> chunk_bytes(static_cast<size_t>(vpp));  // each chunk's saved activations
   for (int64_t s = 0; s < pp; ++s) {
     MemoryBreakdown b;
@@ -600,19 +602,34 @@ std::vector<MemoryBreakdown> memory_per_stage(const ModelSpec& m, const Plan& p,
     b.reserve_high =
         stack.memory.reserve_bytes_high.value + stack.memory.fragmentation_high.value * allocated;
     b.reserve = 0.5 * (b.reserve_low + b.reserve_high);
-    stages.push_back(b);
+    visit(b);
   }
+}
+
+}  // namespace
+
+std::vector<MemoryBreakdown> memory_per_stage(const ModelSpec& m, const Plan& p, const HardwareProfile& hw,
+                                              const StackProfile& stack,
+                                              const std::vector<std::vector<int64_t>>& in_flight,
+                                              double expert_load_scale, const LayerKindCounts* counts) {
+  std::vector<MemoryBreakdown> stages;
+  stages.reserve(static_cast<size_t>(p.pipeline.pp));
+  visit_stages(m, p, hw, stack, in_flight, expert_load_scale, counts,
+               [&](const MemoryBreakdown& b) { stages.push_back(b); });
   return stages;
 }
 
 MemoryBreakdown memory_per_gpu(const ModelSpec& m, const Plan& p, const HardwareProfile& hw,
                                const StackProfile& stack, const std::vector<std::vector<int64_t>>& in_flight,
                                double expert_load_scale, const LayerKindCounts* counts) {
-  const std::vector<MemoryBreakdown> stages =
-      memory_per_stage(m, p, hw, stack, in_flight, expert_load_scale, counts);
-  return *std::max_element(
-      stages.begin(), stages.end(),
-      [](const MemoryBreakdown& a, const MemoryBreakdown& b) { return a.total() < b.total(); });
+  // The first stage with the largest total (max_element over memory_per_stage would pick the same one).
+  MemoryBreakdown largest;
+  bool any = false;
+  visit_stages(m, p, hw, stack, in_flight, expert_load_scale, counts, [&](const MemoryBreakdown& b) {
+    if (!any || largest.total() < b.total()) largest = b;
+    any = true;
+  });
+  return largest;
 }
 
 }  // namespace moeplan::cost

@@ -24,7 +24,8 @@ struct Streams {
   std::vector<uint32_t> queue, pos;       // by op id
   std::vector<uint64_t> sig;              // by op id
 
-  explicit Streams(const OpGraph& g)
+  // `keys`: each op's cost_fields_hash where the caller has them (empty: computed here).
+  Streams(const OpGraph& g, std::span<const uint64_t> keys)
       : ops(static_cast<size_t>(g.num_stages) * kNumStreams),
         queue(g.ops.size()),
         pos(g.ops.size()),
@@ -35,9 +36,9 @@ struct Streams {
       auto& list = ops[queue[i]];
       pos[i] = static_cast<uint32_t>(list.size());
       list.push_back(op.id);
-      sig[i] = hash_combine(
-          hash_combine(cost_fields_hash(op), static_cast<uint64_t>(static_cast<int64_t>(op.layer))),
-          static_cast<uint64_t>(op.chunk));
+      const uint64_t key = keys.empty() ? cost_fields_hash(op) : keys[i];
+      sig[i] = hash_combine(hash_combine(key, static_cast<uint64_t>(static_cast<int64_t>(op.layer))),
+                            static_cast<uint64_t>(op.chunk));
     }
   }
 };
@@ -69,8 +70,8 @@ uint64_t cost_fields_hash(const Op& op) {
 }
 
 InsertedPeriod inserted_period(const OpGraph& a, const engine::Timeline& ta, const OpGraph& b,
-                               const engine::Timeline& tb, std::span<const cost::OpCost> costs_b,
-                               double tol) {
+                               const engine::Timeline& tb, std::span<const cost::OpCost> costs_b, double tol,
+                               std::span<const uint64_t> keys_a, std::span<const uint64_t> keys_b) {
   InsertedPeriod r;
   r.period_s = tb.step_time - ta.step_time;
   auto fail = [&](std::string why) {
@@ -78,7 +79,7 @@ InsertedPeriod inserted_period(const OpGraph& a, const engine::Timeline& ta, con
     return r;
   };
   if (a.num_stages != b.num_stages || !(r.period_s > tol)) return fail("the step");
-  const Streams sa(a), sb(b);
+  const Streams sa(a, keys_a), sb(b, keys_b);
   const size_t queues = sa.ops.size();
   auto stream_name = [](size_t q) {
     return fmt::format("stage {} stream {}", q / kNumStreams, q % kNumStreams);

@@ -46,14 +46,16 @@ uint64_t cost_fields_hash(const Op& op);
 // on. And on each stage, the host must issue one period's ops within the period (or wait for the device
 // in it), so that it cannot fall behind over more periods. Then every further period inserts the same
 // block, and each figure grows by what the first one added. Times agree to `tol` seconds; `failed` names
-// the first op or stream that does not fit.
+// the first op or stream that does not fit. `keys_a`, `keys_b`: each op's cost_fields_hash, where the
+// caller has them from pricing (empty: computed here).
 struct InsertedPeriod {
   bool ok = false;
   double period_s = 0;
   std::string failed;
 };
 InsertedPeriod inserted_period(const OpGraph& a, const engine::Timeline& ta, const OpGraph& b,
-                               const engine::Timeline& tb, std::span<const cost::OpCost> costs_b, double tol);
+                               const engine::Timeline& tb, std::span<const cost::OpCost> costs_b, double tol,
+                               std::span<const uint64_t> keys_a = {}, std::span<const uint64_t> keys_b = {});
 
 // Linear extrapolation of figures at m0 and m0 + d to m0 + k d, each call taking the figure at m0 + 2d too.
 // checked(): the second period must repeat the first, times to `tol` seconds, counts and op summary rows

@@ -120,6 +120,7 @@ namespace {
 struct Run {
   OpGraph graph;
   std::vector<cost::OpCost> costs;
+  std::vector<uint64_t> cost_keys;  // by op id: cost_fields_hash, what the op-by-op check compares too
   engine::Timeline timeline;
 };
 
@@ -149,13 +150,14 @@ class Pricing {
   // Each op's cost, from the cache where an equal op was priced before (one caller at a time).
   void price(Run& r) {
     r.costs.resize(r.graph.ops.size());
+    r.cost_keys.resize(r.graph.ops.size());
     for (const Op& op : r.graph.ops) {
       auto& c = r.costs[static_cast<size_t>(op.id)];
+      const uint64_t key = r.cost_keys[static_cast<size_t>(op.id)] = cost_fields_hash(op);
       if (op.kind == OpKind::kSendRecv && !paths_.empty()) {
         c = send_cost(op, r.graph.num_stages);
         continue;
       }
-      const uint64_t key = cost_fields_hash(op);
       auto it = cache_.find(key);
       if (it == cache_.end()) it = cache_.emplace(key, cm_.cost(op)).first;
       c = it->second;
@@ -311,9 +313,10 @@ std::optional<StepFigures> extrapolate_step(const ModelSpec& model, const Plan& 
   // less than a period of it.)
   for (Run& r : simulate_runs(m0 + d, 2)) runs.push_back(std::move(r));
   const InsertedPeriod inserted =
-      options.op_by_op ? inserted_period(runs[0].graph, runs[0].timeline, runs[1].graph, runs[1].timeline,
-                                         runs[1].costs, 1e-11 * runs[1].timeline.step_time)
-                       : InsertedPeriod{.failed = "the three-run check was asked for"};
+      options.op_by_op
+          ? inserted_period(runs[0].graph, runs[0].timeline, runs[1].graph, runs[1].timeline, runs[1].costs,
+                            1e-11 * runs[1].timeline.step_time, runs[0].cost_keys, runs[1].cost_keys)
+          : InsertedPeriod{.failed = "the three-run check was asked for"};
   if (inserted.ok) {
     m0 += d;
     auto x = PeriodicExtrapolation::trusted((m - m0) / d);

@@ -121,6 +121,48 @@ TEST_SUITE("core") {
     }
   }
 
+  TEST_CASE(
+      "first_broken_rule names validate()'s first rule, with or without reasons, and nothing when legal") {
+    Fixture f;
+    int legal = 0, broken = 0;
+    for (int64_t gpus : {64, 80, 128}) {
+      for (int64_t tp : {1, 2, 3, 8}) {
+        for (int64_t ep : {1, 4, 16}) {
+          for (int64_t pp : {1, 3, 8}) {
+            for (int64_t vpp : {1, 2}) {
+              Plan p = f.plan;
+              p.gpus = gpus;
+              p.attention.tp = tp;
+              p.experts.ep = ep;
+              p.pipeline.pp = pp;
+              p.pipeline.vpp = vpp;
+              p.pipeline.schedule = vpp > 1 ? Schedule::kInterleaved1F1B : Schedule::k1F1B;
+              CAPTURE(gpus);
+              CAPTURE(tp);
+              CAPTURE(ep);
+              CAPTURE(pp);
+              CAPTURE(vpp);
+              const auto named = validate(p, f.model, f.hw, false), with_reasons = validate(p, f.model, f.hw);
+              REQUIRE(named.size() == with_reasons.size());
+              const char* first = first_broken_rule(p, f.model, f.hw);
+              if (named.empty()) {
+                CHECK(first == nullptr);
+                ++legal;
+              } else {
+                REQUIRE(first != nullptr);
+                CHECK(named.front().rule == first);
+                CHECK(with_reasons.front().rule == first);
+                ++broken;
+              }
+            }
+          }
+        }
+      }
+    }
+    CHECK(legal > 10);
+    CHECK(broken > 100);
+  }
+
   TEST_CASE("a violation's reason names the numbers involved") {
     Fixture f;
     f.plan.experts.ep = 16;

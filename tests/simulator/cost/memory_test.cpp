@@ -11,6 +11,7 @@
 #include "simulator/io/hardware_loader.h"
 #include "simulator/io/model_loader.h"
 #include "simulator/io/stack_loader.h"
+#include "simulator/workload/lower.h"
 
 using namespace moeplan;
 
@@ -75,6 +76,45 @@ struct Dsv3 {
 }  // namespace
 
 TEST_SUITE("cost") {
+  TEST_CASE("memory_per_gpu is the first stage of memory_per_stage with the largest total") {
+    // DeepSeek-V3 over an uneven interleaved pipeline of 4 (embedding and head on different stages, stage 0
+    // holding the most micro-batches in flight) and 1F1B pipelines of 2 and 8, ZeRO-1 and ZeRO-3.
+    const ModelSpec m = io::load_model("deepseek-v3").value();
+    const HardwareProfile hw = io::load_hardware("h100-sxm").value();
+    const StackProfile st = io::load_stack("megatron-core").value();
+    for (int64_t pp : {2, 4, 8}) {
+      for (int64_t zero : {1, 3}) {
+        Plan p;
+        p.gpus = 256;
+        p.seq_len = 4096;
+        p.global_batch = 512;
+        p.attention.tp = 2;
+        p.experts.ep = 16;
+        p.pipeline.pp = pp;
+        p.data.zero = zero;
+        if (pp == 4) {
+          p.pipeline.vpp = 2;
+          p.pipeline.schedule = Schedule::kInterleaved1F1B;
+        }
+        p.pipeline.layers_per_stage = uneven_split(m.num_layers(), pp * p.pipeline.vpp);
+        CAPTURE(pp);
+        CAPTURE(zero);
+        const auto flight = in_flight_by_chunk(m, p);
+        const auto stages = cost::memory_per_stage(m, p, hw, st, flight, 1.0);
+        REQUIRE(stages.size() == static_cast<size_t>(pp));
+        size_t largest = 0;
+        for (size_t s = 1; s < stages.size(); ++s)
+          if (stages[largest].total() < stages[s].total()) largest = s;
+        const auto gpu = cost::memory_per_gpu(m, p, hw, st, flight, 1.0);
+        CHECK(gpu.stage == stages[largest].stage);
+        CHECK(gpu.total() == stages[largest].total());
+        CHECK(gpu.total_low() == stages[largest].total_low());
+        CHECK(gpu.activations == stages[largest].activations);
+        CHECK(gpu.in_flight == stages[largest].in_flight);
+      }
+    }
+  }
+
   TEST_CASE("activation memory per MoE layer matches MegaScale-MoE's full and SAR formulas") {
     // Internal-352B on MegaScale-MoE's stack under SP = EP = n = 8 with all-gather dispatch, b = 1, s = 8192:
     // k = 3, f = 14336/4096, m = 4. In bf16 elements (bytes / 2), units of b s h / n:
