@@ -320,7 +320,10 @@ namespace {
 struct LayerTimes {
   std::vector<double> layer;    // seconds per model layer: forward, recompute and backward of one micro-batch
   std::vector<double> forward;  // the forward's share of it
-  double head = 0;              // embedding + output layer + loss, fwd + bwd
+  // Combined 1F1B (overlap.cross_micro_batch): seconds per model layer of a steady pair, one micro-batch's
+  // forward beside another's backward, per micro-batch (`layer` where the plan does not pair them).
+  std::vector<double> paired;
+  double head = 0;  // embedding + output layer + loss, fwd + bwd
 };
 
 // A layer's data-parallel ops as the lowering emits them, priced by the cost model: its gradient
@@ -362,11 +365,20 @@ class Screener {
     const std::vector<LayerDp>& dp = layer_dp(p);
     const int64_t pp = p.pipeline.pp, vpp = p.pipeline.vpp;
     const StageShapes& shapes = stage_shapes(p, dp);
-    std::vector<double> stage(static_cast<size_t>(pp), 0.0);
+    // Each stage's time per micro-batch, its forwards and backwards apart (`stage`) and as it runs them in
+    // its schedule (`paced`: combined 1F1B pairs the share `paired_share` of them).
+    std::vector<double> stage(static_cast<size_t>(pp), 0.0), paced(static_cast<size_t>(pp), 0.0);
+    const std::vector<double>* shares = combined(p) ? &paired_share(p) : nullptr;
     for (size_t s = 0; s < stage.size(); ++s) {
-      for (const auto& [x, n] : shapes.kinds[s]) stage[s] += d(n) * lt.layer[static_cast<size_t>(x)];
+      double pairs = 0;
+      for (const auto& [x, n] : shapes.kinds[s]) {
+        stage[s] += d(n) * lt.layer[static_cast<size_t>(x)];
+        pairs += d(n) * lt.paired[static_cast<size_t>(x)];
+      }
+      paced[s] = shares ? stage[s] - (*shares)[s] * (stage[s] - pairs) : stage[s];
     }
     stage.back() += lt.head;
+    paced.back() += lt.head;
     // Pipeline sends, the lowering's op. Not overlapped, each runs on its stage's compute stream: per
     // micro-batch a stage sends from each of its virtual stages forward (but the last) and backward (but the
     // first). Overlapped, they cost only the latency of the first activation's and the last gradient's way
@@ -380,16 +392,17 @@ class Screener {
         for (int64_t s = 0; s < pp; ++s) {
           const int64_t sends = 2 * vpp - (s == 0 ? 1 : 0) - (s == pp - 1 ? 1 : 0);
           stage[static_cast<size_t>(s)] += d(sends) * t_send;
+          paced[static_cast<size_t>(s)] += d(sends) * t_send;
         }
       }
     }
-    // 1F1B with v chunks: m micro-batches at the slowest stage's pace (its compute and the data-parallel
-    // time it adds to each micro-batch), plus the others' fill and drain / v, then the step's data-parallel
-    // tail, the slowest stage's.
+    // 1F1B with v chunks: m micro-batches at the slowest stage's pace (its compute as its schedule runs it
+    // and the data-parallel time it adds to each micro-batch), plus the others' fill and drain / v (unpaired
+    // forwards and backwards), then the step's data-parallel tail, the slowest stage's.
     double pace = 0, slowest = 0, sum = 0, tail = 0;
     for (size_t s = 0; s < stage.size(); ++s) {
       const StageDp x = stage_dp(p, shapes, s, lt, dp);
-      pace = std::max(pace, stage[s] + x.per_micro_batch);
+      pace = std::max(pace, paced[s] + x.per_micro_batch);
       slowest = std::max(slowest, stage[s]);
       sum += stage[s];
       tail = std::max(tail, x.tail);
@@ -410,6 +423,49 @@ class Screener {
     return out;
   }
 
+  // Whether the stack runs the plan's forwards and backwards in combined 1F1B pairs.
+  bool combined(const Plan& p) const {
+    return p.overlap.cross_micro_batch && st_.overlaps.cross_micro_batch.value;
+  }
+
+  // Per stage: the share of its forwards that the schedule pairs with a backward (combined 1F1B), from the
+  // lowering's pipeline order; the warm-up forwards and cool-down backwards run alone.
+  const std::vector<double>& paired_share(const Plan& p) {
+    const int64_t pp = p.pipeline.pp, vpp = p.pipeline.vpp, m = p.num_micro_batches();
+    const auto key = std::make_tuple(pp, vpp, m, static_cast<int>(p.pipeline.schedule));
+    auto it = shares_.find(key);
+    if (it != shares_.end()) return it->second;
+    std::vector<double> out;
+    for (int64_t s = 0; s < pp; ++s) {
+      int64_t pairs = 0;
+      for (const PipelineTask& t : pipeline_order(s, pp, vpp, m, true, p.pipeline.schedule))
+        pairs += t.paired ? 1 : 0;
+      out.push_back(d(pairs) / d(m * vpp));
+    }
+    return shares_.emplace(key, std::move(out)).first->second;
+  }
+
+  // What one more layer of a kind adds to a steady combined 1F1B pair (one micro-batch's forward beside the
+  // previous one's backward, the expert-parallel communication of each under the other's compute) over what
+  // it adds to the same forward and backward run apart: from one stage with one and two layers over two
+  // and three micro-batches, where the third micro-batch adds one pair (or one forward and one backward)
+  // and the second layer one layer of it.
+  double paired_ratio(const LayerSpec& spec, const Plan& one, const LoweringOptions& lo) {
+    auto step = [&](size_t layers, int64_t micro_batches, bool pair) {
+      ModelSpec model = m_;
+      model.layers.assign(layers, spec);
+      Plan q = one;
+      q.global_batch = micro_batches * q.micro_batch * q.dp();
+      q.overlap.cross_micro_batch = pair;
+      return simulate(lower(model, q, lo));
+    };
+    auto layer_of_pair = [&](bool pair) {
+      return (step(2, 3, pair) - step(2, 2, pair)) - (step(1, 3, pair) - step(1, 2, pair));
+    };
+    const double apart = layer_of_pair(false);
+    return apart > 0 ? layer_of_pair(true) / apart : 1.0;
+  }
+
   // One pipeline stage running one micro-batch: the plan the per-layer lowerings use.
   static Plan one_stage(const Plan& p) {
     Plan one = p;
@@ -424,7 +480,7 @@ class Screener {
                                      p.experts.etp, static_cast<int>(p.experts.dispatch), p.micro_batch,
                                      static_cast<int>(p.recompute), p.overlap.inter_op, p.overlap.intra_op,
                                      static_cast<int>(p.precision) * 8 + static_cast<int>(p.fp8_recipe),
-                                     static_cast<int>(p.compression.dispatch));
+                                     static_cast<int>(p.compression.dispatch), combined(p));
     auto it = cache_.find(key);
     if (it != cache_.end()) return it->second;
     LayerTimes lt;
@@ -444,6 +500,12 @@ class Screener {
     for (const auto& [whole, forward] : per_layer) {
       lt.layer.push_back(whole);
       lt.forward.push_back(forward);
+    }
+    lt.paired = lt.layer;
+    if (combined(p)) {
+      const std::vector<double> ratio =
+          per_layer_kind([&](const LayerSpec& s) { return s.moe ? paired_ratio(s, one, lo) : 1.0; });
+      for (size_t l = 0; l < ratio.size(); ++l) lt.paired[l] *= ratio[l];
     }
     ModelSpec no_layers = m_;
     no_layers.layers.clear();
@@ -658,9 +720,10 @@ class Screener {
   const LayerKindCounts& kinds_;
   cost::CostModel cm_;
   std::unordered_map<
-      std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int, int64_t, int, bool, bool, int, int>,
+      std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int, int64_t, int, bool, bool, int, int, bool>,
       LayerTimes, KeyHash>
       cache_;
+  std::unordered_map<std::tuple<int64_t, int64_t, int64_t, int>, std::vector<double>, KeyHash> shares_;
   std::unordered_map<std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int>,
                      std::vector<LayerDp>, KeyHash>
       dp_cache_;
@@ -734,8 +797,8 @@ SearchResult search(const ModelSpec& model, const HardwareProfile& hw, const Sta
   struct Pass {
     std::vector<Candidate> best;  // a max-heap under `before`: its front is the worst one kept
     std::vector<Candidate> screened;
-    std::map<std::string, int64_t> rejected;
-    int64_t enumerated = 0, legal = 0, fitting = 0;
+    std::map<std::string, int64_t, std::less<>> rejected;  // by legality rule
+    int64_t enumerated = 0, legal = 0, fitting = 0, too_big = 0;
     std::optional<Plan> smallest;
     double smallest_bytes = 0;
     int64_t smallest_index = 0;
@@ -757,9 +820,10 @@ SearchResult search(const ModelSpec& model, const HardwareProfile& hw, const Sta
           if (t == 0 && options.progress && index % 65536 == 0) options.progress(index);
           if (!matches_fixed(p, space)) return;
           ++out.enumerated;
-          const auto v = validate(p, model, hw, /*reasons=*/false);
-          if (!v.empty()) {
-            ++out.rejected[v.front().rule];
+          if (const char* rule = first_broken_rule(p, model, hw)) {
+            auto it = out.rejected.find(std::string_view(rule));
+            if (it == out.rejected.end()) it = out.rejected.emplace(rule, 0).first;
+            ++it->second;
             return;
           }
           ++out.legal;
@@ -781,7 +845,7 @@ SearchResult search(const ModelSpec& model, const HardwareProfile& hw, const Sta
             out.smallest_index = index;
           }
           if (!mem.fits()) {
-            ++out.rejected["memory: does not fit"];
+            ++out.too_big;
             return;
           }
           ++out.fitting;
@@ -829,6 +893,7 @@ SearchResult search(const ModelSpec& model, const HardwareProfile& hw, const Sta
     r.legal += p.legal;
     r.fitting += p.fitting;
     for (const auto& [why, n] : p.rejected) r.rejected[why] += n;
+    if (p.too_big > 0) r.rejected["memory: does not fit"] += p.too_big;
     std::move(p.best.begin(), p.best.end(), std::back_inserter(best));
     std::move(p.screened.begin(), p.screened.end(), std::back_inserter(r.screened_candidates));
     p = {};
