@@ -23,6 +23,7 @@
 #include "simulator/cost/memory.h"
 #include "simulator/engine/engine.h"
 #include "simulator/io/plan_io.h"
+#include "simulator/predict/periodic.h"
 #include "simulator/workload/lower.h"
 
 namespace moeplan::planner {
@@ -514,9 +515,20 @@ class Screener {
     return cache_.emplace(key, std::move(lt)).first->second;
   }
 
+  // The graph's timeline, each distinct op priced once per screener (the runs of one layout share most of
+  // their ops, as predict()'s runs do; pipeline sends, which the screen's one-stage runs do not hold, each).
   engine::Timeline run(const OpGraph& g) {
     std::vector<cost::OpCost> costs(g.ops.size());
-    for (const Op& op : g.ops) costs[static_cast<size_t>(op.id)] = cm_.cost(op);
+    for (const Op& op : g.ops) {
+      if (op.kind == OpKind::kSendRecv) {  // priced by its path in predict(), not by its fields alone
+        costs[static_cast<size_t>(op.id)] = cm_.cost(op);
+        continue;
+      }
+      const uint64_t key = cost_fields_hash(op);
+      auto it = op_costs_.find(key);
+      if (it == op_costs_.end()) it = op_costs_.emplace(key, cm_.cost(op)).first;
+      costs[static_cast<size_t>(op.id)] = it->second;
+    }
     engine::EngineOptions eo;
     eo.hbm_bytes_per_s = hw_.gpu.hbm_bw_achieved_bytes_per_s.value;
     eo.overlap_compute_efficiency = st_.overlap_compute_efficiency.value;
@@ -724,6 +736,7 @@ class Screener {
       LayerTimes, KeyHash>
       cache_;
   std::unordered_map<std::tuple<int64_t, int64_t, int64_t, int>, std::vector<double>, KeyHash> shares_;
+  std::unordered_map<uint64_t, cost::OpCost> op_costs_;  // by cost_fields_hash
   std::unordered_map<std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int>,
                      std::vector<LayerDp>, KeyHash>
       dp_cache_;
