@@ -19,11 +19,11 @@
 #include "simulator/core/hash.h"
 #include "simulator/core/model_stats.h"
 #include "simulator/core/parallel.h"
+#include "simulator/cost/cost_cache.h"
 #include "simulator/cost/cost_model.h"
 #include "simulator/cost/memory.h"
 #include "simulator/engine/engine.h"
 #include "simulator/io/plan_io.h"
-#include "simulator/predict/periodic.h"
 #include "simulator/workload/lower.h"
 
 namespace moeplan::planner {
@@ -520,14 +520,8 @@ class Screener {
   engine::Timeline run(const OpGraph& g) {
     std::vector<cost::OpCost> costs(g.ops.size());
     for (const Op& op : g.ops) {
-      if (op.kind == OpKind::kSendRecv) {  // priced by its path in predict(), not by its fields alone
-        costs[static_cast<size_t>(op.id)] = cm_.cost(op);
-        continue;
-      }
-      const uint64_t key = cost_fields_hash(op);
-      auto it = op_costs_.find(key);
-      if (it == op_costs_.end()) it = op_costs_.emplace(key, cm_.cost(op)).first;
-      costs[static_cast<size_t>(op.id)] = it->second;
+      // A send's cost in predict() also depends on its path, which the op does not hold.
+      costs[static_cast<size_t>(op.id)] = op.kind == OpKind::kSendRecv ? cm_.cost(op) : op_costs_.cost(op);
     }
     engine::EngineOptions eo;
     eo.hbm_bytes_per_s = hw_.gpu.hbm_bw_achieved_bytes_per_s.value;
@@ -736,7 +730,7 @@ class Screener {
       LayerTimes, KeyHash>
       cache_;
   std::unordered_map<std::tuple<int64_t, int64_t, int64_t, int>, std::vector<double>, KeyHash> shares_;
-  std::unordered_map<uint64_t, cost::OpCost> op_costs_;  // by cost_fields_hash
+  cost::CostCache op_costs_{cm_};
   std::unordered_map<std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int>,
                      std::vector<LayerDp>, KeyHash>
       dp_cache_;

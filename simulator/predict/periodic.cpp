@@ -1,21 +1,12 @@
 // The op-by-op check that a run is another with one period inserted (see periodic.h).
 #include "simulator/predict/periodic.h"
 
-#include <cstring>
-#include <initializer_list>
-
 #include <fmt/format.h>
 
 #include "simulator/core/hash.h"
 
 namespace moeplan {
 namespace {
-
-uint64_t bits(double x) {
-  uint64_t b;
-  std::memcpy(&b, &x, sizeof b);
-  return b;
-}
 
 // Each stream's ops in program (id) order, where each op sits in its stream, and each op's signature: its
 // cost fields, layer and chunk, what two runs' versions of one op share.
@@ -36,7 +27,7 @@ struct Streams {
       auto& list = ops[queue[i]];
       pos[i] = static_cast<uint32_t>(list.size());
       list.push_back(op.id);
-      const uint64_t key = keys.empty() ? cost_fields_hash(op) : keys[i];
+      const uint64_t key = keys.empty() ? cost::cost_fields_hash(op) : keys[i];
       sig[i] = hash_combine(hash_combine(key, static_cast<uint64_t>(static_cast<int64_t>(op.layer))),
                             static_cast<uint64_t>(op.chunk));
     }
@@ -44,30 +35,6 @@ struct Streams {
 };
 
 }  // namespace
-
-uint64_t cost_fields_hash(const Op& op) {
-  uint64_t h = 1469598103934665603ULL;
-  h = hash_combine(h, static_cast<uint64_t>(op.kind) | (static_cast<uint64_t>(op.dtype) << 8) |
-                          (static_cast<uint64_t>(op.part) << 16) | (static_cast<uint64_t>(op.phase) << 24) |
-                          (static_cast<uint64_t>(op.mem) << 32) | (static_cast<uint64_t>(op.name) << 40));
-  h = hash_combine(h, bits(op.flops));
-  h = hash_combine(h, bits(op.hbm_bytes));
-  for (int64_t v : std::initializer_list<int64_t>{op.gemm.m, op.gemm.n, op.gemm.k, op.gemm.groups,
-                                                  op.attn.seq_kv, op.attn.window, op.attn.qk_dim,
-                                                  op.attn.causal, op.comm.group_size, op.comm.stride}) {
-    h = hash_combine(h, static_cast<uint64_t>(v));
-  }
-  h = hash_combine(h,
-                   static_cast<uint64_t>(op.comm.collective) | (static_cast<uint64_t>(op.comm.group) << 8));
-  h = hash_combine(h, bits(op.comm.bytes));
-  h = hash_combine(h, bits(op.comm.nic_bytes_scale));
-  h = hash_combine(h, bits(op.aux_bytes));
-  h = hash_combine(h, static_cast<uint64_t>(op.kernels) | (static_cast<uint64_t>(op.host_sync) << 16) |
-                          (static_cast<uint64_t>(op.comm.node_dedup) << 17) |
-                          (static_cast<uint64_t>(op.stream) << 24) |
-                          (static_cast<uint64_t>(op.aux_kernels) << 32));
-  return h;
-}
 
 InsertedPeriod inserted_period(const OpGraph& a, const engine::Timeline& ta, const OpGraph& b,
                                const engine::Timeline& tb, std::span<const cost::OpCost> costs_b, double tol,

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "simulator/cost/cost_cache.h"
 #include "simulator/engine/engine.h"
 #include "simulator/io/op_trace.h"
 #include "simulator/predict/predict.h"
@@ -32,9 +33,6 @@ struct StepFigures {
   std::vector<OpSummaryRow> summary;
   std::vector<int32_t> critical_path;
 };
-
-// A hash of the fields that decide an op's cost: ops equal in them cost the same.
-uint64_t cost_fields_hash(const Op& op);
 
 // Whether run `b` (m0 + d micro-batches) is run `a` (m0) with one period of the steady phase inserted. Each
 // stream of each stage must hold a's ops up to some position, then a block of ops that repeats the block

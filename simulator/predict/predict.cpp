@@ -130,7 +130,7 @@ struct Run {
 class Pricing {
  public:
   Pricing(const Plan& run, const HardwareProfile& hw, const StackProfile& stack)
-      : hw_(hw), stack_(stack), cm_(hw, stack) {
+      : hw_(hw), stack_(stack), cm_(hw, stack), cache_(cm_) {
     if (run.pipeline.pp > 1) {
       const engine::Topology topo(hw, run.gpus);
       const int64_t per_stage = run.gpus / run.pipeline.pp;
@@ -153,14 +153,9 @@ class Pricing {
     r.cost_keys.resize(r.graph.ops.size());
     for (const Op& op : r.graph.ops) {
       auto& c = r.costs[static_cast<size_t>(op.id)];
-      const uint64_t key = r.cost_keys[static_cast<size_t>(op.id)] = cost_fields_hash(op);
-      if (op.kind == OpKind::kSendRecv && !paths_.empty()) {
-        c = send_cost(op, r.graph.num_stages);
-        continue;
-      }
-      auto it = cache_.find(key);
-      if (it == cache_.end()) it = cache_.emplace(key, cm_.cost(op)).first;
-      c = it->second;
+      const uint64_t key = r.cost_keys[static_cast<size_t>(op.id)] = cost::cost_fields_hash(op);
+      c = op.kind == OpKind::kSendRecv && !paths_.empty() ? send_cost(op, r.graph.num_stages)
+                                                          : cache_.cost(op, key);
     }
   }
 
@@ -197,9 +192,7 @@ class Pricing {
   const StackProfile& stack_;
   const cost::CostModel cm_;
   std::vector<engine::Path> paths_;
-  // Ops with equal cost fields cost the same; a step repeats each op once per micro-batch, so the costs are
-  // computed once per distinct op.
-  std::unordered_map<uint64_t, cost::OpCost> cache_;
+  cost::CostCache cache_;  // each distinct op priced once
 };
 
 StepFigures figures_of(const Run& r, int64_t stage, const PredictOptions& options) {

@@ -14,18 +14,13 @@
 #include "simulator/cost/cost_model.h"
 #include "simulator/io/hardware_loader.h"
 #include "simulator/io/stack_loader.h"
+#include "tests/simulator/cost/test_ops.h"
 
 using namespace moeplan;
 
 namespace {
 
-Op gemm_op() {
-  Op op;
-  op.kind = OpKind::kGemm;
-  op.dtype = DType::kBf16;
-  op.gemm = {8192, 8192, 8192, 1};
-  return op;
-}
+using test::gemm_op;
 
 // The same GEMM fused with a 1 KiB all-to-all over 8 ranks (microseconds beside a ~1 ms GEMM).
 Op fused_op(OpName name, GemmPart part) {
