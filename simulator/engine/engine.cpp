@@ -27,15 +27,13 @@ struct alignas(64) OpState {
   double link_bytes_per_s = 0;
   double sm_fraction = 0;                 // communication: SMs its kernels hold
   uint32_t queue = 0;                     // stage * kNumStreams + stream
+  int32_t pending = 0;                    // unfinished dependencies
   uint32_t dep_begin = 0, dep_count = 0;  // into OpGraph::deps
   int16_t stage = 0;
   uint8_t kind = 0;  // 0: compute-bound on SMs, 1: memory-bound on SMs (also shares HBM), 2: NVLink, 3: NIC
   uint8_t started = 0;
   uint8_t host_sync = 0;
 };
-// (Each op's unfinished dependencies and whether the host waits for it are kept apart, in `pending_` and
-// `host_waits_`: a finished op's successors and the host's issue loop touch only those, and a few bytes
-// per op stay in cache where the 64 above would not.)
 
 static_assert(sizeof(OpState) == 64);
 
@@ -84,8 +82,6 @@ class Simulation {
     const size_t queues = stages * kNumStreams;
     MOEPLAN_ASSERT(costs.size() == n);
     op_.resize(n);
-    pending_.resize(n);
-    host_waits_.resize(n);
     timeline_.ops.resize(n);
     timeline_.issued.assign(n, o.host ? kNever : 0.0);  // until the host gets there
     timeline_.gated_by.assign(n, -1);
@@ -105,7 +101,6 @@ class Simulation {
       st.link_bytes_per_s = c.link_bytes_per_s;
       st.sm_fraction = c.sm_fraction;
       st.host_sync = o.host && op.host_sync ? 1 : 0;
-      host_waits_[i] = st.host_sync;
       host_s_[i] = c.host_seconds;
       sync_s_[i] = c.host_sync_seconds;
       st.stage = op.stage;
@@ -115,7 +110,7 @@ class Simulation {
                 : c.resource == cost::Resource::kNic                                 ? 3
                 : (op.kind == OpKind::kMemoryBound || op.kind == OpKind::kOptimizer) ? 1
                                                                                      : 0;
-      pending_[i] = static_cast<int32_t>(op.dep_count);
+      st.pending = static_cast<int32_t>(op.dep_count);
       st.dep_begin = op.dep_begin;
       st.dep_count = op.dep_count;
       ++queue_count[st.queue + 1];
@@ -233,7 +228,7 @@ class Simulation {
     if (head_[q] >= queue_end_[q]) return;
     const int32_t id = queue_ops_[head_[q]];
     OpState& st = op_[static_cast<size_t>(id)];
-    if (pending_[static_cast<size_t>(id)] > 0 || st.started) return;
+    if (st.pending > 0 || st.started) return;
     const auto s = static_cast<size_t>(st.stage);
     const double issued = timeline_.issued[static_cast<size_t>(id)];
     if (issued > now_) {
@@ -297,8 +292,8 @@ class Simulation {
     ++head_[q];
     try_start_head(q);
     for (uint32_t k = succ_begin_[i]; k < succ_begin_[i + 1]; ++k) {
-      const auto next = static_cast<size_t>(succ_[k]);
-      if (--pending_[next] == 0) try_start_head(op_[next].queue);
+      OpState& next = op_[static_cast<size_t>(succ_[k])];
+      if (--next.pending == 0) try_start_head(next.queue);
     }
   }
 
@@ -377,7 +372,7 @@ class Simulation {
       const auto id = static_cast<size_t>(stage_ops_[host_cursor_[s]++]);
       clock += host_s_[id];
       timeline_.issued[id] = clock;
-      if (host_waits_[id]) break;
+      if (op_[id].host_sync) break;
     }
     host_clock_[s] = clock;
   }
@@ -404,8 +399,6 @@ class Simulation {
   const EngineOptions& o_;
   double now_ = 0;
   std::vector<OpState> op_;
-  std::vector<int32_t> pending_;     // by op id: unfinished dependencies
-  std::vector<uint8_t> host_waits_;  // by op id: the host waits for it (host sync, with the host on)
   std::vector<uint32_t> succ_begin_;
   std::vector<int32_t> succ_;
   std::vector<int32_t> queue_ops_;                        // each stream's ops in order, stream after stream
