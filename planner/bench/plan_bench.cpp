@@ -1,6 +1,7 @@
 // Benchmark of the full plan search on the reference jobs: wall time on the given threads, plans
 // enumerated, pruned (by reason), screened and simulated, and plans per second.
-// Usage: moeplan_plan_bench [threads=2] [case...]; cases: 352b, dsv3, mixtral (default: all).
+// Usage: moeplan_plan_bench [threads=2] [case...]; cases: 352b, dsv3, mixtral (on the moerun stack), qwen3
+// (Qwen3-235B on 256 H100s on Megatron-Core with DeepEP, combined 1F1B in its space) (default: all).
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -23,12 +24,13 @@ struct Case {
   const char* model;
   const char* hardware;
   planner::Job job;
+  const char* stack = "moerun";
 };
 
 void run(const Case& c, int threads) {
   const ModelSpec model = io::load_model(c.model).value();
   const HardwareProfile hw = io::load_hardware(c.hardware).value();
-  const StackProfile stack = io::load_stack("moerun").value();
+  const StackProfile stack = io::load_stack(c.stack).value();
   const auto routing = workload::uniform_routing(std::max<int64_t>(1, model.moe.num_experts));
   planner::SearchOptions opts;
   opts.threads = threads;
@@ -36,8 +38,8 @@ void run(const Case& c, int threads) {
   const auto t0 = std::chrono::steady_clock::now();
   const planner::SearchResult r = planner::search(model, hw, stack, routing, c.job, {}, opts);
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  fmt::print("{} on {} x {}, seq {}, global batch {} ({} threads)\n", c.model, c.job.gpus, c.hardware,
-             c.job.seq_len, c.job.global_batch, threads);
+  fmt::print("{} on {} x {}, seq {}, global batch {}, {} stack ({} threads)\n", c.model, c.job.gpus,
+             c.hardware, c.job.seq_len, c.job.global_batch, c.stack, threads);
   fmt::print("  wall {:.2f} s: {} enumerated, {} legal, {} fit, {} screened, {} simulated; {:.0f} plans/s\n",
              s, r.enumerated, r.legal, r.fitting, r.screened, r.simulated,
              static_cast<double>(r.enumerated) / s);
@@ -61,6 +63,7 @@ int main(int argc, char** argv) {
       {"352b", "internal-352b", "h800-sxm", {1440, 8192, 720}},
       {"dsv3", "deepseek-v3", "h800-sxm", {2048, 4096, 15360}},
       {"mixtral", "mixtral-8x22b", "h100-sxm", {128, 4096, 256}},
+      {"qwen3", "qwen3-235b-a22b", "h100-sxm", {256, 4096, 2048}, "megatron-core-deepep"},
   };
   for (const Case& c : cases) {
     bool wanted = argc <= 2;
