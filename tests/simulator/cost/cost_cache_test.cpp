@@ -23,13 +23,8 @@ Op gemm_op() {
 }
 
 Op all_to_all_op() {
-  Op op;
-  op.kind = OpKind::kCollective;
-  op.comm.collective = Collective::kAllToAll;
-  op.comm.group = CommGroup::kEp;
-  op.comm.group_size = 8;
+  Op op = test::ep_all_to_all_op(8, 64.0 * 1024 * 1024);
   op.comm.stride = 1;
-  op.comm.bytes = 64.0 * 1024 * 1024;
   op.stream = Stream::kComm;
   return op;
 }

@@ -249,12 +249,7 @@ TEST_SUITE("cost") {
   TEST_CASE("a node-deduplicated exchange holds the dispatcher's SMs; NCCL collectives the stack's share") {
     // DeepEP runs on 20 of the H800's 132 SMs; HybridEP on 32; the engine takes them from concurrent compute.
     const HardwareProfile hw = io::load_hardware("h800-sxm").value();
-    Op op;
-    op.kind = OpKind::kCollective;
-    op.comm.collective = Collective::kAllToAll;
-    op.comm.group = CommGroup::kEp;
-    op.comm.group_size = 16;
-    op.comm.bytes = 1e8;
+    Op op = test::ep_all_to_all_op(16, 1e8);
     op.comm.nic_bytes_scale = 0.2;
     for (auto [name, sms] :
          {std::pair{"megatron-core-deepep", 20}, std::pair{"megatron-core-hybridep", 32}}) {
