@@ -288,7 +288,7 @@ class MegatronBuilder {
       flag("--rotary-base", base);
       if (static_cast<double>(base) != m_.rope_theta)
         note(fmt::format("rope_theta {:g} rounded to the integer --rotary-base {}", m_.rope_theta, base));
-    } else {
+    } else if (m_.position == PositionKind::kRope) {
       note("the model's config states no rope_theta: Megatron's default --rotary-base 10000 applies");
     }
     if (m_.norm_eps > 0) {
@@ -349,6 +349,12 @@ class MegatronBuilder {
     if (a.output_gate) not_expressible("the gated attention output (Qwen3-Next)");
     if (a.indexer.heads > 0)
       not_expressible("DSA sparse attention and its lightning indexer (DeepSeek-V3.2)");
+    if (m_.encoder_decoder()) {
+      not_expressible(
+          "an encoder-decoder (Switch Transformer): pretrain_gpt.py builds decoder-only models, and "
+          "examples/t5/pretrain_t5.py builds T5 blocks with dense MLPs only (megatron/core/models/T5/"
+          "t5_spec.py), so its sparse layers have no flags");
+    }
     if (m_.has_mixer(MixerKind::kLinearAttention))
       not_expressible("Gated DeltaNet (linear attention) layers (Qwen3-Next)");
     if (m_.has_mixer(MixerKind::kMamba2) || m_.has_mixer(MixerKind::kNone))

@@ -130,7 +130,7 @@ int run_plan(const RunOptions& o, int rank, int world) {
         std::fprintf(stderr, "moerun: --backend cuda has the replay runner only (--runner replay)\n");
       return kExitInfeasible;
     }
-    if (const std::string why = cuda_unsupported(plan); !why.empty()) {
+    if (const std::string why = cuda_unsupported(plan, in.loaded.model); !why.empty()) {
       if (rank == 0)
         std::fprintf(stderr, "moerun: %s: the CUDA replay does not support %s\n", in.loaded.path.c_str(),
                      why.c_str());

@@ -100,8 +100,10 @@ struct GroupMemory {
 
 }  // namespace
 
-std::string cuda_unsupported(const Plan& plan) {
+std::string cuda_unsupported(const Plan& plan, const ModelSpec& model) {
   if (plan.pipeline.pp > 1) return "pipeline parallelism (pp > 1) on the CUDA backend";
+  // Its attention replays as square causal self-attention.
+  if (model.encoder_decoder()) return "an encoder-decoder model (bidirectional and cross-attention)";
   if (plan.overlap.intra_op) {
     // The lowering fuses Ulysses' all-to-alls (sp > 1) and, without ETP, the experts' dispatch and combine.
     const int64_t sp = plan.attention.sp, ep = plan.experts.etp == 1 ? plan.experts.ep : 1;

@@ -30,6 +30,7 @@
 
 #include "executor/comm/device_communicator.h"
 #include "executor/runtime/op_runner.h"
+#include "simulator/core/model_spec.h"
 #include "simulator/core/plan.h"
 
 namespace moeplan::executor {
@@ -37,8 +38,8 @@ namespace moeplan::executor {
 // This rank's NCCL communicator of a group kind; nullptr when the group has one rank.
 using DeviceGroupLookup = std::function<DeviceCommunicator*(CommGroup)>;
 
-// Empty when the CUDA replay runner can execute `plan`, else one phrase naming what it cannot do.
-std::string cuda_unsupported(const Plan& plan);
+// Empty when the CUDA replay runner can execute `plan` of `model`, else one phrase naming what it cannot do.
+std::string cuda_unsupported(const Plan& plan, const ModelSpec& model);
 
 class CudaReplayRunner final : public OpRunner {
  public:

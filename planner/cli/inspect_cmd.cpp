@@ -1,6 +1,7 @@
 // `moeplan inspect`: what a model costs before any plan (parameters, FLOPs, bytes per parameter), or what a
 // hardware profile says about the machine.
 #include <algorithm>
+#include <utility>
 
 #include <fmt/format.h>
 
@@ -75,6 +76,13 @@ nlohmann::json layer_kinds(const ModelSpec& m) {
   return out;
 }
 
+// Encoder and decoder layers of an encoder-decoder.
+std::pair<int64_t, int64_t> stack_layers(const ModelSpec& m) {
+  const auto enc = std::count_if(m.layers.begin(), m.layers.end(),
+                                 [](const LayerSpec& l) { return l.role == LayerRole::kEncoder; });
+  return {enc, m.num_layers() - enc};
+}
+
 const char* attention_name(const ModelSpec& m) {
   return m.attention.kind == AttentionKind::kMla
              ? "MLA"
@@ -132,13 +140,23 @@ int inspect_model(const std::string& ref, int64_t seq_len, bool as_json) {
     if (m.norm_eps > 0) j["norm_eps"] = m.norm_eps;
     if (!m.rope_scaling.empty()) j["rope_scaling"] = m.rope_scaling;
     if (hybrid(m)) j["layer_kinds"] = layer_kinds(m);
+    if (m.encoder_decoder()) {
+      const auto [enc, dec] = stack_layers(m);
+      j["encoder_layers"] = enc;
+      j["decoder_layers"] = dec;
+      j["decoder_seq_len"] = decoder_seq_len(seq_len);
+      j["relative_position_buckets"] = m.relative_buckets;
+    }
     if (const auto notes = model_notes(m); !notes.empty()) j["notes"] = notes;
     print_json(j);
     return kExitOk;
   }
 
-  fmt::print("{} ({}): {} layers ({} MoE), hidden {}, {} attention with {} heads ({} KV), vocab {}{}\n",
-             m.name, m.family, m.num_layers(), m.num_moe_layers(), m.hidden, attention_name(m),
+  const auto [enc, dec] = stack_layers(m);
+  const std::string stacks =
+      m.encoder_decoder() ? fmt::format("{} encoder + {} decoder, ", enc, dec) : std::string();
+  fmt::print("{} ({}): {} layers ({}{} MoE), hidden {}, {} attention with {} heads ({} KV), vocab {}{}\n",
+             m.name, m.family, m.num_layers(), stacks, m.num_moe_layers(), m.hidden, attention_name(m),
              m.attention.num_heads, m.attention.num_kv_heads, m.vocab,
              m.tied_embeddings ? ", tied embeddings" : "");
   if (m.is_moe()) {
@@ -152,7 +170,9 @@ int inspect_model(const std::string& ref, int64_t seq_len, bool as_json) {
       kinds += fmt::format("{}{} {}", kinds.empty() ? "" : ", ", it.value().get<int64_t>(), it.key());
     fmt::print("layers by kind: {}\n", kinds);
   }
-  if (m.rope_theta > 0 || m.norm_eps > 0) {
+  if (m.position == PositionKind::kRelativeBias) {
+    fmt::print("relative position bias ({} buckets), norm epsilon {:g}\n", m.relative_buckets, m.norm_eps);
+  } else if (m.rope_theta > 0 || m.norm_eps > 0) {
     fmt::print("rotary base {}, norm epsilon {}{}\n",
                m.rope_theta > 0 ? fmt::format("{:g}", m.rope_theta) : "not stated",
                m.norm_eps > 0 ? fmt::format("{:g}", m.norm_eps) : "not stated",
@@ -177,8 +197,12 @@ int inspect_model(const std::string& ref, int64_t seq_len, bool as_json) {
     fmt::print("  MTP modules (not in the totals): {}; total with MTP {}\n", human_count(p.mtp),
                human_count(p.total.total() + p.mtp));
   }
-  fmt::print("\nFLOPs per token at seq {} (causal): forward {:.2f} GFLOP, training step {:.2f} GFLOP\n",
-             seq_len, f.forward.total() / 1e9, f.train_step / 1e9);
+  const std::string at = m.encoder_decoder()
+                             ? fmt::format("input token at encoder length {} ({} decoder targets)", seq_len,
+                                           decoder_seq_len(seq_len))
+                             : fmt::format("token at seq {} (causal)", seq_len);
+  fmt::print("\nFLOPs per {}: forward {:.2f} GFLOP, training step {:.2f} GFLOP\n", at,
+             f.forward.total() / 1e9, f.train_step / 1e9);
   fmt::print(
       "  attention projections {:.2f}, attention core {:.2f}, dense FFN {:.2f}, routed experts {:.2f},\n"
       "  shared experts {:.2f}, router {:.3f}, LM head {:.2f} (GFLOP, forward)\n",

@@ -4,6 +4,8 @@
 
 #include <sstream>
 
+#include "simulator/core/model_stats.h"
+
 namespace moeplan {
 
 std::vector<std::string> model_notes(const ModelSpec& m) {
@@ -41,6 +43,26 @@ std::vector<std::string> model_notes(const ModelSpec& m) {
          " QK scores over every causal key priced as bf16 GEMMs (derived), "
          "its top-k selection as memory-bound (assumed); the gather of its keys across sequence shards is "
          "not priced");
+  }
+  if (m.encoder_decoder()) {
+    line(
+        "encoder-decoder: a sequence is the encoder's input (tokens/s and MFU count those tokens); the "
+        "decoder "
+        "runs on T5 span-corruption targets (15 % noise in spans of 3: 114 for 512 inputs), padded to a "
+        "multiple of ",
+        kDecoderSeqMultiple,
+        " (assumed: the config does not state the objective); cross-attention reads the encoder output "
+        "gathered over tp; plans keep pp = sp = cp = 1 (the pipeline split between the stacks and sequence "
+        "splits of cross-attention are not modelled)");
+  }
+  if (m.position == PositionKind::kRelativeBias) {
+    line(
+        "T5 relative position bias: expanded to [heads, s, s] in each stack's first layer (memory-bound, "
+        "derived); its read inside every attention kernel is not priced (no measurement of biased fused "
+        "attention)");
+  }
+  if (m.family == "switch_transformers") {
+    line("expert_capacity is not read: plans route dropless, as Megatron-Core's default does");
   }
   if (!m.checkpoint_quantization.empty()) {
     line(

@@ -1,6 +1,6 @@
-// ModelSpec: the architecture of one MoE (or dense) decoder-only transformer, in the terms the cost model and
-// the executor need. Built by simulator/io from a Hugging Face config.json or from moeplan's plain model
-// form.
+// ModelSpec: the architecture of one MoE (or dense) transformer, decoder-only or encoder-decoder (Switch
+// Transformer), in the terms the cost model and the executor need. Built by simulator/io from a Hugging Face
+// config.json or from moeplan's plain model form.
 #pragma once
 
 #include <cstdint>
@@ -31,6 +31,24 @@ enum class FfnActivation {
   kSwiGlu,  // three matrices: fc1 (gate) and fc3 (up) [h -> f], fc2 (down) [f -> h]
   kGelu,    // two matrices: fc1 [h -> f], fc2 [f -> h]
   kRelu2,   // two matrices with a squared ReLU between them (Nemotron-H)
+  kRelu,    // two matrices with a ReLU between them (T5 v1.0, Switch Transformer: wi, wo)
+};
+
+// How positions enter attention.
+enum class PositionKind : uint8_t {
+  kRope,  // rotary embedding of q and k (every decoder-only family here)
+  // T5 relative position buckets: the first layer of each stack holds a learned [buckets, heads] table,
+  // expanded once per forward into a [heads, s_q, s_k] bias that every self-attention of that stack adds
+  // to its scores (HF has_relative_attention_bias; Megatron-Core's RelativePositionEmbedding).
+  kRelativeBias,
+};
+
+// Where a layer sits. A decoder-only model has only kDecoderOnly layers; an encoder-decoder lists its encoder
+// layers first, then its decoder layers.
+enum class LayerRole : uint8_t {
+  kDecoderOnly,  // causal self-attention over the sequence
+  kEncoder,      // bidirectional self-attention over the encoder's input tokens
+  kDecoder,      // causal self-attention over the target tokens, then cross-attention to the encoder output
 };
 
 // What mixes tokens in a layer. Softmax attention is priced by the attention kernels; the two recurrent kinds
@@ -146,11 +164,13 @@ struct LayerSpec {
   bool kv_projection = true;  // false where the layer reuses an earlier layer's k/v (CLA)
   MixerKind mixer = MixerKind::kAttention;
   bool ffn = true;  // false: a mixer-only block (Nemotron-H 'M' and '*' layers)
+  LayerRole role = LayerRole::kDecoderOnly;
+  bool position_bias = false;  // PositionKind::kRelativeBias: this layer holds its stack's bias table
 
   // The fields that make two layers cost the same (one recipe, one memory evaluation per kind).
   bool same_kind(const LayerSpec& o) const {
     return moe == o.moe && window == o.window && kv_projection == o.kv_projection && mixer == o.mixer &&
-           ffn == o.ffn;
+           ffn == o.ffn && role == o.role && position_bias == o.position_bias;
   }
 };
 
@@ -170,6 +190,8 @@ struct ModelSpec {
   int64_t mtp_layers = 0;  // DeepSeek-V3 multi-token-prediction modules (each one more decoder layer)
   LinearAttentionSpec linear_attention;  // for MixerKind::kLinearAttention layers
   MambaSpec mamba;                       // for MixerKind::kMamba2 layers
+  PositionKind position = PositionKind::kRope;
+  int64_t relative_buckets = 0;  // PositionKind::kRelativeBias: buckets of the table (T5: 32)
   // The checkpoint's quantization as the config's quantization_config states it, in one line ("" when the
   // config has none). Plans train in the plan's precision from these shapes; inspect and plan report it.
   std::string checkpoint_quantization;
@@ -189,6 +211,12 @@ struct ModelSpec {
     return n;
   }
   bool is_moe() const { return moe.num_experts > 0; }
+  bool encoder_decoder() const {
+    for (const auto& l : layers) {
+      if (l.role != LayerRole::kDecoderOnly) return true;
+    }
+    return false;
+  }
   bool has_mixer(MixerKind k) const {
     for (const auto& l : layers) {
       if (l.mixer == k) return true;

@@ -2,6 +2,8 @@
 #include "simulator/core/model_stats.h"
 
 #include <algorithm>
+#include <cmath>
+#include <utility>
 
 namespace moeplan {
 namespace {
@@ -25,6 +27,13 @@ double indexer_matmul_params(const ModelSpec& m) {
       static_cast<double>(m.attention.mla.q_lora_rank > 0 ? m.attention.mla.q_lora_rank : m.hidden);
   const auto heads = static_cast<double>(x.heads), dim = static_cast<double>(x.head_dim);
   return q_in * heads * dim + h * dim + h * heads;
+}
+
+// The k and v projections of a decoder layer's cross-attention [h -> kv_heads * head_dim] each: they
+// multiply the encoder's tokens, not the decoder's.
+double cross_kv_params(const ModelSpec& m) {
+  return 2.0 * static_cast<double>(m.hidden) * static_cast<double>(m.attention.num_kv_heads) *
+         static_cast<double>(m.attention.head_dim);
 }
 
 // Weights of the token mixer's projections of one layer (q/k/v/o, MLA, the DSA indexer, or the in/out
@@ -63,7 +72,10 @@ double attention_matmul_params(const ModelSpec& m, const LayerSpec& layer) {
   const double q = h * heads * hd * (a.output_gate ? 2.0 : 1.0);
   const double kv = layer.kv_projection ? 2.0 * h * static_cast<double>(a.num_kv_heads) * hd : 0.0;
   const double o = heads * hd * h;
-  return q + kv + o;
+  // An encoder-decoder's decoder layer has a second attention: q from the decoder, k and v from the encoder
+  // output, o back to h (T5 EncDecAttention).
+  const double cross = layer.role == LayerRole::kDecoder ? 2.0 * h * heads * hd + cross_kv_params(m) : 0.0;
+  return q + kv + o + cross;
 }
 
 // Biases, sinks, q/k norms and MLA's low-rank norms of one layer; for the recurrent mixers their conv1d, the
@@ -111,6 +123,7 @@ double attention_small_params(const ModelSpec& m, const LayerSpec& layer) {
       break;
   }
   if (a.sinks) p += heads;
+  if (layer.position_bias) p += static_cast<double>(m.relative_buckets) * heads;
   return p;
 }
 
@@ -141,8 +154,9 @@ MoeLayerParams moe_layer_params(const ModelSpec& m) {
 // Parameters of one decoder layer added into `total` and `active`.
 void add_layer(const ModelSpec& m, const LayerSpec& layer, ParamBreakdown& total, ParamBreakdown& active) {
   const double attn = attention_matmul_params(m, layer) + attention_small_params(m, layer);
-  // One pre-norm per sub-block: the mixer's and the FFN's.
-  const double norms = ((layer.mixer != MixerKind::kNone ? 1.0 : 0.0) + (layer.ffn ? 1.0 : 0.0)) *
+  // One pre-norm per sub-block: the mixer's, the cross-attention's and the FFN's.
+  const double norms = ((layer.mixer != MixerKind::kNone ? 1.0 : 0.0) +
+                        (layer.role == LayerRole::kDecoder ? 1.0 : 0.0) + (layer.ffn ? 1.0 : 0.0)) *
                        norm_params(m.norm, m.hidden);
   total.attention += attn;
   active.attention += attn;
@@ -179,7 +193,8 @@ ParamCounts count_params(const ModelSpec& m) {
   const auto v = static_cast<double>(m.vocab);
   c.total.embedding = v * h;
   c.total.output = m.tied_embeddings ? 0.0 : v * h + (m.lm_head_bias ? v : 0.0);
-  c.total.norms = norm_params(m.norm, m.hidden);  // final norm
+  // The final norm; an encoder-decoder has one after each stack.
+  c.total.norms = (m.encoder_decoder() ? 2.0 : 1.0) * norm_params(m.norm, m.hidden);
   c.active = c.total;
   for (const auto& layer : m.layers) add_layer(m, layer, c.total, c.active);
 
@@ -202,6 +217,29 @@ double mean_attended_keys(int64_t seq_len, int64_t window) {
   return (w * (w + 1.0) / 2.0 + (s - w) * w) / s;
 }
 
+int64_t t5_target_len(int64_t encoder_seq_len) {
+  // T5's random_spans_helper: the longest raw span of T tokens whose corrupted input, the non-noise tokens
+  // plus one sentinel per noise span plus EOS, fits in the encoder; the target holds the noise tokens, one
+  // sentinel per span and EOS. Python's round() ties to even, as nearbyint does by default.
+  auto lengths = [](int64_t t) {
+    const auto noise = static_cast<int64_t>(std::nearbyint(static_cast<double>(t) * kSpanNoiseDensity));
+    const auto spans = static_cast<int64_t>(std::nearbyint(static_cast<double>(noise) / kSpanMeanLength));
+    return std::pair<int64_t, int64_t>{t - noise + spans + 1, noise + spans + 1};
+  };
+  int64_t t = std::max<int64_t>(encoder_seq_len - 1, 1);
+  while (lengths(t + 1).first <= encoder_seq_len) ++t;
+  return lengths(t).second;
+}
+
+int64_t decoder_seq_len(int64_t encoder_seq_len) {
+  const int64_t target = t5_target_len(encoder_seq_len);
+  return (target + kDecoderSeqMultiple - 1) / kDecoderSeqMultiple * kDecoderSeqMultiple;
+}
+
+int64_t layer_seq_len(const LayerSpec& layer, int64_t seq_len) {
+  return layer.role == LayerRole::kDecoder ? decoder_seq_len(seq_len) : seq_len;
+}
+
 double mixer_core_flops(const ModelSpec& m, const LayerSpec& layer, int64_t seq_len) {
   const auto d = [](int64_t x) { return static_cast<double>(x); };
   switch (layer.mixer) {
@@ -222,7 +260,13 @@ double mixer_core_flops(const ModelSpec& m, const LayerSpec& layer, int64_t seq_
   // DSA: the core attends the indexer's top_k keys of each query, min(i + 1, top_k) for query i, which is the
   // key count of a top_k-token window; the indexer scores every causal key with its small heads (QK only).
   const int64_t window = a.indexer.heads > 0 ? a.indexer.top_k : layer.window;
-  double f = 2.0 * d(a.num_heads) * d(a.qk_dim() + a.v_dim()) * mean_attended_keys(seq_len, window);
+  const double per_key = 2.0 * d(a.num_heads) * d(a.qk_dim() + a.v_dim());
+  // An encoder attends every key; a decoder layer of an encoder-decoder attends its causal targets, then
+  // (cross-attention) every encoder token.
+  if (layer.role == LayerRole::kEncoder) return per_key * d(seq_len);
+  if (layer.role == LayerRole::kDecoder)
+    return per_key * (mean_attended_keys(decoder_seq_len(seq_len), 0) + d(seq_len));
+  double f = per_key * mean_attended_keys(seq_len, window);
   if (a.indexer.heads > 0)
     f += 2.0 * d(a.indexer.heads) * d(a.indexer.head_dim) * mean_attended_keys(seq_len, 0);
   return f;
@@ -257,8 +301,31 @@ void add_layer_flops(const ModelSpec& m, const LayerSpec& layer, int64_t seq_len
 
 FlopsPerToken flops_per_token(const ModelSpec& m, int64_t seq_len) {
   FlopsPerToken r;
-  for (const auto& layer : m.layers) add_layer_flops(m, layer, seq_len, r.forward);
-  r.forward.lm_head = 2.0 * static_cast<double>(m.hidden) * static_cast<double>(m.vocab);
+  // An encoder-decoder's tokens are its encoder's input tokens: a decoder layer (and the head) runs on
+  // decoder_seq_len / seq_len target tokens per input token.
+  const double targets = m.encoder_decoder()
+                             ? static_cast<double>(decoder_seq_len(seq_len)) / static_cast<double>(seq_len)
+                             : 1.0;
+  for (const auto& layer : m.layers) {
+    if (layer.role != LayerRole::kDecoder) {
+      add_layer_flops(m, layer, seq_len, r.forward);
+      continue;
+    }
+    FlopBreakdown f;
+    add_layer_flops(m, layer, seq_len, f);
+    for (double* x : {&f.attention_proj, &f.attention_core, &f.dense_ffn, &f.routed_experts,
+                      &f.shared_experts, &f.router, &f.lm_head}) {
+      *x *= targets;
+    }
+    f.attention_proj += 2.0 * cross_kv_params(m) * (1.0 - targets);  // they run on every input token
+    r.forward.attention_proj += f.attention_proj;
+    r.forward.attention_core += f.attention_core;
+    r.forward.dense_ffn += f.dense_ffn;
+    r.forward.routed_experts += f.routed_experts;
+    r.forward.shared_experts += f.shared_experts;
+    r.forward.router += f.router;
+  }
+  r.forward.lm_head = 2.0 * static_cast<double>(m.hidden) * static_cast<double>(m.vocab) * targets;
   r.train_step = kTrainFlopsPerForwardFlop * r.forward.total();
   if (m.mtp_layers > 0) {
     FlopBreakdown f;

@@ -82,7 +82,31 @@ struct FlopsPerToken {
 
 inline constexpr double kTrainFlopsPerForwardFlop = 3.0;
 
+// Per token of the encoder's input for an encoder-decoder (its decoder layers and head scaled by
+// decoder_seq_len(seq_len) / seq_len).
 FlopsPerToken flops_per_token(const ModelSpec& m, int64_t seq_len);
+
+// Encoder-decoder pretraining is T5's span corruption: 15 % of the tokens are noise, in spans of 3 on
+// average, each span replaced by one sentinel in the input and spelled out in the target (T5's default
+// objective, which the Switch Transformer pre-trains on). Assumed for every encoder-decoder: configs do not
+// state it.
+inline constexpr double kSpanNoiseDensity = 0.15;
+inline constexpr double kSpanMeanLength = 3.0;
+// Targets are padded to a multiple of this: Megatron-LM's T5 example runs --encoder-seq-length 512 with
+// --decoder-seq-length 128 (examples/t5/train_t5_220m_distributed.sh) for T5's 114 targets.
+inline constexpr int64_t kDecoderSeqMultiple = 64;
+
+// T5's target length for an input of `encoder_seq_len` tokens under span corruption (its
+// random_spans_helper: 114 for 512).
+int64_t t5_target_len(int64_t encoder_seq_len);
+
+// The decoder's length for an encoder of `encoder_seq_len` tokens: t5_target_len rounded up to
+// kDecoderSeqMultiple (128 for 512).
+int64_t decoder_seq_len(int64_t encoder_seq_len);
+
+// The tokens per sequence a layer runs on: decoder_seq_len for an encoder-decoder's decoder layers, else
+// seq_len.
+int64_t layer_seq_len(const LayerSpec& layer, int64_t seq_len);
 
 // Mean number of keys a query attends to under causal masking with an optional sliding window (0 = none).
 double mean_attended_keys(int64_t seq_len, int64_t window);

@@ -5,6 +5,8 @@
 #include <numeric>
 #include <sstream>
 
+#include "simulator/core/model_stats.h"
+
 namespace moeplan {
 namespace {
 
@@ -112,6 +114,21 @@ void check_rules(Rules& r, const Plan& p, const ModelSpec& m, const HardwareProf
       a.cp == 1 || !(delta_net || mamba), "recurrent_mixer_no_cp", "cp = ", a.cp,
       ": the model's Gated DeltaNet / Mamba-2 layers carry state along the sequence, and context parallelism "
       "of them is not modelled");
+
+  // Encoder-decoder (Switch Transformer): the lowering models its two stacks on one pipeline stage, with the
+  // decoder's targets split over tp only. Megatron-Core's T5 splits the pipeline between the stacks and
+  // supports neither context parallelism nor Ulysses; neither is modelled here.
+  if (m.encoder_decoder()) {
+    r.check(
+        p.pipeline.pp == 1, "encoder_decoder_pp", "pp = ", p.pipeline.pp,
+        ": pipeline stages of an encoder-decoder (split between its encoder and decoder) are not modelled");
+    r.check(a.sp == 1 && a.cp == 1, "encoder_decoder_sequence_split", "sp = ", a.sp, ", cp = ", a.cp,
+            ": Ulysses and context parallelism of cross-attention are not modelled (tp's sequence "
+            "parallelism is)");
+    const int64_t targets = decoder_seq_len(p.seq_len);
+    r.check(divides(a.tp, targets), "decoder_seq_divisible", "decoder length (", targets, " targets for ",
+            p.seq_len, " input tokens) is not divisible by tp (", a.tp, ")");
+  }
 
   // Sequence: SP (Megatron, over tp) and Ulysses split it; CP splits it into 2*cp load-balanced chunks.
   const int64_t seq_split = a.tp * a.sp * a.cp * (a.cp > 1 ? 2 : 1);

@@ -72,13 +72,19 @@ double tokens_per_rank(const Plan& p) {
   return d(p.micro_batch * p.seq_len) / d(p.attention.tp * p.attention.sp * p.attention.cp);
 }
 
+// The tokens per rank a layer runs on (an encoder-decoder's decoder layers run on its targets).
+double tokens_per_rank(const Plan& p, const LayerSpec& layer) {
+  return d(p.micro_batch * layer_seq_len(layer, p.seq_len)) /
+         d(p.attention.tp * p.attention.sp * p.attention.cp);
+}
+
 // Megatron-Core + TE: what each module saves (F §4.3) with the selective modules `rc` recomputed (F §3.1).
 LayerActivations megatron_layer(const ModelSpec& m, const Plan& p, const LayerSpec& layer, double load,
                                 uint16_t rc) {
   const auto& a = m.attention;
   const int64_t tp = p.attention.tp;
   const double h = d(m.hidden);
-  const double t = tokens_per_rank(p), tg = t * d(tp);
+  const double t = tokens_per_rank(p, layer), tg = t * d(tp);
   const bool fp8 = p.precision == Precision::kFp8;
   const double g = fp8 ? fp8_saved_bytes(p.fp8_recipe) : kBf16;  // a GEMM's saved input, per element
   auto on = [&](RecomputeModule x) { return (rc & x) != 0; };
@@ -123,6 +129,16 @@ LayerActivations megatron_layer(const ModelSpec& m, const Plan& p, const LayerSp
   const double softmax_stats = tg * d(heads_r) * kFp32;
   r.core_attn = on(kRecomputeCoreAttn) ? out * g : out * kBf16 + softmax_stats + (fp8 ? out * g : 0.0);
   r.mlp_residual = t * h * kBf16 + t * kFp32;  // the MLP block's norm input and rsigma
+  if (layer.role == LayerRole::kDecoder) {
+    // Cross-attention, saved as self-attention's: its block input and rsigma, the q projection's norm
+    // output, q [tg, heads_r * hd] and k, v over the encoder's gathered tokens, out and the softmax stats;
+    // under FP8 the k/v projection keeps its own copy of the encoder output's shard.
+    const double t_enc = tokens_per_rank(p), kv_w = 2.0 * d(kv_r) * d(a.head_dim);
+    r.mlp_residual += t * h * kBf16 + t * kFp32;
+    r.attn_norm += t * h * g + (fp8 ? t_enc * h * g : 0.0);
+    r.qkv += (tg * d(heads_r) * qk + t_enc * d(tp) * kv_w) * kBf16;
+    r.core_attn += on(kRecomputeCoreAttn) ? out * g : out * kBf16 + softmax_stats + (fp8 ? out * g : 0.0);
+  }
 
   if (layer.moe) {
     const auto& e = m.moe;
@@ -173,7 +189,7 @@ LayerActivations megascale_layer(const ModelSpec& m, const Plan& p, const LayerS
   const auto& a = m.attention;
   const int64_t tp = p.attention.tp, sp = p.attention.sp;
   const double h = d(m.hidden);
-  const double t = tokens_per_rank(p), tg = t * d(tp), ta = tg * d(sp);
+  const double t = tokens_per_rank(p, layer), tg = t * d(tp), ta = tg * d(sp);
   const int64_t heads_r = a.num_heads / tp;
   const int64_t kv_r = std::max<int64_t>(1, a.num_kv_heads / tp);
   const double heads_a = d(heads_r) / d(sp);
@@ -200,6 +216,18 @@ LayerActivations megascale_layer(const ModelSpec& m, const Plan& p, const LayerS
               + t * h;                                            // out-projection output
     r.core_attn = attn_out;                                       // attention output
     r.mlp_residual = t * h;                                       // ln2_in
+  }
+  if (layer.role == LayerRole::kDecoder) {
+    // Cross-attention (its rules keep sp = 1): q over the targets, k and v over the encoder's gathered
+    // tokens, its output and out-projection output, its block input.
+    const double t_enc = tokens_per_rank(p);
+    r.qkv += tg * q_w + t_enc * d(tp) * kv_w;
+    r.core_attn += tg * d(heads_r) * v;
+    r.mlp_residual += t * h;
+    if (!sar) {
+      r.attn_norm += t * h;
+      r.other += t * h;
+    }
   }
   if (layer.moe) {
     const auto& e = m.moe;
@@ -370,7 +398,7 @@ LayerActivations layer_activations_under(const ModelSpec& m, const Plan& p, cons
   switch (recompute) {
     case Recompute::kFull: {
       LayerActivations r;
-      r.input = tokens_per_rank(p) * d(m.hidden) * kBf16;  // the checkpoint's input; everything else re-runs
+      r.input = tokens_per_rank(p, layer) * d(m.hidden) * kBf16;  // the checkpoint's input; all else re-runs
       return r;
     }
     case Recompute::kSar:
@@ -391,11 +419,17 @@ LayerActivations layer_activations(const ModelSpec& m, const Plan& p, const Stac
 
 double head_activations(const ModelSpec& m, const Plan& p, const StackProfile& stack,
                         double expert_load_scale) {
-  const double h = d(m.hidden), t = tokens_per_rank(p), tg = t * d(p.attention.tp);
+  const bool encdec = m.encoder_decoder();
+  // An encoder-decoder's head runs on its decoder's tokens, and its encoder's output stays for backward.
+  const double t =
+      encdec ? d(p.micro_batch * decoder_seq_len(p.seq_len)) / d(p.attention.tp) : tokens_per_rank(p);
+  const double h = d(m.hidden), tg = t * d(p.attention.tp);
   const double g = p.precision == Precision::kFp8 ? fp8_saved_bytes(p.fp8_recipe) : kBf16;
   // Final norm input and rsigma, the output layer's saved input (its SP shard, re-gathered in backward), and
   // the logits of the loss in fp32 (Megatron's estimator: S b H 4 (1 + V/H), theoretical_memory_usage.py).
-  const double head = t * h * kBf16 + t * kFp32 + t * h * kBf16 + tg * d(m.vocab) / d(p.attention.tp) * kFp32;
+  const double head = t * h * kBf16 + t * kFp32 + t * h * kBf16 +
+                      tg * d(m.vocab) / d(p.attention.tp) * kFp32 +
+                      (encdec ? tokens_per_rank(p) * h * kBf16 : 0.0);
   // Each MTP module (gpt_model.py:173: the MTP stage has its own embedding): the next tokens' embedding
   // (enorm input), the [t, 2h] concatenation eh_proj saves, one decoder layer (MoE when the model is), its
   // own head.

@@ -21,11 +21,31 @@ constexpr int64_t kMaxFfn = 1 << 22;
 constexpr int64_t kMaxRank = 1 << 20;
 
 // Families read from the top level; llama4 and kimi_k25 are read from their text_config.
-constexpr const char* kFamilies[] = {
-    "mixtral",  "phimoe",      "olmoe",          "qwen2_moe",    "qwen3_moe",        "qwen3_next",
-    "deepseek", "deepseek_v2", "deepseek_v3",    "deepseek_v32", "kimi_k2",          "kimi_k25",
-    "gpt_oss",  "hunyuan",     "hunyuan_v1_moe", "dbrx",         "llama4",           "llama4_text",
-    "glm4_moe", "minimax_m2",  "ernie4_5_moe",   "granitemoe",   "granitemoeshared", "nemotron_h"};
+constexpr const char* kFamilies[] = {"mixtral",
+                                     "phimoe",
+                                     "olmoe",
+                                     "qwen2_moe",
+                                     "qwen3_moe",
+                                     "qwen3_next",
+                                     "deepseek",
+                                     "deepseek_v2",
+                                     "deepseek_v3",
+                                     "deepseek_v32",
+                                     "kimi_k2",
+                                     "kimi_k25",
+                                     "gpt_oss",
+                                     "hunyuan",
+                                     "hunyuan_v1_moe",
+                                     "dbrx",
+                                     "llama4",
+                                     "llama4_text",
+                                     "glm4_moe",
+                                     "minimax_m2",
+                                     "ernie4_5_moe",
+                                     "granitemoe",
+                                     "granitemoeshared",
+                                     "nemotron_h",
+                                     "switch_transformers"};
 
 // The first present key among `keys` (aliases across families), or "" when none is.
 std::string first_key(const JsonNode& c, std::initializer_list<const char*> keys) {
@@ -248,6 +268,81 @@ void read_launch_constants(const JsonNode& c, ModelSpec& m) {
   }
 }
 
+// The experts-every-`step` rule of one stack of a Switch Transformer, as HF's SwitchTransformersStack applies
+// it: the config's {encoder,decoder}_sparse_step when it states one, else num_layers // num_sparse_layers
+// (0: no sparse layer); layer i is sparse when step == 1 or i % step == 1.
+std::vector<bool> switch_sparse_layers(const JsonNode& c, const char* step_key, const char* count_key,
+                                       int64_t layers) {
+  int64_t step = 0;
+  if (c.has(step_key)) {
+    step = c.integer(step_key, 0, layers);
+  } else {
+    const int64_t sparse = c.integer_or(count_key, 0, 0, layers);
+    step = sparse > 0 ? layers / sparse : 0;
+  }
+  std::vector<bool> moe(static_cast<size_t>(layers), false);
+  for (int64_t i = 0; i < layers; ++i) moe[static_cast<size_t>(i)] = step == 1 || (step > 1 && i % step == 1);
+  return moe;
+}
+
+// Switch Transformer (HF SwitchTransformersConfig): a T5 encoder-decoder whose sparse layers route each token
+// to one expert. Encoder layers first (bidirectional), then decoder layers (causal self-attention and
+// cross-attention); T5 attention (q, k, v, o without biases, heads x d_kv wide), relative position buckets in
+// each stack's first layer, RMS norms without biases, a ReLU FFN (wi, wo) or a gated one, one embedding
+// shared by both stacks and the head. expert_capacity is not read: plans route dropless (model_notes.h).
+ModelSpec from_switch(const JsonNode& c, const std::string& name) {
+  ModelSpec m;
+  m.name = name;
+  m.family = "switch_transformers";
+  m.hidden = c.integer("d_model", 1, kMaxHidden);
+  m.vocab = c.integer("vocab_size", 1, kMaxVocab);
+  m.tied_embeddings = c.boolean_or("tie_word_embeddings", true);
+  m.norm = NormKind::kRmsNorm;
+  m.norm_eps = c.number_or("layer_norm_epsilon", 1e-6, 1e-12, 1);
+  m.position = PositionKind::kRelativeBias;
+  m.relative_buckets = c.integer_or("relative_attention_num_buckets", 32, 1, 1 << 16);
+  auto& a = m.attention;
+  a.num_heads = c.integer("num_heads", 1, kMaxHeads);
+  a.num_kv_heads = a.num_heads;
+  a.head_dim = c.integer("d_kv", 1, kMaxHidden);
+  // A gated FFN (T5 v1.1's gated-gelu) has three matrices, priced as SwiGLU's.
+  const std::string act = c.string_or("dense_act_fn", "relu");
+  if (c.boolean_or("is_gated_act", false)) {
+    m.activation = FfnActivation::kSwiGlu;
+  } else if (act == "relu") {
+    m.activation = FfnActivation::kRelu;
+  } else if (act == "gelu" || act == "gelu_new") {
+    m.activation = FfnActivation::kGelu;
+  } else {
+    c.fail("dense_act_fn", "\"relu\", \"gelu\" or \"gelu_new\"");
+  }
+  m.dense_ffn = c.integer("d_ff", 1, kMaxFfn);
+  const int64_t enc = c.integer("num_layers", 1, kMaxLayers);
+  const int64_t dec = c.integer_or("num_decoder_layers", enc, 1, kMaxLayers);
+  const int64_t experts = c.integer_or("num_experts", 0, 0, kMaxExperts);
+  const std::vector<bool> enc_moe =
+      switch_sparse_layers(c, "encoder_sparse_step", "num_sparse_encoder_layers", enc);
+  const std::vector<bool> dec_moe =
+      switch_sparse_layers(c, "decoder_sparse_step", "num_sparse_decoder_layers", dec);
+  for (int64_t i = 0; i < enc + dec; ++i) {
+    const bool encoder = i < enc;
+    const auto j = static_cast<size_t>(encoder ? i : i - enc);
+    LayerSpec l;
+    l.moe = experts > 0 && (encoder ? enc_moe[j] : dec_moe[j]);
+    l.role = encoder ? LayerRole::kEncoder : LayerRole::kDecoder;
+    l.position_bias = j == 0;
+    m.layers.push_back(l);
+  }
+  if (m.num_moe_layers() > 0) {
+    auto& e = m.moe;
+    e.num_experts = experts;
+    e.top_k = c.integer_or("num_selected_experts", 1, 1, experts);
+    e.expert_ffn = m.dense_ffn;
+    e.router_bias = c.boolean_or("router_bias", false);
+  }
+  return m;
+}
+
 ModelSpec from_hf(const JsonNode& root, const std::string& name) {
   std::string family = root.string("model_type");
   JsonNode c = root;
@@ -264,13 +359,7 @@ ModelSpec from_hf(const JsonNode& root, const std::string& name) {
       c.fail("model_type", "\"kimi_k2\" or \"deepseek_v3\"");
     if (root.has("vision_config")) not_counted = "the vision tower and projector (vision_config)";
   }
-  if (family == "switch_transformers") {
-    // Encoder, decoder and cross-attention: one training step is not the decoder-only op graph moeplan
-    // lowers.
-    root.fail("model_type",
-              "a decoder-only MoE family (switch_transformers is an encoder-decoder, which moeplan does not "
-              "model)");
-  }
+  if (family == "switch_transformers") return from_switch(root, name);
   if (std::find_if(std::begin(kFamilies), std::end(kFamilies), [&](const char* f) { return family == f; }) ==
       std::end(kFamilies)) {
     std::string list;

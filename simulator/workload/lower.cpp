@@ -107,7 +107,11 @@ class Builder {
     vpp_ = p.pipeline.vpp;
     dp_ = p.dp();
     edp_ = p.expert_dp();
-    t_ = p.micro_batch * p.seq_len / (tp_ * sp_ * cp_);
+    t_ = t_seq_ = p.micro_batch * p.seq_len / (tp_ * sp_ * cp_);
+    // An encoder-decoder's head and loss run on the decoder's tokens (its rules keep sp = cp = 1).
+    encdec_ = m.encoder_decoder();
+    t_head_ = encdec_ ? p.micro_batch * decoder_seq_len(p.seq_len) / tp_ : t_seq_;
+    seq_ = p.seq_len;
     glu_ = m.activation == FfnActivation::kSwiGlu ? 2 : 1;
     dt_ = DType::kBf16;  // activations travel in bf16 (FP8 only where the plan compresses the dispatch)
     combined_ = p.overlap.cross_micro_batch;
@@ -267,7 +271,9 @@ class Builder {
   }
 
   // ---- layer forward recipes (record into layer_ops_) ----
-  int attention_fwd(int in);
+  // Self-attention; `position_bias`: this layer expands its stack's T5 relative position bias.
+  int attention_fwd(int in, bool position_bias);
+  int cross_attention_fwd(int in);
   int indexer_fwd(int x, int q_latent, int64_t tg);
   int recurrent_mixer_fwd(int in, MixerKind kind);
   int moe_fwd(int in);
@@ -327,7 +333,17 @@ class Builder {
   const ModelSpec& m_;
   const Plan& p_;
   const LoweringOptions& o_;
-  int64_t tp_, sp_, cp_, ep_, etp_, pp_, vpp_, dp_, edp_, t_;
+  int64_t tp_, sp_, cp_, ep_, etp_, pp_, vpp_, dp_, edp_;
+  // Tokens per rank: of the layer being recorded (t_, over a sequence of seq_ tokens, causal_ or not), of the
+  // model's input sequence (t_seq_: an encoder-decoder's encoder tokens), and at the head (t_head_: its
+  // decoder tokens).
+  int64_t t_, t_seq_, t_head_, seq_;
+  bool causal_ = true;
+  // An encoder-decoder embeds its encoder's and its decoder's tokens, and normalises both stacks' outputs
+  // (the encoder's final norm is priced with the decoder's, at the head).
+  bool encdec_ = false;
+  int64_t embedded_tokens() const { return encdec_ ? t_seq_ + t_head_ : t_seq_; }
+  int64_t final_norm_tokens() const { return embedded_tokens(); }
   int64_t glu_ = 2;               // FC1 width over F: 2 for SwiGLU (gate and up), 1 for GELU and squared ReLU
   int64_t n_main_ = 0, mtp_ = 0;  // the model's layers; MTP modules lowered after them
   LayerSpec mtp_spec_;
@@ -404,7 +420,7 @@ class Builder {
   }
 };
 
-int Builder::attention_fwd(int in) {
+int Builder::attention_fwd(int in, bool position_bias) {
   const auto& a = m_.attention;
   const int64_t h = m_.hidden;
   const double dt = bytes_of(dt_);
@@ -458,6 +474,12 @@ int Builder::attention_fwd(int in) {
   auto qk_norm = [&](int src) {
     return qk_norm_bytes > 0 ? record(mem(OpName::kQkNorm, MemOp::kNorm, qk_norm_bytes), {src}, true) : src;
   };
+  // RoPE over q and k, or (T5 relative positions) nothing: the bias enters the attention kernel.
+  const bool rotary = m_.position == PositionKind::kRope;
+  auto rope = [&](std::vector<int> inputs) -> std::vector<int> {
+    if (!rotary) return inputs;
+    return {record(mem(OpName::kRope, MemOp::kRope, rope_bytes), std::move(inputs))};
+  };
 
   std::vector<int> ready;  // ops that lay q, k, v out for attention on this rank
   int64_t ta = tg;         // tokens per rank entering attention
@@ -477,32 +499,38 @@ int Builder::attention_fwd(int in) {
       const int kv_a2a = record(coll(OpName::kKvA2a, Collective::kAllToAll, CommGroup::kSp, kv_bytes), {kv});
       if (!mla) q = record(gemm(OpName::kQProj, tg, q_proj_width, h), {x});
       if (mla) module_ = kRecomputeMlaUpProj;
-      const int r = record(mem(OpName::kRope, MemOp::kRope, rope_bytes), {qk_norm(q)});
+      const std::vector<int> r = rope({qk_norm(q)});
       module_ = 0;
-      ready = {record(coll(OpName::kQA2a, Collective::kAllToAll, CommGroup::kSp, q_bytes), {r}), kv_a2a};
+      ready = {record(coll(OpName::kQA2a, Collective::kAllToAll, CommGroup::kSp, q_bytes), r), kv_a2a};
     } else {
       if (!mla) q = kv = record(gemm(OpName::kQkvProj, tg, q_proj_width + kv_width, h), {x});
       if (mla) module_ = kRecomputeMlaUpProj;
-      const int r = record(mem(OpName::kRope, MemOp::kRope, rope_bytes), {qk_norm(q), kv});
+      const std::vector<int> r = rope({qk_norm(q), kv});
       module_ = 0;
-      ready = {record(coll(OpName::kQkvA2a, Collective::kAllToAll, CommGroup::kSp, q_bytes + kv_bytes), {r})};
+      ready = {record(coll(OpName::kQkvA2a, Collective::kAllToAll, CommGroup::kSp, q_bytes + kv_bytes), r)};
     }
   } else {
     if (!mla) q = kv = record(gemm(OpName::kQkvProj, tg, q_proj_width + kv_width, h), {x});
     if (mla) module_ = kRecomputeMlaUpProj;
-    ready = {record(mem(OpName::kRope, MemOp::kRope, rope_bytes), {qk_norm(q), kv})};
+    ready = rope({qk_norm(q), kv});
     module_ = 0;
   }
 
   if (dsa >= 0) ready.push_back(dsa);
+  // T5: the stack's first layer expands its [buckets, heads] table into this rank's [heads, s, s] bias, read
+  // by every self-attention of the stack (that read, inside the attention kernel, is not priced).
+  if (position_bias) {
+    ready.push_back(
+        record(mem(OpName::kPositionBias, MemOp::kActivation, d(heads_r) * d(seq_) * d(seq_) * dt), {}));
+  }
 
   // Attention over the full sequence for this rank's heads; CP splits the queries into 2*cp balanced chunks.
   // Per-layer sliding windows are applied by record_layer.
   auto i32 = [](int64_t v32) { return static_cast<int32_t>(v32); };
   AttentionShape shape{
-      i32(p_.micro_batch), i32(p_.seq_len / cp_), i32(p_.seq_len), i32(heads_a), i32(qk), i32(v), 0, true};
-  const double attn_flops =
-      d(p_.micro_batch * p_.seq_len / cp_) * 2.0 * d(heads_a) * d(qk + v) * mean_attended_keys(p_.seq_len, 0);
+      i32(p_.micro_batch), i32(seq_ / cp_), i32(seq_), i32(heads_a), i32(qk), i32(v), 0, causal_};
+  const double keys = causal_ ? mean_attended_keys(seq_, 0) : d(seq_);
+  const double attn_flops = d(p_.micro_batch * seq_ / cp_) * 2.0 * d(heads_a) * d(qk + v) * keys;
   Op core = base(OpName::kAttnCore, OpKind::kAttention, Stream::kCompute);
   core.attn = shape;
   core.flops = attn_flops;
@@ -544,6 +572,48 @@ int Builder::attention_fwd(int in) {
   if (tp_ > 1)
     out = record(coll(OpName::kAttnRs, Collective::kReduceScatter, CommGroup::kTp, d(tg * h) * dt), {out});
   // The residual add after attention (Megatron's fused bias-dropout-add): read two [t, h], write one.
+  if (o_.eager_framework)
+    out = record(mem(OpName::kResidualAdd, MemOp::kActivation, 3.0 * d(t_ * h) * dt), {out}, false, true);
+  return out;
+}
+
+// An encoder-decoder's cross-attention (T5 EncDecAttention, Megatron-Core's cross_attention with
+// sequence parallelism): a norm of the decoder's tokens, q from them, k and v from the encoder's output
+// (all-gathered over TP like any sequence-parallel input), attention of every target to every encoder token
+// without a mask or position bias, and the out-projection reduce-scattered back.
+int Builder::cross_attention_fwd(int in) {
+  const auto& a = m_.attention;
+  const int64_t h = m_.hidden;
+  const double dt = bytes_of(dt_);
+  const int64_t heads_r = a.num_heads / tp_;
+  const int64_t kv_r = std::max<int64_t>(1, a.num_kv_heads / tp_);
+  const int64_t hd = a.head_dim;
+  const int64_t enc_seq = p_.seq_len, enc_t = t_seq_;
+  node_ = Node::kPreDispatch;
+  int x = record(mem(OpName::kCrossNorm, MemOp::kNorm, 3.0 * d(t_ * h) * dt), {in}, true);
+  int enc = -1;  // the encoder output: the layer input stands for it (it precedes every decoder layer)
+  int64_t tg = t_, tg_enc = enc_t;
+  if (tp_ > 1) {
+    x = record(coll(OpName::kCrossAg, Collective::kAllGather, CommGroup::kTp, d(t_ * tp_ * h) * dt), {x},
+               true);
+    enc = record(coll(OpName::kCrossKvAg, Collective::kAllGather, CommGroup::kTp, d(enc_t * tp_ * h) * dt),
+                 {enc}, true);
+    tg = t_ * tp_;
+    tg_enc = enc_t * tp_;
+  }
+  const int q = record(gemm(OpName::kCrossQProj, tg, heads_r * hd, h), {x});
+  const int kv = record(gemm(OpName::kCrossKvProj, tg_enc, 2 * kv_r * hd, h), {enc});
+  auto i32 = [](int64_t v32) { return static_cast<int32_t>(v32); };
+  Op core = base(OpName::kCrossAttnCore, OpKind::kAttention, Stream::kCompute);
+  core.attn = {i32(p_.micro_batch), i32(seq_), i32(enc_seq), i32(heads_r), i32(hd), i32(hd), 0, false};
+  core.flops = d(p_.micro_batch * seq_) * 2.0 * d(heads_r) * d(2 * hd) * d(enc_seq);
+  core.hbm_bytes = (d(tg) * d(heads_r) * d(2 * hd) + d(tg_enc) * d(2 * kv_r * hd)) * dt;
+  module_ = kRecomputeCoreAttn;
+  const int att = record(core, {q, kv});
+  module_ = 0;
+  int out = record(gemm(OpName::kCrossOutProj, tg, h, heads_r * hd), {att});
+  if (tp_ > 1)
+    out = record(coll(OpName::kCrossRs, Collective::kReduceScatter, CommGroup::kTp, d(tg * h) * dt), {out});
   if (o_.eager_framework)
     out = record(mem(OpName::kResidualAdd, MemOp::kActivation, 3.0 * d(t_ * h) * dt), {out}, false, true);
   return out;
@@ -992,10 +1062,14 @@ void Builder::record_layer(int64_t layer) {
   layer_ops_.clear();
   module_ = 0;
   const LayerSpec& l = spec_of(layer);
+  seq_ = layer_seq_len(l, p_.seq_len);
+  t_ = p_.micro_batch * seq_ / (tp_ * sp_ * cp_);
+  causal_ = l.role != LayerRole::kEncoder;
   int a = -1;
   switch (l.mixer) {
     case MixerKind::kAttention:
-      a = attention_fwd(-1);
+      a = attention_fwd(-1, l.position_bias);
+      if (l.role == LayerRole::kDecoder) a = cross_attention_fwd(a);
       break;
     case MixerKind::kLinearAttention:
     case MixerKind::kMamba2:
@@ -1021,6 +1095,9 @@ void Builder::record_layer(int64_t layer) {
       op.flops *= mean_attended_keys(p_.seq_len, window) / mean_attended_keys(p_.seq_len, 0);
     }
   }
+  t_ = t_seq_;
+  seq_ = p_.seq_len;
+  causal_ = true;
 }
 
 int32_t Builder::emit(const Op& proto, int16_t stage, int16_t chunk, int32_t layer, int32_t mb, Phase phase,
@@ -1276,11 +1353,11 @@ Builder::TaskState Builder::task_begin(int16_t stage, const PipelineTask& task) 
   const int64_t h = m_.hidden;
   if (task.forward) {
     if (ts.v == 0 && o_.embedding_and_head) {
-      ts.track(emit(mem(OpName::kEmbedding, MemOp::kEmbedding, 2.0 * d(t_ * h) * dt), stage, task.chunk, -1,
-                    mb, Phase::kForward, {weight_cast_}));
+      ts.track(emit(mem(OpName::kEmbedding, MemOp::kEmbedding, 2.0 * d(embedded_tokens() * h) * dt), stage,
+                    task.chunk, -1, mb, Phase::kForward, {weight_cast_}));
     }
   } else if (ts.v == last_v && o_.embedding_and_head) {
-    const int64_t tg = t_ * tp_;
+    const int64_t tg = t_head_ * tp_;
     if (mtp_ > 0) emit_mtp(ts);
     ts.track(emit(loss_op(OpName::kLoss, false, tg), stage, task.chunk, -1, mb, Phase::kBackward, {ts.cur}));
     Op head = gemm(OpName::kLmHead, tg, m_.vocab / tp_, h);
@@ -1290,8 +1367,8 @@ Builder::TaskState Builder::task_begin(int16_t stage, const PipelineTask& task) 
     const int32_t dgrad = ts.cur;
     head.part = GemmPart::kWgrad;
     emit(head, stage, task.chunk, -1, mb, Phase::kBackward, {dgrad});
-    ts.track(emit(mem(OpName::kFinalNorm, MemOp::kNorm, 4.0 * d(t_ * h) * dt), stage, task.chunk, -1, mb,
-                  Phase::kBackward, {dgrad}));
+    ts.track(emit(mem(OpName::kFinalNorm, MemOp::kNorm, 4.0 * d(final_norm_tokens() * h) * dt), stage,
+                  task.chunk, -1, mb, Phase::kBackward, {dgrad}));
   }
   return ts;
 }
@@ -1305,9 +1382,9 @@ void Builder::task_end(TaskState& ts) {
   const int64_t h = m_.hidden;
   if (task.forward) {
     if (ts.v == last_v && o_.embedding_and_head) {
-      const int64_t tg = t_ * tp_;
-      ts.track(emit(mem(OpName::kFinalNorm, MemOp::kNorm, 3.0 * d(t_ * h) * dt), stage, task.chunk, -1, mb,
-                    Phase::kForward, {ts.cur}));
+      const int64_t tg = t_head_ * tp_;
+      ts.track(emit(mem(OpName::kFinalNorm, MemOp::kNorm, 3.0 * d(final_norm_tokens() * h) * dt), stage,
+                    task.chunk, -1, mb, Phase::kForward, {ts.cur}));
       Op head = gemm(OpName::kLmHead, tg, m_.vocab / tp_, h);
       in_bf16(head);  // Megatron keeps the output layer in BF16
       ts.track(emit(head, stage, task.chunk, -1, mb, Phase::kForward, {ts.cur}));
@@ -1321,8 +1398,8 @@ void Builder::task_end(TaskState& ts) {
       }
     }
   } else if (ts.v == 0 && o_.embedding_and_head) {
-    ts.track(emit(mem(OpName::kEmbedding, MemOp::kEmbedding, 2.0 * d(t_ * h) * dt), stage, task.chunk, -1, mb,
-                  Phase::kBackward, {ts.cur}));
+    ts.track(emit(mem(OpName::kEmbedding, MemOp::kEmbedding, 2.0 * d(embedded_tokens() * h) * dt), stage,
+                  task.chunk, -1, mb, Phase::kBackward, {ts.cur}));
   }
   task_first_[task_index(mb, ts.v, task.forward)] = ts.first;
   // Send the activation (forward) or its gradient (backward) to the neighbouring virtual stage; DualPipeV's

@@ -201,6 +201,29 @@ void check_screen_data_parallel(const char* model, const char* stack) {
   }
 }
 
+// The search's `top` plans, each as predicted against the same step simulated micro-batch by micro-batch:
+// equal to 1e-9 (step, breakdown, range, events). Returns how many came from the periodic steady state.
+int top_plans_extrapolated_exactly(const Setup& s, const planner::Job& job, size_t top) {
+  planner::SearchOptions opts;
+  opts.threads = 2;
+  opts.top = static_cast<int64_t>(top);
+  const planner::SearchResult r =
+      planner::search(s.model, s.hw, s.stack, s.routing, job, planner::SearchSpace{}, opts);
+  REQUIRE(r.plans.size() == top);
+  int extrapolated = 0;
+  for (const planner::RankedPlan& rp : r.plans) {
+    CAPTURE(planner::describe(rp.plan));
+    const Prediction w = predict(s.model, rp.plan, s.hw, s.stack, s.routing, {.whole_step = true});
+    const Prediction& x = rp.prediction;
+    extrapolated += x.simulation.extrapolated ? 1 : 0;
+    CHECK(std::abs(x.step_time_s - w.step_time_s) <= 1e-9 * w.step_time_s);
+    CHECK(std::abs(x.breakdown.total() - w.breakdown.total()) <= 1e-9 * w.step_time_s);
+    CHECK(std::abs(x.tokens_per_s_low - w.tokens_per_s_low) <= 1e-9 * w.tokens_per_s);
+    CHECK(x.events == w.events);
+  }
+  return extrapolated;
+}
+
 // A space small enough to enumerate by brute force.
 planner::SearchSpace small_space() {
   planner::SearchSpace space;
@@ -386,6 +409,9 @@ TEST_SUITE("planner.search") {
   TEST_CASE("the screen never loses the best plan: DeepSeek-MoE-16B on 8 H200") {
     check_screen("deepseek-moe-16b", "h200-sxm", {8, 4096, 16});
   }
+  TEST_CASE("the screen never loses the best plan: Switch-Base-64 (encoder-decoder) on 16 H100") {
+    check_screen("switch-base-64", "h100-sxm", {16, 512, 128});
+  }
   TEST_CASE("the screen never loses the best plan: OLMoE on 8 H800, every ZeRO stage") {
     check_screen("olmoe-1b-7b", "h800-sxm", {8, 4096, 16}, {0, 1, 2, 3});
   }
@@ -405,28 +431,13 @@ TEST_SUITE("planner.search") {
     // The plans the planner ranks first (interleaved pipelines, combined 1F1B, FP8, fused kernels) as it
     // predicts them, against the same steps simulated micro-batch by micro-batch.
     for (const char* stack_name : {"megatron-core", "moerun"}) {
+      CAPTURE(stack_name);
       Setup s("mixtral-8x22b");
       s.stack = io::load_stack(stack_name).value();
-      planner::SearchOptions opts;
-      opts.threads = 2;
-      opts.top = 6;
-      const planner::SearchResult r =
-          planner::search(s.model, s.hw, s.stack, s.routing, {128, 4096, 768}, planner::SearchSpace{}, opts);
-      REQUIRE(r.plans.size() == 6);
-      int extrapolated = 0;
-      for (const planner::RankedPlan& rp : r.plans) {
-        CAPTURE(stack_name);
-        CAPTURE(planner::describe(rp.plan));
-        const Prediction w = predict(s.model, rp.plan, s.hw, s.stack, s.routing, {.whole_step = true});
-        const Prediction& x = rp.prediction;
-        extrapolated += x.simulation.extrapolated ? 1 : 0;
-        CHECK(std::abs(x.step_time_s - w.step_time_s) <= 1e-9 * w.step_time_s);
-        CHECK(std::abs(x.breakdown.total() - w.breakdown.total()) <= 1e-9 * w.step_time_s);
-        CHECK(std::abs(x.tokens_per_s_low - w.tokens_per_s_low) <= 1e-9 * w.tokens_per_s);
-        CHECK(x.events == w.events);
-      }
-      CHECK(extrapolated == 6);
+      CHECK(top_plans_extrapolated_exactly(s, {128, 4096, 768}, 6) == 6);
     }
+    // An encoder-decoder (Switch-Base-64): its encoder and decoder layers on one stage.
+    CHECK(top_plans_extrapolated_exactly(Setup("switch-base-64"), {16, 512, 512}, 3) > 0);
   }
 
   TEST_CASE("among plans tied with #1, one whose memory range fits wholly comes before tight ones") {

@@ -42,9 +42,10 @@ struct LayerCache {
 template <class S>
 std::string ReferenceModel<S>::unsupported(const ModelSpec& m) {
   const auto& a = m.attention;
+  if (m.encoder_decoder()) return "an encoder-decoder (cross-attention, relative position bias)";
   if (a.kind != AttentionKind::kGqa) return "MLA attention";
   if (m.norm != NormKind::kRmsNorm) return "LayerNorm";
-  if (m.activation != FfnActivation::kSwiGlu) return "a GELU FFN";
+  if (m.activation != FfnActivation::kSwiGlu) return "a GELU or ReLU FFN";
   if (a.qkv_bias || a.out_bias || m.lm_head_bias) return "biases";
   if (a.qk_norm != QkNorm::kNone) return "qk-norm";
   if (a.sinks) return "attention sinks";

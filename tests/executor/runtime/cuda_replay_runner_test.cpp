@@ -9,8 +9,12 @@
 namespace moeplan::executor {
 
 TEST_SUITE("executor_runtime") {
-  TEST_CASE("the CUDA replay refuses pipeline parallelism and fused kernels beyond one NVLink domain") {
+  TEST_CASE(
+      "the CUDA replay refuses pipeline parallelism, fused kernels beyond one NVLink domain and "
+      "encoder-decoders") {
     Plan p;
+    ModelSpec model;
+    auto cuda_unsupported = [&](const Plan& plan) { return executor::cuda_unsupported(plan, model); };
     CHECK(cuda_unsupported(p).empty());
     p.pipeline.pp = 2;
     CHECK(cuda_unsupported(p).find("pipeline") != std::string::npos);
@@ -31,6 +35,10 @@ TEST_SUITE("executor_runtime") {
     p.experts.etp = 1;
     p.overlap.intra_op = false;
     CHECK(cuda_unsupported(p).empty());
+
+    // An encoder-decoder's attention would replay as square causal self-attention.
+    model.layers = {LayerSpec{.role = LayerRole::kEncoder}, LayerSpec{.role = LayerRole::kDecoder}};
+    CHECK(cuda_unsupported(p).find("encoder-decoder") != std::string::npos);
   }
 }
 

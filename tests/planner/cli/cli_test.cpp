@@ -94,6 +94,41 @@ TEST_SUITE("cli") {
     fs::remove(plan);
   }
 
+  TEST_CASE("a Switch Transformer is inspected, planned on one pipeline stage, simulated and not launched") {
+    const Run r = run_cli("inspect --json --model switch-base-64 --seq-len 512");
+    REQUIRE(r.exit_code == 0);
+    const auto j = nlohmann::json::parse(r.out);
+    CHECK(j.at("encoder_layers") == 12);
+    CHECK(j.at("decoder_layers") == 12);
+    CHECK(j.at("decoder_seq_len") == 128);
+    CHECK(j.at("params_total").get<double>() == 3'790'748'928.0);
+    CHECK(j.at("notes").size() == 3);
+    // plan: the encoder-decoder rules reject pipelines and sequence splits; every listed plan is pp 1.
+    const std::string job =
+        "plan --model switch-base-64 --hardware h100-sxm --gpus 16 --seq-len 512 --global-batch 128 --top 3";
+    const auto pj = nlohmann::json::parse(run_cli(job + " --json").out);
+    REQUIRE(pj.at("plans").size() == 3);
+    for (const auto& plan : pj.at("plans")) {
+      CHECK(plan.at("plan").at("pipeline").at("pp") == 1);
+      CHECK(plan.at("plan").at("attention").at("sp") == 1);
+      CHECK(plan.at("plan").at("attention").at("cp") == 1);
+    }
+    const Run text = run_cli(job);
+    REQUIRE(text.exit_code == 0);
+    CHECK(text.out.find("encoder_decoder_pp") != std::string::npos);
+    CHECK(text.out.find("\nmodel: encoder-decoder: a sequence is the encoder's input") != std::string::npos);
+    // simulate its best plan; Megatron-LM has no launch for it, and moerun's executors refuse it.
+    const fs::path plan = fs::temp_directory_path() / "moeplan_cli_test_switch_plan.json";
+    std::ofstream(plan) << pj.at("plans")[0].at("plan").dump();
+    const Run sim = run_cli("simulate --json '" + plan.string() + "'");
+    REQUIRE(sim.exit_code == 0);
+    const auto sj = nlohmann::json::parse(sim.out);
+    CHECK(sj.at("tokens_per_s").get<double>() > 0);
+    const Run launch = run_cli("launch --for megatron '" + plan.string() + "'");
+    CHECK(launch.out.find("# not expressible in Megatron-LM: an encoder-decoder") != std::string::npos);
+    fs::remove(plan);
+  }
+
   TEST_CASE("inspect --hardware summarises a profile") {
     const Run r = run_cli("inspect --hardware h800-sxm --json");
     REQUIRE(r.exit_code == 0);

@@ -17,6 +17,14 @@ ModelSpec load(const std::string& name) {
   return m.value();
 }
 
+ModelSpec parse_model(const char* text) {
+  auto j = io::parse_json_text(text, "cfg.json");
+  REQUIRE(j.ok());
+  auto m = io::model_from_json(j.value(), "cfg.json", "cfg");
+  REQUIRE_MESSAGE(m.ok(), (m.ok() ? "" : m.error().message));
+  return m.value();
+}
+
 struct Expected {
   const char* model;
   double total_b;  // billions, "Config count" column of SOURCES.md
@@ -192,6 +200,60 @@ TEST_SUITE("core") {
     CHECK(nh.total.total() / 1e9 == doctest::Approx(31.6).epsilon(0.01));
     CHECK(nh.active.total() / 1e9 == doctest::Approx(3.6).epsilon(0.01));
     CHECK((nh.active.total() - nh.active.embedding) / 1e9 == doctest::Approx(3.2).epsilon(0.01));
+  }
+
+  TEST_CASE("Switch Transformers: the checkpoint's parameter count and the paper's 1571 B") {
+    // google/switch-base-64: the safetensors index (huggingface.co/google/switch-base-64, refs/pr/6,
+    // model.safetensors.index.json) states total_size 15,459,087,360 bytes of float32 tensors, 3,864,771,840
+    // values. Those hold the 32128 x 768 embedding four times (shared, and the tied copies the index lists
+    // apart), which the count below holds once.
+    const ModelSpec base = load("switch-base-64");
+    const ParamCounts p = count_params(base);
+    const double embedding = 32128.0 * 768;
+    CHECK(p.total.total() == 3'790'748'928.0);
+    CHECK(p.total.total() + 3 * embedding == 15'459'087'360.0 / 4);
+    // By hand: 12 sparse layers of 64 experts (wi, wo), 12 dense FFNs, 12 encoder self-attentions, 12
+    // decoder self- and cross-attentions, routers, 62 RMS norms (2 per encoder layer, 3 per decoder layer,
+    // 2 final), the two [32 buckets, 12 heads] bias tables, the embedding.
+    const double ffn = 2.0 * 768 * 3072, attn = 4.0 * 768 * 768;
+    CHECK(p.total.routed_experts == 12 * 64 * ffn);
+    CHECK(p.total.dense_ffn == 12 * ffn);
+    CHECK(p.total.attention == 12 * attn + 12 * 2 * attn + 2 * 32 * 12);
+    CHECK(p.total.norms == 62 * 768.0);
+    CHECK(p.active.routed_experts == 12 * ffn);
+
+    // Switch-C as the paper's Table 9 gives it (Fedus et al. 2022): d_model 2080, d_ff 6144, 32 heads of
+    // d_kv 64, 15 layers in each stack, 2048 experts in every layer; 1571 B parameters. (The Hub's
+    // switch-c-2048 config states 12 decoder layers, decoder_sparse_step 0 and 30 heads, which would build
+    // dense decoder layers; it is not used here.)
+    const ModelSpec c = parse_model(R"({"model_type": "switch_transformers", "d_model": 2080, "d_ff": 6144,
+        "d_kv": 64, "num_heads": 32, "num_layers": 15, "num_decoder_layers": 15, "encoder_sparse_step": 1,
+        "decoder_sparse_step": 1, "num_experts": 2048, "vocab_size": 32128})");
+    CHECK(count_params(c).total.total() / 1e9 == doctest::Approx(1571.0).epsilon(0.001));
+  }
+
+  TEST_CASE("an encoder-decoder's FLOPs per input token: encoder layers, and decoder layers on the targets") {
+    // T5 span corruption: 512 inputs give 114 targets (random_spans_helper), padded to 128.
+    CHECK(t5_target_len(512) == 114);
+    CHECK(decoder_seq_len(512) == 128);
+    CHECK(decoder_seq_len(2048) % kDecoderSeqMultiple == 0);
+    CHECK(t5_target_len(2048) < decoder_seq_len(2048));
+    const ModelSpec m = parse_model(R"({"model_type": "switch_transformers", "d_model": 64, "d_ff": 256,
+        "d_kv": 16, "num_heads": 4, "num_layers": 1, "num_decoder_layers": 1, "encoder_sparse_step": 1,
+        "decoder_sparse_step": 0, "num_experts": 8, "vocab_size": 1000})");
+    const int64_t s = 512;
+    const double r = 128.0 / 512.0, h = 64, inner = 64, f = 256;
+    const FlopsPerToken x = flops_per_token(m, s);
+    // Encoder: q, k, v, o on every input token; bidirectional attention over all 512 keys; one expert and
+    // the router. Decoder, per target: self q, k, v, o and cross q, o; causal attention over (128+1)/2 keys
+    // and cross-attention over 512; a dense FFN; the head. Cross k, v run on every input token.
+    CHECK(x.forward.attention_proj ==
+          doctest::Approx(2 * 4 * h * inner + r * 2 * 6 * h * inner + 2 * 2 * h * inner));
+    CHECK(x.forward.attention_core == doctest::Approx(2 * 4 * 32 * 512 + r * 2 * 4 * 32 * (64.5 + 512)));
+    CHECK(x.forward.routed_experts == doctest::Approx(2 * 2 * h * f));
+    CHECK(x.forward.router == doctest::Approx(2 * h * 8));
+    CHECK(x.forward.dense_ffn == doctest::Approx(r * 2 * 2 * h * f));
+    CHECK(x.forward.lm_head == doctest::Approx(r * 2 * h * 1000));
   }
 
   TEST_CASE("recurrent mixers count their conv, per-head and norm parameters and chunked-scan FLOPs") {

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <string>
+#include <vector>
 
 #include "simulator/core/plan.h"
 #include "simulator/io/hardware_loader.h"
@@ -377,5 +378,41 @@ TEST_SUITE("core") {
     f.plan.attention.cp = 2;
     f.plan.pipeline.pp = 8;
     CHECK_FALSE(f.breaks("recurrent_mixer_no_cp"));
+  }
+
+  TEST_CASE("an encoder-decoder keeps pp = sp = cp = 1 and its targets split over tp") {
+    Fixture f;
+    f.model = io::load_model("switch-base-64").value();  // 12 heads, 64 experts, 128 targets for 512 inputs
+    f.plan.model = "switch-base-64";
+    f.plan.seq_len = 512;
+    f.plan.attention.tp = 2;
+    f.plan.experts.ep = 8;
+    f.plan.pipeline.pp = 1;
+    CHECK(f.rules() == std::vector<std::string>{});
+    f.plan.pipeline.pp = 2;
+    CHECK(f.breaks("encoder_decoder_pp"));
+    f.plan.pipeline.pp = 1;
+    f.plan.attention.tp = 1;
+    f.plan.attention.sp = 2;
+    CHECK(f.breaks("encoder_decoder_sequence_split"));
+    f.plan.attention.sp = 1;
+    f.plan.attention.cp = 2;
+    CHECK(f.breaks("encoder_decoder_sequence_split"));
+    f.plan.attention.cp = 1;
+    // tp 3 splits the 12 heads, the 768 hidden and 384 inputs, but not their 128 targets (86, padded);
+    // 768 inputs have 192 targets (172, padded), which it splits.
+    f.plan.seq_len = 384;
+    f.plan.attention.tp = 3;
+    CHECK(f.breaks("decoder_seq_divisible"));
+    CHECK_FALSE(f.breaks("seq_divisible"));
+    f.plan.seq_len = 768;
+    CHECK_FALSE(f.breaks("decoder_seq_divisible"));
+    // A decoder-only model is not affected.
+    f.model = io::load_model("mixtral-8x22b").value();
+    f.plan.model = "mixtral-8x22b";
+    f.plan.seq_len = 4096;
+    f.plan.attention.tp = 2;
+    f.plan.pipeline.pp = 4;
+    CHECK_FALSE(f.breaks("encoder_decoder_pp"));
   }
 }

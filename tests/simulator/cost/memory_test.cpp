@@ -391,4 +391,36 @@ TEST_SUITE("cost") {
     CHECK_FALSE(b.fits());
     CHECK_FALSE(b.tight());
   }
+
+  TEST_CASE(
+      "an encoder-decoder's decoder layer saves its self-attention on the targets plus cross-attention") {
+    // Switch-Base-64 at tp 2, b = 2, 512 inputs: a decoder layer saves what a decoder-only layer saves for
+    // the 128 targets (t = 128 per rank, tg = 256), plus its cross-attention's block input and rsigma, its
+    // norm output, q [tg, 6 x 64], k and v over the gathered inputs [1024, 2 x 6 x 64], out and the fp32
+    // softmax stats [tg, 6].
+    const ModelSpec m = io::load_model("switch-base-64").value();
+    const StackProfile st = io::load_stack("megatron-core").value();
+    Plan p = one_node_plan(8);
+    p.attention.tp = 2;
+    p.seq_len = 512;
+    p.micro_batch = 2;
+    p.global_batch = 16;
+    for (const size_t i : {size_t{12}, size_t{13}}) {  // dense, MoE
+      const LayerSpec dec = m.layers[i];
+      LayerSpec plain = dec;
+      plain.role = LayerRole::kDecoderOnly;
+      Plan at_targets = p;
+      at_targets.seq_len = 128;
+      const double self = cost::layer_activations(m, at_targets, st, plain, 1.0).total();
+      const double t = 128, tg = 256, h = 768, heads = 6, hd = 64;
+      const double cross = t * h * 2 + t * 4 + t * h * 2 + (tg * heads * hd + 1024 * 2 * heads * hd) * 2 +
+                           tg * heads * hd * 2 + tg * heads * 4;
+      CHECK(cost::layer_activations(m, p, st, dec, 1.0).total() == doctest::Approx(self + cross));
+    }
+    // Encoder layers save on the 512 inputs, as a decoder-only layer of the same length would.
+    LayerSpec enc_plain = m.layers[1];
+    enc_plain.role = LayerRole::kDecoderOnly;
+    CHECK(cost::layer_activations(m, p, st, m.layers[1], 1.0).total() ==
+          doctest::Approx(cost::layer_activations(m, p, st, enc_plain, 1.0).total()));
+  }
 }

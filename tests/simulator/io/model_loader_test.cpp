@@ -1,6 +1,8 @@
 // Each Hugging Face family maps onto ModelSpec as its modeling code builds the layers.
 #include <doctest/doctest.h>
 
+#include <vector>
+
 #include "simulator/io/model_loader.h"
 
 using namespace moeplan;
@@ -323,5 +325,43 @@ TEST_SUITE("io") {
     const ModelSpec mixtral = load("mixtral-8x7b");
     CHECK(mixtral.moe.score == RouterScore::kSoftmax);
     CHECK_FALSE(mixtral.moe.group_limited());
+  }
+
+  TEST_CASE("switch_transformers: encoder then decoder layers, experts every sparse_step as HF builds them") {
+    const ModelSpec m = load("switch-base-64");
+    REQUIRE(m.num_layers() == 24);
+    CHECK(m.encoder_decoder());
+    CHECK(m.activation == FfnActivation::kRelu);
+    CHECK(m.position == PositionKind::kRelativeBias);
+    CHECK(m.relative_buckets == 32);
+    CHECK(m.tied_embeddings);
+    CHECK(m.moe.num_experts == 64);
+    CHECK(m.moe.top_k == 1);
+    CHECK(m.moe.expert_ffn == 3072);
+    CHECK(m.attention.num_heads == 12);
+    CHECK(m.attention.head_dim == 64);
+    for (int64_t i = 0; i < 24; ++i) {
+      CAPTURE(i);
+      const LayerSpec& l = m.layers[static_cast<size_t>(i)];
+      const int64_t j = i % 12;  // index within its stack
+      CHECK(l.role == (i < 12 ? LayerRole::kEncoder : LayerRole::kDecoder));
+      CHECK(l.moe == (j % 2 == 1));  // sparse_step 2: HF's i % step == 1
+      CHECK(l.position_bias == (j == 0));
+    }
+    // Without the step keys, the step is num_layers // num_sparse_*_layers; step 1 makes every layer sparse
+    // and 0 none; a gated FFN has three matrices.
+    const ModelSpec c = parse(R"({"model_type": "switch_transformers", "d_model": 64, "d_ff": 128,
+        "d_kv": 16, "num_heads": 4, "num_layers": 8, "num_decoder_layers": 3, "num_sparse_encoder_layers": 2,
+        "decoder_sparse_step": 1, "num_experts": 8, "vocab_size": 100, "is_gated_act": true})");
+    std::vector<bool> moe;
+    for (const auto& l : c.layers) moe.push_back(l.moe);
+    CHECK(moe == std::vector<bool>{false, true, false, false, false, true, false, false, true, true, true});
+    CHECK(c.activation == FfnActivation::kSwiGlu);
+    const ModelSpec dense = parse(R"({"model_type": "switch_transformers", "d_model": 64, "d_ff": 128,
+        "d_kv": 16, "num_heads": 4, "num_layers": 2, "encoder_sparse_step": 0, "decoder_sparse_step": 0,
+        "num_experts": 8, "vocab_size": 100})");
+    CHECK(dense.num_moe_layers() == 0);
+    CHECK_FALSE(dense.is_moe());
+    CHECK(dense.num_layers() == 4);  // num_decoder_layers defaults to num_layers
   }
 }

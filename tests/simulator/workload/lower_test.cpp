@@ -1063,4 +1063,60 @@ TEST_SUITE("workload") {
     const OpGraph none = lower(deepseek_v3(1, 1, 0), p, stack_options("megatron-core"));
     for (const Op& op : none.ops) CHECK(op.layer < 2);
   }
+
+  TEST_CASE(
+      "an encoder-decoder lowers its encoder on the inputs and its decoder, with cross-attention, on the "
+      "targets") {
+    // Switch-Base-64 cut to encoder layers 0-1 and decoder layers 0-1 (a dense and a sparse layer each), tp
+    // 2, ep 4, micro-batches of 2 x 512 inputs: 512 encoder tokens and 2 x 128 / 2 = 128 targets per rank.
+    ModelSpec m = io::load_model("switch-base-64").value();
+    m.layers = {m.layers[0], m.layers[1], m.layers[12], m.layers[13]};
+    Plan p = node_plan(4);
+    p.attention.tp = 2;
+    p.seq_len = 512;
+    p.micro_batch = 2;
+    p.global_batch = 8;
+    const OpGraph g = lower(m, p, stack_options("megatron-core"));
+    // Encoder self-attention: bidirectional over 512 keys, 6 heads per rank of 64.
+    const Op& enc = the_op(g, OpName::kAttnCore, 0);
+    CHECK_FALSE(enc.attn.causal);
+    CHECK(enc.attn.seq_q == 512);
+    CHECK(enc.flops == doctest::Approx(2.0 * 512 * 2 * 6 * 128 * 512));
+    CHECK(the_op(g, OpName::kQkvProj, 0).gemm.m == 1024);
+    // Decoder self-attention: causal over the 128 targets; cross-attention of the targets to the 512 inputs.
+    const Op& self = the_op(g, OpName::kAttnCore, 2);
+    CHECK(self.attn.causal);
+    CHECK(self.attn.seq_q == 128);
+    CHECK(the_op(g, OpName::kQkvProj, 2).gemm.m == 256);
+    const Op& cross = the_op(g, OpName::kCrossAttnCore, 2);
+    CHECK_FALSE(cross.attn.causal);
+    CHECK(cross.attn.seq_q == 128);
+    CHECK(cross.attn.seq_kv == 512);
+    CHECK(cross.flops == doctest::Approx(2.0 * 128 * 2 * 6 * 128 * 512));
+    // q from the gathered targets, k and v from the gathered encoder output (all-gathered over tp).
+    CHECK(the_op(g, OpName::kCrossQProj, 2).gemm.m == 256);
+    CHECK(the_op(g, OpName::kCrossQProj, 2).gemm.n == 6 * 64);
+    CHECK(the_op(g, OpName::kCrossKvProj, 2).gemm.m == 1024);
+    CHECK(the_op(g, OpName::kCrossKvProj, 2).gemm.n == 2 * 6 * 64);
+    CHECK(the_op(g, OpName::kCrossKvAg, 2).comm.bytes == doctest::Approx(1024.0 * 768 * 2));
+    CHECK(the_op(g, OpName::kCrossKvAg, 2, Phase::kBackward).comm.collective == Collective::kReduceScatter);
+    for (OpName n : {OpName::kCrossQProj, OpName::kCrossKvProj, OpName::kCrossOutProj}) {
+      CHECK(ops_named(g, n, 2, Phase::kBackward, GemmPart::kDgrad).size() == 1);
+      CHECK(ops_named(g, n, 2, Phase::kBackward, GemmPart::kWgrad).size() == 1);
+    }
+    CHECK(ops_named(g, OpName::kCrossAttnCore, 0).empty());
+    // Relative positions: no RoPE; each stack's first layer expands its [heads, s, s] bias.
+    CHECK(ops_named(g, OpName::kRope, -1).empty());
+    CHECK(the_op(g, OpName::kPositionBias, 0).hbm_bytes == doctest::Approx(6.0 * 512 * 512 * 2));
+    CHECK(the_op(g, OpName::kPositionBias, 2).hbm_bytes == doctest::Approx(6.0 * 128 * 128 * 2));
+    CHECK(ops_named(g, OpName::kPositionBias, 1).empty());
+    CHECK(ops_named(g, OpName::kPositionBias, 3).empty());
+    // The experts route the tokens of their own stack: the decoder's a quarter of the encoder's.
+    const auto& enc_fc1 = the_op(g, OpName::kExpertFc13, 1);
+    const auto& dec_fc1 = the_op(g, OpName::kExpertFc13, 3);
+    CHECK(dec_fc1.flops == doctest::Approx(enc_fc1.flops / 4));
+    // Both stacks embed; the head and the loss run on the targets.
+    CHECK(the_op(g, OpName::kEmbedding, -1).hbm_bytes == doctest::Approx(2.0 * (512 + 128) * 768 * 2));
+    CHECK(the_op(g, OpName::kLmHead, -1).gemm.m == 256);
+  }
 }

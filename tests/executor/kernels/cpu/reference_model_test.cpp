@@ -77,6 +77,9 @@ TEST_CASE("reference model: unsupported features are refused") {
   CHECK(ReferenceModel<float>::unsupported(m) == "MLA attention");
   CHECK_THROWS_AS(ReferenceModel<float>{m}, std::invalid_argument);
   CHECK(ReferenceModel<float>::unsupported(small_spec(true, 4)).empty());
+  // moerun's train runner refuses a Switch Transformer (its CUDA replay too: cuda_replay_runner_test).
+  const ModelSpec sw = io::load_model("switch-base-64").value();
+  CHECK(ReferenceModel<float>::unsupported(sw).starts_with("an encoder-decoder"));
 }
 
 // Central differences of the step loss on `entries` of every parameter, against forward_backward's gradients.
