@@ -489,9 +489,7 @@ class Screener {
     const Plan one = one_stage(p);
     LoweringOptions lo = lowering_options(hw_, st_);
     lo.data_parallel = false;
-    const workload::PlanRouting pr = workload::plan_routing(m_, p, routing_);
-    lo.expert_load_scale = pr.scale;
-    lo.dropped_fraction = pr.load.dropped_fraction;
+    set_routing(lo, workload::plan_routing(m_, p, routing_));
     lo.embedding_and_head = false;
     const auto per_layer = per_layer_kind([&](const LayerSpec& s) {
       ModelSpec two_layers = m_;
@@ -843,7 +841,7 @@ SearchResult search(const ModelSpec& model, const HardwareProfile& hw, const Sta
           const auto sk = std::make_pair(p.micro_batch * p.seq_len / p.attention_mesh(), p.experts.ep);
           auto sit = scales.find(sk);
           if (sit == scales.end())
-            sit = scales.emplace(sk, workload::plan_routing(model, p, routing).scale).first;
+            sit = scales.emplace(sk, workload::plan_routing(model, p, routing).memory_scale()).first;
           const cost::MemoryBreakdown mem =
               cost::memory_per_gpu(model, run, hw, stack, fit->second, sit->second, &layer_kinds);
           if (!out.smallest || mem.total_low() < out.smallest_bytes) {

@@ -62,6 +62,10 @@ void print_text(const Prediction& p, const ReportContext& ctx) {
   if (p.routing.mean_rank_assignments > 0) {
     fmt::print("routing: busiest EP rank gets {:.3f}x the mean; {:.2f}% of assignments dropped\n",
                p.routing.imbalance(), 100 * p.routing.dropped_fraction);
+    if (p.decoder_routing.mean_rank_assignments != p.routing.mean_rank_assignments) {
+      fmt::print("  decoder layers (the targets): {:.3f}x the mean; {:.2f}% dropped\n",
+                 p.decoder_routing.imbalance(), 100 * p.decoder_routing.dropped_fraction);
+    }
   }
   const auto& pv = p.provenance;
   fmt::print(

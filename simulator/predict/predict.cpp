@@ -111,7 +111,7 @@ cost::MemoryBreakdown predict_memory(const ModelSpec& model, const Plan& plan, c
                                      const workload::RoutingDistribution& routing) {
   const Plan run = with_stack_overlaps(plan, stack, nullptr);
   return cost::memory_per_gpu(model, run, hw, stack, in_flight_by_chunk(model, run),
-                              workload::plan_routing(model, plan, routing).scale);
+                              workload::plan_routing(model, plan, routing).memory_scale());
 }
 
 namespace {
@@ -356,6 +356,7 @@ Prediction predict(const ModelSpec& model, const Plan& plan, const HardwareProfi
   for (std::string& n : sl.notices) r.notices.push_back(std::move(n));
   const Plan& run = r.effective_plan;
   r.routing = sl.routing.load;
+  r.decoder_routing = sl.routing.decoder_load;
   const LoweringOptions& lo = sl.options;
 
   // The step: its periodic steady state extrapolated, or every micro-batch simulated.
@@ -407,7 +408,7 @@ Prediction predict(const ModelSpec& model, const Plan& plan, const HardwareProfi
 
   // Memory: activations of the chunks in flight at each stage's peak under its schedule.
   r.memory =
-      cost::memory_per_gpu(model, run, hw, stack, in_flight_by_chunk(model, run), lo.expert_load_scale);
+      cost::memory_per_gpu(model, run, hw, stack, in_flight_by_chunk(model, run), sl.routing.memory_scale());
 
   // Uncertainty: each op on the critical path may be off by its curve's fit error (errors of one curve move
   // together, so they add): step in [T - sum e_i d_i, T + sum e_i d_i].

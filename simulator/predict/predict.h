@@ -81,6 +81,8 @@ struct Prediction {
   std::string mfu_peak_dtype = "bf16";  // the plan's compute precision ("fp8" for FP8 plans)
   cost::MemoryBreakdown memory;
   workload::RoutingLoad routing;
+  // An encoder-decoder's decoder layers (their targets are fewer tokens); for other models equal to routing.
+  workload::RoutingLoad decoder_routing;
   StepBreakdown breakdown;  // of the busiest stage (most compute time), which sets the pace
   int64_t critical_stage = 0;
   std::vector<std::string> extrapolations;

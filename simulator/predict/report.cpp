@@ -81,6 +81,12 @@ nlohmann::json prediction_json(const Prediction& p, const ReportContext& ctx) {
                   {"busiest_rank_assignments", p.routing.busiest_rank_assignments},
                   {"mean_rank_assignments", p.routing.mean_rank_assignments},
                   {"dropped_fraction", p.routing.dropped_fraction}};
+  if (ctx.model.encoder_decoder()) {
+    j["routing"]["decoder"] = {{"imbalance", p.decoder_routing.imbalance()},
+                               {"busiest_rank_assignments", p.decoder_routing.busiest_rank_assignments},
+                               {"mean_rank_assignments", p.decoder_routing.mean_rank_assignments},
+                               {"dropped_fraction", p.decoder_routing.dropped_fraction}};
+  }
   j["extrapolations"] = p.extrapolations;
   j["stack_calibrated"] = ctx.stack.calibrated;
   j["provenance"] = {

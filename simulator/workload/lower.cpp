@@ -339,6 +339,7 @@ class Builder {
   // decoder tokens).
   int64_t t_, t_seq_, t_head_, seq_;
   bool causal_ = true;
+  LayerRole spec_role_ = LayerRole::kDecoderOnly;  // the role of the layer being recorded
   // An encoder-decoder embeds its encoder's and its decoder's tokens, and normalises both stacks' outputs
   // (the encoder's final norm is priced with the decoder's, at the head).
   bool encdec_ = false;
@@ -920,9 +921,10 @@ int Builder::moe_fwd(int in) {
   const int64_t k = e.top_k;
   const int64_t local_experts = e.num_experts / ep_;
   const int64_t f_r = e.expert_ffn / etp_;
-  const double kept = 1.0 - o_.dropped_fraction;
+  const bool decoder = spec_role_ == LayerRole::kDecoder;
+  const double kept = 1.0 - (decoder ? o_.decoder_dropped_fraction : o_.dropped_fraction);
   // Rows routed to the busiest rank of the EP group (the slowest rank decides).
-  const double rows = d(t_ * k) * o_.expert_load_scale * kept;
+  const double rows = d(t_ * k) * (decoder ? o_.decoder_expert_load_scale : o_.expert_load_scale) * kept;
   const bool fp8_dispatch = p_.compression.dispatch == DispatchPrecision::kFp8;
   const DType dispatch_dt = fp8_dispatch ? DType::kFp8 : dt_;
   const double dispatch_elt = fp8_dispatch ? bytes_of(DType::kFp8) * kFp8ScaleOverhead : dt;
@@ -1065,6 +1067,7 @@ void Builder::record_layer(int64_t layer) {
   seq_ = layer_seq_len(l, p_.seq_len);
   t_ = p_.micro_batch * seq_ / (tp_ * sp_ * cp_);
   causal_ = l.role != LayerRole::kEncoder;
+  spec_role_ = l.role;
   int a = -1;
   switch (l.mixer) {
     case MixerKind::kAttention:
@@ -1098,6 +1101,7 @@ void Builder::record_layer(int64_t layer) {
   t_ = t_seq_;
   seq_ = p_.seq_len;
   causal_ = true;
+  spec_role_ = LayerRole::kDecoderOnly;
 }
 
 int32_t Builder::emit(const Op& proto, int16_t stage, int16_t chunk, int32_t layer, int32_t mb, Phase phase,
@@ -1858,9 +1862,15 @@ StackLowering stack_lowering(const ModelSpec& model, const Plan& plan, const Har
   out.run = with_stack_overlaps(plan, stack, &out.notices);
   out.routing = workload::plan_routing(model, out.run, routing);
   out.options = lowering_options(hw, stack);
-  out.options.expert_load_scale = out.routing.scale;
-  out.options.dropped_fraction = out.routing.load.dropped_fraction;
+  set_routing(out.options, out.routing);
   return out;
+}
+
+void set_routing(LoweringOptions& o, const workload::PlanRouting& r) {
+  o.expert_load_scale = r.scale;
+  o.dropped_fraction = r.load.dropped_fraction;
+  o.decoder_expert_load_scale = r.decoder_scale;
+  o.decoder_dropped_fraction = r.decoder_load.dropped_fraction;
 }
 
 CommSpec group_comm(const Plan& p, Collective c, CommGroup g, double bytes, DType dtype) {

@@ -21,6 +21,10 @@ struct LoweringOptions {
   int64_t gpus_per_node = 8;       // for node-deduplicated dispatch volumes
   double expert_load_scale = 1.0;  // busiest EP rank's routed rows / the mean (>= 1; from the routing model)
   double dropped_fraction = 0.0;   // routed assignments dropped by the capacity factor
+  // The same for an encoder-decoder's decoder layers (PlanRouting::decoder_load); decoder-only models set
+  // them equal to the two above.
+  double decoder_expert_load_scale = 1.0;
+  double decoder_dropped_fraction = 0.0;
   bool embedding_and_head = true;  // the embedding (first virtual stage) and output layer + loss (last)
   bool data_parallel = true;       // gradient synchronisation, parameter gathers and the optimizer step
   // The stack's token dispatcher: which steps run around the exchange (Megatron: a count all-gather, a host
@@ -67,6 +71,9 @@ struct StackLowering {
 };
 StackLowering stack_lowering(const ModelSpec& model, const Plan& plan, const HardwareProfile& hw,
                              const StackProfile& stack, const workload::RoutingDistribution& routing);
+
+// The routing facts of `r` in `o` (expert load scales and dropped fractions, the decoder's too).
+void set_routing(LoweringOptions& o, const workload::PlanRouting& r);
 
 // The pipeline order of one stage: forward and backward passes of (micro-batch, chunk), as Megatron-Core
 // schedules them (1F1B: warm-up forwards, then one forward one backward, then cool-down backwards;

@@ -8,6 +8,7 @@
 #include <limits>
 #include <numbers>
 
+#include "simulator/core/model_stats.h"
 #include "simulator/core/status.h"
 
 namespace moeplan::workload {
@@ -477,11 +478,21 @@ double expected_max_std_normal(int64_t n) {
 PlanRouting plan_routing(const ModelSpec& model, const Plan& plan, const RoutingDistribution& dist) {
   PlanRouting r;
   if (!model.is_moe()) return r;
-  const int64_t t = plan.micro_batch * plan.seq_len / plan.attention_mesh();
-  r.load = routing_load(dist, static_cast<double>(t * plan.experts.ep), model.moe.top_k, plan.experts.ep,
+  // The load of `seq` tokens per sequence and its busiest rank's rows over the mean of the kept ones.
+  auto load_of = [&](int64_t seq, RoutingLoad& load, double& scale) {
+    const int64_t t = plan.micro_batch * seq / plan.attention_mesh();
+    load = routing_load(dist, static_cast<double>(t * plan.experts.ep), model.moe.top_k, plan.experts.ep,
                         plan.routing.capacity_factor, false);
-  const double kept_mean = r.load.mean_rank_assignments * (1.0 - r.load.dropped_fraction);
-  r.scale = kept_mean > 0 ? std::max(1.0, r.load.busiest_rank_assignments / kept_mean) : 1.0;
+    const double kept_mean = load.mean_rank_assignments * (1.0 - load.dropped_fraction);
+    scale = kept_mean > 0 ? std::max(1.0, load.busiest_rank_assignments / kept_mean) : 1.0;
+  };
+  load_of(plan.seq_len, r.load, r.scale);
+  if (model.encoder_decoder()) {
+    load_of(decoder_seq_len(plan.seq_len), r.decoder_load, r.decoder_scale);
+  } else {
+    r.decoder_load = r.load;
+    r.decoder_scale = r.scale;
+  }
   return r;
 }
 

@@ -88,6 +88,12 @@ double expected_max_std_normal(int64_t n);
 struct PlanRouting {
   RoutingLoad load;
   double scale = 1.0;
+  // An encoder-decoder's decoder layers route each micro-batch's targets, fewer tokens than its inputs: their
+  // own load and scale (for a decoder-only model, the same as above).
+  RoutingLoad decoder_load;
+  double decoder_scale = 1.0;
+  // What the memory model multiplies every MoE layer's expert rows by: the busier of the two.
+  double memory_scale() const { return scale > decoder_scale ? scale : decoder_scale; }
 };
 PlanRouting plan_routing(const ModelSpec& model, const Plan& plan, const RoutingDistribution& dist);
 

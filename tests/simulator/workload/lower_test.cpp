@@ -1111,10 +1111,22 @@ TEST_SUITE("workload") {
     CHECK(the_op(g, OpName::kPositionBias, 2).hbm_bytes == doctest::Approx(6.0 * 128 * 128 * 2));
     CHECK(ops_named(g, OpName::kPositionBias, 1).empty());
     CHECK(ops_named(g, OpName::kPositionBias, 3).empty());
-    // The experts route the tokens of their own stack: the decoder's a quarter of the encoder's.
-    const auto& enc_fc1 = the_op(g, OpName::kExpertFc13, 1);
-    const auto& dec_fc1 = the_op(g, OpName::kExpertFc13, 3);
-    CHECK(dec_fc1.flops == doctest::Approx(enc_fc1.flops / 4));
+    // The experts route the tokens of their own stack, the decoder's a quarter of the encoder's, each at its
+    // own busiest-rank load (fewer tokens spread less evenly).
+    const auto o = stack_options("megatron-core");
+    LoweringOptions lo = o;
+    lo.expert_load_scale = 1.05;
+    lo.decoder_expert_load_scale = 1.2;
+    const OpGraph gl = lower(m, p, lo);
+    const auto& enc_fc1 = the_op(gl, OpName::kExpertFc13, 1);
+    const auto& dec_fc1 = the_op(gl, OpName::kExpertFc13, 3);
+    CHECK(dec_fc1.flops == doctest::Approx(enc_fc1.flops / 4 * 1.2 / 1.05));
+    const workload::PlanRouting r = workload::plan_routing(m, p, workload::uniform_routing(64));
+    CHECK(r.decoder_scale > r.scale);
+    CHECK(r.memory_scale() == r.decoder_scale);
+    const workload::PlanRouting plain =
+        workload::plan_routing(mixtral(1), node_plan(8), workload::uniform_routing(8));
+    CHECK(plain.decoder_scale == plain.scale);
     // Both stacks embed; the head and the loss run on the targets.
     CHECK(the_op(g, OpName::kEmbedding, -1).hbm_bytes == doctest::Approx(2.0 * (512 + 128) * 768 * 2));
     CHECK(the_op(g, OpName::kLmHead, -1).gemm.m == 256);
