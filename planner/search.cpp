@@ -325,6 +325,9 @@ struct LayerTimes {
   // forward beside another's backward, per micro-batch (`layer` where the plan does not pair them).
   std::vector<double> paired;
   double head = 0;  // embedding + output layer + loss, fwd + bwd
+  // Seconds per model layer of its own forward and backward collectives, by link (cost::Resource): beside a
+  // data-parallel transfer on the same link, the engine gives each of the two half of it.
+  std::vector<std::array<double, 3>> forward_comm, backward_comm;
 };
 
 // A layer's data-parallel ops as the lowering emits them, priced by the cost model: its gradient
@@ -336,6 +339,8 @@ struct LayerDp {
   double sync = 0, sync_drag = 0;
   double gather = 0, gather_drag = 0;
   Op optimizer;
+  // The link its synchronisation and its gather hold (their longest collective's).
+  cost::Resource sync_on = cost::Resource::kSm, gather_on = cost::Resource::kSm;
 };
 
 // The step's data-parallel cost on one stage: the time it adds to each micro-batch (ZeRO-2/3) and after the
@@ -496,9 +501,11 @@ class Screener {
       two_layers.layers = {s, s};
       return second_layer(lower(two_layers, one, lo));
     });
-    for (const auto& [whole, forward] : per_layer) {
-      lt.layer.push_back(whole);
-      lt.forward.push_back(forward);
+    for (const SecondLayer& x : per_layer) {
+      lt.layer.push_back(x.whole);
+      lt.forward.push_back(x.forward);
+      lt.forward_comm.push_back(x.forward_comm);
+      lt.backward_comm.push_back(x.backward_comm);
     }
     lt.paired = lt.layer;
     if (combined(p)) {
@@ -530,18 +537,31 @@ class Screener {
   double simulate(const OpGraph& g) { return g.ops.empty() ? 0.0 : run(g).step_time; }
 
   // What the second of two layers adds, whole and forward: from the end of the first layer's forward to the
-  // end of the second's backward (the first's backward follows either way), and to the end of its forward.
-  std::pair<double, double> second_layer(const OpGraph& g) {
+  // end of the second's backward (the first's backward follows either way), and to the end of its forward;
+  // and its collectives' seconds by phase and link.
+  struct SecondLayer {
+    double whole = 0, forward = 0;
+    std::array<double, 3> forward_comm{}, backward_comm{};
+  };
+  SecondLayer second_layer(const OpGraph& g) {
     const engine::Timeline t = run(g);
     double first_forward = 0, second_forward = 0, second = 0;
+    SecondLayer out;
     for (const Op& op : g.ops) {
       const double end = t.ops[static_cast<size_t>(op.id)].end;
       if (op.layer == 0 && op.phase == Phase::kForward) first_forward = std::max(first_forward, end);
       if (op.layer != 1) continue;
       if (op.phase == Phase::kForward) second_forward = std::max(second_forward, end);
       second = std::max(second, end);
+      if (op.kind == OpKind::kCollective) {
+        const cost::OpCost c = op_costs_.cost(op);
+        auto& by_link = op.phase == Phase::kForward ? out.forward_comm : out.backward_comm;
+        by_link[static_cast<size_t>(c.resource)] += c.seconds;
+      }
     }
-    return {second - first_forward, second_forward - first_forward};
+    out.whole = second - first_forward;
+    out.forward = second_forward - first_forward;
+    return out;
   }
 
   // Each layer's data-parallel ops, from the lowering of that layer alone with its data-parallel work on.
@@ -559,27 +579,30 @@ class Screener {
     one.overlap.dp_comm = true;
     LoweringOptions lo = lowering_options(hw_, st_);
     lo.embedding_and_head = false;
-    auto add = [&](double& seconds, double& drag, const Op& op) {
+    // Adds the op's seconds and drag; `on` becomes its link when it is the longest collective so far.
+    auto add = [&](double& seconds, double& drag, cost::Resource& on, double& longest, const Op& op) {
       const cost::OpCost c = cm_.cost(op);
       seconds += c.seconds;
-      if (op.kind == OpKind::kCollective)
-        drag += c.seconds * (1.0 - engine::compute_share_beside_comm(c.sm_fraction,
-                                                                     st_.overlap_compute_efficiency.value));
+      if (op.kind != OpKind::kCollective) return;
+      drag += c.seconds *
+              (1.0 - engine::compute_share_beside_comm(c.sm_fraction, st_.overlap_compute_efficiency.value));
+      if (c.seconds > longest) longest = c.seconds, on = c.resource;
     };
     std::vector<LayerDp> out = per_layer_kind([&](const LayerSpec& s) {
       ModelSpec one_layer = m_;
       one_layer.layers = {s};
       LayerDp x;
+      double longest_sync = 0, longest_gather = 0;
       for (const Op& op : lower(one_layer, one, lo).ops) {
         switch (static_cast<OpName>(op.name)) {
           case OpName::kGradCast:
           case OpName::kGradRs:
           case OpName::kGradA2a:
           case OpName::kGradReduce:
-            add(x.sync, x.sync_drag, op);
+            add(x.sync, x.sync_drag, x.sync_on, longest_sync, op);
             break;
           case OpName::kParamAg:  // ZeRO-3 gathers again for the backward: one gather is the forward's
-            if (op.phase != Phase::kBackward) add(x.gather, x.gather_drag, op);
+            if (op.phase != Phase::kBackward) add(x.gather, x.gather_drag, x.gather_on, longest_gather, op);
             break;
           case OpName::kOptimizerStep:
             x.optimizer = op;
@@ -618,6 +641,7 @@ class Screener {
     } else {
       // compute: when the stage's compute stream is free; stream: when the data-parallel stream is
       double compute = 0, stream = 0, after_first = 0, stream_after_first = 0;
+      double contention = 0;  // ZeRO-0/1: what sharing links with the synchronisation added to the backward
       const int passes = zero >= 2 ? 2 : 1;  // ZeRO-0/1: only the last backward synchronises
       for (int mb = 0; mb < passes; ++mb) {
         if (zero >= 2) {  // ZeRO-0/1 walk the last backward alone
@@ -627,11 +651,23 @@ class Screener {
             compute += lt.forward[i];
           }
         }
+        const LayerDp* syncing = nullptr;  // the layer whose synchronisation the stream runs
         for (auto l = layers.rbegin(); l != layers.rend(); ++l) {
           const auto i = static_cast<size_t>(*l);
           if (zero == 3) compute = std::max(compute, stream += dp[i].gather);
-          compute += lt.layer[i] - lt.forward[i];
+          const double backward = lt.layer[i] - lt.forward[i];
+          // The backward's own transfers on the link the synchronisation holds share it for as long as the
+          // stream is busy beside them, each at half rate; both take that much longer.
+          if (syncing && stream > compute && backward > 0) {
+            const double shared = std::min(stream - compute, backward) / backward *
+                                  lt.backward_comm[i][static_cast<size_t>(syncing->sync_on)];
+            compute += shared;
+            stream += shared;
+            contention += shared;
+          }
+          compute += backward;
           stream = std::max(stream, compute) + dp[i].sync;
+          syncing = &dp[i];
         }
         if (mb == 0) after_first = compute, stream_after_first = stream;
       }
@@ -645,14 +681,20 @@ class Screener {
         out.per_micro_batch = cycle - work;
         out.tail = std::max(0.0, stream_after_first + m * stream_cycle - (after_first + m * cycle));
       } else {
-        out.tail = stream - compute;
+        out.tail = stream - (compute - contention);  // the pace holds the backward without it
       }
       if (zero == 1 || zero == 2) {
+        // The next step's first forward waits for each layer's gathered parameters, and its transfers share
+        // the gathers' link while the stream still gathers the layers after it.
         double forward = 0, gathered = 0, alone = 0;
         for (int64_t l : layers) {
           const auto i = static_cast<size_t>(l);
           gathered += dp[i].gather;
-          forward = std::max(forward, gathered) + lt.forward[i];
+          forward = std::max(forward, gathered);
+          if (gather > forward && lt.forward[i] > 0)  // the stream still gathers the layers after this one
+            forward += std::min(gather - forward, lt.forward[i]) / lt.forward[i] *
+                       lt.forward_comm[i][static_cast<size_t>(dp[i].gather_on)];
+          forward += lt.forward[i];
           alone += lt.forward[i];
         }
         out.tail += forward - alone;
