@@ -687,6 +687,14 @@ std::string cuda_environment(const std::string& backend, bool script) {
   return s;
 }
 
+// A comment line when moerun's executors refuse the model outright (they run decoder-only models), else "".
+std::string moerun_refusal(const ModelSpec& model) {
+  return model.encoder_decoder()
+             ? "# moerun refuses this plan: an encoder-decoder model (its train runner and CUDA replay run "
+               "decoder-only models); simulate it with moeplan\n"
+             : "";
+}
+
 }  // namespace
 
 std::string moerun_text(const Plan& plan, const ModelSpec& model, const HardwareProfile& hw,
@@ -695,10 +703,11 @@ std::string moerun_text(const Plan& plan, const ModelSpec& model, const Hardware
   const NodeLayout n = node_layout(plan, hw);
   const MoerunLaunch l = moerun_launch(plan, hw, plan_path, run_dir, backend);
   return fmt::format(
-      "# moerun plan {}: {} ({} node(s) x {} rank(s), {} backend)\n{}{}# start one rank per GPU with either "
+      "# moerun plan {}: {} ({} node(s) x {} rank(s), {} backend)\n{}{}{}# start one rank per GPU with "
+      "either "
       "line:\n{}\n{}\n",
-      plan_path, one_line_summary(plan, model, hw), n.nodes, n.ranks_per_node, backend, l.plan_json,
-      cuda_environment(backend, false), l.mpirun, l.srun);
+      plan_path, one_line_summary(plan, model, hw), n.nodes, n.ranks_per_node, backend, moerun_refusal(model),
+      l.plan_json, cuda_environment(backend, false), l.mpirun, l.srun);
 }
 
 std::string slurm_script(const Plan& plan, const ModelSpec& model, const HardwareProfile& hw,
@@ -715,6 +724,7 @@ std::string slurm_script(const Plan& plan, const ModelSpec& model, const Hardwar
   s += fmt::format("#SBATCH --output=moerun-{}-%j.out\n", stem);
   s += fmt::format("# moerun on plan {} ({} backend): {}\n", plan_path, backend,
                    one_line_summary(plan, model, hw));
+  s += moerun_refusal(model);
   s += "set -euo pipefail\n";
   s += cuda_environment(backend, true);
   s += fmt::format("mkdir -p {}\n", shell_word(run_dir));

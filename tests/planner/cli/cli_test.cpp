@@ -126,6 +126,10 @@ TEST_SUITE("cli") {
     CHECK(sj.at("tokens_per_s").get<double>() > 0);
     const Run launch = run_cli("launch --for megatron '" + plan.string() + "'");
     CHECK(launch.out.find("# not expressible in Megatron-LM: an encoder-decoder") != std::string::npos);
+    for (const char* target : {"moerun", "slurm"}) {
+      const Run l = run_cli(std::string("launch --for ") + target + " '" + plan.string() + "'");
+      CHECK(l.out.find("# moerun refuses this plan: an encoder-decoder model") != std::string::npos);
+    }
     fs::remove(plan);
   }
 
