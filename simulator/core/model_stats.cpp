@@ -279,21 +279,26 @@ double chunked_scan_flops(int64_t dk, int64_t dv, int64_t chunk) {
 
 namespace {
 
-void add_layer_flops(const ModelSpec& m, const LayerSpec& layer, int64_t seq_len, FlopBreakdown& f) {
-  f.attention_proj += 2.0 * attention_matmul_params(m, layer);
-  f.attention_core += mixer_core_flops(m, layer, seq_len);
+// The layer's FLOPs per token it runs on, times `tokens` (its tokens per counted token: an encoder-decoder's
+// decoder layers run on targets / inputs of them).
+void add_layer_flops(const ModelSpec& m, const LayerSpec& layer, int64_t seq_len, FlopBreakdown& f,
+                     double tokens = 1.0) {
+  f.attention_proj += tokens * 2.0 * attention_matmul_params(m, layer);
+  f.attention_core += tokens * mixer_core_flops(m, layer, seq_len);
   const auto h = static_cast<double>(m.hidden);
   const double mats = ffn_matrices(m.activation);
   if (!layer.ffn) return;
   if (layer.moe) {
     const auto& e = m.moe;
-    f.routed_experts += 2.0 * static_cast<double>(e.top_k) * mats * h * static_cast<double>(e.expert_ffn);
-    f.shared_experts += 2.0 * (static_cast<double>(e.num_shared_experts) * mats * h *
-                                   static_cast<double>(e.shared_expert_ffn) +
-                               (e.shared_expert_gate ? h : 0.0));
-    f.router += 2.0 * h * static_cast<double>(e.num_experts);
+    f.routed_experts +=
+        tokens * 2.0 * static_cast<double>(e.top_k) * mats * h * static_cast<double>(e.expert_ffn);
+    f.shared_experts +=
+        tokens * 2.0 *
+        (static_cast<double>(e.num_shared_experts) * mats * h * static_cast<double>(e.shared_expert_ffn) +
+         (e.shared_expert_gate ? h : 0.0));
+    f.router += tokens * 2.0 * h * static_cast<double>(e.num_experts);
   } else {
-    f.dense_ffn += 2.0 * mats * h * static_cast<double>(m.dense_ffn);
+    f.dense_ffn += tokens * 2.0 * mats * h * static_cast<double>(m.dense_ffn);
   }
 }
 
@@ -307,23 +312,10 @@ FlopsPerToken flops_per_token(const ModelSpec& m, int64_t seq_len) {
                              ? static_cast<double>(decoder_seq_len(seq_len)) / static_cast<double>(seq_len)
                              : 1.0;
   for (const auto& layer : m.layers) {
-    if (layer.role != LayerRole::kDecoder) {
-      add_layer_flops(m, layer, seq_len, r.forward);
-      continue;
-    }
-    FlopBreakdown f;
-    add_layer_flops(m, layer, seq_len, f);
-    for (double* x : {&f.attention_proj, &f.attention_core, &f.dense_ffn, &f.routed_experts,
-                      &f.shared_experts, &f.router, &f.lm_head}) {
-      *x *= targets;
-    }
-    f.attention_proj += 2.0 * cross_kv_params(m) * (1.0 - targets);  // they run on every input token
-    r.forward.attention_proj += f.attention_proj;
-    r.forward.attention_core += f.attention_core;
-    r.forward.dense_ffn += f.dense_ffn;
-    r.forward.routed_experts += f.routed_experts;
-    r.forward.shared_experts += f.shared_experts;
-    r.forward.router += f.router;
+    const bool decoder = layer.role == LayerRole::kDecoder;
+    add_layer_flops(m, layer, seq_len, r.forward, decoder ? targets : 1.0);
+    // Cross-attention's k and v projections run on every input token.
+    if (decoder) r.forward.attention_proj += 2.0 * cross_kv_params(m) * (1.0 - targets);
   }
   r.forward.lm_head = 2.0 * static_cast<double>(m.hidden) * static_cast<double>(m.vocab) * targets;
   r.train_step = kTrainFlopsPerForwardFlop * r.forward.total();

@@ -341,10 +341,9 @@ class Builder {
   bool causal_ = true;
   LayerRole spec_role_ = LayerRole::kDecoderOnly;  // the role of the layer being recorded
   // An encoder-decoder embeds its encoder's and its decoder's tokens, and normalises both stacks' outputs
-  // (the encoder's final norm is priced with the decoder's, at the head).
+  // (the encoder's final norm is priced with the decoder's, at the head, over the same tokens).
   bool encdec_ = false;
   int64_t embedded_tokens() const { return encdec_ ? t_seq_ + t_head_ : t_seq_; }
-  int64_t final_norm_tokens() const { return embedded_tokens(); }
   int64_t glu_ = 2;               // FC1 width over F: 2 for SwiGLU (gate and up), 1 for GELU and squared ReLU
   int64_t n_main_ = 0, mtp_ = 0;  // the model's layers; MTP modules lowered after them
   LayerSpec mtp_spec_;
@@ -1371,7 +1370,7 @@ Builder::TaskState Builder::task_begin(int16_t stage, const PipelineTask& task) 
     const int32_t dgrad = ts.cur;
     head.part = GemmPart::kWgrad;
     emit(head, stage, task.chunk, -1, mb, Phase::kBackward, {dgrad});
-    ts.track(emit(mem(OpName::kFinalNorm, MemOp::kNorm, 4.0 * d(final_norm_tokens() * h) * dt), stage,
+    ts.track(emit(mem(OpName::kFinalNorm, MemOp::kNorm, 4.0 * d(embedded_tokens() * h) * dt), stage,
                   task.chunk, -1, mb, Phase::kBackward, {dgrad}));
   }
   return ts;
@@ -1387,7 +1386,7 @@ void Builder::task_end(TaskState& ts) {
   if (task.forward) {
     if (ts.v == last_v && o_.embedding_and_head) {
       const int64_t tg = t_head_ * tp_;
-      ts.track(emit(mem(OpName::kFinalNorm, MemOp::kNorm, 3.0 * d(final_norm_tokens() * h) * dt), stage,
+      ts.track(emit(mem(OpName::kFinalNorm, MemOp::kNorm, 3.0 * d(embedded_tokens() * h) * dt), stage,
                     task.chunk, -1, mb, Phase::kForward, {ts.cur}));
       Op head = gemm(OpName::kLmHead, tg, m_.vocab / tp_, h);
       in_bf16(head);  // Megatron keeps the output layer in BF16

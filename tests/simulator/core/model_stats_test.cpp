@@ -6,6 +6,7 @@
 
 #include "simulator/core/model_stats.h"
 #include "simulator/io/model_loader.h"
+#include "tests/simulator/io/parse_model.h"
 
 using namespace moeplan;
 
@@ -17,13 +18,7 @@ ModelSpec load(const std::string& name) {
   return m.value();
 }
 
-ModelSpec parse_model(const char* text) {
-  auto j = io::parse_json_text(text, "cfg.json");
-  REQUIRE(j.ok());
-  auto m = io::model_from_json(j.value(), "cfg.json", "cfg");
-  REQUIRE_MESSAGE(m.ok(), (m.ok() ? "" : m.error().message));
-  return m.value();
-}
+using test::parse_model;
 
 struct Expected {
   const char* model;

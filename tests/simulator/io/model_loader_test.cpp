@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "simulator/io/model_loader.h"
+#include "tests/simulator/io/parse_model.h"
 
 using namespace moeplan;
 
@@ -14,11 +15,7 @@ ModelSpec load(const char* name) {
   return m.value();
 }
 ModelSpec parse(const char* text) {
-  auto j = io::parse_json_text(text, "cfg.json");
-  REQUIRE(j.ok());
-  auto m = io::model_from_json(j.value(), "cfg.json", "cfg");
-  REQUIRE_MESSAGE(m.ok(), (m.ok() ? "" : m.error().message));
-  return m.value();
+  return test::parse_model(text);
 }
 int count_mixer(const ModelSpec& m, MixerKind k, bool ffn) {
   int n = 0;
