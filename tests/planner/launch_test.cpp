@@ -734,7 +734,8 @@ TEST_SUITE("planner") {
     CHECK(static_cast<size_t>(lines.end() - first_flag) == planner::megatron_flags(plan, m, hw).size());
   }
 
-  TEST_CASE("the rotary base and norm epsilon come from the model's config; Megatron's defaults are named") {
+  TEST_CASE(
+      "the rotary base and norm epsilon come from the model's config, and Megatron's defaults are named") {
     Plan p = make_plan("mixtral-8x7b", 16, 4096, 32);
     p.experts.ep = 8;
     const auto a = checked(p);  // rope_theta 1e6, rms_norm_eps 1e-5 in models/mixtral-8x7b.json

@@ -173,7 +173,7 @@ TEST_SUITE("executor.comm: one GPU per local rank") {
     REQUIRE_FALSE(d);
     CHECK(d.error().message.find("8 ranks on this node but 4 visible CUDA devices") != std::string::npos);
   }
-  TEST_CASE("two local ranks on one PCI bus id are named; distinct ids pass") {
+  TEST_CASE("two local ranks on one PCI bus id are named, and distinct ids pass") {
     CHECK(shared_device_error({"0000:18:00.0", "0000:2a:00.0", "0000:3a:00.0"}).empty());
     const std::string e = shared_device_error({"0000:18:00.0", "0000:2a:00.0", "0000:18:00.0"});
     CHECK(e.find("local ranks 0 and 2") != std::string::npos);

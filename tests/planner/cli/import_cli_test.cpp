@@ -41,7 +41,7 @@ TEST_SUITE("cli") {
     fs::remove_all(dir);
   }
 
-  TEST_CASE("import takes pasted flags and prints the plan; bad launches exit 2 with one line") {
+  TEST_CASE("import takes pasted flags and prints the plan, and bad launches exit 2 with one line") {
     const Run r = run_cli(
         "import --model mixtral-8x7b --gpus 16 --megatron '--tensor-model-parallel-size 2 "
         "--expert-model-parallel-size 8 --moe-token-dispatcher-type alltoall --seq-length 4096 "

@@ -265,7 +265,7 @@ TEST_SUITE("cli") {
     CHECK(end_us * 1e-6 == doctest::Approx(report.at("step_time_s").get<double>()).epsilon(1e-6));
   }
 
-  TEST_CASE("a large batch is predicted from the periodic steady state; --whole-step simulates it all") {
+  TEST_CASE("a large batch is predicted from the periodic steady state, and --whole-step simulates it all") {
     // Internal-352B on 1,440 GPUs at 240 micro-batches: the report says how the step was simulated, the text
     // says what was added, and the whole step gives the same figures.
     TempDir dir("moeplan_periodic");

@@ -325,7 +325,7 @@ TEST_SUITE("core") {
     }
   }
 
-  TEST_CASE("overlaps the stack lacks are switched off, each with a notice; the others are kept") {
+  TEST_CASE("overlaps the stack lacks are switched off, each with a notice, and the others are kept") {
     // Megatron-Core achieves DP and PP overlap and combined 1F1B, not MegaScale-MoE's inter- or
     // intra-operator overlap; moerun has no combined 1F1B.
     Fixture f;

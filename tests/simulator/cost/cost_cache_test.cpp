@@ -32,7 +32,7 @@ Op all_to_all_op() {
 }  // namespace
 
 TEST_SUITE("cost") {
-  TEST_CASE("ops equal in their cost fields share a key; any cost field changes it") {
+  TEST_CASE("ops equal in their cost fields share a key, and any cost field changes it") {
     for (const Op& base : {gemm_op(), all_to_all_op()}) {
       Op moved = base;
       moved.id = 77;

@@ -246,7 +246,8 @@ TEST_SUITE("cost") {
     }
   }
 
-  TEST_CASE("a node-deduplicated exchange holds the dispatcher's SMs; NCCL collectives the stack's share") {
+  TEST_CASE(
+      "a node-deduplicated exchange holds the dispatcher's SMs, and NCCL collectives the stack's share") {
     // DeepEP runs on 20 of the H800's 132 SMs; HybridEP on 32; the engine takes them from concurrent compute.
     const HardwareProfile hw = io::load_hardware("h800-sxm").value();
     Op op = test::ep_all_to_all_op(16, 1e8);

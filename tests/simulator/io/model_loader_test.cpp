@@ -221,7 +221,7 @@ TEST_SUITE("io") {
               .find("'use_bias': expected false") != std::string::npos);
   }
 
-  TEST_CASE("Granite MoE: experts of intermediate_size; the shared variant adds one shared expert") {
+  TEST_CASE("Granite MoE: experts of intermediate_size, and the shared variant adds one shared expert") {
     const char* base = R"({"model_type": "granitemoe", "hidden_size": 64, "num_hidden_layers": 2,
         "vocab_size": 100, "num_attention_heads": 4, "num_key_value_heads": 4, "intermediate_size": 32,
         "num_local_experts": 8, "num_experts_per_tok": 2, "tie_word_embeddings": true})";

@@ -239,7 +239,7 @@ TEST_SUITE("predict") {
     CHECK(two_runs >= checked - 4);
   }
 
-  TEST_CASE("figures that repeat are extrapolated by whole periods; one that does not is named") {
+  TEST_CASE("figures that repeat are extrapolated by whole periods, and one that does not is named") {
     // Three runs whose figures grow by the same step each: 10 more periods add 10 steps.
     auto figures = [](double step, int64_t ops, double bubble) {
       StepFigures f;

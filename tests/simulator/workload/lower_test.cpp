@@ -498,7 +498,8 @@ TEST_SUITE("workload") {
   }
 
   TEST_CASE(
-      "DeepEP in Megatron waits for the counts, then three times more before the permute; HybridEP once") {
+      "DeepEP in Megatron waits for the counts, then three times more before the permute, and HybridEP "
+      "once") {
     // The stacks' permute_host_waits: _indices_to_multihot's indices[mask], repeat_interleave and probs[mask]
     // each read a size the GPU computed (Megatron-Core without experimental features).
     Plan p = dedup_plan(16);
@@ -720,7 +721,8 @@ TEST_SUITE("workload") {
 
   // ---- work beside the GEMMs ----
 
-  TEST_CASE("Megatron's router launches the kernels its source runs, forward and backward; moerun's one") {
+  TEST_CASE(
+      "Megatron's router launches the kernels its source runs, forward and backward, and moerun's one") {
     // Counted from Megatron-LM's router (1e057005 unfused, 2edffadb fused; see megatron_router_kernels):
     // a softmax router with the switch aux loss, and DeepSeek-V3's sigmoid router with its score bias, 8
     // groups, scaling 2.5 and the sequence aux loss; +1 each for the aux loss's collective when TP splits
@@ -785,7 +787,7 @@ TEST_SUITE("workload") {
     CHECK(loss_bytes("moerun", CrossEntropy::kTe, Phase::kBackward) == doctest::Approx(8 * logits));
   }
 
-  TEST_CASE("Megatron stacks run a residual add after each sublayer, dense or MoE; moerun fuses them") {
+  TEST_CASE("Megatron stacks run a residual add after each sublayer, dense or MoE, and moerun fuses them") {
     // Megatron's bias-dropout-add after attention and after the MLP, whether the MLP is dense or a MoELayer
     // (TransformerLayer self_attn_bda / mlp_bda): reads the sublayer output and the residual [t, h] and
     // writes the sum, 3 t h x 2 bytes; no backward kernel (the gradient passes through).
@@ -945,7 +947,8 @@ TEST_SUITE("workload") {
   }
 
   TEST_CASE(
-      "recurrent mixers lower to GEMM projections around a memory-bound scan; FFN-only blocks to the FFN") {
+      "recurrent mixers lower to GEMM projections around a memory-bound scan, and FFN-only blocks to the "
+      "FFN") {
     // Qwen3-Next layers 0 (Gated DeltaNet) and 3 (gated attention), tp 2, t = 4096 tokens per micro-batch.
     ModelSpec qn = io::load_model("qwen3-next-80b-a3b").value();
     qn.layers = {qn.layers[0], qn.layers[3]};
