@@ -360,6 +360,10 @@ Result<Imported> import_megatron(const std::string& text, const ModelSpec& model
         fmt::format("--moe-token-dispatcher-type {}: expected alltoall, allgather or flex", dispatcher)};
   }
   plan["experts"] = {{"ep", ep.value()}, {"etp", etp.value()}, {"dispatch", dispatch}};
+  // DeepEP's received indices become the per-expert map in one fused kernel under --enable-experimental with
+  // --moe-permute-fusion (token_dispatcher.py, _DeepepManager.get_permuted_hidden_states_by_experts).
+  const bool experimental = f.has("enable-experimental"), permute_fusion = f.has("moe-permute-fusion");
+  if (backend == "deepep" && experimental && permute_fusion) plan["experts"]["fused_index_conversion"] = true;
   plan["stack"] = !options.stack.empty()  ? options.stack
                   : dispatcher != "flex"  ? "megatron-core"
                   : backend == "hybridep" ? "megatron-core-hybridep"

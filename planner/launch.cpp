@@ -434,6 +434,9 @@ class MegatronBuilder {
       // The backend is the stack's (megatron-core-hybridep runs HybridEP, the others DeepEP).
       const bool hybrid = p_.stack.find("hybridep") != std::string::npos;
       flag("--moe-flex-dispatcher-backend", hybrid ? "hybridep" : "deepep");
+      // DeepEP's fused index conversion is behind Megatron's experimental switch, which also turns on its
+      // other experimental code paths.
+      if (!hybrid && p_.experts.fused_index_conversion) flag("--enable-experimental");
     }
     if (p_.experts.dispatch == Dispatch::kDedup && type != "flex") {
       note("node-deduplicated dispatch with tp x ep = 1 sends nothing between ranks; alltoall used");

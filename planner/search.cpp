@@ -155,6 +155,7 @@ std::vector<std::string> plan_keys() {
   // Fields the plan file writes only when set are keys too.
   Plan all;
   all.overlap.cross_micro_batch = true;
+  all.experts.fused_index_conversion = true;
   all.precision = Precision::kFp8;
   const nlohmann::json j = io::plan_to_json(all);
   for (auto it = j.begin(); it != j.end(); ++it) {

@@ -77,6 +77,10 @@ struct Plan {
     int64_t ep = 1;
     int64_t etp = 1;
     Dispatch dispatch = Dispatch::kAllToAll;
+    // DeepEP's received token indices turned into the per-expert map by one fused kernel each way (Megatron's
+    // fused_indices_to_multihot, taken under --enable-experimental with --moe-permute-fusion); off, the eager
+    // conversion runs, with the host waits and kernels its stack states (dispatcher.permute_host_waits).
+    bool fused_index_conversion = false;
   } experts;
 
   struct Pipeline {

@@ -93,13 +93,14 @@ Plan read_plan(const JsonNode& r) {
     p.attention.cp = a->integer_or("cp", 1, 1, kMaxDegree);
   }
   if (auto e = r.optional_object("experts")) {
-    e->only_keys({"ep", "etp", "dispatch"});
+    e->only_keys({"ep", "etp", "dispatch", "fused_index_conversion"});
     p.experts.ep = e->integer_or("ep", 1, 1, kMaxDegree);
     p.experts.etp = e->integer_or("etp", 1, 1, kMaxDegree);
     p.experts.dispatch = e->choice_or<Dispatch>("dispatch", Dispatch::kAllToAll,
                                                 {{"all_to_all", Dispatch::kAllToAll},
                                                  {"all_gather", Dispatch::kAllGather},
                                                  {"dedup", Dispatch::kDedup}});
+    p.experts.fused_index_conversion = e->boolean_or("fused_index_conversion", false);
   }
   if (auto pp = r.optional_object("pipeline")) {
     pp->only_keys({"pp", "vpp", "schedule", "layers_per_stage"});
@@ -200,6 +201,7 @@ json plan_to_json(const Plan& p) {
   j["micro_batch"] = p.micro_batch;
   j["attention"] = {{"tp", p.attention.tp}, {"sp", p.attention.sp}, {"cp", p.attention.cp}};
   j["experts"] = {{"ep", p.experts.ep}, {"etp", p.experts.etp}, {"dispatch", name_of(p.experts.dispatch)}};
+  if (p.experts.fused_index_conversion) j["experts"]["fused_index_conversion"] = true;
   j["pipeline"] = {
       {"pp", p.pipeline.pp}, {"vpp", p.pipeline.vpp}, {"schedule", name_of(p.pipeline.schedule)}};
   if (!p.pipeline.layers_per_stage.empty()) j["pipeline"]["layers_per_stage"] = p.pipeline.layers_per_stage;

@@ -842,16 +842,29 @@ int Builder::moe_dispatch_dedup(int r, double ep_rows, int64_t f_r, int64_t loca
   if (o_.dispatcher_host_sync) y = record(host_wait(4.0 * d(e.num_experts)), {y}, false, true);
   y = record(exchange(OpName::kDispatchA2a, disp_elt, fp8_dispatch ? DType::kFp8 : dt_), {r, y}, true);
   node_ = Node::kMlp;
-  // Reads of sizes the GPU computed from the received indices, each a host wait (8 bytes each), and the rest
-  // of that conversion: a long and a float map [received tokens, local experts] zeroed and written, the
-  // routing map cast to bool; its backward gathers the probs' gradient back.
-  for (int i = 0; i < o_.permute_host_waits; ++i) y = record(host_wait(8.0), {y}, false, true);
-  if (o_.permute_index_kernels > 0) {
-    const double map_bytes = recv_rows * d(local_experts) * (2.0 * (8.0 + 4.0) + 8.0 + 1.0);
-    y = record(
-        mem(OpName::kPermuteIndex, MemOp::kRouting, map_bytes, Stream::kCompute, o_.permute_index_kernels),
-        {y});
-    backward_as(y, recv_rows * d(k) * 3.0 * 4.0, o_.permute_index_backward_kernels);
+  // The received indices become the per-expert map. Where the stack states an eager conversion
+  // (permute_host_waits, permute_index_kernels), the plan may take Megatron's fused one instead.
+  const double rows_k = recv_rows * d(k), rows_e = recv_rows * d(local_experts);
+  if (p_.experts.fused_index_conversion && (o_.permute_host_waits > 0 || o_.permute_index_kernels > 0)) {
+    // fused_indices_to_multihot (megatron/core/fusions/fused_indices_converter.py): one Triton kernel reads
+    // the indices (int64) and probs (fp32) [received tokens, top-k] and writes the bool map, the probs and an
+    // int32 position map [received tokens, local experts], with no host wait; its backward is one kernel
+    // from the probs' gradient and the position map back to [received tokens, top-k].
+    y = record(mem(OpName::kPermuteIndex, MemOp::kRouting, rows_k * (8.0 + 4.0) + rows_e * (1.0 + 4.0 + 4.0),
+                   Stream::kCompute, 1),
+               {y});
+    backward_as(y, rows_e * (4.0 + 4.0) + rows_k * 4.0, 1);
+  } else {
+    // Eager: reads of sizes the GPU computed from the received indices, each a host wait (8 bytes each), and
+    // the rest of that conversion: a long and a float map [received tokens, local experts] zeroed and
+    // written, the routing map cast to bool; its backward gathers the probs' gradient back.
+    for (int i = 0; i < o_.permute_host_waits; ++i) y = record(host_wait(8.0), {y}, false, true);
+    if (o_.permute_index_kernels > 0) {
+      y = record(mem(OpName::kPermuteIndex, MemOp::kRouting, rows_e * (2.0 * (8.0 + 4.0) + 8.0 + 1.0),
+                     Stream::kCompute, o_.permute_index_kernels),
+                 {y});
+      backward_as(y, rows_k * 3.0 * 4.0, o_.permute_index_backward_kernels);
+    }
   }
   if (!o_.permute_fused) {
     // A local permute of the received tokens into per-expert rows (TE fused permute).

@@ -29,7 +29,8 @@ nlohmann::json comparable(Plan p) {
 }
 
 // Top plans of a search, each launched for Megatron and imported back; returns how many round-tripped.
-int round_trip(const std::string& model_name, const std::string& stack_name, planner::Job job) {
+int round_trip(const std::string& model_name, const std::string& stack_name, planner::Job job,
+               bool fused_index_conversion = false) {
   const ModelSpec model = io::load_model(model_name).value();
   const HardwareProfile hw = io::load_hardware("h100-sxm").value();
   const StackProfile stack = io::load_stack(stack_name).value();
@@ -42,6 +43,7 @@ int round_trip(const std::string& model_name, const std::string& stack_name, pla
     rp.plan.model = model_name;
     rp.plan.hardware = "h100-sxm";
     rp.plan.stack = stack_name;
+    rp.plan.experts.fused_index_conversion = fused_index_conversion;
     const planner::MegatronArgs args = planner::megatron_args(rp.plan, model, hw);
     CAPTURE(planner::describe(rp.plan));
     CHECK_MESSAGE(args.not_expressible.empty(), args.not_expressible.front());
@@ -85,6 +87,8 @@ TEST_SUITE("import") {
 
   TEST_CASE("launch --for megatron then import gives the same plan (DeepEP and HybridEP stacks)") {
     CHECK(round_trip("qwen3-30b-a3b", "megatron-core-deepep", {32, 4096, 128}) >= 5);
+    // DeepEP's fused index conversion is Megatron's --enable-experimental (with the fused permute).
+    CHECK(round_trip("qwen3-30b-a3b", "megatron-core-deepep", {32, 4096, 128}, true) >= 5);
     CHECK(round_trip("qwen3-30b-a3b", "megatron-core-hybridep", {32, 4096, 128}) >= 5);
   }
 

@@ -815,6 +815,22 @@ TEST_SUITE("planner") {
   }
 
   TEST_CASE(
+      "DeepEP's fused index conversion asks for Megatron's experimental switch, and otherwise it is off") {
+    Plan p = make_plan("deepseek-v3", 8, 4096, 8);
+    p.experts.ep = 8;
+    p.experts.dispatch = Dispatch::kDedup;
+    p.stack = "megatron-core-deepep";
+    CHECK_FALSE(parse_flags(checked(p).flags).has("--enable-experimental"));
+    p.experts.fused_index_conversion = true;
+    const Flags f = parse_flags(checked(p).flags);
+    CHECK(f.has("--enable-experimental"));
+    CHECK(f.has("--moe-permute-fusion"));
+    // HybridEP has no such conversion: the switch stays off.
+    p.stack = "megatron-core-hybridep";
+    CHECK_FALSE(parse_flags(checked(p).flags).has("--enable-experimental"));
+  }
+
+  TEST_CASE(
       "the loss runs the plan's cross-entropy kernels: TE's by default, Megatron's native fusion, or none") {
     Plan p = make_plan("deepseek-v3", 8, 4096, 8);
     p.experts.ep = 8;

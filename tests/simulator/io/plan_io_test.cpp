@@ -34,11 +34,13 @@ TEST_SUITE("io") {
     CHECK_FALSE(p.value().routing.capacity_factor.has_value());
     CHECK(p.value().routing.fused_router);
     CHECK(p.value().cross_entropy == CrossEntropy::kTe);
+    CHECK_FALSE(p.value().experts.fused_index_conversion);
+    CHECK_FALSE(io::plan_to_json(p.value()).at("experts").contains("fused_index_conversion"));
   }
 
   TEST_CASE("a plan survives writing and reading back") {
     auto p = parse(R"({"model": "m", "hardware": "h", "gpus": 1440, "seq_len": 8192, "global_batch": 720,
-                       "attention": {"sp": 8}, "experts": {"ep": 8, "dispatch": "all_gather"},
+                       "attention": {"sp": 8}, "experts": {"ep": 8, "dispatch": "all_gather", "fused_index_conversion": true},
                        "pipeline": {"pp": 15, "vpp": 2, "schedule": "interleaved_1f1b"},
                        "overlap": {"inter_op": true, "intra_op": true}, "compression": {"grad_sync": "bf16_all_to_all"},
                        "precision": "fp8", "recompute": "sar",
@@ -53,6 +55,7 @@ TEST_SUITE("io") {
     CHECK(back.value().routing.capacity_factor == doctest::Approx(1.25));
     CHECK_FALSE(back.value().routing.fused_router);
     CHECK(back.value().cross_entropy == CrossEntropy::kNative);
+    CHECK(back.value().experts.fused_index_conversion);
   }
 
   TEST_CASE("bad plan values are one-line errors") {

@@ -497,6 +497,36 @@ TEST_SUITE("workload") {
           doctest::Approx(the_op(deepep, OpName::kDispatchA2a).comm.bytes));
   }
 
+  TEST_CASE("DeepEP's fused index conversion: one kernel each way and no host wait before the permute") {
+    // Megatron's fused_indices_to_multihot (--enable-experimental): a Triton kernel per direction replaces
+    // the eager conversion's 3 waits and 14 + 3 kernels; the wait for the received counts stays.
+    Plan p = dedup_plan(16);
+    p.experts.fused_index_conversion = true;
+    const OpGraph g = lower(deepseek_v3(0, 1), p, stack_options("megatron-core-deepep"));
+    int waits = 0;
+    for (const Op& op : g.ops) waits += op.host_sync ? 1 : 0;
+    CHECK(waits == 1);
+    const Op& index = the_op(g, OpName::kPermuteIndex);
+    CHECK(index.kernels == 1);
+    CHECK(the_op(g, OpName::kPermuteIndex, 0, Phase::kBackward).kernels == 1);
+    // Reads int64 indices and fp32 probs per (token, top-k), writes a bool, an fp32 and an int32 entry per
+    // (token, local expert): 12 k + 9 E bytes per received token.
+    const OpGraph eager_graph =
+        lower(deepseek_v3(0, 1), dedup_plan(16), stack_options("megatron-core-deepep"));
+    const Op& eager = the_op(eager_graph, OpName::kPermuteIndex);
+    const double e_local = 256.0 / 16, k = 8;
+    // The eager conversion writes 33 bytes per (token, local expert): the same received tokens.
+    const double received = eager.hbm_bytes / (33.0 * e_local);
+    CHECK(index.hbm_bytes == doctest::Approx(received * (12.0 * k + 9.0 * e_local)));
+    const auto on = g.deps_of(the_op(g, OpName::kPermute));
+    REQUIRE(on.size() == 1);
+    CHECK(g.ops[static_cast<size_t>(on[0])].name == static_cast<uint16_t>(OpName::kPermuteIndex));
+    // A stack without an eager conversion (HybridEP) has nothing to fuse.
+    CHECK(
+        ops_named(lower(deepseek_v3(0, 1), p, stack_options("megatron-core-hybridep")), OpName::kPermuteIndex)
+            .empty());
+  }
+
   TEST_CASE(
       "DeepEP in Megatron waits for the counts, then three times more before the permute, and HybridEP "
       "once") {
