@@ -18,9 +18,10 @@ def main() -> int:
     for path in sorted((root / "tests").rglob("*")):
         if path.suffix not in {".cpp", ".cu", ".h"}:
             continue
-        for m in NAME.finditer(path.read_text(errors="replace")):
+        text = path.read_text(errors="replace")
+        for m in NAME.finditer(text):
             if ";" in m.group(1):
-                line = path.read_text(errors="replace").count("\n", 0, m.start()) + 1
+                line = text.count("\n", 0, m.start()) + 1
                 bad.append(f"{path.relative_to(root)}:{line}: test case name has ';', which ctest splits "
                            f"into tests that run nothing: {m.group(1)!r}")
     for b in bad:
