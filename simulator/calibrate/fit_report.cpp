@@ -12,6 +12,7 @@
 #include "simulator/core/units.h"
 #include "simulator/cost/collective.h"
 #include "simulator/cost/cost_model.h"
+#include "simulator/cost/gemm_grid.h"
 
 namespace moeplan::calibrate {
 namespace {
@@ -206,21 +207,61 @@ FitReport fit_report(const HardwareProfile& hw, const StackProfile& stack) {
   const int64_t sms = hw.gpu.sm_count.value;
   for (const auto& c : hw.calibration.collectives) r.tables.push_back(collective_fit(c, hw));
 
+  std::vector<cost::GemmGrid> grids;
+  for (const auto& g : hw.calibration.gemm) {
+    if (auto grid = cost::GemmGrid::from_table(g)) grids.push_back(std::move(*grid));
+  }
   for (const auto& g : hw.calibration.gemm) {
     TableFit t;
     t.kind = "gemm";
     t.label = fmt::format("{} GEMM, {} shapes", g.dtype, g.points.size());
-    t.model =
-        "efficiency x wave quantisation x K / (K + k0), both fitted per dtype (K0 on a grid), roofline with "
-        "HBM; in-sample";
     std::vector<std::pair<double, bool>> errs;
+    if (auto grid = cost::GemmGrid::from_table(g)) {
+      // A sweep the model interpolates: each interior row count predicted from its neighbours without it.
+      t.model = fmt::format(
+          "a {}x{}x{} grid the model interpolates (log time in log m, n, k; the geometric mean of the "
+          "dtype's "
+          "grids); leave-one-out along m over the interior rows",
+          grid->m().size(), grid->n().size(), grid->k().size());
+      for (size_t i = 0; i < grid->m().size(); ++i) {
+        for (size_t j = 0; j < grid->n().size(); ++j) {
+          for (size_t l = 0; l < grid->k().size(); ++l) {
+            const auto pred_s = grid->seconds_without(i, j, l);
+            if (!pred_s) continue;
+            const int64_t m = grid->m()[i], n = grid->n()[j], k = grid->k()[l];
+            const double flops = 2.0 * d(m) * d(n) * d(k), meas_s = grid->measured_seconds(i, j, l);
+            t.points.push_back(
+                {fmt::format("{}x{}x{}", m, n, k), flops / meas_s / 1e12, flops / *pred_s / 1e12});
+            errs.emplace_back(std::abs(*pred_s / meas_s - 1.0), fills_gpu(m, n, 1, sms));
+          }
+        }
+      }
+      finish(&t, errs);
+      r.tables.push_back(std::move(t));
+      continue;
+    }
+    size_t in_grid = 0;
     for (const auto& p : g.points) {
+      const bool covered = std::any_of(grids.begin(), grids.end(), [&](const cost::GemmGrid& grid) {
+        return grid.dtype() == g.dtype && grid.seconds(p.m, p.n, p.k).has_value();
+      });
+      in_grid += covered ? 1 : 0;
       const double pred_s = cm.gemm_seconds(GemmShape{p.m, p.n, p.k, 1}, dtype_of(g.dtype), nullptr);
       const double flops = 2.0 * d(p.m) * d(p.n) * d(p.k);
       t.points.push_back(
           {fmt::format("{}x{}x{}", p.m, p.n, p.k), p.flops_per_s / 1e12, flops / pred_s / 1e12});
       errs.emplace_back(std::abs(p.flops_per_s * pred_s / flops - 1.0), fills_gpu(p.m, p.n, 1, sms));
     }
+    t.model =
+        in_grid == 0
+            ? "efficiency x wave quantisation x K / (K + k0), both fitted per dtype (K0 on a grid) on the "
+              "tables that are not grids, roofline with HBM; in-sample"
+        : in_grid == g.points.size()
+            ? "every shape inside the measured grids, priced by them (out of sample)"
+            : fmt::format(
+                  "{} of its {} shapes inside the measured grids, priced by them (out of sample); the "
+                  "rest by the fitted efficiency x wave x K / (K + k0) model (in-sample)",
+                  in_grid, g.points.size());
     finish(&t, errs);
     r.tables.push_back(std::move(t));
   }

@@ -35,9 +35,45 @@ const char* dtype_key(DType t) {
   return t == DType::kFp8 ? "fp8" : "bf16";
 }
 
+// The relative error of a GEMM priced from a dtype's grids: where two grids measured the same shapes, the
+// median disagreement between them (two runs of the same library on two machines); with one grid, the median
+// error of its interpolation with each interior row count left out.
+double grid_error(const std::vector<GemmGrid>& grids, const std::string& dtype) {
+  std::vector<const GemmGrid*> mine;
+  for (const auto& g : grids) {
+    if (g.dtype() == dtype) mine.push_back(&g);
+  }
+  if (mine.empty()) return kAssumedRelError;
+  std::vector<double> errs;
+  const GemmGrid& a = *mine.front();
+  for (size_t i = 0; i < a.m().size(); ++i) {
+    for (size_t j = 0; j < a.n().size(); ++j) {
+      for (size_t l = 0; l < a.k().size(); ++l) {
+        const double t = a.measured_seconds(i, j, l);
+        if (mine.size() > 1) {
+          if (auto o = mine[1]->seconds(a.m()[i], a.n()[j], a.k()[l])) errs.push_back(std::abs(t / *o - 1.0));
+        } else if (auto o = a.seconds_without(i, j, l)) {
+          errs.push_back(std::abs(*o / t - 1.0));
+        }
+      }
+    }
+  }
+  if (errs.empty()) return kAssumedRelError;
+  std::nth_element(errs.begin(), errs.begin() + static_cast<long>(errs.size() / 2), errs.end());
+  return errs[errs.size() / 2];
+}
+
 }  // namespace
 
 CostModel::CostModel(const HardwareProfile& hw, const StackProfile& stack) : hw_(hw), stack_(stack) {
+  // A table that sweeps the full product of its m, n and k values prices the shapes inside it by itself;
+  // the fitted model below learns from the other tables and prices everything else.
+  for (const auto& t : hw.calibration.gemm) {
+    auto g = GemmGrid::from_table(t);
+    table_is_grid_.push_back(g.has_value());
+    if (g) grids_.push_back(std::move(*g));
+  }
+  for (const char* dtype : {"bf16", "fp8"}) grid_error_[dtype] = grid_error(grids_, dtype);
   for (const char* dtype : {"bf16", "fp8"}) gemm_[dtype] = fit_gemm(dtype);
   // A dtype with too few shapes to fit the depth term takes it from the other (same tiles, same pipeline).
   for (auto& [dtype, g] : gemm_) {
@@ -101,8 +137,9 @@ CostModel::GemmModel CostModel::fit_gemm(const std::string& dtype, double k0) co
   const double bw = hw_.gpu.hbm_bw_achieved_bytes_per_s.value;
   const double bytes_per = dtype == "fp8" ? 1.0 : 2.0;
   std::vector<GemmPoint> pts;
-  for (const auto& t : hw_.calibration.gemm) {
-    if (t.dtype == dtype) pts.insert(pts.end(), t.points.begin(), t.points.end());
+  for (size_t i = 0; i < hw_.calibration.gemm.size(); ++i) {
+    const auto& t = hw_.calibration.gemm[i];
+    if (t.dtype == dtype && !table_is_grid_[i]) pts.insert(pts.end(), t.points.begin(), t.points.end());
   }
   g.points = pts.size();
   if (pts.empty()) return g;
@@ -173,17 +210,40 @@ double CostModel::tiled_seconds(int64_t rows, int64_t n, int64_t k, int64_t grou
   return flops / (peak * g.efficiency * efficiency * wave_efficiency(rows, n, groups) * depth);
 }
 
+std::optional<double> CostModel::grid_seconds(const char* dtype, int64_t m, int64_t n, int64_t k) const {
+  double log_sum = 0;
+  int used = 0;
+  for (const auto& g : grids_) {
+    if (g.dtype() != dtype) continue;
+    if (auto t = g.seconds(m, n, k)) {
+      log_sum += std::log(*t);
+      ++used;
+    }
+  }
+  if (used == 0) return std::nullopt;
+  return std::exp(log_sum / used);
+}
+
 double CostModel::gemm_seconds(const GemmShape& s, DType dtype, double* rel_error, GemmPart part) const {
   const char* key = dtype_key(dtype);
+  const PartShape ps = part_shape(s, part);
+  // One GEMM of a shape a grid measured: the measurement, interpolated between its neighbours.
+  if (s.groups <= 1) {
+    if (auto t = grid_seconds(key, ps.rows, ps.n, ps.k)) {
+      if (rel_error) *rel_error = grid_error_.at(key);
+      return *t;
+    }
+  }
   GemmModel g = gemm_.at(key);
   if (g.efficiency <= 0) {
     // No table for this dtype (e.g. FP8 on a profile without FP8 GEMMs): fall back to BF16's efficiency.
     g = gemm_.at("bf16");
     note("{} GEMM: no {} GEMM measurements in the profile; BF16 efficiency used", key, key);
   }
-  const PartShape ps = part_shape(s, part);
   const int64_t lo = std::min({ps.rows, ps.n, ps.k}), hi = std::max({ps.rows, ps.n, ps.k});
-  if (g.points < 3) {
+  if (grid_seconds(key, ps.rows, ps.n, ps.k)) {
+    // A grouped launch of shapes a grid measured one at a time: inside the measured data.
+  } else if (g.points < 3) {
     note(
         "{} GEMM efficiency from {} measured shape(s) only ({}-{} per dim); every other shape relies on "
         "the wave-quantisation model",
@@ -241,7 +301,15 @@ double CostModel::grouped_gemm_seconds(const GemmShape& s, DType dtype, double* 
     const int64_t conc =
         std::clamp<int64_t>(sms / std::max<int64_t>(1, tiles), 1, std::max<int64_t>(1, gg.streams.value));
     const int64_t rounds = (groups + conc - 1) / conc;
-    t = d(rounds) * (t_one + stack_.launch_s_per_kernel.value);
+    // Experts side by side share one GPU: together they run no faster than a GEMM that fills it at this
+    // depth (a measured single expert may already fill it with the library's smaller tiles).
+    const char* key = dtype_key(dtype);
+    const GemmModel& g = gemm_.at(key).efficiency > 0 ? gemm_.at(key) : gemm_.at("bf16");
+    const double peak = hw_.gpu.peak_flops_per_s.contains(key) ? hw_.gpu.peak_flops_per_s.at(key).value
+                                                               : hw_.gpu.peak_flops_per_s.at("bf16").value;
+    const double full =
+        2.0 * d(ps.rows) * d(ps.n) * d(ps.k) / (peak * g.efficiency * eff * d(ps.k) / (d(ps.k) + g.k0));
+    t = std::max(d(rounds) * t_one, d(groups) * full) + d(rounds) * stack_.launch_s_per_kernel.value;
   }
   if (rel_error && gg.efficiency.basis != Basis::kMeasured)
     *rel_error = std::max(*rel_error, kAssumedRelError);

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
 #include <utility>
@@ -18,6 +19,7 @@
 #include "simulator/core/op_graph.h"
 #include "simulator/core/stack.h"
 #include "simulator/cost/collective.h"
+#include "simulator/cost/gemm_grid.h"
 
 namespace moeplan::cost {
 
@@ -93,6 +95,9 @@ class CostModel {
   };
   GemmModel fit_gemm(const std::string& dtype, double k0) const;
   GemmModel fit_gemm(const std::string& dtype) const;
+  // A dense GEMM from the profile's measured grids of its dtype (the geometric mean of those that hold the
+  // shape), or nullopt when none does.
+  std::optional<double> grid_seconds(const char* dtype, int64_t m, int64_t n, int64_t k) const;
   double wave_efficiency(int64_t rows_per_group, int64_t n, int64_t groups) const;
   // One GEMM launch of `groups` problems of [rows x n x k] on the dense model (rows padded to the tile when
   // `pad_rows`), at `efficiency` of the fitted rate.
@@ -109,7 +114,10 @@ class CostModel {
 
   const HardwareProfile& hw_;
   const StackProfile& stack_;
-  std::map<std::string, GemmModel> gemm_;  // by dtype
+  std::map<std::string, GemmModel> gemm_;     // by dtype
+  std::vector<GemmGrid> grids_;               // the GEMM tables that are full (m, n, k) sweeps
+  std::vector<bool> table_is_grid_;           // by index in hw.calibration.gemm
+  std::map<std::string, double> grid_error_;  // by dtype: the relative error of a grid-priced GEMM
   std::vector<Curve> curves_;
   mutable std::mutex mu_;
   mutable std::set<std::string> extrapolations_;

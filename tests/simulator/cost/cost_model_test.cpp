@@ -69,6 +69,19 @@ double depth(double k) {
 double toy_rate(double wave, double k) {
   return kToyPeak * kToyEfficiency * wave * depth(k);
 }
+// A measured grid of the toy GPU at `speed` x its fitted full-wave rate: m {128, 512} x n {256, 1024} x
+// k {1024, 4096}.
+GemmTable toy_grid(double speed) {
+  GemmTable t;
+  t.dtype = "bf16";
+  for (int64_t m : {128, 512}) {
+    for (int64_t n : {256, 1024}) {
+      for (int64_t k : {1024, 4096})
+        t.points.push_back({m, n, k, speed * toy_rate(1.0, static_cast<double>(k))});
+    }
+  }
+  return t;
+}
 
 // A stack running each grouped GEMM as one grouped kernel at the given efficiencies.
 StackProfile grouped_kernel_stack(double efficiency, double wgrad_efficiency) {
@@ -181,6 +194,55 @@ TEST_SUITE("cost") {
     // A per-expert kernel never takes less than the stack's shortest kernel.
     stack.min_kernel_s.value = 1e-3;
     CHECK(cm.grouped_gemm_seconds({600, 256, 1024, 6}, DType::kBf16, nullptr) == rel(2 * (1e-3 + 1e-6)));
+  }
+
+  // ---- measured GEMM grids ----
+
+  TEST_CASE(
+      "a shape inside a measured grid is priced by the grid, any other by the model fitted without it") {
+    // A grid that measured the toy GPU at twice its fitted rate: m {128, 512} x n {256, 1024} x k {1024,
+    // 4096}.
+    HardwareProfile hw = toy_gpu();
+    hw.calibration.gemm.push_back(toy_grid(2.0));
+    const cost::CostModel with_grid(hw, StackProfile{});
+    const HardwareProfile plain = toy_gpu();
+    const cost::CostModel without(plain, StackProfile{});
+    CHECK(with_grid.gemm_seconds({512, 1024, 1024, 1}, DType::kBf16, nullptr) ==
+          rel(2.0 * 512 * 1024 * 1024 / (2.0 * toy_rate(1.0, 1024))));
+    // Outside the grid (m = 2048) the fitted model prices it, unchanged by the grid's points.
+    CHECK(with_grid.gemm_seconds({2048, 1024, 1024, 1}, DType::kBf16, nullptr) ==
+          rel(without.gemm_seconds({2048, 1024, 1024, 1}, DType::kBf16, nullptr)));
+    // The wgrad of a forward [512 x 1024] x [1024 x 256] runs [1024 x 512] x [512 x 256]: outside (k = 512).
+    CHECK(with_grid.gemm_seconds({512, 256, 1024, 1}, DType::kBf16, nullptr, GemmPart::kWgrad) ==
+          rel(without.gemm_seconds({512, 256, 1024, 1}, DType::kBf16, nullptr, GemmPart::kWgrad)));
+  }
+
+  TEST_CASE(
+      "two grids of a dtype price a shape at their geometric mean, and their disagreement is its error") {
+    HardwareProfile hw = toy_gpu();
+    hw.calibration.gemm.push_back(toy_grid(1.0));
+    hw.calibration.gemm.push_back(toy_grid(1.21));
+    const cost::CostModel cm(hw, StackProfile{});
+    double err = 0;
+    const double t = cm.gemm_seconds({128, 256, 4096, 1}, DType::kBf16, &err);
+    CHECK(t == rel(2.0 * 128 * 256 * 4096 / (1.1 * toy_rate(1.0, 4096))));
+    CHECK(err == rel(1.21 - 1.0));
+  }
+
+  TEST_CASE("experts side by side on streams run no faster than one GEMM that fills the GPU") {
+    // The grid measured one 128 x 256 x 1024 expert at the full rate (the library's small tiles fill the
+    // GPU), while the tile model gives it 1 of 8 SMs, so 4 streams would run 4 at once. Eight experts take
+    // 8 expert times, not 2 rounds.
+    HardwareProfile hw = toy_gpu();
+    hw.calibration.gemm.push_back(toy_grid(1.0));
+    StackProfile stack;
+    stack.grouped_gemm.impl.value = GroupedGemmImpl::kPerExpertStreams;
+    stack.grouped_gemm.streams.value = 4;
+    stack.grouped_gemm.efficiency.value = 1.0;
+    const cost::CostModel cm(hw, stack);
+    const double one = 2.0 * 128 * 256 * 1024 / toy_rate(1.0, 1024);
+    CHECK(cm.gemm_seconds({128, 256, 1024, 1}, DType::kBf16, nullptr) == rel(one));
+    CHECK(cm.grouped_gemm_seconds({1024, 256, 1024, 8}, DType::kBf16, nullptr) == rel(8 * one));
   }
 
   // ---- DeepEP / HybridEP ----
