@@ -383,6 +383,35 @@ Result<Imported> import_megatron(const std::string& text, const ModelSpec& model
                   last = f.integer("decoder-last-pipeline-num-layers", 0, 1);
   if (!first) return first.error();
   if (!last) return last.error();
+  Result<int64_t> per_virtual = f.integer("num-layers-per-virtual-pipeline-stage", 0, 1);
+  if (!per_virtual) return per_virtual.error();
+  // The embedding and the loss may each count as one layer of the split (Megatron's
+  // --account-for-embedding/loss-in-pipeline-split, transformer_block.py get_num_layers_to_build): the
+  // first virtual stage of the first rank builds one decoder layer less, the last of the last rank too.
+  const int64_t embedding_slot = f.has("account-for-embedding-in-pipeline-split") ? 1 : 0,
+                loss_slot = f.has("account-for-loss-in-pipeline-split") ? 1 : 0;
+  const bool uneven = first.value() > 0 || last.value() > 0;
+  if ((embedding_slot || loss_slot) && (layout.value() || uneven)) {
+    return Error{
+        "--account-for-embedding/loss-in-pipeline-split: cannot be set with --pipeline-model-parallel-layout "
+        "or --decoder-first/last-pipeline-num-layers (Megatron refuses the combination)"};
+  }
+  if (per_virtual.value() > 0) {
+    // Megatron derives the virtual stages from it (arguments.py): (layers + embedding + loss) / pp / N.
+    if (layout.value() || uneven || f.has("num-virtual-stages-per-pipeline-rank")) {
+      return Error{
+          "--num-layers-per-virtual-pipeline-stage: cannot be set with --pipeline-model-parallel-layout, "
+          "--num-virtual-stages-per-pipeline-rank or --decoder-first/last-pipeline-num-layers"};
+    }
+    const int64_t counted = layers + embedding_slot + loss_slot;
+    if (counted % pp.value() != 0 || (counted / pp.value()) % per_virtual.value() != 0) {
+      return Error{fmt::format(
+          "--num-layers-per-virtual-pipeline-stage {}: the {} layers (embedding and loss included when "
+          "counted) do not split into pp {} ranks of whole virtual stages",
+          per_virtual.value(), counted, pp.value())};
+    }
+    v = counted / pp.value() / per_virtual.value();
+  }
   if (layout.value()) {
     Result<std::vector<int64_t>> c = layout_counts(*layout.value());
     if (!c) return c.error();
@@ -414,6 +443,17 @@ Result<Imported> import_megatron(const std::string& text, const ModelSpec& model
       }
       for (int64_t k = 0; k < v; ++k) split[static_cast<size_t>(k * P + r)] = per_rank / v;
     }
+  } else if (embedding_slot || loss_slot) {
+    const int64_t counted = layers + embedding_slot + loss_slot, P = pp.value();
+    if (counted % P != 0 || (counted / P) % v != 0) {
+      return Error{fmt::format(
+          "--account-for-embedding/loss-in-pipeline-split: {} layers with the embedding and loss counted do "
+          "not split evenly over pp {} x {} virtual stages",
+          counted, P, v)};
+    }
+    split.assign(static_cast<size_t>(P * v), counted / P / v);
+    split.front() -= embedding_slot;
+    split.back() -= loss_slot;
   }
   plan["pipeline"] = {{"pp", pp.value()}, {"vpp", v}, {"schedule", v > 1 ? "interleaved_1f1b" : "1f1b"}};
   if (!split.empty()) plan["pipeline"]["layers_per_stage"] = split;

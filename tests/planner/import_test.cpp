@@ -117,4 +117,45 @@ TEST_SUITE("import") {
     REQUIRE(!no_gpus);
     CHECK(no_gpus.error().message.find("give --gpus N") != std::string::npos);
   }
+
+  TEST_CASE("the embedding and the loss counted in the pipeline split take a layer from the end stages") {
+    // Qwen3-235B's 94 layers with the embedding and the loss counted are 96: pp 8 x 4 virtual stages of 3,
+    // the first (rank 0's first) and the last (rank 7's last) building 2 decoder layers.
+    const ModelSpec model = io::load_model("qwen3-235b-a22b").value();
+    const std::string base =
+        "torchrun --nnodes 32 --nproc-per-node 8 pretrain_gpt.py --tensor-model-parallel-size 4 "
+        "--pipeline-model-parallel-size 8 "
+        "--expert-model-parallel-size 8 --seq-length 4096 --global-batch-size 2048 ";
+    const std::string counted =
+        "--account-for-embedding-in-pipeline-split --account-for-loss-in-pipeline-split";
+    std::vector<int64_t> expected(32, 3);  // 8 ranks x 4 virtual stages, in model order
+    expected.front() = 2;
+    expected.back() = 2;
+    for (const std::string vflag :
+         {"--num-virtual-stages-per-pipeline-rank 4", "--num-layers-per-virtual-pipeline-stage 3"}) {
+      CAPTURE(vflag);
+      const auto r = planner::import_megatron(base + vflag + " " + counted, model, {});
+      REQUIRE_MESSAGE(r, r.error().message);
+      CHECK(r.value().unread.empty());
+      const nlohmann::json& pipe = r.value().plan.at("pipeline");
+      CHECK(pipe.at("vpp") == 4);
+      CHECK(pipe.at("layers_per_stage").get<std::vector<int64_t>>() == expected);
+    }
+    // Only the embedding: 95 layers do not split over 8 ranks.
+    const auto uneven =
+        planner::import_megatron(base + "--account-for-embedding-in-pipeline-split", model, {});
+    REQUIRE(!uneven);
+    CHECK(uneven.error().message.find("95 layers") != std::string::npos);
+    // Megatron refuses the counted split beside explicit first / last stage sizes, and so does import.
+    const auto both = planner::import_megatron(
+        base + counted + " --decoder-first-pipeline-num-layers 10 --decoder-last-pipeline-num-layers 10",
+        model, {});
+    REQUIRE(!both);
+    CHECK(both.error().message.find("cannot be set with") != std::string::npos);
+    // Without the embedding and loss, 94 / 8 is not whole: no virtual stage size fits.
+    const auto bad_virtual =
+        planner::import_megatron(base + "--num-layers-per-virtual-pipeline-stage 3", model, {});
+    REQUIRE(!bad_virtual);
+    CHECK(bad_virtual.error().message.find("--num-layers-per-virtual-pipeline-stage 3") != std::string::npos);
+  }
 }
