@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cassert>
 #include <cmath>
+#include <optional>
 
 #include <fmt/format.h>
 
@@ -207,16 +208,15 @@ FitReport fit_report(const HardwareProfile& hw, const StackProfile& stack) {
   const int64_t sms = hw.gpu.sm_count.value;
   for (const auto& c : hw.calibration.collectives) r.tables.push_back(collective_fit(c, hw));
 
-  std::vector<cost::GemmGrid> grids;
-  for (const auto& g : hw.calibration.gemm) {
-    if (auto grid = cost::GemmGrid::from_table(g)) grids.push_back(std::move(*grid));
-  }
-  for (const auto& g : hw.calibration.gemm) {
+  std::vector<std::optional<cost::GemmGrid>> grid_of;  // by table
+  for (const auto& g : hw.calibration.gemm) grid_of.push_back(cost::GemmGrid::from_table(g));
+  for (size_t ti = 0; ti < hw.calibration.gemm.size(); ++ti) {
+    const GemmTable& g = hw.calibration.gemm[ti];
     TableFit t;
     t.kind = "gemm";
     t.label = fmt::format("{} GEMM, {} shapes", g.dtype, g.points.size());
     std::vector<std::pair<double, bool>> errs;
-    if (auto grid = cost::GemmGrid::from_table(g)) {
+    if (const auto& grid = grid_of[ti]) {
       // A sweep the model interpolates: each interior row count predicted from its neighbours without it.
       t.model = fmt::format(
           "a {}x{}x{} grid the model interpolates (log time in log m, n, k; the geometric mean of the "
@@ -242,9 +242,10 @@ FitReport fit_report(const HardwareProfile& hw, const StackProfile& stack) {
     }
     size_t in_grid = 0;
     for (const auto& p : g.points) {
-      const bool covered = std::any_of(grids.begin(), grids.end(), [&](const cost::GemmGrid& grid) {
-        return grid.dtype() == g.dtype && grid.seconds(p.m, p.n, p.k).has_value();
-      });
+      const bool covered =
+          std::any_of(grid_of.begin(), grid_of.end(), [&](const std::optional<cost::GemmGrid>& grid) {
+            return grid && grid->dtype() == g.dtype && grid->seconds(p.m, p.n, p.k).has_value();
+          });
       in_grid += covered ? 1 : 0;
       const double pred_s = cm.gemm_seconds(GemmShape{p.m, p.n, p.k, 1}, dtype_of(g.dtype), nullptr);
       const double flops = 2.0 * d(p.m) * d(p.n) * d(p.k);

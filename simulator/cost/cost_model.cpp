@@ -210,6 +210,11 @@ double CostModel::tiled_seconds(int64_t rows, int64_t n, int64_t k, int64_t grou
   return flops / (peak * g.efficiency * efficiency * wave_efficiency(rows, n, groups) * depth);
 }
 
+double CostModel::peak_flops(const char* dtype) const {
+  const auto& peaks = hw_.gpu.peak_flops_per_s;
+  return peaks.contains(dtype) ? peaks.at(dtype).value : peaks.at("bf16").value;
+}
+
 std::optional<double> CostModel::grid_seconds(const char* dtype, int64_t m, int64_t n, int64_t k) const {
   double log_sum = 0;
   int used = 0;
@@ -252,8 +257,7 @@ double CostModel::gemm_seconds(const GemmShape& s, DType dtype, double* rel_erro
     note("{} GEMM dims outside the measured range [{}, {}] (e.g. {}x{}x{})", key, g.min_dim, g.max_dim,
          ps.rows, ps.n, ps.k);
   }
-  const double peak = hw_.gpu.peak_flops_per_s.contains(key) ? hw_.gpu.peak_flops_per_s.at(key).value
-                                                             : hw_.gpu.peak_flops_per_s.at("bf16").value;
+  const double peak = peak_flops(key);
   const double groups = d(std::max<int64_t>(1, s.groups));
   // Each group reads its own weights: [k x n] per group; activations and outputs once over all rows.
   const double bytes = (d(s.m) * d(s.k) + groups * d(s.k) * d(s.n) + d(s.m) * d(s.n)) * bytes_of(dtype);
@@ -284,8 +288,7 @@ double CostModel::grouped_gemm_seconds(const GemmShape& s, DType dtype, double* 
     const char* key = dtype_key(dtype);
     GemmModel g = gemm_.at(key);
     if (g.efficiency <= 0) g = gemm_.at("bf16");
-    const double peak = hw_.gpu.peak_flops_per_s.contains(key) ? hw_.gpu.peak_flops_per_s.at(key).value
-                                                               : hw_.gpu.peak_flops_per_s.at("bf16").value;
+    const double peak = peak_flops(key);
     double err = 0;
     gemm_seconds(s, dtype, &err, part);  // notes and the fit error of the dense model
     if (rel_error) *rel_error = err;
@@ -305,8 +308,7 @@ double CostModel::grouped_gemm_seconds(const GemmShape& s, DType dtype, double* 
     // depth (a measured single expert may already fill it with the library's smaller tiles).
     const char* key = dtype_key(dtype);
     const GemmModel& g = gemm_.at(key).efficiency > 0 ? gemm_.at(key) : gemm_.at("bf16");
-    const double peak = hw_.gpu.peak_flops_per_s.contains(key) ? hw_.gpu.peak_flops_per_s.at(key).value
-                                                               : hw_.gpu.peak_flops_per_s.at("bf16").value;
+    const double peak = peak_flops(key);
     const double full =
         2.0 * d(ps.rows) * d(ps.n) * d(ps.k) / (peak * g.efficiency * eff * d(ps.k) / (d(ps.k) + g.k0));
     t = std::max(d(rounds) * t_one, d(groups) * full) + d(rounds) * stack_.launch_s_per_kernel.value;

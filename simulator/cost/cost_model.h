@@ -98,6 +98,8 @@ class CostModel {
   // A dense GEMM from the profile's measured grids of its dtype (the geometric mean of those that hold the
   // shape), or nullopt when none does.
   std::optional<double> grid_seconds(const char* dtype, int64_t m, int64_t n, int64_t k) const;
+  // The dense peak of a dtype (BF16's where the profile states none).
+  double peak_flops(const char* dtype) const;
   double wave_efficiency(int64_t rows_per_group, int64_t n, int64_t groups) const;
   // One GEMM launch of `groups` problems of [rows x n x k] on the dense model (rows padded to the tile when
   // `pad_rows`), at `efficiency` of the fitted rate.
