@@ -210,6 +210,11 @@ double CostModel::tiled_seconds(int64_t rows, int64_t n, int64_t k, int64_t grou
   return flops / (peak * g.efficiency * efficiency * wave_efficiency(rows, n, groups) * depth);
 }
 
+const CostModel::GemmModel& CostModel::fitted(const char* dtype) const {
+  const GemmModel& g = gemm_.at(dtype);
+  return g.efficiency > 0 ? g : gemm_.at("bf16");
+}
+
 double CostModel::peak_flops(const char* dtype) const {
   const auto& peaks = hw_.gpu.peak_flops_per_s;
   return peaks.contains(dtype) ? peaks.at(dtype).value : peaks.at("bf16").value;
@@ -233,11 +238,10 @@ double CostModel::gemm_seconds(const GemmShape& s, DType dtype, double* rel_erro
   const char* key = dtype_key(dtype);
   const PartShape ps = part_shape(s, part);
   // One GEMM of a shape a grid measured: the measurement, interpolated between its neighbours.
-  if (s.groups <= 1) {
-    if (auto t = grid_seconds(key, ps.rows, ps.n, ps.k)) {
-      if (rel_error) *rel_error = grid_error_.at(key);
-      return *t;
-    }
+  const std::optional<double> measured = grid_seconds(key, ps.rows, ps.n, ps.k);
+  if (measured && s.groups <= 1) {
+    if (rel_error) *rel_error = grid_error_.at(key);
+    return *measured;
   }
   GemmModel g = gemm_.at(key);
   if (g.efficiency <= 0) {
@@ -246,7 +250,7 @@ double CostModel::gemm_seconds(const GemmShape& s, DType dtype, double* rel_erro
     note("{} GEMM: no {} GEMM measurements in the profile; BF16 efficiency used", key, key);
   }
   const int64_t lo = std::min({ps.rows, ps.n, ps.k}), hi = std::max({ps.rows, ps.n, ps.k});
-  if (grid_seconds(key, ps.rows, ps.n, ps.k)) {
+  if (measured) {
     // A grouped launch of shapes a grid measured one at a time: inside the measured data.
   } else if (g.points < 3) {
     note(
@@ -286,8 +290,7 @@ double CostModel::grouped_gemm_seconds(const GemmShape& s, DType dtype, double* 
   double t = 0;
   if (gg.impl.value == GroupedGemmImpl::kGroupedKernel) {
     const char* key = dtype_key(dtype);
-    GemmModel g = gemm_.at(key);
-    if (g.efficiency <= 0) g = gemm_.at("bf16");
+    const GemmModel& g = fitted(key);
     const double peak = peak_flops(key);
     double err = 0;
     gemm_seconds(s, dtype, &err, part);  // notes and the fit error of the dense model
@@ -307,7 +310,7 @@ double CostModel::grouped_gemm_seconds(const GemmShape& s, DType dtype, double* 
     // Experts side by side share one GPU: together they run no faster than a GEMM that fills it at this
     // depth (a measured single expert may already fill it with the library's smaller tiles).
     const char* key = dtype_key(dtype);
-    const GemmModel& g = gemm_.at(key).efficiency > 0 ? gemm_.at(key) : gemm_.at("bf16");
+    const GemmModel& g = fitted(key);
     const double peak = peak_flops(key);
     const double full =
         2.0 * d(ps.rows) * d(ps.n) * d(ps.k) / (peak * g.efficiency * eff * d(ps.k) / (d(ps.k) + g.k0));

@@ -100,6 +100,8 @@ class CostModel {
   std::optional<double> grid_seconds(const char* dtype, int64_t m, int64_t n, int64_t k) const;
   // The dense peak of a dtype (BF16's where the profile states none).
   double peak_flops(const char* dtype) const;
+  // The fitted dense model of a dtype, BF16's where the dtype has no table.
+  const GemmModel& fitted(const char* dtype) const;
   double wave_efficiency(int64_t rows_per_group, int64_t n, int64_t groups) const;
   // One GEMM launch of `groups` problems of [rows x n x k] on the dense model (rows padded to the tile when
   // `pad_rows`), at `efficiency` of the fitted rate.
