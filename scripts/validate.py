@@ -72,7 +72,13 @@ def main():
             pred = p["tokens_per_s_per_gpu"]
             lo, hi = p["tokens_per_s_range"]
             gpus = c["plan"]["gpus"]
+            # The range over the stack's unmeasured numbers (each at the ends of its stated range).
+            alo, ahi = p.get("assumptions", {}).get("tokens_per_s_per_gpu_range", [pred, pred])
             row.update(
+                assumed_low=alo,
+                assumed_high=ahi,
+                in_assumed=alo <= m <= ahi,
+                most_sensitive=next((n["number"] for n in p.get("assumptions", {}).get("numbers", [])), None),
                 predicted=pred,
                 low=lo / gpus,
                 high=hi / gpus,
@@ -108,6 +114,7 @@ def main():
         "median_abs_error": statistics.median(errs) if errs else None,
         "max_abs_error": max(errs) if errs else None,
         "in_range": sum(1 for r in rows if r.get("in_range")),
+        "in_assumed": sum(1 for r in rows if r.get("in_assumed")),
         "fit": sum(1 for r in rows if r.get("fits")),
         "pairs": len(pairs),
         "pairs_agree": sum(1 for q in pairs if q["agrees"]),
@@ -116,25 +123,27 @@ def main():
         print(json.dumps({"rows": rows, "pairs": pairs, "summary": summary}, indent=2))
         return 0
     if args.markdown:
-        print("| case | stack | precision | measured tok/s/GPU | predicted (range) | error | fits |")
-        print("|---|---|---|---:|---:|---:|---|")
+        print("| case | stack | precision | measured tok/s/GPU | predicted (range) | error | over assumptions | fits |")
+        print("|---|---|---|---:|---:|---:|---:|---|")
         for r in rows:
             if "error" in r:
-                print(f"| {r['id']} | {r['stack']} | {r['precision']} | {r['measured']:.0f} | refused: {r['error']} | | |")
+                print(f"| {r['id']} | {r['stack']} | {r['precision']} | {r['measured']:.0f} | refused: {r['error']} | | | |")
                 continue
             print(f"| {r['id']} | {r['stack']} | {r['precision']} | {r['measured']:.0f} | {r['predicted']:.0f} "
                   f"({r['low']:.0f}-{r['high']:.0f}) | {100 * r['rel_error']:+.1f}% | "
+                  f"{r['assumed_low']:.0f}-{r['assumed_high']:.0f}{' (in)' if r['in_assumed'] else ''} | "
                   f"{'yes' if r['fits'] else 'no'} ({r['memory_GiB']:.1f} GiB) |")
     else:
         print(f"{'case':44s} {'stack':24s} {'measured':>9s} {'predicted':>9s} {'range':>15s} {'error':>8s} "
-              f"{'in':>3s} {'mem GiB':>7s}")
+              f"{'in':>3s} {'assumed':>15s} {'in':>3s} {'mem GiB':>7s}")
         for r in rows:
             if "error" in r:
                 print(f"{r['id']:44s} {r['stack']:24s} {r['measured']:9.0f}  refused: {r['error']}")
                 continue
             print(f"{r['id']:44s} {r['stack']:24s} {r['measured']:9.0f} {r['predicted']:9.0f} "
                   f"{r['low']:7.0f}-{r['high']:<7.0f} {100 * r['rel_error']:+7.1f}% "
-                  f"{'yes' if r['in_range'] else 'no':>3s} {r['memory_GiB']:7.1f}")
+                  f"{'yes' if r['in_range'] else 'no':>3s} {r['assumed_low']:7.0f}-{r['assumed_high']:<7.0f} "
+                  f"{'yes' if r['in_assumed'] else 'no':>3s} {r['memory_GiB']:7.1f}")
     if pairs:
         print("\nlayouts of one job measured >= 10% apart (faster / slower, measured and predicted ratio):")
         for q in pairs:
@@ -144,7 +153,8 @@ def main():
     if errs:
         print(f"\n{summary['predicted']} of {summary['cases']} cases predicted: median |error| "
               f"{100 * summary['median_abs_error']:.1f}%, max {100 * summary['max_abs_error']:.1f}%; "
-              f"measurement inside the printed range in {summary['in_range']}; predicted to fit in "
+              f"measurement inside the printed range in {summary['in_range']}, inside the range over the "
+              f"stacks' assumptions in {summary['in_assumed']}; predicted to fit in "
               f"{summary['fit']}; order right in {summary['pairs_agree']} of {summary['pairs']} pairs")
     if args.check_complete and refused:
         print(f"validate: refused: {', '.join(refused)}", file=sys.stderr)

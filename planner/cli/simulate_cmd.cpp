@@ -2,6 +2,7 @@
 // a breakdown) and writes its Chrome trace and HTML report; exit 3 when the plan is illegal or does not fit.
 #include <cctype>
 #include <filesystem>
+#include <optional>
 
 #include <fmt/format.h>
 
@@ -19,6 +20,33 @@ namespace {
 std::string to_upper(std::string s) {
   for (char& c : s) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
   return s;
+}
+
+// A number in its stack file's unit ("25 us", "0.7").
+std::string in_file_unit(double si, double unit) {
+  return unit == 1.0 ? fmt::format("{:g}", si) : fmt::format("{:g} us", si / unit);
+}
+
+void print_assumptions(const AssumptionRange& a, const Prediction& p, int64_t gpus) {
+  const double g = static_cast<double>(gpus);
+  if (a.effects.empty()) {
+    fmt::print("assumed numbers: the stack states no range for any of its numbers\n");
+    return;
+  }
+  fmt::print(
+      "over the stack's unmeasured numbers (each at either end of its stated range): step {:.3f}-{:.3f} s, "
+      "{:.1f}-{:.1f} tokens/s/GPU; the step moves most with:\n",
+      a.fastest_s, a.slowest_s, p.tokens_per_step / a.slowest_s / g, p.tokens_per_step / a.fastest_s / g);
+  int shown = 0;
+  for (const AssumptionEffect& e : a.effects) {
+    if (shown == 4 || e.swing(a.step_time_s) <= 1e-3 * a.step_time_s) break;
+    ++shown;
+    auto pct = [&](double s) { return fmt::format("{:+.1f}%", 100 * (s / a.step_time_s - 1)); };
+    fmt::print("  {} = {} ({}, range {} to {}): step {} / {} at the ends\n", e.path,
+               in_file_unit(e.value, e.unit), name_of(e.basis), in_file_unit(e.low, e.unit),
+               in_file_unit(e.high, e.unit), pct(e.step_at_low), pct(e.step_at_high));
+  }
+  if (shown == 0) fmt::print("  (none moves the step by 0.1% or more)\n");
 }
 
 void print_text(const Prediction& p, const ReportContext& ctx) {
@@ -88,7 +116,7 @@ Runner add_simulate(CLI::App& app) {
     std::string plan, trace, html, stack, trace_stages;
     int64_t trace_micro_batches = -1;
     int threads = 2;
-    bool json = false, whole_step = false;
+    bool json = false, whole_step = false, no_assumptions = false;
   };
   auto o = std::make_shared<Options>();
   app.add_option("plan", o->plan, "Plan file (JSON)")->required();
@@ -106,7 +134,10 @@ Runner add_simulate(CLI::App& app) {
   app.add_flag("--whole-step", o->whole_step,
                "Simulate every micro-batch instead of adding the repeating steady phase exactly (implied by "
                "--trace)");
-  app.add_option("--threads", o->threads, "Threads for the periodic steady state's small runs")
+  app.add_flag("--no-assumptions", o->no_assumptions,
+               "Skip predicting the step again with each unmeasured stack number at the ends of its range");
+  app.add_option("--threads", o->threads,
+                 "Threads for the periodic steady state's small runs and the assumptions' predictions")
       ->capture_default_str()
       ->check(CLI::Range(1, 64));
   return [o]() {
@@ -120,6 +151,9 @@ Runner add_simulate(CLI::App& app) {
     const Prediction p = predict(model, plan, hw, stack, routing,
                                  {.whole_step = o->whole_step || !o->trace.empty(), .threads = o->threads});
     const ReportContext ctx{plan, model, hw, stack};
+    std::optional<AssumptionRange> assumed;
+    if (p.violations.empty() && !o->no_assumptions)
+      assumed = assumption_range(model, plan, hw, stack, routing, p.step_time_s, o->threads);
     if (!o->trace.empty() && p.violations.empty()) {
       std::string note;
       Result<TraceSelection> sel = trace_selection(p.graph, o->trace_micro_batches, o->trace_stages, &note);
@@ -135,6 +169,7 @@ Runner add_simulate(CLI::App& app) {
     if (o->json) {
       nlohmann::json j = prediction_json(p, ctx);
       j["plan"] = io::plan_to_json(plan);
+      if (assumed) j["assumptions"] = assumptions_json(*assumed, p.tokens_per_step, plan.gpus);
       if (const auto notes = model_notes(model); !notes.empty()) j["model_notes"] = notes;
       print_json(j);
     } else if (!p.violations.empty()) {
@@ -142,6 +177,7 @@ Runner add_simulate(CLI::App& app) {
       for (const auto& v : p.violations) fmt::print("  {}: {}\n", v.rule, v.reason);
     } else {
       print_text(p, ctx);
+      if (assumed) print_assumptions(*assumed, p, plan.gpus);
     }
     if (!p.violations.empty()) return kExitInfeasible;
     if (!p.memory.fits()) return does_not_fit(p.memory);

@@ -94,6 +94,23 @@ std::vector<const std::string*> StackProfile::number_sources() const {
   return out;
 }
 
+std::vector<StackProfile::Number> StackProfile::numbers() {
+  constexpr double us = 1e-6;
+  return {{"host.launch_us_per_kernel", &launch_s_per_kernel, us},
+          {"host.issue_us_per_kernel", &host_s_per_kernel, us},
+          {"host.us_per_local_expert", &host_s_per_local_expert, us},
+          {"host.us_per_micro_batch", &host_s_per_micro_batch, us},
+          {"host.sync_us", &host_sync_s, us},
+          {"host.min_kernel_us", &min_kernel_s, us},
+          {"grouped_gemm.efficiency", &grouped_gemm.efficiency, 1.0},
+          {"grouped_gemm.wgrad_efficiency", &grouped_gemm.wgrad_efficiency, 1.0},
+          {"memory_bound_efficiency", &memory_bound_efficiency, 1.0},
+          {"dispatcher.nic_efficiency", &dispatcher.nic_efficiency, 1.0},
+          {"dispatcher.nvlink_efficiency", &dispatcher.nvlink_efficiency, 1.0},
+          {"comm_sm_fraction", &comm_sm_fraction, 1.0},
+          {"overlap_compute_efficiency", &overlap_compute_efficiency, 1.0}};
+}
+
 const char* name_of(DispatcherKind d) {
   switch (d) {
     case DispatcherKind::kNcclAllToAll:

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -26,9 +27,16 @@ const char* name_of(Basis b);
 
 template <class T>
 struct Stated {
+  Stated() = default;
+  Stated(T v, std::string src, Basis b = Basis::kAssumed) : value(v), source(std::move(src)), basis(b) {}
+
   T value{};
   std::string source;
   Basis basis = Basis::kAssumed;
+  // Where a number nobody measured may lie, [low, high] around `value` (its evidence in `source`): the
+  // prediction's step time is also given over these (simulator/predict/assumptions.h). Stack files state one
+  // for every assumed or target number of these kinds; unset for a measured or tightly derived one.
+  std::optional<std::pair<T, T>> range;
 };
 
 // How a stack runs the grouped expert GEMMs of one MoE layer.
@@ -172,6 +180,15 @@ struct StackProfile {
 
   // The source of every number above, for tools that look for a citation among them.
   std::vector<const std::string*> number_sources() const;
+
+  // The real-valued numbers that price a step (not memory's ranges), each by its path in a stack file, for
+  // tools that vary them; `unit` converts the file's unit to SI ("host.issue_us_per_kernel": 1e-6).
+  struct Number {
+    const char* path;
+    Stated<double>* number;
+    double unit;
+  };
+  std::vector<Number> numbers();
 };
 
 // Whether the stack lists `value` among `list` (an empty list means the capability was not stated: allowed).

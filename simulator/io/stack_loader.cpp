@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 
 #include <fmt/format.h>
 
@@ -27,10 +28,15 @@ bool inside(const json& v, Interval in) {
   return in == Interval::kEfficiency ? x > 0.0 && x <= 1.0 : x >= 0.0 && x < 1.0;
 }
 
-// {"value": ..., "source": "...", "basis": "measured" | "derived" | "assumed" | "target"}
-JsonNode stated_node(const JsonNode& parent, std::string_view key) {
+// {"value": ..., "source": "...", "basis": "measured" | "derived" | "assumed" | "target"}, and for numbers
+// "range": [low, high].
+JsonNode stated_node(const JsonNode& parent, std::string_view key, bool ranged = false) {
   JsonNode v = parent.object(key);
-  v.only_keys({"value", "source", "basis"});
+  if (ranged) {
+    v.only_keys({"value", "source", "basis", "range"});
+  } else {
+    v.only_keys({"value", "source", "basis"});
+  }
   return v;
 }
 
@@ -41,16 +47,41 @@ Basis basis_of(const JsonNode& v) {
                                    {"target", Basis::kTarget}});
 }
 
+// A number's "range": [low, high] holding its value, each end valid where the value is (`valid`, with
+// `what` for the message); required where nobody measured the number (basis assumed or target).
+void read_number_range(const JsonNode& v, Stated<double>& s, double unit,
+                       const std::function<bool(const json&)>& valid, const std::string& what) {
+  if (!v.has("range")) {
+    if (s.basis == Basis::kAssumed || s.basis == Basis::kTarget)
+      v.fail("range", fmt::format("[low, high]: where this {} number may lie", name_of(s.basis)));
+    return;
+  }
+  const auto cells = v.array("range");
+  if (cells.size() != 2 || !valid(cells[0].raw()) || !valid(cells[1].raw()))
+    v.fail("range", "[low, high] with each end " + what);
+  const double a = cells[0].raw().get<double>() * unit, b = cells[1].raw().get<double>() * unit;
+  if (!(a <= s.value && s.value <= b)) v.fail("range", "[low, high] with low <= value <= high");
+  s.range = std::pair{a, b};
+}
+
 Stated<double> stated_number(const JsonNode& parent, std::string_view key, double lo, double hi,
                              double unit = 1.0) {
-  const JsonNode v = stated_node(parent, key);
-  return {v.number("value", lo, hi) * unit, source_of(v), basis_of(v)};
+  const JsonNode v = stated_node(parent, key, true);
+  Stated<double> s{v.number("value", lo, hi) * unit, source_of(v), basis_of(v)};
+  read_number_range(
+      v, s, unit,
+      [&](const json& x) { return x.is_number() && x.get<double>() >= lo && x.get<double>() <= hi; },
+      fmt::format("a number in [{}, {}]", lo, hi));
+  return s;
 }
 
 Stated<double> stated_fraction(const JsonNode& parent, std::string_view key, Interval in) {
-  const JsonNode v = stated_node(parent, key);
+  const JsonNode v = stated_node(parent, key, true);
   if (!v.has("value") || !inside(v.raw().at("value"), in)) v.fail("value", describe(in));
-  return {v.raw().at("value").get<double>(), source_of(v), basis_of(v)};
+  Stated<double> s{v.raw().at("value").get<double>(), source_of(v), basis_of(v)};
+  read_number_range(
+      v, s, 1.0, [&](const json& x) { return inside(x, in); }, describe(in));
+  return s;
 }
 
 Stated<int64_t> stated_integer(const JsonNode& parent, std::string_view key, int64_t lo, int64_t hi) {
@@ -234,7 +265,11 @@ nlohmann::ordered_json stack_to_json(const StackProfile& s) {
   using oj = nlohmann::ordered_json;
   auto round_to = [](double x, double step) { return std::round(x / step) * step; };
   auto num = [&](const Stated<double>& v, double unit) {
-    return oj{{"value", round_to(v.value / unit, 1e-4)}, {"basis", name_of(v.basis)}, {"source", v.source}};
+    oj o{{"value", round_to(v.value / unit, 1e-4)}, {"basis", name_of(v.basis)}, {"source", v.source}};
+    if (v.range) {
+      o["range"] = oj::array({round_to(v.range->first / unit, 1e-4), round_to(v.range->second / unit, 1e-4)});
+    }
+    return o;
   };
   auto integer = [](const Stated<int64_t>& v) {
     return oj{{"value", v.value}, {"basis", name_of(v.basis)}, {"source", v.source}};

@@ -122,4 +122,24 @@ nlohmann::json prediction_json(const Prediction& p, const ReportContext& ctx) {
   return j;
 }
 
+nlohmann::json assumptions_json(const AssumptionRange& a, double tokens_per_step, int64_t gpus) {
+  const double g = static_cast<double>(gpus);
+  nlohmann::json numbers = nlohmann::json::array();
+  for (const AssumptionEffect& e : a.effects) {
+    numbers.push_back({{"number", e.path},
+                       {"basis", name_of(e.basis)},
+                       {"value", e.value / e.unit},
+                       {"range", {e.low / e.unit, e.high / e.unit}},
+                       {"step_time_s_at_ends", {e.step_at_low, e.step_at_high}}});
+  }
+  return {
+      {"step_time_s_range", {a.fastest_s, a.slowest_s}},
+      {"tokens_per_s_per_gpu_range", {tokens_per_step / a.slowest_s / g, tokens_per_step / a.fastest_s / g}},
+      {"rule",
+       "every stack number with a stated range set to each end alone, then all of them together at the "
+       "ends that shortened (lengthened) the step alone; the range is the widest of these"},
+      {"predictions", a.predictions},
+      {"numbers", numbers}};
+}
+
 }  // namespace moeplan

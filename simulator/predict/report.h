@@ -9,6 +9,7 @@
 
 #include "simulator/core/status.h"
 #include "simulator/io/op_trace.h"
+#include "simulator/predict/assumptions.h"
 #include "simulator/predict/predict.h"
 
 namespace moeplan {
@@ -21,5 +22,9 @@ struct ReportContext {
 };
 
 nlohmann::json prediction_json(const Prediction& p, const ReportContext& ctx);
+
+// The step over the stack's ranged numbers (simulate --json's "assumptions"): the step and tokens/s/GPU
+// ranges, and each number with its range (in the stack file's unit) and the step at either end.
+nlohmann::json assumptions_json(const AssumptionRange& a, double tokens_per_step, int64_t gpus);
 
 }  // namespace moeplan

@@ -126,6 +126,36 @@ TEST_SUITE("cli") {
     CHECK(fp8.out.find("% of the BF16 peak\n") != std::string::npos);
   }
 
+  TEST_CASE("simulate gives the step over the stack's unmeasured numbers, and --no-assumptions skips it") {
+    const std::string plan = "planner/examples/mixtral-8x22b-128xh100.json";
+    const Run text = run_cli("simulate " + plan);
+    REQUIRE(text.exit_code == 0);
+    CHECK(text.out.find(
+              "over the stack's unmeasured numbers (each at either end of its stated range): step ") !=
+          std::string::npos);
+    const Run js = run_cli("simulate --json " + plan);
+    REQUIRE(js.exit_code == 0);
+    const json j = json::parse(js.out);
+    const json& a = j.at("assumptions");
+    const double step = j.at("step_time_s").get<double>();
+    CHECK(a.at("step_time_s_range").at(0).get<double>() <= step);
+    CHECK(a.at("step_time_s_range").at(1).get<double>() >= step);
+    REQUIRE_FALSE(a.at("numbers").empty());
+    for (const json& n : a.at("numbers")) {
+      CAPTURE(n.dump());
+      CHECK(n.at("range").at(0).get<double>() <= n.at("value").get<double>());
+      CHECK(n.at("value").get<double>() <= n.at("range").at(1).get<double>());
+      for (const json& s : n.at("step_time_s_at_ends")) {
+        CHECK(s.get<double>() >= a.at("step_time_s_range").at(0).get<double>());
+        CHECK(s.get<double>() <= a.at("step_time_s_range").at(1).get<double>());
+      }
+    }
+    const Run skip = run_cli("simulate --json --no-assumptions " + plan);
+    REQUIRE(skip.exit_code == 0);
+    CHECK_FALSE(json::parse(skip.out).contains("assumptions"));
+    CHECK(json::parse(skip.out).at("step_time_s") == j.at("step_time_s"));
+  }
+
   TEST_CASE("an illegal plan exits 3, prints its broken rules and writes no trace") {
     // mixtral-8x7b has 8 routed experts; ep 3 does not divide them.
     const TempDir dir("moeplan_simulate_illegal");

@@ -127,6 +127,48 @@ TEST_SUITE("io") {
       CHECK(s.capabilities.recompute == a.capabilities.recompute);
       CHECK(s.memory.reserve_bytes_high.value == doctest::Approx(a.memory.reserve_bytes_high.value));
       CHECK(s.sources == a.sources);
+      StackProfile a_copy = a, s_copy = s;
+      const auto an = a_copy.numbers(), sn = s_copy.numbers();
+      REQUIRE(an.size() == sn.size());
+      for (size_t i = 0; i < an.size(); ++i) {
+        CAPTURE(an[i].path);
+        REQUIRE(an[i].number->range.has_value() == sn[i].number->range.has_value());
+        if (!an[i].number->range) continue;
+        CHECK(sn[i].number->range->first == doctest::Approx(an[i].number->range->first));
+        CHECK(sn[i].number->range->second == doctest::Approx(an[i].number->range->second));
+      }
+    }
+  }
+
+  TEST_CASE(
+      "every unmeasured number of a shipped stack states a range around its value, in the file's unit") {
+    for (const char* stem : kStackNames) {
+      CAPTURE(stem);
+      StackProfile s = load(stem);
+      auto j = io::parse_json_file(kStacks + std::string(stem) + ".json");
+      REQUIRE(j.ok());
+      int ranged = 0;
+      for (const StackProfile::Number& n : s.numbers()) {
+        CAPTURE(n.path);
+        // The path names the number in the file: its value there, in the file's unit, is the profile's.
+        const io::json* node = &j.value();
+        for (const auto& key : {std::string(n.path).substr(0, std::string(n.path).find('.')),
+                                std::string(n.path).substr(std::string(n.path).find('.') + 1)}) {
+          if (node->contains(key)) node = &node->at(key);
+        }
+        REQUIRE(node->contains("value"));
+        CHECK(node->at("value").get<double>() * n.unit == doctest::Approx(n.number->value));
+        const Basis b = n.number->basis;
+        if (b == Basis::kAssumed || b == Basis::kTarget) REQUIRE(n.number->range.has_value());
+        if (!n.number->range) continue;
+        ++ranged;
+        CHECK(n.number->range->first <= n.number->value);
+        CHECK(n.number->value <= n.number->range->second);
+        CHECK(node->at("range").at(0).get<double>() * n.unit == doctest::Approx(n.number->range->first));
+        // The source says where the range comes from.
+        CHECK(n.number->source.find("ange [") != std::string::npos);
+      }
+      CHECK(ranged >= 3);
     }
   }
 
@@ -248,6 +290,37 @@ TEST_SUITE("io") {
     j["grouped_gemm"]["implementation"]["value"] = "cublas";
     CHECK(error_of(j).find("'grouped_gemm.implementation.value': expected one of \"grouped_kernel\"") !=
           std::string::npos);
+  }
+
+  TEST_CASE("an unmeasured number without a range, or a range that misses its value, is rejected") {
+    io::json j = moerun_json();
+    j["comm_sm_fraction"].erase("range");
+    CHECK(error_of(j) ==
+          "s.json: field 'comm_sm_fraction.range': expected [low, high]: where this assumed number may lie, "
+          "got nothing (missing)");
+
+    j = moerun_json();
+    j["host"]["us_per_micro_batch"]["range"] = {30, 40};
+    CHECK(
+        error_of(j) ==
+        "s.json: field 'host.us_per_micro_batch.range': expected [low, high] with low <= value <= high, got "
+        "array [30,40]");
+
+    j = moerun_json();
+    j["comm_sm_fraction"]["range"] = {0.1, 1.0};
+    CHECK(error_of(j) ==
+          "s.json: field 'comm_sm_fraction.range': expected [low, high] with each end a fraction in [0, 1), "
+          "got array [0.1,1.0]");
+
+    // A measured number may state one; a flag may not.
+    j = moerun_json();
+    j["grouped_gemm"]["efficiency"]["range"] = {0.9, 1.0};
+    const auto ok = io::stack_from_json(j, "s.json");
+    REQUIRE(ok.ok());
+    CHECK(ok.value().grouped_gemm.efficiency.range == std::pair{0.9, 1.0});
+    j = moerun_json();
+    j["dispatcher"]["host_sync"]["range"] = {0, 1};
+    CHECK(error_of(j).find("'dispatcher.host_sync.range'") != std::string::npos);
   }
 
   TEST_CASE("the format tag, value types and host cost ranges are checked") {

@@ -10,6 +10,7 @@
 #include "simulator/io/model_loader.h"
 #include "simulator/io/stack_loader.h"
 #include "simulator/predict/predict.h"
+#include "tests/simulator/predict/megatron_case.h"
 
 using namespace moeplan;
 
@@ -44,30 +45,7 @@ double compute_flops(const Prediction& p, int64_t stage) {
   return f;
 }
 
-// Four Mixtral-8x7B layers under Megatron-Core on two H100 nodes: ep 8 x etp 2, so the EP all-to-all crosses
-// nodes and sits exposed on the critical path (the alltoall dispatcher runs it in line); four micro-batches.
-struct MegatronCase {
-  ModelSpec model = [] {
-    ModelSpec m = io::load_model("mixtral-8x7b").value();
-    m.layers.resize(4);
-    return m;
-  }();
-  HardwareProfile hw = io::load_hardware("h100-sxm").value();
-  StackProfile stack = io::load_stack("megatron-core").value();
-  Plan plan = [] {
-    Plan p;
-    p.gpus = 16;
-    p.seq_len = 4096;
-    p.global_batch = 64;
-    p.experts.ep = 8;
-    p.experts.etp = 2;
-    p.overlap.dp_comm = true;
-    return p;
-  }();
-  Prediction run() const {
-    return predict(model, plan, hw, stack, workload::uniform_routing(model.moe.num_experts));
-  }
-};
+using test::MegatronCase;
 
 }  // namespace
 

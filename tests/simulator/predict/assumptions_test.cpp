@@ -1,0 +1,116 @@
+// The step over a stack's ranged numbers: each number at either end is exactly the prediction with that
+// stack, slower host issue and slower memory-bound kernels never shorten the step, the corners bound every
+// single end, numbers without a range are left alone, and threads change nothing.
+#include <doctest/doctest.h>
+
+#include "simulator/predict/assumptions.h"
+#include "tests/simulator/predict/megatron_case.h"
+
+using namespace moeplan;
+
+namespace {
+
+// The shared Megatron-Core job: the alltoall dispatcher's host wait exposes the host's issue time.
+struct Job : test::MegatronCase {
+  double step(const StackProfile& s) const {
+    const Prediction p = run(s);
+    REQUIRE(p.violations.empty());
+    return p.step_time_s;
+  }
+  AssumptionRange range(const StackProfile& s, int threads = 1) const {
+    return assumption_range(model, plan, hw, s, workload::uniform_routing(model.moe.num_experts), step(s),
+                            threads);
+  }
+};
+
+const AssumptionEffect& effect(const AssumptionRange& r, const std::string& path) {
+  for (const AssumptionEffect& e : r.effects) {
+    if (e.path == path) return e;
+  }
+  FAIL("no effect for " << path);
+  return r.effects.front();
+}
+
+}  // namespace
+
+TEST_SUITE("predict") {
+  TEST_CASE("each ranged number at either end is the prediction with the stack set there") {
+    const Job job;
+    const AssumptionRange r = job.range(job.stack);
+    REQUIRE(r.effects.size() >= 5);
+    for (const char* path : {"host.issue_us_per_kernel", "memory_bound_efficiency"}) {
+      CAPTURE(path);
+      const AssumptionEffect& e = effect(r, path);
+      for (const bool high : {false, true}) {
+        StackProfile s = job.stack;
+        for (const StackProfile::Number& n : s.numbers()) {
+          if (n.path == e.path) n.number->value = high ? e.high : e.low;
+        }
+        CHECK((high ? e.step_at_high : e.step_at_low) == job.step(s));
+      }
+    }
+    // A slower host and slower memory-bound kernels never shorten the step; this job exposes both.
+    const AssumptionEffect& host = effect(r, "host.issue_us_per_kernel");
+    CHECK(host.step_at_low <= r.step_time_s);
+    CHECK(host.step_at_high > r.step_time_s);
+    const AssumptionEffect& mem = effect(r, "memory_bound_efficiency");
+    CHECK(mem.step_at_low > r.step_time_s);
+    CHECK(mem.step_at_high < r.step_time_s);
+  }
+
+  TEST_CASE("the corners bound every single end, and the effects come largest swing first") {
+    const Job job;
+    const AssumptionRange r = job.range(job.stack);
+    CHECK(r.fastest_s < r.step_time_s);
+    CHECK(r.slowest_s > r.step_time_s);
+    for (size_t i = 0; i < r.effects.size(); ++i) {
+      const AssumptionEffect& e = r.effects[i];
+      CAPTURE(e.path);
+      CHECK(r.fastest_s <= std::min(e.step_at_low, e.step_at_high));
+      CHECK(r.slowest_s >= std::max(e.step_at_low, e.step_at_high));
+      if (i > 0) CHECK(r.effects[i - 1].swing(r.step_time_s) >= e.swing(r.step_time_s));
+    }
+    // Every number at its slow end together is at least as slow as the slowest one alone.
+    StackProfile slow = job.stack;
+    for (const StackProfile::Number& n : slow.numbers()) {
+      for (const AssumptionEffect& e : r.effects) {
+        if (n.path == e.path && std::max(e.step_at_low, e.step_at_high) > r.step_time_s)
+          n.number->value = e.step_at_high >= e.step_at_low ? e.high : e.low;
+      }
+    }
+    CHECK(r.slowest_s == std::max(job.step(slow), r.slowest_s));
+  }
+
+  TEST_CASE("numbers without a range, or with a range of one value, are not varied") {
+    const Job job;
+    StackProfile s = job.stack;
+    for (const StackProfile::Number& n : s.numbers()) n.number->range.reset();
+    AssumptionRange r = job.range(s);
+    CHECK(r.effects.empty());
+    CHECK(r.predictions == 0);
+    CHECK(r.fastest_s == r.step_time_s);
+    CHECK(r.slowest_s == r.step_time_s);
+
+    s.host_s_per_kernel.range = std::pair{s.host_s_per_kernel.value, s.host_s_per_kernel.value};
+    r = job.range(s);
+    REQUIRE(r.effects.size() == 1);
+    CHECK(r.predictions == 0);
+    CHECK(r.effects[0].step_at_low == r.step_time_s);
+    CHECK(r.effects[0].step_at_high == r.step_time_s);
+    CHECK(r.effects[0].unit == 1e-6);
+  }
+
+  TEST_CASE("threads change nothing") {
+    const Job job;
+    const AssumptionRange a = job.range(job.stack, 1), b = job.range(job.stack, 3);
+    CHECK(a.fastest_s == b.fastest_s);
+    CHECK(a.slowest_s == b.slowest_s);
+    CHECK(a.predictions == b.predictions);
+    REQUIRE(a.effects.size() == b.effects.size());
+    for (size_t i = 0; i < a.effects.size(); ++i) {
+      CHECK(a.effects[i].path == b.effects[i].path);
+      CHECK(a.effects[i].step_at_low == b.effects[i].step_at_low);
+      CHECK(a.effects[i].step_at_high == b.effects[i].step_at_high);
+    }
+  }
+}
