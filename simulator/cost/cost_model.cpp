@@ -567,15 +567,17 @@ OpCost CostModel::cost(const Op& op) const {
   // Basis: the hardware profile's rates are measurements; each stack number that prices the op weakens it to
   // its own basis. Host issue time is not part of the op's duration.
   r.basis = Basis::kMeasured;
-  // Every kernel takes at least the stack's minimum on the device, however little it moves.
+  // Every kernel takes at least the stack's minimum on the device, however little it moves. A memory-bound
+  // kernel takes that fixed time (ramp-up, tail) plus its bytes at the memory-bound rate: measured sweeps of
+  // such kernels on H100 are a line with an intercept (hwprofiles/stacks: host.min_kernel_us), not the
+  // larger of a floor and the bytes' time.
   const double min_kernel = stack_.min_kernel_s.value;
   const double floor = min_kernel * d(std::max<uint16_t>(1, op.kernels));
   // Memory-bound kernels the stack runs around the main kernel (FP8 amax, scale, quantise / transpose of its
-  // operand), per group of a grouped GEMM: their bytes at the memory-bound rate, each at least the shortest
-  // kernel.
+  // operand), per group of a grouped GEMM: each its fixed time plus its bytes at the memory-bound rate.
   const double aux_launches =
       d(op.aux_kernels) * (op.kind == OpKind::kGroupedGemm ? d(std::max<int64_t>(1, op.gemm.groups)) : 1.0);
-  const double aux = op.aux_bytes > 0 ? std::max(op.aux_bytes / mem_bw, min_kernel * aux_launches) : 0.0;
+  const double aux = op.aux_bytes > 0 ? op.aux_bytes / mem_bw + min_kernel * aux_launches : 0.0;
   if (op.aux_bytes > 0) r.basis = weaker(r.basis, stack_.memory_bound_efficiency.basis);
   switch (op.kind) {
     case OpKind::kGemm:
@@ -604,7 +606,7 @@ OpCost CostModel::cost(const Op& op) const {
       break;
     case OpKind::kMemoryBound:
     case OpKind::kOptimizer:
-      r.seconds = std::max(op.hbm_bytes / mem_bw, floor) + launch;
+      r.seconds = op.hbm_bytes / mem_bw + floor + launch;
       // HybridEP's dispatch set-up (routing-map all-gather, preprocessing, the wait for counts) as its
       // benchmark measures it beyond the dispatch kernel, per node count of the exchange.
       if (static_cast<OpName>(op.name) == OpName::kDispatchPreprocess &&

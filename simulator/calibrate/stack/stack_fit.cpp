@@ -318,9 +318,12 @@ void collect(const TraceFile& t, const HardwareProfile& hw, const cost::CostMode
           continue;
         }
         if (bytes < o.min_memory_bound_bytes) continue;
+        // The cost model prices such a kernel as the stack's fixed kernel time plus its bytes at the
+        // memory-bound rate, so the rate is fitted on the time beyond that fixed part.
+        const double busy = std::max(k.dur_s - o.base.min_kernel_s.value, 0.5 * k.dur_s);
         s.mem_bytes += bytes;
-        s.mem_seconds += k.dur_s;
-        s.mem_eff.push_back(bytes / k.dur_s / hw.gpu.hbm_bw_achieved_bytes_per_s.value);
+        s.mem_seconds += busy;
+        s.mem_eff.push_back(bytes / busy / hw.gpu.hbm_bw_achieved_bytes_per_s.value);
       }
     }
 
@@ -616,7 +619,9 @@ Result<StackFit> fit_stack(const std::vector<TraceFile>& traces, const HardwareP
     const double v = round_to(std::clamp(raw, 1e-4, 1.0), 1e-4);
     const Spread sp = spread_of(s.mem_eff);
     const std::string how = fmt::format(
-        "Σ bytes / Σ time of {} permute, norm and cast kernels of at least {:.0f} KiB, over the hardware "
+        "Σ bytes / Σ time beyond the fixed kernel time of {} permute, norm and cast kernels of at least "
+        "{:.0f} "
+        "KiB, over the hardware "
         "profile's "
         "achieved HBM bandwidth {:.0f} GB/s",
         sp.n, o.min_memory_bound_bytes / 1024.0, hw.gpu.hbm_bw_achieved_bytes_per_s.value / kGB);

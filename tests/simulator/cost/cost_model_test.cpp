@@ -356,40 +356,42 @@ TEST_SUITE("cost") {
     CHECK(cm.attention_seconds(op, nullptr) == rel(1e12 / 579e12));
   }
 
-  TEST_CASE("a kernel takes at least the stack's shortest kernel time per launch") {
+  TEST_CASE("a memory-bound kernel takes the stack's fixed kernel time plus its bytes at the memory rate") {
     // Megatron-Core: 4 us per kernel on the device and a 1.3 us launch gap. A 3-kernel memory-bound op moving
-    // 1 KB costs 3 x (4 + 1.3) us; one moving 1 GB costs its bytes at 0.7 x achieved HBM plus 3 x 1.3 us.
+    // 1 KB costs 3 x (4 + 1.3) us and its bytes; one moving 1 GB costs its bytes at 0.64 x achieved HBM plus
+    // 3 x (4 + 1.3) us.
     const HardwareProfile hw = io::load_hardware("h100-sxm").value();
     const StackProfile stack = io::load_stack("megatron-core").value();
     const cost::CostModel cm(hw, stack);
     Op op;
     op.kind = OpKind::kMemoryBound;
     op.kernels = 3;
+    const double bw = 0.64 * hw.gpu.hbm_bw_achieved_bytes_per_s.value;
     op.hbm_bytes = 1e3;
-    CHECK(cm.cost(op).seconds == rel(3 * (4e-6 + 1.3e-6)));
+    CHECK(cm.cost(op).seconds == rel(1e3 / bw + 3 * (4e-6 + 1.3e-6)));
     op.hbm_bytes = 1e9;
-    CHECK(cm.cost(op).seconds == rel(1e9 / (0.7 * hw.gpu.hbm_bw_achieved_bytes_per_s.value) + 3 * 1.3e-6));
+    CHECK(cm.cost(op).seconds == rel(1e9 / bw + 3 * (4e-6 + 1.3e-6)));
   }
 
-  TEST_CASE("FP8 quantisation kernels add their bytes, or the shortest kernel each, and host launches") {
+  TEST_CASE("FP8 quantisation kernels add their bytes and a fixed time each, and host launches") {
     // Megatron-Core on H100: 4 us per kernel, 1.3 us launch gap, 25 us host per kernel, 10 us host per local
-    // expert launch, memory-bound work at 0.7 of achieved HBM. A current-scaling GEMM quantises its input in
-    // 3 kernels (amax, scale, cast): a small input costs the GEMM, then 3 x 4 us, then 4 launch gaps; a large
-    // one its bytes. A grouped GEMM over 8 experts quantises per expert: 24 kernels, 8 x (1 + 3) host
-    // launches; its wgrad quantises nothing.
+    // expert launch, memory-bound work at 0.64 of achieved HBM. A current-scaling GEMM quantises its input in
+    // 3 kernels (amax, scale, cast): the GEMM, then 3 x 4 us and the input's bytes, then 4 launch gaps. A
+    // grouped GEMM over 8 experts quantises per expert: 24 kernels, 8 x (1 + 3) host launches; its wgrad
+    // quantises nothing.
     const HardwareProfile hw = io::load_hardware("h100-sxm").value();
     const StackProfile stack = io::load_stack("megatron-core").value();
     const cost::CostModel cm(hw, stack);
-    const double bw = 0.7 * hw.gpu.hbm_bw_achieved_bytes_per_s.value;
+    const double bw = 0.64 * hw.gpu.hbm_bw_achieved_bytes_per_s.value;
     Op op = gemm_op();
     op.kernels = 4;
     op.aux_kernels = 3;
     op.aux_bytes = 1e3;
     const double gemm = cm.gemm_seconds(op.gemm, op.dtype, nullptr);
-    CHECK(cm.cost(op).seconds == rel(gemm + 3 * 4e-6 + 4 * 1.3e-6));
+    CHECK(cm.cost(op).seconds == rel(gemm + 1e3 / bw + 3 * 4e-6 + 4 * 1.3e-6));
     CHECK(cm.cost(op).host_seconds == rel(4 * 25e-6));
     op.aux_bytes = 1e9;
-    CHECK(cm.cost(op).seconds == rel(gemm + 1e9 / bw + 4 * 1.3e-6));
+    CHECK(cm.cost(op).seconds == rel(gemm + 1e9 / bw + 3 * 4e-6 + 4 * 1.3e-6));
 
     Op g = gemm_op();
     g.kind = OpKind::kGroupedGemm;
@@ -398,7 +400,7 @@ TEST_SUITE("cost") {
     g.aux_kernels = 3;
     g.aux_bytes = 1e3;
     const double grouped = cm.grouped_gemm_seconds(g.gemm, g.dtype, nullptr);
-    CHECK(cm.cost(g).seconds == rel(grouped + 24 * 4e-6 + 1.3e-6));
+    CHECK(cm.cost(g).seconds == rel(grouped + 1e3 / bw + 24 * 4e-6 + 1.3e-6));
     CHECK(cm.cost(g).host_seconds == rel(25e-6 + 8 * 4 * 10e-6));
     g.part = GemmPart::kWgrad;
     g.aux_kernels = 0;

@@ -26,7 +26,8 @@ constexpr double kLaunchUs = 4.0;     // every gap between compute kernels
 constexpr double kPerExpertUs = 3.0;  // extra gap before a grouped GEMM, per local expert
 constexpr double kPerMicroBatchUs =
     50;                              // per micro-batch: 25 us extra at each of its 2 boundaries (fwd, bwd)
-constexpr double kMemEff = 0.65;     // permute / norm bytes / time over achieved HBM bandwidth
+constexpr double kMemEff = 0.65;     // permute / norm bytes / time beyond the fixed part, over achieved HBM
+constexpr double kFixedUs = 4.0;     // the fixed part of each such kernel: the base stack's min_kernel_us
 constexpr double kOverlap = 0.7;     // share of each all-to-all that runs under a compute kernel
 constexpr int64_t kCommBlocks = 24;  // grid of the all-to-all kernels
 const std::vector<double> kRows = {64, 128, 256, 512, 1024, 2048, 4096};
@@ -117,7 +118,7 @@ Timeline make_timeline(bool experts_vary) {
             bytes += n * (types[i] == "long int" ? 8.0 : 2.0);
           }
           bytes += static_cast<double>(dims[0][0] * dims[0][1]) * 2.0;
-          const double dur = bytes / (hbm * kMemEff) * 1e6 * (1 + 0.02 * noise());
+          const double dur = kFixedUs + bytes / (hbm * kMemEff) * 1e6 * (1 + 0.02 * noise());
           tl.kernels.push_back(
               {name, "aten::op", t, dur, 7, dims, types, op, OpKind::kMemoryBound, l, mb, ph, 0, bytes});
           t += dur;
