@@ -14,6 +14,7 @@
 #include "simulator/cost/memory.h"
 #include "simulator/io/op_trace.h"
 #include "simulator/io/plan_io.h"
+#include "simulator/predict/assumptions.h"
 #include "simulator/workload/routing.h"
 
 namespace moeplan::cli {
@@ -68,6 +69,11 @@ Result<TraceSelection> trace_selection(const OpGraph& graph, int64_t micro_batch
 
 // Prints "moeplan: the plan does not fit: X GB per GPU of Y GB" on stderr and returns kExitInfeasible.
 int does_not_fit(const cost::MemoryBreakdown& memory);
+
+// A number in its stack file's unit ("25 us", "0.7").
+std::string in_file_unit(double si, double unit);
+// The step over the stack's unmeasured numbers and the (up to four) numbers it moves with most.
+void print_assumptions(const AssumptionRange& a, double tokens_per_step, int64_t gpus);
 
 // Each subcommand registers its options and sets `run` to the function that executes it.
 using Runner = std::function<int()>;

@@ -55,6 +55,24 @@ nlohmann::json summary_json(const Prediction& p) {
           {"why_hypothetical", p.provenance.targets}};
 }
 
+// Whether #1 stays first with each unmeasured stack number alone at either end of its range.
+void print_ranking(const AssumptionRanking& ranking, size_t listed) {
+  if (listed < 2 || ranking.ends == 0) return;
+  if (ranking.overtakes.empty()) {
+    fmt::print(
+        "#1 stays the fastest of the {} listed with each of those numbers alone at either end ({} ends)\n",
+        listed, ranking.ends);
+    return;
+  }
+  fmt::print("#1 is not the fastest at {} of the {} ends: the order rests on numbers nobody measured:\n",
+             ranking.overtakes.size(), ranking.ends);
+  for (size_t i = 0; i < ranking.overtakes.size() && i < 4; ++i) {
+    const RankOvertake& t = ranking.overtakes[i];
+    fmt::print("  with {} = {}, #{} is {:.1f}% faster\n", t.path, in_file_unit(t.at, t.unit), t.plan + 1,
+               100 * t.faster);
+  }
+}
+
 // Time and cost of training on `tokens` at a plan's predicted rate (and its range).
 nlohmann::json time_to_train(const Prediction& p, int64_t gpus, double tokens, double gpu_hour_cost) {
   const auto hours = [&](double rate) { return rate > 0 ? tokens / rate / 3600.0 : 0.0; };
@@ -115,7 +133,7 @@ Runner add_plan(CLI::App& app) {
     std::string out_dir, html;
     int threads = 2;
     bool json = false;
-    bool list_keys = false;
+    bool list_keys = false, no_assumptions = false;
     double tokens = 0, gpu_hour_cost = 0;
   };
   auto o = std::make_shared<Options>();
@@ -148,6 +166,9 @@ Runner add_plan(CLI::App& app) {
                  "Write a self-contained HTML report (top plans, the best plan's breakdown, memory and "
                  "timeline) to this file");
   app.add_flag("--json", o->json, "Print one JSON object");
+  app.add_flag("--no-assumptions", o->no_assumptions,
+               "Skip predicting the listed plans again with each unmeasured stack number at the ends of its "
+               "range");
   app.add_flag("--list-keys", o->list_keys, "Print the plan keys --fix accepts, one per line, and exit");
   app.add_option("--tokens", o->tokens,
                  "Training tokens: adds time-to-train and GPU-hours per plan (e.g. 1e12)")
@@ -263,6 +284,23 @@ Runner add_plan(CLI::App& app) {
       if (!w) return bad_input(w.error().message);
     }
 
+    // What the ranking rests on: #1's step over the stack's unmeasured numbers, and whether another listed
+    // plan overtakes it with any one of them at either end of its range.
+    std::optional<AssumptionRange> assumed;
+    AssumptionRanking ranking;
+    if (!r.plans.empty() && !o->no_assumptions) {
+      std::vector<Plan> listed;
+      std::vector<double> steps;
+      for (const auto& rp : r.plans) {
+        listed.push_back(rp.plan);
+        steps.push_back(rp.prediction.step_time_s);
+      }
+      assumed = assumption_range(model.value(), listed[0], hw.value(), stack.value(), routing.value(),
+                                 steps[0], o->threads);
+      ranking = ranking_over_assumptions(model.value(), listed, steps, hw.value(), stack.value(),
+                                         routing.value(), o->threads);
+    }
+
     if (o->json) {
       nlohmann::json plans = nlohmann::json::array();
       for (const auto& rp : r.plans) {
@@ -300,6 +338,17 @@ Runner add_plan(CLI::App& app) {
                             {"smallest_memory_need", smallest},
                             {"elapsed_s", r.elapsed_s}};
       if (const auto notes = model_notes(model.value()); !notes.empty()) out["model_notes"] = notes;
+      if (assumed) {
+        out["assumptions"] = assumptions_json(*assumed, r.plans[0].prediction.tokens_per_step, job.gpus);
+        nlohmann::json overtakes = nlohmann::json::array();
+        for (const RankOvertake& t : ranking.overtakes) {
+          overtakes.push_back({{"number", t.path},
+                               {"at", t.at / t.unit},
+                               {"rank", t.plan + 1},
+                               {"faster_than_first", t.faster}});
+        }
+        out["ranking_over_assumptions"] = {{"ends", ranking.ends}, {"overtakes", overtakes}};
+      }
       print_json(out);
       return r.plans.empty() ? kExitInfeasible : kExitOk;
     }
@@ -348,6 +397,11 @@ Runner add_plan(CLI::App& app) {
           "HBM need\n(of {} per GPU).\n",
           human_bytes(hw.value().gpu.hbm_capacity_bytes.value));
       fmt::print("{}\n", planner::layout_legend());
+      if (assumed) {
+        fmt::print("\n#1 ");
+        print_assumptions(*assumed, best.tokens_per_step, job.gpus);
+        print_ranking(ranking, r.plans.size());
+      }
       if (o->tokens > 0) {
         fmt::print("\ntime to train {:.3g} tokens:\n", o->tokens);
         for (size_t i = 0; i < r.plans.size(); ++i) {

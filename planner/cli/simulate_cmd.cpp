@@ -22,33 +22,6 @@ std::string to_upper(std::string s) {
   return s;
 }
 
-// A number in its stack file's unit ("25 us", "0.7").
-std::string in_file_unit(double si, double unit) {
-  return unit == 1.0 ? fmt::format("{:g}", si) : fmt::format("{:g} us", si / unit);
-}
-
-void print_assumptions(const AssumptionRange& a, const Prediction& p, int64_t gpus) {
-  const double g = static_cast<double>(gpus);
-  if (a.effects.empty()) {
-    fmt::print("assumed numbers: the stack states no range for any of its numbers\n");
-    return;
-  }
-  fmt::print(
-      "over the stack's unmeasured numbers (each at either end of its stated range): step {:.3f}-{:.3f} s, "
-      "{:.1f}-{:.1f} tokens/s/GPU; the step moves most with:\n",
-      a.fastest_s, a.slowest_s, p.tokens_per_step / a.slowest_s / g, p.tokens_per_step / a.fastest_s / g);
-  int shown = 0;
-  for (const AssumptionEffect& e : a.effects) {
-    if (shown == 4 || e.swing(a.step_time_s) <= 1e-3 * a.step_time_s) break;
-    ++shown;
-    auto pct = [&](double s) { return fmt::format("{:+.1f}%", 100 * (s / a.step_time_s - 1)); };
-    fmt::print("  {} = {} ({}, range {} to {}): step {} / {} at the ends\n", e.path,
-               in_file_unit(e.value, e.unit), name_of(e.basis), in_file_unit(e.low, e.unit),
-               in_file_unit(e.high, e.unit), pct(e.step_at_low), pct(e.step_at_high));
-  }
-  if (shown == 0) fmt::print("  (none moves the step by 0.1% or more)\n");
-}
-
 void print_text(const Prediction& p, const ReportContext& ctx) {
   const auto& m = p.memory;
   fmt::print("{} on {} x {} ({} stack{}){}\n", ctx.model.name, ctx.plan.gpus, ctx.hardware.name,
@@ -177,7 +150,7 @@ Runner add_simulate(CLI::App& app) {
       for (const auto& v : p.violations) fmt::print("  {}: {}\n", v.rule, v.reason);
     } else {
       print_text(p, ctx);
-      if (assumed) print_assumptions(*assumed, p, plan.gpus);
+      if (assumed) print_assumptions(*assumed, p.tokens_per_step, plan.gpus);
     }
     if (!p.violations.empty()) return kExitInfeasible;
     if (!p.memory.fits()) return does_not_fit(p.memory);

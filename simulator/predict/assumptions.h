@@ -40,4 +40,23 @@ AssumptionRange assumption_range(const ModelSpec& model, const Plan& plan, const
                                  const StackProfile& stack, const workload::RoutingDistribution& routing,
                                  double step_time_s, int threads = 1);
 
+// Whether a ranking of plans of one job (same tokens per step) rests on the stack's unmeasured numbers: every
+// plan predicted again with each ranged number alone at either end of its range, and where another plan's
+// step is then shorter than the first's, that overtaking.
+struct RankOvertake {
+  std::string path;           // the number, as the stack file names it
+  double at = 0, unit = 1.0;  // the end it was set to (SI) and the file's unit in SI
+  size_t plan = 0;            // index into the plans: the fastest there
+  double faster = 0;          // its step is this fraction shorter than the first plan's there
+};
+struct AssumptionRanking {
+  int64_t ends = 0;                     // number ends tried
+  std::vector<RankOvertake> overtakes;  // one per end where the first plan is not the fastest
+};
+// `steps[i]` is plans[i]'s predicted step with the stack as given; plans[0] is the ranking's first.
+AssumptionRanking ranking_over_assumptions(const ModelSpec& model, const std::vector<Plan>& plans,
+                                           const std::vector<double>& steps, const HardwareProfile& hw,
+                                           const StackProfile& stack,
+                                           const workload::RoutingDistribution& routing, int threads = 1);
+
 }  // namespace moeplan

@@ -44,6 +44,28 @@ TEST_SUITE("cli") {
     }
   }
 
+  TEST_CASE(
+      "plan says what #1 rests on: its step over the unmeasured numbers and whether another overtakes") {
+    const json j = plan_json("--global-batch 32 --top 4");
+    const json& a = j.at("assumptions");
+    const double step = j.at("plans")[0].at("predicted").at("step_time_s");
+    CHECK(a.at("step_time_s_range")[0].get<double>() <= step);
+    CHECK(a.at("step_time_s_range")[1].get<double>() >= step);
+    const json& rank = j.at("ranking_over_assumptions");
+    CHECK(rank.at("ends").get<int>() >= 10);
+    for (const json& t : rank.at("overtakes")) {
+      CHECK(t.at("rank").get<int>() >= 2);
+      CHECK(t.at("rank").get<int>() <= 4);
+      CHECK(t.at("faster_than_first").get<double>() > 0);
+    }
+    const Run text = run_cli("plan " + std::string(kTinyJob) + " --global-batch 32 --top 4");
+    REQUIRE(text.exit_code == 0);
+    CHECK(text.out.find("#1 over the stack's unmeasured numbers") != std::string::npos);
+    CHECK((text.out.find("#1 stays the fastest of the 4 listed") != std::string::npos ||
+           text.out.find("#1 is not the fastest at ") != std::string::npos));
+    CHECK_FALSE(plan_json("--global-batch 32 --top 4 --no-assumptions").contains("assumptions"));
+  }
+
   TEST_CASE("plan --json: ranges, ties with the best and MFU against the plan's precision") {
     const json j = plan_json("--global-batch 32 --top 8");
     CHECK(j.at("stack") == "megatron-core");

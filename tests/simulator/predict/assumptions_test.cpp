@@ -17,6 +17,12 @@ struct Job : test::MegatronCase {
     REQUIRE(p.violations.empty());
     return p.step_time_s;
   }
+  double step_on(const Plan& p, const StackProfile& s) const {
+    const Prediction r = predict(model, p, hw, s, workload::uniform_routing(model.moe.num_experts));
+    REQUIRE(r.violations.empty());
+    return r.step_time_s;
+  }
+  double step_on(const Plan& p) const { return step_on(p, stack); }
   AssumptionRange range(const StackProfile& s, int threads = 1) const {
     return assumption_range(model, plan, hw, s, workload::uniform_routing(model.moe.num_experts), step(s),
                             threads);
@@ -112,5 +118,35 @@ TEST_SUITE("predict") {
       CHECK(a.effects[i].step_at_low == b.effects[i].step_at_low);
       CHECK(a.effects[i].step_at_high == b.effects[i].step_at_high);
     }
+  }
+
+  TEST_CASE("a ranking's first plan is overtaken where another plan's step is shorter, by the margin there") {
+    const Job job;
+    Plan slower = job.plan;
+    slower.overlap.dp_comm = false;  // the same job with its gradient sync in line: never faster
+    const double fast_step = job.step(job.stack), slow_step = job.step_on(slower);
+    REQUIRE(slow_step > fast_step);
+    const auto routing = workload::uniform_routing(job.model.moe.num_experts);
+
+    // Listed in the wrong order: the faster plan overtakes the first at every end where it stays faster.
+    const AssumptionRanking wrong = ranking_over_assumptions(
+        job.model, {slower, job.plan}, {slow_step, fast_step}, job.hw, job.stack, routing, 2);
+    CHECK(wrong.ends >= 10);
+    REQUIRE_FALSE(wrong.overtakes.empty());
+    for (const RankOvertake& t : wrong.overtakes) {
+      CAPTURE(t.path);
+      CHECK(t.plan == 1);
+      StackProfile s = job.stack;
+      for (const StackProfile::Number& n : s.numbers()) {
+        if (n.path == t.path) n.number->value = t.at;
+      }
+      CHECK(t.faster == doctest::Approx(1.0 - job.step(s) / job.step_on(slower, s)).epsilon(1e-12));
+    }
+
+    // The same plan twice, or one plan: nothing overtakes.
+    CHECK(ranking_over_assumptions(job.model, {job.plan, job.plan}, {fast_step, fast_step}, job.hw, job.stack,
+                                   routing)
+              .overtakes.empty());
+    CHECK(ranking_over_assumptions(job.model, {job.plan}, {fast_step}, job.hw, job.stack, routing).ends == 0);
   }
 }
