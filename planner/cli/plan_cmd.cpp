@@ -266,24 +266,6 @@ Runner add_plan(CLI::App& app) {
       }
     }
 
-    if (!o->html.empty()) {
-      // The detail section needs the best plan's timeline: predict it again unless the search kept it
-      // (deterministic: the same numbers as the ranking).
-      std::optional<Prediction> again;
-      const Prediction* best = nullptr;
-      if (!r.plans.empty()) {
-        if (opts.keep_graphs) {
-          best = &r.plans[0].prediction;
-        } else {
-          again = predict(model.value(), r.plans[0].plan, hw.value(), stack.value(), routing.value());
-          best = &*again;
-        }
-      }
-      const std::string page = report::plan_html({r, job, model.value(), hw.value(), stack.value(), best});
-      Result<bool> w = write_file_atomic(o->html, page);
-      if (!w) return bad_input(w.error().message);
-    }
-
     // What the ranking rests on: #1's step over the stack's unmeasured numbers, and whether another listed
     // plan overtakes it with any one of them at either end of its range.
     std::optional<AssumptionRange> assumed;
@@ -299,6 +281,28 @@ Runner add_plan(CLI::App& app) {
                                  steps[0], o->threads);
       ranking = ranking_over_assumptions(model.value(), listed, steps, hw.value(), stack.value(),
                                          routing.value(), o->threads);
+    }
+
+    if (!o->html.empty()) {
+      // The detail section needs the best plan's timeline: predict it again unless the search kept it
+      // (deterministic: the same numbers as the ranking).
+      std::optional<Prediction> again;
+      const Prediction* best = nullptr;
+      if (!r.plans.empty()) {
+        if (opts.keep_graphs) {
+          best = &r.plans[0].prediction;
+        } else {
+          again = predict(model.value(), r.plans[0].plan, hw.value(), stack.value(), routing.value());
+          best = &*again;
+        }
+      }
+      report::HtmlOptions html;
+      if (assumed)
+        html.assumptions = assumptions_json(*assumed, r.plans[0].prediction.tokens_per_step, job.gpus);
+      const std::string page =
+          report::plan_html({r, job, model.value(), hw.value(), stack.value(), best}, html);
+      Result<bool> w = write_file_atomic(o->html, page);
+      if (!w) return bad_input(w.error().message);
     }
 
     if (o->json) {

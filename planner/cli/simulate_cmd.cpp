@@ -136,7 +136,9 @@ Runner add_simulate(CLI::App& app) {
       if (!note.empty()) std::fprintf(stderr, "moeplan: %s: %s\n", o->trace.c_str(), note.c_str());
     }
     if (!o->html.empty()) {  // also for an illegal plan: the page lists the rules it breaks
-      Result<bool> w = write_file_atomic(o->html, report::simulate_html(p, ctx));
+      report::HtmlOptions html;
+      if (assumed) html.assumptions = assumptions_json(*assumed, p.tokens_per_step, plan.gpus);
+      Result<bool> w = write_file_atomic(o->html, report::simulate_html(p, ctx, html));
       if (!w) return bad_input(w.error().message);
     }
     if (o->json) {

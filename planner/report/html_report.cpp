@@ -189,6 +189,30 @@ void summary(Out& out, const json& r) {
       emit(out, "<li>{}</li>\n", html_escape(t.get<std::string>()));
     emit(out, "</ul>\n");
   }
+  if (r.contains("assumptions")) {
+    const json& a = r.at("assumptions");
+    const double step_s = r.at("step_time_s").get<double>();
+    emit(out,
+         "<p class=\"note\">Over the stack's unmeasured numbers (each at either end of its stated range): "
+         "{:.0f} "
+         "to {:.0f} tokens/s per GPU. The step moves most with:</p>\n<ul>\n",
+         a.at("tokens_per_s_per_gpu_range")[0].get<double>(),
+         a.at("tokens_per_s_per_gpu_range")[1].get<double>());
+    int shown = 0;
+    for (const json& n : a.at("numbers")) {
+      const double lo = n.at("step_time_s_at_ends")[0].get<double>(),
+                   hi = n.at("step_time_s_at_ends")[1].get<double>();
+      if (shown == 4 || std::max(std::abs(lo - step_s), std::abs(hi - step_s)) <= 1e-3 * step_s) break;
+      ++shown;
+      emit(out,
+           "<li><code>{}</code> = {:g} ({}, range {:g} to {:g}): step {:+.1f}% / {:+.1f}% at the ends</li>\n",
+           html_escape(n.at("number").get<std::string>()), n.at("value").get<double>(),
+           html_escape(n.at("basis").get<std::string>()), n.at("range")[0].get<double>(),
+           n.at("range")[1].get<double>(), 100 * (lo / step_s - 1), 100 * (hi / step_s - 1));
+    }
+    if (shown == 0) emit(out, "<li>none moves the step by 0.1% or more</li>\n");
+    emit(out, "</ul>\n");
+  }
   for (const auto& n : r.at("stack_notices")) {
     emit(out, "<p class=\"note\"><span class=\"badge warn\">stack</span> {}</p>\n",
          html_escape(n.get<std::string>()));
@@ -369,7 +393,9 @@ std::string simulate_html(const Prediction& p, const ReportContext& ctx, const H
     plan_settings(out, ctx.plan);
     emit(out, "</section>\n");
   } else {
-    plan_sections(out, p, ctx, report_json(p, ctx), options);
+    json r = report_json(p, ctx);
+    if (!options.assumptions.is_null()) r["assumptions"] = options.assumptions;
+    plan_sections(out, p, ctx, r, options);
   }
   page_end(out, "moeplan simulate --html");
   return fmt::to_string(out);
@@ -479,7 +505,9 @@ std::string plan_html(const PlanSearchPage& page, const HtmlOptions& options) {
            "<header style=\"margin-top:28px\"><h1>Plan #1 in detail</h1><p><code>{}</code></p></header>\n",
            html_escape(planner::describe(r.plans[0].plan)));
       const ReportContext ctx{r.plans[0].plan, page.model, page.hardware, page.stack};
-      plan_sections(out, *page.best, ctx, report_json(*page.best, ctx), options);
+      json best = report_json(*page.best, ctx);
+      if (!options.assumptions.is_null()) best["assumptions"] = options.assumptions;
+      plan_sections(out, *page.best, ctx, best, options);
     }
   }
   page_end(out, "moeplan plan --html");

@@ -23,6 +23,9 @@ struct HtmlOptions {
   // Pipeline stages drawn in the timeline; beyond it the first, last and critical stages and evenly spaced
   // ones in between are drawn, and the page says which.
   int64_t max_timeline_stages = 8;
+  // The plan's step over its stack's unmeasured numbers (assumptions_json), shown in the summary; null: not
+  // computed (simulate --no-assumptions).
+  nlohmann::json assumptions;
 };
 
 // The step timeline as drawn: one row per (pipeline stage, stream) that has ops, then one row per stage with

@@ -29,7 +29,8 @@ TEST_SUITE("report.svg") {
 
   TEST_CASE("over the rectangle budget the timeline merges ops, accounts for every one and says so") {
     const Simulated s("tiny-moe-ep2.json");
-    const report::HtmlOptions small{.max_timeline_rects = 60, .max_timeline_stages = 12};
+    const report::HtmlOptions small{
+        .max_timeline_rects = 60, .max_timeline_stages = 12, .assumptions = nullptr};
     const report::TimelineLayout t = report::timeline_layout(s.p, small);
     CHECK(t.merge_resolution_s > 0);
     CHECK(static_cast<int64_t>(t.rects.size()) <= 60);
@@ -45,15 +46,15 @@ TEST_SUITE("report.svg") {
   TEST_CASE("a deep pipeline draws the first, last and critical stages and names the ones it shows") {
     const Simulated s("mixtral-8x22b-128xh100.json");  // pp 8
     REQUIRE(s.p.graph.num_stages == 8);
-    const report::TimelineLayout t =
-        report::timeline_layout(s.p, {.max_timeline_rects = 3000, .max_timeline_stages = 4});
+    const report::TimelineLayout t = report::timeline_layout(
+        s.p, {.max_timeline_rects = 3000, .max_timeline_stages = 4, .assumptions = nullptr});
     CHECK(t.stages.size() == 4);
     CHECK(t.stages.front() == 0);
     CHECK(t.stages.back() == 7);
     CHECK(std::find(t.stages.begin(), t.stages.end(), s.p.critical_stage) != t.stages.end());
     CHECK(static_cast<int64_t>(t.rects.size()) <= 3000);
-    const std::string html =
-        report::simulate_html(s.p, s.ctx(), {.max_timeline_rects = 3000, .max_timeline_stages = 4});
+    const std::string html = report::simulate_html(
+        s.p, s.ctx(), {.max_timeline_rects = 3000, .max_timeline_stages = 4, .assumptions = nullptr});
     CHECK(html.find("Showing 4 of 8 pipeline stages") != std::string::npos);
   }
 
@@ -63,8 +64,8 @@ TEST_SUITE("report.svg") {
     // The whole step: where the periodic steady state is extrapolated, the timeline draws only the run that
     // was simulated.
     const Simulated s("mixtral-8x22b-128xh100.json", {.whole_step = true});
-    const report::TimelineLayout t =
-        report::timeline_layout(s.p, {.max_timeline_rects = int64_t{1} << 40, .max_timeline_stages = 8});
+    const report::TimelineLayout t = report::timeline_layout(
+        s.p, {.max_timeline_rects = int64_t{1} << 40, .max_timeline_stages = 8, .assumptions = nullptr});
     REQUIRE(t.merge_resolution_s == 0);
     double exposed = 0, idle = 0;
     for (const auto& r : t.rects) {
