@@ -1,4 +1,5 @@
-// The step over the stack's ranged numbers: one prediction per number and end, then the two corners.
+// The step over the stack's ranged numbers (one prediction per number and end, then the two corners), and a
+// ranking of plans checked at the same ends.
 #include "simulator/predict/assumptions.h"
 
 #include <algorithm>
