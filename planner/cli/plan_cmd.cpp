@@ -60,7 +60,8 @@ void print_ranking(const AssumptionRanking& ranking, size_t listed) {
   if (listed < 2 || ranking.ends == 0) return;
   if (ranking.overtakes.empty()) {
     fmt::print(
-        "#1 stays the fastest of the {} listed with each of those numbers alone at either end ({} ends)\n",
+        "#1 stays the fastest of the {} listed with each unmeasured stack number alone at either end of its "
+        "range ({} ends)\n",
         listed, ranking.ends);
     return;
   }
