@@ -115,7 +115,7 @@ void print_assumptions(const AssumptionRange& a, double tokens_per_step, int64_t
       a.fastest_s, a.slowest_s, tokens_per_step / a.slowest_s / g, tokens_per_step / a.fastest_s / g);
   int shown = 0;
   for (const AssumptionEffect& e : a.effects) {
-    if (shown == 4 || e.swing(a.step_time_s) <= 1e-3 * a.step_time_s) break;
+    if (shown == kAssumptionsListed || e.swing(a.step_time_s) <= kNegligibleSwing * a.step_time_s) break;
     ++shown;
     auto pct = [&](double s) { return fmt::format("{:+.1f}%", 100 * (s / a.step_time_s - 1)); };
     fmt::print("  {} = {} ({}, range {} to {}): step {} / {} at the ends\n", e.path,

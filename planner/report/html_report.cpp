@@ -202,7 +202,9 @@ void summary(Out& out, const json& r) {
     for (const json& n : a.at("numbers")) {
       const double lo = n.at("step_time_s_at_ends")[0].get<double>(),
                    hi = n.at("step_time_s_at_ends")[1].get<double>();
-      if (shown == 4 || std::max(std::abs(lo - step_s), std::abs(hi - step_s)) <= 1e-3 * step_s) break;
+      if (shown == kAssumptionsListed ||
+          std::max(std::abs(lo - step_s), std::abs(hi - step_s)) <= kNegligibleSwing * step_s)
+        break;
       ++shown;
       emit(out,
            "<li><code>{}</code> = {:g} ({}, range {:g} to {:g}): step {:+.1f}% / {:+.1f}% at the ends</li>\n",

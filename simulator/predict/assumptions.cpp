@@ -16,41 +16,50 @@ double AssumptionEffect::swing(double step) const {
 
 namespace {
 
-// The ranged numbers of a stack: indices into StackProfile::numbers().
-std::vector<size_t> ranged_numbers(StackProfile stack) {
-  std::vector<size_t> out;
-  const std::vector<StackProfile::Number> numbers = stack.numbers();
-  for (size_t i = 0; i < numbers.size(); ++i) {
-    if (numbers[i].number->range) out.push_back(i);
-  }
-  return out;
-}
+// A stack's ranged numbers, read once: their place in StackProfile::numbers(), their values, and each end
+// that differs from its value (the number's index here, and whether it is the high end).
+struct Ranged {
+  StackProfile probe;
+  std::vector<StackProfile::Number> numbers;  // into probe
+  std::vector<size_t> at;                     // indices into numbers
+  std::vector<double> values;
+  std::vector<std::pair<size_t, bool>> ends;
 
-// The plan's step with `stack`'s numbers at `ranged` set to `values` (`fallback` if the plan is illegal).
-double step_with(const ModelSpec& model, const Plan& plan, const HardwareProfile& hw,
-                 const StackProfile& stack, const workload::RoutingDistribution& routing,
-                 const std::vector<size_t>& ranged, const std::vector<double>& values, double fallback) {
-  StackProfile s = stack;
-  const std::vector<StackProfile::Number> ns = s.numbers();
-  for (size_t j = 0; j < ranged.size(); ++j) ns[ranged[j]].number->value = values[j];
-  const Prediction p =
-      predict(model, plan, hw, s, routing, {.critical_path = false, .op_summary = false, .threads = 1});
-  return p.violations.empty() ? p.step_time_s : fallback;
-}
-
-// Each ranged number alone at each end that differs from its value: (number's index in `ranged`, high end).
-std::vector<std::pair<size_t, bool>> single_ends(const StackProfile& stack,
-                                                 const std::vector<size_t>& ranged) {
-  StackProfile s = stack;
-  const std::vector<StackProfile::Number> ns = s.numbers();
-  std::vector<std::pair<size_t, bool>> out;
-  for (size_t j = 0; j < ranged.size(); ++j) {
-    const Stated<double>& n = *ns[ranged[j]].number;
-    if (n.range->first != n.value) out.emplace_back(j, false);
-    if (n.range->second != n.value) out.emplace_back(j, true);
+  Ranged(const Ranged&) = delete;  // `numbers` points into `probe`
+  Ranged& operator=(const Ranged&) = delete;
+  explicit Ranged(const StackProfile& stack) : probe(stack), numbers(probe.numbers()) {
+    for (size_t i = 0; i < numbers.size(); ++i) {
+      const Stated<double>& n = *numbers[i].number;
+      if (!n.range) continue;
+      if (n.range->first != n.value) ends.emplace_back(at.size(), false);
+      if (n.range->second != n.value) ends.emplace_back(at.size(), true);
+      at.push_back(i);
+      values.push_back(n.value);
+    }
   }
-  return out;
-}
+  const StackProfile::Number& number(size_t j) const { return numbers[at[j]]; }
+  double end_value(const std::pair<size_t, bool>& e) const {
+    const auto& r = *number(e.first).number->range;
+    return e.second ? r.second : r.first;
+  }
+  // The plan's step with the ranged numbers set to `set` (`fallback` if the plan is illegal).
+  double step_with(const ModelSpec& model, const Plan& plan, const HardwareProfile& hw,
+                   const workload::RoutingDistribution& routing, const std::vector<double>& set,
+                   double fallback) const {
+    StackProfile s = probe;
+    const std::vector<StackProfile::Number> ns = s.numbers();
+    for (size_t j = 0; j < at.size(); ++j) ns[at[j]].number->value = set[j];
+    const Prediction p =
+        predict(model, plan, hw, s, routing, {.critical_path = false, .op_summary = false, .threads = 1});
+    return p.violations.empty() ? p.step_time_s : fallback;
+  }
+  // The values with end `e` alone moved.
+  std::vector<double> with_end(const std::pair<size_t, bool>& e) const {
+    std::vector<double> set = values;
+    set[e.first] = end_value(e);
+    return set;
+  }
+};
 
 }  // namespace
 
@@ -59,16 +68,13 @@ AssumptionRange assumption_range(const ModelSpec& model, const Plan& plan, const
                                  double step_time_s, int threads) {
   AssumptionRange out;
   out.step_time_s = out.fastest_s = out.slowest_s = step_time_s;
-  const std::vector<size_t> ranged = ranged_numbers(stack);
-  StackProfile probe = stack;
-  const std::vector<StackProfile::Number> numbers = probe.numbers();
-  std::vector<double> values;
-  for (size_t i : ranged) {
-    const Stated<double>& n = *numbers[i].number;
-    values.push_back(n.value);
-    out.effects.push_back({.path = numbers[i].path,
+  const Ranged ranged(stack);
+  for (size_t j = 0; j < ranged.at.size(); ++j) {
+    const StackProfile::Number& num = ranged.number(j);
+    const Stated<double>& n = *num.number;
+    out.effects.push_back({.path = num.path,
                            .basis = n.basis,
-                           .unit = numbers[i].unit,
+                           .unit = num.unit,
                            .value = n.value,
                            .low = n.range->first,
                            .high = n.range->second,
@@ -76,24 +82,20 @@ AssumptionRange assumption_range(const ModelSpec& model, const Plan& plan, const
                            .step_at_high = step_time_s});
   }
   auto step_at = [&](const std::vector<double>& set) {
-    return step_with(model, plan, hw, stack, routing, ranged, set, step_time_s);
+    return ranged.step_with(model, plan, hw, routing, set, step_time_s);
   };
 
   // Each number alone at each end that differs from its value.
-  const std::vector<std::pair<size_t, bool>> ends = single_ends(stack, ranged);
+  const auto& ends = ranged.ends;
   std::vector<double> steps(ends.size());
-  parallel_for(ends.size(), threads, [&](size_t i) {
-    std::vector<double> set = values;
-    const AssumptionEffect& e = out.effects[ends[i].first];
-    set[ends[i].first] = ends[i].second ? e.high : e.low;
-    steps[i] = step_at(set);
-  });
+  parallel_for(ends.size(), threads, [&](size_t i) { steps[i] = step_at(ranged.with_end(ends[i])); });
   for (size_t i = 0; i < ends.size(); ++i) {
     AssumptionEffect& e = out.effects[ends[i].first];
     (ends[i].second ? e.step_at_high : e.step_at_low) = steps[i];
   }
 
   // The two corners: each number at the end that moved the step its way alone.
+  const std::vector<double>& values = ranged.values;
   std::vector<double> fast = values, slow = values;
   for (size_t j = 0; j < out.effects.size(); ++j) {
     const AssumptionEffect& e = out.effects[j];
@@ -127,29 +129,22 @@ AssumptionRanking ranking_over_assumptions(const ModelSpec& model, const std::ve
                                            const workload::RoutingDistribution& routing, int threads) {
   AssumptionRanking out;
   if (plans.size() < 2) return out;
-  const std::vector<size_t> ranged = ranged_numbers(stack);
-  StackProfile probe = stack;
-  const std::vector<StackProfile::Number> numbers = probe.numbers();
-  std::vector<double> values;
-  for (size_t i : ranged) values.push_back(numbers[i].number->value);
-  const std::vector<std::pair<size_t, bool>> ends = single_ends(stack, ranged);
+  const Ranged ranged(stack);
+  const auto& ends = ranged.ends;
   out.ends = static_cast<int64_t>(ends.size());
   // step[e * plans + p]: plan p with end e.
   std::vector<double> step(ends.size() * plans.size());
   parallel_for(step.size(), threads, [&](size_t i) {
     const size_t e = i / plans.size(), p = i % plans.size();
-    std::vector<double> set = values;
-    const Stated<double>& n = *numbers[ranged[ends[e].first]].number;
-    set[ends[e].first] = ends[e].second ? n.range->second : n.range->first;
-    step[i] = step_with(model, plans[p], hw, stack, routing, ranged, set, steps[p]);
+    step[i] = ranged.step_with(model, plans[p], hw, routing, ranged.with_end(ends[e]), steps[p]);
   });
   for (size_t e = 0; e < ends.size(); ++e) {
     const double* at = &step[e * plans.size()];
     const size_t best = static_cast<size_t>(std::min_element(at, at + plans.size()) - at);
     if (best == 0 || at[best] >= at[0]) continue;
-    const StackProfile::Number& n = numbers[ranged[ends[e].first]];
+    const StackProfile::Number& n = ranged.number(ends[e].first);
     out.overtakes.push_back({.path = n.path,
-                             .at = ends[e].second ? n.number->range->second : n.number->range->first,
+                             .at = ranged.end_value(ends[e]),
                              .unit = n.unit,
                              .plan = best,
                              .faster = 1.0 - at[best] / at[0]});

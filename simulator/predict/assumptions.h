@@ -25,6 +25,11 @@ struct AssumptionEffect {
   double swing(double step) const;           // the larger of the two ends' distances from `step`
 };
 
+// Reports list at most this many numbers, largest swing first, and leave out those whose swing is below this
+// share of the step.
+constexpr int kAssumptionsListed = 4;
+constexpr double kNegligibleSwing = 1e-3;
+
 struct AssumptionRange {
   double step_time_s = 0;  // the prediction's, every number at its value
   // Every ranged number at the end that made the step shorter alone (longer alone); numbers that did not
