@@ -397,7 +397,9 @@ const CollectivePlateau* CostModel::plateau(Collective c, Scope s) const {
 }
 
 // Inside a node: the fastest fitted curve of this collective (NCCL picks the fastest algorithm), preferring
-// the measured rank count; without a curve, a plateau; without that, NVLink's achieved bandwidth.
+// the measured rank count; without a curve, a plateau; without that, NVLink's achieved bandwidth. A curve of
+// one large message says nothing of smaller ones: where a sweep over sizes exists at that rank count, the
+// single point prices only messages at least its size.
 double CostModel::intra_node_seconds(Collective c, int64_t n, double bytes, double* rel_error) const {
   double best = -1;
   int64_t best_ranks = 0;
@@ -408,8 +410,12 @@ double CostModel::intra_node_seconds(Collective c, int64_t n, double bytes, doub
     if (!nearest || std::abs(std::log(d(k.ranks) / d(n))) < std::abs(std::log(d(nearest) / d(n))))
       nearest = k.ranks;
   }
+  const bool swept = std::any_of(curves_.begin(), curves_.end(), [&](const Curve& k) {
+    return k.collective == c && k.scope == Scope::kIntraNode && k.ranks == nearest && !k.single_point;
+  });
   for (const auto& k : curves_) {
     if (k.collective != c || k.scope != Scope::kIntraNode || k.ranks != nearest) continue;
+    if (swept && k.single_point && bytes < k.min_bytes) continue;
     const double t = curve_seconds(k.model, c, n, bytes);
     if (best < 0 || t < best) best = t, best_ranks = k.ranks, used = &k;
   }

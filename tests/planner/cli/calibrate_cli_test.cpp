@@ -26,7 +26,7 @@ TEST_SUITE("cli") {
     const std::string out = temp_path("calibrated_h100");
     const Run r = run_cli("calibrate --sources hwprofiles/sources/h100-sxm -o '" + out + "'");
     CHECK(r.exit_code == 0);
-    CHECK(r.out.find("h100-sxm: 8 collective curves") == 0);
+    CHECK(r.out.find("h100-sxm: 20 collective curves") == 0);
     CHECK(slurp(out) == slurp(std::string(MOEPLAN_SOURCE_DIR) + "/hwprofiles/h100-sxm.json"));
     fs::remove(out);
   }

@@ -36,12 +36,17 @@ CommSpec spec(Collective c, int32_t size, int32_t stride, double bytes) {
 TEST_SUITE("cost") {
   TEST_CASE("ring all-gather time equals the alpha-beta form") {
     // H200 profile: all_gather ring over 8 GPUs measured at one size (361.4 GB/s busbw at 16 GiB); latency is
-    // NCCL's NVLink per-step constant times n-1 steps. t = 7 * lat + bytes * 7/8 / busbw.
-    const auto p = load("h200-sxm");
+    // NCCL's NVLink per-step constant times n-1 steps. t = 7 * lat + bytes * 7/8 / busbw. The profile's sweep
+    // over sizes at 8 ranks is left out here: with only the single point, it prices every size.
+    auto p = load("h200-sxm");
+    auto& cs = p.hw.calibration.collectives;
+    std::erase_if(cs, [](const auto& c) {
+      return c.collective == Collective::kAllGather && c.scope == Scope::kIntraNode && c.points.size() > 1;
+    });
     const cost::CostModel cm(p.hw, p.stack);
     const double lat = p.hw.node.nvlink_latency_s.value;
     double busbw = 0;
-    for (const auto& c : p.hw.calibration.collectives) {
+    for (const auto& c : cs) {
       if (c.collective == Collective::kAllGather && c.scope == Scope::kIntraNode && c.ranks == 8)
         busbw = c.points.back().second;
     }
@@ -51,6 +56,29 @@ TEST_SUITE("cost") {
       CHECK(t == doctest::Approx(7 * lat + bytes * 7.0 / 8.0 / busbw));
       CHECK(t == doctest::Approx(cost::alpha_beta_seconds(Collective::kAllGather, 8, bytes, 7 * lat, busbw)));
     }
+  }
+
+  TEST_CASE("one large-message point prices only messages at least its size where a sweep exists") {
+    // H200 all_gather over 8 GPUs: a sweep 512 B - 512 MiB (G8) and the ring measured once at 16 GiB (361.4
+    // GB/s busbw). Below 16 GiB the sweep alone prices (its 335 GB/s at 512 MiB is slower than the single
+    // point's alpha-beta line there); from 16 GiB on the faster of the two does.
+    const auto p = load("h200-sxm");
+    const cost::CostModel full(p.hw, p.stack);
+    auto sweep_only = p;
+    std::erase_if(sweep_only.hw.calibration.collectives, [](const auto& c) {
+      return c.collective == Collective::kAllGather && c.scope == Scope::kIntraNode && c.points.size() == 1;
+    });
+    const cost::CostModel swept(sweep_only.hw, sweep_only.stack);
+    const double lat = p.hw.node.nvlink_latency_s.value, busbw = 361.4e9;
+    for (double bytes : {1.0 * kMiB, 64.0 * kMiB, 512.0 * kMiB}) {
+      const double t = full.collective_seconds(spec(Collective::kAllGather, 8, 1, bytes), nullptr, nullptr);
+      CHECK(t == doctest::Approx(
+                     swept.collective_seconds(spec(Collective::kAllGather, 8, 1, bytes), nullptr, nullptr)));
+      CHECK(t > cost::alpha_beta_seconds(Collective::kAllGather, 8, bytes, 7 * lat, busbw));
+    }
+    const double big = 16.0 * kGiB;
+    CHECK(full.collective_seconds(spec(Collective::kAllGather, 8, 1, big), nullptr, nullptr) ==
+          doctest::Approx(cost::alpha_beta_seconds(Collective::kAllGather, 8, big, 7 * lat, busbw)));
   }
 
   TEST_CASE("the alpha-beta fit recovers latency and bandwidth from exact data") {
