@@ -47,9 +47,11 @@ enum class MemOp : uint8_t {
   kPermute,
   kCast,
   kEmbedding,
-  kLoss,
+  kLoss,  // the loss as one kernel each way (TE's Triton kernels, moerun, MegaScale-MoE)
   kRouting,
-  kReduce
+  kReduce,
+  kLossUnfused,  // Megatron's eager cross-entropy: one PyTorch kernel per step of the loss
+  kLossNative    // Megatron's fused cross-entropy (--cross-entropy-fusion-impl native, torch.compile)
 };
 
 struct GemmShape {

@@ -3,6 +3,8 @@
 
 #include <algorithm>
 
+#include "simulator/core/op_graph.h"
+
 namespace moeplan {
 
 const char* name_of(Basis b) {
@@ -96,19 +98,31 @@ std::vector<const std::string*> StackProfile::number_sources() const {
 
 std::vector<StackProfile::Number> StackProfile::numbers() {
   constexpr double us = 1e-6;
-  return {{"host.launch_us_per_kernel", &launch_s_per_kernel, us},
-          {"host.issue_us_per_kernel", &host_s_per_kernel, us},
-          {"host.us_per_local_expert", &host_s_per_local_expert, us},
-          {"host.us_per_micro_batch", &host_s_per_micro_batch, us},
-          {"host.sync_us", &host_sync_s, us},
-          {"host.min_kernel_us", &min_kernel_s, us},
-          {"grouped_gemm.efficiency", &grouped_gemm.efficiency, 1.0},
-          {"grouped_gemm.wgrad_efficiency", &grouped_gemm.wgrad_efficiency, 1.0},
-          {"memory_bound_efficiency", &memory_bound_efficiency, 1.0},
-          {"dispatcher.nic_efficiency", &dispatcher.nic_efficiency, 1.0},
-          {"dispatcher.nvlink_efficiency", &dispatcher.nvlink_efficiency, 1.0},
-          {"comm_sm_fraction", &comm_sm_fraction, 1.0},
-          {"overlap_compute_efficiency", &overlap_compute_efficiency, 1.0}};
+  std::vector<Number> out{{"host.launch_us_per_kernel", &launch_s_per_kernel, us},
+                          {"host.issue_us_per_kernel", &host_s_per_kernel, us},
+                          {"host.us_per_local_expert", &host_s_per_local_expert, us},
+                          {"host.us_per_micro_batch", &host_s_per_micro_batch, us},
+                          {"host.sync_us", &host_sync_s, us},
+                          {"host.min_kernel_us", &min_kernel_s, us},
+                          {"grouped_gemm.efficiency", &grouped_gemm.efficiency, 1.0},
+                          {"grouped_gemm.wgrad_efficiency", &grouped_gemm.wgrad_efficiency, 1.0},
+                          {"memory_bound_efficiency", &memory_bound_efficiency, 1.0},
+                          {"dispatcher.nic_efficiency", &dispatcher.nic_efficiency, 1.0},
+                          {"dispatcher.nvlink_efficiency", &dispatcher.nvlink_efficiency, 1.0},
+                          {"comm_sm_fraction", &comm_sm_fraction, 1.0},
+                          {"overlap_compute_efficiency", &overlap_compute_efficiency, 1.0}};
+  if (memory_bound_by_kind.loss_unfused.value > 0)
+    out.push_back({"memory_bound_efficiency_by_kind.loss_unfused", &memory_bound_by_kind.loss_unfused, 1.0});
+  if (memory_bound_by_kind.loss_native.value > 0)
+    out.push_back({"memory_bound_efficiency_by_kind.loss_native", &memory_bound_by_kind.loss_native, 1.0});
+  return out;
+}
+
+const Stated<double>& StackProfile::memory_bound_efficiency_of(MemOp kind) const {
+  const Stated<double>* own = nullptr;
+  if (kind == MemOp::kLossUnfused) own = &memory_bound_by_kind.loss_unfused;
+  if (kind == MemOp::kLossNative) own = &memory_bound_by_kind.loss_native;
+  return own && own->value > 0 ? *own : memory_bound_efficiency;
 }
 
 const char* name_of(DispatcherKind d) {

@@ -79,6 +79,8 @@ const char* name_of(DispatcherKind d);
 enum class AttentionKernel : uint8_t { kFa3, kCudnn, kFa2 };
 const char* name_of(AttentionKernel a);
 
+enum class MemOp : uint8_t;  // simulator/core/op_graph.h
+
 struct StackProfile {
   std::string name, description;
   std::map<std::string, std::string> sources;  // source id -> citation
@@ -103,6 +105,14 @@ struct StackProfile {
   } grouped_gemm;
 
   Stated<double> memory_bound_efficiency;  // fraction of achieved HBM bandwidth for permute, casts, norms
+  // Memory-bound kernels measured apart from the rest: their own fraction of the achieved HBM bandwidth over
+  // the bytes the lowering counts for them. Value 0: not stated, memory_bound_efficiency prices them.
+  struct MemoryBoundByKind {
+    Stated<double> loss_unfused;  // MemOp::kLossUnfused
+    Stated<double> loss_native;   // MemOp::kLossNative
+  } memory_bound_by_kind;
+  // The efficiency (and its number) that prices a memory-bound kernel of this kind.
+  const Stated<double>& memory_bound_efficiency_of(MemOp kind) const;
 
   struct Dispatcher {
     Stated<DispatcherKind> kind;

@@ -611,8 +611,9 @@ OpCost CostModel::cost(const Op& op) const {
       r.basis = weaker(r.basis, stack_.attention_kernel.basis);
       break;
     case OpKind::kMemoryBound:
-    case OpKind::kOptimizer:
-      r.seconds = op.hbm_bytes / mem_bw + floor + launch;
+    case OpKind::kOptimizer: {
+      const Stated<double>& eff = stack_.memory_bound_efficiency_of(op.mem);
+      r.seconds = op.hbm_bytes / (hw_.gpu.hbm_bw_achieved_bytes_per_s.value * eff.value) + floor + launch;
       // HybridEP's dispatch set-up (routing-map all-gather, preprocessing, the wait for counts) as its
       // benchmark measures it beyond the dispatch kernel, per node count of the exchange.
       if (static_cast<OpName>(op.name) == OpName::kDispatchPreprocess &&
@@ -620,13 +621,14 @@ OpCost CostModel::cost(const Op& op) const {
         r.seconds = std::max(r.seconds, dispatcher_at(d(placement(op.comm).nodes)).dispatch_setup_s);
         r.basis = weaker(r.basis, stack_.dispatcher.by_nodes_basis);
       }
-      err = stack_.memory_bound_efficiency.basis == Basis::kMeasured ? 0.05 : kAssumedRelError;
-      r.basis = weaker(r.basis, stack_.memory_bound_efficiency.basis);
+      err = eff.basis == Basis::kMeasured ? 0.05 : kAssumedRelError;
+      r.basis = weaker(r.basis, eff.basis);
       if (op.host_sync) {
         r.host_sync_seconds = stack_.host_sync_s.value;
         r.basis = weaker(r.basis, stack_.host_sync_s.basis);
       }
       break;
+    }
     case OpKind::kCollective:
     case OpKind::kSendRecv: {
       if (op.comm.node_dedup) {

@@ -144,8 +144,9 @@ Result<StackProfile> stack_from_json(const json& j, const std::string& label) {
           "what each number rests on; see hwprofiles/stacks/README.md for the v2 fields)");
     }
     root.only_keys({"format", "name", "description", "calibrated", "sources", "host", "grouped_gemm",
-                    "memory_bound_efficiency", "dispatcher", "expert_mlp", "attention_kernel",
-                    "comm_sm_fraction", "overlap_compute_efficiency", "overlaps", "capabilities", "memory"});
+                    "memory_bound_efficiency", "memory_bound_efficiency_by_kind", "dispatcher", "expert_mlp",
+                    "attention_kernel", "comm_sm_fraction", "overlap_compute_efficiency", "overlaps",
+                    "capabilities", "memory"});
     if (root.string("format") != "moeplan-stack-v2") root.fail("format", "\"moeplan-stack-v2\"");
     StackProfile s;
     s.name = root.string("name");
@@ -181,6 +182,14 @@ Result<StackProfile> stack_from_json(const json& j, const std::string& label) {
     s.grouped_gemm.wgrad_efficiency = stated_fraction(g, "wgrad_efficiency", Interval::kEfficiency);
 
     s.memory_bound_efficiency = stated_fraction(root, "memory_bound_efficiency", Interval::kEfficiency);
+    if (auto by_kind = root.optional_object("memory_bound_efficiency_by_kind")) {
+      by_kind->only_keys({"loss_unfused", "loss_native"});
+      if (by_kind->has("loss_unfused"))
+        s.memory_bound_by_kind.loss_unfused =
+            stated_fraction(*by_kind, "loss_unfused", Interval::kEfficiency);
+      if (by_kind->has("loss_native"))
+        s.memory_bound_by_kind.loss_native = stated_fraction(*by_kind, "loss_native", Interval::kEfficiency);
+    }
 
     const JsonNode d = root.object("dispatcher");
     d.only_keys({"kind", "host_sync", "sms", "nic_efficiency", "nvlink_efficiency", "permute_fused",
@@ -304,6 +313,12 @@ nlohmann::ordered_json stack_to_json(const StackProfile& s) {
                          {"efficiency", num(s.grouped_gemm.efficiency, 1.0)},
                          {"wgrad_efficiency", num(s.grouped_gemm.wgrad_efficiency, 1.0)}};
   j["memory_bound_efficiency"] = num(s.memory_bound_efficiency, 1.0);
+  oj by_kind = oj::object();
+  if (s.memory_bound_by_kind.loss_unfused.value > 0)
+    by_kind["loss_unfused"] = num(s.memory_bound_by_kind.loss_unfused, 1.0);
+  if (s.memory_bound_by_kind.loss_native.value > 0)
+    by_kind["loss_native"] = num(s.memory_bound_by_kind.loss_native, 1.0);
+  if (!by_kind.empty()) j["memory_bound_efficiency_by_kind"] = by_kind;
   j["dispatcher"] =
       oj{{"kind", name(s.dispatcher.kind)},
          {"host_sync", flag(s.dispatcher.host_sync)},

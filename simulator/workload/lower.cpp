@@ -238,12 +238,17 @@ class Builder {
   // HBM bytes per logit and kernels: TE's Triton kernels read the bf16 logits twice and write the gradient in
   // place (TE triton/cross_entropy.py: online_softmax_kernel, cross_entropy_kernel), then scale it
   // (element_mul_kernel); Megatron's native fusion casts to fp32 with the max, subtracts and exponentiates
-  // with the sum, divides, and in backward writes the bf16 gradient (fused_cross_entropy.py); unfused, each
-  // of cast, max, subtract, exp, sum and divide is its own pass, and backward adds a cast
-  // (tensor_parallel/cross_entropy.py). moerun and MegaScale-MoE: one fused kernel each way.
+  // with the sum, divides (fused_cross_entropy.py); unfused, each of cast, max, subtract, exp, sum and divide
+  // is its own pass, and backward adds a cast (tensor_parallel/cross_entropy.py). The native backward is one
+  // torch.compile'd function (megatron/core/jit.py: jit_fuser = torch.compile) that mutates its input, the
+  // saved fp32 softmax: the functionalised index_put copies it (read 4 B, write 4 B per logit), and the
+  // multiply by the loss gradient, the write back into the input and the bf16 cast run as one pass (read 4 B,
+  // write 4 + 2 B): 18 B. The two Megatron implementations are their own memory-bound kinds, so a stack can
+  // price them at their measured rates. moerun and MegaScale-MoE: one fused kernel each way.
   Op loss_op(OpName name, bool forward, int64_t tg) const {
     double per_logit = forward ? 12.0 : 8.0;
     int kernels = 1;
+    MemOp kind = MemOp::kLoss;
     if (o_.eager_framework) {
       switch (p_.cross_entropy) {
         case CrossEntropy::kTe:
@@ -251,16 +256,18 @@ class Builder {
           kernels = forward ? 2 : 1;
           break;
         case CrossEntropy::kNative:
-          per_logit = forward ? 22.0 : 6.0;
-          kernels = forward ? 3 : 1;
+          per_logit = forward ? 22.0 : 18.0;
+          kernels = 3;
+          kind = MemOp::kLossNative;
           break;
         case CrossEntropy::kUnfused:
           per_logit = forward ? 42.0 : 14.0;
           kernels = forward ? 6 : 3;
+          kind = MemOp::kLossUnfused;
           break;
       }
     }
-    return mem(name, MemOp::kLoss, per_logit * d(tg * (m_.vocab / tp_)), Stream::kCompute, kernels);
+    return mem(name, kind, per_logit * d(tg * (m_.vocab / tp_)), Stream::kCompute, kernels);
   }
   // A device-to-host copy of routing counts the host waits for (Megatron's dispatchers). It runs on a stream
   // of its own, as Megatron's copy does (cuda_dtoh_stream), so the host waits for the counts only.

@@ -126,6 +126,9 @@ TEST_SUITE("io") {
       CHECK(s.attention_kernel.value == a.attention_kernel.value);
       CHECK(s.capabilities.recompute == a.capabilities.recompute);
       CHECK(s.memory.reserve_bytes_high.value == doctest::Approx(a.memory.reserve_bytes_high.value));
+      CHECK(s.memory_bound_by_kind.loss_unfused.value ==
+            doctest::Approx(a.memory_bound_by_kind.loss_unfused.value));
+      CHECK(s.memory_bound_by_kind.loss_native.basis == a.memory_bound_by_kind.loss_native.basis);
       CHECK(s.sources == a.sources);
       StackProfile a_copy = a, s_copy = s;
       const auto an = a_copy.numbers(), sn = s_copy.numbers();
@@ -235,6 +238,26 @@ TEST_SUITE("io") {
     j["host"]["launch_us_per_kernal"] = j["host"]["launch_us_per_kernel"];
     CHECK(error_of(j) ==
           "s.json: field 'host.launch_us_per_kernal': unknown key (did you mean 'launch_us_per_kernel'?)");
+  }
+
+  TEST_CASE("memory-bound kinds measured apart are optional, named, and efficiencies like the rest") {
+    CHECK(load("megatron-core").memory_bound_by_kind.loss_unfused.value == doctest::Approx(0.96));
+    CHECK(load("megatron-core").memory_bound_by_kind.loss_native.basis == Basis::kDerived);
+    CHECK(load("moerun").memory_bound_by_kind.loss_unfused.value == 0);  // not stated: the default prices it
+    CHECK(io::stack_to_json(load("moerun")).count("memory_bound_efficiency_by_kind") == 0);
+
+    io::json j = moerun_json();
+    j["memory_bound_efficiency_by_kind"]["loss_fused"] = j["memory_bound_efficiency"];
+    CHECK(error_of(j) ==
+          "s.json: field 'memory_bound_efficiency_by_kind.loss_fused': unknown key (did you mean "
+          "'loss_unfused'?)");
+
+    j = moerun_json();
+    j["memory_bound_efficiency_by_kind"]["loss_native"] = j["memory_bound_efficiency"];
+    j["memory_bound_efficiency_by_kind"]["loss_native"]["value"] = 0;
+    CHECK(error_of(j) ==
+          "s.json: field 'memory_bound_efficiency_by_kind.loss_native.value': expected an "
+          "efficiency in (0, 1], got number 0");
   }
 
   TEST_CASE("an efficiency above 1 or at 0, or an SM share of 1, is rejected, naming the field") {
