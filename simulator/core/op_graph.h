@@ -51,7 +51,8 @@ enum class MemOp : uint8_t {
   kRouting,
   kReduce,
   kLossUnfused,  // Megatron's eager cross-entropy: one PyTorch kernel per step of the loss
-  kLossNative    // Megatron's fused cross-entropy (--cross-entropy-fusion-impl native, torch.compile)
+  kLossNative,   // Megatron's fused cross-entropy (--cross-entropy-fusion-impl native, torch.compile)
+  kGlu           // the gated activation of an MLP (SwiGLU): silu(gate) * up, and its gradient
 };
 
 struct GemmShape {

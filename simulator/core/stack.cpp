@@ -111,18 +111,36 @@ std::vector<StackProfile::Number> StackProfile::numbers() {
                           {"dispatcher.nvlink_efficiency", &dispatcher.nvlink_efficiency, 1.0},
                           {"comm_sm_fraction", &comm_sm_fraction, 1.0},
                           {"overlap_compute_efficiency", &overlap_compute_efficiency, 1.0}};
-  if (memory_bound_by_kind.loss_unfused.value > 0)
-    out.push_back({"memory_bound_efficiency_by_kind.loss_unfused", &memory_bound_by_kind.loss_unfused, 1.0});
-  if (memory_bound_by_kind.loss_native.value > 0)
-    out.push_back({"memory_bound_efficiency_by_kind.loss_native", &memory_bound_by_kind.loss_native, 1.0});
+  for (const KindNumber& k : memory_bound_kind_numbers()) {
+    Stated<double>& n = memory_bound_by_kind.*k.number;
+    if (n.value > 0) out.push_back({k.path, &n, 1.0});
+  }
   return out;
 }
 
-const Stated<double>& StackProfile::memory_bound_efficiency_of(MemOp kind) const {
-  const Stated<double>* own = nullptr;
-  if (kind == MemOp::kLossUnfused) own = &memory_bound_by_kind.loss_unfused;
-  if (kind == MemOp::kLossNative) own = &memory_bound_by_kind.loss_native;
-  return own && own->value > 0 ? *own : memory_bound_efficiency;
+const std::vector<StackProfile::KindNumber>& StackProfile::memory_bound_kind_numbers() {
+  using B = MemoryBoundByKind;
+  static const std::vector<KindNumber> kinds = {
+      {"glu.forward", "memory_bound_efficiency_by_kind.glu.forward", MemOp::kGlu, false, &B::glu_forward},
+      {"glu.backward", "memory_bound_efficiency_by_kind.glu.backward", MemOp::kGlu, true, &B::glu_backward},
+      {"loss_unfused.forward", "memory_bound_efficiency_by_kind.loss_unfused.forward", MemOp::kLossUnfused,
+       false, &B::loss_unfused_forward},
+      {"loss_unfused.backward", "memory_bound_efficiency_by_kind.loss_unfused.backward", MemOp::kLossUnfused,
+       true, &B::loss_unfused_backward},
+      {"loss_native.forward", "memory_bound_efficiency_by_kind.loss_native.forward", MemOp::kLossNative,
+       false, &B::loss_native_forward},
+      {"loss_native.backward", "memory_bound_efficiency_by_kind.loss_native.backward", MemOp::kLossNative,
+       true, &B::loss_native_backward}};
+  return kinds;
+}
+
+const Stated<double>& StackProfile::memory_bound_efficiency_of(MemOp kind, Phase phase) const {
+  const bool backward = phase == Phase::kBackward;
+  for (const KindNumber& k : memory_bound_kind_numbers()) {
+    const Stated<double>& n = memory_bound_by_kind.*k.number;
+    if (k.kind == kind && k.backward == backward && n.value > 0) return n;
+  }
+  return memory_bound_efficiency;
 }
 
 const char* name_of(DispatcherKind d) {

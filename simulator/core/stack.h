@@ -80,6 +80,7 @@ enum class AttentionKernel : uint8_t { kFa3, kCudnn, kFa2 };
 const char* name_of(AttentionKernel a);
 
 enum class MemOp : uint8_t;  // simulator/core/op_graph.h
+enum class Phase : uint8_t;  // simulator/core/op_graph.h
 
 struct StackProfile {
   std::string name, description;
@@ -106,13 +107,24 @@ struct StackProfile {
 
   Stated<double> memory_bound_efficiency;  // fraction of achieved HBM bandwidth for permute, casts, norms
   // Memory-bound kernels measured apart from the rest: their own fraction of the achieved HBM bandwidth over
-  // the bytes the lowering counts for them. Value 0: not stated, memory_bound_efficiency prices them.
+  // the bytes the lowering counts for them, forward and backward (recomputation runs the forward). Value 0:
+  // not stated, memory_bound_efficiency prices them.
   struct MemoryBoundByKind {
-    Stated<double> loss_unfused;  // MemOp::kLossUnfused
-    Stated<double> loss_native;   // MemOp::kLossNative
+    Stated<double> glu_forward, glu_backward;                    // MemOp::kGlu
+    Stated<double> loss_unfused_forward, loss_unfused_backward;  // MemOp::kLossUnfused
+    Stated<double> loss_native_forward, loss_native_backward;    // MemOp::kLossNative
   } memory_bound_by_kind;
-  // The efficiency (and its number) that prices a memory-bound kernel of this kind.
-  const Stated<double>& memory_bound_efficiency_of(MemOp kind) const;
+  // Each of them: its key under memory_bound_efficiency_by_kind, its kind and phase, and where it is held.
+  struct KindNumber {
+    const char* key;   // "glu.forward"
+    const char* path;  // "memory_bound_efficiency_by_kind.glu.forward"
+    MemOp kind;
+    bool backward;
+    Stated<double> MemoryBoundByKind::*number;
+  };
+  static const std::vector<KindNumber>& memory_bound_kind_numbers();
+  // The efficiency (and its number) that prices a memory-bound kernel of this kind in this phase.
+  const Stated<double>& memory_bound_efficiency_of(MemOp kind, Phase phase) const;
 
   struct Dispatcher {
     Stated<DispatcherKind> kind;

@@ -612,7 +612,7 @@ OpCost CostModel::cost(const Op& op) const {
       break;
     case OpKind::kMemoryBound:
     case OpKind::kOptimizer: {
-      const Stated<double>& eff = stack_.memory_bound_efficiency_of(op.mem);
+      const Stated<double>& eff = stack_.memory_bound_efficiency_of(op.mem, op.phase);
       r.seconds = op.hbm_bytes / (hw_.gpu.hbm_bw_achieved_bytes_per_s.value * eff.value) + floor + launch;
       // HybridEP's dispatch set-up (routing-map all-gather, preprocessing, the wait for counts) as its
       // benchmark measures it beyond the dispatch kernel, per node count of the exchange.

@@ -183,12 +183,16 @@ Result<StackProfile> stack_from_json(const json& j, const std::string& label) {
 
     s.memory_bound_efficiency = stated_fraction(root, "memory_bound_efficiency", Interval::kEfficiency);
     if (auto by_kind = root.optional_object("memory_bound_efficiency_by_kind")) {
-      by_kind->only_keys({"loss_unfused", "loss_native"});
-      if (by_kind->has("loss_unfused"))
-        s.memory_bound_by_kind.loss_unfused =
-            stated_fraction(*by_kind, "loss_unfused", Interval::kEfficiency);
-      if (by_kind->has("loss_native"))
-        s.memory_bound_by_kind.loss_native = stated_fraction(*by_kind, "loss_native", Interval::kEfficiency);
+      by_kind->only_keys({"glu", "loss_unfused", "loss_native"});
+      for (const auto& k : StackProfile::memory_bound_kind_numbers()) {
+        const std::string key(k.key);
+        const std::string kind = key.substr(0, key.find('.')), dir = key.substr(key.find('.') + 1);
+        if (!by_kind->has(kind)) continue;
+        const JsonNode directions = by_kind->object(kind);
+        directions.only_keys({"forward", "backward"});
+        if (directions.has(dir))
+          s.memory_bound_by_kind.*k.number = stated_fraction(directions, dir, Interval::kEfficiency);
+      }
     }
 
     const JsonNode d = root.object("dispatcher");
@@ -314,10 +318,12 @@ nlohmann::ordered_json stack_to_json(const StackProfile& s) {
                          {"wgrad_efficiency", num(s.grouped_gemm.wgrad_efficiency, 1.0)}};
   j["memory_bound_efficiency"] = num(s.memory_bound_efficiency, 1.0);
   oj by_kind = oj::object();
-  if (s.memory_bound_by_kind.loss_unfused.value > 0)
-    by_kind["loss_unfused"] = num(s.memory_bound_by_kind.loss_unfused, 1.0);
-  if (s.memory_bound_by_kind.loss_native.value > 0)
-    by_kind["loss_native"] = num(s.memory_bound_by_kind.loss_native, 1.0);
+  for (const auto& k : StackProfile::memory_bound_kind_numbers()) {
+    const Stated<double>& n = s.memory_bound_by_kind.*k.number;
+    if (n.value <= 0) continue;
+    const std::string key(k.key);
+    by_kind[key.substr(0, key.find('.'))][key.substr(key.find('.') + 1)] = num(n, 1.0);
+  }
   if (!by_kind.empty()) j["memory_bound_efficiency_by_kind"] = by_kind;
   j["dispatcher"] =
       oj{{"kind", name(s.dispatcher.kind)},

@@ -287,6 +287,7 @@ class Builder {
   int moe_dispatch_megatron(int r, double rows, double ep_rows, int64_t f_r, int64_t local_experts);
   int moe_dispatch_dedup(int r, double ep_rows, int64_t f_r, int64_t local_experts);
   int expert_act(int y, double ep_rows, int64_t f_r);
+  int glu_act(OpName name, int y, double elems);
   int expert_fc2(int y, double ep_rows, int64_t f_r, int64_t local_experts);
   // Bytes per router prob: fp32 for sigmoid routers (Megatron-Bridge sets moe_router_dtype fp32 for
   // DeepSeek-V3), the activation dtype otherwise.
@@ -709,7 +710,7 @@ int Builder::dense_ffn_fwd(int in) {
   }
   const int64_t f_r = f / tp_;
   int y = record(gemm(OpName::kFc13, tg, glu_ * f_r, h), {x});
-  y = record(mem(OpName::kAct, MemOp::kActivation, 3.0 * d(tg * f_r) * dt), {y}, true);
+  y = glu_act(OpName::kAct, y, d(tg * f_r));
   y = record(gemm(OpName::kFc2, tg, h, f_r), {y});
   if (tp_ > 1)
     y = record(coll(OpName::kFfnRs, Collective::kReduceScatter, CommGroup::kTp, d(tg * h) * dt), {y});
@@ -908,8 +909,21 @@ int Builder::expert_act(int y, double ep_rows, int64_t f_r) {
     offset.host_sync = true;
     y = record(offset, {y}, false, true);
   }
-  y = record(mem(OpName::kExpertAct, MemOp::kActivation, 3.0 * elems * dt), {y}, true);
+  y = glu_act(OpName::kExpertAct, y, elems);
   module_ &= static_cast<uint16_t>(~kRecomputeMoeAct);
+  return y;
+}
+
+// An MLP's activation over `elems` = rows x F/tp outputs. Forward it reads FC1's output and writes F per row
+// (a gated one reads 2F: the gate and the up halves); its gradient reads the incoming gradient and the saved
+// input and writes the input's gradient: 5 F per row for a gated unit (Megatron's swiglu_back, moerun's GLU
+// backward), as much as forward otherwise. A gated unit is its own memory-bound kind (MemOp::kGlu), so a
+// stack can price it at a measured rate.
+int Builder::glu_act(OpName name, int y, double elems) {
+  const double dt = bytes_of(dt_);
+  if (glu_ != 2) return record(mem(name, MemOp::kActivation, 3.0 * elems * dt), {y}, true);
+  y = record(mem(name, MemOp::kGlu, 3.0 * elems * dt), {y}, true);
+  backward_as(y, 5.0 * elems * dt, 1);
   return y;
 }
 

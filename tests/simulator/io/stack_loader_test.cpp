@@ -126,9 +126,12 @@ TEST_SUITE("io") {
       CHECK(s.attention_kernel.value == a.attention_kernel.value);
       CHECK(s.capabilities.recompute == a.capabilities.recompute);
       CHECK(s.memory.reserve_bytes_high.value == doctest::Approx(a.memory.reserve_bytes_high.value));
-      CHECK(s.memory_bound_by_kind.loss_unfused.value ==
-            doctest::Approx(a.memory_bound_by_kind.loss_unfused.value));
-      CHECK(s.memory_bound_by_kind.loss_native.basis == a.memory_bound_by_kind.loss_native.basis);
+      for (const auto& k : StackProfile::memory_bound_kind_numbers()) {
+        CAPTURE(k.path);
+        CHECK((s.memory_bound_by_kind.*k.number).value ==
+              doctest::Approx((a.memory_bound_by_kind.*k.number).value));
+        CHECK((s.memory_bound_by_kind.*k.number).basis == (a.memory_bound_by_kind.*k.number).basis);
+      }
       CHECK(s.sources == a.sources);
       StackProfile a_copy = a, s_copy = s;
       const auto an = a_copy.numbers(), sn = s_copy.numbers();
@@ -155,9 +158,12 @@ TEST_SUITE("io") {
         CAPTURE(n.path);
         // The path names the number in the file: its value there, in the file's unit, is the profile's.
         const io::json* node = &j.value();
-        for (const auto& key : {std::string(n.path).substr(0, std::string(n.path).find('.')),
-                                std::string(n.path).substr(std::string(n.path).find('.') + 1)}) {
+        std::string rest = n.path;
+        for (size_t dot = 0; dot != std::string::npos;) {
+          dot = rest.find('.');
+          const std::string key = rest.substr(0, dot);
           if (node->contains(key)) node = &node->at(key);
+          rest = dot == std::string::npos ? "" : rest.substr(dot + 1);
         }
         REQUIRE(node->contains("value"));
         CHECK(node->at("value").get<double>() * n.unit == doctest::Approx(n.number->value));
@@ -241,23 +247,31 @@ TEST_SUITE("io") {
   }
 
   TEST_CASE("memory-bound kinds measured apart are optional, named, and efficiencies like the rest") {
-    CHECK(load("megatron-core").memory_bound_by_kind.loss_unfused.value == doctest::Approx(0.96));
-    CHECK(load("megatron-core").memory_bound_by_kind.loss_native.basis == Basis::kDerived);
-    CHECK(load("moerun").memory_bound_by_kind.loss_unfused.value == 0);  // not stated: the default prices it
+    const StackProfile mc = load("megatron-core");
+    CHECK(mc.memory_bound_by_kind.loss_unfused_forward.value == doctest::Approx(0.97));
+    CHECK(mc.memory_bound_by_kind.glu_backward.range.has_value());
+    CHECK(mc.memory_bound_by_kind.loss_native_backward.basis == Basis::kDerived);
+    CHECK(load("moerun").memory_bound_by_kind.glu_forward.value == 0);  // not stated: the default prices it
     CHECK(io::stack_to_json(load("moerun")).count("memory_bound_efficiency_by_kind") == 0);
 
     io::json j = moerun_json();
-    j["memory_bound_efficiency_by_kind"]["loss_fused"] = j["memory_bound_efficiency"];
+    j["memory_bound_efficiency_by_kind"]["loss_fused"]["forward"] = j["memory_bound_efficiency"];
     CHECK(error_of(j) ==
           "s.json: field 'memory_bound_efficiency_by_kind.loss_fused': unknown key (did you mean "
           "'loss_unfused'?)");
 
     j = moerun_json();
-    j["memory_bound_efficiency_by_kind"]["loss_native"] = j["memory_bound_efficiency"];
-    j["memory_bound_efficiency_by_kind"]["loss_native"]["value"] = 0;
+    j["memory_bound_efficiency_by_kind"]["glu"]["backwards"] = j["memory_bound_efficiency"];
     CHECK(error_of(j) ==
-          "s.json: field 'memory_bound_efficiency_by_kind.loss_native.value': expected an "
-          "efficiency in (0, 1], got number 0");
+          "s.json: field 'memory_bound_efficiency_by_kind.glu.backwards': unknown key (did you "
+          "mean 'backward'?)");
+
+    j = moerun_json();
+    j["memory_bound_efficiency_by_kind"]["loss_native"]["backward"] = j["memory_bound_efficiency"];
+    j["memory_bound_efficiency_by_kind"]["loss_native"]["backward"]["value"] = 0;
+    CHECK(error_of(j) ==
+          "s.json: field 'memory_bound_efficiency_by_kind.loss_native.backward.value': expected "
+          "an efficiency in (0, 1], got number 0");
   }
 
   TEST_CASE("an efficiency above 1 or at 0, or an SM share of 1, is rejected, naming the field") {

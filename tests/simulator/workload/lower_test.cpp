@@ -825,6 +825,21 @@ TEST_SUITE("workload") {
     CHECK(loss_op("moerun", CrossEntropy::kUnfused, Phase::kForward).mem == MemOp::kLoss);
   }
 
+  TEST_CASE("a gated activation reads 2F and writes F forward, and moves 5F per row backward") {
+    // SwiGLU over the expert rows: forward reads gate and up (2F) and writes F; its gradient reads the
+    // incoming gradient (F) and the saved input (2F) and writes the input's gradient (2F). A gated unit is
+    // the memory-bound kind kGlu, for the stack's measured rate; the recomputation moves the forward's bytes.
+    const ModelSpec m = mixtral(1);
+    Plan p = node_plan(8);
+    const OpGraph g = lower(m, p, stack_options("megatron-core"));
+    const Op& fwd = the_op(g, OpName::kExpertAct);
+    const Op& bwd = the_op(g, OpName::kExpertAct, 0, Phase::kBackward);
+    CHECK(fwd.mem == MemOp::kGlu);
+    CHECK(bwd.mem == MemOp::kGlu);
+    CHECK(bwd.hbm_bytes == doctest::Approx(fwd.hbm_bytes * 5.0 / 3.0));
+    CHECK(bwd.kernels == 1);
+  }
+
   TEST_CASE("Megatron stacks run a residual add after each sublayer, dense or MoE, and moerun fuses them") {
     // Megatron's bias-dropout-add after attention and after the MLP, whether the MLP is dense or a MoELayer
     // (TransformerLayer self_attn_bda / mlp_bda): reads the sublayer output and the residual [t, h] and
