@@ -121,16 +121,16 @@ std::vector<StackProfile::Number> StackProfile::numbers() {
 const std::vector<StackProfile::KindNumber>& StackProfile::memory_bound_kind_numbers() {
   using B = MemoryBoundByKind;
   static const std::vector<KindNumber> kinds = {
-      {"glu.forward", "memory_bound_efficiency_by_kind.glu.forward", MemOp::kGlu, false, &B::glu_forward},
-      {"glu.backward", "memory_bound_efficiency_by_kind.glu.backward", MemOp::kGlu, true, &B::glu_backward},
-      {"loss_unfused.forward", "memory_bound_efficiency_by_kind.loss_unfused.forward", MemOp::kLossUnfused,
-       false, &B::loss_unfused_forward},
-      {"loss_unfused.backward", "memory_bound_efficiency_by_kind.loss_unfused.backward", MemOp::kLossUnfused,
-       true, &B::loss_unfused_backward},
-      {"loss_native.forward", "memory_bound_efficiency_by_kind.loss_native.forward", MemOp::kLossNative,
-       false, &B::loss_native_forward},
-      {"loss_native.backward", "memory_bound_efficiency_by_kind.loss_native.backward", MemOp::kLossNative,
-       true, &B::loss_native_backward}};
+      {"glu", false, "memory_bound_efficiency_by_kind.glu.forward", MemOp::kGlu, &B::glu_forward},
+      {"glu", true, "memory_bound_efficiency_by_kind.glu.backward", MemOp::kGlu, &B::glu_backward},
+      {"loss_unfused", false, "memory_bound_efficiency_by_kind.loss_unfused.forward", MemOp::kLossUnfused,
+       &B::loss_unfused_forward},
+      {"loss_unfused", true, "memory_bound_efficiency_by_kind.loss_unfused.backward", MemOp::kLossUnfused,
+       &B::loss_unfused_backward},
+      {"loss_native", false, "memory_bound_efficiency_by_kind.loss_native.forward", MemOp::kLossNative,
+       &B::loss_native_forward},
+      {"loss_native", true, "memory_bound_efficiency_by_kind.loss_native.backward", MemOp::kLossNative,
+       &B::loss_native_backward}};
   return kinds;
 }
 

@@ -116,11 +116,12 @@ struct StackProfile {
   } memory_bound_by_kind;
   // Each of them: its key under memory_bound_efficiency_by_kind, its kind and phase, and where it is held.
   struct KindNumber {
-    const char* key;   // "glu.forward"
-    const char* path;  // "memory_bound_efficiency_by_kind.glu.forward"
+    const char* kind_key;  // "glu": its key under memory_bound_efficiency_by_kind
+    bool backward;         // under "backward" (else "forward")
+    const char* path;      // "memory_bound_efficiency_by_kind.glu.backward"
     MemOp kind;
-    bool backward;
     Stated<double> MemoryBoundByKind::*number;
+    const char* direction() const { return backward ? "backward" : "forward"; }
   };
   static const std::vector<KindNumber>& memory_bound_kind_numbers();
   // The efficiency (and its number) that prices a memory-bound kernel of this kind in this phase.

@@ -185,13 +185,12 @@ Result<StackProfile> stack_from_json(const json& j, const std::string& label) {
     if (auto by_kind = root.optional_object("memory_bound_efficiency_by_kind")) {
       by_kind->only_keys({"glu", "loss_unfused", "loss_native"});
       for (const auto& k : StackProfile::memory_bound_kind_numbers()) {
-        const std::string key(k.key);
-        const std::string kind = key.substr(0, key.find('.')), dir = key.substr(key.find('.') + 1);
-        if (!by_kind->has(kind)) continue;
-        const JsonNode directions = by_kind->object(kind);
+        if (!by_kind->has(k.kind_key)) continue;
+        const JsonNode directions = by_kind->object(k.kind_key);
         directions.only_keys({"forward", "backward"});
-        if (directions.has(dir))
-          s.memory_bound_by_kind.*k.number = stated_fraction(directions, dir, Interval::kEfficiency);
+        if (directions.has(k.direction()))
+          s.memory_bound_by_kind.*k.number =
+              stated_fraction(directions, k.direction(), Interval::kEfficiency);
       }
     }
 
@@ -321,8 +320,7 @@ nlohmann::ordered_json stack_to_json(const StackProfile& s) {
   for (const auto& k : StackProfile::memory_bound_kind_numbers()) {
     const Stated<double>& n = s.memory_bound_by_kind.*k.number;
     if (n.value <= 0) continue;
-    const std::string key(k.key);
-    by_kind[key.substr(0, key.find('.'))][key.substr(key.find('.') + 1)] = num(n, 1.0);
+    by_kind[k.kind_key][k.direction()] = num(n, 1.0);
   }
   if (!by_kind.empty()) j["memory_bound_efficiency_by_kind"] = by_kind;
   j["dispatcher"] =
