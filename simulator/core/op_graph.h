@@ -96,6 +96,10 @@ struct Op {
   // Kernels around the main one that move aux_bytes (FP8 current scaling: amax, scale, cast), per group of
   // a grouped GEMM; each takes at least the stack's shortest kernel.
   uint8_t aux_kernels = 0;
+  // A weight-gradient GEMM that accumulates into the main gradient buffer in its epilogue (D = A·B + C, C and
+  // D the buffer; Megatron's gradient-accumulation fusion): that buffer's bytes per element; 0 when the GEMM
+  // writes its own output.
+  uint8_t accum_bytes = 0;
   int16_t stage = 0;   // pipeline stage (the representative rank)
   int16_t chunk = 0;   // virtual pipeline chunk on that stage
   int32_t layer = -1;  // model layer, -1 for embedding, head, optimizer

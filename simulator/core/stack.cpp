@@ -79,6 +79,8 @@ std::vector<const std::string*> StackProfile::number_sources() const {
                                          &dispatcher.permute_index_backward_kernels.source,
                                          &expert_mlp.eager_output_bias.source,
                                          &expert_mlp.eager_glu_clamp.source,
+                                         &wgrad_accumulation.into_main_grad.source,
+                                         &wgrad_accumulation.epilogue_overlap.source,
                                          &attention_kernel.source,
                                          &comm_sm_fraction.source,
                                          &overlap_compute_efficiency.source,
@@ -111,6 +113,8 @@ std::vector<StackProfile::Number> StackProfile::numbers() {
                           {"dispatcher.nvlink_efficiency", &dispatcher.nvlink_efficiency, 1.0},
                           {"comm_sm_fraction", &comm_sm_fraction, 1.0},
                           {"overlap_compute_efficiency", &overlap_compute_efficiency, 1.0}};
+  if (wgrad_accumulation.into_main_grad.value)
+    out.push_back({"wgrad_accumulation.epilogue_overlap", &wgrad_accumulation.epilogue_overlap, 1.0});
   for (const KindNumber& k : memory_bound_kind_numbers()) {
     Stated<double>& n = memory_bound_by_kind.*k.number;
     if (n.value > 0) out.push_back({k.path, &n, 1.0});

@@ -168,6 +168,17 @@ struct StackProfile {
     Stated<bool> eager_glu_clamp;
   } expert_mlp;
 
+  // How weight-gradient GEMMs write their result. With Megatron's gradient-accumulation fusion, TE's linear
+  // layers pass the parameter's main gradient buffer as the GEMM output with accumulate on (D = A·B + C): the
+  // epilogue reads and writes the buffer (fp32 when gradients are reduced in fp32) where a plain GEMM writes
+  // its BF16 output once. `epilogue_overlap` is the share of that extra traffic hidden behind the main loop:
+  // 1 prices the GEMM at the larger of its measured time and all its bytes at the HBM rate, 0 adds the extra
+  // bytes' time to the measured time.
+  struct WgradAccumulation {
+    Stated<bool> into_main_grad;
+    Stated<double> epilogue_overlap{1.0, "not stated"};
+  } wgrad_accumulation;
+
   Stated<AttentionKernel> attention_kernel;
   Stated<double> comm_sm_fraction;  // share of SMs comm kernels take while overlapping compute
   // Compute running beside communication kernels runs at this fraction of its rate on the SMs left to it

@@ -34,10 +34,10 @@ uint64_t cost_fields_hash(const Op& op) {
   h = hash_combine(h, bits(op.comm.bytes));
   h = hash_combine(h, bits(op.comm.nic_bytes_scale));
   h = hash_combine(h, bits(op.aux_bytes));
-  h = hash_combine(h, static_cast<uint64_t>(op.kernels) | (static_cast<uint64_t>(op.host_sync) << 16) |
-                          (static_cast<uint64_t>(op.comm.node_dedup) << 17) |
-                          (static_cast<uint64_t>(op.stream) << 24) |
-                          (static_cast<uint64_t>(op.aux_kernels) << 32));
+  h = hash_combine(
+      h, static_cast<uint64_t>(op.kernels) | (static_cast<uint64_t>(op.host_sync) << 16) |
+             (static_cast<uint64_t>(op.comm.node_dedup) << 17) | (static_cast<uint64_t>(op.stream) << 24) |
+             (static_cast<uint64_t>(op.aux_kernels) << 32) | (static_cast<uint64_t>(op.accum_bytes) << 40));
   return h;
 }
 

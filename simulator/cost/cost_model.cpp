@@ -564,6 +564,22 @@ Basis weaker(Basis a, Basis b) {
 }
 }  // namespace
 
+// A weight-gradient GEMM that accumulates into the main gradient buffer (Op::accum_bytes): the measured
+// GEMM wrote its BF16 output [k x n] per group once; this one reads the buffer and writes it back, 2 x
+// accum_bytes per element. At the stack's epilogue overlap h the extra bytes add (1 - h) of their HBM time,
+// and the GEMM takes at least all its bytes (both inputs once, the buffer twice) at the HBM rate.
+double CostModel::accumulating(const Op& op, double seconds) const {
+  if (op.accum_bytes == 0 || op.part != GemmPart::kWgrad) return seconds;
+  const GemmShape& s = op.gemm;
+  const double out = d(std::max<int64_t>(1, s.groups)) * d(s.k) * d(s.n);
+  const double buffer = 2.0 * d(op.accum_bytes) * out;
+  const double extra = std::max(0.0, buffer - 2.0 * out);
+  const double inputs = (d(s.m) * d(s.k) + d(s.m) * d(s.n)) * bytes_of(op.dtype);
+  const double hbm = hw_.gpu.hbm_bw_achieved_bytes_per_s.value;
+  const double hidden = std::clamp(stack_.wgrad_accumulation.epilogue_overlap.value, 0.0, 1.0);
+  return std::max(seconds + (1.0 - hidden) * extra / hbm, (inputs + buffer) / hbm);
+}
+
 OpCost CostModel::cost(const Op& op) const {
   OpCost r;
   const double launch = stack_.launch_s_per_kernel.value * d(std::max<uint16_t>(1, op.kernels));
@@ -587,10 +603,13 @@ OpCost CostModel::cost(const Op& op) const {
   if (op.aux_bytes > 0) r.basis = weaker(r.basis, stack_.memory_bound_efficiency.basis);
   switch (op.kind) {
     case OpKind::kGemm:
-      r.seconds = std::max(gemm_seconds(op.gemm, op.dtype, &err, op.part), min_kernel) + aux + launch;
+      r.seconds = std::max(accumulating(op, gemm_seconds(op.gemm, op.dtype, &err, op.part)), min_kernel) +
+                  aux + launch;
+      if (op.accum_bytes > 0) r.basis = weaker(r.basis, stack_.wgrad_accumulation.epilogue_overlap.basis);
       break;
     case OpKind::kGroupedGemm: {
-      r.seconds = grouped_gemm_seconds(op.gemm, op.dtype, &err, op.part) + aux + launch;
+      r.seconds = accumulating(op, grouped_gemm_seconds(op.gemm, op.dtype, &err, op.part)) + aux + launch;
+      if (op.accum_bytes > 0) r.basis = weaker(r.basis, stack_.wgrad_accumulation.epilogue_overlap.basis);
       const auto& gg = stack_.grouped_gemm;
       r.basis =
           weaker(r.basis, op.part == GemmPart::kWgrad ? gg.wgrad_efficiency.basis : gg.efficiency.basis);

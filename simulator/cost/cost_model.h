@@ -55,6 +55,8 @@ class CostModel {
   // The grouped GEMM of one MoE layer's local experts as the stack runs it (see the .cpp).
   double grouped_gemm_seconds(const GemmShape& s, DType dtype, double* rel_error,
                               GemmPart part = GemmPart::kNone) const;
+  // `seconds` of a weight-gradient GEMM with its accumulation into the main gradient buffer (see the .cpp).
+  double accumulating(const Op& op, double seconds) const;
   double attention_seconds(const Op& op, double* rel_error) const;
   double memory_bound_seconds(double bytes) const;
   double collective_seconds(const CommSpec& c, double* rel_error, Resource* resource) const;

@@ -145,8 +145,8 @@ Result<StackProfile> stack_from_json(const json& j, const std::string& label) {
     }
     root.only_keys({"format", "name", "description", "calibrated", "sources", "host", "grouped_gemm",
                     "memory_bound_efficiency", "memory_bound_efficiency_by_kind", "dispatcher", "expert_mlp",
-                    "attention_kernel", "comm_sm_fraction", "overlap_compute_efficiency", "overlaps",
-                    "capabilities", "memory"});
+                    "wgrad_accumulation", "attention_kernel", "comm_sm_fraction",
+                    "overlap_compute_efficiency", "overlaps", "capabilities", "memory"});
     if (root.string("format") != "moeplan-stack-v2") root.fail("format", "\"moeplan-stack-v2\"");
     StackProfile s;
     s.name = root.string("name");
@@ -234,6 +234,13 @@ Result<StackProfile> stack_from_json(const json& j, const std::string& label) {
     x.only_keys({"eager_output_bias", "eager_glu_clamp"});
     s.expert_mlp.eager_output_bias = stated_bool(x, "eager_output_bias");
     s.expert_mlp.eager_glu_clamp = stated_bool(x, "eager_glu_clamp");
+
+    if (auto w = root.optional_object("wgrad_accumulation")) {
+      w->only_keys({"into_main_grad", "epilogue_overlap"});
+      s.wgrad_accumulation.into_main_grad = stated_bool(*w, "into_main_grad");
+      if (s.wgrad_accumulation.into_main_grad.value)
+        s.wgrad_accumulation.epilogue_overlap = stated_number(*w, "epilogue_overlap", 0, 1);
+    }
 
     s.attention_kernel = stated_choice<AttentionKernel>(
         root, "attention_kernel",
@@ -345,6 +352,10 @@ nlohmann::ordered_json stack_to_json(const StackProfile& s) {
   }
   j["expert_mlp"] = oj{{"eager_output_bias", flag(s.expert_mlp.eager_output_bias)},
                        {"eager_glu_clamp", flag(s.expert_mlp.eager_glu_clamp)}};
+  if (s.wgrad_accumulation.into_main_grad.value) {
+    j["wgrad_accumulation"] = oj{{"into_main_grad", flag(s.wgrad_accumulation.into_main_grad)},
+                                 {"epilogue_overlap", num(s.wgrad_accumulation.epilogue_overlap, 1.0)}};
+  }
   j["attention_kernel"] = name(s.attention_kernel);
   j["comm_sm_fraction"] = num(s.comm_sm_fraction, 1.0);
   j["overlap_compute_efficiency"] = num(s.overlap_compute_efficiency, 1.0);

@@ -1146,6 +1146,9 @@ int32_t Builder::emit(const Op& proto, int16_t stage, int16_t chunk, int32_t lay
   op.layer = layer;
   op.micro_batch = mb;
   op.phase = phase;
+  if (o_.wgrad_into_main_grad && op.part == GemmPart::kWgrad &&
+      (op.kind == OpKind::kGemm || op.kind == OpKind::kGroupedGemm))
+    op.accum_bytes = p_.compression.grad_sync == GradSync::kFp32ReduceScatter ? 4 : 2;
   for (int32_t x : deps) dep(op.id, x);
   if (op.stream == Stream::kDpComm) last_dp_op_ = op.id;
   return op.id;
@@ -1837,6 +1840,7 @@ LoweringOptions lowering_options(const HardwareProfile& hw, const StackProfile& 
   o.permute_index_backward_kernels = static_cast<int>(stack.dispatcher.permute_index_backward_kernels.value);
   o.eager_output_bias = stack.expert_mlp.eager_output_bias.value;
   o.eager_glu_clamp = stack.expert_mlp.eager_glu_clamp.value;
+  o.wgrad_into_main_grad = stack.wgrad_accumulation.into_main_grad.value;
   o.eager_framework = stack.dispatcher.kind.value != DispatcherKind::kFused;
   return o;
 }

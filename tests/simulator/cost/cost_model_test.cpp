@@ -95,6 +95,50 @@ StackProfile grouped_kernel_stack(double efficiency, double wgrad_efficiency) {
 }  // namespace
 
 TEST_SUITE("cost") {
+  TEST_CASE(
+      "a weight gradient accumulated into the main gradient reads and writes the buffer in its epilogue") {
+    // On the toy GPU with 10 TB/s of HBM (its GEMM fit still compute-bound): a wgrad over 128 rows into a
+    // 4096 x 1024 weight. The measured-style GEMM writes 2 B per output element; accumulating into an fp32
+    // buffer reads and writes 4 B each, 6 B more. Hidden share h of those: max(t + (1 - h) x extra / HBM,
+    // (inputs + buffer) / HBM).
+    HardwareProfile hw = toy_gpu();
+    const double hbm = 1e13;
+    hw.gpu.hbm_bw_achieved_bytes_per_s.value = hbm;
+    StackProfile stack = grouped_kernel_stack(1.0, 1.0);
+    Op op = gemm_op();
+    op.gemm = {128, 1024, 4096, 1};
+    op.part = GemmPart::kWgrad;
+    const double out = 4096.0 * 1024.0, inputs = (128.0 * 4096.0 + 128.0 * 1024.0) * 2.0;
+    for (double h : {0.0, 0.5, 1.0}) {
+      CAPTURE(h);
+      stack.wgrad_accumulation.epilogue_overlap.value = h;
+      const cost::CostModel cm(hw, stack);
+      const double t = cm.gemm_seconds(op.gemm, op.dtype, nullptr, GemmPart::kWgrad);
+      op.accum_bytes = 0;
+      CHECK(cm.cost(op).seconds == rel(t));
+      op.accum_bytes = 4;
+      CHECK(cm.cost(op).seconds == rel(std::max(t + (1 - h) * 6.0 * out / hbm, (inputs + 8.0 * out) / hbm)));
+      op.accum_bytes = 2;  // a BF16 buffer: read and write 2 B each, 2 B more than the plain GEMM
+      CHECK(cm.cost(op).seconds == rel(std::max(t + (1 - h) * 2.0 * out / hbm, (inputs + 4.0 * out) / hbm)));
+      // A grouped GEMM's buffer is every local expert's weight.
+      Op g = op;
+      g.kind = OpKind::kGroupedGemm;
+      g.gemm = {4 * 128, 1024, 4096, 4};
+      g.accum_bytes = 0;
+      const double tg = cm.cost(g).seconds;
+      g.accum_bytes = 4;
+      CHECK(cm.cost(g).seconds ==
+            rel(std::max(tg + (1 - h) * 4 * 6.0 * out / hbm, (4 * inputs + 4 * 8.0 * out) / hbm)));
+    }
+    // The forward and dgrad write activations, not the buffer: unchanged whatever accum_bytes says.
+    const cost::CostModel cm(hw, stack);
+    op.part = GemmPart::kDgrad;
+    op.accum_bytes = 0;
+    const double dgrad = cm.cost(op).seconds;
+    op.accum_bytes = 4;
+    CHECK(cm.cost(op).seconds == rel(dgrad));
+  }
+
   TEST_CASE("a fused op's GEMM runs on the SMs its kernel leaves to tiles") {
     const HardwareProfile hw = io::load_hardware("h200-sxm").value();
     const StackProfile stack = io::load_stack("moerun").value();

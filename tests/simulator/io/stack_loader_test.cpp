@@ -274,6 +274,36 @@ TEST_SUITE("io") {
           "an efficiency in (0, 1], got number 0");
   }
 
+  TEST_CASE("the weight-gradient accumulation into the main gradient is optional and round-trips") {
+    const StackProfile mc = load("megatron-core");
+    CHECK(mc.wgrad_accumulation.into_main_grad.value);
+    CHECK(mc.wgrad_accumulation.into_main_grad.basis == Basis::kDerived);
+    CHECK(mc.wgrad_accumulation.epilogue_overlap.basis == Basis::kAssumed);
+    REQUIRE(mc.wgrad_accumulation.epilogue_overlap.range.has_value());
+    CHECK(mc.wgrad_accumulation.epilogue_overlap.range->first == 0.0);
+    CHECK(mc.wgrad_accumulation.epilogue_overlap.range->second == 1.0);
+    StackProfile mc_copy = mc;
+    int listed = 0;
+    for (const auto& n : mc_copy.numbers())
+      listed += std::string(n.path) == "wgrad_accumulation.epilogue_overlap";
+    CHECK(listed == 1);
+
+    const StackProfile mr = load("moerun");  // not stated: each weight gradient is written once
+    CHECK_FALSE(mr.wgrad_accumulation.into_main_grad.value);
+    CHECK(io::stack_to_json(mr).count("wgrad_accumulation") == 0);
+    StackProfile mr_copy = mr;
+    for (const auto& n : mr_copy.numbers())
+      CHECK(std::string(n.path) != "wgrad_accumulation.epilogue_overlap");
+
+    io::json j = moerun_json();
+    j["wgrad_accumulation"]["into_main_grad"] = {{"value", true}, {"basis", "derived"}, {"source", "s"}};
+    j["wgrad_accumulation"]["epilogue_overlap"] = {{"value", 1.5}, {"basis", "derived"}, {"source", "s"}};
+    CHECK(
+        error_of(j) ==
+        "s.json: field 'wgrad_accumulation.epilogue_overlap.value': expected a finite number in [0, 1], got "
+        "number 1.5");
+  }
+
   TEST_CASE("an efficiency above 1 or at 0, or an SM share of 1, is rejected, naming the field") {
     io::json j = moerun_json();
     j["grouped_gemm"]["efficiency"]["value"] = 1.5;

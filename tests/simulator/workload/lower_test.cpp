@@ -844,11 +844,7 @@ TEST_SUITE("workload") {
     // Megatron's bias-dropout-add after attention and after the MLP, whether the MLP is dense or a MoELayer
     // (TransformerLayer self_attn_bda / mlp_bda): reads the sublayer output and the residual [t, h] and
     // writes the sum, 3 t h x 2 bytes; no backward kernel (the gradient passes through).
-    Plan p;
-    p.gpus = 8;
-    p.seq_len = 4096;
-    p.global_batch = 8;
-    p.experts.ep = 8;
+    const Plan p = node_plan(8);
     const ModelSpec m = deepseek_v3(1, 1);  // layer 0 dense, layer 1 MoE
     const OpGraph g = lower(m, p, stack_options("megatron-core"));
     for (int32_t layer : {0, 1}) {
@@ -859,6 +855,35 @@ TEST_SUITE("workload") {
       CHECK(ops_named(g, OpName::kResidualAdd, layer, Phase::kBackward).empty());
     }
     CHECK(ops_named(lower(m, p, stack_options("moerun")), OpName::kResidualAdd, -1).empty());
+  }
+
+  TEST_CASE("Megatron's weight gradients accumulate into the main gradient, fp32 unless reduced in bf16") {
+    // Every weight-gradient GEMM (dense, grouped, output layer) says the bytes per element of the buffer its
+    // epilogue reads and writes; forward and dgrad GEMMs write activations. moerun writes each gradient once.
+    Plan p = node_plan(8);
+    const ModelSpec m = deepseek_v3(1, 1);
+    auto accum = [&](const OpGraph& g) {
+      std::multiset<int> out;
+      int wgrads = 0;
+      for (const Op& op : g.ops) {
+        if (op.kind != OpKind::kGemm && op.kind != OpKind::kGroupedGemm) continue;
+        if (op.part == GemmPart::kWgrad) ++wgrads;
+        if (op.part != GemmPart::kWgrad) CHECK(op.accum_bytes == 0);
+        if (op.part == GemmPart::kWgrad) out.insert(op.accum_bytes);
+      }
+      CHECK(wgrads > 0);
+      return out;
+    };
+    for (const auto& [sync, bytes] :
+         {std::pair{GradSync::kFp32ReduceScatter, 4}, {GradSync::kBf16ReduceScatter, 2}}) {
+      CAPTURE(bytes);
+      p.compression.grad_sync = sync;
+      const auto got = accum(lower(m, p, stack_options("megatron-core")));
+      CHECK(got.count(bytes) == got.size());
+    }
+    p.compression.grad_sync = GradSync::kFp32ReduceScatter;
+    const auto moerun = accum(lower(m, p, stack_options("moerun")));
+    CHECK(moerun.count(0) == moerun.size());
   }
 
   TEST_CASE("Megatron adds GPT-OSS's expert bias per expert and clamps its GLU eagerly, syncing the stream") {
