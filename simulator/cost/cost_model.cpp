@@ -601,15 +601,14 @@ OpCost CostModel::cost(const Op& op) const {
       d(op.aux_kernels) * (op.kind == OpKind::kGroupedGemm ? d(std::max<int64_t>(1, op.gemm.groups)) : 1.0);
   const double aux = op.aux_bytes > 0 ? op.aux_bytes / mem_bw + min_kernel * aux_launches : 0.0;
   if (op.aux_bytes > 0) r.basis = weaker(r.basis, stack_.memory_bound_efficiency.basis);
+  if (op.accum_bytes > 0) r.basis = weaker(r.basis, stack_.wgrad_accumulation.epilogue_overlap.basis);
   switch (op.kind) {
     case OpKind::kGemm:
       r.seconds = std::max(accumulating(op, gemm_seconds(op.gemm, op.dtype, &err, op.part)), min_kernel) +
                   aux + launch;
-      if (op.accum_bytes > 0) r.basis = weaker(r.basis, stack_.wgrad_accumulation.epilogue_overlap.basis);
       break;
     case OpKind::kGroupedGemm: {
       r.seconds = accumulating(op, grouped_gemm_seconds(op.gemm, op.dtype, &err, op.part)) + aux + launch;
-      if (op.accum_bytes > 0) r.basis = weaker(r.basis, stack_.wgrad_accumulation.epilogue_overlap.basis);
       const auto& gg = stack_.grouped_gemm;
       r.basis =
           weaker(r.basis, op.part == GemmPart::kWgrad ? gg.wgrad_efficiency.basis : gg.efficiency.basis);
