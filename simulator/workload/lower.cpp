@@ -1146,7 +1146,9 @@ int32_t Builder::emit(const Op& proto, int16_t stage, int16_t chunk, int32_t lay
   op.layer = layer;
   op.micro_batch = mb;
   op.phase = phase;
-  if (o_.wgrad_into_main_grad && op.part == GemmPart::kWgrad &&
+  // ZeRO-2/3 run as Megatron-FSDP, which Megatron-Core's guide (and `moeplan launch`) pairs with
+  // --no-gradient-accumulation-fusion: each weight gradient is then written once.
+  if (o_.wgrad_into_main_grad && p_.data.zero < 2 && op.part == GemmPart::kWgrad &&
       (op.kind == OpKind::kGemm || op.kind == OpKind::kGroupedGemm))
     op.accum_bytes = p_.compression.grad_sync == GradSync::kFp32ReduceScatter ? 4 : 2;
   for (int32_t x : deps) dep(op.id, x);

@@ -859,7 +859,8 @@ TEST_SUITE("workload") {
 
   TEST_CASE("Megatron's weight gradients accumulate into the main gradient, fp32 unless reduced in bf16") {
     // Every weight-gradient GEMM (dense, grouped, output layer) says the bytes per element of the buffer its
-    // epilogue reads and writes; forward and dgrad GEMMs write activations. moerun writes each gradient once.
+    // epilogue reads and writes; forward and dgrad GEMMs write activations. moerun, and Megatron under
+    // ZeRO-2/3, write each gradient once.
     Plan p = node_plan(8);
     const ModelSpec m = deepseek_v3(1, 1);
     auto accum = [&](const OpGraph& g) {
@@ -884,6 +885,13 @@ TEST_SUITE("workload") {
     p.compression.grad_sync = GradSync::kFp32ReduceScatter;
     const auto moerun = accum(lower(m, p, stack_options("moerun")));
     CHECK(moerun.count(0) == moerun.size());
+    // ZeRO-2/3 launch as Megatron-FSDP with --no-gradient-accumulation-fusion (planner/launch.cpp).
+    for (int zero : {2, 3}) {
+      CAPTURE(zero);
+      p.data.zero = zero;
+      const auto fsdp = accum(lower(m, p, stack_options("megatron-core")));
+      CHECK(fsdp.count(0) == fsdp.size());
+    }
   }
 
   TEST_CASE("Megatron adds GPT-OSS's expert bias per expert and clamps its GLU eagerly, syncing the stream") {
