@@ -52,6 +52,10 @@ std::string list_text(const std::vector<int64_t>& v) {
 
 }  // namespace
 
+double main_grad_bytes(const Plan& plan) {
+  return plan.compression.grad_sync == GradSync::kBf16ReduceScatter ? 2.0 : 4.0;
+}
+
 const char* mfu_peak_dtype(const Plan& plan, const HardwareProfile& hw) {
   return plan.precision == Precision::kFp8 && hw.gpu.peak_flops_per_s.contains("fp8") ? "fp8" : "bf16";
 }

@@ -162,6 +162,11 @@ Plan with_stack_overlaps(const Plan& plan, const StackProfile& stack, std::vecto
 // embedding and the output layer + loss) take the smaller shares.
 std::vector<int64_t> uneven_split(int64_t layers, int64_t chunks);
 
+// Bytes per element of the main gradient buffer the weight gradients accumulate in and the gradient
+// synchronisation reduces: fp32 unless gradients are reduced in BF16 (--grad-reduce-in-bf16); MegaScale-MoE's
+// BF16 all-to-all stages its copy in half of the fp32 buffer, so it keeps 4 B.
+double main_grad_bytes(const Plan& plan);
+
 // The dense peak MFU is measured against: the precision the plan computes in ("fp8" for FP8 plans when the
 // hardware profile has an FP8 peak), else "bf16".
 const char* mfu_peak_dtype(const Plan& plan, const HardwareProfile& hw);

@@ -573,10 +573,10 @@ double CostModel::accumulating(const Op& op, double seconds) const {
   const GemmShape& s = op.gemm;
   const double out = d(std::max<int64_t>(1, s.groups)) * d(s.k) * d(s.n);
   const double buffer = 2.0 * d(op.accum_bytes) * out;
-  const double extra = std::max(0.0, buffer - 2.0 * out);
+  const double extra = std::max(0.0, buffer - bytes_of(DType::kBf16) * out);
   const double inputs = (d(s.m) * d(s.k) + d(s.m) * d(s.n)) * bytes_of(op.dtype);
   const double hbm = hw_.gpu.hbm_bw_achieved_bytes_per_s.value;
-  const double hidden = std::clamp(stack_.wgrad_accumulation.epilogue_overlap.value, 0.0, 1.0);
+  const double hidden = stack_.wgrad_accumulation.epilogue_overlap.value;  // in [0, 1] (stack_loader)
   return std::max(seconds + (1.0 - hidden) * extra / hbm, (inputs + buffer) / hbm);
 }
 

@@ -487,10 +487,8 @@ void visit_stages(const ModelSpec& m, const Plan& p, const HardwareProfile& hw, 
   const double replicas = d(p.attention.sp * p.attention.cp * p.dp());  // ranks holding the same dense params
   const double edp = d(p.expert_dp());
   const bool fp8 = p.precision == Precision::kFp8;
-  // Megatron's main-gradient buffer: fp32 unless --grad-reduce-in-bf16 (F §4.1,
-  // param_and_grad_buffer.py:888-899); MegaScale-MoE's bf16 all-to-all stages its bf16 copy in half of the
-  // fp32 buffer, so it keeps 4 B.
-  const double grad_bytes = p.compression.grad_sync == GradSync::kBf16ReduceScatter ? kBf16 : kFp32;
+  // Megatron's main-gradient buffer (F §4.1, param_and_grad_buffer.py:888-899).
+  const double grad_bytes = main_grad_bytes(p);
   constexpr double kParamBytes = kBf16;     // bf16 parameter buffer (param_and_grad_buffer.py:1180-1195)
   constexpr double kOptimizerBytes = 12.0;  // fp32 main params + Adam m + v (distrib_optimizer.py:370-463)
 

@@ -1150,7 +1150,7 @@ int32_t Builder::emit(const Op& proto, int16_t stage, int16_t chunk, int32_t lay
   // --no-gradient-accumulation-fusion: each weight gradient is then written once.
   if (o_.wgrad_into_main_grad && p_.data.zero < 2 && op.part == GemmPart::kWgrad &&
       (op.kind == OpKind::kGemm || op.kind == OpKind::kGroupedGemm))
-    op.accum_bytes = p_.compression.grad_sync == GradSync::kFp32ReduceScatter ? 4 : 2;
+    op.accum_bytes = static_cast<uint8_t>(main_grad_bytes(p_));
   for (int32_t x : deps) dep(op.id, x);
   if (op.stream == Stream::kDpComm) last_dp_op_ = op.id;
   return op.id;
@@ -1594,7 +1594,7 @@ void Builder::emit_pair(int16_t stage, const PipelineTask& fwd, const PipelineTa
 // optimizer step, and (ZeRO >= 1) the parameter all-gather.
 void Builder::emit_data_parallel(int16_t stage) {
   const bool bf16_a2a = p_.compression.grad_sync == GradSync::kBf16AllToAll;
-  const double grad_bytes = p_.compression.grad_sync == GradSync::kBf16ReduceScatter ? 2.0 : 4.0;
+  const double grad_bytes = main_grad_bytes(p_);
   // Last layer first: the order in which backward finishes layers, so that the in-order DP stream starts
   // each layer's synchronisation as soon as its gradients are complete.
   for (size_t l = layer_last_bwd_.size(); l-- > 0;) {

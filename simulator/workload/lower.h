@@ -39,9 +39,8 @@ struct LoweringOptions {
   int permute_index_backward_kernels = 0;  // and backward
   bool eager_output_bias = false;  // the experts' down-projection bias added per expert outside the GEMM
   bool eager_glu_clamp = false;    // a clamped GLU clamps in separate kernels and syncs the stream
-  // Weight-gradient GEMMs accumulate into the parameters' main gradient buffer (Op::accum_bytes): 4 bytes
-  // per element when the plan reduces gradients in fp32, else 2; not under ZeRO-2/3 (Megatron-FSDP runs
-  // without gradient-accumulation fusion).
+  // Weight-gradient GEMMs accumulate into the parameters' main gradient buffer (Op::accum_bytes,
+  // main_grad_bytes); not under ZeRO-2/3 (Megatron-FSDP runs without gradient-accumulation fusion).
   bool wgrad_into_main_grad = false;
   // Kernels the framework launches per op where an op of the graph stands for several (PyTorch eager:
   // Megatron's router, megatron_router_kernels); moerun launches one kernel per op.
