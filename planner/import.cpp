@@ -489,6 +489,7 @@ Result<Imported> import_megatron(const std::string& text, const ModelSpec& model
                      {"dp_comm", f.has("overlap-grad-reduce")},
                      {"pp_comm", pp_overlap}};
   if (f.has("overlap-moe-expert-parallel-comm")) plan["overlap"]["cross_micro_batch"] = true;
+  if (f.has("delay-wgrad-compute")) plan["overlap"]["delay_wgrad"] = true;
   if (f.has("tp-comm-overlap")) {
     out.notes.push_back(
         "--tp-comm-overlap (TE userbuffers chunking of TP collectives beside GEMMs) is not modelled");

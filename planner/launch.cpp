@@ -556,8 +556,8 @@ class MegatronBuilder {
     if (p_.overlap.cross_micro_batch) {
       // Combined 1F1B: the EP exchange of one micro-batch beside another's compute (TC:3002-3082).
       flag("--overlap-moe-expert-parallel-comm");
-      flag("--delay-wgrad-compute");
-      needs_max_connections_ = false;  // only a warning with it (A:1453-1479)
+      if (p_.overlap.delay_wgrad) flag("--delay-wgrad-compute");  // needs the flag above (TC:3073-3077)
+      needs_max_connections_ = false;                             // only a warning with it (A:1453-1479)
     }
     if (p_.compression.grad_sync == GradSync::kBf16AllToAll) {
       not_expressible(

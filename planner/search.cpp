@@ -99,6 +99,7 @@ std::string describe(const Plan& p) {
                                                           : "full";
   std::string ov = p.overlap.intra_op ? "intra" : (p.overlap.inter_op ? "inter" : "none");
   if (p.overlap.cross_micro_batch) ov = ov == "none" ? "xmb" : ov + "+xmb";
+  if (p.overlap.delay_wgrad) ov += "+dw";
   if (p.pipeline.schedule == Schedule::kDualPipeV) ov += " dualpipev";
   const char* disp = p.experts.dispatch == Dispatch::kAllToAll    ? "a2a"
                      : p.experts.dispatch == Dispatch::kAllGather ? "ag"
@@ -137,7 +138,8 @@ std::string layout_legend() {
          "  | recompute: none, sel (selective modules), full (whole layers), sar (MegaScale-MoE's selective "
          "rematerialization)\n"
          "  | overlap: inter (communication on its own streams), intra (fused GEMM + communication kernels), "
-         "xmb (one micro-batch's expert communication behind another's compute, Megatron's combined 1F1B)\n"
+         "xmb (one micro-batch's expert communication behind another's compute, Megatron's combined 1F1B), "
+         "+dw (with its weight gradients delayed past the exchanges, --delay-wgrad-compute)\n"
          "  | precision, then rs16 (gradients reduce-scattered in BF16), g16 (MegaScale-MoE's BF16 "
          "all-to-all "
          "gradient sync), d8 (FP8 dispatch)";
@@ -155,6 +157,7 @@ std::vector<std::string> plan_keys() {
   // Fields the plan file writes only when set are keys too.
   Plan all;
   all.overlap.cross_micro_batch = true;
+  all.overlap.delay_wgrad = true;
   all.experts.fused_index_conversion = true;
   all.precision = Precision::kFp8;
   const nlohmann::json j = io::plan_to_json(all);
@@ -274,6 +277,9 @@ int64_t for_each_plan(const ModelSpec& model, const HardwareProfile& hw, const S
                                   stack.overlaps.cross_micro_batch.value && ep > 1 && (pp == 1 || vpp > 1) &&
                                   rc != Recompute::kFull && disp != Dispatch::kAllGather &&
                                   model.mtp_layers <= 1;
+                              // With it, Megatron's --delay-wgrad-compute: the weight gradients behind the
+                              // node that signals the backward exchange.
+                              p.overlap.delay_wgrad = p.overlap.cross_micro_batch;
                               p.compression.grad_sync = sync;
                               p.compression.dispatch = prec == Precision::kFp8 && ep > 1 &&
                                                                stack_has(cap.dispatch_precision, "fp8")
@@ -464,6 +470,7 @@ class Screener {
       Plan q = one;
       q.global_batch = micro_batches * q.micro_batch * q.dp();
       q.overlap.cross_micro_batch = pair;
+      q.overlap.delay_wgrad = pair && one.overlap.delay_wgrad;
       return simulate(lower(model, q, lo));
     };
     auto layer_of_pair = [&](bool pair) {

@@ -245,6 +245,10 @@ void check_rules(Rules& r, const Plan& p, const ModelSpec& m, const HardwareProf
     r.check(pp.pp == 1 || pp.vpp > 1, "cross_micro_batch_needs_vpp",
             "overlap.cross_micro_batch with pp > 1 needs a virtual pipeline (vpp > 1); pp = ", pp.pp);
   }
+  r.check(
+      !p.overlap.delay_wgrad || p.overlap.cross_micro_batch, "delay_wgrad_needs_cross_micro_batch",
+      "overlap.delay_wgrad delays weight gradients within the combined 1F1B and needs "
+      "overlap.cross_micro_batch (Megatron: --delay-wgrad-compute needs --overlap-moe-expert-parallel-comm)");
 
   r.check(p.data.zero >= 0 && p.data.zero <= 3, "zero_stage", "data.zero is ", p.data.zero,
           ", expected 0..3");
@@ -314,6 +318,7 @@ Plan with_stack_overlaps(const Plan& plan, const StackProfile& stack, std::vecto
   drop(p.overlap.dp_comm, stack.overlaps.dp_comm, "dp_comm");
   drop(p.overlap.pp_comm, stack.overlaps.pp_comm, "pp_comm");
   drop(p.overlap.cross_micro_batch, stack.overlaps.cross_micro_batch, "cross_micro_batch");
+  if (!p.overlap.cross_micro_batch) p.overlap.delay_wgrad = false;  // it lives inside the combined 1F1B
   return p;
 }
 

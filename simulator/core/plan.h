@@ -101,8 +101,12 @@ struct Plan {
     bool pp_comm = false;
     // The forward of one micro-batch and the backward of another run interleaved layer by layer, so each
     // one's expert-parallel communication hides behind the other's compute (Megatron
-    // --overlap-moe-expert-parallel-comm with --delay-wgrad-compute: combined 1F1B).
+    // --overlap-moe-expert-parallel-comm: combined 1F1B).
     bool cross_micro_batch = false;
+    // With cross_micro_batch: the experts' and attention's weight gradients run after the node that computes
+    // their input gradients has signalled the next node (Megatron --delay-wgrad-compute), so the backward
+    // dispatch starts before the experts' weight gradients and the next layer's combine before attention's.
+    bool delay_wgrad = false;
   } overlap;
 
   struct Compression {

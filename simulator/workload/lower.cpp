@@ -93,6 +93,11 @@ struct LayerPass {
   std::vector<int32_t> grad;  // backward: the op producing the gradient of op i's input
   std::vector<uint8_t> recomputed_node;
   int32_t last = -1;
+  // Combined 1F1B: the op that ends the pass's latest node. Megatron's nodes of one micro-batch share one
+  // CUDA event (pipeline_parallel/utils.py ScheduleNode.stream_acquire_context): each waits on it before its
+  // first kernel and records it after its last, so a node on the other stream starts after the whole node
+  // before it, not only after the op whose output it reads. Kept from layer to layer within a task.
+  int32_t node_end = -1;
 };
 
 class Builder {
@@ -115,6 +120,7 @@ class Builder {
     glu_ = m.activation == FfnActivation::kSwiGlu ? 2 : 1;
     dt_ = DType::kBf16;  // activations travel in bf16 (FP8 only where the plan compresses the dispatch)
     combined_ = p.overlap.cross_micro_batch;
+    delay_wgrad_ = combined_ && p.overlap.delay_wgrad;
     schedule_ = p.pipeline.schedule;
     comm_stream_ = p.overlap.inter_op ? Stream::kComm : Stream::kCompute;
     side_stream_ = p.overlap.inter_op ? Stream::kSide : Stream::kCompute;
@@ -360,7 +366,7 @@ class Builder {
   }
 
   DType dt_;
-  bool combined_ = false, megatron_ = false;
+  bool combined_ = false, delay_wgrad_ = false, megatron_ = false;
   Schedule schedule_ = Schedule::k1F1B;
   int64_t vstage(int64_t chunk, int64_t stage) const { return virtual_stage(chunk, stage, pp_, schedule_); }
   // The pipeline stage (rank) that runs virtual stage v.
@@ -373,6 +379,10 @@ class Builder {
     int32_t layer, mb, dgrad;
   };
   std::vector<DeferredWgrad>* deferring_ = nullptr;
+  // --delay-wgrad-compute: the weight gradients of the backward node just emitted, held until the schedule
+  // runs that node's backward_dw (model_chunk_schedule_plan.py:236-303).
+  std::vector<DeferredWgrad> delayed_;
+  void emit_delayed(LayerPass& pass);
   std::vector<std::vector<DeferredWgrad>> deferred_;  // per input-gradient-only backward, in order
   void emit_weights(int16_t stage);
   Stream comm_stream_, side_stream_, dp_stream_;
@@ -1176,7 +1186,9 @@ bool Builder::recomputed(const LocalOp& lo, int64_t layer) const {
 // A fresh pass over `layer` for one micro-batch; `input` is its activation (forward) or incoming gradient.
 static void start_pass(LayerPass& pass, int64_t layer, int16_t stage, int16_t chunk, int32_t mb,
                        int32_t input) {
+  const int32_t node_end = pass.node_end;
   pass = {};
+  pass.node_end = node_end;
   pass.layer = layer;
   pass.stage = stage;
   pass.chunk = chunk;
@@ -1196,11 +1208,12 @@ void Builder::forward_node(LayerPass& pass, Node node) {
   const Recipe& rc = recipe_of(pass.layer);
   const auto [b, e] = rc.nodes[static_cast<size_t>(node)];
   const auto L = static_cast<int32_t>(pass.layer);
+  const int32_t after = combined_ ? pass.node_end : -1;
   for (size_t i = b; i < e; ++i) {
     const LocalOp& lo = rc.ops[i];
     Op op = lo.op;
     op.stream = stream_of(lo);
-    pass.ids[i] = emit(op, pass.stage, pass.chunk, L, pass.mb, Phase::kForward, {});
+    pass.ids[i] = emit(op, pass.stage, pass.chunk, L, pass.mb, Phase::kForward, {after});
     if (lo.inputs.size() == 1 && lo.inputs[0] < 0) dep(pass.ids[i], pass.input);
     for (int in : lo.inputs) {
       if (in >= 0) dep(pass.ids[i], pass.ids[static_cast<size_t>(in)]);
@@ -1213,6 +1226,7 @@ void Builder::forward_node(LayerPass& pass, Node node) {
         layer_first_fwd_[static_cast<size_t>(pass.layer)] = pass.first;
     }
     pass.last = pass.ids[i];
+    if (combined_) pass.node_end = pass.last;
   }
 }
 
@@ -1236,12 +1250,16 @@ void Builder::backward_node(LayerPass& pass, Node node) {
   const auto& ops = rc.ops;
   const auto L = static_cast<int32_t>(pass.layer);
   const auto [nb, ne] = rc.nodes[static_cast<size_t>(node)];
+  // Combined 1F1B: every op of the node waits for the end of the pass's node before it; the node ends with
+  // its last op but the weight gradients --delay-wgrad-compute holds back.
+  const int32_t after = combined_ ? pass.node_end : -1;
+  int32_t end = -1;
 
   auto emit_recompute = [&](size_t i) {
     if (pass.re[i] >= 0) return;
     Op op = ops[i].op;
     op.stream = stream_of(ops[i]);
-    pass.re[i] = emit(op, pass.stage, pass.chunk, L, pass.mb, Phase::kRecompute, {});
+    pass.re[i] = end = emit(op, pass.stage, pass.chunk, L, pass.mb, Phase::kRecompute, {after});
     if (pass.first < 0) {
       pass.first = pass.re[i];
       dep(pass.first, pass.zero3_gather);
@@ -1290,7 +1308,7 @@ void Builder::backward_node(LayerPass& pass, Node node) {
     }
     if (pass.re[ri] >= 0) waits.push_back(pass.re[ri]);
     auto emit_with = [&](const Op& o) {
-      const int32_t id = emit(o, pass.stage, pass.chunk, L, pass.mb, Phase::kBackward, {});
+      const int32_t id = end = emit(o, pass.stage, pass.chunk, L, pass.mb, Phase::kBackward, {after});
       for (int32_t w : waits) dep(id, w);
       if (pass.first < 0) {
         pass.first = id;
@@ -1324,8 +1342,13 @@ void Builder::backward_node(LayerPass& pass, Node node) {
         wgrad.stream = Stream::kCompute;
         if (deferring_) {
           deferring_->push_back({wgrad, pass.stage, pass.chunk, L, pass.mb, pass.grad[ri]});
+        } else if (delay_wgrad_ && (node == Node::kMlp || node == Node::kPreDispatch)) {
+          // backward_dw of the experts (mlp) and of attention with the shared experts (pre_dispatch):
+          // fine_grained_callables.py build_transformer_layer_callables.
+          delayed_.push_back({wgrad, pass.stage, pass.chunk, L, pass.mb, pass.grad[ri]});
         } else {
-          pass.last = emit(wgrad, pass.stage, pass.chunk, L, pass.mb, Phase::kBackward, {pass.grad[ri]});
+          pass.last = end =
+              emit(wgrad, pass.stage, pass.chunk, L, pass.mb, Phase::kBackward, {pass.grad[ri]});
         }
         continue;
       }
@@ -1357,6 +1380,15 @@ void Builder::backward_node(LayerPass& pass, Node node) {
     pass.grad[ri] = emit_with(op);
     pass.last = pass.grad[ri];
   }
+  if (combined_ && end >= 0) pass.node_end = end;
+}
+
+// The weight gradients the last backward node held back, on the compute stream after what was issued since
+// (Megatron's TransformerLayerNode.backward_dw records no event: the nodes that follow do not wait for them).
+void Builder::emit_delayed(LayerPass& pass) {
+  for (const DeferredWgrad& w : delayed_)
+    pass.last = emit(w.op, w.stage, w.chunk, w.layer, w.mb, Phase::kBackward, {w.dgrad});
+  delayed_.clear();
 }
 
 // The gradient leaving the layer: that of its first op's input.
@@ -1529,7 +1561,10 @@ void Builder::emit_task(int16_t stage, const PipelineTask& task) {
     }
     for (int64_t l = ts.l1; l-- > ts.l0;) {
       backward_begin(pass, l, stage, task.chunk, task.micro_batch, ts.cur);
-      for (int n = kNodes; n-- > 0;) backward_node(pass, static_cast<Node>(n));
+      for (int n = kNodes; n-- > 0;) {
+        backward_node(pass, static_cast<Node>(n));
+        emit_delayed(pass);
+      }
       if (ts.first < 0) ts.first = pass.first;
       ts.cur = backward_output(pass);
       backward_done(pass);
@@ -1557,8 +1592,9 @@ void Builder::emit_weights(int16_t stage) {
 
 // Megatron's combined 1F1B step (model_chunk_schedule_plan.py:236-303): forward layer i of one micro-batch
 // with backward layer n-1-i of another, node by node: combine_bwd | pre_dispatch_fwd | mlp_bwd |
-// dispatch_fwd | dispatch_bwd | mlp_fwd | combine_fwd | pre_dispatch_bwd, the exchanges on the communication
-// stream; layers without a partner run alone.
+// dispatch_fwd | [mlp_dw] | dispatch_bwd | mlp_fwd | combine_fwd | pre_dispatch_bwd | [pre_dispatch_dw], the
+// exchanges on the communication stream, the bracketed weight gradients held back by --delay-wgrad-compute;
+// layers without a partner run alone.
 void Builder::emit_pair(int16_t stage, const PipelineTask& fwd, const PipelineTask& bwd) {
   TaskState b = task_begin(stage, bwd);
   TaskState f = task_begin(stage, fwd);
@@ -1572,10 +1608,16 @@ void Builder::emit_pair(int16_t stage, const PipelineTask& fwd, const PipelineTa
     if (has_f) forward_node(fp, Node::kPreDispatch);
     if (has_b) backward_node(bp, Node::kMlp);
     if (has_f) forward_node(fp, Node::kDispatch);
-    if (has_b) backward_node(bp, Node::kDispatch);
+    if (has_b) {
+      emit_delayed(bp);
+      backward_node(bp, Node::kDispatch);
+    }
     if (has_f) forward_node(fp, Node::kMlp);
     if (has_f) forward_node(fp, Node::kCombine);
-    if (has_b) backward_node(bp, Node::kPreDispatch);
+    if (has_b) {
+      backward_node(bp, Node::kPreDispatch);
+      emit_delayed(bp);
+    }
     if (has_f) {
       if (f.first < 0) f.first = fp.first;
       f.cur = fp.last;

@@ -848,13 +848,17 @@ TEST_SUITE("planner") {
   }
 
   TEST_CASE("cross-micro-batch overlap maps to Megatron's combined 1F1B flags and keeps their rules") {
-    // --overlap-moe-expert-parallel-comm with --delay-wgrad-compute; never beside --moe-shared-expert-overlap
-    // (TC:3002-3072), also when the plan asks for inter-operator overlap too and the model has shared
-    // experts (DeepSeek-V3).
+    // --overlap-moe-expert-parallel-comm, with --delay-wgrad-compute where the plan delays the weight
+    // gradients (it needs the former: TC:3073-3077); never beside --moe-shared-expert-overlap (TC:3002-3072),
+    // also when the plan asks for inter-operator overlap too and the model has shared experts (DeepSeek-V3).
     Plan p = make_plan("mixtral-8x7b", 8, 4096, 32);
     p.experts.ep = 8;
     p.overlap.cross_micro_batch = true;
     Flags f = parse_flags(checked(p).flags);
+    CHECK(f.has("--overlap-moe-expert-parallel-comm"));
+    CHECK_FALSE(f.has("--delay-wgrad-compute"));
+    p.overlap.delay_wgrad = true;
+    f = parse_flags(checked(p).flags);
     CHECK(f.has("--overlap-moe-expert-parallel-comm"));
     CHECK(f.has("--delay-wgrad-compute"));
     Plan q = make_plan("deepseek-v3", 8, 4096, 32);
@@ -893,9 +897,10 @@ TEST_SUITE("planner") {
           p.fp8_recipe = precision == 1   ? Fp8Recipe::kDelayed
                          : precision == 2 ? Fp8Recipe::kTensorwise
                                           : Fp8Recipe::kBlockwise;
-          for (int overlap = 0; overlap < 4; ++overlap) {
+          for (int overlap = 0; overlap < 8; ++overlap) {
             p.overlap.cross_micro_batch = overlap & 1;
             p.overlap.inter_op = overlap & 2;
+            p.overlap.delay_wgrad = overlap & 4;
             if (!validate(p, m, hw).empty()) continue;
             ++legal;
             CAPTURE(std::string(name));

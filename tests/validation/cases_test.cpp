@@ -90,4 +90,22 @@ TEST_SUITE("validation") {
       CHECK(validate_for_stack(plan.value(), stack.value()).empty());
     }
   }
+
+  TEST_CASE("a case's plan delays weight gradients exactly where its launch states --delay-wgrad-compute") {
+    int stated = 0;
+    for (const io::json& c : cases()) {
+      const std::string id = c.at("id").get<std::string>();
+      CAPTURE(id);
+      const auto plan = io::plan_from_json(c.at("plan"), id);
+      REQUIRE(plan.ok());
+      const io::json flags = c.value("launch_flags", io::json::object());
+      if (!flags.contains("delay_wgrad_compute")) {
+        CHECK_FALSE(plan.value().overlap.delay_wgrad);
+        continue;
+      }
+      ++stated;
+      CHECK(plan.value().overlap.delay_wgrad == flags.at("delay_wgrad_compute").get<bool>());
+    }
+    CHECK(stated >= 5);
+  }
 }

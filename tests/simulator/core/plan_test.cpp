@@ -254,6 +254,12 @@ TEST_SUITE("core") {
       f.model.mtp_layers = 1;
       CHECK(f.rules().empty());
     }
+    SUBCASE("delayed weight gradients only inside it") {
+      f.plan.overlap.delay_wgrad = true;
+      CHECK(f.rules().empty());
+      f.plan.overlap.cross_micro_batch = false;
+      CHECK(f.breaks("delay_wgrad_needs_cross_micro_batch"));
+    }
     SUBCASE("a virtual pipeline when pp > 1") {
       f.plan.pipeline.vpp = 1;
       f.plan.pipeline.schedule = Schedule::k1F1B;
@@ -329,7 +335,7 @@ TEST_SUITE("core") {
     // Megatron-Core achieves DP and PP overlap and combined 1F1B, not MegaScale-MoE's inter- or
     // intra-operator overlap; moerun has no combined 1F1B.
     Fixture f;
-    f.plan.overlap = {true, true, true, true, true};
+    f.plan.overlap = {true, true, true, true, true, true};
     const StackProfile megatron = io::load_stack("megatron-core").value();
     std::vector<std::string> notices;
     const Plan p = with_stack_overlaps(f.plan, megatron, &notices);
@@ -338,6 +344,7 @@ TEST_SUITE("core") {
     CHECK(p.overlap.dp_comm);
     CHECK(p.overlap.pp_comm);
     CHECK(p.overlap.cross_micro_batch);
+    CHECK(p.overlap.delay_wgrad);
     REQUIRE(notices.size() == 2);
     CHECK(notices[0].rfind("overlap.inter_op asked for, but stack megatron-core does not achieve it", 0) ==
           0);
@@ -346,6 +353,7 @@ TEST_SUITE("core") {
     const Plan q = with_stack_overlaps(f.plan, io::load_stack("moerun").value(), &notices);
     CHECK(q.overlap.inter_op);
     CHECK_FALSE(q.overlap.cross_micro_batch);
+    CHECK_FALSE(q.overlap.delay_wgrad);  // it lives inside the combined 1F1B
     REQUIRE(notices.size() == 1);
     CHECK(notices[0].find("overlap.cross_micro_batch") != std::string::npos);
   }

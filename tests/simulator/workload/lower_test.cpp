@@ -749,6 +749,84 @@ TEST_SUITE("workload") {
     CHECK(the_op(plain, OpName::kDispatchA2a).stream == Stream::kCompute);
   }
 
+  TEST_CASE("combined 1F1B nodes wait for the whole node before them, and delayed weight gradients do not") {
+    // Megatron's nodes of one micro-batch share one CUDA event: each waits on it, then records it after its
+    // last kernel (pipeline_parallel/utils.py ScheduleNode.stream_acquire_context); backward_dw runs after
+    // the record (models/common/utils.py TransformerLayerNode.backward_dw). So without
+    // --delay-wgrad-compute the backward dispatch waits for the experts' weight gradients and the next
+    // layer's backward combine for attention's; with it, they are issued later and neither waits for them.
+    // Pair (F1 | B0) of four Mixtral layers: backward layer 2 of micro-batch 0 beside forward layer 1.
+    Plan p = node_plan(8);
+    p.global_batch = 24;
+    p.overlap.cross_micro_batch = true;
+    for (bool delay : {false, true}) {
+      CAPTURE(delay);
+      p.overlap.delay_wgrad = delay;
+      const OpGraph g = lower(mixtral(4), p, stack_options("megatron-core"));
+      auto only = [&](OpName n, int32_t layer, int32_t mb, Phase phase, GemmPart part = GemmPart::kNone) {
+        const Op* found = nullptr;
+        for (const Op& op : g.ops) {
+          if (static_cast<OpName>(op.name) != n || op.layer != layer || op.micro_batch != mb ||
+              op.phase != phase || op.part != part)
+            continue;
+          REQUIRE(found == nullptr);
+          found = &op;
+        }
+        REQUIRE(found != nullptr);
+        return found;
+      };
+      auto wgrads = [&](std::initializer_list<OpName> names) {
+        std::vector<int32_t> ids;
+        for (const Op& op : g.ops) {
+          if (op.layer == 2 && op.micro_batch == 0 && op.part == GemmPart::kWgrad &&
+              std::find(names.begin(), names.end(), static_cast<OpName>(op.name)) != names.end())
+            ids.push_back(op.id);
+        }
+        REQUIRE_FALSE(ids.empty());
+        return std::pair{*std::min_element(ids.begin(), ids.end()),
+                         *std::max_element(ids.begin(), ids.end())};
+      };
+      // The latest compute-stream op it waits for, through any chain of dependencies.
+      auto latest_wait = [&](const Op* op) {
+        int32_t latest = -1;
+        std::vector<int32_t> todo(g.deps_of(*op).begin(), g.deps_of(*op).end());
+        std::set<int32_t> seen;
+        while (!todo.empty()) {
+          const int32_t w = todo.back();
+          todo.pop_back();
+          if (!seen.insert(w).second) continue;
+          const Op& on = g.ops[static_cast<size_t>(w)];
+          if (on.stream == Stream::kCompute) latest = std::max(latest, w);
+          todo.insert(todo.end(), g.deps_of(on).begin(), g.deps_of(on).end());
+        }
+        return latest;
+      };
+      const auto [expert_first, expert_last] = wgrads({OpName::kExpertFc13, OpName::kExpertFc2});
+      const auto [attn_first, attn_last] = wgrads({OpName::kQkvProj, OpName::kOutProj});
+      const Op* dispatch_bwd = only(OpName::kDispatchA2a, 2, 0, Phase::kBackward);
+      const Op* combine_bwd_next = only(OpName::kCombineA2a, 1, 0, Phase::kBackward);
+      REQUIRE(dispatch_bwd->stream == Stream::kComm);
+      REQUIRE(combine_bwd_next->stream == Stream::kComm);
+      if (!delay) {
+        // The compute stream runs in order: waiting for an op at or after the last weight gradient waits for
+        // all of them.
+        CHECK(latest_wait(dispatch_bwd) >= expert_last);
+        CHECK(latest_wait(combine_bwd_next) >= attn_last);
+      } else {
+        // Issued after the forward dispatch of micro-batch 1 (layer 1), before the backward dispatch, which
+        // waits only for ops before them; attention's after its node, before the next layer's combine.
+        CHECK(expert_first > only(OpName::kDispatchA2a, 1, 1, Phase::kForward)->id);
+        CHECK(expert_last < dispatch_bwd->id);
+        CHECK(latest_wait(dispatch_bwd) < expert_first);
+        CHECK(
+            attn_first >
+            only(OpName::kQkvProj, 2, 0, Phase::kBackward, GemmPart::kDgrad)->id);  // after its node's dgrads
+        CHECK(attn_last < combine_bwd_next->id);
+        CHECK(latest_wait(combine_bwd_next) < attn_first);
+      }
+    }
+  }
+
   // ---- work beside the GEMMs ----
 
   TEST_CASE(
