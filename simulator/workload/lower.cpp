@@ -371,20 +371,23 @@ class Builder {
   int64_t vstage(int64_t chunk, int64_t stage) const { return virtual_stage(chunk, stage, pp_, schedule_); }
   // The pipeline stage (rank) that runs virtual stage v.
   int64_t stage_of_virtual(int64_t v) const { return moeplan::stage_of_virtual(v, pp_, schedule_); }
-  // Zero-bubble backward (DualPipeV): weight-gradient GEMMs are held back and emitted by a later weights
-  // task, oldest first.
+  // A weight-gradient GEMM held back from its backward node, emitted later after its input gradient.
   struct DeferredWgrad {
     Op op;
     int16_t stage, chunk;
     int32_t layer, mb, dgrad;
   };
+  int32_t emit_deferred(const DeferredWgrad& w) {
+    return emit(w.op, w.stage, w.chunk, w.layer, w.mb, Phase::kBackward, {w.dgrad});
+  }
+  // Zero-bubble backward (DualPipeV): held until a later weights task, oldest first.
   std::vector<DeferredWgrad>* deferring_ = nullptr;
-  // --delay-wgrad-compute: the weight gradients of the backward node just emitted, held until the schedule
-  // runs that node's backward_dw (model_chunk_schedule_plan.py:236-303).
-  std::vector<DeferredWgrad> delayed_;
-  void emit_delayed(LayerPass& pass);
   std::vector<std::vector<DeferredWgrad>> deferred_;  // per input-gradient-only backward, in order
   void emit_weights(int16_t stage);
+  // --delay-wgrad-compute: those of the backward node just emitted, held until the schedule runs that node's
+  // backward_dw (model_chunk_schedule_plan.py:236-303).
+  std::vector<DeferredWgrad> delayed_;
+  void emit_delayed(LayerPass& pass);
   Stream comm_stream_, side_stream_, dp_stream_;
   std::vector<int64_t> layers_, first_layer_;
 
@@ -1386,8 +1389,7 @@ void Builder::backward_node(LayerPass& pass, Node node) {
 // The weight gradients the last backward node held back, on the compute stream after what was issued since
 // (Megatron's TransformerLayerNode.backward_dw records no event: the nodes that follow do not wait for them).
 void Builder::emit_delayed(LayerPass& pass) {
-  for (const DeferredWgrad& w : delayed_)
-    pass.last = emit(w.op, w.stage, w.chunk, w.layer, w.mb, Phase::kBackward, {w.dgrad});
+  for (const DeferredWgrad& w : delayed_) pass.last = emit_deferred(w);
   delayed_.clear();
 }
 
@@ -1581,7 +1583,7 @@ void Builder::emit_weights(int16_t stage) {
   const std::vector<DeferredWgrad> batch = std::move(deferred_.front());
   deferred_.erase(deferred_.begin());
   for (const DeferredWgrad& w : batch) {
-    const int32_t id = emit(w.op, w.stage, w.chunk, w.layer, w.mb, Phase::kBackward, {w.dgrad});
+    const int32_t id = emit_deferred(w);
     if (w.mb == p_.num_micro_batches() - 1 || p_.data.zero >= 2) {
       layer_last_bwd_[static_cast<size_t>(w.layer)] = id;
       layer_last_side_bwd_[static_cast<size_t>(w.layer)] = -1;
