@@ -112,6 +112,9 @@ std::vector<ExplainRow> explain(const ModelSpec& model, const Plan& plan, const 
          p.overlap.inter_op = plan.overlap.inter_op;
          p.overlap.dp_comm = plan.overlap.dp_comm;
          p.overlap.pp_comm = plan.overlap.pp_comm;
+         // Across micro-batches too: Megatron's combined 1F1B and its delayed weight gradients.
+         p.overlap.cross_micro_batch = plan.overlap.cross_micro_batch;
+         p.overlap.delay_wgrad = plan.overlap.delay_wgrad;
        }},
       {"+ intra-operator overlap", [&](Plan& p) { p.overlap.intra_op = plan.overlap.intra_op; }},
       {"+ compression", [&](Plan& p) { p.compression = plan.compression; }},

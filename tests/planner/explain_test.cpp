@@ -113,7 +113,8 @@ TEST_SUITE("planner") {
     REQUIRE(rows.size() == 6);
     const std::set<std::string> allowed[] = {
         {"attention.tp", "attention.sp", "attention.cp", "experts.ep", "experts.etp", "experts.dispatch"},
-        {"overlap.inter_op", "overlap.dp_comm", "overlap.pp_comm"},
+        {"overlap.inter_op", "overlap.dp_comm", "overlap.pp_comm", "overlap.cross_micro_batch",
+         "overlap.delay_wgrad"},
         {"overlap.intra_op"},
         {"compression.grad_sync", "compression.dispatch"},
         {"recompute"},
@@ -130,6 +131,28 @@ TEST_SUITE("planner") {
     CHECK(changed_keys(rows[3].plan, rows[4].plan) ==
           std::set<std::string>{"compression.grad_sync", "compression.dispatch"});
     CHECK(changed_keys(rows[4].plan, rows[5].plan) == std::set<std::string>{"recompute"});
+  }
+
+  TEST_CASE("combined 1F1B and its delayed weight gradients come with the inter-operator overlap row") {
+    // A Megatron-Core plan ranked with `xmb+dw`: before, no row turned them on, so the last row was not the
+    // plan. Mixtral-8x7B, tp 2, ep 8 on 32 GPUs, two micro-batches.
+    Case c;
+    c.stack = io::load_stack("megatron-core").value();
+    c.plan.attention = {2, 1, 1};
+    c.plan.pipeline.pp = 1;
+    c.plan.overlap = {false, false, true, false, true, true};
+    c.plan.compression = {};
+    c.plan.recompute = Recompute::kNone;
+    const auto rows = c.explain();
+    REQUIRE(rows.size() == 6);
+    CHECK(io::plan_to_json(rows.back().plan) == io::plan_to_json(c.plan));
+    CHECK(rows.back().valid());
+    CHECK_FALSE(rows[1].plan.overlap.cross_micro_batch);
+    CHECK(rows[2].plan.overlap.cross_micro_batch);
+    CHECK(rows[2].plan.overlap.delay_wgrad);
+    CHECK(rows[2].in_plan);
+    CHECK(rows[2].prediction.step_time_s ==
+          doctest::Approx(rows.back().prediction.step_time_s).epsilon(1e-12));
   }
 
   TEST_CASE("a technique the plan does not use repeats the previous explain row") {
