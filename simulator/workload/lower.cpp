@@ -1211,7 +1211,7 @@ void Builder::forward_node(LayerPass& pass, Node node) {
   const Recipe& rc = recipe_of(pass.layer);
   const auto [b, e] = rc.nodes[static_cast<size_t>(node)];
   const auto L = static_cast<int32_t>(pass.layer);
-  const int32_t after = combined_ ? pass.node_end : -1;
+  const int32_t after = pass.node_end;  // -1 unless combined 1F1B chains the nodes
   for (size_t i = b; i < e; ++i) {
     const LocalOp& lo = rc.ops[i];
     Op op = lo.op;
@@ -1255,7 +1255,7 @@ void Builder::backward_node(LayerPass& pass, Node node) {
   const auto [nb, ne] = rc.nodes[static_cast<size_t>(node)];
   // Combined 1F1B: every op of the node waits for the end of the pass's node before it; the node ends with
   // its last op but the weight gradients --delay-wgrad-compute holds back.
-  const int32_t after = combined_ ? pass.node_end : -1;
+  const int32_t after = pass.node_end;  // -1 unless combined 1F1B chains the nodes
   int32_t end = -1;
 
   auto emit_recompute = [&](size_t i) {
