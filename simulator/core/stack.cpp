@@ -77,6 +77,7 @@ std::vector<const std::string*> StackProfile::number_sources() const {
                                          &dispatcher.permute_host_waits.source,
                                          &dispatcher.permute_index_kernels.source,
                                          &dispatcher.permute_index_backward_kernels.source,
+                                         &dispatcher.overlap_efficiency.source,
                                          &expert_mlp.eager_output_bias.source,
                                          &expert_mlp.eager_glu_clamp.source,
                                          &wgrad_accumulation.into_main_grad.source,
@@ -115,6 +116,7 @@ std::vector<StackProfile::Number> StackProfile::numbers() {
                           {"overlap_compute_efficiency", &overlap_compute_efficiency, 1.0}};
   if (wgrad_accumulation.into_main_grad.value)
     out.push_back({"wgrad_accumulation.epilogue_overlap", &wgrad_accumulation.epilogue_overlap, 1.0});
+  if (dispatch_dedup()) out.push_back({"dispatcher.overlap_efficiency", &dispatcher.overlap_efficiency, 1.0});
   for (const KindNumber& k : memory_bound_kind_numbers()) {
     Stated<double>& n = memory_bound_by_kind.*k.number;
     if (n.value > 0) out.push_back({k.path, &n, 1.0});

@@ -140,6 +140,9 @@ struct StackProfile {
     // Kernels of that conversion beyond its waits, forward and backward (0: none).
     Stated<int64_t> permute_index_kernels;
     Stated<int64_t> permute_index_backward_kernels;
+    // Its dispatch and combine kernels run at this fraction of their rate alone while compute kernels run on
+    // the same GPU (HBM, L2 and issue slots shared with them). Stated by the node-deduplicating dispatchers.
+    Stated<double> overlap_efficiency{1.0, "not stated"};
     // Measured per node count of the exchange (optional): the RDMA leg's efficiency (replacing
     // nic_efficiency) and the fixed cost of a forward dispatch (routing metadata, preprocessing, host wait)
     // and of a forward combine beyond their kernels. Nodes increasing; interpolated, held at the ends.

@@ -657,6 +657,7 @@ OpCost CostModel::cost(const Op& op) const {
           r.seconds += dispatcher_at(d(placement(op.comm).nodes)).combine_setup_s;
         err = kAssumedRelError;
         r.sm_fraction = d(stack_.dispatcher.sms.value) / d(hw_.gpu.sm_count.value);
+        r.rate_beside_compute = stack_.dispatcher.overlap_efficiency.value;
         r.basis = weaker(r.basis, weaker(stack_.dispatcher.nic_efficiency.basis,
                                          stack_.dispatcher.nvlink_efficiency.basis));
       } else {

@@ -32,6 +32,9 @@ struct OpCost {
   Resource resource = Resource::kSm;
   double link_bytes_per_s = 0;  // communication: the rate at which it moves bytes through HBM (interference)
   double sm_fraction = 0;       // communication: the share of the SMs its kernels hold while it runs
+  // Communication: the op's rate while compute kernels run on its GPU, as a fraction of its rate alone (the
+  // stack's dispatcher kernels beside compute; 1 for the collective libraries' kernels).
+  double rate_beside_compute = 1.0;
   double host_seconds = 0;  // CPU time to issue the op's kernels (exposed where the host cannot run ahead)
   double host_sync_seconds = 0;    // host_sync ops: the host's round trip after the op ends on the device
   Basis basis = Basis::kMeasured;  // the weakest basis of the stack numbers that priced it

@@ -86,6 +86,7 @@ class Simulation {
     timeline_.issued.assign(n, o.host ? kNever : 0.0);  // until the host gets there
     timeline_.gated_by.assign(n, -1);
     host_s_.resize(n);
+    beside_compute_.resize(n);
     sync_s_.resize(n);
     timeline_.stage_end.assign(stages, 0);
     timeline_.stage_sm.assign(stages, 0);
@@ -102,6 +103,7 @@ class Simulation {
       st.sm_fraction = c.sm_fraction;
       st.host_sync = o.host && op.host_sync ? 1 : 0;
       host_s_[i] = c.host_seconds;
+      beside_compute_[i] = c.rate_beside_compute;
       sync_s_[i] = c.host_sync_seconds;
       st.stage = op.stage;
       st.queue =
@@ -347,10 +349,10 @@ class Simulation {
           rate = sm_share / n_sm * hbm_share;
           break;
         case 2:
-          rate = 1.0 / n_nv;
+          rate = (n_sm > 0 ? beside_compute_[static_cast<size_t>(id)] : 1.0) / n_nv;
           break;
         default:
-          rate = 1.0 / n_nic;
+          rate = (n_sm > 0 ? beside_compute_[static_cast<size_t>(id)] : 1.0) / n_nic;
           break;
       }
       st.rate = rate;
@@ -411,6 +413,7 @@ class Simulation {
   std::vector<int32_t> dirty_;
   // Host threads, one per stage.
   std::vector<double> host_s_, sync_s_;           // by op: issue cost, round trip after a host sync
+  std::vector<double> beside_compute_;            // by op: a transfer's rate beside compute (cost's)
   std::vector<int32_t> stage_ops_;                // each stage's ops in id order, stage after stage
   std::vector<int32_t> host_prev_;                // by op: the op its stage's host issued before it
   std::vector<uint32_t> host_cursor_, host_end_;  // per stage: the next op its host issues

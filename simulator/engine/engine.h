@@ -1,7 +1,8 @@
 // Discrete-event execution of an op graph: streams run their ops in order, cross-stream edges are events, and
 // ops that run at the same time on one rank share its resources (flow level): concurrent transfers on a link
 // split its bandwidth, concurrent kernels split the SMs, and compute beside communication kernels loses the
-// SMs they take (each communication op's sm_fraction) and the HBM bandwidth they use. A host thread per stage
+// SMs they take (each communication op's sm_fraction) and the HBM bandwidth they use, while a transfer beside
+// compute runs at its cost's rate_beside_compute. A host thread per stage
 // issues the ops in program order and waits at host syncs, so host-bound stretches and the stall after a
 // device-to-host sync show. Deterministic: the same inputs give the same timeline.
 #pragma once

@@ -196,8 +196,8 @@ Result<StackProfile> stack_from_json(const json& j, const std::string& label) {
 
     const JsonNode d = root.object("dispatcher");
     d.only_keys({"kind", "host_sync", "sms", "nic_efficiency", "nvlink_efficiency", "permute_fused",
-                 "permute_host_waits", "permute_index_kernels", "permute_index_backward_kernels",
-                 "by_nodes"});
+                 "permute_host_waits", "permute_index_kernels", "permute_index_backward_kernels", "by_nodes",
+                 "overlap_efficiency"});
     s.dispatcher.kind = stated_choice<DispatcherKind>(d, "kind",
                                                       {{"nccl_all_to_all", DispatcherKind::kNcclAllToAll},
                                                        {"nccl_all_gather", DispatcherKind::kNcclAllGather},
@@ -212,6 +212,8 @@ Result<StackProfile> stack_from_json(const json& j, const std::string& label) {
     s.dispatcher.permute_host_waits = stated_integer(d, "permute_host_waits", 0, 16);
     s.dispatcher.permute_index_kernels = stated_integer(d, "permute_index_kernels", 0, 256);
     s.dispatcher.permute_index_backward_kernels = stated_integer(d, "permute_index_backward_kernels", 0, 256);
+    if (d.has("overlap_efficiency"))
+      s.dispatcher.overlap_efficiency = stated_fraction(d, "overlap_efficiency", Interval::kEfficiency);
     if (d.has("by_nodes")) {
       // {"value": [[nodes, nic_efficiency, dispatch_setup_us, combine_setup_us], ...], "basis", "source"}
       const JsonNode b = stated_node(d, "by_nodes");
@@ -340,6 +342,8 @@ nlohmann::ordered_json stack_to_json(const StackProfile& s) {
          {"permute_host_waits", integer(s.dispatcher.permute_host_waits)},
          {"permute_index_kernels", integer(s.dispatcher.permute_index_kernels)},
          {"permute_index_backward_kernels", integer(s.dispatcher.permute_index_backward_kernels)}};
+  if (s.dispatcher.overlap_efficiency.source != "not stated")
+    j["dispatcher"]["overlap_efficiency"] = num(s.dispatcher.overlap_efficiency, 1.0);
   if (!s.dispatcher.by_nodes.empty()) {
     oj rows = oj::array();
     for (const auto& r : s.dispatcher.by_nodes) {

@@ -353,8 +353,11 @@ TEST_SUITE("cost") {
   }
 
   TEST_CASE(
-      "a node-deduplicated exchange holds the dispatcher's SMs, and NCCL collectives the stack's share") {
+      "a node-deduplicated exchange holds the dispatcher's SMs and runs at its rate beside compute, and NCCL "
+      "collectives hold the stack's share at full rate") {
     // DeepEP runs on 20 of the H800's 132 SMs; HybridEP on 32; the engine takes them from concurrent compute.
+    // Beside compute their kernels run at the dispatcher's overlap efficiency (below 1 in both profiles);
+    // NCCL's at full rate.
     const HardwareProfile hw = io::load_hardware("h800-sxm").value();
     Op op = test::ep_all_to_all_op(16, 1e8);
     op.comm.nic_bytes_scale = 0.2;
@@ -365,8 +368,11 @@ TEST_SUITE("cost") {
       const cost::CostModel cm(hw, stack);
       op.comm.node_dedup = true;
       CHECK(cm.cost(op).sm_fraction == rel(sms / 132.0));
+      CHECK(stack.dispatcher.overlap_efficiency.value < 1.0);
+      CHECK(cm.cost(op).rate_beside_compute == stack.dispatcher.overlap_efficiency.value);
       op.comm.node_dedup = false;
       CHECK(cm.cost(op).sm_fraction == rel(stack.comm_sm_fraction.value));
+      CHECK(cm.cost(op).rate_beside_compute == 1.0);
     }
   }
 

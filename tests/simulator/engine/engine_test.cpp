@@ -84,6 +84,7 @@ struct OpSpec {
   double host_sync_seconds = 0;
   cost::Resource resource = cost::Resource::kSm;
   double sm_fraction = 0;
+  double rate_beside_compute = 1.0;
 };
 int32_t add_op(Built& b, const OpSpec& o) {
   Op op;
@@ -98,6 +99,7 @@ int32_t add_op(Built& b, const OpSpec& o) {
   c.host_sync_seconds = o.host_sync_seconds;
   c.resource = o.resource;
   c.sm_fraction = o.sm_fraction;
+  c.rate_beside_compute = o.rate_beside_compute;
   b.costs.push_back(c);
   return op.id;
 }
@@ -211,6 +213,37 @@ TEST_SUITE("engine") {
     const double r = (1 - 20.0 / 132) * 0.9;
     CHECK(t.ops[0].end == doctest::Approx(0.5 + (1 - 0.5 * r)));
     CHECK(t.ops[1].end == doctest::Approx(0.5));
+  }
+
+  TEST_CASE("a dispatcher exchange beside compute runs at its rate beside compute, and at full rate alone") {
+    // A 0.5 s exchange at 0.7 of its rate beside a 0.2 s GEMM: 0.14 s of its work in the first 0.2 s, the
+    // other 0.36 s alone: it ends at 0.56 s. Alone the same exchange takes its 0.5 s.
+    Built b;
+    add_op(b, {.seconds = 0.2});
+    add_op(b, {.stream = Stream::kComm,
+               .seconds = 0.5,
+               .resource = cost::Resource::kNic,
+               .rate_beside_compute = 0.7});
+    auto t = engine::simulate(b.g, b.costs, {});
+    CHECK(t.ops[0].end == doctest::Approx(0.2));
+    CHECK(t.ops[1].end == doctest::Approx(0.2 + (0.5 - 0.2 * 0.7)));
+    Built alone;
+    add_op(alone, {.stream = Stream::kComm,
+                   .seconds = 0.5,
+                   .resource = cost::Resource::kNvlink,
+                   .rate_beside_compute = 0.7});
+    t = engine::simulate(alone.g, alone.costs, {});
+    CHECK(t.ops[0].end == doctest::Approx(0.5));
+    // Two exchanges on one link beside compute split the slowed rate: each at 0.7 / 2 while the 0.2 s GEMM
+    // runs, then 1 / 2: 0.07 s of work each, the other 0.43 s at half rate, ending at 0.2 + 0.86.
+    Built two;
+    add_op(two, {.seconds = 0.2});
+    for (Stream s : {Stream::kComm, Stream::kDpComm})
+      add_op(two,
+             {.stream = s, .seconds = 0.5, .resource = cost::Resource::kNic, .rate_beside_compute = 0.7});
+    t = engine::simulate(two.g, two.costs, {});
+    CHECK(t.ops[1].end == doctest::Approx(0.2 + 2 * (0.5 - 0.2 * 0.35)));
+    CHECK(t.ops[2].end == doctest::Approx(t.ops[1].end));
   }
 
   TEST_CASE("a host slower than the GPU makes the step the sum of its issue times") {

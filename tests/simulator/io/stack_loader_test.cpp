@@ -304,6 +304,38 @@ TEST_SUITE("io") {
         "number 1.5");
   }
 
+  TEST_CASE(
+      "the dispatcher's rate beside compute is optional, listed with the dispatchers that state it, and "
+      "round-trips") {
+    const StackProfile dep = load("megatron-core-deepep");
+    CHECK(dep.dispatcher.overlap_efficiency.basis == Basis::kDerived);
+    REQUIRE(dep.dispatcher.overlap_efficiency.range.has_value());
+    CHECK(dep.dispatcher.overlap_efficiency.range->first <= dep.dispatcher.overlap_efficiency.value);
+    CHECK(dep.dispatcher.overlap_efficiency.value <= dep.dispatcher.overlap_efficiency.range->second);
+    CHECK(load("megatron-core-hybridep").dispatcher.overlap_efficiency.basis == Basis::kAssumed);
+    StackProfile dep_copy = dep;
+    int listed = 0;
+    for (const auto& n : dep_copy.numbers()) listed += std::string(n.path) == "dispatcher.overlap_efficiency";
+    CHECK(listed == 1);
+    const auto back = io::stack_from_json(io::stack_to_json(dep), "back.json");
+    REQUIRE(back.ok());
+    CHECK(back.value().dispatcher.overlap_efficiency.value ==
+          doctest::Approx(dep.dispatcher.overlap_efficiency.value));
+    CHECK(back.value().dispatcher.overlap_efficiency.source == dep.dispatcher.overlap_efficiency.source);
+
+    const StackProfile mc = load("megatron-core");  // NCCL's all-to-all: not stated, full rate
+    CHECK(mc.dispatcher.overlap_efficiency.value == 1.0);
+    CHECK(io::stack_to_json(mc)["dispatcher"].count("overlap_efficiency") == 0);
+    StackProfile mc_copy = mc;
+    for (const auto& n : mc_copy.numbers()) CHECK(std::string(n.path) != "dispatcher.overlap_efficiency");
+
+    io::json j = moerun_json();
+    j["dispatcher"]["overlap_efficiency"] = {{"value", 0}, {"basis", "derived"}, {"source", "s"}};
+    CHECK(error_of(j) ==
+          "s.json: field 'dispatcher.overlap_efficiency.value': expected an efficiency in (0, 1], got number "
+          "0");
+  }
+
   TEST_CASE("an efficiency above 1 or at 0, or an SM share of 1, is rejected, naming the field") {
     io::json j = moerun_json();
     j["grouped_gemm"]["efficiency"]["value"] = 1.5;
