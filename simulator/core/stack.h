@@ -25,6 +25,9 @@ enum class Basis : uint8_t {
 };
 const char* name_of(Basis b);
 
+// The source of an optional number a stack file leaves out (its default holds).
+inline constexpr const char* kNotStated = "not stated";
+
 template <class T>
 struct Stated {
   Stated() = default;
@@ -142,7 +145,7 @@ struct StackProfile {
     Stated<int64_t> permute_index_backward_kernels;
     // Its dispatch and combine kernels run at this fraction of their rate alone while compute kernels run on
     // the same GPU (HBM, L2 and issue slots shared with them). Stated by the node-deduplicating dispatchers.
-    Stated<double> overlap_efficiency{1.0, "not stated"};
+    Stated<double> overlap_efficiency{1.0, kNotStated};
     // Measured per node count of the exchange (optional): the RDMA leg's efficiency (replacing
     // nic_efficiency) and the fixed cost of a forward dispatch (routing metadata, preprocessing, host wait)
     // and of a forward combine beyond their kernels. Nodes increasing; interpolated, held at the ends.
@@ -179,7 +182,7 @@ struct StackProfile {
   // bytes' time to the measured time.
   struct WgradAccumulation {
     Stated<bool> into_main_grad;
-    Stated<double> epilogue_overlap{1.0, "not stated"};
+    Stated<double> epilogue_overlap{1.0, kNotStated};
   } wgrad_accumulation;
 
   Stated<AttentionKernel> attention_kernel;

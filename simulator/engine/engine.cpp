@@ -348,11 +348,8 @@ class Simulation {
         case 1:
           rate = sm_share / n_sm * hbm_share;
           break;
-        case 2:
-          rate = (n_sm > 0 ? beside_compute_[static_cast<size_t>(id)] : 1.0) / n_nv;
-          break;
-        default:
-          rate = (n_sm > 0 ? beside_compute_[static_cast<size_t>(id)] : 1.0) / n_nic;
+        default:  // a transfer: its link's share, slowed while compute runs beside it
+          rate = (n_sm > 0 ? beside_compute_[static_cast<size_t>(id)] : 1.0) / (st.kind == 2 ? n_nv : n_nic);
           break;
       }
       st.rate = rate;

@@ -342,7 +342,7 @@ nlohmann::ordered_json stack_to_json(const StackProfile& s) {
          {"permute_host_waits", integer(s.dispatcher.permute_host_waits)},
          {"permute_index_kernels", integer(s.dispatcher.permute_index_kernels)},
          {"permute_index_backward_kernels", integer(s.dispatcher.permute_index_backward_kernels)}};
-  if (s.dispatcher.overlap_efficiency.source != "not stated")
+  if (s.dispatcher.overlap_efficiency.source != kNotStated)
     j["dispatcher"]["overlap_efficiency"] = num(s.dispatcher.overlap_efficiency, 1.0);
   if (!s.dispatcher.by_nodes.empty()) {
     oj rows = oj::array();
