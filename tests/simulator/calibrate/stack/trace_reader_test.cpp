@@ -113,6 +113,19 @@ TEST_SUITE("calibrate") {
     CHECK(k.classify("void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>>") ==
           KernelKind::kElementwise);
     CHECK(k.classify("my_custom_kernel") == KernelKind::kOther);
+    // DeepEP's kernels, and DeepSeek's own build of them in its published H800 training trace, are all
+    // communication: dispatch, combine and the notify kernels before them.
+    for (const char* name :
+         {"void deep_ep::internode::combine<false, 8, __nv_bfloat16, 8>(int4*, float*)",
+          "void deep_ep::intranode::notify_dispatch<8>(int const*, int*, int)",
+          "void dpsk::ep::internode::dispatch<false, 8, false, 8>(int4*, float*, long*, float*)",
+          "void dpsk::ep::internode::combine<false, 8, __nv_bfloat16, 8, 2, 16, 24>(int4*, float*, bool "
+          "const*)",
+          "void dpsk::ep::internode::notify_dispatch<false, 8>(int const*, long*, int)",
+          "void dpsk::ep::internode::cached_notify<false>(int, int, int, int, int*)"}) {
+      CAPTURE(name);
+      CHECK(k.classify(name) == KernelKind::kNccl);
+    }
   }
 
   TEST_CASE(
