@@ -34,6 +34,14 @@ struct StepFigures {
   std::vector<int32_t> critical_path;
 };
 
+// The tolerance of inserted_period()'s check in predict(), as a fraction of the later run's step. The two
+// runs compute the same op's times at absolute times one period apart, so their rounding differs, and it adds
+// up along the run: on Qwen3-235B's interleaved PP16 plans with DeepEP beside compute (a rate change at every
+// compute kernel's start and end), ops of a strictly periodic run drifted by up to 5e-10 of the step where
+// the whole steps agreed to 1e-10. Far below any real change of schedule (periodic_test moves one op by 1
+// us).
+inline constexpr double kInsertedPeriodTolerance = 1e-9;
+
 // Whether run `b` (m0 + d micro-batches) is run `a` (m0) with one period of the steady phase inserted. Each
 // stream of each stage must hold a's ops up to some position, then a block of ops that repeats the block
 // before it, then the rest of a's ops (equal in every field that decides their cost, layer and chunk, with

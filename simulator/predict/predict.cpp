@@ -306,10 +306,10 @@ std::optional<StepFigures> extrapolate_step(const ModelSpec& model, const Plan& 
   // less than a period of it.)
   for (Run& r : simulate_runs(m0 + d, 2)) runs.push_back(std::move(r));
   const InsertedPeriod inserted =
-      options.op_by_op
-          ? inserted_period(runs[0].graph, runs[0].timeline, runs[1].graph, runs[1].timeline, runs[1].costs,
-                            1e-11 * runs[1].timeline.step_time, runs[0].cost_keys, runs[1].cost_keys)
-          : InsertedPeriod{.failed = "the three-run check was asked for"};
+      options.op_by_op ? inserted_period(runs[0].graph, runs[0].timeline, runs[1].graph, runs[1].timeline,
+                                         runs[1].costs, kInsertedPeriodTolerance * runs[1].timeline.step_time,
+                                         runs[0].cost_keys, runs[1].cost_keys)
+                       : InsertedPeriod{.failed = "the three-run check was asked for"};
   if (inserted.ok) {
     m0 += d;
     auto x = PeriodicExtrapolation::trusted((m - m0) / d);

@@ -107,7 +107,8 @@ bool near(double a, double b, double scale, double rel = 1e-9) {
   return std::abs(a - b) <= rel * scale;
 }
 
-void check_same(const Prediction& x, const Prediction& w) {
+// `summary_rel`: the op summary's totals, each a sum over hundreds of ops, to this fraction of the step.
+void check_same(const Prediction& x, const Prediction& w, double summary_rel = 1e-9) {
   const double step = w.step_time_s;
   CHECK(near(x.step_time_s, step, step));
   CHECK(near(x.tokens_per_s, w.tokens_per_s, w.tokens_per_s));
@@ -148,7 +149,7 @@ void check_same(const Prediction& x, const Prediction& w) {
     CHECK(a.stage == b.stage);
     CHECK(a.op == b.op);
     CHECK(a.count == b.count);
-    CHECK(near(a.total_s, b.total_s, step));
+    CHECK(near(a.total_s, b.total_s, step, summary_rel));
   }
 }
 
@@ -237,6 +238,49 @@ TEST_SUITE("predict") {
     MESSAGE(checked, " combinations checked, ", two_runs, " from two runs");
     CHECK(checked >= 24);
     CHECK(two_runs >= checked - 4);
+  }
+
+  TEST_CASE("a long interleaved run whose op times drift by rounding alone is still two runs, and exact") {
+    // Qwen3-235B on 256 H100s, DeepEP beside compute, interleaved PP 16 x 4 with combined 1F1B and ZeRO-2:
+    // the planner's finalist whose runs at 48 and 64 micro-batches put ops up to 5e-10 of the step apart
+    // (rounding: every compute kernel's start and end changes the dispatcher's rate). At 1e-11 it took three
+    // runs, 2.25 M ops where two take 0.57 M.
+    const ModelSpec model = io::load_model("qwen3-235b-a22b").value();
+    const HardwareProfile hw = io::load_hardware("h100-sxm").value();
+    const StackProfile stack = io::load_stack("megatron-core-deepep").value();
+    Plan p;
+    p.gpus = 256;
+    p.seq_len = 4096;
+    p.micro_batch = 2;
+    p.global_batch = 128 * 2 * 4;  // 128 micro-batches on dp 4
+    p.attention.sp = 4;
+    p.experts.ep = 16;
+    p.experts.dispatch = Dispatch::kDedup;
+    p.pipeline.pp = 16;
+    p.pipeline.vpp = 4;
+    p.pipeline.schedule = Schedule::kInterleaved1F1B;
+    p.pipeline.layers_per_stage.assign(64, 1);
+    for (size_t v = 1; v <= 30; ++v) p.pipeline.layers_per_stage[v] = 2;
+    p.data.zero = 2;
+    p.compression.grad_sync = GradSync::kBf16ReduceScatter;
+    p.precision = Precision::kFp8;
+    p.overlap = {};
+    p.overlap.dp_comm = true;
+    p.overlap.pp_comm = true;
+    p.overlap.cross_micro_batch = true;
+    p.overlap.delay_wgrad = true;
+    const auto routing = workload::uniform_routing(model.moe.num_experts);
+    const Prediction x = predict(model, p, hw, stack, routing);
+    for (const Violation& v : x.violations) MESSAGE(v.reason);
+    REQUIRE(x.violations.empty());
+    CHECK_MESSAGE(x.simulation.runs == 2, x.simulation.why_three_runs);
+    CHECK(x.simulation.simulated_micro_batches == 48);
+    // Every figure to 1e-9 of the step, the op summary's totals (sums over hundreds of ops) to 1e-8: the
+    // whole step's own pp_send_bwd total on stage 1, simulated whole at 32, 48, ..., 112 micro-batches,
+    // grows by 0.0299892152544, ...140467, ...157005, then ...153270 s in every later period, so one
+    // period taken before it settles puts the extrapolated total 14 ns (1.7e-9 of the step) off.
+    const Prediction w = predict(model, p, hw, stack, routing, {.whole_step = true});
+    check_same(x, w, 1e-8);
   }
 
   TEST_CASE("figures that repeat are extrapolated by whole periods, and one that does not is named") {
