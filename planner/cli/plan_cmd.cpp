@@ -58,11 +58,22 @@ nlohmann::json summary_json(const Prediction& p) {
 // Whether #1 stays first with each unmeasured stack number alone at either end of its range.
 void print_ranking(const AssumptionRanking& ranking, size_t listed) {
   if (listed < 2 || ranking.ends == 0) return;
+  // Plans listed after #1 although faster as given: the ranking put them there for memory (tight, or not
+  // fitting), not for the stack's numbers.
+  std::string tight;
+  for (size_t p : ranking.faster_as_given) tight += fmt::format("{}#{}", tight.empty() ? "" : ", ", p + 1);
+  if (!tight.empty()) {
+    fmt::print("{} {} faster than #1 as given, listed after it for memory; not counted below\n", tight,
+               ranking.faster_as_given.size() == 1 ? "is" : "are");
+  }
+  const size_t compared = listed - ranking.faster_as_given.size();
+  if (compared < 2) return;
   if (ranking.overtakes.empty()) {
     fmt::print(
-        "#1 stays the fastest of the {} listed with each unmeasured stack number alone at either end of its "
+        "#1 stays the fastest of the {} listed{} with each unmeasured stack number alone at either end of "
+        "its "
         "range ({} ends)\n",
-        listed, ranking.ends);
+        compared, tight.empty() ? "" : " and counted", ranking.ends);
     return;
   }
   fmt::print("#1 is not the fastest at {} of the {} ends: the order rests on numbers nobody measured:\n",
@@ -352,7 +363,10 @@ Runner add_plan(CLI::App& app) {
                                {"rank", t.plan + 1},
                                {"faster_than_first", t.faster}});
         }
-        out["ranking_over_assumptions"] = {{"ends", ranking.ends}, {"overtakes", overtakes}};
+        nlohmann::json tight = nlohmann::json::array();
+        for (size_t p : ranking.faster_as_given) tight.push_back(p + 1);
+        out["ranking_over_assumptions"] = {
+            {"ends", ranking.ends}, {"overtakes", overtakes}, {"faster_as_given", tight}};
       }
       print_json(out);
       return r.plans.empty() ? kExitInfeasible : kExitOk;

@@ -129,6 +129,9 @@ AssumptionRanking ranking_over_assumptions(const ModelSpec& model, const std::ve
                                            const workload::RoutingDistribution& routing, int threads) {
   AssumptionRanking out;
   if (plans.size() < 2) return out;
+  for (size_t p = 1; p < plans.size(); ++p) {
+    if (steps[p] < steps[0]) out.faster_as_given.push_back(p);
+  }
   const Ranged ranged(stack);
   const auto& ends = ranged.ends;
   out.ends = static_cast<int64_t>(ends.size());
@@ -140,8 +143,14 @@ AssumptionRanking ranking_over_assumptions(const ModelSpec& model, const std::ve
   });
   for (size_t e = 0; e < ends.size(); ++e) {
     const double* at = &step[e * plans.size()];
-    const size_t best = static_cast<size_t>(std::min_element(at, at + plans.size()) - at);
-    if (best == 0 || at[best] >= at[0]) continue;
+    // The fastest there of the plans not already faster than the first with the stack as given: those
+    // were ranked after it for another reason (a memory range that does not wholly fit), not by these
+    // numbers.
+    size_t best = 0;
+    for (size_t p = 1; p < plans.size(); ++p) {
+      if (steps[p] >= steps[0] && at[p] < at[best]) best = p;
+    }
+    if (best == 0) continue;
     const StackProfile::Number& n = ranged.number(ends[e].first);
     out.overtakes.push_back({.path = n.path,
                              .at = ranged.end_value(ends[e]),

@@ -47,7 +47,9 @@ AssumptionRange assumption_range(const ModelSpec& model, const Plan& plan, const
 
 // Whether a ranking of plans of one job (same tokens per step) rests on the stack's unmeasured numbers: every
 // plan predicted again with each ranged number alone at either end of its range, and where another plan's
-// step is then shorter than the first's, that overtaking.
+// step is then shorter than the first's, that overtaking. A plan whose step is already shorter than the
+// first's with the stack as given was ranked after it for another reason (the planner puts plans that do not
+// fit, or whose memory range does not wholly fit, after tied ones that fit) and is not counted.
 struct RankOvertake {
   std::string path;           // the number, as the stack file names it
   double at = 0, unit = 1.0;  // the end it was set to (SI) and the file's unit in SI
@@ -57,6 +59,7 @@ struct RankOvertake {
 struct AssumptionRanking {
   int64_t ends = 0;                     // number ends tried
   std::vector<RankOvertake> overtakes;  // one per end where the first plan is not the fastest
+  std::vector<size_t> faster_as_given;  // indices of the plans not counted: already faster as given
 };
 // `steps[i]` is plans[i]'s predicted step with the stack as given; plans[0] is the ranking's first.
 AssumptionRanking ranking_over_assumptions(const ModelSpec& model, const std::vector<Plan>& plans,
