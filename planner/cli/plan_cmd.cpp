@@ -60,24 +60,27 @@ void print_ranking(const AssumptionRanking& ranking, size_t listed) {
   if (listed < 2 || ranking.ends == 0) return;
   // Plans listed after #1 although faster as given: the ranking put them there for memory (tight, or not
   // fitting), not for the stack's numbers.
-  std::string tight;
-  for (size_t p : ranking.faster_as_given) tight += fmt::format("{}#{}", tight.empty() ? "" : ", ", p + 1);
-  if (!tight.empty()) {
-    fmt::print("{} {} faster than #1 as given, listed after it for memory; not counted below\n", tight,
-               ranking.faster_as_given.size() == 1 ? "is" : "are");
-  }
+  std::string faster;
+  for (size_t p : ranking.faster_as_given) faster += fmt::format("{}#{}", faster.empty() ? "" : ", ", p + 1);
   const size_t compared = listed - ranking.faster_as_given.size();
+  if (!faster.empty()) {
+    fmt::print("{} {} faster than #1 as given, listed after it for memory; {}\n", faster,
+               ranking.faster_as_given.size() == 1 ? "is" : "are",
+               compared < 2 ? "no other listed plan is left to compare" : "not counted below");
+  }
   if (compared < 2) return;
+  const char* counted = faster.empty() ? "" : " and counted";
   if (ranking.overtakes.empty()) {
     fmt::print(
-        "#1 stays the fastest of the {} listed{} with each unmeasured stack number alone at either end of "
-        "its "
-        "range ({} ends)\n",
-        compared, tight.empty() ? "" : " and counted", ranking.ends);
+        "#1 stays the fastest of the {} listed{} with each unmeasured stack number alone at either end "
+        "of its range ({} ends)\n",
+        compared, counted, ranking.ends);
     return;
   }
-  fmt::print("#1 is not the fastest at {} of the {} ends: the order rests on numbers nobody measured:\n",
-             ranking.overtakes.size(), ranking.ends);
+  fmt::print(
+      "a plan listed after #1{} overtakes it at {} of the {} ends: the order rests on numbers nobody "
+      "measured:\n",
+      counted, ranking.overtakes.size(), ranking.ends);
   for (size_t i = 0; i < ranking.overtakes.size() && i < 4; ++i) {
     const RankOvertake& t = ranking.overtakes[i];
     fmt::print("  with {} = {}, #{} is {:.1f}% faster\n", t.path, in_file_unit(t.at, t.unit), t.plan + 1,
@@ -363,10 +366,10 @@ Runner add_plan(CLI::App& app) {
                                {"rank", t.plan + 1},
                                {"faster_than_first", t.faster}});
         }
-        nlohmann::json tight = nlohmann::json::array();
-        for (size_t p : ranking.faster_as_given) tight.push_back(p + 1);
+        nlohmann::json faster = nlohmann::json::array();
+        for (size_t p : ranking.faster_as_given) faster.push_back(p + 1);
         out["ranking_over_assumptions"] = {
-            {"ends", ranking.ends}, {"overtakes", overtakes}, {"faster_as_given", tight}};
+            {"ends", ranking.ends}, {"overtakes", overtakes}, {"faster_as_given", faster}};
       }
       print_json(out);
       return r.plans.empty() ? kExitInfeasible : kExitOk;

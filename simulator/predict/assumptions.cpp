@@ -129,33 +129,32 @@ AssumptionRanking ranking_over_assumptions(const ModelSpec& model, const std::ve
                                            const workload::RoutingDistribution& routing, int threads) {
   AssumptionRanking out;
   if (plans.size() < 2) return out;
+  // The first and the plans it is compared with: those not already faster as given (the others were ranked
+  // after it for another reason, not by these numbers).
+  std::vector<size_t> counted{0};
   for (size_t p = 1; p < plans.size(); ++p) {
-    if (steps[p] < steps[0]) out.faster_as_given.push_back(p);
+    (steps[p] < steps[0] ? out.faster_as_given : counted).push_back(p);
   }
   const Ranged ranged(stack);
   const auto& ends = ranged.ends;
   out.ends = static_cast<int64_t>(ends.size());
-  // step[e * plans + p]: plan p with end e.
-  std::vector<double> step(ends.size() * plans.size());
+  if (counted.size() < 2) return out;
+  // step[e * counted + k]: plan counted[k] with end e.
+  const size_t n = counted.size();
+  std::vector<double> step(ends.size() * n);
   parallel_for(step.size(), threads, [&](size_t i) {
-    const size_t e = i / plans.size(), p = i % plans.size();
+    const size_t e = i / n, p = counted[i % n];
     step[i] = ranged.step_with(model, plans[p], hw, routing, ranged.with_end(ends[e]), steps[p]);
   });
   for (size_t e = 0; e < ends.size(); ++e) {
-    const double* at = &step[e * plans.size()];
-    // The fastest there of the plans not already faster than the first with the stack as given: those
-    // were ranked after it for another reason (a memory range that does not wholly fit), not by these
-    // numbers.
-    size_t best = 0;
-    for (size_t p = 1; p < plans.size(); ++p) {
-      if (steps[p] >= steps[0] && at[p] < at[best]) best = p;
-    }
-    if (best == 0) continue;
-    const StackProfile::Number& n = ranged.number(ends[e].first);
-    out.overtakes.push_back({.path = n.path,
+    const double* at = &step[e * n];
+    const size_t best = static_cast<size_t>(std::min_element(at, at + n) - at);
+    if (best == 0 || at[best] >= at[0]) continue;
+    const StackProfile::Number& num = ranged.number(ends[e].first);
+    out.overtakes.push_back({.path = num.path,
                              .at = ranged.end_value(ends[e]),
-                             .unit = n.unit,
-                             .plan = best,
+                             .unit = num.unit,
+                             .plan = counted[best],
                              .faster = 1.0 - at[best] / at[0]});
   }
   return out;

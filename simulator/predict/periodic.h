@@ -37,9 +37,9 @@ struct StepFigures {
 // The tolerance of inserted_period()'s check in predict(), as a fraction of the later run's step. The two
 // runs compute the same op's times at absolute times one period apart, so their rounding differs, and it adds
 // up along the run: on Qwen3-235B's interleaved PP16 plans with DeepEP beside compute (a rate change at every
-// compute kernel's start and end), ops of a strictly periodic run drifted by up to 5e-10 of the step where
-// the whole steps agreed to 1e-10. Far below any real change of schedule (periodic_test moves one op by 1
-// us).
+// compute kernel's start and end), ops of runs one period apart differed by up to 5e-10 of the step, while
+// the steps extrapolated from those runs matched the whole-step simulation to 4e-10. A real change of
+// schedule moves an op by far more: periodic_test refuses an op moved by 1 us at this tolerance.
 inline constexpr double kInsertedPeriodTolerance = 1e-9;
 
 // Whether run `b` (m0 + d micro-batches) is run `a` (m0) with one period of the steady phase inserted. Each

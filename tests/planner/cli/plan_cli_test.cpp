@@ -6,8 +6,11 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <regex>
+#include <sstream>
 #include <string>
 
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "tests/planner/cli/run_moeplan.h"
@@ -43,6 +46,20 @@ TEST_SUITE("cli") {
       CAPTURE(s);
       CHECK(r.out.find(s) != std::string::npos);
     }
+    // Plans listed after #1 with more tokens/s ("+" against #1: listed later for memory) are the ones the
+    // ranking's check names as faster as given, and only those.
+    std::string faster;
+    const std::regex row(R"(^\s*(\d+)\s+tp\d.*\s\+\d+\.\d%=?\s)");
+    std::istringstream lines(r.out);
+    for (std::string line; std::getline(lines, line);) {
+      std::smatch m;
+      if (std::regex_search(line, m, row)) faster += (faster.empty() ? "#" : ", #") + m[1].str();
+    }
+    CAPTURE(faster);
+    CHECK((r.out.find("faster than #1 as given") != std::string::npos) == !faster.empty());
+    if (!faster.empty())
+      CHECK(r.out.find(faster + (faster.find(',') == std::string::npos ? " is" : " are") +
+                       " faster than #1 as given") != std::string::npos);
   }
 
   TEST_CASE(
@@ -71,11 +88,22 @@ TEST_SUITE("cli") {
             faster_as_given.end());
       CHECK(t.at("faster_than_first").get<double>() > 0);
     }
+    // The text says the same as the JSON.
     const Run text = run_cli("plan " + std::string(kTinyJob) + " --global-batch 32 --top 4");
     REQUIRE(text.exit_code == 0);
     CHECK(text.out.find("#1 over the stack's unmeasured numbers") != std::string::npos);
-    CHECK((text.out.find("#1 stays the fastest of the ") != std::string::npos ||
-           text.out.find("#1 is not the fastest at ") != std::string::npos));
+    const size_t plans = j.at("plans").size(), compared = plans - faster_as_given.size();
+    CHECK((text.out.find("faster than #1 as given, listed after it for memory") != std::string::npos) ==
+          !faster_as_given.empty());
+    const size_t overtaken = rank.at("overtakes").size();
+    if (compared >= 2 && overtaken == 0) {
+      CHECK(text.out.find(fmt::format("#1 stays the fastest of the {} listed", compared)) !=
+            std::string::npos);
+    }
+    if (overtaken > 0) {
+      CHECK(text.out.find(fmt::format("overtakes it at {} of the {} ends", overtaken,
+                                      rank.at("ends").get<int>())) != std::string::npos);
+    }
     CHECK_FALSE(plan_json("--global-batch 32 --top 4 --no-assumptions").contains("assumptions"));
   }
 

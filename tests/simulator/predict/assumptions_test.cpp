@@ -143,7 +143,6 @@ TEST_SUITE("predict") {
       for (const StackProfile::Number& n : s.numbers()) {
         if (n.path == t.path) n.number->value = t.at;
       }
-      CHECK(t.faster > 0);
       CHECK(t.faster == doctest::Approx(1.0 - job.step_on(zero2, s) / job.step(s)).epsilon(1e-12));
       at_no_overlap = at_no_overlap || (t.path == "wgrad_accumulation.epilogue_overlap" && t.at == 0.0);
     }
@@ -155,6 +154,21 @@ TEST_SUITE("predict") {
         ranking_over_assumptions(job.model, {zero2, job.plan}, {step2, step1}, job.hw, job.stack, routing, 2);
     CHECK(back.faster_as_given == std::vector<size_t>{1});
     CHECK(back.overtakes.empty());
+
+    // With a plan faster as given listed third, the overtakings are the second plan's, as before.
+    Plan etp1 = job.plan;
+    etp1.experts.etp = 1;
+    const double step3 = job.step_on(etp1);
+    REQUIRE(step3 < step1);
+    const AssumptionRanking three = ranking_over_assumptions(
+        job.model, {job.plan, zero2, etp1}, {step1, step2, step3}, job.hw, job.stack, routing, 2);
+    CHECK(three.faster_as_given == std::vector<size_t>{2});
+    REQUIRE(three.overtakes.size() == r.overtakes.size());
+    for (size_t i = 0; i < r.overtakes.size(); ++i) {
+      CHECK(three.overtakes[i].plan == 1);
+      CHECK(three.overtakes[i].path == r.overtakes[i].path);
+      CHECK(three.overtakes[i].faster == r.overtakes[i].faster);
+    }
 
     // The same plan twice, or one plan: nothing overtakes.
     CHECK(
