@@ -259,12 +259,11 @@ TEST_SUITE("predict") {
     p.pipeline.pp = 16;
     p.pipeline.vpp = 4;
     p.pipeline.schedule = Schedule::kInterleaved1F1B;
-    p.pipeline.layers_per_stage.assign(64, 1);
-    for (size_t v = 1; v <= 30; ++v) p.pipeline.layers_per_stage[v] = 2;
+    p.pipeline.layers_per_stage =
+        uneven_split(model.num_layers(), 64);  // the planner's split: 1, 2 x 30, 1 x 33
     p.data.zero = 2;
     p.compression.grad_sync = GradSync::kBf16ReduceScatter;
     p.precision = Precision::kFp8;
-    p.overlap = {};
     p.overlap.dp_comm = true;
     p.overlap.pp_comm = true;
     p.overlap.cross_micro_batch = true;
