@@ -6,6 +6,7 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <set>
@@ -196,6 +197,24 @@ Result<nlohmann::json> plan_key_value(const std::string& key, const std::string&
   return *plan_value(check.value(), key);
 }
 
+namespace {
+
+// A list of at most N values on the stack: the enumeration's innermost choices, built for every plan.
+template <class T, size_t N>
+class SmallList {
+ public:
+  void push_back(T v) { items_[size_++] = v; }
+  bool empty() const { return size_ == 0; }
+  const T* begin() const { return items_.data(); }
+  const T* end() const { return items_.data() + size_; }
+
+ private:
+  std::array<T, N> items_{};
+  size_t size_ = 0;
+};
+
+}  // namespace
+
 int64_t for_each_plan(const ModelSpec& model, const HardwareProfile& hw, const StackProfile& stack,
                       const Job& job, const SearchSpace& space, const PlanVisitor& visit, int64_t stride,
                       int64_t offset) {
@@ -222,7 +241,7 @@ int64_t for_each_plan(const ModelSpec& model, const HardwareProfile& hw, const S
                 if (etp > 8) continue;
                 // Only the dispatchers the stack has (its capabilities).
                 const auto& cap = stack.capabilities;
-                std::vector<Dispatch> dispatches;
+                SmallList<Dispatch, 3> dispatches;
                 if (stack_has(cap.dispatch, "all_to_all")) dispatches.push_back(Dispatch::kAllToAll);
                 if (ep > 1 && stack_has(cap.dispatch, "all_gather"))
                   dispatches.push_back(Dispatch::kAllGather);
@@ -243,10 +262,11 @@ int64_t for_each_plan(const ModelSpec& model, const HardwareProfile& hw, const S
                           if (!stack_has(cap.precision, name_of(prec))) continue;
                           // Overlap: the most the stack achieves (the invariant "overlap never loses" holds),
                           // with and without the fused intra-operator kernels where they apply.
-                          std::vector<bool> intras{false};
+                          SmallList<bool, 2> intras;
+                          intras.push_back(false);
                           if (stack.overlaps.intra_op.value && (sp > 1 || ep > 1)) intras.push_back(true);
                           for (bool intra : intras) {
-                            std::vector<GradSync> syncs;
+                            SmallList<GradSync, 3> syncs;
                             for (GradSync gs : {GradSync::kFp32ReduceScatter, GradSync::kBf16ReduceScatter,
                                                 GradSync::kBf16AllToAll}) {
                               if (gs != GradSync::kFp32ReduceScatter && dp == 1 &&
@@ -367,13 +387,21 @@ struct StageShapes {
 
 class Screener {
  public:
+  static constexpr double kRejectMargin = 1e-9;
+
   Screener(const ModelSpec& m, const HardwareProfile& hw, const StackProfile& st,
            const workload::RoutingDistribution& r, const LayerKindCounts& kinds)
       : m_(m), hw_(hw), st_(st), routing_(r), kinds_(kinds), cm_(hw, st) {
     cm_.record_extrapolations(false);
   }
 
-  double step_time(const Plan& p) {
+  // The screened step. With `reject_at`, a plan whose step cannot come under it is left before its
+  // data-parallel walk (the costliest part of the screen): it returns a lower bound instead, at least
+  // `reject_at`. The bound is the step without the data-parallel time, which only adds (each stage's
+  // per-micro-batch share and the tail are >= 0); it must clear `reject_at` by a relative 1e-9 so that the
+  // rounding of the sums the full screen adds (about 1e-15 per term) cannot reverse the comparison.
+  double step_time(const Plan& p, double reject_at = std::numeric_limits<double>::infinity(),
+                   bool* bounded = nullptr) {
     const LayerTimes& lt = layer_times(p);
     const std::vector<LayerDp>& dp = layer_dp(p);
     const int64_t pp = p.pipeline.pp, vpp = p.pipeline.vpp;
@@ -412,15 +440,25 @@ class Screener {
     // 1F1B with v chunks: m micro-batches at the slowest stage's pace (its compute as its schedule runs it
     // and the data-parallel time it adds to each micro-batch), plus the others' fill and drain / v (unpaired
     // forwards and backwards), then the step's data-parallel tail, the slowest stage's.
-    double pace = 0, slowest = 0, sum = 0, tail = 0;
+    double slowest = 0, sum = 0, compute_pace = 0;
+    for (size_t s = 0; s < stage.size(); ++s) {
+      slowest = std::max(slowest, stage[s]);
+      sum += stage[s];
+      compute_pace = std::max(compute_pace, paced[s]);
+    }
+    const double m = d(p.num_micro_batches()), fill = (sum - slowest) / d(vpp) + send_latency;
+    const double bound = m * compute_pace + fill;
+    if (bound >= reject_at * (1.0 + kRejectMargin)) {
+      if (bounded) *bounded = true;
+      return bound;
+    }
+    double pace = 0, tail = 0;
     for (size_t s = 0; s < stage.size(); ++s) {
       const StageDp x = stage_dp(p, shapes, s, lt, dp);
       pace = std::max(pace, paced[s] + x.per_micro_batch);
-      slowest = std::max(slowest, stage[s]);
-      sum += stage[s];
       tail = std::max(tail, x.tail);
     }
-    return d(p.num_micro_batches()) * pace + (sum - slowest) / d(vpp) + send_latency + tail;
+    return m * pace + fill + tail;
   }
 
  private:
@@ -853,13 +891,14 @@ SearchResult search(const ModelSpec& model, const HardwareProfile& hw, const Sta
     std::vector<Candidate> best;  // a max-heap under `before`: its front is the worst one kept
     std::vector<Candidate> screened;
     std::map<std::string, int64_t, std::less<>> rejected;  // by legality rule
-    int64_t enumerated = 0, legal = 0, fitting = 0, too_big = 0;
+    int64_t enumerated = 0, legal = 0, fitting = 0, too_big = 0, bounded = 0;
     std::optional<Plan> smallest;
     double smallest_bytes = 0;
     int64_t smallest_index = 0;
   };
   std::vector<Pass> passes(static_cast<size_t>(threads));
   const LayerKindCounts layer_kinds(model);
+  const RuleChecker rules(model, hw);
   auto pass = [&](int t) {
     Pass& out = passes[static_cast<size_t>(t)];
     Screener screener(model, hw, stack, routing, layer_kinds);
@@ -875,7 +914,7 @@ SearchResult search(const ModelSpec& model, const HardwareProfile& hw, const Sta
           if (t == 0 && options.progress && index % 65536 == 0) options.progress(index);
           if (!matches_fixed(p, space)) return;
           ++out.enumerated;
-          if (const char* rule = first_broken_rule(p, model, hw)) {
+          if (const char* rule = rules.first_broken_rule(p)) {
             auto it = out.rejected.find(std::string_view(rule));
             if (it == out.rejected.end()) it = out.rejected.emplace(rule, 0).first;
             ++it->second;
@@ -905,7 +944,17 @@ SearchResult search(const ModelSpec& model, const HardwareProfile& hw, const Sta
           }
           ++out.fitting;
           if (options.fit_only) return;
-          Candidate c{{}, screener.step_time(p), mem.total_low(), index};
+          // A plan slower than the worst one kept is dropped (ties too: its index is later), so once the
+          // kept set is full the screen may stop at a bound that already reaches that plan's estimate.
+          const bool full = !options.keep_screened && out.best.size() == best_kept;
+          bool bounded = false;
+          Candidate c{{},
+                      screener.step_time(
+                          p, full ? out.best.front().screen_step_s : std::numeric_limits<double>::infinity(),
+                          &bounded),
+                      mem.total_low(),
+                      index};
+          out.bounded += bounded ? 1 : 0;
           if (options.keep_screened) c.plan = p;
           if (out.best.size() == best_kept && !before(c, out.best.front())) {
             if (options.keep_screened) out.screened.push_back(std::move(c));
@@ -947,6 +996,7 @@ SearchResult search(const ModelSpec& model, const HardwareProfile& hw, const Sta
     r.enumerated += p.enumerated;
     r.legal += p.legal;
     r.fitting += p.fitting;
+    r.screened_to_bound += p.bounded;
     for (const auto& [why, n] : p.rejected) r.rejected[why] += n;
     if (p.too_big > 0) r.rejected["memory: does not fit"] += p.too_big;
     std::move(p.best.begin(), p.best.end(), std::back_inserter(best));

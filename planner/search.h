@@ -61,6 +61,9 @@ struct SearchResult {
   int64_t legal = 0;
   int64_t fitting = 0;
   int64_t screened = 0;
+  // Of the screened plans, those left at a lower bound of their estimate that already reached the slowest
+  // estimate their thread kept (their data-parallel time was not worked out; they could not be kept).
+  int64_t screened_to_bound = 0;
   int64_t simulated = 0;
   double elapsed_s = 0;
   // Wall seconds of the phases: enumeration, pruning and the screen (one pass), the finalists' full

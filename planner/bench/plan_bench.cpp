@@ -40,9 +40,11 @@ void run(const Case& c, int threads) {
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   fmt::print("{} on {} x {}, seq {}, global batch {}, {} stack ({} threads)\n", c.model, c.job.gpus,
              c.hardware, c.job.seq_len, c.job.global_batch, c.stack, threads);
-  fmt::print("  wall {:.2f} s: {} enumerated, {} legal, {} fit, {} screened, {} simulated; {:.0f} plans/s\n",
-             s, r.enumerated, r.legal, r.fitting, r.screened, r.simulated,
-             static_cast<double>(r.enumerated) / s);
+  fmt::print(
+      "  wall {:.2f} s: {} enumerated, {} legal, {} fit, {} screened ({} to a bound), {} simulated; {:.0f} "
+      "plans/s\n",
+      s, r.enumerated, r.legal, r.fitting, r.screened, r.screened_to_bound, r.simulated,
+      static_cast<double>(r.enumerated) / s);
   fmt::print("  phases: enumerate, prune and screen {:.2f} s, simulate the finalists {:.2f} s\n",
              r.prune_and_screen_s, r.simulate_s);
   for (const auto& [why, n] : r.rejected) fmt::print("  rejected {:>9}  {}\n", n, why);

@@ -70,7 +70,12 @@ std::vector<int64_t> uneven_split(int64_t layers, int64_t chunks) {
 
 namespace {
 
-void check_rules(Rules& r, const Plan& p, const ModelSpec& m, const HardwareProfile& hw) {
+RuleChecker::Facts facts_of(const ModelSpec& m) {
+  return {m.has_mixer(MixerKind::kLinearAttention), m.has_mixer(MixerKind::kMamba2), m.encoder_decoder()};
+}
+
+void check_rules(Rules& r, const Plan& p, const ModelSpec& m, const HardwareProfile& hw,
+                 const RuleChecker::Facts& facts) {
   const auto& a = p.attention;
   const auto& e = p.experts;
   const auto& pp = p.pipeline;
@@ -102,7 +107,7 @@ void check_rules(Rules& r, const Plan& p, const ModelSpec& m, const HardwareProf
   // Recurrent mixers (Gated DeltaNet, Mamba-2): their heads split over tp*sp like attention heads (Mamba's
   // B/C groups too); a chunk of the sequence needs the state of the chunks before it, which context
   // parallelism would pass between ranks in order, and no stack here does that.
-  const bool delta_net = m.has_mixer(MixerKind::kLinearAttention), mamba = m.has_mixer(MixerKind::kMamba2);
+  const bool delta_net = facts.delta_net, mamba = facts.mamba;
   if (delta_net) {
     const auto& g = m.linear_attention;
     r.check(divides(a.tp * a.sp, g.key_heads) && divides(a.tp * a.sp, g.value_heads), "mixer_heads_divisible",
@@ -122,7 +127,7 @@ void check_rules(Rules& r, const Plan& p, const ModelSpec& m, const HardwareProf
   // Encoder-decoder (Switch Transformer): the lowering models its two stacks on one pipeline stage, with the
   // decoder's targets split over tp only. Megatron-Core's T5 splits the pipeline between the stacks and
   // supports neither context parallelism nor Ulysses; neither is modelled here.
-  if (m.encoder_decoder()) {
+  if (facts.encoder_decoder) {
     r.check(
         p.pipeline.pp == 1, "encoder_decoder_pp", "pp = ", p.pipeline.pp,
         ": pipeline stages of an encoder-decoder (split between its encoder and decoder) are not modelled");
@@ -262,13 +267,20 @@ void check_rules(Rules& r, const Plan& p, const ModelSpec& m, const HardwareProf
 
 std::vector<Violation> validate(const Plan& p, const ModelSpec& m, const HardwareProfile& hw, bool reasons) {
   Rules r(reasons ? Rules::Keep::kReasons : Rules::Keep::kNames);
-  check_rules(r, p, m, hw);
+  check_rules(r, p, m, hw, facts_of(m));
   return r.out;
 }
 
 const char* first_broken_rule(const Plan& p, const ModelSpec& m, const HardwareProfile& hw) {
+  return RuleChecker(m, hw).first_broken_rule(p);
+}
+
+RuleChecker::RuleChecker(const ModelSpec& model, const HardwareProfile& hw)
+    : model_(model), hw_(hw), facts_(facts_of(model)) {}
+
+const char* RuleChecker::first_broken_rule(const Plan& p) const {
   Rules r(Rules::Keep::kFirst);
-  check_rules(r, p, m, hw);
+  check_rules(r, p, model_, hw_, facts_);
   return r.first;
 }
 

@@ -154,6 +154,23 @@ std::vector<Violation> validate(const Plan& plan, const ModelSpec& model, const 
 // (the search's test of millions of plans).
 const char* first_broken_rule(const Plan& plan, const ModelSpec& model, const HardwareProfile& hw);
 
+// What the rules read of a model that takes a pass over its layers (its mixers, whether it is an
+// encoder-decoder), found once: first_broken_rule for many plans of one model and hardware.
+class RuleChecker {
+ public:
+  RuleChecker(const ModelSpec& model, const HardwareProfile& hw);
+  const char* first_broken_rule(const Plan& plan) const;
+
+  struct Facts {
+    bool delta_net = false, mamba = false, encoder_decoder = false;
+  };
+
+ private:
+  const ModelSpec& model_;
+  const HardwareProfile& hw_;
+  Facts facts_;
+};
+
 // Every plan feature the stack cannot run (its capabilities): dispatch, recompute granularity and modules,
 // schedule, precision and FP8 recipe, gradient synchronisation, dispatch precision. Overlaps are not here.
 std::vector<Violation> validate_for_stack(const Plan& plan, const StackProfile& stack, bool reasons = true);

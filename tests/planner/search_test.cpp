@@ -346,6 +346,50 @@ TEST_SUITE("planner.search") {
       CHECK(three.screened_candidates[i].index == one.screened_candidates[i].index);
   }
 
+  TEST_CASE(
+      "the screen's bound leaves out only plans that could not be kept: the same finalists without it") {
+    // Once a thread keeps its `finalists` best estimates, a plan whose step without data-parallel time
+    // already reaches the slowest of them is left at that bound. Keeping every screened plan turns the bound
+    // off: both searches must return the same finalists, in the same order, with the same steps. Every ZeRO
+    // stage, pipelines with and without virtual stages, two micro-batch sizes, two stacks (combined 1F1B on
+    // Megatron-Core, fused kernels on moerun).
+    planner::SearchSpace space;
+    space.micro_batches = {1, 2};
+    space.vpps = {1, 2};
+    space.zero_stages = {0, 1, 2, 3};
+    space.recomputes = {Recompute::kNone, Recompute::kFull};
+    space.precisions = {Precision::kBf16};
+    for (const char* stack_name : {"megatron-core", "moerun"}) {
+      CAPTURE(stack_name);
+      Setup s("mixtral-8x7b");
+      s.stack = io::load_stack(stack_name).value();
+      const planner::Job job{16, 4096, 64};
+      planner::SearchOptions opts;
+      opts.threads = 2;
+      opts.top = opts.finalists = 8;
+      opts.finalist_window = 10.0;  // the count decides
+      const planner::SearchResult bounded =
+          planner::search(s.model, s.hw, s.stack, s.routing, job, space, opts);
+      opts.keep_screened = true;
+      const planner::SearchResult whole =
+          planner::search(s.model, s.hw, s.stack, s.routing, job, space, opts);
+      CHECK(whole.screened_to_bound == 0);
+      CHECK(bounded.screened_to_bound > bounded.screened / 2);
+      CHECK(bounded.screened == whole.screened);
+      REQUIRE(whole.plans.size() == 8);
+      REQUIRE(bounded.plans.size() == whole.plans.size());
+      for (size_t i = 0; i < whole.plans.size(); ++i) {
+        CAPTURE(i);
+        CHECK(key_of(bounded.plans[i].plan) == key_of(whole.plans[i].plan));
+        CHECK(bounded.plans[i].prediction.step_time_s == whole.plans[i].prediction.step_time_s);
+      }
+      // The finalists are the 8 best estimates of the whole screen.
+      std::set<std::string> best;
+      for (size_t i = 0; i < 8; ++i) best.insert(key_of(whole.screened_candidates[i].plan));
+      for (const planner::RankedPlan& r : bounded.plans) CHECK(best.contains(key_of(r.plan)));
+    }
+  }
+
   TEST_CASE("with Megatron-Core the search asks for combined 1F1B only where Megatron's rules allow it") {
     // Megatron-Core has cross-micro-batch overlap; the search turns it on where its rules hold (ep > 1, the
     // alltoall dispatcher, no full recompute, vpp when pp > 1, at most one MTP layer), so no plan of the
