@@ -55,6 +55,14 @@ nlohmann::json summary_json(const Prediction& p) {
           {"why_hypothetical", p.provenance.targets}};
 }
 
+// A relative margin as a percentage with the digits it needs: "5.9%", "0.04%", "under 0.01%".
+std::string margin_text(double margin) {
+  const double pct = 100 * margin;
+  if (pct >= 0.095) return fmt::format("{:.1f}%", pct);
+  if (pct >= 0.005) return fmt::format("{:.2f}%", pct);
+  return "under 0.01%";
+}
+
 // Whether #1 stays first with each unmeasured stack number alone at either end of its range.
 void print_ranking(const AssumptionRanking& ranking, size_t listed) {
   if (listed < 2 || ranking.ends == 0) return;
@@ -83,8 +91,8 @@ void print_ranking(const AssumptionRanking& ranking, size_t listed) {
       counted, ranking.overtakes.size(), ranking.ends);
   for (size_t i = 0; i < ranking.overtakes.size() && i < 4; ++i) {
     const RankOvertake& t = ranking.overtakes[i];
-    fmt::print("  with {} = {}, #{} is {:.1f}% faster\n", t.path, in_file_unit(t.at, t.unit), t.plan + 1,
-               100 * t.faster);
+    fmt::print("  with {} = {}, #{} is {} faster\n", t.path, in_file_unit(t.at, t.unit), t.plan + 1,
+               margin_text(t.faster));
   }
 }
 
@@ -401,7 +409,11 @@ Runner add_plan(CLI::App& app) {
             i + 1, planner::describe(r.plans[i].plan), p.tokens_per_s_per_gpu,
             fmt::format("{:.0f}-{:.0f}", p.tokens_per_s_low / g, p.tokens_per_s_high / g), vs, 100 * p.mfu,
             100 * p.mfu_bf16, p.step_time_s, p.memory.total() / kGiB, exposed_comm(p), p.breakdown.bubble,
-            p.memory.fits() ? (p.memory.tight() ? "  (tight)" : "") : "  (does not fit)",
+            p.memory.fits()
+                ? (p.memory.tight() ? fmt::format("  (tight: {:.1f}-{:.1f} GiB)", p.memory.total_low() / kGiB,
+                                                  p.memory.total_high() / kGiB)
+                                    : std::string())
+                : std::string("  (does not fit)"),
             p.provenance.hypothetical ? "  HYPOTHETICAL" : "");
       }
       size_t tied = 0;
@@ -416,7 +428,9 @@ Runner add_plan(CLI::App& app) {
           "for\nFP8 plans); bf16: the same against the dense BF16 peak. exp.com: communication seconds per "
           "step "
           "not\nhidden behind compute; bubble: pipeline idle seconds per step; mem GiB: the busiest stage's "
-          "HBM need\n(of {} per GPU).\n",
+          "HBM need\n(of {} per GPU), the middle of its range; tight: the low end of the range fits, the "
+          "high "
+          "end does not.\n",
           human_bytes(hw.value().gpu.hbm_capacity_bytes.value));
       fmt::print("{}\n", planner::layout_legend());
       if (assumed) {

@@ -12,6 +12,7 @@
 #include "simulator/io/plan_io.h"
 #include "simulator/io/router_trace.h"
 #include "simulator/io/stack_loader.h"
+#include "simulator/predict/periodic.h"
 #include "simulator/predict/report.h"
 
 namespace moeplan::cli {
@@ -49,9 +50,11 @@ void print_text(const Prediction& p, const ReportContext& ctx) {
                                            : fmt::format("{}, {} and {}", m0, m0 + d, m0 + 2 * d);
     fmt::print(
         "simulated at {} of its {} micro-batches: the steady phase repeats every {} micro-batch(es) "
-        "({:.4f} s){}, so the other {} periods are added exactly (--whole-step simulates every "
-        "micro-batch)\n",
-        runs, sim.micro_batches, d, sim.period_s, sim.runs == 2 ? ", checked op by op" : "",
+        "({:.4f} s){}, so the other {} periods are added: the same step as simulating them, up to "
+        "rounding (--whole-step simulates every micro-batch)\n",
+        runs, sim.micro_batches, d, sim.period_s,
+        sim.runs == 2 ? fmt::format(", checked op by op to {:g} of the step", kInsertedPeriodTolerance)
+                      : std::string(", checked by its figures"),
         sim.periods_added);
   }
   const auto& b = p.breakdown;

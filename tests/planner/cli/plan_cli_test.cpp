@@ -57,6 +57,28 @@ TEST_SUITE("cli") {
     }
     CAPTURE(faster);
     CHECK((r.out.find("faster than #1 as given") != std::string::npos) == !faster.empty());
+    // A tight plan shows its memory range: the low end fits the 79.65 GiB, the high end does not, and the
+    // "mem GiB" column (the middle) lies between them.
+    const std::regex tight(R"(\s(\d+\.\d)\s+\S+\s+\S+\s+\(tight: (\d+\.\d)-(\d+\.\d) GiB\))");
+    int tight_rows = 0;
+    std::istringstream rows(r.out);
+    for (std::string line; std::getline(rows, line);) {
+      std::smatch m;
+      if (!std::regex_search(line, m, tight)) continue;
+      CAPTURE(line);
+      ++tight_rows;
+      const double mid = std::stod(m[1].str()), low = std::stod(m[2].str()), high = std::stod(m[3].str());
+      CHECK(low <= 79.65);
+      CHECK(high > 79.6);
+      CHECK(low <= mid);
+      CHECK(mid <= high);
+    }
+    // Every "(tight" in the table carries its range (the default job has some).
+    size_t labels = 0;
+    for (size_t at = r.out.find("(tight"); at != std::string::npos; at = r.out.find("(tight", at + 1))
+      ++labels;
+    CHECK(tight_rows > 0);
+    CHECK(static_cast<size_t>(tight_rows) == labels);
     if (!faster.empty())
       CHECK(r.out.find(faster + (faster.find(',') == std::string::npos ? " is" : " are") +
                        " faster than #1 as given") != std::string::npos);
@@ -103,6 +125,15 @@ TEST_SUITE("cli") {
     if (overtaken > 0) {
       CHECK(text.out.find(fmt::format("overtakes it at {} of the {} ends", overtaken,
                                       rank.at("ends").get<int>())) != std::string::npos);
+    }
+    // An overtaking's margin is printed with the digits it needs: never "0.0%", which reads as a tie.
+    const std::regex margin(R"(#\d is (under 0\.01|\d+\.\d+)% faster)");
+    std::istringstream lines(text.out);
+    for (std::string line; std::getline(lines, line);) {
+      std::smatch m;
+      if (!std::regex_search(line, m, margin)) continue;
+      CAPTURE(line);
+      if (m[1].str() != "under 0.01") CHECK(std::stod(m[1].str()) > 0);
     }
     CHECK_FALSE(plan_json("--global-batch 32 --top 4 --no-assumptions").contains("assumptions"));
   }

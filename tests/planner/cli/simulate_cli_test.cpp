@@ -322,6 +322,10 @@ TEST_SUITE("cli") {
           doctest::Approx(b.at("step_time_s").get<double>()).epsilon(1e-9));
     CHECK(a.at("ops").size() == b.at("ops").size());
     CHECK(text.out.find("micro-batches: the steady phase repeats every 1 micro-batch") != std::string::npos);
+    // The text states the check's tolerance, not "exactly": the runs' rounding differs by up to 1e-9.
+    CHECK(text.out.find("checked op by op to 1e-09 of the step") != std::string::npos);
+    CHECK(text.out.find("up to rounding") != std::string::npos);
+    CHECK(text.out.find("exactly") == std::string::npos);
   }
 
   TEST_CASE("simulate with an unknown --stack or a missing plan file exits 2 with one line") {
