@@ -1023,8 +1023,10 @@ SearchResult search(const ModelSpec& model, const HardwareProfile& hw, const Sta
   const auto t_simulate = std::chrono::steady_clock::now();
   std::vector<RankedPlan> ranked(finalists);
   // Each finalist's step.
+  const auto fit = cost::CostModel::fit_hardware(hw);
   parallel_for(finalists, threads, [&](size_t i) {
-    ranked[i] = {best[i].plan, predict(model, best[i].plan, hw, stack, routing, {.critical_path = true})};
+    ranked[i] = {best[i].plan, predict(model, best[i].plan, hw, stack, routing,
+                                       {.critical_path = true, .hardware_fit = fit})};
     drop_graph(ranked[i].prediction);
   });
   r.simulated = static_cast<int64_t>(finalists);
@@ -1038,7 +1040,8 @@ SearchResult search(const ModelSpec& model, const HardwareProfile& hw, const Sta
   if (options.keep_graphs) {
     // Again for the few kept, with their graphs (deterministic: the same numbers).
     parallel_for(ranked.size(), threads, [&](size_t i) {
-      ranked[i].prediction = predict(model, ranked[i].plan, hw, stack, routing, {.critical_path = true});
+      ranked[i].prediction =
+          predict(model, ranked[i].plan, hw, stack, routing, {.critical_path = true, .hardware_fit = fit});
     });
   }
   r.plans = std::move(ranked);

@@ -1,8 +1,10 @@
 // Benchmark of one simulated training step: wall time of predict() (the periodic steady state where it
 // applies) beside the same step simulated micro-batch by micro-batch, the ops each simulates and how far
 // their step times differ, for the reference cases and for growing GPU and micro-batch counts; peak
-// memory. Usage: moeplan_simulate_bench [repeats=5 [threads=1]] | --million [repeats [threads]]. `threads`
-// is predict()'s for the periodic steady state's runs; the whole step runs on one.
+// memory. `fitted_ms` is predict() with the hardware profile's cost-model fit (a few ms) done once
+// beforehand, as the planner prices its finalists. Usage: moeplan_simulate_bench [repeats=5 [threads=1]] |
+// --million [repeats [threads]]. `threads` is predict()'s for the periodic steady state's runs; the whole
+// step runs on one.
 #include <sys/resource.h>
 
 #include <algorithm>
@@ -38,18 +40,23 @@ double peak_rss_mb() {
 
 struct Timing {
   double total = 0, whole = 0;  // ms: predict() as simulate runs it, and with every micro-batch simulated
+  double shared_fit = 0;        // ms: predict() with the hardware's cost-model fit done once beforehand
   int64_t ops = 0, simulated_ops = 0, micro_batches = 0, simulated_micro_batches = 0;
   double step = 0, whole_step = 0;
 };
 
 int g_threads = 1;
 
+// `fit`: the hardware's cost-model fit, shared as the planner's finalists, sweeps and assumption checks share
+// it; null: predict() fits the profile itself, as `moeplan simulate` does.
 Prediction predict_once(const ModelSpec& m, const Plan& p, const HardwareProfile& hw, const StackProfile& st,
-                        bool whole, double& seconds) {
+                        bool whole, double& seconds,
+                        const std::shared_ptr<const cost::CostModel::HardwareFit>& fit = nullptr) {
   const auto routing = workload::uniform_routing(m.moe.num_experts);
   const auto t0 = Clock::now();
   Prediction pr =
-      predict(m, p, hw, st, routing, {.critical_path = true, .whole_step = whole, .threads = g_threads});
+      predict(m, p, hw, st, routing,
+              {.critical_path = true, .whole_step = whole, .threads = g_threads, .hardware_fit = fit});
   seconds = seconds_since(t0);
   if (!pr.violations.empty()) {
     std::fprintf(stderr, "bench plan invalid: %s\n", pr.violations.front().reason.c_str());
@@ -63,11 +70,14 @@ Prediction predict_once(const ModelSpec& m, const Plan& p, const HardwareProfile
 Timing median_of(int repeats, const ModelSpec& m, const Plan& p, const HardwareProfile& hw,
                  const StackProfile& st, bool whole = true) {
   Timing t;
-  std::vector<double> fast, slow;
+  std::vector<double> fast, slow, shared;
+  const auto fit = cost::CostModel::fit_hardware(hw);
   for (int i = 0; i < repeats; ++i) {
     double sec = 0;
     const Prediction pr = predict_once(m, p, hw, st, false, sec);
     fast.push_back(sec);
+    predict_once(m, p, hw, st, false, sec, fit);
+    shared.push_back(sec);
     t.ops = pr.ops_in_step;
     t.simulated_ops = pr.simulation.simulated_ops;
     t.micro_batches = pr.simulation.micro_batches;
@@ -83,21 +93,23 @@ Timing median_of(int repeats, const ModelSpec& m, const Plan& p, const HardwareP
     return v.empty() ? 0.0 : 1e3 * v[v.size() / 2];
   };
   t.total = median(fast);
+  t.shared_fit = median(shared);
   t.whole = median(slow);
   return t;
 }
 
 void header() {
-  fmt::print("{:<48} {:>9} {:>9} {:>11} {:>9} {:>9} {:>10} {:>9}\n", "case", "ops", "sim_ops", "mb sim/all",
-             "total_ms", "whole_ms", "step_s", "rel_diff");
+  fmt::print("{:<48} {:>9} {:>9} {:>11} {:>9} {:>9} {:>9} {:>10} {:>9}\n", "case", "ops", "sim_ops",
+             "mb sim/all", "total_ms", "fitted_ms", "whole_ms", "step_s", "rel_diff");
 }
 
 void row(const std::string& name, const Timing& t) {
   const std::string whole = t.whole > 0 ? fmt::format("{:.1f}", t.whole) : "-";
   const std::string diff =
       t.whole > 0 ? fmt::format("{:.1e}", std::abs(t.step - t.whole_step) / t.whole_step) : "-";
-  fmt::print("{:<48} {:>9} {:>9} {:>11} {:>9.1f} {:>9} {:>10.3f} {:>9}\n", name, t.ops, t.simulated_ops,
-             fmt::format("{}/{}", t.simulated_micro_batches, t.micro_batches), t.total, whole, t.step, diff);
+  fmt::print("{:<48} {:>9} {:>9} {:>11} {:>9.1f} {:>9.1f} {:>9} {:>10.3f} {:>9}\n", name, t.ops,
+             t.simulated_ops, fmt::format("{}/{}", t.simulated_micro_batches, t.micro_batches), t.total,
+             t.shared_fit, whole, t.step, diff);
 }
 
 Plan internal_352b(int64_t gpus, int64_t global_batch) {

@@ -8,6 +8,7 @@
 
 #include "simulator/core/fused_kernels.h"
 #include "simulator/core/fused_ops.h"
+#include "simulator/core/status.h"
 #include "simulator/core/units.h"
 
 namespace moeplan::cost {
@@ -65,20 +66,43 @@ double grid_error(const std::vector<GemmGrid>& grids, const std::string& dtype) 
 
 }  // namespace
 
-CostModel::CostModel(const HardwareProfile& hw, const StackProfile& stack) : hw_(hw), stack_(stack) {
+struct CostModel::HardwareFit {
+  const HardwareProfile* hw = nullptr;       // the profile it was fitted from
+  std::map<std::string, GemmModel> gemm;     // by dtype
+  std::vector<GemmGrid> grids;               // the GEMM tables that are full (m, n, k) sweeps
+  std::vector<bool> table_is_grid;           // by index in hw.calibration.gemm
+  std::map<std::string, double> grid_error;  // by dtype: the relative error of a grid-priced GEMM
+  std::vector<Curve> curves;
+};
+
+std::shared_ptr<const CostModel::HardwareFit> CostModel::fit_hardware(const HardwareProfile& hw) {
+  static const StackProfile kNoStack;  // the fit reads the hardware only
+  return CostModel(hw, kNoStack).fit_;
+}
+
+CostModel::CostModel(const HardwareProfile& hw, const StackProfile& stack,
+                     std::shared_ptr<const HardwareFit> fit)
+    : hw_(hw), stack_(stack), fit_(std::move(fit)) {
+  if (fit_) {
+    MOEPLAN_ASSERT(fit_->hw == &hw);
+    return;
+  }
+  auto f = std::make_shared<HardwareFit>();
+  fit_ = f;  // fit_gemm below reads the tables that are grids through it
+  f->hw = &hw;
   // A table that sweeps the full product of its m, n and k values prices the shapes inside it by itself;
   // the fitted model below learns from the other tables and prices everything else.
   for (const auto& t : hw.calibration.gemm) {
     auto g = GemmGrid::from_table(t);
-    table_is_grid_.push_back(g.has_value());
-    if (g) grids_.push_back(std::move(*g));
+    f->table_is_grid.push_back(g.has_value());
+    if (g) f->grids.push_back(std::move(*g));
   }
-  for (const char* dtype : {"bf16", "fp8"}) grid_error_[dtype] = grid_error(grids_, dtype);
-  for (const char* dtype : {"bf16", "fp8"}) gemm_[dtype] = fit_gemm(dtype);
+  for (const char* dtype : {"bf16", "fp8"}) f->grid_error[dtype] = grid_error(f->grids, dtype);
+  for (const char* dtype : {"bf16", "fp8"}) f->gemm[dtype] = fit_gemm(dtype);
   // A dtype with too few shapes to fit the depth term takes it from the other (same tiles, same pipeline).
-  for (auto& [dtype, g] : gemm_) {
+  for (auto& [dtype, g] : f->gemm) {
     if (g.points >= 3) continue;
-    for (const auto& [other, o] : gemm_) {
+    for (const auto& [other, o] : f->gemm) {
       if (other != dtype && o.points >= 3) g = fit_gemm(dtype, o.k0);
     }
   }
@@ -93,7 +117,7 @@ CostModel::CostModel(const HardwareProfile& hw, const StackProfile& stack) : hw_
       k.model.fit.alpha_s = lat * d(c.ranks - 1);
       k.model.rel_error_large = k.model.rel_error_small = kAssumedRelError;
     }
-    curves_.push_back(k);
+    f->curves.push_back(k);
   }
 }
 
@@ -139,7 +163,7 @@ CostModel::GemmModel CostModel::fit_gemm(const std::string& dtype, double k0) co
   std::vector<GemmPoint> pts;
   for (size_t i = 0; i < hw_.calibration.gemm.size(); ++i) {
     const auto& t = hw_.calibration.gemm[i];
-    if (t.dtype == dtype && !table_is_grid_[i]) pts.insert(pts.end(), t.points.begin(), t.points.end());
+    if (t.dtype == dtype && !fit_->table_is_grid[i]) pts.insert(pts.end(), t.points.begin(), t.points.end());
   }
   g.points = pts.size();
   if (pts.empty()) return g;
@@ -211,8 +235,8 @@ double CostModel::tiled_seconds(int64_t rows, int64_t n, int64_t k, int64_t grou
 }
 
 const CostModel::GemmModel& CostModel::fitted(const char* dtype) const {
-  const GemmModel& g = gemm_.at(dtype);
-  return g.efficiency > 0 ? g : gemm_.at("bf16");
+  const GemmModel& g = fit_->gemm.at(dtype);
+  return g.efficiency > 0 ? g : fit_->gemm.at("bf16");
 }
 
 double CostModel::peak_flops(const char* dtype) const {
@@ -223,7 +247,7 @@ double CostModel::peak_flops(const char* dtype) const {
 std::optional<double> CostModel::grid_seconds(const char* dtype, int64_t m, int64_t n, int64_t k) const {
   double log_sum = 0;
   int used = 0;
-  for (const auto& g : grids_) {
+  for (const auto& g : fit_->grids) {
     if (g.dtype() != dtype) continue;
     if (auto t = g.seconds(m, n, k)) {
       log_sum += std::log(*t);
@@ -240,13 +264,13 @@ double CostModel::gemm_seconds(const GemmShape& s, DType dtype, double* rel_erro
   // One GEMM of a shape a grid measured: the measurement, interpolated between its neighbours.
   const std::optional<double> measured = grid_seconds(key, ps.rows, ps.n, ps.k);
   if (measured && s.groups <= 1) {
-    if (rel_error) *rel_error = grid_error_.at(key);
+    if (rel_error) *rel_error = fit_->grid_error.at(key);
     return *measured;
   }
-  GemmModel g = gemm_.at(key);
+  GemmModel g = fit_->gemm.at(key);
   if (g.efficiency <= 0) {
     // No table for this dtype (e.g. FP8 on a profile without FP8 GEMMs): fall back to BF16's efficiency.
-    g = gemm_.at("bf16");
+    g = fit_->gemm.at("bf16");
     note("{} GEMM: no {} GEMM measurements in the profile; BF16 efficiency used", key, key);
   }
   const int64_t lo = std::min({ps.rows, ps.n, ps.k}), hi = std::max({ps.rows, ps.n, ps.k});
@@ -405,15 +429,15 @@ double CostModel::intra_node_seconds(Collective c, int64_t n, double bytes, doub
   int64_t best_ranks = 0;
   const Curve* used = nullptr;
   int64_t nearest = 0;
-  for (const auto& k : curves_) {
+  for (const auto& k : fit_->curves) {
     if (k.collective != c || k.scope != Scope::kIntraNode) continue;
     if (!nearest || std::abs(std::log(d(k.ranks) / d(n))) < std::abs(std::log(d(nearest) / d(n))))
       nearest = k.ranks;
   }
-  const bool swept = std::any_of(curves_.begin(), curves_.end(), [&](const Curve& k) {
+  const bool swept = std::any_of(fit_->curves.begin(), fit_->curves.end(), [&](const Curve& k) {
     return k.collective == c && k.scope == Scope::kIntraNode && k.ranks == nearest && !k.single_point;
   });
-  for (const auto& k : curves_) {
+  for (const auto& k : fit_->curves) {
     if (k.collective != c || k.scope != Scope::kIntraNode || k.ranks != nearest) continue;
     if (swept && k.single_point && bytes < k.min_bytes) continue;
     const double t = curve_seconds(k.model, c, n, bytes);
@@ -478,7 +502,7 @@ double CostModel::inter_node_seconds(const CommSpec& c, const Placement& p, doub
   }
   // Measured inter-node curve of this collective (nearest rank count in log), else the hierarchical model.
   const Curve* best = nullptr;
-  for (const auto& cv : curves_) {
+  for (const auto& cv : fit_->curves) {
     if (cv.collective != c.collective || cv.scope != Scope::kInterNode) continue;
     if (!best || std::abs(std::log(d(cv.ranks) / d(n))) < std::abs(std::log(d(best->ranks) / d(n))))
       best = &cv;

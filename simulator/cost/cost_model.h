@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <set>
@@ -46,7 +47,16 @@ inline constexpr double kAssumedRelError = 0.15;
 
 class CostModel {
  public:
-  CostModel(const HardwareProfile& hw, const StackProfile& stack);
+  // What the model fits from the hardware profile's measurements alone (the GEMM grids, the fitted GEMM
+  // models, the collective curves): a few milliseconds, the same for every stack. Callers that price many
+  // plans or stacks on one profile fit it once (fit_hardware) and hand it to each model.
+  struct HardwareFit;
+  static std::shared_ptr<const HardwareFit> fit_hardware(const HardwareProfile& hw);
+
+  // `fit`: fit_hardware() of this same profile object, unchanged since (checked by address); null: the model
+  // fits the profile itself.
+  CostModel(const HardwareProfile& hw, const StackProfile& stack,
+            std::shared_ptr<const HardwareFit> fit = {});
 
   OpCost cost(const Op& op) const;
 
@@ -123,11 +133,7 @@ class CostModel {
 
   const HardwareProfile& hw_;
   const StackProfile& stack_;
-  std::map<std::string, GemmModel> gemm_;     // by dtype
-  std::vector<GemmGrid> grids_;               // the GEMM tables that are full (m, n, k) sweeps
-  std::vector<bool> table_is_grid_;           // by index in hw.calibration.gemm
-  std::map<std::string, double> grid_error_;  // by dtype: the relative error of a grid-priced GEMM
-  std::vector<Curve> curves_;
+  std::shared_ptr<const HardwareFit> fit_;
   mutable std::mutex mu_;
   mutable std::set<std::string> extrapolations_;
   bool recording_ = true;

@@ -43,14 +43,17 @@ struct Ranged {
     return e.second ? r.second : r.first;
   }
   // The plan's step with the ranged numbers set to `set` (`fallback` if the plan is illegal).
+  // `fit`: the cost model's fit of `hw`, the same for every setting (it reads no stack number).
   double step_with(const ModelSpec& model, const Plan& plan, const HardwareProfile& hw,
+                   const std::shared_ptr<const cost::CostModel::HardwareFit>& fit,
                    const workload::RoutingDistribution& routing, const std::vector<double>& set,
                    double fallback) const {
     StackProfile s = probe;
     const std::vector<StackProfile::Number> ns = s.numbers();
     for (size_t j = 0; j < at.size(); ++j) ns[at[j]].number->value = set[j];
     const Prediction p =
-        predict(model, plan, hw, s, routing, {.critical_path = false, .op_summary = false, .threads = 1});
+        predict(model, plan, hw, s, routing,
+                {.critical_path = false, .op_summary = false, .threads = 1, .hardware_fit = fit});
     return p.violations.empty() ? p.step_time_s : fallback;
   }
   // The values with end `e` alone moved.
@@ -81,8 +84,9 @@ AssumptionRange assumption_range(const ModelSpec& model, const Plan& plan, const
                            .step_at_low = step_time_s,
                            .step_at_high = step_time_s});
   }
+  const auto fit = cost::CostModel::fit_hardware(hw);
   auto step_at = [&](const std::vector<double>& set) {
-    return ranged.step_with(model, plan, hw, routing, set, step_time_s);
+    return ranged.step_with(model, plan, hw, fit, routing, set, step_time_s);
   };
 
   // Each number alone at each end that differs from its value.
@@ -142,9 +146,10 @@ AssumptionRanking ranking_over_assumptions(const ModelSpec& model, const std::ve
   // step[e * counted + k]: plan counted[k] with end e.
   const size_t n = counted.size();
   std::vector<double> step(ends.size() * n);
+  const auto fit = cost::CostModel::fit_hardware(hw);
   parallel_for(step.size(), threads, [&](size_t i) {
     const size_t e = i / n, p = counted[i % n];
-    step[i] = ranged.step_with(model, plans[p], hw, routing, ranged.with_end(ends[e]), steps[p]);
+    step[i] = ranged.step_with(model, plans[p], hw, fit, routing, ranged.with_end(ends[e]), steps[p]);
   });
   for (size_t e = 0; e < ends.size(); ++e) {
     const double* at = &step[e * n];

@@ -129,8 +129,9 @@ struct Run {
 // leaf, maybe spine), bounded by its slowest link.
 class Pricing {
  public:
-  Pricing(const Plan& run, const HardwareProfile& hw, const StackProfile& stack)
-      : hw_(hw), stack_(stack), cm_(hw, stack), cache_(cm_) {
+  Pricing(const Plan& run, const HardwareProfile& hw, const StackProfile& stack,
+          std::shared_ptr<const cost::CostModel::HardwareFit> fit)
+      : hw_(hw), stack_(stack), cm_(hw, stack, std::move(fit)), cache_(cm_) {
     if (run.pipeline.pp > 1) {
       const engine::Topology topo(hw, run.gpus);
       const int64_t per_stage = run.gpus / run.pipeline.pp;
@@ -362,7 +363,7 @@ Prediction predict(const ModelSpec& model, const Plan& plan, const HardwareProfi
   // The step: its periodic steady state extrapolated, or every micro-batch simulated.
   StepSimulation& sim = r.simulation;
   sim.micro_batches = run.num_micro_batches();
-  Pricing pricing(run, hw, stack);
+  Pricing pricing(run, hw, stack, options.hardware_fit);
   Run simulated;
   std::optional<StepFigures> step;
   if (options.whole_step) {

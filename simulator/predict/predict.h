@@ -118,6 +118,9 @@ struct PredictOptions {
   // The periodic steady state from two runs checked op by op where that check holds; false: always from
   // three runs checked by their figures (tests run both).
   bool op_by_op = true;
+  // The cost model's fit of the hardware profile (cost::CostModel::fit_hardware of the same profile object),
+  // shared by callers that predict many plans or stacks on one profile; null: predict() fits it (a few ms).
+  std::shared_ptr<const cost::CostModel::HardwareFit> hardware_fit = nullptr;
 };
 
 // The memory part of a prediction alone (no op graph, no simulation): the plan as the stack runs it, its

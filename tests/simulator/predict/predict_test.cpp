@@ -10,6 +10,7 @@
 #include "simulator/io/model_loader.h"
 #include "simulator/io/stack_loader.h"
 #include "simulator/predict/predict.h"
+#include "simulator/predict/report.h"
 #include "tests/simulator/predict/megatron_case.h"
 
 using namespace moeplan;
@@ -50,6 +51,28 @@ using test::MegatronCase;
 }  // namespace
 
 TEST_SUITE("predict") {
+  TEST_CASE("a hardware fit shared by many predictions gives each the report it gets fitting alone") {
+    // The cost model's fit reads the hardware profile only, so one fit serves every stack and plan on it:
+    // the whole report (step, breakdown, memory, op summary, extrapolation notes) must be the same.
+    Case c;
+    const auto fit = cost::CostModel::fit_hardware(c.hw);
+    const auto routing = workload::uniform_routing(c.model.moe.num_experts);
+    for (const char* stack_name : {"moerun", "megatron-core", "megatron-core-deepep"}) {
+      CAPTURE(stack_name);
+      const StackProfile stack = io::load_stack(stack_name).value();
+      Plan plan = c.plan;
+      plan.global_batch = 128;            // the periodic steady state, two runs
+      plan.recompute = Recompute::kNone;  // the Megatron stacks have no SAR
+      if (stack.dispatch_dedup()) plan.experts.dispatch = Dispatch::kDedup;  // DeepEP's only dispatcher
+      const Prediction alone = predict(c.model, plan, c.hw, stack, routing);
+      const Prediction shared = predict(c.model, plan, c.hw, stack, routing, {.hardware_fit = fit});
+      REQUIRE_MESSAGE(alone.violations.empty(), alone.violations.front().reason);
+      CHECK(alone.simulation.extrapolated);
+      const ReportContext ctx{plan, c.model, c.hw, stack};
+      CHECK(prediction_json(shared, ctx).dump() == prediction_json(alone, ctx).dump());
+    }
+  }
+
   TEST_CASE("the breakdown of the critical stage sums to the step time") {
     const Prediction p = Case{}.run();
     REQUIRE(p.violations.empty());
