@@ -134,6 +134,7 @@ std::vector<ExplainRow> explain(const ModelSpec& model, const Plan& plan, const 
     rows.push_back(std::move(r));
   }
 
+  const auto fit = cost::CostModel::fit_hardware(hw);  // one fit of the profile for every row
   for (size_t i = 0; i < rows.size(); ++i) {
     ExplainRow& r = rows[i];
     if (i > 0 && io::plan_to_json(r.plan) == io::plan_to_json(rows[i - 1].plan)) {
@@ -145,7 +146,7 @@ std::vector<ExplainRow> explain(const ModelSpec& model, const Plan& plan, const 
       if (rows[i - 1].valid()) r.comm_removed_s = 0.0;
       continue;
     }
-    r.prediction = predict(model, r.plan, hw, stack, routing);
+    r.prediction = predict(model, r.plan, hw, stack, routing, {.hardware_fit = fit});
     r.prediction.graph = {};
     r.prediction.costs.clear();
     r.prediction.timeline = {};
