@@ -90,12 +90,15 @@ class Simulation {
     sync_s_.resize(n);
     timeline_.stage_end.assign(stages, 0);
     timeline_.stage_sm.assign(stages, 0);
-    // Successors (reverse dependencies) and the streams' ops in id order, both as CSR.
+    // One pass over the ops (large structs) fills their compact states; the rest reads those. Successors
+    // (reverse dependencies), the streams' ops and the stages' ops, each in id order, as CSR.
     std::vector<uint32_t> succ_count(n + 1, 0);
     for (int32_t dep : g.deps) ++succ_count[static_cast<size_t>(dep) + 1];
     std::vector<uint32_t> queue_count(queues + 1, 0);
-    for (const Op& op : g.ops) {
-      const auto i = static_cast<size_t>(op.id);
+    std::vector<uint32_t> stage_count(stages + 1, 0);
+    for (size_t i = 0; i < n; ++i) {
+      const Op& op = g.ops[i];
+      MOEPLAN_ASSERT(static_cast<size_t>(op.id) == i);  // ops are stored by id
       OpState& st = op_[i];
       const auto& c = costs[i];
       st.seconds = c.seconds;
@@ -116,38 +119,39 @@ class Simulation {
       st.dep_begin = op.dep_begin;
       st.dep_count = op.dep_count;
       ++queue_count[st.queue + 1];
+      ++stage_count[static_cast<size_t>(op.stage) + 1];
     }
     for (size_t i = 1; i <= n; ++i) succ_count[i] += succ_count[i - 1];
     for (size_t q = 1; q <= queues; ++q) queue_count[q] += queue_count[q - 1];
+    for (size_t k = 1; k <= stages; ++k) stage_count[k] += stage_count[k - 1];
     succ_begin_ = succ_count;
     succ_.resize(g.deps.size());
     queue_end_.assign(queue_count.begin() + 1, queue_count.end());
     head_.assign(queue_count.begin(), queue_count.end() - 1);
     queue_begin_ = head_;
     queue_ops_.resize(n);
-    for (const Op& op : g.ops) {
-      for (int32_t dep : g.deps_of(op)) succ_[succ_count[static_cast<size_t>(dep)]++] = op.id;
-      queue_ops_[queue_count[op_[static_cast<size_t>(op.id)].queue]++] = op.id;
+    // Each stage's ops in program (id) order, for its host thread.
+    stage_ops_.resize(n);
+    host_cursor_.assign(stage_count.begin(), stage_count.end() - 1);
+    host_end_.assign(stage_count.begin() + 1, stage_count.end());
+    host_prev_.assign(n, -1);
+    std::vector<int32_t> last_of_stage(stages, -1);
+    for (size_t i = 0; i < n; ++i) {
+      const OpState& st = op_[i];
+      const auto id = static_cast<int32_t>(i);
+      for (uint32_t k = st.dep_begin; k < st.dep_begin + st.dep_count; ++k)
+        succ_[succ_count[static_cast<size_t>(g.deps[k])]++] = id;
+      queue_ops_[queue_count[st.queue]++] = id;
+      const auto s = static_cast<size_t>(st.stage);
+      stage_ops_[stage_count[s]++] = id;
+      host_prev_[i] = last_of_stage[s];
+      last_of_stage[s] = id;
     }
     active_.resize(stages);
     stage_updated_.assign(stages, 0);
     stage_next_.assign(stages, kNever);
     next_.reset(stage_next_);
     dirty_flag_.assign(stages, 0);
-    // Each stage's ops in program (id) order, for its host thread.
-    std::vector<uint32_t> stage_count(stages + 1, 0);
-    for (const Op& op : g.ops) ++stage_count[static_cast<size_t>(op.stage) + 1];
-    for (size_t k = 1; k <= stages; ++k) stage_count[k] += stage_count[k - 1];
-    stage_ops_.resize(n);
-    host_cursor_.assign(stage_count.begin(), stage_count.end() - 1);
-    host_end_.assign(stage_count.begin() + 1, stage_count.end());
-    host_prev_.assign(n, -1);
-    std::vector<int32_t> last_of_stage(stages, -1);
-    for (const Op& op : g.ops) {
-      stage_ops_[stage_count[static_cast<size_t>(op.stage)]++] = op.id;
-      host_prev_[static_cast<size_t>(op.id)] = last_of_stage[static_cast<size_t>(op.stage)];
-      last_of_stage[static_cast<size_t>(op.stage)] = op.id;
-    }
     host_clock_.assign(stages, 0.0);
     waiting_.resize(stages);
   }
@@ -191,7 +195,7 @@ class Simulation {
         MOEPLAN_ASSERT(soonest >= 0);
         finished.push_back(soonest);
       }
-      std::sort(finished.begin(), finished.end());
+      if (finished.size() > 1) std::sort(finished.begin(), finished.end());
       for (int32_t id : finished) finish(id);
       done += finished.size();
       reschedule_dirty();
