@@ -908,6 +908,11 @@ SearchResult search(const ModelSpec& model, const HardwareProfile& hw, const Sta
                        std::vector<std::vector<int64_t>>, KeyHash>
         flights;
     std::unordered_map<std::pair<int64_t, int64_t>, double, KeyHash> scales;
+    // The memory model's parts of the last plan priced: the next plan reuses them when it differs only in
+    // what they do not depend on (ZeRO stage, gradient synchronisation, overlap: the innermost choices).
+    std::optional<Plan> parts_of;
+    double parts_scale = 0;
+    cost::MemoryParts parts;
     for_each_plan(
         model, hw, stack, job, space,
         [&](int64_t index, Plan&& p) {
@@ -931,8 +936,18 @@ SearchResult search(const ModelSpec& model, const HardwareProfile& hw, const Sta
           auto sit = scales.find(sk);
           if (sit == scales.end())
             sit = scales.emplace(sk, workload::plan_routing(model, p, routing).memory_scale()).first;
+          if (parts_of) {
+            parts_of->data.zero = run.data.zero;
+            parts_of->compression.grad_sync = run.compression.grad_sync;
+            parts_of->overlap = run.overlap;
+          }
+          if (!parts_of || *parts_of != run || parts_scale != sit->second) {
+            parts = cost::memory_parts(model, run, hw, stack, sit->second, layer_kinds);
+            parts_of = run;
+            parts_scale = sit->second;
+          }
           const cost::MemoryBreakdown mem =
-              cost::memory_per_gpu(model, run, hw, stack, fit->second, sit->second, &layer_kinds);
+              cost::memory_per_gpu(model, run, hw, stack, fit->second, sit->second, &layer_kinds, &parts);
           if (!out.smallest || mem.total_low() < out.smallest_bytes) {
             out.smallest = p;
             out.smallest_bytes = mem.total_low();

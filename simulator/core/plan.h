@@ -71,6 +71,7 @@ struct Plan {
     int64_t tp = 1;  // Megatron tensor parallelism with sequence parallelism
     int64_t sp = 1;  // Ulysses sequence parallelism (all-to-all over heads)
     int64_t cp = 1;  // context parallelism (ring / all-gather of K/V)
+    bool operator==(const Attention&) const = default;
   } attention;
 
   struct Experts {
@@ -81,6 +82,7 @@ struct Plan {
     // fused_indices_to_multihot, taken under --enable-experimental with --moe-permute-fusion); off, the eager
     // conversion runs, with the host waits and kernels its stack states (dispatcher.permute_host_waits).
     bool fused_index_conversion = false;
+    bool operator==(const Experts&) const = default;
   } experts;
 
   struct Pipeline {
@@ -88,10 +90,12 @@ struct Plan {
     int64_t vpp = 1;
     Schedule schedule = Schedule::k1F1B;
     std::vector<int64_t> layers_per_stage;  // per virtual stage; empty = as even as possible
+    bool operator==(const Pipeline&) const = default;
   } pipeline;
 
   struct Data {
     int64_t zero = 1;  // 0..3 (1 = distributed optimizer)
+    bool operator==(const Data&) const = default;
   } data;
 
   struct Overlap {
@@ -107,11 +111,13 @@ struct Plan {
     // their input gradients has signalled the next node (Megatron --delay-wgrad-compute), so the backward
     // dispatch starts before the experts' weight gradients and the next layer's combine before attention's.
     bool delay_wgrad = false;
+    bool operator==(const Overlap&) const = default;
   } overlap;
 
   struct Compression {
     GradSync grad_sync = GradSync::kFp32ReduceScatter;
     DispatchPrecision dispatch = DispatchPrecision::kBf16;
+    bool operator==(const Compression&) const = default;
   } compression;
 
   Precision precision = Precision::kBf16;
@@ -129,6 +135,7 @@ struct Plan {
     // The router's scores, top-k and aux-loss scores as fused kernels (Megatron's --moe-router-fusion, TE's
     // fused_topk_with_score_function); off, Megatron runs them as eager PyTorch ops (TC:944, default off).
     bool fused_router = true;
+    bool operator==(const Routing&) const = default;
   } routing;
 
   // Derived sizes.
@@ -138,6 +145,8 @@ struct Plan {
   int64_t dp() const { return gpus_per_stage() / attention_mesh(); }      // attention data parallelism
   int64_t expert_dp() const { return gpus_per_stage() / expert_mesh(); }  // expert data parallelism
   int64_t num_micro_batches() const { return global_batch / (micro_batch * dp()); }
+
+  bool operator==(const Plan&) const = default;  // every field
 };
 
 struct Violation {

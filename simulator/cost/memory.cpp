@@ -267,14 +267,6 @@ LayerActivations megascale_layer(const ModelSpec& m, const Plan& p, const LayerS
   return r;
 }
 
-// Parameters of one layer kind on one rank: TP-sharded, replicated over TP (norms, router, MLA's duplicated
-// down-projections and their norms: MLA:526-527,573-574), and routed experts over EP x ETP.
-struct LocalParams {
-  double sharded = 0, replicated = 0, experts = 0;
-  double gemm = 0;  // GEMM weights among them, which TE casts to FP8 (not norms, router or embeddings)
-  double dense() const { return sharded + replicated; }
-};
-
 LocalParams local_params(const ModelSpec& m, const Plan& p, const LayerSpec& spec) {
   const ParamBreakdown lp = layer_params(m, spec);
   double down = 0;  // MLA's duplicated down-projections
@@ -480,8 +472,8 @@ namespace {
 // memory_per_gpu only the largest).
 template <class Visit>
 void visit_stages(const ModelSpec& m, const Plan& p, const HardwareProfile& hw, const StackProfile& stack,
-                  const std::vector<std::vector<int64_t>>& in_flight, double expert_load_scale,
-                  const LayerKindCounts* counts, Visit&& visit) {
+                  const std::vector<std::vector<int64_t>>& in_flight, const LayerKindCounts& counts_ref,
+                  const MemoryParts& parts, Visit&& visit) {
   const int64_t pp = p.pipeline.pp, vpp = p.pipeline.vpp, tp = p.attention.tp;
   const int64_t chunks = pp * vpp;
   const double replicas = d(p.attention.sp * p.attention.cp * p.dp());  // ranks holding the same dense params
@@ -501,24 +493,11 @@ void visit_stages(const ModelSpec& m, const Plan& p, const HardwareProfile& hw, 
   std::vector<int64_t> first(layers.size() + 1, 0);
   for (size_t i = 0; i < layers.size(); ++i) first[i + 1] = first[i] + layers[i];
 
-  // Per distinct layer kind: parameters on this rank and saved activations (layers of a kind are identical).
-  struct Kind {
-    LocalParams params;
-    double saved = 0;    // under the plan's recompute (full: the layer input)
-    double working = 0;  // without recompute: the backward's working set (see below)
-  };
-  std::optional<LayerKindCounts> own;
-  if (!counts) counts = &own.emplace(m);
-  auto kind_of = [&](const LayerSpec& spec) {
-    return Kind{local_params(m, p, spec), layer_activations(m, p, stack, spec, expert_load_scale).total(),
-                layer_activations_under(m, p, stack, spec, expert_load_scale, Recompute::kNone, 0).total()};
-  };
-  std::vector<Kind> kinds;
-  kinds.reserve(counts->kinds().size());
-  for (const LayerSpec& spec : counts->kinds()) kinds.push_back(kind_of(spec));
-  const Kind mtp = m.mtp_layers > 0 ? kind_of(LayerSpec{m.is_moe(), 0, true}) : Kind{};
-  const double comm = dispatcher_buffer_bytes(m, p, stack, hw, expert_load_scale, counts);
-  const double head = head_activations(m, p, stack, expert_load_scale);
+  using Kind = LayerMemory;
+  const LayerKindCounts* counts = &counts_ref;
+  const std::vector<Kind>& kinds = parts.kinds;
+  const Kind& mtp = parts.mtp;
+  const double comm = parts.comm, head = parts.head;
   const double input_bytes = tokens_per_rank(p) * d(m.hidden) * kBf16;
   const bool full = p.recompute == Recompute::kFull;
   const int64_t group_layers = std::max<int64_t>(1, p.recompute_num_layers);
@@ -640,24 +619,49 @@ void visit_stages(const ModelSpec& m, const Plan& p, const HardwareProfile& hw, 
 
 }  // namespace
 
+MemoryParts memory_parts(const ModelSpec& m, const Plan& p, const HardwareProfile& hw,
+                         const StackProfile& stack, double expert_load_scale, const LayerKindCounts& counts) {
+  auto kind_of = [&](const LayerSpec& spec) {
+    const LocalParams lp = local_params(m, p, spec);
+    return LayerMemory{
+        lp, layer_activations(m, p, stack, spec, expert_load_scale).total(),
+        layer_activations_under(m, p, stack, spec, expert_load_scale, Recompute::kNone, 0).total()};
+  };
+  MemoryParts out;
+  out.kinds.reserve(counts.kinds().size());
+  for (const LayerSpec& spec : counts.kinds()) out.kinds.push_back(kind_of(spec));
+  if (m.mtp_layers > 0) out.mtp = kind_of(LayerSpec{m.is_moe(), 0, true});
+  out.comm = dispatcher_buffer_bytes(m, p, stack, hw, expert_load_scale, &counts);
+  out.head = head_activations(m, p, stack, expert_load_scale);
+  return out;
+}
+
 std::vector<MemoryBreakdown> memory_per_stage(const ModelSpec& m, const Plan& p, const HardwareProfile& hw,
                                               const StackProfile& stack,
                                               const std::vector<std::vector<int64_t>>& in_flight,
                                               double expert_load_scale, const LayerKindCounts* counts) {
+  std::optional<LayerKindCounts> own;
+  if (!counts) counts = &own.emplace(m);
+  const MemoryParts parts = memory_parts(m, p, hw, stack, expert_load_scale, *counts);
   std::vector<MemoryBreakdown> stages;
   stages.reserve(static_cast<size_t>(p.pipeline.pp));
-  visit_stages(m, p, hw, stack, in_flight, expert_load_scale, counts,
+  visit_stages(m, p, hw, stack, in_flight, *counts, parts,
                [&](const MemoryBreakdown& b) { stages.push_back(b); });
   return stages;
 }
 
 MemoryBreakdown memory_per_gpu(const ModelSpec& m, const Plan& p, const HardwareProfile& hw,
                                const StackProfile& stack, const std::vector<std::vector<int64_t>>& in_flight,
-                               double expert_load_scale, const LayerKindCounts* counts) {
+                               double expert_load_scale, const LayerKindCounts* counts,
+                               const MemoryParts* parts) {
+  std::optional<LayerKindCounts> own;
+  if (!counts) counts = &own.emplace(m);
+  std::optional<MemoryParts> own_parts;
+  if (!parts) parts = &own_parts.emplace(memory_parts(m, p, hw, stack, expert_load_scale, *counts));
   // The first stage with the largest total (max_element over memory_per_stage would pick the same one).
   MemoryBreakdown largest;
   bool any = false;
-  visit_stages(m, p, hw, stack, in_flight, expert_load_scale, counts, [&](const MemoryBreakdown& b) {
+  visit_stages(m, p, hw, stack, in_flight, *counts, *parts, [&](const MemoryBreakdown& b) {
     if (!any || largest.total() < b.total()) largest = b;
     any = true;
   });

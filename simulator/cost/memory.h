@@ -72,6 +72,35 @@ double dispatcher_buffer_bytes(const ModelSpec& m, const Plan& p, const StackPro
                                const HardwareProfile& hw, double expert_load_scale,
                                const LayerKindCounts* counts = nullptr);
 
+// Parameters of one layer kind on one rank: TP-sharded, replicated over TP (norms, router, MLA's duplicated
+// down-projections and their norms: MLA:526-527,573-574), and routed experts over EP x ETP.
+struct LocalParams {
+  double sharded = 0, replicated = 0, experts = 0;
+  double gemm = 0;  // GEMM weights among them, which TE casts to FP8 (not norms, router or embeddings)
+  double dense() const { return sharded + replicated; }
+};
+
+// One layer kind's memory on a rank (layers of a kind are identical).
+struct LayerMemory {
+  LocalParams params;
+  double saved = 0;    // saved activations under the plan's recompute (full: the layer input)
+  double working = 0;  // without recompute: the backward's working set
+};
+
+// What memory_per_gpu computes before it walks the stages: each layer kind's memory (by LayerKindCounts
+// kind), the MTP layer's, the dispatcher's buffers and the head's activations. None of it depends on the
+// plan's ZeRO stage, gradient synchronisation or overlap flags, so a search computes it once for the plans
+// that differ only in those (its innermost choices) and passes it to memory_per_gpu.
+struct MemoryParts {
+  std::vector<LayerMemory> kinds;
+  LayerMemory mtp;  // zero without MTP layers
+  double comm = 0;  // dispatcher_buffer_bytes
+  double head = 0;  // head_activations
+};
+
+MemoryParts memory_parts(const ModelSpec& m, const Plan& p, const HardwareProfile& hw,
+                         const StackProfile& stack, double expert_load_scale, const LayerKindCounts& counts);
+
 struct MemoryBreakdown {
   int64_t stage = 0;       // the pipeline stage with the largest total
   double weights = 0;      // bf16 parameter buffer (+ TE's FP8 weight and transpose caches)
@@ -104,8 +133,11 @@ std::vector<MemoryBreakdown> memory_per_stage(const ModelSpec& m, const Plan& p,
 
 // The stage with the largest (central) total: what one GPU must hold.
 // `counts`: the model's (computed here when absent; a search that prices many plans passes its own).
+// `parts`: memory_parts of this plan, or of one that differs from it only in data.zero, compression.grad_sync
+// and the overlap flags (computed here when absent).
 MemoryBreakdown memory_per_gpu(const ModelSpec& m, const Plan& p, const HardwareProfile& hw,
                                const StackProfile& stack, const std::vector<std::vector<int64_t>>& in_flight,
-                               double expert_load_scale, const LayerKindCounts* counts = nullptr);
+                               double expert_load_scale, const LayerKindCounts* counts = nullptr,
+                               const MemoryParts* parts = nullptr);
 
 }  // namespace moeplan::cost

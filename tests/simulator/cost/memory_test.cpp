@@ -115,6 +115,66 @@ TEST_SUITE("cost") {
     }
   }
 
+  TEST_CASE(
+      "memory parts computed for one plan serve every plan that differs only in ZeRO, sync or overlap") {
+    // The search computes memory_parts once for the plans of its innermost choices. Across models with MTP,
+    // MLA, shared experts and dense layers, four stacks (fused buffers, NCCL, DeepEP, HybridEP), recompute
+    // and precision choices, every variant priced with another variant's parts equals the variant priced
+    // alone.
+    const HardwareProfile hw = io::load_hardware("h100-sxm").value();
+    int compared = 0;
+    for (const char* model : {"deepseek-v3", "qwen3-235b-a22b", "mixtral-8x7b"}) {
+      const ModelSpec m = io::load_model(model).value();
+      const LayerKindCounts counts(m);
+      for (const char* stack :
+           {"moerun", "megatron-core", "megatron-core-deepep", "megatron-core-hybridep"}) {
+        const StackProfile st = io::load_stack(stack).value();
+        for (Recompute rc : {Recompute::kNone, Recompute::kSelective, Recompute::kFull}) {
+          for (Precision prec : {Precision::kBf16, Precision::kFp8}) {
+            CAPTURE(model);
+            CAPTURE(stack);
+            Plan base;
+            base.gpus = 256;
+            base.seq_len = 4096;
+            base.global_batch = 512;
+            base.attention.tp = 2;
+            base.experts.ep = 16;
+            base.experts.dispatch = st.dispatch_dedup() ? Dispatch::kDedup : Dispatch::kAllToAll;
+            base.pipeline.pp = 4;
+            base.pipeline.layers_per_stage = uneven_split(m.num_layers(), 4);
+            base.recompute = rc;
+            base.precision = prec;
+            const auto flight = in_flight_by_chunk(m, base);
+            const cost::MemoryParts parts = cost::memory_parts(m, base, hw, st, 1.2, counts);
+            for (int64_t zero : {0, 1, 2, 3}) {
+              for (GradSync sync :
+                   {GradSync::kFp32ReduceScatter, GradSync::kBf16ReduceScatter, GradSync::kBf16AllToAll}) {
+                for (bool flags : {false, true}) {
+                  Plan p = base;
+                  p.data.zero = zero;
+                  p.compression.grad_sync = sync;
+                  p.overlap = {flags, flags, !flags, flags, false, false};
+                  const auto alone = cost::memory_per_gpu(m, p, hw, st, flight, 1.2, &counts);
+                  const auto shared = cost::memory_per_gpu(m, p, hw, st, flight, 1.2, &counts, &parts);
+                  CHECK(shared.total_low() == alone.total_low());
+                  CHECK(shared.total_high() == alone.total_high());
+                  CHECK(shared.weights == alone.weights);
+                  CHECK(shared.gradients == alone.gradients);
+                  CHECK(shared.optimizer == alone.optimizer);
+                  CHECK(shared.activations == alone.activations);
+                  CHECK(shared.comm_buffers == alone.comm_buffers);
+                  CHECK(shared.stage == alone.stage);
+                  ++compared;
+                }
+              }
+            }
+          }
+        }
+      }
+    }
+    CHECK(compared == 3 * 4 * 3 * 2 * 4 * 3 * 2);
+  }
+
   TEST_CASE("activation memory per MoE layer matches MegaScale-MoE's full and SAR formulas") {
     // Internal-352B on MegaScale-MoE's stack under SP = EP = n = 8 with all-gather dispatch, b = 1, s = 8192:
     // k = 3, f = 14336/4096, m = 4. In bf16 elements (bytes / 2), units of b s h / n:
