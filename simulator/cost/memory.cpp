@@ -472,7 +472,7 @@ namespace {
 // memory_per_gpu only the largest).
 template <class Visit>
 void visit_stages(const ModelSpec& m, const Plan& p, const HardwareProfile& hw, const StackProfile& stack,
-                  const std::vector<std::vector<int64_t>>& in_flight, const LayerKindCounts& counts_ref,
+                  const std::vector<std::vector<int64_t>>& in_flight, const LayerKindCounts& counts,
                   const MemoryParts& parts, Visit&& visit) {
   const int64_t pp = p.pipeline.pp, vpp = p.pipeline.vpp, tp = p.attention.tp;
   const int64_t chunks = pp * vpp;
@@ -494,7 +494,6 @@ void visit_stages(const ModelSpec& m, const Plan& p, const HardwareProfile& hw, 
   for (size_t i = 0; i < layers.size(); ++i) first[i + 1] = first[i] + layers[i];
 
   using Kind = LayerMemory;
-  const LayerKindCounts* counts = &counts_ref;
   const std::vector<Kind>& kinds = parts.kinds;
   const Kind& mtp = parts.mtp;
   const double comm = parts.comm, head = parts.head;
@@ -533,13 +532,13 @@ void visit_stages(const ModelSpec& m, const Plan& p, const HardwareProfile& hw, 
                  input_bytes;
       }
       for (size_t k = 0; k < kinds.size(); ++k) {
-        const int64_t count = counts->in(k, a, e);
+        const int64_t count = counts.in(k, a, e);
         if (count == 0) continue;
         hold(kinds[k], count);
         if (!full) {
           bytes += d(count) * kinds[k].saved;
         } else if (p.recompute_method != RecomputeMethod::kUniform) {
-          bytes += d(counts->in(k, std::min(e, a + group_layers), e)) * kinds[k].working;
+          bytes += d(counts.in(k, std::min(e, a + group_layers), e)) * kinds[k].working;
         }
       }
       if (last && m.mtp_layers > 0) hold(mtp, m.mtp_layers);  // its activations are among the head's
