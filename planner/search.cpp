@@ -387,8 +387,6 @@ struct StageShapes {
 
 class Screener {
  public:
-  static constexpr double kRejectMargin = 1e-9;
-
   Screener(const ModelSpec& m, const HardwareProfile& hw, const StackProfile& st,
            const workload::RoutingDistribution& r, const LayerKindCounts& kinds)
       : m_(m), hw_(hw), st_(st), routing_(r), kinds_(kinds), cm_(hw, st) {
@@ -462,6 +460,8 @@ class Screener {
   }
 
  private:
+  static constexpr double kRejectMargin = 1e-9;  // see step_time
+
   // f(layer) for each layer of the model, computed once per kind of layer (layers of one kind cost the same).
   template <class F>
   auto per_layer_kind(F&& f) const {

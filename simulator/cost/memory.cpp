@@ -472,8 +472,14 @@ namespace {
 // memory_per_gpu only the largest).
 template <class Visit>
 void visit_stages(const ModelSpec& m, const Plan& p, const HardwareProfile& hw, const StackProfile& stack,
-                  const std::vector<std::vector<int64_t>>& in_flight, const LayerKindCounts& counts,
-                  const MemoryParts& parts, Visit&& visit) {
+                  const std::vector<std::vector<int64_t>>& in_flight, double expert_load_scale,
+                  const LayerKindCounts* counts_in, const MemoryParts* parts_in, Visit&& visit) {
+  // The model's layer kinds and the plan's memory parts, computed here when the caller has none.
+  std::optional<LayerKindCounts> own;
+  const LayerKindCounts& counts = counts_in ? *counts_in : own.emplace(m);
+  std::optional<MemoryParts> own_parts;
+  const MemoryParts& parts =
+      parts_in ? *parts_in : own_parts.emplace(memory_parts(m, p, hw, stack, expert_load_scale, counts));
   const int64_t pp = p.pipeline.pp, vpp = p.pipeline.vpp, tp = p.attention.tp;
   const int64_t chunks = pp * vpp;
   const double replicas = d(p.attention.sp * p.attention.cp * p.dp());  // ranks holding the same dense params
@@ -639,12 +645,9 @@ std::vector<MemoryBreakdown> memory_per_stage(const ModelSpec& m, const Plan& p,
                                               const StackProfile& stack,
                                               const std::vector<std::vector<int64_t>>& in_flight,
                                               double expert_load_scale, const LayerKindCounts* counts) {
-  std::optional<LayerKindCounts> own;
-  if (!counts) counts = &own.emplace(m);
-  const MemoryParts parts = memory_parts(m, p, hw, stack, expert_load_scale, *counts);
   std::vector<MemoryBreakdown> stages;
   stages.reserve(static_cast<size_t>(p.pipeline.pp));
-  visit_stages(m, p, hw, stack, in_flight, *counts, parts,
+  visit_stages(m, p, hw, stack, in_flight, expert_load_scale, counts, nullptr,
                [&](const MemoryBreakdown& b) { stages.push_back(b); });
   return stages;
 }
@@ -653,14 +656,10 @@ MemoryBreakdown memory_per_gpu(const ModelSpec& m, const Plan& p, const Hardware
                                const StackProfile& stack, const std::vector<std::vector<int64_t>>& in_flight,
                                double expert_load_scale, const LayerKindCounts* counts,
                                const MemoryParts* parts) {
-  std::optional<LayerKindCounts> own;
-  if (!counts) counts = &own.emplace(m);
-  std::optional<MemoryParts> own_parts;
-  if (!parts) parts = &own_parts.emplace(memory_parts(m, p, hw, stack, expert_load_scale, *counts));
   // The first stage with the largest total (max_element over memory_per_stage would pick the same one).
   MemoryBreakdown largest;
   bool any = false;
-  visit_stages(m, p, hw, stack, in_flight, *counts, *parts, [&](const MemoryBreakdown& b) {
+  visit_stages(m, p, hw, stack, in_flight, expert_load_scale, counts, parts, [&](const MemoryBreakdown& b) {
     if (!any || largest.total() < b.total()) largest = b;
     any = true;
   });
