@@ -8,6 +8,7 @@
 
 #include <fmt/format.h>
 
+#include "simulator/core/units.h"
 #include "simulator/io/plan_io.h"
 
 namespace moeplan::planner {
@@ -125,10 +126,26 @@ std::vector<ExplainRow> explain(const ModelSpec& model, const Plan& plan, const 
   ExplainRow base;
   base.technique = "baseline: TP attention + TP experts, no overlap";
   base.plan = explain_baseline(model, plan, hw, &base.note);
+
+  // Megatron's combined 1F1B cannot run with full recompute: when the plan overlaps across micro-batches and
+  // the baseline recomputes whole layers, the plan's recompute comes before the overlap rows, so that every
+  // row runs (else rows 3-5 would all be illegal).
+  std::vector<size_t> order = {0, 1, 2, 3, 4};
+  std::string recompute_note;
+  if (plan.overlap.cross_micro_batch && base.plan.recompute == Recompute::kFull &&
+      plan.recompute != Recompute::kFull) {
+    order = {0, 4, 1, 2, 3};
+    recompute_note =
+        "the plan's recompute comes before the overlap rows: overlap.cross_micro_batch cannot run with full "
+        "recompute";
+  }
+
   rows.push_back(std::move(base));
-  for (const auto& [technique, apply] : steps) {
+  for (size_t s : order) {
+    const auto& [technique, apply] = steps[s];
     ExplainRow r;
     r.technique = technique;
+    if (s == 4) r.note = recompute_note;
     r.plan = rows.back().plan;
     apply(r.plan);
     rows.push_back(std::move(r));
@@ -157,9 +174,9 @@ std::vector<ExplainRow> explain(const ModelSpec& model, const Plan& plan, const 
     }
     r.exposed_comm_s = exposed_comm_seconds(r.prediction);
     if (!r.prediction.memory.fits()) {
-      r.reason = fmt::format("does not fit: {:.1f}-{:.1f} GB per GPU of {:.1f} GB",
-                             r.prediction.memory.total_low() / 1e9, r.prediction.memory.total_high() / 1e9,
-                             r.prediction.memory.capacity / 1e9);
+      r.reason = fmt::format("does not fit: {:.1f}-{:.1f} GiB per GPU of {:.1f} GiB",
+                             r.prediction.memory.total_low() / kGiB, r.prediction.memory.total_high() / kGiB,
+                             r.prediction.memory.capacity / kGiB);
     }
     if (i > 0 && rows[i - 1].valid()) r.comm_removed_s = rows[i - 1].exposed_comm_s - r.exposed_comm_s;
   }

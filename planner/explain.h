@@ -41,8 +41,10 @@ double exposed_comm_seconds(const Prediction& p);
 Plan explain_baseline(const ModelSpec& model, const Plan& plan, const HardwareProfile& hw, std::string* note);
 
 // Six rows: baseline, + SP attention / EP experts, + inter-operator overlap, + intra-operator overlap,
-// + compression, + selective recompute. Each row's plan differs from the previous one only in its technique's
-// fields; the last row's plan is `plan`.
+// + compression, + selective recompute. When the plan overlaps across micro-batches (combined 1F1B, illegal
+// under full recompute) and the baseline recomputes whole layers, the recompute row comes third, before the
+// overlap rows, and carries a note saying why. Each row's plan differs from the previous one only in its
+// technique's fields; the last row's plan is `plan`.
 std::vector<ExplainRow> explain(const ModelSpec& model, const Plan& plan, const HardwareProfile& hw,
                                 const StackProfile& stack, const workload::RoutingDistribution& routing);
 

@@ -9,6 +9,7 @@
 
 #include <fmt/format.h>
 
+#include "simulator/core/units.h"
 #include "simulator/cost/collective.h"
 #include "simulator/io/json_reader.h"
 #include "simulator/io/plan_io.h"
@@ -306,8 +307,8 @@ SweepRow sweep_row(const SweepCase& base, const std::string& key, const nlohmann
       row.reason = reasons_of(row.prediction.violations);
     } else if (!row.prediction.memory.fits()) {
       row.reason = fmt::format(
-          "does not fit: {:.1f}-{:.1f} GB per GPU of {:.1f} GB", row.prediction.memory.total_low() / 1e9,
-          row.prediction.memory.total_high() / 1e9, row.prediction.memory.capacity / 1e9);
+          "does not fit: {:.1f}-{:.1f} GiB per GPU of {:.1f} GiB", row.prediction.memory.total_low() / kGiB,
+          row.prediction.memory.total_high() / kGiB, row.prediction.memory.capacity / kGiB);
     }
     return row;
   }

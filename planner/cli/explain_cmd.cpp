@@ -9,6 +9,7 @@
 #include "planner/cli/cli_common.h"
 #include "planner/explain.h"
 #include "planner/search.h"
+#include "simulator/core/units.h"
 #include "simulator/io/plan_io.h"
 #include "simulator/io/router_trace.h"
 #include "simulator/io/stack_loader.h"
@@ -52,8 +53,8 @@ nlohmann::json row_json(size_t index, const planner::ExplainRow& r) {
 }
 
 void print_table(const std::vector<planner::ExplainRow>& rows) {
-  fmt::print("{:>2}  {:<48} {:>8} {:>10} {:>8} {:>6} {:>7} {:>4} {:>7} {:>8}\n", "#", "technique", "step s",
-             "tokens/s", "per GPU", "MFU", "mem GB", "fits", "comm s", "removed");
+  fmt::print("{:>2}  {:<48} {:>8} {:>10} {:>8} {:>6} {:>7} {:>5} {:>7} {:>8}\n", "#", "technique", "step s",
+             "tokens/s", "per GPU", "MFU", "mem GiB", "fits", "comm s", "removed");
   for (size_t i = 0; i < rows.size(); ++i) {
     const planner::ExplainRow& r = rows[i];
     const std::string name = r.technique + (r.in_plan ? "" : " (not in plan)");
@@ -62,11 +63,18 @@ void print_table(const std::vector<planner::ExplainRow>& rows) {
       continue;
     }
     const Prediction& p = r.prediction;
-    fmt::print("{:>2}  {:<48} {:>8.3f} {:>10.0f} {:>8.1f} {:>5.1f}% {:>7.1f} {:>4} {:>7.3f} {:>8}\n", i + 1,
-               name, p.step_time_s, p.tokens_per_s, p.tokens_per_s_per_gpu, 100 * p.mfu,
-               p.memory.total() / 1e9, p.memory.fits() ? "yes" : "no", r.exposed_comm_s,
-               r.comm_removed_s ? fmt::format("{:.3f}", *r.comm_removed_s) : std::string("-"));
+    fmt::print(
+        "{:>2}  {:<48} {:>8.3f} {:>10.0f} {:>8.1f} {:>5.1f}% {:>7.1f} {:>5} {:>7.3f} {:>8}\n", i + 1, name,
+        p.step_time_s, p.tokens_per_s, p.tokens_per_s_per_gpu, 100 * p.mfu, p.memory.total() / kGiB,
+        p.memory.tight()  ? "tight"
+        : p.memory.fits() ? "yes"
+                          : "no",
+        r.exposed_comm_s, r.comm_removed_s ? fmt::format("{:.3f}", *r.comm_removed_s) : std::string("-"));
   }
+  fmt::print(
+      "\nmem GiB: the busiest stage's HBM need, the middle of its range; fits: yes, tight (the low end of "
+      "the "
+      "range fits, the high end does not) or no\n");
   fmt::print("\nplans of the rows:\n");
   for (size_t i = 0; i < rows.size(); ++i) fmt::print("{:>2}  {}\n", i + 1, planner::describe(rows[i].plan));
   bool header = false;
@@ -97,8 +105,10 @@ Runner add_explain(CLI::App& app) {
       "Rows (cumulative): 1 baseline: attention TP = tp*sp, experts ep 1 and etp = ep*etp (or the nearest "
       "legal split), no overlap, FP32 reduce-scatter gradients, BF16 dispatch, full recompute (none if the "
       "plan has none); 2 + the plan's attention and experts; 3 + inter-operator, DP and PP overlap; 4 + "
-      "intra-operator overlap; 5 + compression; 6 + the plan's recompute. Pipeline, ZeRO, micro-batch, "
-      "precision and batch stay as the plan's throughout.");
+      "intra-operator overlap; 5 + compression; 6 + the plan's recompute. When the plan overlaps across "
+      "micro-batches (Megatron's combined 1F1B, which cannot run with full recompute) and the baseline "
+      "recomputes whole layers, the plan's recompute is row 3 and the overlap and compression rows follow. "
+      "Pipeline, ZeRO, micro-batch, precision and batch stay as the plan's throughout.");
   return [o]() {
     Result<PlanInputs> in = load_plan_inputs(o->plan, o->stack);
     if (!in) return bad_input(in.error().message);

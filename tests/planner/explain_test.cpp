@@ -68,6 +68,19 @@ bool subset(const std::set<std::string>& a, const std::set<std::string>& allowed
   return true;
 }
 
+// A Megatron-Core plan ranked with `xmb+dw` (combined 1F1B with delayed weight gradients): Mixtral-8x7B,
+// tp 2, ep 8 on 32 GPUs, one stage, two micro-batches, no compression.
+Case combined_1f1b_case(Recompute recompute) {
+  Case c;
+  c.stack = io::load_stack("megatron-core").value();
+  c.plan.attention = {2, 1, 1};
+  c.plan.pipeline.pp = 1;
+  c.plan.overlap = {false, false, true, false, true, true};
+  c.plan.compression = {};
+  c.plan.recompute = recompute;
+  return c;
+}
+
 }  // namespace
 
 TEST_SUITE("planner") {
@@ -134,15 +147,8 @@ TEST_SUITE("planner") {
   }
 
   TEST_CASE("combined 1F1B and its delayed weight gradients come with the inter-operator overlap row") {
-    // A Megatron-Core plan ranked with `xmb+dw`: before, no row turned them on, so the last row was not the
-    // plan. Mixtral-8x7B, tp 2, ep 8 on 32 GPUs, two micro-batches.
-    Case c;
-    c.stack = io::load_stack("megatron-core").value();
-    c.plan.attention = {2, 1, 1};
-    c.plan.pipeline.pp = 1;
-    c.plan.overlap = {false, false, true, false, true, true};
-    c.plan.compression = {};
-    c.plan.recompute = Recompute::kNone;
+    // Before, no row turned them on, so the last row was not the plan.
+    const Case c = combined_1f1b_case(Recompute::kNone);
     const auto rows = c.explain();
     REQUIRE(rows.size() == 6);
     CHECK(io::plan_to_json(rows.back().plan) == io::plan_to_json(c.plan));
@@ -153,6 +159,45 @@ TEST_SUITE("planner") {
     CHECK(rows[2].in_plan);
     CHECK(rows[2].prediction.step_time_s ==
           doctest::Approx(rows.back().prediction.step_time_s).epsilon(1e-12));
+  }
+
+  TEST_CASE("combined 1F1B with selective recompute brings the plan's recompute before the overlap rows") {
+    // The baseline recomputes whole layers, under which combined 1F1B is illegal: in the order of the
+    // ablation, rows 3-5 could not run. The recompute row moves up to row 3 and says why.
+    Case c = combined_1f1b_case(Recompute::kSelective);
+    REQUIRE(validate(c.plan, c.model, c.hw).empty());
+    const auto rows = c.explain();
+    REQUIRE(rows.size() == 6);
+    CHECK(rows.front().plan.recompute == Recompute::kFull);
+    CHECK(rows[2].technique == "+ selective recompute");
+    CHECK(rows[2].note.find("cannot run with full recompute") != std::string::npos);
+    CHECK(rows[3].technique == "+ inter-operator overlap");
+    CHECK(rows[4].technique == "+ intra-operator overlap");
+    CHECK(rows[5].technique == "+ compression");
+    CHECK(io::plan_to_json(rows.back().plan) == io::plan_to_json(c.plan));
+    const std::set<std::string> allowed[] = {
+        {"attention.tp", "attention.sp", "attention.cp", "experts.ep", "experts.etp", "experts.dispatch"},
+        {"recompute"},
+        {"overlap.inter_op", "overlap.dp_comm", "overlap.pp_comm", "overlap.cross_micro_batch",
+         "overlap.delay_wgrad"},
+        {"overlap.intra_op"},
+        {"compression.grad_sync", "compression.dispatch"},
+    };
+    for (size_t i = 0; i < rows.size(); ++i) {
+      CAPTURE(i);
+      CHECK_MESSAGE(rows[i].valid(), rows[i].reason);
+      if (i > 0) CHECK(subset(changed_keys(rows[i - 1].plan, rows[i].plan), allowed[i - 1]));
+    }
+    CHECK(changed_keys(rows[1].plan, rows[2].plan) == std::set<std::string>{"recompute"});
+    CHECK(rows[3].plan.overlap.cross_micro_batch);
+    CHECK(rows[3].in_plan);
+    // Without combined 1F1B the order is the ablation's own.
+    c.plan.overlap.cross_micro_batch = false;
+    c.plan.overlap.delay_wgrad = false;
+    const auto plain = c.explain();
+    CHECK(plain[2].technique == "+ inter-operator overlap");
+    CHECK(plain[5].technique == "+ selective recompute");
+    CHECK(plain[5].note.empty());
   }
 
   TEST_CASE("a technique the plan does not use repeats the previous explain row") {

@@ -68,6 +68,10 @@ TEST_SUITE("cli") {
     CHECK(r.out.find("+ intra-operator overlap (not in plan)") != std::string::npos);
     CHECK(r.out.find("+ selective recompute") != std::string::npos);
     CHECK(r.out.find("(not in plan)", r.out.find("+ selective recompute")) == std::string::npos);
+    // Memory in GiB, as `plan` prints it, with the fits column explained.
+    CHECK(r.out.find("mem GiB") != std::string::npos);
+    CHECK(r.out.find("mem GB") == std::string::npos);
+    CHECK(r.out.find("fits: yes, tight") != std::string::npos);
   }
 
   TEST_CASE("explain exits 2 with one line for a missing or malformed plan file, 3 for an illegal plan") {
