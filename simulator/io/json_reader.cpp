@@ -69,10 +69,32 @@ Result<json> parse_json_file(const std::string& path) {
   return parse_json_text(buf.str(), path);
 }
 
+JsonNode::JsonNode(const json& value, std::string file, std::string path)
+    : v_(&value),
+      file_(std::make_shared<const std::string>(std::move(file))),
+      step_(path.empty() ? nullptr : std::make_shared<const Step>(Step{nullptr, std::move(path)})) {}
+
+std::string JsonNode::path() const {
+  std::vector<const Step*> steps;
+  for (const Step* s = step_.get(); s != nullptr; s = s->parent.get()) steps.push_back(s);
+  std::string out;
+  for (auto it = steps.rbegin(); it != steps.rend(); ++it) {
+    const Step& s = **it;
+    if (s.index >= 0) {
+      out += fmt::format("[{}]", s.index);
+    } else if (!s.key.empty()) {
+      if (!out.empty()) out += '.';
+      out += s.key;
+    }
+  }
+  return out;
+}
+
 std::string JsonNode::field(std::string_view key) const {
-  if (path_.empty()) return std::string(key);
-  if (key.empty()) return path_;
-  return path_ + "." + std::string(key);
+  std::string p = path();
+  if (p.empty()) return std::string(key);
+  if (key.empty()) return p;
+  return p + "." + std::string(key);
 }
 
 std::string JsonNode::describe(const json& v) const {
@@ -84,12 +106,13 @@ std::string JsonNode::describe(const json& v) const {
 void JsonNode::fail(std::string_view key, std::string_view expected) const {
   std::string got = "nothing (missing)";
   if (v_->is_object() && v_->contains(key)) got = describe((*v_)[std::string(key)]);
-  throw InputError(fmt::format("{}: field '{}': expected {}, got {}", file_, field(key), expected, got));
+  throw InputError(fmt::format("{}: field '{}': expected {}, got {}", *file_, field(key), expected, got));
 }
 
 void JsonNode::fail_here(std::string_view expected) const {
-  throw InputError(fmt::format("{}: field '{}': expected {}, got {}", file_,
-                               path_.empty() ? "(top level)" : path_, expected, describe(*v_)));
+  const std::string p = path();
+  throw InputError(fmt::format("{}: field '{}': expected {}, got {}", *file_, p.empty() ? "(top level)" : p,
+                               expected, describe(*v_)));
 }
 
 bool JsonNode::has(std::string_view key) const {
@@ -102,13 +125,13 @@ const json& JsonNode::get(std::string_view key) const {
   if (!v_->is_object()) fail_here("a JSON object");
   auto it = v_->find(key);
   if (it == v_->end() || it->is_null()) {
-    throw InputError(fmt::format("{}: field '{}': required but missing", file_, field(key)));
+    throw InputError(fmt::format("{}: field '{}': required but missing", *file_, field(key)));
   }
   return *it;
 }
 
 JsonNode JsonNode::child(std::string_view key) const {
-  return JsonNode(get(key), file_, field(key));
+  return JsonNode(get(key), file_, std::make_shared<const Step>(Step{step_, std::string(key)}));
 }
 
 JsonNode JsonNode::object(std::string_view key) const {
@@ -126,7 +149,10 @@ std::vector<JsonNode> JsonNode::elements() const {
   if (!v_->is_array()) fail_here("a JSON array");
   std::vector<JsonNode> out;
   out.reserve(v_->size());
-  for (size_t i = 0; i < v_->size(); ++i) out.emplace_back((*v_)[i], file_, fmt::format("{}[{}]", path_, i));
+  for (size_t i = 0; i < v_->size(); ++i) {
+    out.push_back(JsonNode(
+        (*v_)[i], file_, std::make_shared<const Step>(Step{step_, std::string(), static_cast<int64_t>(i)})));
+  }
   return out;
 }
 
@@ -137,25 +163,25 @@ std::vector<JsonNode> JsonNode::array(std::string_view key) const {
 }
 
 int64_t JsonNode::as_integer(int64_t lo, int64_t hi) const {
-  const std::string expected = fmt::format("an integer in [{}, {}]", lo, hi);
-  if (!v_->is_number_integer()) fail_here(expected);
+  const auto bad = [&] { fail_here(fmt::format("an integer in [{}, {}]", lo, hi)); };
+  if (!v_->is_number_integer()) bad();
   int64_t x = 0;
   if (v_->is_number_unsigned()) {
     const auto u = v_->get<uint64_t>();
-    if (u > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) fail_here(expected);
+    if (u > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) bad();
     x = static_cast<int64_t>(u);
   } else {
     x = v_->get<int64_t>();
   }
-  if (x < lo || x > hi) fail_here(expected);
+  if (x < lo || x > hi) bad();
   return x;
 }
 
 double JsonNode::as_number(double lo, double hi) const {
-  const std::string expected = fmt::format("a finite number in [{}, {}]", lo, hi);
-  if (!v_->is_number()) fail_here(expected);
+  const auto bad = [&] { fail_here(fmt::format("a finite number in [{}, {}]", lo, hi)); };
+  if (!v_->is_number()) bad();
   const auto x = v_->get<double>();
-  if (!std::isfinite(x) || x < lo || x > hi) fail_here(expected);
+  if (!std::isfinite(x) || x < lo || x > hi) bad();
   return x;
 }
 
@@ -201,7 +227,7 @@ void JsonNode::only_keys(std::initializer_list<std::string_view> known) const {
     if (std::find(known.begin(), known.end(), it.key()) != known.end()) continue;
     std::vector<std::string> names(known.begin(), known.end());
     const std::string guess = closest_match(it.key(), names);
-    throw InputError(fmt::format("{}: field '{}': unknown key{}", file_, field(it.key()),
+    throw InputError(fmt::format("{}: field '{}': unknown key{}", *file_, field(it.key()),
                                  guess.empty() ? "" : fmt::format(" (did you mean '{}'?)", guess)));
   }
 }

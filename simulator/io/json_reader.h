@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <initializer_list>
 #include <limits>
+#include <memory>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -33,15 +34,16 @@ std::string closest_match(std::string_view key, const std::vector<std::string>& 
 Result<json> parse_json_file(const std::string& path);
 Result<json> parse_json_text(std::string_view text, const std::string& label);
 
-// A JSON value at `path` inside `file`.
+// A JSON value at `path` inside `file`. The path is spelled out only for an error: a node keeps its parent's
+// path and its own key or index, shared with its children, so reading a large profile (tens of thousands of
+// table cells) formats nothing.
 class JsonNode {
  public:
-  JsonNode(const json& value, std::string file, std::string path = "")
-      : v_(&value), file_(std::move(file)), path_(std::move(path)) {}
+  JsonNode(const json& value, std::string file, std::string path = "");
 
   const json& raw() const { return *v_; }
-  const std::string& file() const { return file_; }
-  const std::string& path() const { return path_; }
+  const std::string& file() const { return *file_; }
+  std::string path() const;  // "a.b[3].c"; empty at the top level
 
   bool has(std::string_view key) const;  // present and not null
   JsonNode object(std::string_view key) const;
@@ -76,13 +78,23 @@ class JsonNode {
   std::string field(std::string_view key) const;
 
  private:
+  // One step of a path: a key of an object or, with index >= 0, an element of an array.
+  struct Step {
+    std::shared_ptr<const Step> parent;
+    std::string key;
+    int64_t index = -1;
+  };
+
+  JsonNode(const json& value, std::shared_ptr<const std::string> file, std::shared_ptr<const Step> step)
+      : v_(&value), file_(std::move(file)), step_(std::move(step)) {}
+
   const json& get(std::string_view key) const;  // required: fails when absent or null
   JsonNode child(std::string_view key) const;
   std::string describe(const json& v) const;
 
   const json* v_;
-  std::string file_;
-  std::string path_;
+  std::shared_ptr<const std::string> file_;
+  std::shared_ptr<const Step> step_;  // null at the top level
 };
 
 template <class E>
