@@ -2,6 +2,7 @@
 #include "planner/cli/cli_common.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 
@@ -101,6 +102,35 @@ Result<TraceSelection> trace_selection(const OpGraph& graph, int64_t micro_batch
 // A number in its stack file's unit ("25 us", "0.7").
 std::string in_file_unit(double si, double unit) {
   return unit == 1.0 ? fmt::format("{:g}", si) : fmt::format("{:g} us", si / unit);
+}
+
+void print_hypothetical(const std::vector<const Prediction*>& predictions, const std::string& stack) {
+  // The critical path's share priced by targets differs from prediction to prediction: one line with its
+  // range, first, as each prediction lists it.
+  std::vector<std::string> targets;
+  double low = 1, high = 0;
+  bool any_share = false;
+  for (const Prediction* p : predictions) {
+    const double share = std::round(100 * p->provenance.target);
+    const std::string own = target_share_line(fmt::format("{:.0f}%", share));
+    for (const std::string& t : p->provenance.targets) {
+      if (t == own) {
+        any_share = true;
+        low = std::min(low, share / 100);
+        high = std::max(high, share / 100);
+      } else if (std::find(targets.begin(), targets.end(), t) == targets.end()) {
+        targets.push_back(t);
+      }
+    }
+  }
+  if (any_share) {
+    targets.insert(targets.begin(),
+                   target_share_line(low == high ? fmt::format("{:.0f}%", 100 * low)
+                                                 : fmt::format("{:.0f}-{:.0f}%", 100 * low, 100 * high)));
+  }
+  if (targets.empty()) return;
+  fmt::print("\nHYPOTHETICAL: these predictions credit capabilities the {} stack has not measured:\n", stack);
+  for (const std::string& t : targets) fmt::print("  - {}\n", t);
 }
 
 void print_assumptions(const AssumptionRange& a, double tokens_per_step, int64_t gpus) {

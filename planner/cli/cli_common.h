@@ -75,6 +75,11 @@ std::string in_file_unit(double si, double unit);
 // The step over the stack's unmeasured numbers and the (up to four) numbers it moves with most.
 void print_assumptions(const AssumptionRange& a, double tokens_per_step, int64_t gpus);
 
+// What makes predictions hypothetical (each reason once, in order of first use): "HYPOTHETICAL: these
+// predictions credit capabilities the STACK stack has not measured:" and one line per reason; nothing when
+// none is. For a table's footer (plan, sweep, explain); `simulate` prints its one prediction's own.
+void print_hypothetical(const std::vector<const Prediction*>& predictions, const std::string& stack);
+
 // Each subcommand registers its options and sets `run` to the function that executes it.
 using Runner = std::function<int()>;
 Runner add_inspect(CLI::App& app);

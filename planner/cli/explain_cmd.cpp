@@ -49,10 +49,12 @@ nlohmann::json row_json(size_t index, const planner::ExplainRow& r) {
           {"exposed_comm_s", optional_number(ran, r.exposed_comm_s)},
           {"exposed_comm_by_group_s", ran ? comm : nlohmann::json(nullptr)},
           {"comm_removed_s", optional_number(r.comm_removed_s.has_value(), r.comm_removed_s.value_or(0))},
-          {"bubble_s", optional_number(ran, p.breakdown.bubble)}};
+          {"bubble_s", optional_number(ran, p.breakdown.bubble)},
+          {"hypothetical", ran ? nlohmann::json(p.provenance.hypothetical) : nlohmann::json(nullptr)},
+          {"why_hypothetical", ran ? nlohmann::json(p.provenance.targets) : nlohmann::json(nullptr)}};
 }
 
-void print_table(const std::vector<planner::ExplainRow>& rows) {
+void print_table(const std::vector<planner::ExplainRow>& rows, const std::string& stack) {
   fmt::print("{:>2}  {:<48} {:>8} {:>10} {:>8} {:>6} {:>7} {:>5} {:>7} {:>8}\n", "#", "technique", "step s",
              "tokens/s", "per GPU", "MFU", "mem GiB", "fits", "comm s", "removed");
   for (size_t i = 0; i < rows.size(); ++i) {
@@ -63,13 +65,12 @@ void print_table(const std::vector<planner::ExplainRow>& rows) {
       continue;
     }
     const Prediction& p = r.prediction;
-    fmt::print(
-        "{:>2}  {:<48} {:>8.3f} {:>10.0f} {:>8.1f} {:>5.1f}% {:>7.1f} {:>5} {:>7.3f} {:>8}\n", i + 1, name,
-        p.step_time_s, p.tokens_per_s, p.tokens_per_s_per_gpu, 100 * p.mfu, p.memory.total() / kGiB,
-        p.memory.tight()  ? "tight"
-        : p.memory.fits() ? "yes"
-                          : "no",
-        r.exposed_comm_s, r.comm_removed_s ? fmt::format("{:.3f}", *r.comm_removed_s) : std::string("-"));
+    const char* fits = p.memory.tight() ? "tight" : p.memory.fits() ? "yes" : "no";
+    fmt::print("{:>2}  {:<48} {:>8.3f} {:>10.0f} {:>8.1f} {:>5.1f}% {:>7.1f} {:>5} {:>7.3f} {:>8}{}\n", i + 1,
+               name, p.step_time_s, p.tokens_per_s, p.tokens_per_s_per_gpu, 100 * p.mfu,
+               p.memory.total() / kGiB, fits, r.exposed_comm_s,
+               r.comm_removed_s ? fmt::format("{:.3f}", *r.comm_removed_s) : std::string("-"),
+               p.provenance.hypothetical ? "  HYPOTHETICAL" : "");
   }
   fmt::print(
       "\nmem GiB: the busiest stage's HBM need, the middle of its range; fits: yes, tight (the low end of "
@@ -87,6 +88,11 @@ void print_table(const std::vector<planner::ExplainRow>& rows) {
     if (!r.note.empty()) fmt::print("{:>2}  {}\n", i + 1, r.note);
     if (fit_reason) fmt::print("{:>2}  {}\n", i + 1, r.reason);
   }
+  std::vector<const Prediction*> ran;
+  for (const planner::ExplainRow& r : rows) {
+    if (r.valid()) ran.push_back(&r.prediction);
+  }
+  print_hypothetical(ran, stack);
 }
 
 }  // namespace
@@ -147,7 +153,7 @@ Runner add_explain(CLI::App& app) {
                  stack.calibrated ? "" : ", uncalibrated assumptions", planner::describe(plan));
       fmt::print(
           "each technique of the plan added in turn to a TP-only baseline (MegaScale-MoE's ablation):\n\n");
-      print_table(rows);
+      print_table(rows, stack.name);
     }
     if (!last.memory.fits()) return does_not_fit(last.memory);
     return kExitOk;

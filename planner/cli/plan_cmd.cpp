@@ -452,17 +452,9 @@ Runner add_plan(CLI::App& app) {
       }
     }
     // What makes the listed predictions hypothetical, once for the table.
-    std::vector<std::string> targets;
-    for (const auto& rp : r.plans) {
-      for (const auto& t : rp.prediction.provenance.targets) {
-        if (std::find(targets.begin(), targets.end(), t) == targets.end()) targets.push_back(t);
-      }
-    }
-    if (!targets.empty()) {
-      fmt::print("\nHYPOTHETICAL: these predictions credit capabilities the {} stack has not measured:\n",
-                 stack.value().name);
-      for (const auto& t : targets) fmt::print("  - {}\n", t);
-    }
+    std::vector<const Prediction*> listed;
+    for (const auto& rp : r.plans) listed.push_back(&rp.prediction);
+    print_hypothetical(listed, stack.value().name);
     if (!r.rejected.empty()) {
       fmt::print("\nrejected:\n");
       for (const auto& [why, n] : r.rejected) fmt::print("  {:>8}  {}\n", n, why);

@@ -58,7 +58,9 @@ nlohmann::json row_json(const planner::SweepRow& r) {
                       {"memory_fits", p.memory.fits()},
                       {"memory_tight", p.memory.tight()},
                       {"exposed_comm_s", planner::exposed_comm_seconds(p)},
-                      {"bubble_s", p.breakdown.bubble}};
+                      {"bubble_s", p.breakdown.bubble},
+                      {"hypothetical", p.provenance.hypothetical},
+                      {"why_hypothetical", p.provenance.targets}};
   }
   return j;
 }
@@ -66,20 +68,20 @@ nlohmann::json row_json(const planner::SweepRow& r) {
 void print_csv(const std::string& key, const std::vector<planner::SweepRow>& rows) {
   fmt::print(
       "{},layout,tokens_per_s,tokens_per_s_per_gpu,mfu,step_time_s,memory_per_gpu_gib,memory_fits,"
-      "exposed_comm_s,bubble_s,reason\n",
+      "exposed_comm_s,bubble_s,hypothetical,reason\n",
       key);
   for (const planner::SweepRow& r : rows) {
     const std::string value = csv_cell(planner::vary_value_text(r.value));
     const std::string layout = r.plan ? csv_cell(planner::describe(*r.plan)) : "";
     if (!r.has_numbers()) {
-      fmt::print("{},{},,,,,,,,,{}\n", value, layout, csv_cell(r.reason));
+      fmt::print("{},{},,,,,,,,,,{}\n", value, layout, csv_cell(r.reason));
       continue;
     }
     const Prediction& p = r.prediction;
-    fmt::print("{},{},{:.1f},{:.2f},{:.4f},{:.6f},{:.3f},{},{:.6f},{:.6f},{}\n", value, layout,
+    fmt::print("{},{},{:.1f},{:.2f},{:.4f},{:.6f},{:.3f},{},{:.6f},{:.6f},{},{}\n", value, layout,
                p.tokens_per_s, p.tokens_per_s_per_gpu, p.mfu, p.step_time_s, p.memory.total() / kGiB,
                p.memory.fits() ? "true" : "false", planner::exposed_comm_seconds(p), p.breakdown.bubble,
-               csv_cell(r.reason));
+               p.provenance.hypothetical ? "true" : "false", csv_cell(r.reason));
   }
 }
 
@@ -101,7 +103,8 @@ void print_text(const std::string& key, const std::vector<planner::SweepRow>& ro
     fmt::print("{:<{}}  {:<{}} {:>10.0f} {:>9.1f} {:>5.1f}% {:>7.3f} {:>7.1f} {:>7.3f} {:>8.3f}{}\n", value,
                w, planner::describe(*r.plan), lw, p.tokens_per_s, p.tokens_per_s_per_gpu, 100 * p.mfu,
                p.step_time_s, p.memory.total() / kGiB, planner::exposed_comm_seconds(p), p.breakdown.bubble,
-               r.reason.empty() ? "" : "  (" + r.reason + ")");
+               (r.reason.empty() ? "" : "  (" + r.reason + ")") +
+                   (p.provenance.hypothetical ? "  HYPOTHETICAL" : ""));
   }
 }
 
@@ -193,8 +196,9 @@ Runner add_sweep(CLI::App& app) {
       base.stack = std::move(in.value().stack);
       base.routing_base = in.value().dir;
       base.plan = std::move(lp.plan);
-      label = fmt::format("{} on {} x {} ({} stack), plan {} ({}), varying {}", base.model.name,
-                          base.plan->gpus, base.hw.name, base.stack.name, lp.path,
+      label = fmt::format("{} on {} x {} ({} stack{}), plan {} ({}), varying {}", base.model.name,
+                          base.plan->gpus, base.hw.name, base.stack.name,
+                          base.stack.calibrated ? "" : ", uncalibrated", lp.path,
                           planner::describe(*base.plan), vary.value().key);
     } else {
       Result<ModelSpec> model = io::load_model(o->model);
@@ -216,9 +220,9 @@ Runner add_sweep(CLI::App& app) {
       base.stack = std::move(stack).value();
       base.job = {o->gpus, o->seq, o->batch};
       base.routing = o->routing;
-      label = fmt::format("{} on {} x {} ({} stack), seq {}, global batch {}: best plan per value of {}",
-                          base.model.name, o->gpus, base.hw.name, base.stack.name, o->seq, o->batch,
-                          vary.value().key);
+      label = fmt::format("{} on {} x {} ({} stack{}), seq {}, global batch {}: best plan per value of {}",
+                          base.model.name, o->gpus, base.hw.name, base.stack.name,
+                          base.stack.calibrated ? "" : ", uncalibrated", o->seq, o->batch, vary.value().key);
     }
 
     planner::SweepOptions opts;
@@ -273,6 +277,11 @@ Runner add_sweep(CLI::App& app) {
       fmt::print("{}\n\n", label);
       print_text(key, rows);
       if (key == "gpus") print_knee(rows);
+      std::vector<const Prediction*> predicted;
+      for (const planner::SweepRow& r : rows) {
+        if (r.has_numbers()) predicted.push_back(&r.prediction);
+      }
+      print_hypothetical(predicted, base.stack.name);
     }
     return kExitOk;
   };

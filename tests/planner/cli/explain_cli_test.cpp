@@ -6,6 +6,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -42,7 +43,7 @@ TEST_SUITE("cli") {
     for (const char* key :
          {"row", "technique", "in_plan", "note", "layout", "plan", "valid", "reason", "step_time_s",
           "tokens_per_s", "tokens_per_s_per_gpu", "mfu", "memory_per_gpu_bytes", "memory_fits",
-          "exposed_comm_s", "comm_removed_s", "bubble_s"}) {
+          "exposed_comm_s", "comm_removed_s", "bubble_s", "hypothetical", "why_hypothetical"}) {
       CAPTURE(key);
       for (const json& row : rows) CHECK(row.contains(key));
     }
@@ -58,6 +59,29 @@ TEST_SUITE("cli") {
     const json s = json::parse(sim.out);
     CHECK(rows[5].at("step_time_s").get<double>() == s.at("step_time_s").get<double>());
     CHECK(rows[5].at("tokens_per_s").get<double>() == s.at("tokens_per_s").get<double>());
+    // The moerun stack's overlaps are design targets: the rows that use them say so, as simulate does.
+    CHECK(rows[0].at("hypothetical") == false);
+    CHECK(rows[5].at("hypothetical") == s.at("provenance").at("hypothetical"));
+    CHECK(rows[5].at("hypothetical") == true);
+    CHECK(rows[5].at("why_hypothetical") == s.at("provenance").at("why_hypothetical"));
+  }
+
+  TEST_CASE("explain marks the rows that credit the stack's targets and lists why under the table") {
+    const TempPlan plan("moeplan_explain_hypothetical", kPlan);
+    const Run r = run_cli("explain " + plan.quoted());
+    REQUIRE_MESSAGE(r.exit_code == 0, r.err);
+    size_t marked = 0;
+    std::istringstream out(r.out);
+    for (std::string l; std::getline(out, l);) {
+      if (l.find("+ inter-operator overlap") != std::string::npos) CHECK(l.find("HYPOTHETICAL") != l.npos);
+      if (l.find("baseline:") != std::string::npos) CHECK(l.find("HYPOTHETICAL") == l.npos);
+      marked += l.find("  HYPOTHETICAL") != std::string::npos ? 1 : 0;
+    }
+    CHECK(marked >= 1);
+    CHECK(
+        r.out.find("HYPOTHETICAL: these predictions credit capabilities the moerun stack has not measured") !=
+        std::string::npos);
+    CHECK(r.out.find("overlap.inter_op is a target of stack moerun") != std::string::npos);
   }
 
   TEST_CASE("explain prints a table with one line per technique and marks those the plan does not use") {

@@ -67,19 +67,21 @@ TEST_SUITE("cli") {
     REQUIRE(rows.size() == 5);
     const std::vector<std::string> header = split_csv(rows[0]);
     CHECK(header.front() == "global_batch");
-    CHECK(header.size() == 11);
+    CHECK(header.size() == 12);
     CHECK(header[2] == "tokens_per_s");
+    CHECK(header[10] == "hypothetical");
     double last = 0;
     for (size_t i = 1; i <= 3; ++i) {
       const std::vector<std::string> cells = split_csv(rows[i]);
-      REQUIRE(cells.size() == 11);
+      REQUIRE(cells.size() == 12);
       const double tokens = std::stod(cells[2]);
       CHECK(tokens > last);  // the pipeline bubble amortises over more micro-batches
       last = tokens;
+      CHECK(cells[10] == "false");  // Megatron-Core's numbers are not targets
       CHECK(cells.back().empty());
     }
     const std::vector<std::string> illegal = split_csv(rows[4]);
-    REQUIRE(illegal.size() == 11);
+    REQUIRE(illegal.size() == 12);
     CHECK(illegal[0] == "6");
     CHECK(illegal[2].empty());
     CHECK(illegal.back().find("not divisible") != std::string::npos);
@@ -101,6 +103,38 @@ TEST_SUITE("cli") {
                               "memory_per_gpu_bytes", "memory_fits", "exposed_comm_s", "bubble_s"}) {
         CHECK(row.at("predicted").contains(key));
       }
+    }
+  }
+
+  TEST_CASE("sweep marks predictions that credit the stack's targets, in the table, CSV and JSON") {
+    // The moerun stack has its overlaps only as design targets; this plan overlaps on its own streams.
+    const TempPlan plan("moeplan_sweep_hypothetical",
+                        R"({"model": "tiny-moe", "hardware": "h100-sxm", "stack": "moerun", "gpus": 8,
+      "seq_len": 512, "global_batch": 8, "experts": {"ep": 4}, "pipeline": {"pp": 2},
+      "overlap": {"inter_op": true}})");
+    const std::string cmd = "sweep --plan " + plan.quoted() + " --vary global_batch=8,16";
+    const Run text = run_cli(cmd);
+    REQUIRE_MESSAGE(text.exit_code == 0, text.err);
+    CHECK(text.out.find("(moerun stack, uncalibrated)") != std::string::npos);
+    const std::vector<std::string> out = split_lines(text.out);
+    CHECK(std::count_if(out.begin(), out.end(),
+                        [](const std::string& l) { return l.ends_with("  HYPOTHETICAL"); }) == 2);
+    CHECK(text.out.find(
+              "HYPOTHETICAL: these predictions credit capabilities the moerun stack has not measured") !=
+          std::string::npos);
+    CHECK(text.out.find("overlap.inter_op is a target of stack moerun") != std::string::npos);
+
+    const Run csv = run_cli(cmd + " --csv");
+    REQUIRE(csv.exit_code == 0);
+    const std::vector<std::string> rows = split_lines(csv.out);
+    REQUIRE(rows.size() == 3);
+    for (size_t i = 1; i < rows.size(); ++i) CHECK(split_csv(rows[i]).at(10) == "true");
+
+    const Run js = run_cli(cmd + " --json");
+    REQUIRE(js.exit_code == 0);
+    for (const json& row : json::parse(js.out).at("rows")) {
+      CHECK(row.at("predicted").at("hypothetical") == true);
+      CHECK_FALSE(row.at("predicted").at("why_hypothetical").empty());
     }
   }
 
