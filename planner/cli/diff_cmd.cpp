@@ -2,6 +2,8 @@
 // both are predicted and their reports compared too). Reports (`simulate --json`, `plan --out-dir`): the plan
 // fields that differ, then the headline figures and every breakdown category with the change from A to B.
 #include <cmath>
+#include <string>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -51,6 +53,16 @@ Result<nlohmann::json> simulated(const std::string& path, const std::string& sta
   nlohmann::json j = prediction_json(p, {plan, model, hw, in.value().stack});
   j["plan"] = io::plan_to_json(plan);
   return j;
+}
+
+// Whether a report's prediction is hypothetical and why (reports written before provenance existed: no).
+bool hypothetical(const nlohmann::json& report) {
+  return report.contains("provenance") && report.at("provenance").value("hypothetical", false);
+}
+
+std::vector<std::string> why_hypothetical(const nlohmann::json& report) {
+  if (!hypothetical(report)) return {};
+  return report.at("provenance").value("why_hypothetical", std::vector<std::string>{});
 }
 
 }  // namespace
@@ -121,7 +133,10 @@ Runner add_diff(CLI::App& app) {
                   {"b", o->b},
                   {"kind", reports ? "reports" : "plans"},
                   {"plan_fields", f},
-                  {"figures", figures ? g : nlohmann::json(nullptr)}});
+                  {"figures", figures ? g : nlohmann::json(nullptr)},
+                  {"hypothetical",
+                   figures ? nlohmann::json({{"a", hypothetical(full[0])}, {"b", hypothetical(full[1])}})
+                           : nlohmann::json(nullptr)}});
       return kExitOk;
     }
     fmt::print("A: {}\nB: {}\n\n", o->a, o->b);
@@ -148,6 +163,12 @@ Runner add_diff(CLI::App& app) {
       fmt::print(
           "\nbreakdown.*: seconds of the busiest stage per step (compute by kind, communication not hidden, "
           "pipeline bubble,\noptimizer); memory.components.*: the largest stage's bytes per GPU.\n");
+      for (int i = 0; i < 2; ++i) {
+        if (!hypothetical(full[i])) continue;
+        fmt::print("\nHYPOTHETICAL ({}): its prediction credits capabilities its stack has not measured:\n",
+                   i == 0 ? "A" : "B");
+        for (const std::string& t : why_hypothetical(full[i])) fmt::print("  - {}\n", t);
+      }
     }
     return kExitOk;
   };

@@ -65,6 +65,26 @@ TEST_SUITE("cli") {
     CHECK(text.out.find("breakdown.compute.grouped_gemm") != std::string::npos);
   }
 
+  TEST_CASE("diff --simulate says which side's prediction is hypothetical, and why") {
+    // B on the moerun stack with its overlaps, which that stack has only as design targets.
+    const std::string b_plan = std::string(kA).substr(0, std::string(kA).size() - 1) +
+                               R"(, "stack": "moerun", "overlap": {"inter_op": true}})";
+    const TempPlan a("moeplan_diff_ha", kA), b("moeplan_diff_hb", b_plan);
+    const Run r = run_cli("diff --simulate " + a.quoted() + " " + b.quoted() + " --json");
+    REQUIRE_MESSAGE(r.exit_code == 0, r.err);
+    const json j = json::parse(r.out);
+    CHECK(j.at("hypothetical").at("a") == false);
+    CHECK(j.at("hypothetical").at("b") == true);
+    const Run text = run_cli("diff --simulate " + a.quoted() + " " + b.quoted());
+    REQUIRE(text.exit_code == 0);
+    CHECK(text.out.find("HYPOTHETICAL (A)") == std::string::npos);
+    CHECK(text.out.find("HYPOTHETICAL (B): its prediction credits capabilities") != std::string::npos);
+    CHECK(text.out.find("overlap.inter_op is a target of stack moerun") != std::string::npos);
+    const Run plans = run_cli("diff " + a.quoted() + " " + b.quoted() + " --json");
+    REQUIRE(plans.exit_code == 0);
+    CHECK(json::parse(plans.out).at("hypothetical").is_null());  // plans alone are not predicted
+  }
+
   TEST_CASE("diff of a plan and a report exits 2 with one line") {
     const TempPlan a("moeplan_diff_pa", kA);
     const Run s = run_cli("simulate --json " + a.quoted());
