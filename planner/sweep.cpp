@@ -36,6 +36,11 @@ std::optional<KeyRule> key_rule(const std::string& key) {
   return std::nullopt;
 }
 
+// Keys whose values change the hardware profile.
+bool hardware_key(const std::string& key) {
+  return key == "nvlink_bw" || key == "nic_bw" || key == "nics_per_node";
+}
+
 // Plan-file keys that name inputs rather than choices: swept by running the command once per input.
 bool excluded_plan_key(const std::string& key) {
   return key == "model" || key == "hardware" || key == "stack";
@@ -246,7 +251,7 @@ Result<SweepCase> apply_vary(const SweepCase& base, const std::string& key, cons
       return Error{fmt::format("{} routed experts are fewer than top_k {}", n, moe.top_k)};
     }
     (key == "top_k" ? moe.top_k : moe.num_experts) = n;
-  } else if (key == "nvlink_bw") {
+  } else if (key == "nvlink_bw") {  // hardware_key()
     c.hw = scale_nvlink_bandwidth(c.hw, value.get<double>());
   } else if (key == "nic_bw") {
     c.hw = scale_nic_bandwidth(c.hw, value.get<double>());
@@ -282,7 +287,8 @@ Result<SweepCase> apply_vary(const SweepCase& base, const std::string& key, cons
 }
 
 SweepRow sweep_row(const SweepCase& base, const std::string& key, const nlohmann::json& value,
-                   const SweepOptions& options) {
+                   const SweepOptions& options,
+                   const std::shared_ptr<const cost::CostModel::HardwareFit>& fit) {
   SweepRow row;
   row.value = value;
   Result<SweepCase> applied = apply_vary(base, key, value);
@@ -300,9 +306,12 @@ SweepRow sweep_row(const SweepCase& base, const std::string& key, const nlohmann
   }
   if (c.plan) {
     row.plan = *c.plan;
-    // One plan per value, one after another: the search's threads run its periodic runs at once.
-    row.prediction = without_trace(
-        predict(c.model, *c.plan, c.hw, c.stack, routing.value(), {.threads = options.search.threads}));
+    // One plan per value, one after another: the search's threads run its periodic runs at once. A key that
+    // leaves the hardware as it is prices on base.hw (c.hw is its copy), whose fit the rows may share.
+    const bool same_hw = !hardware_key(key);
+    row.prediction =
+        without_trace(predict(c.model, *c.plan, same_hw ? base.hw : c.hw, c.stack, routing.value(),
+                              {.threads = options.search.threads, .hardware_fit = same_hw ? fit : nullptr}));
     if (!row.prediction.violations.empty()) {
       row.reason = reasons_of(row.prediction.violations);
     } else if (!row.prediction.memory.fits()) {
@@ -326,9 +335,11 @@ SweepRow sweep_row(const SweepCase& base, const std::string& key, const nlohmann
 }
 
 std::vector<SweepRow> sweep(const SweepCase& base, const Vary& vary, const SweepOptions& options) {
+  // A fixed plan's rows on unchanged hardware share one fit of it (the search fits once per value itself).
+  const auto fit = base.plan && !hardware_key(vary.key) ? cost::CostModel::fit_hardware(base.hw) : nullptr;
   std::vector<SweepRow> rows;
   for (const nlohmann::json& value : vary.values) {
-    rows.push_back(sweep_row(base, vary.key, value, options));
+    rows.push_back(sweep_row(base, vary.key, value, options, fit));
     if (options.progress) options.progress(rows.size(), vary.values.size());
   }
   return rows;

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -18,6 +19,7 @@
 #include "simulator/core/plan.h"
 #include "simulator/core/stack.h"
 #include "simulator/core/status.h"
+#include "simulator/cost/cost_model.h"
 #include "simulator/predict/predict.h"
 
 namespace moeplan::planner {
@@ -96,8 +98,11 @@ struct SweepOptions {
   std::function<void(size_t done, size_t total)> progress;  // after each value, from the calling thread
 };
 
+// One value's row. `fit`: the cost model's fit of base.hw (CostModel::fit_hardware), shared by the rows of a
+// fixed plan whose key leaves the hardware as it is; null: each prediction fits the profile itself.
 SweepRow sweep_row(const SweepCase& base, const std::string& key, const nlohmann::json& value,
-                   const SweepOptions& options);
+                   const SweepOptions& options,
+                   const std::shared_ptr<const cost::CostModel::HardwareFit>& fit = nullptr);
 std::vector<SweepRow> sweep(const SweepCase& base, const Vary& vary, const SweepOptions& options);
 
 // A value as written on the command line and in tables: 2, 0.5, true, all_gather.

@@ -206,6 +206,30 @@ TEST_SUITE("planner") {
     CHECK(rows[4].reason.find("not divisible by micro_batch*dp") != std::string::npos);
   }
 
+  TEST_CASE("a fixed plan's rows, sharing one fit of the hardware, predict what predict() does alone") {
+    const planner::SweepCase base = tiny_pipeline_case();
+    for (const char* vary : {"global_batch=8,16", "nvlink_bw=0.5,2", "pipeline.pp=1,2"}) {
+      CAPTURE(vary);
+      const Result<planner::Vary> v = planner::parse_vary(vary, true);
+      REQUIRE(v.ok());
+      const std::vector<planner::SweepRow> rows = planner::sweep(base, v.value(), {});
+      REQUIRE(rows.size() == 2);
+      for (const planner::SweepRow& r : rows) {
+        REQUIRE(r.has_numbers());
+        const planner::SweepCase c = planner::apply_vary(base, v.value().key, r.value).value();
+        const Prediction alone =
+            predict(c.model, *c.plan, c.hw, c.stack, workload::uniform_routing(c.model.moe.num_experts));
+        CHECK(r.prediction.step_time_s == alone.step_time_s);
+        CHECK(r.prediction.tokens_per_s_low == alone.tokens_per_s_low);
+        CHECK(r.prediction.tokens_per_s_high == alone.tokens_per_s_high);
+        CHECK(r.prediction.memory.total() == alone.memory.total());
+      }
+      // On one node NVLink carries the plan's traffic: the bandwidth values give different steps.
+      if (v.value().key == "nvlink_bw")
+        CHECK(rows[0].prediction.step_time_s > rows[1].prediction.step_time_s);
+    }
+  }
+
   TEST_CASE("a sweep without a plan re-plans each value with the search") {
     planner::SweepCase base = tiny_pipeline_case();
     base.plan.reset();
