@@ -130,11 +130,12 @@ std::vector<ExplainRow> explain(const ModelSpec& model, const Plan& plan, const 
   // Megatron's combined 1F1B cannot run with full recompute: when the plan overlaps across micro-batches and
   // the baseline recomputes whole layers, the plan's recompute comes before the overlap rows, so that every
   // row runs (else rows 3-5 would all be illegal).
-  std::vector<size_t> order = {0, 1, 2, 3, 4};
+  constexpr size_t kRecomputeStep = 4;  // steps[4]: the plan's recompute
+  std::vector<size_t> order = {0, 1, 2, 3, kRecomputeStep};
   std::string recompute_note;
   if (plan.overlap.cross_micro_batch && base.plan.recompute == Recompute::kFull &&
       plan.recompute != Recompute::kFull) {
-    order = {0, 4, 1, 2, 3};
+    order = {0, kRecomputeStep, 1, 2, 3};
     recompute_note =
         "the plan's recompute comes before the overlap rows: overlap.cross_micro_batch cannot run with full "
         "recompute";
@@ -145,7 +146,7 @@ std::vector<ExplainRow> explain(const ModelSpec& model, const Plan& plan, const 
     const auto& [technique, apply] = steps[s];
     ExplainRow r;
     r.technique = technique;
-    if (s == 4) r.note = recompute_note;
+    if (s == kRecomputeStep) r.note = recompute_note;
     r.plan = rows.back().plan;
     apply(r.plan);
     rows.push_back(std::move(r));

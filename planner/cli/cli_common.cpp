@@ -2,7 +2,6 @@
 #include "planner/cli/cli_common.h"
 
 #include <algorithm>
-#include <cmath>
 #include <cstdio>
 #include <filesystem>
 
@@ -111,23 +110,19 @@ void print_hypothetical(const std::vector<const Prediction*>& predictions, const
   double low = 1, high = 0;
   bool any_share = false;
   for (const Prediction* p : predictions) {
-    const double share = std::round(100 * p->provenance.target);
-    const std::string own = target_share_line(fmt::format("{:.0f}%", share));
+    const double share = p->provenance.target;
+    const std::string own = target_share_line(share, share);
     for (const std::string& t : p->provenance.targets) {
       if (t == own) {
         any_share = true;
-        low = std::min(low, share / 100);
-        high = std::max(high, share / 100);
+        low = std::min(low, share);
+        high = std::max(high, share);
       } else if (std::find(targets.begin(), targets.end(), t) == targets.end()) {
         targets.push_back(t);
       }
     }
   }
-  if (any_share) {
-    targets.insert(targets.begin(),
-                   target_share_line(low == high ? fmt::format("{:.0f}%", 100 * low)
-                                                 : fmt::format("{:.0f}-{:.0f}%", 100 * low, 100 * high)));
-  }
+  if (any_share) targets.insert(targets.begin(), target_share_line(low, high));
   if (targets.empty()) return;
   fmt::print("\nHYPOTHETICAL: these predictions credit capabilities the {} stack has not measured:\n", stack);
   for (const std::string& t : targets) fmt::print("  - {}\n", t);

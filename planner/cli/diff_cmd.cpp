@@ -55,14 +55,24 @@ Result<nlohmann::json> simulated(const std::string& path, const std::string& sta
   return j;
 }
 
-// Whether a report's prediction is hypothetical and why (reports written before provenance existed: no).
+// Whether a report's prediction is hypothetical and why (a report without provenance, written before it
+// existed or edited by hand: no).
 bool hypothetical(const nlohmann::json& report) {
-  return report.contains("provenance") && report.at("provenance").value("hypothetical", false);
+  const auto p = report.find("provenance");
+  if (p == report.end() || !p->is_object()) return false;
+  const auto h = p->find("hypothetical");
+  return h != p->end() && h->is_boolean() && h->get<bool>();
 }
 
 std::vector<std::string> why_hypothetical(const nlohmann::json& report) {
-  if (!hypothetical(report)) return {};
-  return report.at("provenance").value("why_hypothetical", std::vector<std::string>{});
+  std::vector<std::string> out;
+  if (!hypothetical(report)) return out;
+  const auto why = report.at("provenance").find("why_hypothetical");
+  if (why == report.at("provenance").end() || !why->is_array()) return out;
+  for (const nlohmann::json& t : *why) {
+    if (t.is_string()) out.push_back(t.get<std::string>());
+  }
+  return out;
 }
 
 }  // namespace

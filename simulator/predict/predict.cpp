@@ -343,8 +343,10 @@ std::optional<StepFigures> extrapolate_step(const ModelSpec& model, const Plan& 
 
 }  // namespace
 
-std::string target_share_line(const std::string& share) {
-  return share + " of the critical path is priced by stack numbers that are targets";
+std::string target_share_line(double low, double high) {
+  std::string share = fmt::format("{:.0f}", 100 * low);
+  if (const std::string h = fmt::format("{:.0f}", 100 * high); h != share) share += "-" + h;
+  return share + "% of the critical path is priced by stack numbers that are targets";
 }
 
 Prediction predict(const ModelSpec& model, const Plan& plan, const HardwareProfile& hw,
@@ -431,7 +433,7 @@ Prediction predict(const ModelSpec& model, const Plan& plan, const HardwareProfi
       r.provenance.assumed = by_basis[2] / total;
       r.provenance.target = by_basis[3] / total;
       if (by_basis[3] > 0) {
-        r.provenance.targets.push_back(target_share_line(fmt::format("{:.0f}%", 100 * r.provenance.target)));
+        r.provenance.targets.push_back(target_share_line(r.provenance.target, r.provenance.target));
       }
     }
   }

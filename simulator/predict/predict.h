@@ -41,9 +41,10 @@ struct Provenance {
   bool hypothetical = false;
   std::vector<std::string> targets;  // why it is hypothetical, one line each
 };
-// The line of `targets` for a critical path whose time is `target_share` priced by targets ("52% of the
-// critical path is priced by stack numbers that are targets"); `share` may be a range ("52-61%").
-std::string target_share_line(const std::string& share);
+// The line of `targets` for a critical path whose time is that share priced by targets ("52% of the critical
+// path is priced by stack numbers that are targets"); for several predictions, their lowest and highest share
+// ("52-61% of ..."; one number when both print the same).
+std::string target_share_line(double low, double high);
 
 // How the step was simulated. A pipeline step is fill, a steady phase that repeats every
 // `period_micro_batches` micro-batches, and drain; with deterministic costs the steady phase is exactly

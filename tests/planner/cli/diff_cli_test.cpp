@@ -83,6 +83,15 @@ TEST_SUITE("cli") {
     const Run plans = run_cli("diff " + a.quoted() + " " + b.quoted() + " --json");
     REQUIRE(plans.exit_code == 0);
     CHECK(json::parse(plans.out).at("hypothetical").is_null());  // plans alone are not predicted
+    // A report edited by hand, its provenance not an object: not hypothetical, and no crash.
+    const Run sb = run_cli("simulate --json " + b.quoted());
+    REQUIRE(sb.exit_code == 0);
+    json edited = json::parse(sb.out);
+    edited["provenance"] = 5;
+    const TempPlan rb("moeplan_diff_hrb", sb.out), re("moeplan_diff_hre", edited.dump());
+    const Run odd = run_cli("diff " + rb.quoted() + " " + re.quoted() + " --json");
+    REQUIRE_MESSAGE(odd.exit_code == 0, odd.err);
+    CHECK(json::parse(odd.out).at("hypothetical") == json({{"a", true}, {"b", false}}));
   }
 
   TEST_CASE("diff of a plan and a report exits 2 with one line") {

@@ -222,6 +222,13 @@ TEST_SUITE("predict") {
     CHECK(c.run().violations.empty());
   }
 
+  TEST_CASE("the target-share line names one share, or the range of several as printed") {
+    const std::string tail = "% of the critical path is priced by stack numbers that are targets";
+    CHECK(target_share_line(0.52, 0.52) == "52" + tail);
+    CHECK(target_share_line(0.52, 0.61) == "52-61" + tail);
+    CHECK(target_share_line(0.521, 0.524) == "52" + tail);  // both print as 52
+  }
+
   TEST_CASE("a prediction is hypothetical exactly when it credits what its stack has only as a target") {
     // moerun's overlaps are design targets: a plan that uses them is hypothetical and says which; the same
     // plan without overlaps rests on measured, derived and assumed numbers only.
