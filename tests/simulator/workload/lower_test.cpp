@@ -26,8 +26,11 @@ using namespace moeplan;
 namespace {
 
 // A plain GQA model of one MoE layer: h = 4096, 32 heads, m = heads / KV heads, k of 8 experts.
+// One layer of Internal-352B with routed experts only, as MegaScale-MoE's volume formulas count it.
 ModelSpec one_layer(int64_t kv_heads, int64_t top_k) {
   ModelSpec m = io::load_model("internal-352b").value();
+  m.moe.num_shared_experts = 0;
+  m.moe.shared_expert_ffn = 0;
   m.layers.resize(1);
   m.attention.num_kv_heads = kv_heads;
   m.moe.num_experts = 8;
