@@ -83,8 +83,8 @@ TEST_SUITE("core") {
     const ParamCounts phi = count_params(load("phi-3.5-moe"));
     CHECK(phi.total.total() / 1e9 == doctest::Approx(42.0).epsilon(0.01));
     CHECK(phi.active.total() / 1e9 == doctest::Approx(6.6).epsilon(0.01));
-    // Internal-352B: MegaScale-MoE Table 2 with one shared expert of the routed experts' size (the table lists
-    // routed experts only) comes to the name's 352 B; 3 routed and the shared expert active: ~45.3 B.
+    // Internal-352B: MegaScale-MoE Table 2 with one shared expert of the routed experts' size (the table
+    // lists routed experts only) comes to the name's 352 B; 3 routed and the shared expert active: ~45.3 B.
     const ParamCounts m1 = count_params(load("internal-352b"));
     CHECK(m1.total.total() / 1e9 == doctest::Approx(352.0).epsilon(0.002));
     CHECK(m1.active.total() / 1e9 == doctest::Approx(45.3).epsilon(0.002));
