@@ -136,6 +136,7 @@ int inspect_model(const std::string& ref, int64_t seq_len, bool as_json) {
     };
     // Only for models that have them, so the reports of plain models stay as they were.
     if (!m.checkpoint_quantization.empty()) j["checkpoint_quantization"] = m.checkpoint_quantization;
+    if (!m.source.empty()) j["source"] = m.source;
     if (m.rope_theta > 0) j["rope_theta"] = m.rope_theta;
     if (m.norm_eps > 0) j["norm_eps"] = m.norm_eps;
     if (!m.rope_scaling.empty()) j["rope_scaling"] = m.rope_scaling;
@@ -163,6 +164,7 @@ int inspect_model(const std::string& ref, int64_t seq_len, bool as_json) {
     fmt::print("experts: {} routed, top-{}, expert FFN {}; {} shared (FFN {})\n", m.moe.num_experts,
                m.moe.top_k, m.moe.expert_ffn, m.moe.num_shared_experts, m.moe.shared_expert_ffn);
   }
+  if (!m.source.empty()) fmt::print("source: {}\n", m.source);
   if (hybrid(m)) {
     const nlohmann::json by_kind = layer_kinds(m);
     std::string kinds;

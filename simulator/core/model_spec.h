@@ -177,6 +177,7 @@ struct LayerSpec {
 struct ModelSpec {
   std::string name;    // e.g. "mixtral-8x22b"
   std::string family;  // the config convention it came from: "mixtral", "deepseek_v3", "moeplan", ...
+  std::string source;  // a moeplan model file's "source": where its numbers come from; empty for HF configs
   int64_t hidden = 0;
   int64_t vocab = 0;
   bool tied_embeddings = false;

@@ -615,6 +615,7 @@ ModelSpec from_plain(const JsonNode& c, const std::string& fallback_name) {
   ModelSpec m;
   m.name = c.string_or("name", fallback_name);
   m.family = "moeplan";
+  m.source = c.string_or("source", "");
   m.hidden = c.integer("hidden_size", 1, kMaxHidden);
   const int64_t n_layers = c.integer("num_layers", 1, kMaxLayers);
   m.vocab = c.integer("vocab_size", 1, kMaxVocab);

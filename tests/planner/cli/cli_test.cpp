@@ -25,6 +25,19 @@ using namespace moeplan::test;  // Run, slurp, run_cli, lines
 }  // namespace
 
 TEST_SUITE("cli") {
+  TEST_CASE("inspect prints a moeplan model file's source, where its numbers come from") {
+    const Run r = run_cli("inspect --model internal-352b");
+    REQUIRE_MESSAGE(r.exit_code == 0, r.err);
+    CHECK(r.out.find("1 shared (FFN 14336)") != std::string::npos);
+    CHECK(r.out.find("source: MegaScale-MoE") != std::string::npos);
+    CHECK(r.out.find("shared expert of the routed experts' size (14336) is inferred") != std::string::npos);
+    const Run j = run_cli("inspect --model internal-352b --json");
+    REQUIRE(j.exit_code == 0);
+    CHECK(nlohmann::json::parse(j.out).at("source").get<std::string>().starts_with("MegaScale-MoE"));
+    // An HF config has no source line.
+    CHECK(run_cli("inspect --model mixtral-8x7b").out.find("source:") == std::string::npos);
+  }
+
   TEST_CASE("inspect with no arguments prints the default model") {
     const Run r = run_cli("inspect");
     CHECK(r.exit_code == 0);
