@@ -6,12 +6,19 @@
 namespace moeplan::cost {
 namespace {
 
+// The distinct values of one dimension, sorted. A table has tens of thousands of points over a few dozen
+// values per axis, in runs: each value is looked up among those already seen (a sort of every point's value
+// was most of a profile's fit).
 std::vector<int64_t> axis(const std::vector<GemmPoint>& pts, int64_t GemmPoint::*dim) {
   std::vector<int64_t> v;
-  v.reserve(pts.size());
-  for (const auto& p : pts) v.push_back(p.*dim);
-  std::sort(v.begin(), v.end());
-  v.erase(std::unique(v.begin(), v.end()), v.end());
+  int64_t last = 0;
+  for (const auto& p : pts) {
+    const int64_t x = p.*dim;
+    if (!v.empty() && x == last) continue;
+    last = x;
+    const auto it = std::lower_bound(v.begin(), v.end(), x);
+    if (it == v.end() || *it != x) v.insert(it, x);
+  }
   return v;
 }
 
