@@ -499,9 +499,7 @@ void visit_stages(const ModelSpec& m, const Plan& p, const HardwareProfile& hw, 
   std::vector<int64_t> first(layers.size() + 1, 0);
   for (size_t i = 0; i < layers.size(); ++i) first[i + 1] = first[i] + layers[i];
 
-  using Kind = LayerMemory;
-  const std::vector<Kind>& kinds = parts.kinds;
-  const Kind& mtp = parts.mtp;
+  const std::vector<LayerMemory>& kinds = parts.kinds;
   const double comm = parts.comm, head = parts.head;
   const double input_bytes = tokens_per_rank(p) * d(m.hidden) * kBf16;
   const bool full = p.recompute == Recompute::kFull;
@@ -516,7 +514,7 @@ void visit_stages(const ModelSpec& m, const Plan& p, const HardwareProfile& hw, 
     int64_t stage_layers = 0, longest_chunk = 0;
     std::fill(chunk_bytes.begin(), chunk_bytes.end(), 0.0);
     // `count` layers of one kind: their parameters, and the largest layer and working set among them.
-    auto hold = [&](const Kind& k, int64_t count) {
+    auto hold = [&](const LayerMemory& k, int64_t count) {
       sharded += d(count) * k.params.sharded;
       gemm += d(count) * k.params.gemm;
       replicated += d(count) * k.params.replicated;
@@ -547,7 +545,7 @@ void visit_stages(const ModelSpec& m, const Plan& p, const HardwareProfile& hw, 
           bytes += d(counts.in(k, std::min(e, a + group_layers), e)) * kinds[k].working;
         }
       }
-      if (last && m.mtp_layers > 0) hold(mtp, m.mtp_layers);  // its activations are among the head's
+      if (last && m.mtp_layers > 0) hold(parts.mtp, m.mtp_layers);  // its activations are among the head's
       stage_layers += n + (last ? m.mtp_layers : 0);
       longest_chunk = std::max(longest_chunk, n);
       if (last) {
