@@ -43,17 +43,22 @@ struct Ranged {
     return e.second ? r.second : r.first;
   }
   // The plan's step with the ranged numbers set to `set` (`fallback` if the plan is illegal).
-  // `fit`: the cost model's fit of `hw`, the same for every setting (it reads no stack number).
+  // `fit`: the cost model's fit of `hw`, the same for every setting (it reads no stack number); `lowerings`:
+  // the op graphs of settings that lower the plan alike, shared.
   double step_with(const ModelSpec& model, const Plan& plan, const HardwareProfile& hw,
                    const std::shared_ptr<const cost::CostModel::HardwareFit>& fit,
+                   const std::shared_ptr<LoweringCache>& lowerings,
                    const workload::RoutingDistribution& routing, const std::vector<double>& set,
                    double fallback) const {
     StackProfile s = probe;
     const std::vector<StackProfile::Number> ns = s.numbers();
     for (size_t j = 0; j < at.size(); ++j) ns[at[j]].number->value = set[j];
-    const Prediction p =
-        predict(model, plan, hw, s, routing,
-                {.critical_path = false, .op_summary = false, .threads = 1, .hardware_fit = fit});
+    const Prediction p = predict(model, plan, hw, s, routing,
+                                 {.critical_path = false,
+                                  .op_summary = false,
+                                  .threads = 1,
+                                  .hardware_fit = fit,
+                                  .lowerings = lowerings});
     return p.violations.empty() ? p.step_time_s : fallback;
   }
   // The values with end `e` alone moved.
@@ -85,8 +90,9 @@ AssumptionRange assumption_range(const ModelSpec& model, const Plan& plan, const
                            .step_at_high = step_time_s});
   }
   const auto fit = cost::CostModel::fit_hardware(hw);
+  const auto lowerings = std::make_shared<LoweringCache>();
   auto step_at = [&](const std::vector<double>& set) {
-    return ranged.step_with(model, plan, hw, fit, routing, set, step_time_s);
+    return ranged.step_with(model, plan, hw, fit, lowerings, routing, set, step_time_s);
   };
 
   // Each number alone at each end that differs from its value.
@@ -147,10 +153,15 @@ AssumptionRanking ranking_over_assumptions(const ModelSpec& model, const std::ve
   const size_t n = counted.size();
   std::vector<double> step(ends.size() * n);
   const auto fit = cost::CostModel::fit_hardware(hw);
-  parallel_for(step.size(), threads, [&](size_t i) {
-    const size_t e = i / n, p = counted[i % n];
-    step[i] = ranged.step_with(model, plans[p], hw, fit, routing, ranged.with_end(ends[e]), steps[p]);
-  });
+  // Plan by plan, so that only one plan's op graphs are held at a time (its ends share them).
+  for (size_t k = 0; k < n; ++k) {
+    const size_t p = counted[k];
+    const auto lowerings = std::make_shared<LoweringCache>();
+    parallel_for(ends.size(), threads, [&](size_t e) {
+      step[e * n + k] =
+          ranged.step_with(model, plans[p], hw, fit, lowerings, routing, ranged.with_end(ends[e]), steps[p]);
+    });
+  }
   for (size_t e = 0; e < ends.size(); ++e) {
     const double* at = &step[e * n];
     const size_t best = static_cast<size_t>(std::min_element(at, at + n) - at);

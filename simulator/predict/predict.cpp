@@ -5,6 +5,7 @@
 #include <array>
 #include <cmath>
 #include <deque>
+#include <mutex>
 #include <optional>
 #include <unordered_map>
 #if defined(__GLIBC__)
@@ -15,6 +16,7 @@
 
 #include "simulator/core/model_stats.h"
 #include "simulator/core/parallel.h"
+#include "simulator/cost/cost_cache.h"
 #include "simulator/engine/topology.h"
 #include "simulator/predict/periodic.h"
 #include "simulator/workload/lower.h"
@@ -116,12 +118,76 @@ cost::MemoryBreakdown predict_memory(const ModelSpec& model, const Plan& plan, c
 
 namespace {
 
-// One simulated run: the op graph of `run`, each op's cost and the timeline.
+std::shared_ptr<LoweredGraph> lower_with_keys(const ModelSpec& model, const Plan& run,
+                                              const LoweringOptions& lo) {
+  auto out = std::make_shared<LoweredGraph>();
+  out->graph = lower(model, run, lo);
+  out->cost_keys.reserve(out->graph.ops.size());
+  for (const Op& op : out->graph.ops) out->cost_keys.push_back(cost::cost_fields_hash(op));
+  return out;
+}
+
+}  // namespace
+
+std::shared_ptr<const LoweredGraph> LoweringCache::get(const ModelSpec& model, const Plan& run,
+                                                       const LoweringOptions& options) {
+  {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    for (const Entry& e : entries_) {
+      if (e.model == &model && e.options == options && e.run == run) {
+        ++reused_;
+        return e.graph;
+      }
+    }
+  }
+  // Lowered outside the lock (threads lowering other plans go on); a thread that lowered the same graph
+  // meanwhile wins, and this one's is dropped.
+  std::shared_ptr<const LoweredGraph> graph = lower_with_keys(model, run, options);
+  const std::lock_guard<std::mutex> lock(mutex_);
+  for (const Entry& e : entries_) {
+    if (e.model == &model && e.options == options && e.run == run) {
+      ++reused_;
+      return e.graph;
+    }
+  }
+  ++lowered_;
+  entries_.push_back({&model, run, options, graph});
+  return graph;
+}
+
+int64_t LoweringCache::lowered() const {
+  const std::lock_guard<std::mutex> lock(mutex_);
+  return lowered_;
+}
+
+int64_t LoweringCache::reused() const {
+  const std::lock_guard<std::mutex> lock(mutex_);
+  return reused_;
+}
+
+namespace {
+
+// One simulated run: the op graph of `run` with its ops' cost keys, each op's cost and the timeline. The
+// graph is this run's own (`owned`) or shared through a LoweringCache.
 struct Run {
-  OpGraph graph;
+  std::shared_ptr<LoweredGraph> owned;
+  std::shared_ptr<const LoweredGraph> lowered;
   std::vector<cost::OpCost> costs;
-  std::vector<uint64_t> cost_keys;  // by op id: cost_fields_hash, what the op-by-op check compares too
   engine::Timeline timeline;
+
+  const OpGraph& graph() const { return lowered->graph; }
+  const std::vector<uint64_t>& cost_keys() const {
+    return lowered->cost_keys;
+  }  // what the op-by-op check compares too
+  void lower_from(const ModelSpec& model, const Plan& run, const LoweringOptions& lo, LoweringCache* cache) {
+    if (cache) {
+      owned.reset();
+      lowered = cache->get(model, run, lo);
+    } else {
+      owned = lower_with_keys(model, run, lo);
+      lowered = owned;
+    }
+  }
 };
 
 // What every run of one plan shares: the cost model with its costs so far (once per distinct op), and the
@@ -140,9 +206,9 @@ class Pricing {
     }
   }
 
-  Run simulate(const ModelSpec& model, const Plan& run, const LoweringOptions& lo) {
+  Run simulate(const ModelSpec& model, const Plan& run, const LoweringOptions& lo, LoweringCache* cache) {
     Run r;
-    r.graph = lower(model, run, lo);
+    r.lower_from(model, run, lo, cache);
     price(r);
     time(r);
     return r;
@@ -150,13 +216,13 @@ class Pricing {
 
   // Each op's cost, from the cache where an equal op was priced before (one caller at a time).
   void price(Run& r) {
-    r.costs.resize(r.graph.ops.size());
-    r.cost_keys.resize(r.graph.ops.size());
-    for (const Op& op : r.graph.ops) {
+    const OpGraph& g = r.graph();
+    r.costs.resize(g.ops.size());
+    for (const Op& op : g.ops) {
       auto& c = r.costs[static_cast<size_t>(op.id)];
-      const uint64_t key = r.cost_keys[static_cast<size_t>(op.id)] = cost::cost_fields_hash(op);
-      c = op.kind == OpKind::kSendRecv && !paths_.empty() ? send_cost(op, r.graph.num_stages)
-                                                          : cache_.cost(op, key);
+      c = op.kind == OpKind::kSendRecv && !paths_.empty()
+              ? send_cost(op, g.num_stages)
+              : cache_.cost(op, r.cost_keys()[static_cast<size_t>(op.id)]);
     }
   }
 
@@ -165,7 +231,7 @@ class Pricing {
     engine::EngineOptions eo;
     eo.hbm_bytes_per_s = hw_.gpu.hbm_bw_achieved_bytes_per_s.value;
     eo.overlap_compute_efficiency = stack_.overlap_compute_efficiency.value;
-    r.timeline = engine::simulate(r.graph, r.costs, eo);
+    r.timeline = engine::simulate(r.graph(), r.costs, eo);
   }
 
   // The cost model's inputs outside its measured ranges, over every run.
@@ -200,14 +266,14 @@ StepFigures figures_of(const Run& r, int64_t stage, const PredictOptions& option
   StepFigures f;
   f.step_time = r.timeline.step_time;
   f.events = r.timeline.events;
-  f.ops = static_cast<int64_t>(r.graph.ops.size());
+  f.ops = static_cast<int64_t>(r.graph().ops.size());
   f.stage_end = r.timeline.stage_end;
-  f.breakdown = stage_breakdown(r.graph, r.costs, r.timeline, stage);
+  f.breakdown = stage_breakdown(r.graph(), r.costs, r.timeline, stage);
   if (options.critical_path) {
     f.critical_path = engine::critical_path(r.timeline);
     for (int32_t id : f.critical_path) {
       const auto i = static_cast<size_t>(id);
-      const Op& op = r.graph.ops[i];
+      const Op& op = r.graph().ops[i];
       const double dur = r.timeline.ops[i].end - r.timeline.ops[i].start;
       f.spread += r.costs[i].rel_error * dur;
       f.by_basis[static_cast<size_t>(r.costs[i].basis)] += dur;
@@ -217,7 +283,7 @@ StepFigures figures_of(const Run& r, int64_t stage, const PredictOptions& option
     }
     f.cp_ops = static_cast<int64_t>(f.critical_path.size());
   }
-  if (options.op_summary) f.summary = op_summary(r.graph, r.timeline.ops);
+  if (options.op_summary) f.summary = op_summary(r.graph(), r.timeline.ops);
   return f;
 }
 
@@ -265,11 +331,12 @@ std::optional<StepFigures> extrapolate_step(const ModelSpec& model, const Plan& 
   auto simulate_runs = [&](int64_t from, size_t n) {
     std::vector<Run> out(n);
     parallel_for(n, options.threads, [&](size_t i) {
-      out[i].graph = lower(model, with_micro_batches(run, from + static_cast<int64_t>(i) * d), lo);
+      out[i].lower_from(model, with_micro_batches(run, from + static_cast<int64_t>(i) * d), lo,
+                        options.lowerings.get());
     });
     for (Run& r : out) {
       pricing.price(r);
-      sim.simulated_ops += static_cast<int64_t>(r.graph.ops.size());
+      sim.simulated_ops += static_cast<int64_t>(r.graph().ops.size());
     }
     parallel_for(n, options.threads, [&](size_t i) { pricing.time(out[i]); });
     return out;
@@ -307,9 +374,9 @@ std::optional<StepFigures> extrapolate_step(const ModelSpec& model, const Plan& 
   // less than a period of it.)
   for (Run& r : simulate_runs(m0 + d, 2)) runs.push_back(std::move(r));
   const InsertedPeriod inserted =
-      options.op_by_op ? inserted_period(runs[0].graph, runs[0].timeline, runs[1].graph, runs[1].timeline,
+      options.op_by_op ? inserted_period(runs[0].graph(), runs[0].timeline, runs[1].graph(), runs[1].timeline,
                                          runs[1].costs, kInsertedPeriodTolerance * runs[1].timeline.step_time,
-                                         runs[0].cost_keys, runs[1].cost_keys)
+                                         runs[0].cost_keys(), runs[1].cost_keys())
                        : InsertedPeriod{.failed = "the three-run check was asked for"};
   if (inserted.ok) {
     m0 += d;
@@ -378,9 +445,9 @@ Prediction predict(const ModelSpec& model, const Plan& plan, const HardwareProfi
     step = extrapolate_step(model, run, lo, hw, pricing, options, sim, simulated, r.critical_stage);
   }
   if (!step) {
-    simulated = pricing.simulate(model, run, lo);
+    simulated = pricing.simulate(model, run, lo, options.lowerings.get());
     sim.simulated_micro_batches = sim.micro_batches;
-    sim.simulated_ops += static_cast<int64_t>(simulated.graph.ops.size());
+    sim.simulated_ops += static_cast<int64_t>(simulated.graph().ops.size());
     // The breakdown shown is the busiest stage's: the one whose ops' summed durations are largest (it sets
     // the pipeline's pace; the others wait for it in the bubble).
     const std::vector<double>& busy = simulated.timeline.stage_sm;
@@ -388,9 +455,11 @@ Prediction predict(const ModelSpec& model, const Plan& plan, const HardwareProfi
     step = figures_of(simulated, r.critical_stage, options);
   }
   StepFigures& f = *step;
-  r.graph = std::move(simulated.graph);
-  r.costs = std::move(simulated.costs);
-  r.timeline = std::move(simulated.timeline);
+  if (simulated.owned) {
+    r.graph = std::move(simulated.owned->graph);
+    r.costs = std::move(simulated.costs);
+    r.timeline = std::move(simulated.timeline);
+  }
   r.extrapolations = pricing.extrapolations();
   r.critical_path = std::move(f.critical_path);
   r.ops_in_step = f.ops;

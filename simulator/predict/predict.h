@@ -4,6 +4,8 @@
 #pragma once
 
 #include <map>
+#include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -16,6 +18,7 @@
 #include "simulator/cost/memory.h"
 #include "simulator/engine/engine.h"
 #include "simulator/io/op_trace.h"
+#include "simulator/workload/lower.h"
 #include "simulator/workload/routing.h"
 
 namespace moeplan {
@@ -30,9 +33,6 @@ struct StepBreakdown {
   double total() const;
 };
 
-// Where the predicted step time comes from: the share of the critical path priced by stack numbers of each
-// basis (an op counts under the weakest basis among the numbers that priced it). `hypothetical` when any of
-// it rests on a capability the stack has not built or measured yet (basis "target").
 // Where the prediction's numbers come from: the critical path's time split by the basis of the stack numbers
 // that priced each op, and what makes it hypothetical (a target on the critical path, or an overlap the plan
 // uses that the stack has only as a target).
@@ -112,6 +112,38 @@ struct Prediction {
 // outside glibc.
 void retain_freed_memory();
 
+// One run's op graph with each op's cost key (cost::cost_fields_hash): what the simulated step needs besides
+// the stack's prices.
+struct LoweredGraph {
+  OpGraph graph;
+  std::vector<uint64_t> cost_keys;  // by op id
+};
+
+// Op graphs lowered by earlier predictions, handed to later ones of the same model and plan whose lowering is
+// the same (the plan as the stack runs it and the lowering options, compared field by field). The ranges
+// over a stack's unmeasured numbers predict one plan under a dozen settings, and most settings change only
+// prices, not the graph. Safe to share between threads; it keeps every graph until it is destroyed.
+class LoweringCache {
+ public:
+  // The graph of `run` (its micro-batches included) under `options`, lowered here on a miss. `model` is
+  // compared by address: one cache serves one model object.
+  std::shared_ptr<const LoweredGraph> get(const ModelSpec& model, const Plan& run,
+                                          const LoweringOptions& options);
+  int64_t lowered() const;  // misses so far
+  int64_t reused() const;   // hits so far
+
+ private:
+  struct Entry {
+    const ModelSpec* model;
+    Plan run;
+    LoweringOptions options;
+    std::shared_ptr<const LoweredGraph> graph;
+  };
+  mutable std::mutex mutex_;
+  std::vector<Entry> entries_;
+  int64_t lowered_ = 0, reused_ = 0;
+};
+
 struct PredictOptions {
   bool critical_path = true;  // the report's critical path and uncertainty range
   bool whole_step = false;    // simulate every micro-batch (for a trace of the step), never extrapolate
@@ -125,6 +157,9 @@ struct PredictOptions {
   // The cost model's fit of the hardware profile (cost::CostModel::fit_hardware of the same profile object),
   // shared by callers that predict many plans or stacks on one profile; null: predict() fits it (a few ms).
   std::shared_ptr<const cost::CostModel::HardwareFit> hardware_fit = nullptr;
+  // Op graphs shared with other predictions of the same plan (see LoweringCache); null: lowered here. With
+  // a cache, Prediction::graph, costs and timeline are left empty (the graph stays the cache's).
+  std::shared_ptr<LoweringCache> lowerings = nullptr;
 };
 
 // The memory part of a prediction alone (no op graph, no simulation): the plan as the stack runs it, its

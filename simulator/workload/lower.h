@@ -45,6 +45,8 @@ struct LoweringOptions {
   // Kernels the framework launches per op where an op of the graph stands for several (PyTorch eager:
   // Megatron's router, megatron_router_kernels); moerun launches one kernel per op.
   bool eager_framework = false;
+
+  bool operator==(const LoweringOptions&) const = default;  // every field
 };
 
 // Kernels Megatron-Core's router launches per layer and micro-batch beside its gating GEMM, forward and

@@ -73,6 +73,42 @@ TEST_SUITE("predict") {
     }
   }
 
+  TEST_CASE("op graphs shared through a lowering cache give every prediction the report it gets alone") {
+    // The assumption ranges predict one plan under many stack settings through one LoweringCache: a setting
+    // that changes only prices reuses the graphs; one that changes the lowering (here weight gradients into
+    // the main gradient buffer) lowers its own. Each report equals the one predicted without the cache.
+    Case c;
+    const StackProfile base = io::load_stack("megatron-core").value();
+    Plan plan = c.plan;
+    plan.global_batch = 128;  // the periodic steady state, two runs
+    plan.recompute = Recompute::kNone;
+    const auto routing = workload::uniform_routing(c.model.moe.num_experts);
+    const auto cache = std::make_shared<LoweringCache>();
+    StackProfile slower = base;
+    slower.memory_bound_efficiency.value = 0.37;
+    StackProfile own_grads = base;
+    own_grads.wgrad_accumulation.into_main_grad.value = !base.wgrad_accumulation.into_main_grad.value;
+    // Graphs each setting lowers: the base stack its two runs, the slower one none, the other lowering its
+    // own two, the base stack again none.
+    const std::vector<std::pair<const StackProfile*, int64_t>> settings = {
+        {&base, 2}, {&slower, 0}, {&own_grads, 2}, {&base, 0}};
+    for (const auto& [stack, lowers] : settings) {
+      const int64_t before = cache->lowered();
+      const Prediction alone = predict(c.model, plan, c.hw, *stack, routing);
+      const Prediction shared = predict(c.model, plan, c.hw, *stack, routing, {.lowerings = cache});
+      REQUIRE_MESSAGE(alone.violations.empty(), alone.violations.front().reason);
+      CHECK(alone.simulation.extrapolated);
+      const ReportContext ctx{plan, c.model, c.hw, *stack};
+      CHECK(prediction_json(shared, ctx).dump() == prediction_json(alone, ctx).dump());
+      CHECK(shared.graph.ops.empty());  // the graph stays the cache's
+      CHECK_FALSE(alone.graph.ops.empty());
+      CHECK(cache->lowered() - before == lowers);
+    }
+    CHECK(cache->lowered() == 4);  // two runs for each of the two lowerings
+    CHECK(cache->reused() == 4);   // the slower stack's two runs, and the base stack's second time
+    CHECK(slower.memory_bound_efficiency.value != base.memory_bound_efficiency.value);
+  }
+
   TEST_CASE("the breakdown of the critical stage sums to the step time") {
     const Prediction p = Case{}.run();
     REQUIRE(p.violations.empty());
