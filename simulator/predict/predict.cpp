@@ -129,27 +129,28 @@ std::shared_ptr<LoweredGraph> lower_with_keys(const ModelSpec& model, const Plan
 
 }  // namespace
 
-std::shared_ptr<const LoweredGraph> LoweringCache::get(const ModelSpec& model, const Plan& run,
-                                                       const LoweringOptions& options) {
-  {
-    const std::lock_guard<std::mutex> lock(mutex_);
-    for (const Entry& e : entries_) {
-      if (e.model == &model && e.options == options && e.run == run) {
-        ++reused_;
-        return e.graph;
-      }
-    }
-  }
-  // Lowered outside the lock (threads lowering other plans go on); a thread that lowered the same graph
-  // meanwhile wins, and this one's is dropped.
-  std::shared_ptr<const LoweredGraph> graph = lower_with_keys(model, run, options);
-  const std::lock_guard<std::mutex> lock(mutex_);
+std::shared_ptr<const LoweredGraph> LoweringCache::find(const ModelSpec& model, const Plan& run,
+                                                        const LoweringOptions& options) {
   for (const Entry& e : entries_) {
     if (e.model == &model && e.options == options && e.run == run) {
       ++reused_;
       return e.graph;
     }
   }
+  return nullptr;
+}
+
+std::shared_ptr<const LoweredGraph> LoweringCache::get(const ModelSpec& model, const Plan& run,
+                                                       const LoweringOptions& options) {
+  {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    if (auto hit = find(model, run, options)) return hit;
+  }
+  // Lowered outside the lock (threads lowering other plans go on); a thread that lowered the same graph
+  // meanwhile wins, and this one's is dropped.
+  std::shared_ptr<const LoweredGraph> graph = lower_with_keys(model, run, options);
+  const std::lock_guard<std::mutex> lock(mutex_);
+  if (auto hit = find(model, run, options)) return hit;
   ++lowered_;
   entries_.push_back({&model, run, options, graph});
   return graph;
@@ -176,9 +177,8 @@ struct Run {
   engine::Timeline timeline;
 
   const OpGraph& graph() const { return lowered->graph; }
-  const std::vector<uint64_t>& cost_keys() const {
-    return lowered->cost_keys;
-  }  // what the op-by-op check compares too
+  // Each op's cost key: what pricing looks up and the op-by-op check compares.
+  const std::vector<uint64_t>& cost_keys() const { return lowered->cost_keys; }
   void lower_from(const ModelSpec& model, const Plan& run, const LoweringOptions& lo, LoweringCache* cache) {
     if (cache) {
       owned.reset();

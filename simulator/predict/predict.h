@@ -133,6 +133,9 @@ class LoweringCache {
   int64_t reused() const;   // hits so far
 
  private:
+  // The entry of (model, run, options), counted as reused; null if none. Under mutex_.
+  std::shared_ptr<const LoweredGraph> find(const ModelSpec& model, const Plan& run,
+                                           const LoweringOptions& options);
   struct Entry {
     const ModelSpec* model;
     Plan run;
