@@ -11,6 +11,7 @@
 #include <fmt/format.h>
 
 #include "planner/search.h"
+#include "simulator/core/units.h"
 #include "simulator/io/hardware_loader.h"
 #include "simulator/io/model_loader.h"
 #include "simulator/io/stack_loader.h"
@@ -50,9 +51,13 @@ void run(const Case& c, int threads) {
   for (const auto& [why, n] : r.rejected) fmt::print("  rejected {:>9}  {}\n", n, why);
   for (size_t i = 0; i < r.plans.size(); ++i) {
     const Prediction& p = r.plans[i].prediction;
-    fmt::print("  #{} {}  {:.0f} tokens/s ({:.1f}/GPU), MFU {:.1f}%, step {:.3f} s, {:.1f} GiB\n", i + 1,
+    fmt::print("  #{} {}  {:.0f} tokens/s ({:.1f}/GPU), MFU {:.1f}%, step {:.3f} s, {:.1f} GiB{}\n", i + 1,
                planner::describe(r.plans[i].plan), p.tokens_per_s, p.tokens_per_s_per_gpu, 100 * p.mfu,
-               p.step_time_s, p.memory.total() / static_cast<double>(1ULL << 30));
+               p.step_time_s, p.memory.total() / kGiB,
+               p.memory.tight()
+                   ? fmt::format(" (tight: {:.1f}-{:.1f} GiB of {:.2f})", p.memory.total_low() / kGiB,
+                                 p.memory.total_high() / kGiB, p.memory.capacity / kGiB)
+                   : "");
   }
 }
 
