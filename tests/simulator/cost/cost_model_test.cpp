@@ -217,12 +217,14 @@ TEST_SUITE("cost") {
   }
 
   TEST_CASE("per-expert launches on S streams take ceil(G / conc) expert times, conc = min(S, SMs / tiles)") {
-    // TE GroupedLinear on Hopper: one dense GEMM per expert, round-robin over 4 streams, each round paying
-    // one device-side launch gap (1 us); efficiency 0.8 over the dense model.
-    //   100 x 256 per expert: 1 tile, conc = min(4, 8) = 4; 6 experts take 2 rounds of
+    // TE GroupedLinear on Hopper: one dense GEMM per expert, round-robin over 4 streams; efficiency 0.8 over
+    // the dense model. Whether an expert leaves SMs for the next is counted in cuBLAS's narrowest tiles,
+    // 64 x 128, and the launch gap (1 us) shows once: the next expert's GEMM is queued on its own stream.
+    //   100 x 256 per expert: 2 x 2 = 4 narrow tiles, conc = min(4, 8 / 4) = 2; 6 experts take 3 rounds of
     //     t1 = 2 x 100 x 256 x 1024 / (peak x 0.5 x 1/8 x 1024/1280) / 0.8;
-    //   300 x 512 per expert: 3 x 2 = 6 tiles, conc = min(4, 8/6 = 1) = 1; 6 experts take 6 rounds of
+    //   300 x 512 per expert: 5 x 4 = 20 narrow tiles, conc = 1; 6 experts take 6 rounds of
     //     t1 = 2 x 300 x 512 x 1024 / (peak x 0.5 x 6/8 x 1024/1280) / 0.8.
+    // On one stream every expert waits for the gap after the one before.
     const HardwareProfile hw = toy_gpu();
     StackProfile stack;
     stack.grouped_gemm.impl.value = GroupedGemmImpl::kPerExpertStreams;
@@ -231,13 +233,18 @@ TEST_SUITE("cost") {
     stack.launch_s_per_kernel.value = 1e-6;
     const cost::CostModel cm(hw, stack);
     const double one_small = 2.0 * 100 * 256 * 1024 / (toy_rate(1.0 / 8, 1024) * 0.8);
-    CHECK(cm.grouped_gemm_seconds({600, 256, 1024, 6}, DType::kBf16, nullptr) == rel(2 * (one_small + 1e-6)));
+    CHECK(cm.grouped_gemm_seconds({600, 256, 1024, 6}, DType::kBf16, nullptr) == rel(3 * one_small + 1e-6));
     const double one_large = 2.0 * 300 * 512 * 1024 / (toy_rate(6.0 / 8, 1024) * 0.8);
-    CHECK(cm.grouped_gemm_seconds({1800, 512, 1024, 6}, DType::kBf16, nullptr) ==
-          rel(6 * (one_large + 1e-6)));
+    CHECK(cm.grouped_gemm_seconds({1800, 512, 1024, 6}, DType::kBf16, nullptr) == rel(6 * one_large + 1e-6));
+    StackProfile one_stream = stack;
+    one_stream.grouped_gemm.streams.value = 1;
+    const cost::CostModel loop(hw, one_stream);
+    CHECK(loop.grouped_gemm_seconds({600, 256, 1024, 6}, DType::kBf16, nullptr) ==
+          rel(6 * (one_small + 1e-6)));
     // A per-expert kernel never takes less than the stack's shortest kernel.
     stack.min_kernel_s.value = 1e-3;
-    CHECK(cm.grouped_gemm_seconds({600, 256, 1024, 6}, DType::kBf16, nullptr) == rel(2 * (1e-3 + 1e-6)));
+    const cost::CostModel floored(hw, stack);
+    CHECK(floored.grouped_gemm_seconds({600, 256, 1024, 6}, DType::kBf16, nullptr) == rel(3 * 1e-3 + 1e-6));
   }
 
   // ---- measured GEMM grids ----
