@@ -20,10 +20,11 @@ double d(int64_t x) {
 
 // Tile of the GEMM kernels the efficiency tables were measured with (CUTLASS / cuBLAS Hopper default).
 constexpr int64_t kTileM = 128, kTileN = 256;
-// cuBLAS's narrowest Hopper BF16 CTA tile, 64 x 128: one warpgroup's wgmma rows (PTX's wgmma shapes are m64)
-// by 128 columns (cuBLAS's SM90 kernels are named by tile, the narrowest tilesize64x128x64). Whether one
-// expert's GEMM can leave SMs idle for the next one on another stream is counted in these tiles: the
-// library picks them for small GEMMs, so 128 x 256 tiles would count idle SMs it does not leave.
+// A narrow Hopper BF16 CTA tile of cuBLAS, 64 x 128: one warpgroup's wgmma rows (PTX's wgmma shapes are m64)
+// by 128 columns (cuBLAS's SM90 kernels carry their tile in their names, e.g. tilesize64x128x64, seen in
+// public Nsight reports; that cuBLAS has no narrower one for these GEMMs is assumed). Whether one expert's
+// GEMM can leave SMs idle for the next one on another stream is counted in these tiles: the library picks
+// them for small GEMMs, so 128 x 256 tiles would count idle SMs it does not leave.
 constexpr int64_t kNarrowTileM = 64, kNarrowTileN = 128;
 
 double interpolate(const std::vector<std::pair<double, double>>& pts, double x, bool log_x) {
@@ -348,7 +349,7 @@ double CostModel::grouped_gemm_seconds(const GemmShape& s, DType dtype, double* 
     // expert's GEMM is already queued on its own stream and starts as the SMs free up, so only the first
     // gap shows. TE's benchmark of its multi-stream grouped GEMM on H100 (TransformerEngine PR #2045, BF16
     // (8 x 4096) x 768 x 2048 and (16 x 2048) x 768 x 2048, 627.9 and 553.9 TFLOP/s with TE 2.7) runs
-    // each expert at its lone cuBLAS rate and no slower (cost_model_test).
+    // each expert at its lone cuBLAS rate and no slower (fit_report_test, table G9 of the H100 profile).
     t = std::max(d(rounds) * t_one, d(groups) * full) +
         d(streams > 1 ? 1 : rounds) * stack_.launch_s_per_kernel.value;
   }
