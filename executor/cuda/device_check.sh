@@ -4,16 +4,20 @@
 #   1. builds the project with the header-only dependencies carried in .devdeps/prefix.tar.gz
 #      (pack_device_deps.sh) - the full build when an MPI compiler is there, else the GPU-only build;
 #   2. runs every GPU test binary (kernels against the CPU kernels; the fused kernels with 1, 2, 4 and 8
-#      virtual ranks; NCCL and its symmetric memory on one rank);
+#      virtual ranks; NCCL on one rank, and its symmetric memory where NCCL gives a one-rank group one:
+#      2.28.7 on);
 #   3. runs the four kernel benchmarks (RESULT rows with the issue's targets);
 #   4. with the full build: `moerun run --backend cuda` of executor/cuda/device_plan.json on the GPU, the
 #      prediction of the same plan on the matching profile (h200-sxm), and `moeplan compare`; then the same
-#      for device_plan_fused.json (intra-operator overlap: the experts' GEMMs on the fused kernels, one rank);
-# and prints a short table last. Logs go to $OUT (the lent machine's return folder) or ./device_check_out:
-# at most 10 files (gpu.txt, build.log, tests.log, cublaslt.log, bench.log, compare.txt, run/ and run-fused/
-# report.json and trace.json).
+#      for device_plan_fused.json (intra-operator overlap: the experts' GEMMs on the fused kernels, one rank),
+#      and for device_plan.json with --host-sync (the host waits for each op);
+# and prints a short table last. Before the build it runs executor/cuda/torch_kernels_bench.py where PyTorch
+# is installed. Logs go to $OUT (the lent machine's return folder) or ./device_check_out: 13 files
+# (gpu.txt, torch_kernels.csv, build.log, tests.log, cublaslt.log, bench.log, compare.txt, run/, run-fused/
+# and run-host-sync/ report.json and trace.json), more than a lent machine returns, so point OUT elsewhere
+# and pack them.
 # Usage (repo root): executor/cuda/pack_device_deps.sh here, then on the device (carry .devdeps):
-#   executor/cuda/device_check.sh
+#   OUT=/tmp/dc executor/cuda/device_check.sh | tee $OUT/summary.txt; tar czf $OUT/dc.tgz -C /tmp dc
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 out="${OUT:-$PWD/device_check_out}"
@@ -23,6 +27,13 @@ jobs=$(nproc)
 log() { echo "[device_check $((SECONDS - t0))s] $*"; }
 
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv,noheader | tee "$out/gpu.txt"
+
+# PyTorch's own kernels (the Megatron stacks' evidence: host time per eager call, memory-bound kernels,
+# weight-gradient GEMMs accumulating into FP32, per-expert GEMM loops), before the build loads the CPUs.
+if python3 -c "import torch" 2>/dev/null; then
+  log "torch_kernels_bench.py"
+  PYTHONUNBUFFERED=1 timeout -k 5 150 python3 executor/cuda/torch_kernels_bench.py >"$out/torch_kernels.csv" 2>&1
+fi
 
 prefix_root="$(mktemp -d)"
 tar xzf .devdeps/prefix.tar.gz -C "$prefix_root" || {
@@ -83,7 +94,7 @@ for t in moeplan_gpu_tests moerun_cuda_memory_tests moerun_cuda_gemm_tests moeru
   moerun_cuda_fused_tests; do
   # The fused kernels wait on each other's signals: a signalling bug hangs rather than fails, so they get a
   # shorter leash than the others.
-  limit=300 extra=()
+  limit=150 extra=()
   [[ $t == moerun_cuda_fused_tests ]] && limit=90 extra=(-d=yes)  # -d: each finished case's duration
   exe=$(find "$build" -name "$t" -type f -perm -u+x | head -1)
   if [[ -z $exe ]]; then summary+=("$t: not built"); continue; fi
@@ -127,21 +138,24 @@ if [[ $full == ON && -x $build/executor/moerun/moerun && -x $build/planner/moepl
   mpirun=(mpirun -n 1)
   [[ $(id -u) == 0 ]] && mpirun+=(--allow-run-as-root)
   : >"$out/compare.txt"
-  for plan in device_plan device_plan_fused; do
-    dir=run
+  # The two plans as moerun runs them by default (ops enqueued, one host wait per step), then the unfused
+  # plan with the host waiting for each op (--host-sync).
+  for run in device_plan device_plan_fused device_plan:host-sync; do
+    plan=${run%%:*} dir=run extra=()
     [[ $plan == device_plan_fused ]] && dir=run-fused
-    log "moerun run --backend cuda executor/cuda/$plan.json"
-    echo "==== $plan" >>"$out/compare.txt"
+    [[ $run == *:host-sync ]] && dir=run-host-sync extra=(--host-sync)
+    log "moerun run --backend cuda executor/cuda/$plan.json ${extra[*]}"
+    echo "==== $run" >>"$out/compare.txt"
     if timeout -k 10 180 "${mpirun[@]}" "$build/executor/moerun/moerun" run "executor/cuda/$plan.json" --backend cuda \
-        --steps 5 --warmup 2 --out "$out/$dir" >>"$out/compare.txt" 2>&1 &&
+        "${extra[@]}" --steps 5 --warmup 2 --out "$out/$dir" >>"$out/compare.txt" 2>&1 &&
       "$build/planner/moeplan" simulate "executor/cuda/$plan.json" --json >"$prefix_root/pred-$plan.json" \
         2>>"$out/compare.txt" &&
       "$build/planner/moeplan" compare "$prefix_root/pred-$plan.json" "$out/$dir/report.json" >"$prefix_root/cmp.txt" 2>&1; then
       cat "$prefix_root/cmp.txt" >>"$out/compare.txt"
-      compare_lines+=("$plan.json: $(grep -m1 'end-to-end error' "$prefix_root/cmp.txt")")
+      compare_lines+=("$run: $(grep -m1 'end-to-end error' "$prefix_root/cmp.txt")")
     else
       [[ -f $prefix_root/cmp.txt ]] && cat "$prefix_root/cmp.txt" >>"$out/compare.txt"
-      compare_lines+=("$plan.json: moerun run --backend cuda + compare FAILED (see compare.txt): $(tail -3 "$out/compare.txt" | tr '\n' ' ')")
+      compare_lines+=("$run: moerun run --backend cuda + compare FAILED (see compare.txt): $(tail -3 "$out/compare.txt" | tr '\n' ' ')")
     fi
     rm -f "$prefix_root/cmp.txt"
   done

@@ -50,6 +50,7 @@ struct RunOptions {
   std::string dump_params;        // train: every parameter tensor after the last step, gathered on rank 0
   int steps = 5, warmup = 2;
   double watchdog_s = 120;
+  bool host_sync = false;  // cuda: the host waits for each op (its time then excludes queueing behind others)
 };
 
 // Flattened [start, end] pairs of `ops` for the ops of `stage` (in graph order).
@@ -123,6 +124,7 @@ int run_plan(const RunOptions& o, int rank, int world) {
   const bool train = o.runner == "train";
   if (!train && !o.dump_params.empty()) return bad_input(rank, "--dump-params needs --runner train");
   const bool on_gpu = o.backend == "cuda";
+  if (o.host_sync && !on_gpu) return bad_input(rank, "--host-sync needs --backend cuda");
 #if MOERUN_WITH_CUDA
   if (on_gpu) {
     if (train) {
@@ -213,7 +215,9 @@ int run_plan(const RunOptions& o, int rank, int world) {
       NcclCommunicator& c = nccl->of(g);
       return c.size() > 1 ? &c : nullptr;
     };
-    auto r = std::make_unique<CudaReplayRunner>(device_lookup, graph.ops);
+    auto r = std::make_unique<CudaReplayRunner>(
+        device_lookup, graph.ops,
+        o.host_sync ? CudaReplayRunner::Mode::kHostSync : CudaReplayRunner::Mode::kEnqueue);
     gpu_runner = r.get();
     runner_ptr = std::move(r);
   }
@@ -314,12 +318,16 @@ int run_plan(const RunOptions& o, int rank, int world) {
     run.step_times_s = step_times;
     run.ops = all_mean;
     run.representative_ranks = representatives;
+    run.backend = o.backend;
     run.high_water_bytes = hwm_max;
     run.world_size = world;
     run.rank_step_s = rank_steps;
     nlohmann::json report = measured_report_json(in, run);
     report["runner"] = o.runner;
     report["backend"] = o.backend;
+    if (on_gpu)
+      report["cuda_ops"] =
+          o.host_sync ? "host-sync: the host waits for each op" : "enqueued: one host wait per step";
     if (train) report["losses"] = losses;
     std::error_code ec;
     std::filesystem::create_directories(o.out, ec);
@@ -366,6 +374,11 @@ Runner add_run(CLI::App& app) {
                  "(replay runner)")
       ->capture_default_str()
       ->check(CLI::IsMember({"cpu", "cuda"}));
+  app.add_flag(
+      "--host-sync", o->host_sync,
+      "With --backend cuda: the host waits for each op before the next (one op at a time on the GPU, "
+      "each op's time its own); by default ops are enqueued on their streams with events for "
+      "dependencies and the host waits once per step");
   app.add_option("--dump-params", o->dump_params,
                  "With --runner train: write every parameter tensor after the last step to this file "
                  "(format in executor/runtime/train_runner.h)");

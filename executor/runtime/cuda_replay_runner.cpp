@@ -148,8 +148,13 @@ struct Lane {
 
 struct CudaReplayRunner::Impl {
   DeviceGroupLookup groups;
+  Mode mode = Mode::kEnqueue;
   std::vector<Lane> lanes;
   std::atomic<double> bytes{0}, high_water{0};
+  // kEnqueue: each op's start and end events by op id (made at construction for the ops this rank runs, so
+  // the lanes' threads only read the map), and the step's start event on the compute stream.
+  std::map<int32_t, std::pair<cudaEvent_t, cudaEvent_t>> op_events;
+  cudaEvent_t step_start = nullptr;
 
   // Fused ops' group memory and each fused kernel's signal array, set up before any lane runs (the windows
   // are collective over their groups) and only read afterwards.
@@ -220,6 +225,11 @@ struct CudaReplayRunner::Impl {
     }
   }
   ~Impl() {
+    for (auto& [id, ev] : op_events) {
+      cudaEventDestroy(ev.first);
+      cudaEventDestroy(ev.second);
+    }
+    if (step_start != nullptr) cudaEventDestroy(step_start);
     for (Lane& l : lanes) {
       const cudaStream_t s = l.stream;
       const cudaEvent_t before = l.before, after = l.after;
@@ -497,9 +507,19 @@ struct CudaReplayRunner::Impl {
   }
 };
 
-CudaReplayRunner::CudaReplayRunner(DeviceGroupLookup groups, std::span<const Op> ops)
+CudaReplayRunner::CudaReplayRunner(DeviceGroupLookup groups, std::span<const Op> ops, Mode mode)
     : impl_(std::make_unique<Impl>(std::move(groups))) {
+  impl_->mode = mode;
   impl_->prepare_fused(ops);
+  if (mode == Mode::kEnqueue) {
+    MOERUN_CUDA_CHECK(cudaEventCreate(&impl_->step_start));
+    for (const Op& op : ops) {
+      std::pair<cudaEvent_t, cudaEvent_t> ev{};
+      MOERUN_CUDA_CHECK(cudaEventCreate(&ev.first));
+      MOERUN_CUDA_CHECK(cudaEventCreate(&ev.second));
+      impl_->op_events.emplace(op.id, ev);
+    }
+  }
 }
 
 CudaReplayRunner::~CudaReplayRunner() = default;
@@ -507,7 +527,9 @@ CudaReplayRunner::~CudaReplayRunner() = default;
 void CudaReplayRunner::run(const Op& op) {
   Impl& I = *impl_;
   Lane& l = I.lanes[static_cast<size_t>(op.stream)];
-  MOERUN_CUDA_CHECK(cudaEventRecord(l.before, l.stream));
+  const bool enqueue = I.mode == Mode::kEnqueue;
+  const auto [ev_begin, ev_end] = enqueue ? I.op_events.at(op.id) : std::pair{l.before, l.after};
+  MOERUN_CUDA_CHECK(cudaEventRecord(ev_begin, l.stream));
   switch (op.kind) {
     case OpKind::kGemm:
     case OpKind::kGroupedGemm:
@@ -529,15 +551,44 @@ void CudaReplayRunner::run(const Op& op) {
       break;
   }
   MOERUN_CUDA_CHECK(cudaGetLastError());
-  MOERUN_CUDA_CHECK(cudaEventRecord(l.after, l.stream));
+  MOERUN_CUDA_CHECK(cudaEventRecord(ev_end, l.stream));
+  if (enqueue) return;
   MOERUN_CUDA_CHECK(cudaStreamSynchronize(l.stream));
   float ms = 0;
-  MOERUN_CUDA_CHECK(cudaEventElapsedTime(&ms, l.before, l.after));
+  MOERUN_CUDA_CHECK(cudaEventElapsedTime(&ms, ev_begin, ev_end));
   l.last_seconds = static_cast<double>(ms) * 1e-3;
 }
 
 double CudaReplayRunner::device_seconds(const Op& op) const {
-  return impl_->lanes[static_cast<size_t>(op.stream)].last_seconds;
+  return impl_->mode == Mode::kEnqueue ? -1 : impl_->lanes[static_cast<size_t>(op.stream)].last_seconds;
+}
+
+bool CudaReplayRunner::enqueues() const {
+  return impl_->mode == Mode::kEnqueue;
+}
+
+// Ops of one stream run in order on its CUDA stream; an op of another stream is waited for on the device.
+void CudaReplayRunner::after(const Op& op, const Op& dep) {
+  if (dep.stream == op.stream) return;
+  const Lane& l = impl_->lanes[static_cast<size_t>(op.stream)];
+  MOERUN_CUDA_CHECK(cudaStreamWaitEvent(l.stream, impl_->op_events.at(dep.id).second, 0));
+}
+
+// The step's start: on the compute stream, which every other stream's first op follows on the host.
+void CudaReplayRunner::begin_step() {
+  MOERUN_CUDA_CHECK(cudaEventRecord(impl_->step_start, impl_->lanes[0].stream));
+}
+
+void CudaReplayRunner::end_step() {
+  for (const Lane& l : impl_->lanes) MOERUN_CUDA_CHECK(cudaStreamSynchronize(l.stream));
+}
+
+OpTiming CudaReplayRunner::interval(const Op& op) const {
+  const auto& [ev_begin, ev_end] = impl_->op_events.at(op.id);
+  float start_ms = 0, end_ms = 0;
+  MOERUN_CUDA_CHECK(cudaEventElapsedTime(&start_ms, impl_->step_start, ev_begin));
+  MOERUN_CUDA_CHECK(cudaEventElapsedTime(&end_ms, impl_->step_start, ev_end));
+  return {static_cast<double>(start_ms) * 1e-3, static_cast<double>(end_ms) * 1e-3};
 }
 
 void CudaReplayRunner::receive(const Op& send) {

@@ -15,12 +15,14 @@
 //     GEMM shape, its rows spread evenly over experts and ranks, on the group's NCCL symmetric memory (made
 //     at construction; groups of at most 8 ranks in one NVLink domain); bf16 rows even when the plan
 //     dispatches in FP8 (the fused kernels have no FP8 path).
-// run() enqueues the op's work on its stream's CUDA stream between two CUDA events and waits for it, so the
-// runtime's host-side dependencies hold; the op's measured time is the events' interval (device_seconds):
-// its work and the host's enqueue of it, not the wait for completion. The step still pays each op's launch
-// and synchronisation (~10-20 us) that a graph of events would not: said here, and visible as the gap between
-// the measured step and the sum of its critical ops. Refuses pipeline parallelism (NCCL sends and receives
-// from two host threads on one communicator are not safe; cuda_unsupported says so).
+// Two modes. kEnqueue (the default): run() puts the op's work on its stream's CUDA stream between two CUDA
+// events of its own and returns; a dependency on an op of another stream is a cudaStreamWaitEvent on that
+// op's end event (after()), and the host waits once per step (end_step()); each op's interval is its events'
+// times from the step's start event (interval()). kHostSync: run() also waits for the op, so ops run one at a
+// time and each op's time is the events' interval around its own work (device_seconds); every op boundary
+// then costs a host round trip (7.57 us per op measured on an H200). Either way an op's interval includes the
+// host's enqueue of its work where the device waited for it. Refuses pipeline parallelism (NCCL sends and
+// receives from two host threads on one communicator are not safe; cuda_unsupported says so).
 #pragma once
 
 #include <functional>
@@ -46,12 +48,18 @@ class CudaReplayRunner final : public OpRunner {
   // Uses the current CUDA device. Creates one CUDA stream per op-graph stream. `ops` are the ops this rank
   // will run: their fused ops' groups get symmetric memory here, collectively (every rank of a group must
   // construct its runner), and a fused op the kernels cannot run aborts here, naming the op.
-  CudaReplayRunner(DeviceGroupLookup groups, std::span<const Op> ops);
+  enum class Mode { kEnqueue, kHostSync };
+  CudaReplayRunner(DeviceGroupLookup groups, std::span<const Op> ops, Mode mode = Mode::kEnqueue);
   ~CudaReplayRunner() override;
 
   void run(const Op& op) override;
   void receive(const Op& send) override;
   double device_seconds(const Op& op) const override;
+  bool enqueues() const override;
+  void after(const Op& op, const Op& dep) override;
+  void begin_step() override;
+  void end_step() override;
+  OpTiming interval(const Op& op) const override;
 
   // Device bytes this runner holds now and at most (scratch buffers, workspaces, kernel objects).
   double device_bytes() const;

@@ -121,8 +121,10 @@ nlohmann::json measured_report_json(const RunInputs& in, const MeasuredRun& run)
   j["measured"] = true;
   j["plan"] = io::plan_to_json(plan);
   j["model"] = in.loaded.model.name;
-  j["hardware"] = "cpu (moerun replay; plan hardware " + in.loaded.hardware.name + ")";
-  j["stack"] = "moerun-cpu-replay";
+  const bool gpu = run.backend == "cuda";
+  j["hardware"] = fmt::format("{} (moerun, {} backend; plan hardware {})", gpu ? "gpu" : "cpu", run.backend,
+                              in.loaded.hardware.name);
+  j["stack"] = gpu ? "moerun" : "moerun-cpu-replay";
   j["gpus"] = plan.gpus;
   j["world_size"] = run.world_size;
   j["valid"] = true;
@@ -155,9 +157,12 @@ nlohmann::json measured_report_json(const RunInputs& in, const MeasuredRun& run)
   for (const Op& op : g.ops) graph_flops += op.flops;
   j["graph_flops_per_step"] = graph_flops;  // every stage's representative rank, recompute included
   j["achieved_flops_per_s_per_rank"] = step > 0 ? graph_flops / g.num_stages / step : 0.0;
-  j["memory"] = {{"per_gpu_bytes", run.high_water_bytes},
-                 {"measured_high_water_bytes", run.high_water_bytes},
-                 {"source", "max over ranks of VmHWM (/proc/self/status): resident set high-water mark"}};
+  j["memory"] = {
+      {"per_gpu_bytes", run.high_water_bytes},
+      {"measured_high_water_bytes", run.high_water_bytes},
+      {"source", gpu ? "max over ranks of the device memory the CUDA replay allocated (its "
+                       "high-water mark; CUDA context and library handles not counted)"
+                     : "max over ranks of VmHWM (/proc/self/status): resident set high-water mark"}};
   // Breakdown of the stage with the most compute, as the predicted report's.
   int busiest = 0;
   double most = -1;

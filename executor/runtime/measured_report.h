@@ -4,6 +4,7 @@
 #pragma once
 
 #include <span>
+#include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -19,7 +20,11 @@ struct MeasuredRun {
   // measured steps of start and end.
   std::vector<OpTiming> ops;
   std::vector<int> representative_ranks;  // by stage: the world rank whose op times the report shows
-  double high_water_bytes = 0;            // max over ranks of the process's resident high-water mark (VmHWM)
+  // "cpu" (MPI + Eigen ranks) or "cuda" (one GPU per rank): says what ran and what the memory figure is.
+  std::string backend = "cpu";
+  // Max over ranks of the process's resident high-water mark (VmHWM) on the CPU backend, of the device
+  // memory the CUDA replay allocated on the CUDA backend.
+  double high_water_bytes = 0;
   int world_size = 1;
   // By world rank: the mean over measured steps of the rank's own step (world barrier to its last op); empty
   // when not gathered. The report's "ranks" shows the skew and the stragglers.

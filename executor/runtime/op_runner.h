@@ -21,6 +21,24 @@ class OpRunner {
     (void)op;
     return -1;
   }
+
+  // ---- Runners that enqueue (the CUDA replay without a host wait per op) ----
+  // An enqueuing runner's run() returns once the op's work is on its device stream. The executor then tells
+  // it, before run(op), every op `op` depends on (after(op, dep): the runner orders them on the device,
+  // e.g. a stream waiting on the dependency's event), opens each step with begin_step(), and after the
+  // stage's last enqueue calls end_step(), which returns when the device has finished the step; interval(op)
+  // then gives each op's device interval in seconds from begin_step().
+  virtual bool enqueues() const { return false; }
+  virtual void after(const Op& op, const Op& dep) {
+    (void)op;
+    (void)dep;
+  }
+  virtual void begin_step() {}
+  virtual void end_step() {}
+  virtual OpTiming interval(const Op& op) const {
+    (void)op;
+    return {};
+  }
 };
 
 }  // namespace moeplan::executor

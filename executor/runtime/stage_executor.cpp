@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
+#include <string>
 #include <thread>
 
 #include <fmt/format.h>
@@ -46,8 +47,10 @@ StepTiming StageExecutor::run_step() {
   StepTiming out;
   out.ops.assign(graph_.ops.size(), OpTiming{});
   std::vector<double> task_end(n, 0.0);
+  const bool enqueues = runner_.enqueues();
   const Clock::time_point t0 = Clock::now();
   auto seconds = [t0] { return std::chrono::duration<double>(Clock::now() - t0).count(); };
+  if (enqueues) runner_.begin_step();
 
   auto lane_main = [&](int lane) {
     const int slot = watchdog_slot0_ + lane;
@@ -58,6 +61,13 @@ StepTiming StageExecutor::run_step() {
         while (flag.load(std::memory_order_acquire) == 0) flag.wait(0, std::memory_order_acquire);
       }
       const Op& op = graph_.ops[static_cast<size_t>(task.op)];
+      // An enqueuing runner's dependency has only been enqueued: the runner orders the two on the device.
+      if (enqueues && !task.receive) {
+        for (int32_t d : task.deps) {
+          const StageTask& dep = schedule_.tasks[static_cast<size_t>(d)];
+          if (!dep.receive) runner_.after(op, graph_.ops[static_cast<size_t>(dep.op)]);
+        }
+      }
       if (watchdog_ != nullptr) {
         const int stage = schedule_.stage;
         const bool receive = task.receive;
@@ -77,7 +87,7 @@ StepTiming StageExecutor::run_step() {
       }
       const double end = seconds();
       if (watchdog_ != nullptr) watchdog_->end(slot);
-      if (!task.receive) {
+      if (!task.receive && !enqueues) {
         // A device clock times the op on its stream: its interval ends when the host saw it end and lasts as
         // long as the device says, without the host's wait for completion (the enqueue is still in it).
         const double device = runner_.device_seconds(op);
@@ -95,6 +105,19 @@ StepTiming StageExecutor::run_step() {
     threads.emplace_back(lane_main, static_cast<int>(lane));
   for (std::thread& t : threads) t.join();
   for (double e : task_end) out.span_s = std::max(out.span_s, e);
+  if (enqueues) {
+    // Everything is enqueued; the step ends when the device has run it. Op times come from the device.
+    if (watchdog_ != nullptr)
+      watchdog_->begin(watchdog_slot0_,
+                       [] { return std::string("the end of the step (waiting for the device)"); });
+    runner_.end_step();
+    if (watchdog_ != nullptr) watchdog_->end(watchdog_slot0_);
+    out.span_s = seconds();
+    for (const StageTask& task : schedule_.tasks) {
+      if (!task.receive)
+        out.ops[static_cast<size_t>(task.op)] = runner_.interval(graph_.ops[static_cast<size_t>(task.op)]);
+    }
+  }
   return out;
 }
 

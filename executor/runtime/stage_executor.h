@@ -1,5 +1,7 @@
 // Executes one rank's stage of the op graph for one training step: a worker thread per lane runs its tasks in
 // order, each task starting once its dependencies have ended, and records when each op started and ended.
+// With an enqueuing runner (OpRunner::enqueues, the CUDA replay) a task's end is its enqueue: the runner is
+// told each dependency to order on the device, and the op times are the device's, read after the step.
 #pragma once
 
 #include <optional>

@@ -170,6 +170,17 @@ TEST_SUITE("moerun") {
     fs::remove(plan);
   }
 
+  TEST_CASE("--host-sync without --backend cuda exits 2 with one line and writes nothing") {
+    const fs::path plan = write_plan("host_sync", false), out = temp("host_sync_out");
+    const Run r = mpirun(
+        2, "run '" + plan.string() + "' --host-sync --steps 1 --warmup 0 --out '" + out.string() + "'");
+    CHECK(r.exit_code == 2);
+    CHECK_MESSAGE(moerun_lines(r.err) == 1, r.err);
+    CHECK(r.err.find("--host-sync needs --backend cuda") != std::string::npos);
+    check_no_output(out);
+    fs::remove(plan);
+  }
+
   TEST_CASE("an unreadable plan exits 2 with one line naming the file") {
     const fs::path out = temp("missing_out");
     const Run r = mpirun(1, "run /nonexistent/plan.json --out '" + out.string() + "'");

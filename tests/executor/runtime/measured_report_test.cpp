@@ -72,6 +72,17 @@ TEST_SUITE("executor_runtime") {
     for (const auto& [k, v] : b["compute"].items()) sum += v.get<double>();
     for (const auto& [k, v] : b["exposed_comm"].items()) sum += v.get<double>();
     CHECK(sum == doctest::Approx(j["step_time_s"].get<double>()).epsilon(1e-6));
+
+    // What ran says what the hardware, stack and memory figure are: host memory on CPU ranks, the replay's
+    // device memory on the CUDA backend.
+    CHECK(j["hardware"].get<std::string>().rfind("cpu (moerun, cpu backend", 0) == 0);
+    CHECK(j["stack"] == "moerun-cpu-replay");
+    CHECK(j["memory"]["source"].get<std::string>().find("VmHWM") != std::string::npos);
+    run.backend = "cuda";
+    const nlohmann::json g = measured_report_json(in, run);
+    CHECK(g["hardware"].get<std::string>().rfind("gpu (moerun, cuda backend", 0) == 0);
+    CHECK(g["stack"] == "moerun");
+    CHECK(g["memory"]["source"].get<std::string>().find("device memory") != std::string::npos);
   }
 }
 
