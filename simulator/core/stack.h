@@ -190,6 +190,10 @@ struct StackProfile {
   // Compute running beside communication kernels runs at this fraction of its rate on the SMs left to it
   // (HBM, L2 and power shared with the transfers).
   Stated<double> overlap_compute_efficiency;
+  // moerun's fused GEMM + communication kernels (OpKind::kFusedGemmComm) run their own main loop, not the
+  // library GEMM's: their tiles compute at this fraction of the library rate on the SMs left to them. 1 (the
+  // library rate) where a stack does not state it.
+  Stated<double> fused_gemm_efficiency{1.0, kNotStated};
 
   struct Overlaps {
     Stated<bool> inter_op, intra_op, dp_comm, pp_comm, cross_micro_batch;

@@ -709,7 +709,8 @@ OpCost CostModel::cost(const Op& op) const {
       // Tile pipeline: compute on the SMs left after the kernel's communication SMs and those it leaves to
       // other streams' collectives, communication of the first chunk exposed, then the slower of the two
       // streams, then the other's last chunk:  T = max(comp, comm) + min(comp, comm) / chunks. The kernel is
-      // the one moerun runs for the op (fused_ops.h).
+      // the one moerun runs for the op (fused_ops.h); its tiles compute at the stack's fused GEMM efficiency
+      // of the library rate.
       const bool grouped = op.gemm.groups > 1;
       double e1 = 0, e2 = 0;
       Resource res;
@@ -717,12 +718,15 @@ OpCost CostModel::cost(const Op& op) const {
       const double sms = d(hw_.gpu.sm_count.value);
       const double comp = (grouped ? grouped_gemm_seconds(op.gemm, op.dtype, &e1, op.part)
                                    : gemm_seconds(op.gemm, op.dtype, &e1, op.part)) *
-                          sms / (sms - d(fp.comm_sms + kFusedSmsLeftForCollectives));
+                          sms / (sms - d(fp.comm_sms + kFusedSmsLeftForCollectives)) /
+                          stack_.fused_gemm_efficiency.value;
       const double comm = collective_seconds(op.comm, &e2, &res);
       const double chunks = d(fp.chunks_per_peer * std::max<int64_t>(1, op.comm.group_size));
       r.seconds = std::max(comp, comm) + std::min(comp, comm) / chunks + aux + launch;
       err = std::max(e1, e2);
       r.basis = weaker(r.basis, stack_.overlaps.intra_op.basis);
+      if (stack_.fused_gemm_efficiency.source != kNotStated)
+        r.basis = weaker(r.basis, stack_.fused_gemm_efficiency.basis);
       break;
     }
   }

@@ -146,7 +146,8 @@ Result<StackProfile> stack_from_json(const json& j, const std::string& label) {
     root.only_keys({"format", "name", "description", "calibrated", "sources", "host", "grouped_gemm",
                     "memory_bound_efficiency", "memory_bound_efficiency_by_kind", "dispatcher", "expert_mlp",
                     "wgrad_accumulation", "attention_kernel", "comm_sm_fraction",
-                    "overlap_compute_efficiency", "overlaps", "capabilities", "memory"});
+                    "overlap_compute_efficiency", "fused_gemm_efficiency", "overlaps", "capabilities",
+                    "memory"});
     if (root.string("format") != "moeplan-stack-v2") root.fail("format", "\"moeplan-stack-v2\"");
     StackProfile s;
     s.name = root.string("name");
@@ -249,6 +250,8 @@ Result<StackProfile> stack_from_json(const json& j, const std::string& label) {
         {{"fa3", AttentionKernel::kFa3}, {"cudnn", AttentionKernel::kCudnn}, {"fa2", AttentionKernel::kFa2}});
     s.comm_sm_fraction = stated_fraction(root, "comm_sm_fraction", Interval::kShare);
     s.overlap_compute_efficiency = stated_fraction(root, "overlap_compute_efficiency", Interval::kEfficiency);
+    if (root.has("fused_gemm_efficiency"))
+      s.fused_gemm_efficiency = stated_fraction(root, "fused_gemm_efficiency", Interval::kEfficiency);
 
     const JsonNode o = root.object("overlaps");
     o.only_keys({"inter_op", "intra_op", "dp_comm", "pp_comm", "cross_micro_batch"});
@@ -363,6 +366,8 @@ nlohmann::ordered_json stack_to_json(const StackProfile& s) {
   j["attention_kernel"] = name(s.attention_kernel);
   j["comm_sm_fraction"] = num(s.comm_sm_fraction, 1.0);
   j["overlap_compute_efficiency"] = num(s.overlap_compute_efficiency, 1.0);
+  if (s.fused_gemm_efficiency.source != kNotStated)
+    j["fused_gemm_efficiency"] = num(s.fused_gemm_efficiency, 1.0);
   j["overlaps"] = oj{{"inter_op", flag(s.overlaps.inter_op)},
                      {"intra_op", flag(s.overlaps.intra_op)},
                      {"dp_comm", flag(s.overlaps.dp_comm)},

@@ -139,9 +139,12 @@ TEST_SUITE("cost") {
     CHECK(cm.cost(op).seconds == rel(dgrad));
   }
 
-  TEST_CASE("a fused op's GEMM runs on the SMs its kernel leaves to tiles") {
+  TEST_CASE("a fused op's GEMM runs on the SMs its kernel leaves to tiles, at the stack's fused efficiency") {
     const HardwareProfile hw = io::load_hardware("h200-sxm").value();
     const StackProfile stack = io::load_stack("moerun").value();
+    const double efficiency = stack.fused_gemm_efficiency.value;  // measured: moerun's kernels are slow
+    CHECK(stack.fused_gemm_efficiency.basis == Basis::kMeasured);
+    CHECK(efficiency < 0.5);
     const cost::CostModel cm(hw, stack);
     const double launch = stack.launch_s_per_kernel.value, sms = static_cast<double>(hw.gpu.sm_count.value);
     const double gemm = cm.cost(gemm_op()).seconds - launch;
@@ -160,8 +163,17 @@ TEST_SUITE("cost") {
     for (const Case& c : cases) {
       INFO(kOpNames[static_cast<size_t>(c.name)] << (c.part == GemmPart::kDgrad ? " dgrad" : ""));
       const double left = sms - static_cast<double>(c.comm_sms + kFusedSmsLeftForCollectives);
-      CHECK(cm.cost(fused_op(c.name, c.part)).seconds - launch == rel(gemm * sms / left).epsilon(1e-3));
+      const Op op = fused_op(c.name, c.part);
+      CHECK(cm.cost(op).seconds - launch == rel(gemm * sms / left / efficiency).epsilon(1e-3));
+      CHECK(cm.cost(op).basis == Basis::kTarget);  // the overlap itself has not run across GPUs
     }
+    // A stack that does not state it runs fused tiles at the library rate.
+    StackProfile library = stack;
+    library.fused_gemm_efficiency = Stated<double>{1.0, kNotStated};
+    const cost::CostModel at_library(hw, library);
+    const double left = sms - static_cast<double>(kAllToAllGemm.comm_sms + kFusedSmsLeftForCollectives);
+    CHECK(at_library.cost(fused_op(OpName::kA2aOutProj, GemmPart::kNone)).seconds - launch ==
+          rel(gemm * sms / left).epsilon(1e-3));
     CHECK(kGemmAllToAll.comm_sms !=
           kAllToAllGemm.comm_sms);  // else the cases above could not tell them apart
   }
