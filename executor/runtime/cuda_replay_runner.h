@@ -20,8 +20,8 @@
 // op's end event (after()), and the host waits once per step (end_step()); each op's interval is its events'
 // times from the step's start event (interval()). kHostSync: run() also waits for the op, so ops run one at a
 // time and each op's time is the events' interval around its own work (device_seconds); every op boundary
-// then costs a host round trip (7.57 us per op measured on an H200). Either way an op's interval includes the
-// host's enqueue of its work where the device waited for it. Refuses pipeline parallelism (NCCL sends and
+// then costs a host round trip (7.3-8.8 us per op measured on H200s). Either way an op's interval includes
+// the host's enqueue of its work where the device waited for it. Refuses pipeline parallelism (NCCL sends and
 // receives from two host threads on one communicator are not safe; cuda_unsupported says so).
 #pragma once
 
