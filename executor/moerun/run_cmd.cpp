@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <limits>
 #include <memory>
 #include <optional>
 
@@ -71,6 +72,46 @@ void unpack_stage(const OpGraph& g, int stage, const std::vector<double>& v, std
     ops[static_cast<size_t>(op.id)] = {v[i], v[i + 1]};
     i += 2;
   }
+}
+
+// Every rank's own seconds per op summary row (its stage's rows; op times by op id), reduced over the world
+// to rank 0: for each row, the least, the mean and the most over the `per_stage` ranks of the row's stage,
+// with the ranks that took the least and the most. Rows of other stages enter the minimum as +inf and the
+// maximum as -inf, so only the stage's own ranks count. Collective over the world; empty except on rank 0.
+std::vector<OpRankSpread> gather_op_ranks(const OpGraph& g, const std::vector<OpTiming>& ops, int stage,
+                                          int per_stage, int rank) {
+  struct ValueRank {  // MPI_DOUBLE_INT's layout
+    double value;
+    int rank;
+  };
+  const std::vector<OpSummaryRow> rows = op_summary(g, ops);
+  const size_t n = rows.size();
+  constexpr double kInf = std::numeric_limits<double>::infinity();
+  std::vector<ValueRank> lo(n), hi(n), lo_all(rank == 0 ? n : 0), hi_all(rank == 0 ? n : 0);
+  std::vector<double> sum(n, 0.0), sum_all(rank == 0 ? n : 0);
+  for (size_t i = 0; i < n; ++i) {
+    const bool mine = rows[i].stage == stage;
+    lo[i] = {mine ? rows[i].total_s : kInf, rank};
+    hi[i] = {mine ? rows[i].total_s : -kInf, rank};
+    sum[i] = mine ? rows[i].total_s : 0.0;
+  }
+  const int count = static_cast<int>(n);
+  MOEPLAN_MPI_CHECK(
+      MPI_Reduce(lo.data(), lo_all.data(), count, MPI_DOUBLE_INT, MPI_MINLOC, 0, MPI_COMM_WORLD));
+  MOEPLAN_MPI_CHECK(
+      MPI_Reduce(hi.data(), hi_all.data(), count, MPI_DOUBLE_INT, MPI_MAXLOC, 0, MPI_COMM_WORLD));
+  MOEPLAN_MPI_CHECK(MPI_Reduce(sum.data(), sum_all.data(), count, MPI_DOUBLE, MPI_SUM, 0, MPI_COMM_WORLD));
+  std::vector<OpRankSpread> out;
+  if (rank != 0) return out;
+  out.resize(n);
+  for (size_t i = 0; i < n; ++i) {
+    out[i] = {.min_s = lo_all[i].value,
+              .mean_s = sum_all[i] / static_cast<double>(per_stage),
+              .max_s = hi_all[i].value,
+              .fastest_rank = lo_all[i].rank,
+              .slowest_rank = hi_all[i].rank};
+  }
+  return out;
 }
 
 #if MOERUN_WITH_CUDA
@@ -284,6 +325,7 @@ int run_plan(const RunOptions& o, int rank, int world) {
   MOEPLAN_MPI_CHECK(MPI_Gather(&my_step, 1, MPI_DOUBLE, rank_steps.data(), 1, MPI_DOUBLE, 0, MPI_COMM_WORLD));
   // Each stage's representative rank (its lowest world rank) sends its timings to rank 0.
   const int per_stage = static_cast<int>(plan.gpus / plan.pipeline.pp);
+  const std::vector<OpRankSpread> op_ranks = gather_op_ranks(graph, mean, stage, per_stage, rank);
   std::vector<int> representatives;
   for (int s = 0; s < graph.num_stages; ++s) representatives.push_back(s * per_stage);
   std::vector<OpTiming> all_mean(graph.ops.size()), all_trace(graph.ops.size());
@@ -322,6 +364,7 @@ int run_plan(const RunOptions& o, int rank, int world) {
     run.high_water_bytes = hwm_max;
     run.world_size = world;
     run.rank_step_s = rank_steps;
+    run.op_ranks = op_ranks;
     nlohmann::json report = measured_report_json(in, run);
     report["runner"] = o.runner;
     report["backend"] = o.backend;
@@ -339,12 +382,21 @@ int run_plan(const RunOptions& o, int rank, int world) {
       code = bad_input(rank, w.error().message);
     } else {
       const nlohmann::json& ranks = report["ranks"];
+      // The compute op whose ranks differ most, when any do: where a rank is slow.
+      std::string widest;
+      if (report.contains("op_rank_skew") && !report["op_rank_skew"]["compute"].empty()) {
+        const nlohmann::json& row = report["op_rank_skew"]["compute"][0];
+        widest = fmt::format(
+            " | widest compute spread: {} {} on stage {}, {:.3f} ms per step (rank {} slowest)",
+            row["op"].get<std::string>(), row["phase"].get<std::string>(), row["stage"].get<int>(),
+            1e3 * row["spread_s"].get<double>(), row["slowest_rank"].get<int>());
+      }
       std::printf(
           "moerun: %s: step %.4f s (mean of %d steps after %d warm-up) | %.0f tokens/s | rank skew %.3f "
-          "(slowest rank %d, %zu straggler(s)) | %s\n",
+          "(slowest rank %d, %zu straggler(s))%s | %s\n",
           in.loaded.path.c_str(), report["step_time_s"].get<double>(), o.steps, o.warmup,
           report["tokens_per_s"].get<double>(), ranks["skew"].get<double>(), ranks["slowest_rank"].get<int>(),
-          ranks["stragglers"].size(), (std::filesystem::path(o.out) / "report.json").c_str());
+          ranks["stragglers"].size(), widest.c_str(), (std::filesystem::path(o.out) / "report.json").c_str());
     }
   }
   MOEPLAN_MPI_CHECK(MPI_Bcast(&code, 1, MPI_INT, 0, MPI_COMM_WORLD));

@@ -11,6 +11,7 @@
 #include <fmt/format.h>
 
 #include "simulator/core/model_stats.h"
+#include "simulator/core/status.h"
 #include "simulator/io/op_trace.h"
 #include "simulator/io/plan_io.h"
 
@@ -110,6 +111,44 @@ nlohmann::json rank_skew_json(const std::vector<double>& rank_step_s) {
   return j;
 }
 
+nlohmann::json op_rank_skew_json(std::span<const OpSummaryRow> rows, std::span<const OpRankSpread> spreads,
+                                 size_t top) {
+  MOEPLAN_ASSERT(rows.size() == spreads.size());
+  // The widest rows of one side (communication or not), widest first; ties in row order.
+  auto widest = [&](bool comm) {
+    std::vector<size_t> order;
+    for (size_t i = 0; i < rows.size(); ++i) {
+      if (rows[i].comm == comm && spreads[i].max_s > spreads[i].min_s) order.push_back(i);
+    }
+    std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+      return spreads[a].max_s - spreads[a].min_s > spreads[b].max_s - spreads[b].min_s;
+    });
+    if (order.size() > top) order.resize(top);
+    nlohmann::json out = nlohmann::json::array();
+    for (size_t i : order) {
+      const OpRankSpread& s = spreads[i];
+      out.push_back({{"stage", rows[i].stage},
+                     {"op", rows[i].op},
+                     {"phase", name_of(rows[i].phase)},
+                     {"min_s", s.min_s},
+                     {"max_s", s.max_s},
+                     {"spread_s", s.max_s - s.min_s},
+                     {"ratio", s.min_s > 0 ? s.max_s / s.min_s : 0.0},
+                     {"fastest_rank", s.fastest_rank},
+                     {"slowest_rank", s.slowest_rank}});
+    }
+    return out;
+  };
+  return {{"compute", widest(false)},
+          {"communication", widest(true)},
+          {"rule",
+           "per op (label and phase on a stage, its seconds summed over the step, mean over measured steps), "
+           "the least and the most over the stage's ranks; the rows whose ranks differ most, widest first. A "
+           "rank slow in compute shows in \"compute\"; the others then wait for it inside the next "
+           "collective, so a collective's spread is mostly that wait (its slowest rank is the one that "
+           "arrived first)"}};
+}
+
 nlohmann::json measured_report_json(const RunInputs& in, const MeasuredRun& run) {
   const Plan& plan = in.loaded.plan;
   const OpGraph& g = in.graph;
@@ -182,12 +221,24 @@ nlohmann::json measured_report_json(const RunInputs& in, const MeasuredRun& run)
   if (!run.rank_step_s.empty()) j["ranks"] = rank_skew_json(run.rank_step_s);
   j["op_times_rule"] =
       "each stage's ops from its representative rank (the stage's lowest world rank); start and end are "
-      "means "
-      "over the measured steps";
+      "means over the measured steps; an op row's \"ranks\" is the same row on every rank of its stage";
   j["ops_in_graph"] = g.ops.size();
   j["micro_batches"] = g.micro_batches;
   j["expert_load_scale"] = in.lowering.expert_load_scale;
-  j["ops"] = op_summary_json(g, run.ops);
+  const std::vector<OpSummaryRow> rows = op_summary(g, run.ops);
+  j["ops"] = op_summary_json(rows);
+  if (!run.op_ranks.empty()) {
+    MOEPLAN_ASSERT(run.op_ranks.size() == rows.size());
+    for (size_t i = 0; i < rows.size(); ++i) {
+      const OpRankSpread& s = run.op_ranks[i];
+      j["ops"][i]["ranks"] = {{"min_s", s.min_s},
+                              {"mean_s", s.mean_s},
+                              {"max_s", s.max_s},
+                              {"fastest_rank", s.fastest_rank},
+                              {"slowest_rank", s.slowest_rank}};
+    }
+    j["op_rank_skew"] = op_rank_skew_json(rows, run.op_ranks);
+  }
   return j;
 }
 

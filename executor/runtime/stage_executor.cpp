@@ -33,6 +33,10 @@ void StageExecutor::inject(const Op& op) {
     std::fflush(stderr);
     std::abort();
   }
+  if (fault_->kind == Fault::Kind::kSlow) {
+    std::this_thread::sleep_for(std::chrono::microseconds(fault_->delay_us));
+    return;
+  }
   std::fprintf(stderr, "moerun: rank %d: injected hang at op %s (MOERUN_FAULT)\n", world_rank_,
                fault_->op.c_str());
   std::fflush(stderr);
@@ -104,8 +108,9 @@ StepTiming StageExecutor::run_step() {
   for (size_t lane = 0; lane < schedule_.lanes.size(); ++lane)
     threads.emplace_back(lane_main, static_cast<int>(lane));
   for (std::thread& t : threads) t.join();
-  for (double e : task_end) out.span_s = std::max(out.span_s, e);
-  if (enqueues) {
+  if (!enqueues) {
+    for (double e : task_end) out.span_s = std::max(out.span_s, e);
+  } else {
     // Everything is enqueued; the step ends when the device has run it. Op times come from the device.
     if (watchdog_ != nullptr)
       watchdog_->begin(watchdog_slot0_,

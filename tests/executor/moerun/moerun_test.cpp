@@ -1,6 +1,7 @@
 // Tests of `moerun run` as users start it, under mpiexec: a measured run whose ops join the predicted ones,
-// a pipeline run, bad inputs (exit 2, one line, no files), an illegal plan (exit 3), and faults (a crashed
-// rank, a hung collective caught by the watchdog) that end the job with no report left behind.
+// a pipeline run, every rank's op times (a rank slowed in one op named as its slowest), bad inputs (exit 2,
+// one line, no files), an illegal plan (exit 3), and faults (a crashed rank, a hung collective caught by the
+// watchdog) that end the job with no report left behind.
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -137,6 +138,50 @@ TEST_SUITE("moerun") {
     }
     CHECK(stages == std::set<int>{0, 1});
     CHECK(j["representative_ranks"] == nlohmann::json::array({0, 1}));
+    fs::remove_all(out);
+    fs::remove(plan);
+  }
+
+  TEST_CASE("every rank's op times reach the report: a rank slowed in one op is named as its slowest") {
+    // Rank 1 sleeps 50 ms inside each of its two L1.expert_fc13 forwards (MOERUN_FAULT's slow hook); rank 0
+    // runs it in microseconds. Both ranks are stage 0's.
+    const fs::path plan = write_plan("slow", false), out = temp("slow_out");
+    const Run r = mpirun(2, "run '" + plan.string() + "' --steps 1 --warmup 0 --out '" + out.string() + "'",
+                         "MOERUN_FAULT=slow:rank=1:op=L1.expert_fc13:us=50000");
+    REQUIRE_MESSAGE(r.exit_code == 0, r.err);
+    const auto j = nlohmann::json::parse(slurp(out / "report.json"));
+    bool found = false;
+    for (const auto& o : j["ops"]) {
+      REQUIRE(o.contains("ranks"));
+      const auto& k = o["ranks"];
+      CHECK(k["min_s"].get<double>() <= k["mean_s"].get<double>() * (1 + 1e-12));
+      CHECK(k["mean_s"].get<double>() <= k["max_s"].get<double>() * (1 + 1e-12));
+      // The report's own times are the representative's (rank 0): the fastest or the slowest of the two.
+      CHECK((o["total_s"].get<double>() == k["min_s"].get<double>() ||
+             o["total_s"].get<double>() == k["max_s"].get<double>()));
+      if (o["op"] == "L1.expert_fc13" && o["phase"] == "fwd") {
+        found = true;
+        CHECK(k["slowest_rank"] == 1);
+        CHECK(k["fastest_rank"] == 0);
+        CHECK(k["max_s"].get<double>() >= 2 * 0.050);
+        CHECK(k["min_s"].get<double>() < 0.050);
+      }
+    }
+    CHECK(found);
+    const auto& compute = j["op_rank_skew"]["compute"];
+    REQUIRE(!compute.empty());
+    CHECK(compute[0]["op"] == "L1.expert_fc13");
+    CHECK(compute[0]["phase"] == "fwd");
+    CHECK(compute[0]["slowest_rank"] == 1);
+    CHECK(compute[0]["spread_s"].get<double>() > 0.090);
+    CHECK(r.out.find("widest compute spread: L1.expert_fc13 fwd on stage 0") != std::string::npos);
+    // Rank 0 waits for it in the all-to-all that follows (the combine): there rank 0 is the slow one.
+    const auto& comm = j["op_rank_skew"]["communication"];
+    REQUIRE(!comm.empty());
+    CHECK(comm[0]["slowest_rank"] == 0);
+    CHECK(comm[0]["spread_s"].get<double>() > 0.050);
+    // The ranks' own steps cannot say which rank was slow: rank 0 waits for rank 1 in the next all-to-all,
+    // and both end with the gradient all-reduce, so either may end last.
     fs::remove_all(out);
     fs::remove(plan);
   }

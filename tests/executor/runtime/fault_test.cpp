@@ -6,7 +6,7 @@
 namespace moeplan::executor {
 
 TEST_SUITE("executor_runtime") {
-  TEST_CASE("MOERUN_FAULT parses crash and hang with a rank and an op label") {
+  TEST_CASE("MOERUN_FAULT parses crash, hang and slow with a rank, an op label and slow's delay") {
     auto none = parse_fault(nullptr);
     REQUIRE(none);
     CHECK(!none.value().has_value());
@@ -20,11 +20,20 @@ TEST_SUITE("executor_runtime") {
     REQUIRE(hang);
     CHECK(hang.value()->kind == Fault::Kind::kHang);
     CHECK(hang.value()->rank == 12);
+    auto slow = parse_fault("slow:rank=3:op=L0.expert_fc13:us=2500");
+    REQUIRE(slow);
+    REQUIRE(slow.value().has_value());
+    CHECK(slow.value()->kind == Fault::Kind::kSlow);
+    CHECK(slow.value()->rank == 3);
+    CHECK(slow.value()->op == "L0.expert_fc13");
+    CHECK(slow.value()->delay_us == 2500);
   }
 
   TEST_CASE("a malformed MOERUN_FAULT is an error naming the variable") {
     for (const char* bad :
-         {"crash", "boom:rank=1:op=x", "crash:rank=x:op=a", "hang:rank=1:op=", "hang:rank=-1:op=a"}) {
+         {"crash", "boom:rank=1:op=x", "crash:rank=x:op=a", "hang:rank=1:op=", "hang:rank=-1:op=a",
+          "slow:rank=1:op=a", "slow:rank=1:op=a:us=", "slow:rank=1:op=a:us=0", "slow:rank=1:op=a:us=5x",
+          "slow:rank=1:op=:us=5"}) {
       auto f = parse_fault(bad);
       CHECK_MESSAGE(!f, bad);
       if (!f) CHECK(f.error().message.rfind("MOERUN_FAULT:", 0) == 0);

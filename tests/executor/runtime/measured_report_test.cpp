@@ -35,6 +35,41 @@ TEST_SUITE("executor_runtime") {
   }
 
   TEST_CASE(
+      "op rows over every rank of their stage list the widest first, compute apart from communication, and "
+      "leave out rows with no spread") {
+    std::vector<OpSummaryRow> rows(4);
+    const char* names[] = {"L0.qkv_proj", "L0.expert_fc13", "L0.dispatch_a2a", "L0.attn_core"};
+    for (size_t i = 0; i < rows.size(); ++i) rows[i].op = names[i];
+    rows[2].phase = Phase::kBackward;
+    rows[2].comm = true;
+    rows[3].stage = 1;
+    const std::vector<OpRankSpread> spreads = {
+        {.min_s = 1.0, .mean_s = 1.0, .max_s = 1.0, .fastest_rank = 0, .slowest_rank = 0},   // no spread
+        {.min_s = 2.0, .mean_s = 2.5, .max_s = 3.0, .fastest_rank = 0, .slowest_rank = 1},   // 1 s
+        {.min_s = 0.5, .mean_s = 1.5, .max_s = 2.5, .fastest_rank = 1, .slowest_rank = 0},   // 2 s
+        {.min_s = 0.1, .mean_s = 0.3, .max_s = 0.5, .fastest_rank = 2, .slowest_rank = 3}};  // 0.4 s
+    const nlohmann::json j = op_rank_skew_json(rows, spreads);
+    const auto& w = j["compute"];
+    REQUIRE(w.size() == 2);
+    CHECK(w[0]["op"] == "L0.expert_fc13");
+    CHECK(w[0]["spread_s"].get<double>() == doctest::Approx(1.0));
+    CHECK(w[0]["ratio"].get<double>() == doctest::Approx(1.5));
+    CHECK(w[0]["slowest_rank"] == 1);
+    CHECK(w[0]["fastest_rank"] == 0);
+    CHECK(w[1]["op"] == "L0.attn_core");
+    CHECK(w[1]["stage"] == 1);
+    CHECK(w[1]["slowest_rank"] == 3);
+    // The all-to-all is communication: listed apart.
+    const auto& c = j["communication"];
+    REQUIRE(c.size() == 1);
+    CHECK(c[0]["op"] == "L0.dispatch_a2a");
+    CHECK(c[0]["phase"] == "bwd");
+    CHECK(c[0]["spread_s"].get<double>() == doctest::Approx(2.0));
+    CHECK(c[0]["ratio"].get<double>() == doctest::Approx(5.0));
+    CHECK(op_rank_skew_json(rows, spreads, 1)["compute"].size() == 1);
+  }
+
+  TEST_CASE(
       "the measured report carries the predicted keys, every step and ops joinable by stage op and phase") {
     const RunInputs in = test::load_tiny("report_pp2", test::tiny_plan(2, test::kPp2));
     NullRunner runner;
@@ -72,6 +107,27 @@ TEST_SUITE("executor_runtime") {
     for (const auto& [k, v] : b["compute"].items()) sum += v.get<double>();
     for (const auto& [k, v] : b["exposed_comm"].items()) sum += v.get<double>();
     CHECK(sum == doctest::Approx(j["step_time_s"].get<double>()).epsilon(1e-6));
+    // Not gathered: no op row carries its ranks.
+    CHECK(!j.contains("op_rank_skew"));
+    CHECK(!j["ops"][0].contains("ranks"));
+    // Gathered: each op row carries its row of every rank, in the summary's order.
+    const std::vector<OpSummaryRow> rows = op_summary(in.graph, run.ops);
+    MeasuredRun spread = run;
+    for (const OpSummaryRow& r : rows)
+      spread.op_ranks.push_back({.min_s = r.total_s,
+                                 .mean_s = r.total_s * 1.5,
+                                 .max_s = r.total_s * 2,
+                                 .fastest_rank = r.stage,
+                                 .slowest_rank = r.stage + 2});
+    const nlohmann::json k = measured_report_json(in, spread);
+    REQUIRE(k["ops"].size() == rows.size());
+    for (size_t i = 0; i < rows.size(); ++i) {
+      CHECK(k["ops"][i]["op"] == rows[i].op);
+      CHECK(k["ops"][i]["ranks"]["max_s"].get<double>() == doctest::Approx(2 * rows[i].total_s));
+      CHECK(k["ops"][i]["ranks"]["slowest_rank"] == rows[i].stage + 2);
+    }
+    CHECK(k["op_rank_skew"]["compute"].size() + k["op_rank_skew"]["communication"].size() <= 10);
+    CHECK(!k["op_rank_skew"]["compute"].empty());
 
     // What ran says what the hardware, stack and memory figure are: host memory on CPU ranks, the replay's
     // device memory on the CUDA backend.
