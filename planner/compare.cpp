@@ -257,6 +257,17 @@ Result<StepReport> step_report(const json& j, const std::string& path) {
     row.group = o.value("group", std::string());
     row.count = o.value("count", int64_t{1});
     row.total_s = o["total_s"].get<double>();
+    if (o.contains("ranks")) {
+      const json& k = o["ranks"];
+      if (!k.is_object() || !k.contains("min_s") || !k.contains("max_s") || !k["min_s"].is_number() ||
+          !k["max_s"].is_number() || (k.contains("slowest_rank") && !k["slowest_rank"].is_number_integer()))
+        return Error{
+            fmt::format("{}: ops: an entry's ranks needs numbers min_s and max_s (and an integer "
+                        "slowest_rank)",
+                        path)};
+      row.ranks =
+          OpRow::Ranks{k["min_s"].get<double>(), k["max_s"].get<double>(), k.value("slowest_rank", -1)};
+    }
     r.ops[{o["stage"].get<int64_t>(), o["op"].get<std::string>(), o["phase"].get<std::string>()}] = row;
   }
   return r;
@@ -400,6 +411,11 @@ json report_comparison_json(const ReportComparison& c) {
     o["measured_s"] = x.measured.total_s;
     o["predicted_count"] = x.predicted.count;
     o["error"] = relative_error(x.predicted.total_s, x.measured.total_s);
+    if (x.measured.ranks) {
+      o["measured_ranks"] = {{"min_s", x.measured.ranks->min_s},
+                             {"max_s", x.measured.ranks->max_s},
+                             {"slowest_rank", x.measured.ranks->slowest_rank}};
+    }
     ops.push_back(std::move(o));
   }
   j["ops"] = ops;
@@ -437,13 +453,26 @@ std::string report_comparison_text(const ReportComparison& c, int top) {
     fmt::format_to(out, "  {:<36} {:+10.5f} s {:+7.1f}% of the measured step\n", c.contributors[i].name,
                    c.contributors[i].delta_s, 100 * c.contributors[i].share);
   fmt::format_to(out, "\nops with the largest differences ({} joined):\n", c.ops.size());
-  fmt::format_to(out, "  {:<52} {:>6} {:>11} {:>11} {:>8}\n", "op", "count", "predicted", "measured",
-                 "error");
+  // A measurement of every rank (moerun's "ranks") adds the least and the most over the stage's ranks.
+  const bool ranks =
+      std::any_of(c.ops.begin(), c.ops.end(), [](const JoinedOp& x) { return x.measured.ranks; });
+  fmt::format_to(out, "  {:<52} {:>6} {:>11} {:>11} {:>8}{}\n", "op", "count", "predicted", "measured",
+                 "error", ranks ? "   measured over ranks (slowest)" : "");
   for (size_t i = 0; i < c.ops.size() && i < rows; ++i) {
     const JoinedOp& x = c.ops[i];
-    fmt::format_to(out, "  {:<52} {:>6} {:11.5f} {:11.5f} {:+7.1f}%\n", key_text(x.key), x.measured.count,
+    const std::string spread = x.measured.ranks
+                                   ? fmt::format("   {:.5f}-{:.5f} (rank {})", x.measured.ranks->min_s,
+                                                 x.measured.ranks->max_s, x.measured.ranks->slowest_rank)
+                                   : std::string();
+    fmt::format_to(out, "  {:<52} {:>6} {:11.5f} {:11.5f} {:+7.1f}%{}\n", key_text(x.key), x.measured.count,
                    x.predicted.total_s, x.measured.total_s,
-                   100 * relative_error(x.predicted.total_s, x.measured.total_s));
+                   100 * relative_error(x.predicted.total_s, x.measured.total_s), spread);
+  }
+  if (ranks) {
+    fmt::format_to(
+        out,
+        "  (measured: the stage's lowest rank; over ranks: the least and the most seconds per step "
+        "over the stage's ranks)\n");
   }
   if (!c.only_predicted.empty() || !c.only_measured.empty()) fmt::format_to(out, "\nops on one side only:\n");
   for (const auto& [k, r] : c.only_predicted)

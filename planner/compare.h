@@ -28,6 +28,13 @@ struct OpRow {
   std::string kind, group;  // op kind ("gemm", "collective", ...); group for communication ("ep", "dp_attn")
   int64_t count = 1;
   double total_s = 0;
+  // A moerun report's row measured on every rank of its stage ("ranks"): the least and the most seconds per
+  // step over them, and the rank that took the most; absent in predictions and single-rank reports.
+  struct Ranks {
+    double min_s = 0, max_s = 0;
+    int slowest_rank = -1;
+  };
+  std::optional<Ranks> ranks;
 };
 using OpKey = std::tuple<int64_t, std::string, std::string>;  // (stage, op label, phase)
 

@@ -320,6 +320,26 @@ TEST_SUITE("planner/compare") {
     CHECK(sum == doctest::Approx(-200e-6));
     CHECK(c.value().ops.size() == 7);
     CHECK(c.value().ops[0].measured.total_s == doctest::Approx(600e-6));
+    // A measurement of every rank carries each op's spread over the ranks into the comparison.
+    json rj = mj;
+    rj["ops"][0]["ranks"] = {{"min_s", 550e-6}, {"mean_s", 600e-6}, {"max_s", 650e-6}, {"slowest_rank", 1}};
+    const auto r = compare_reports(predicted(), step_report(rj, "meas.json").value());
+    REQUIRE(r);
+    REQUIRE(r.value().ops[0].measured.ranks.has_value());
+    CHECK(r.value().ops[0].measured.ranks->max_s == doctest::Approx(650e-6));
+    CHECK(r.value().ops[0].measured.ranks->slowest_rank == 1);
+    const json rjson = report_comparison_json(r.value());
+    CHECK(rjson["ops"][0]["measured_ranks"]["min_s"].get<double>() == doctest::Approx(550e-6));
+    CHECK(!rjson["ops"][1].contains("measured_ranks"));
+    const std::string text = report_comparison_text(r.value(), 10);
+    CHECK(text.find("measured over ranks (slowest)") != std::string::npos);
+    CHECK(text.find("0.00055-0.00065 (rank 1)") != std::string::npos);
+    CHECK(report_comparison_text(c.value(), 10).find("over ranks") == std::string::npos);
+    // A malformed "ranks" is an error naming the file.
+    rj["ops"][0]["ranks"] = {{"min_s", "x"}, {"max_s", 1.0}};
+    const auto bad = step_report(rj, "meas.json");
+    REQUIRE_FALSE(bad);
+    CHECK(bad.error().message.rfind("meas.json: ops:", 0) == 0);
     // A different plan is refused with what differs.
     mj["gpus"] = 4;
     const auto other = compare_reports(predicted(), step_report(mj, "meas.json").value());
