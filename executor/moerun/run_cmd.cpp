@@ -387,7 +387,7 @@ int run_plan(const RunOptions& o, int rank, int world) {
       if (report.contains("op_rank_skew") && !report["op_rank_skew"]["compute"].empty()) {
         const nlohmann::json& row = report["op_rank_skew"]["compute"][0];
         widest = fmt::format(
-            " | widest compute spread: {} {} on stage {}, {:.3f} ms per step (rank {} slowest)",
+            " | widest compute spread: {} ({}) on stage {}, {:.3f} ms per step (rank {} slowest)",
             row["op"].get<std::string>(), row["phase"].get<std::string>(), row["stage"].get<int>(),
             1e3 * row["spread_s"].get<double>(), row["slowest_rank"].get<int>());
       }

@@ -174,7 +174,7 @@ TEST_SUITE("moerun") {
     CHECK(compute[0]["phase"] == "fwd");
     CHECK(compute[0]["slowest_rank"] == 1);
     CHECK(compute[0]["spread_s"].get<double>() > 0.090);
-    CHECK(r.out.find("widest compute spread: L1.expert_fc13 fwd on stage 0") != std::string::npos);
+    CHECK(r.out.find("widest compute spread: L1.expert_fc13 (fwd) on stage 0") != std::string::npos);
     // Rank 0 waits for it in the all-to-all that follows (the combine): there rank 0 is the slow one.
     const auto& comm = j["op_rank_skew"]["communication"];
     REQUIRE(!comm.empty());
