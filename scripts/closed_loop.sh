@@ -63,7 +63,10 @@ EOF
 STACK="$RESULTS/moerun-cpu.json"
 echo "== step 2: calibration run cal-dp2-ep2 (not a validation plan) and moeplan calibrate --trace"
 plan cal-dp2-ep2 384 6 "" '"experts": {"ep": 2, "etp": 1, "dispatch": "all_to_all"}'
-$MPIEXEC "$MOERUN" run "$RESULTS/plans/cal-dp2-ep2.json" --steps 3 --warmup 1 --out "$RESULTS/cal"
+# --routing lowered: every rank runs the graph's rows, so the trace's op shapes are the graph's (drawn routing
+# would give rank 0's own rows, which the trace does not carry).
+$MPIEXEC "$MOERUN" run "$RESULTS/plans/cal-dp2-ep2.json" --steps 3 --warmup 1 --routing lowered \
+  --out "$RESULTS/cal"
 read -r EXPERTS HIDDEN EFFN < <(python3 -c "
 import json, sys; m = json.load(open('$MODEL'))
 print(m['moe']['num_experts'] // 2, m['hidden_size'], m['moe']['expert_ffn_size'])")

@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <functional>
 #include <limits>
 #include <memory>
 #include <optional>
@@ -52,7 +53,62 @@ struct RunOptions {
   int steps = 5, warmup = 2;
   double watchdog_s = 120;
   bool host_sync = false;  // cuda: the host waits for each op (its time then excludes queueing behind others)
+  std::string routing = "drawn";  // replay: "drawn" from the plan's distribution each step, or "lowered"
+  uint64_t routing_seed = 1;
 };
+
+// How the replay routes: the report's "routing" (its draw statistics are added after the steps, on rank 0)
+// and, when it draws, what the runner draws from.
+struct RoutingSetup {
+  nlohmann::json report;
+  std::optional<RoutingDrawSpec> spec;
+};
+
+RoutingSetup setup_routing(const RunOptions& o, const RunInputs& in, const RankLayout& layout, bool train,
+                           bool on_gpu) {
+  const Plan& plan = in.loaded.plan;
+  const ModelSpec& model = in.loaded.model;
+  RoutingSetup out;
+  if (train) {
+    out.report = {{"mode", "router"}, {"why", "the train runner routes with its model's own router"}};
+    return out;
+  }
+  std::string why = routing_draw_unsupported(model, plan, in.lowering);
+  if (why.empty() && on_gpu && plan.overlap.intra_op)
+    why = "the CUDA backend's fused GEMM + communication kernels (they spread rows evenly)";
+  if (why.empty() && o.routing == "lowered") why = "--routing lowered";
+  if (!why.empty()) {
+    out.report = {
+        {"mode", "lowered"},
+        {"why", why},
+        {"rule", "every rank runs the rows the graph carries: the busiest EP rank's (expert_load_scale)"}};
+    return out;
+  }
+  RoutingDrawSpec spec;
+  spec.inclusion = inclusion_probabilities(in.routing, model.moe.top_k);
+  spec.tokens_per_rank = routed_tokens_per_rank(plan);
+  spec.ep = plan.experts.ep;
+  spec.ep_rank = layout.of(CommGroup::kEp).index;
+  spec.ep_group = layout.of(CommGroup::kEp).members.front();
+  spec.stage = layout.stage;
+  spec.run_seed = o.routing_seed;
+  spec.lowered_rows =
+      static_cast<double>(spec.tokens_per_rank * model.moe.top_k) * in.lowering.expert_load_scale;
+  out.report = {
+      {"mode", "drawn"},
+      {"distribution", plan.routing.distribution},
+      {"seed", o.routing_seed},
+      {"tokens_per_rank", spec.tokens_per_rank},
+      {"lowered_rows", spec.lowered_rows},
+      {"rule",
+       "each step, every EP group draws each MoE layer's and micro-batch's routing from the plan's "
+       "distribution (seeded by group, layer, micro-batch and step, so its ranks agree); the expert GEMMs "
+       "run each local expert's drawn rows and the EP all-to-alls the drawn counts. busiest_over_mean: "
+       "the mean over draws of rank 0's EP group's busiest rank's rows over the mean rank's, beside the "
+       "routing model's expected value that the prediction uses (expert_load_scale)"}};
+  out.spec = spec;
+  return out;
+}
 
 // Flattened [start, end] pairs of `ops` for the ops of `stage` (in graph order).
 std::vector<double> pack_stage(const OpGraph& g, int stage, const std::vector<OpTiming>& ops) {
@@ -220,6 +276,7 @@ int run_plan(const RunOptions& o, int rank, int world) {
 #endif
   std::unique_ptr<OpRunner> runner_ptr;
   TrainRunner* trainer = nullptr;
+  ReplayRunner* replay = nullptr;
   if (train) {
     const RankLayout& lay = groups.layout();
     TrainPlace place;
@@ -242,7 +299,9 @@ int run_plan(const RunOptions& o, int rank, int world) {
     trainer = t.get();
     runner_ptr = std::move(t);
   } else if (!on_gpu) {
-    runner_ptr = std::make_unique<ReplayRunner>(graph, lookup);
+    auto r = std::make_unique<ReplayRunner>(graph, lookup);
+    replay = r.get();
+    runner_ptr = std::move(r);
   }
 #if MOERUN_WITH_CUDA
   // The GPU backend: NCCL communicators of the same groups (MPI carries the unique id), the CUDA replay.
@@ -264,6 +323,19 @@ int run_plan(const RunOptions& o, int rank, int world) {
   }
 #endif
   OpRunner& runner = *runner_ptr;
+  RoutingSetup routing_setup = setup_routing(o, in, groups.layout(), train, on_gpu);
+  nlohmann::json& routing = routing_setup.report;
+  std::function<RoutingDraws::Stats()> routing_stats;
+  if (routing_setup.spec && replay != nullptr) {
+    replay->draw_routing(*routing_setup.spec);
+    routing_stats = [replay] { return replay->routing_stats(); };
+  }
+#if MOERUN_WITH_CUDA
+  if (routing_setup.spec && gpu_runner != nullptr) {
+    gpu_runner->draw_routing(*routing_setup.spec);
+    routing_stats = [gpu_runner] { return gpu_runner->routing_stats(); };
+  }
+#endif
 
   // Slots: one per lane, then one for this command's own world-communicator work.
   const int lanes = static_cast<int>(schedule.lanes.size());
@@ -372,6 +444,14 @@ int run_plan(const RunOptions& o, int rank, int world) {
       report["cuda_ops"] =
           o.host_sync ? "host-sync: the host waits for each op" : "enqueued: one host wait per step";
     if (train) report["losses"] = losses;
+    if (routing["mode"] == "drawn" && routing_stats) {
+      const RoutingDraws::Stats st = routing_stats();
+      routing["draws"] = st.draws;
+      routing["busiest_over_mean"] = {{"drawn", st.busiest_over_mean},
+                                      {"predicted", in.lowering.expert_load_scale}};
+      routing["ep_rank_rows"] = st.ep_rank_rows;
+    }
+    report["routing"] = routing;
     std::error_code ec;
     std::filesystem::create_directories(o.out, ec);
     Result<bool> w = write_file_atomic((std::filesystem::path(o.out) / "trace.json").string(),
@@ -391,12 +471,20 @@ int run_plan(const RunOptions& o, int rank, int world) {
             row["op"].get<std::string>(), row["phase"].get<std::string>(), row["stage"].get<int>(),
             1e3 * row["spread_s"].get<double>(), row["slowest_rank"].get<int>());
       }
+      // Drawn routing: how much busier the busiest EP rank was than the mean, beside the prediction's.
+      std::string drawn;
+      if (routing["mode"] == "drawn") {
+        drawn = fmt::format(" | routing drawn: busiest EP rank {:.3f}x the mean (predicted {:.3f}x)",
+                            routing["busiest_over_mean"]["drawn"].get<double>(),
+                            routing["busiest_over_mean"]["predicted"].get<double>());
+      }
       std::printf(
           "moerun: %s: step %.4f s (mean of %d steps after %d warm-up) | %.0f tokens/s | rank skew %.3f "
-          "(slowest rank %d, %zu straggler(s))%s | %s\n",
+          "(slowest rank %d, %zu straggler(s))%s%s | %s\n",
           in.loaded.path.c_str(), report["step_time_s"].get<double>(), o.steps, o.warmup,
           report["tokens_per_s"].get<double>(), ranks["skew"].get<double>(), ranks["slowest_rank"].get<int>(),
-          ranks["stragglers"].size(), widest.c_str(), (std::filesystem::path(o.out) / "report.json").c_str());
+          ranks["stragglers"].size(), widest.c_str(), drawn.c_str(),
+          (std::filesystem::path(o.out) / "report.json").c_str());
     }
   }
   MOEPLAN_MPI_CHECK(MPI_Bcast(&code, 1, MPI_INT, 0, MPI_COMM_WORLD));
@@ -434,6 +522,14 @@ Runner add_run(CLI::App& app) {
   app.add_option("--dump-params", o->dump_params,
                  "With --runner train: write every parameter tensor after the last step to this file "
                  "(format in executor/runtime/train_runner.h)");
+  app.add_option("--routing", o->routing,
+                 "Replay: drawn: each step draws every EP group's routing from the plan's distribution, so "
+                 "each rank runs the expert rows it received; lowered: every rank runs the busiest rank's "
+                 "rows, as the op graph carries them")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"drawn", "lowered"}));
+  app.add_option("--routing-seed", o->routing_seed, "Replay with --routing drawn: the run's seed")
+      ->capture_default_str();
   app.add_option("--watchdog-s", o->watchdog_s,
                  "Seconds an op (or barrier) may run before the job is aborted with its name")
       ->capture_default_str()

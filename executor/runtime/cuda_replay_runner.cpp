@@ -6,8 +6,10 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <cmath>
 #include <cstdio>
 #include <map>
+#include <optional>
 #include <span>
 #include <tuple>
 #include <type_traits>
@@ -161,6 +163,14 @@ struct CudaReplayRunner::Impl {
   std::map<CommGroup, GroupMemory> fused_memory;
   std::map<std::tuple<int, int, int, int, int64_t, int64_t, int64_t>, int> signal_index;
 
+  // Routing draws (draw_routing): the ops this rank runs, the draws, and this step's rows per local expert of
+  // each drawn (layer, micro-batch) ([draw index][local expert]), on the host and in device memory (copied
+  // before the step's clock starts; the grouped GEMMs read them there).
+  std::span<const Op> graph_ops;
+  std::optional<RoutingDraws> draws;
+  std::vector<int32_t> draw_rows;
+  DeviceBuffer<int32_t> draw_rows_device;
+
   explicit Impl(DeviceGroupLookup gr) : groups(std::move(gr)), lanes(sz(kNumStreams)) {
     for (Lane& l : lanes) {
       MOERUN_CUDA_CHECK(cudaStreamCreateWithFlags(&l.stream, cudaStreamNonBlocking));
@@ -295,38 +305,47 @@ struct CudaReplayRunner::Impl {
 
   void grouped(const Op& op, Lane& l) {
     const int e = static_cast<int>(op.gemm.groups);
-    const int64_t per = (op.gemm.m + e - 1) / e, rows = per * e, in = op.gemm.k, out = op.gemm.n;
+    const int64_t per = (op.gemm.m + e - 1) / e, in = op.gemm.k, out = op.gemm.n;
+    // Drawn routing: each local expert's rows this step, already in device memory; else uniform rows.
+    const int64_t drawn = draws ? draws->draw_index(op) : -1;
+    int64_t rows = per * e;
+    if (drawn >= 0) {
+      rows = 0;
+      for (int64_t g = 0; g < e; ++g) rows += draw_rows[sz(drawn * e + g)];
+      rows = std::max<int64_t>(1, rows);  // a rank whose experts drew nothing still passes real buffers
+    }
     const cuda::ExpertGemmOp kind = op.part == GemmPart::kDgrad   ? cuda::ExpertGemmOp::kDgrad
                                     : op.part == GemmPart::kWgrad ? cuda::ExpertGemmOp::kWgrad
                                                                   : cuda::ExpertGemmOp::kForward;
-    Lane::Grouped& g = l.grouped[{static_cast<int>(kind), e, in, out, per}];
+    Lane::Grouped& g = l.grouped[{static_cast<int>(kind), e, in, out, drawn >= 0 ? int64_t{-1} : per}];
     if (!g.kernel) {
       g.kernel = std::make_unique<cuda::GroupedGemm>(cuda::GroupedGemmProblem{kind, e, in, out});
       if (const std::string why = g.kernel->can_implement(); !why.empty()) refuse(op, why);
       g.workspace = DeviceBuffer<char>(g.kernel->workspace_size());
-      const std::vector<int32_t> counts(sz(e), static_cast<int32_t>(per));  // uniform routing
-      g.counts = DeviceBuffer<int32_t>(counts.size());
-      MOERUN_CUDA_CHECK(cudaMemcpyAsync(g.counts.data(), counts.data(), counts.size() * sizeof(int32_t),
-                                        cudaMemcpyHostToDevice, l.stream));
+      if (drawn < 0) {
+        const std::vector<int32_t> counts(sz(e), static_cast<int32_t>(per));  // uniform routing
+        g.counts = DeviceBuffer<int32_t>(counts.size());
+        MOERUN_CUDA_CHECK(cudaMemcpyAsync(g.counts.data(), counts.data(), counts.size() * sizeof(int32_t),
+                                          cudaMemcpyHostToDevice, l.stream));
+      }
       count(static_cast<double>(g.workspace.size()));
       g.kernel->initialize(g.workspace.data(), l.stream);
     }
+    const int32_t* counts = drawn >= 0 ? draw_rows_device.data() + drawn * e : g.counts.data();
     // Forward: x [rows, in], w [E, in, out] -> y [rows, out]; dgrad: dy [rows, out], w -> dx [rows, in];
     // wgrad: x [rows, in], dy [rows, out] -> dw [E, in, out] fp32.
     const size_t w = sz(e * in * out) * 2;
     cuda::GroupedGemmOperands ops;
     switch (kind) {
       case cuda::ExpertGemmOp::kForward:
-        ops = {g.counts.data(), slot(l, 0, sz(rows * in) * 2), slot(l, 1, w), slot(l, 2, sz(rows * out) * 2),
-               rows};
+        ops = {counts, slot(l, 0, sz(rows * in) * 2), slot(l, 1, w), slot(l, 2, sz(rows * out) * 2), rows};
         break;
       case cuda::ExpertGemmOp::kDgrad:
-        ops = {g.counts.data(), slot(l, 0, sz(rows * out) * 2), slot(l, 1, w), slot(l, 2, sz(rows * in) * 2),
-               rows};
+        ops = {counts, slot(l, 0, sz(rows * out) * 2), slot(l, 1, w), slot(l, 2, sz(rows * in) * 2), rows};
         break;
       case cuda::ExpertGemmOp::kWgrad:
-        ops = {g.counts.data(), slot(l, 0, sz(rows * in) * 2), slot(l, 1, sz(rows * out) * 2),
-               slot(l, 2, w * 2), rows};
+        ops = {counts, slot(l, 0, sz(rows * in) * 2), slot(l, 1, sz(rows * out) * 2), slot(l, 2, w * 2),
+               rows};
         break;
     }
     g.kernel->run(ops, l.stream);
@@ -497,6 +516,23 @@ struct CudaReplayRunner::Impl {
         c->reduce_scatter(buf, out, sz(values / size), t, l.stream);
         break;
       case Collective::kAllToAll: {
+        if (const auto x = draws ? draws->exchange(op) : std::nullopt) {
+          // Drawn routing: the rows this rank sends each peer and receives from it, each row the op's values
+          // per lowered row.
+          const int64_t per_row = std::max<int64_t>(
+              1, std::llround(static_cast<double>(comm_values(op.comm, 1)) / draws->spec().lowered_rows));
+          std::vector<int64_t> send(x->send.size()), recv(x->recv.size());
+          int64_t send_total = 0, recv_total = 0;
+          for (size_t p = 0; p < send.size(); ++p) {
+            send[p] = per_row * x->send[p];
+            recv[p] = per_row * x->recv[p];
+            send_total += send[p];
+            recv_total += recv[p];
+          }
+          c->all_to_all_v(slot(l, 0, sz(std::max<int64_t>(1, send_total)) * eb), send,
+                          slot(l, 1, sz(std::max<int64_t>(1, recv_total)) * eb), recv, t, l.stream);
+          break;
+        }
         const std::vector<int64_t> counts(sz(size), values / size);
         c->all_to_all_v(buf, counts, out, counts, t, l.stream);
         break;
@@ -510,6 +546,7 @@ struct CudaReplayRunner::Impl {
 CudaReplayRunner::CudaReplayRunner(DeviceGroupLookup groups, std::span<const Op> ops, Mode mode)
     : impl_(std::make_unique<Impl>(std::move(groups))) {
   impl_->mode = mode;
+  impl_->graph_ops = ops;
   impl_->prepare_fused(ops);
   if (mode == Mode::kEnqueue) {
     MOERUN_CUDA_CHECK(cudaEventCreate(&impl_->step_start));
@@ -539,9 +576,12 @@ void CudaReplayRunner::run(const Op& op) {
       I.attention(op, l);
       break;
     case OpKind::kMemoryBound:
-    case OpKind::kOptimizer:
-      I.copy(op.hbm_bytes, l);
+    case OpKind::kOptimizer: {
+      // Drawn routing: an op over the experts' rows moves the bytes of the rows this rank received.
+      const std::optional<double> scale = I.draws ? I.draws->row_scale(op) : std::nullopt;
+      I.copy(op.hbm_bytes * scale.value_or(1.0), l);
       break;
+    }
     case OpKind::kCollective:
     case OpKind::kSendRecv:
       I.collective(op, l);
@@ -593,6 +633,35 @@ OpTiming CudaReplayRunner::interval(const Op& op) const {
 
 void CudaReplayRunner::receive(const Op& send) {
   refuse(send, "pipeline receives (cuda_unsupported refuses pp > 1)");
+}
+
+void CudaReplayRunner::draw_routing(RoutingDrawSpec spec) {
+  impl_->draws.emplace(impl_->graph_ops, std::move(spec));
+}
+
+// This step's draw, its rows per local expert copied to the device while nothing runs (the previous step has
+// ended: end_step or the per-op waits), before the step's clock starts.
+void CudaReplayRunner::prepare_step() {
+  Impl& I = *impl_;
+  if (!I.draws) return;
+  RoutingDraws& r = *I.draws;
+  r.draw_step();
+  const int64_t e = r.local_experts();
+  I.draw_rows.assign(sz(std::max<int64_t>(1, r.keys() * e)), 0);
+  for (int64_t i = 0; i < r.keys(); ++i) {
+    for (int64_t g = 0; g < e; ++g)
+      I.draw_rows[sz(i * e + g)] = static_cast<int32_t>(r.draw(i).expert_rows(r.spec().ep_rank, g));
+  }
+  if (I.draw_rows_device.size() < I.draw_rows.size()) {
+    I.count(static_cast<double>((I.draw_rows.size() - I.draw_rows_device.size()) * sizeof(int32_t)));
+    I.draw_rows_device = DeviceBuffer<int32_t>(I.draw_rows.size());
+  }
+  MOERUN_CUDA_CHECK(cudaMemcpy(I.draw_rows_device.data(), I.draw_rows.data(),
+                               I.draw_rows.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
+}
+
+RoutingDraws::Stats CudaReplayRunner::routing_stats() const {
+  return impl_->draws ? impl_->draws->stats() : RoutingDraws::Stats{};
 }
 
 double CudaReplayRunner::device_bytes() const {

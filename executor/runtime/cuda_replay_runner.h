@@ -4,8 +4,7 @@
 //   GEMM: cuBLASLt bf16 (executor/kernels/cuda/gemm.h) in the op's part: forward [m, k] x [k, n], dgrad
 //     [m, n] x [k, n]^T, wgrad [m, k]^T x [m, n] into fp32 (the main-grad buffer);
 //   grouped GEMM: CUTLASS's grouped kernel (grouped_gemm.h) over `groups` experts of ceil(m / groups) rows
-//   each,
-//     the counts in device memory;
+//     each, or each local expert's drawn rows (draw_routing), the counts in device memory;
 //   attention: cuDNN flash attention (attention.h), forward or backward, causal, heads x seq_q of the op with
 //     as many kv heads as query heads (the op carries no kv-head count; the kernel's time is the queries'),
 //     v_dim = qk_dim; a sliding window or cp's seq_q < seq_kv runs as full causal attention over seq_q;
@@ -32,6 +31,7 @@
 
 #include "executor/comm/device_communicator.h"
 #include "executor/runtime/op_runner.h"
+#include "executor/runtime/routing_draw.h"
 #include "simulator/core/model_spec.h"
 #include "simulator/core/plan.h"
 
@@ -60,6 +60,14 @@ class CudaReplayRunner final : public OpRunner {
   void begin_step() override;
   void end_step() override;
   OpTiming interval(const Op& op) const override;
+  void prepare_step() override;
+
+  // Runs the routed ops of `spec.stage`'s MoE layers on routing drawn each step (routing_draw.h), as the CPU
+  // replay does: each local expert's drawn rows in the grouped GEMMs (the counts in device memory), the drawn
+  // counts in the EP all-to-alls, memory-bound ops over the experts' rows scaled to the rows received. Not
+  // for fused ops (their kernels spread rows evenly; moerun does not draw for such plans).
+  void draw_routing(RoutingDrawSpec spec);
+  RoutingDraws::Stats routing_stats() const;
 
   // Device bytes this runner holds now and at most (scratch buffers, workspaces, kernel objects).
   double device_bytes() const;

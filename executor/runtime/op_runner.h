@@ -14,6 +14,9 @@ class OpRunner {
   // The receiving half of a pipeline send: `send` is the kSendRecv op of the neighbouring stage whose
   // message this rank receives. Returns when the message has arrived.
   virtual void receive(const Op& send) = 0;
+  // Called once per step before the step's clock starts (work that is not the step's, e.g. drawing its
+  // routing).
+  virtual void prepare_step() {}
   // The device's time for `op`, which run() has just finished on the calling thread (CUDA events around its
   // work on its stream), or a negative value when the runner has no device clock and the host's interval
   // around run() is the op's time (the CPU runners).

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <numeric>
 
 #include <Eigen/Core>
 
@@ -77,8 +78,24 @@ double ReplayRunner::scratch_bytes() const {
   return b;
 }
 
+void ReplayRunner::draw_routing(RoutingDrawSpec spec) {
+  routing_.emplace(graph_.ops, std::move(spec));
+}
+
+void ReplayRunner::prepare_step() {
+  if (routing_) routing_->draw_step();
+}
+
+ReplayRunner::RoutingStats ReplayRunner::routing_stats() const {
+  return routing_ ? routing_->stats() : RoutingStats{};
+}
+
 void ReplayRunner::run(const Op& op) {
   Scratch& s = scratch_for(static_cast<size_t>(op.stream));
+  if (const std::optional<double> scale = routing_ ? routing_->row_scale(op) : std::nullopt) {
+    memory_bound(op.hbm_bytes * *scale, s);
+    return;
+  }
   switch (op.kind) {
     case OpKind::kGemm:
     case OpKind::kGroupedGemm:
@@ -106,13 +123,21 @@ void ReplayRunner::run(const Op& op) {
 
 void ReplayRunner::gemm(const Op& op, Scratch& s) {
   const int64_t groups = std::max<int64_t>(1, op.gemm.groups);
-  const int64_t m = (op.gemm.m + groups - 1) / groups, n = op.gemm.n, k = op.gemm.k;
-  if (m <= 0 || n <= 0 || k <= 0) return;
-  // [m, k] activations per group, [k, n] weights per group, [m, n] outputs per group.
-  std::span<float> a = s.get(0, sz(groups * m * k)), b = s.get(1, sz(groups * k * n)),
-                   c = s.get(2, sz(groups * m * n));
+  const int64_t n = op.gemm.n, k = op.gemm.k;
+  if (op.gemm.m <= 0 || n <= 0 || k <= 0) return;
+  // Rows per group: each local expert's drawn rows, or the lowered rows spread evenly.
+  std::vector<int64_t> rows = routing_ ? routing_->expert_rows(op) : std::vector<int64_t>{};
+  if (rows.empty()) rows.assign(sz(groups), (op.gemm.m + groups - 1) / groups);
+  const int64_t total = std::accumulate(rows.begin(), rows.end(), int64_t{0});
+  // [rows_g, k] activations per group, [k, n] weights per group, [rows_g, n] outputs per group.
+  std::span<float> a = s.get(0, sz(std::max<int64_t>(1, total * k))), b = s.get(1, sz(groups * k * n)),
+                   c = s.get(2, sz(std::max<int64_t>(1, total * n)));
+  int64_t r0 = 0;
   for (int64_t g = 0; g < groups; ++g) {
-    MapMat A(a.data() + g * m * k, m, k), B(b.data() + g * k * n, k, n), C(c.data() + g * m * n, m, n);
+    const int64_t m = rows[sz(g)];
+    MapMat A(a.data() + r0 * k, m, k), B(b.data() + g * k * n, k, n), C(c.data() + r0 * n, m, n);
+    r0 += m;
+    if (m == 0) continue;
     switch (op.part) {
       case GemmPart::kNone:
         C.noalias() = A * B;
@@ -201,6 +226,10 @@ void ReplayRunner::collective(const Op& op, Scratch& s) {
       break;
     }
     case Collective::kAllToAll: {
+      if (const auto x = routing_ ? routing_->exchange(op) : std::nullopt) {
+        all_to_all_drawn(op, *x, *comm, s);
+        break;
+      }
       const std::vector<int64_t> counts(sz(size), share);
       std::span<float> in = s.get(10, sz(values)), out = s.get(11, sz(values));
       comm->all_to_all_v(in, counts, out, counts, wire);
@@ -212,6 +241,27 @@ void ReplayRunner::collective(const Op& op, Scratch& s) {
       break;
     }
   }
+}
+
+// The EP all-to-all of drawn rows (RoutingDraws::exchange), each row the op's values per lowered row.
+void ReplayRunner::all_to_all_drawn(const Op& op, const RoutingDraws::Exchange& x, Communicator& comm,
+                                    Scratch& s) {
+  const RoutingDrawSpec& r = routing_->spec();
+  MOEPLAN_ASSERT(comm.rank() == r.ep_rank && comm.size() == r.ep);
+  const double values = static_cast<double>(comm_values(op.comm, 1));
+  const int64_t per_row = std::max<int64_t>(1, std::llround(values / r.lowered_rows));
+  std::vector<int64_t> send(x.send.size()), recv(x.recv.size());
+  int64_t send_total = 0, recv_total = 0;
+  for (size_t p = 0; p < send.size(); ++p) {
+    send[p] = per_row * x.send[p];
+    recv[p] = per_row * x.recv[p];
+    send_total += send[p];
+    recv_total += recv[p];
+  }
+  std::span<float> in = s.get(10, sz(std::max<int64_t>(1, send_total)));
+  std::span<float> out = s.get(11, sz(std::max<int64_t>(1, recv_total)));
+  comm.all_to_all_v(in.first(sz(send_total)), send, out.first(sz(recv_total)), recv,
+                    wire_format_of(op.comm.dtype));
 }
 
 void ReplayRunner::receive(const Op& send) {

@@ -9,15 +9,24 @@
 //   Communicator with comm.bytes / bytes_of(comm.dtype) fp32 values and the wire format matching comm.dtype
 //   (bf16 and fp16 -> kBf16, fp8 -> kFp8E4m3), so the bytes crossing the wire are the op's bytes; a fused
 //   GEMM + collective runs its GEMM, then its collective (no tile-level overlap on the CPU).
+// Routing: the graph's routed ops carry the busiest EP rank's rows (the prediction's expert_load_scale), so
+// by default every rank runs them. With draw_routing(), each step draws the EP group's routing from the
+// plan's distribution (routing_draw.h) before the step's clock starts, and the routed ops of each MoE layer
+// and micro-batch run what the draw gives this rank: each local expert's GEMM its own rows, the EP
+// all-to-alls (dispatch, probs and combine, fused or not) the counts the ranks exchange, and the memory-bound
+// ops over the experts' rows (activation, bias, scatter, gather, chunk sorts) their bytes scaled by the rows
+// received over the lowered rows.
 #pragma once
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <span>
 #include <vector>
 
 #include "executor/comm/communicator.h"
 #include "executor/runtime/op_runner.h"
+#include "executor/runtime/routing_draw.h"
 
 namespace moeplan::executor {
 
@@ -31,6 +40,15 @@ class ReplayRunner final : public OpRunner {
 
   void run(const Op& op) override;
   void receive(const Op& send) override;
+  // Draws this step's routing (with draw_routing), before the step's clock starts.
+  void prepare_step() override;
+
+  // Runs the routed ops of `spec.stage`'s MoE layers on routing drawn each step (see the header).
+  void draw_routing(RoutingDrawSpec spec);
+
+  // The draws' statistics so far (see RoutingDraws::stats); empty without draw_routing().
+  using RoutingStats = RoutingDraws::Stats;
+  RoutingStats routing_stats() const;
 
   // Bytes held in scratch buffers now (bounded by kScratchCapBytes per lane).
   double scratch_bytes() const;
@@ -51,11 +69,13 @@ class ReplayRunner final : public OpRunner {
   void memory_bound(double bytes, Scratch& s);
   void optimizer(const Op& op, Scratch& s);
   void collective(const Op& op, Scratch& s);
+  void all_to_all_drawn(const Op& op, const RoutingDraws::Exchange& x, Communicator& comm, Scratch& s);
 
   const OpGraph& graph_;
   GroupLookup groups_;
   std::function<int(int)> pp_rank_of_stage_;
-  std::vector<Scratch> scratch_;  // kNumStreams lanes + one per source stage of pipeline receives
+  std::vector<Scratch> scratch_;         // kNumStreams lanes + one per source stage of pipeline receives
+  std::optional<RoutingDraws> routing_;  // set by draw_routing()
 };
 
 // Values of a communication buffer: comm.bytes / bytes_of(comm.dtype), rounded up to a multiple of

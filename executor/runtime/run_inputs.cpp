@@ -25,6 +25,7 @@ Result<RunInputs> load_run_inputs(const std::string& plan_path) {
   Result<workload::RoutingDistribution> routing =
       io::routing_distribution(plan.routing.distribution, std::max<int64_t>(1, model.moe.num_experts), dir);
   if (!routing) return routing.error();
+  in.routing = routing.value();
 
   in.violations = validate(plan, model, in.loaded.hardware);
   if (!in.violations.empty()) return in;

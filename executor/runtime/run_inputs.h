@@ -10,6 +10,7 @@
 #include "simulator/core/plan.h"
 #include "simulator/io/plan_io.h"
 #include "simulator/workload/lower.h"
+#include "simulator/workload/routing.h"
 
 namespace moeplan::executor {
 
@@ -20,6 +21,8 @@ struct RunInputs {
   // The stack's lowering facts (stack_lowering), as predict() uses them; expert_load_scale is the busiest EP
   // rank's routed rows over the mean, from the simulator's routing model.
   LoweringOptions lowering;
+  // The plan's routing distribution (routing.distribution), from which the replay draws each step's routing.
+  workload::RoutingDistribution routing;
 };
 
 // Errors are one line "FILE: field: what was expected" (a bad plan, model, hardware, stack or router trace).

@@ -52,6 +52,7 @@ StepTiming StageExecutor::run_step() {
   out.ops.assign(graph_.ops.size(), OpTiming{});
   std::vector<double> task_end(n, 0.0);
   const bool enqueues = runner_.enqueues();
+  runner_.prepare_step();
   const Clock::time_point t0 = Clock::now();
   auto seconds = [t0] { return std::chrono::duration<double>(Clock::now() - t0).count(); };
   if (enqueues) runner_.begin_step();

@@ -27,7 +27,7 @@ class StageExecutor {
   StageExecutor(const OpGraph& graph, const StageSchedule& schedule, OpRunner& runner, int world_rank,
                 Watchdog* watchdog = nullptr, int watchdog_slot0 = 0, std::optional<Fault> fault = {});
 
-  // Runs every task of the stage once; the step's clock starts when this is called.
+  // Runs every task of the stage once; the step's clock starts after the runner's prepare_step().
   StepTiming run_step();
 
   int lanes() const { return static_cast<int>(schedule_.lanes.size()); }

@@ -1,7 +1,7 @@
 // Tests of `moerun run` as users start it, under mpiexec: a measured run whose ops join the predicted ones,
-// a pipeline run, every rank's op times (a rank slowed in one op named as its slowest), bad inputs (exit 2,
-// one line, no files), an illegal plan (exit 3), and faults (a crashed rank, a hung collective caught by the
-// watchdog) that end the job with no report left behind.
+// a pipeline run, every rank's op times (a rank slowed in one op named as its slowest), routing drawn from
+// the plan's distribution, bad inputs (exit 2, one line, no files), an illegal plan (exit 3), and faults (a
+// crashed rank, a hung collective caught by the watchdog) that end the job with no report left behind.
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -182,6 +182,44 @@ TEST_SUITE("moerun") {
     CHECK(comm[0]["spread_s"].get<double>() > 0.050);
     // The ranks' own steps cannot say which rank was slow: rank 0 waits for rank 1 in the next all-to-all,
     // and both end with the gradient all-reduce, so either may end last.
+    fs::remove_all(out);
+    fs::remove(plan);
+  }
+
+  TEST_CASE("drawn routing: each EP rank runs the rows its experts drew, as busy as the routing model says") {
+    // zipf:1.5 over tiny-moe's 8 experts, top 2, on EP 2: rank 0 holds experts 0-3, which every token picks
+    // at least once (p_0 = 0.52 > 1/2) and 86 % of the picks in all; rank 1 gets the rest. 128 tokens per
+    // rank and micro-batch, 2 micro-batches x 3 MoE layers x 3 steps = 18 draws.
+    const fs::path plan = write_plan("zipf", false, ", \"routing\": {\"distribution\": \"zipf:1.5\"}");
+    const fs::path out = temp("zipf_out");
+    const Run r = mpirun(
+        2, "run '" + plan.string() + "' --steps 2 --warmup 1 --routing-seed 7 --out '" + out.string() + "'");
+    REQUIRE_MESSAGE(r.exit_code == 0, r.err);
+    const auto j = nlohmann::json::parse(slurp(out / "report.json"));
+    const auto& routing = j["routing"];
+    CHECK(routing["mode"] == "drawn");
+    CHECK(routing["distribution"] == "zipf:1.5");
+    CHECK(routing["seed"] == 7);
+    CHECK(routing["draws"] == 18);
+    const auto rows = routing["ep_rank_rows"].get<std::vector<double>>();
+    REQUIRE(rows.size() == 2);
+    CHECK(rows[0] + rows[1] == doctest::Approx(2 * 128 * 2));  // every rank's tokens, top 2 each
+    CHECK(rows[0] > 3 * rows[1]);
+    // The draws' busiest rank over the mean beside the routing model's expectation, which the prediction
+    // uses (both about 1.73 here), over 18 draws.
+    const double drawn = routing["busiest_over_mean"]["drawn"].get<double>();
+    const double predicted = routing["busiest_over_mean"]["predicted"].get<double>();
+    CHECK(predicted == doctest::Approx(j["expert_load_scale"].get<double>()));
+    CHECK(drawn == doctest::Approx(predicted).epsilon(0.05));
+    CHECK(r.out.find("routing drawn: busiest EP rank") != std::string::npos);
+
+    // --routing lowered: every rank runs the graph's rows, and the report says so.
+    const Run lowered = mpirun(
+        2, "run '" + plan.string() + "' --steps 1 --warmup 0 --routing lowered --out '" + out.string() + "'");
+    REQUIRE_MESSAGE(lowered.exit_code == 0, lowered.err);
+    const auto k = nlohmann::json::parse(slurp(out / "report.json"));
+    CHECK(k["routing"]["mode"] == "lowered");
+    CHECK(k["routing"]["why"] == "--routing lowered");
     fs::remove_all(out);
     fs::remove(plan);
   }

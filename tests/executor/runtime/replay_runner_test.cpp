@@ -5,6 +5,7 @@
 #include <doctest/doctest.h>
 
 #include <chrono>
+#include <optional>
 
 #include "tests/executor/runtime/runtime_fixtures.h"
 
@@ -58,6 +59,45 @@ TEST_SUITE("executor_runtime") {
     Op back = a;
     back.phase = Phase::kBackward;
     CHECK(seconds_of(r, back) > seconds_of(r, a));
+  }
+
+  TEST_CASE("with drawn routing, a rank runs the expert rows its experts drew and none when they drew none") {
+    // tiny-moe (8 experts, top 2) on EP 2: every token picks two of rank 0's experts 0-3, none of rank 1's.
+    const RunInputs in = test::load_tiny("replay_draw", test::tiny_plan(2, test::kDp2Ep2));
+    auto expert_scratch = [&in](std::optional<int64_t> ep_rank) {
+      ReplayRunner r(in.graph, [](CommGroup) -> Communicator* { return nullptr; });
+      if (ep_rank) {
+        RoutingDrawSpec spec;
+        spec.inclusion = {0.5, 0.5, 0.5, 0.5, 0, 0, 0, 0};
+        spec.tokens_per_rank = routed_tokens_per_rank(in.loaded.plan);
+        spec.ep = 2;
+        spec.ep_rank = *ep_rank;
+        spec.lowered_rows = static_cast<double>(spec.tokens_per_rank * 2) * in.lowering.expert_load_scale;
+        r.draw_routing(spec);
+      }
+      r.prepare_step();
+      int ran = 0;
+      for (const Op& op : in.graph.ops) {
+        const auto name = static_cast<OpName>(op.name);
+        if (name != OpName::kExpertFc13 && name != OpName::kExpertFc2) continue;
+        r.run(op);
+        ++ran;
+      }
+      CHECK(ran > 0);
+      if (ep_rank) {
+        const ReplayRunner::RoutingStats st = r.routing_stats();
+        CHECK(st.draws > 0);
+        CHECK(st.busiest_over_mean == doctest::Approx(2.0));  // one rank gets everything
+        CHECK(st.ep_rank_rows[1] == 0.0);
+      }
+      return r.scratch_bytes();
+    };
+    const double busy = expert_scratch(0), idle = expert_scratch(1), lowered = expert_scratch(std::nullopt);
+    // Rank 0 holds every row of both ranks' tokens (twice the mean), more than the graph's busiest-rank rows;
+    // rank 1 only its experts' weights.
+    CHECK(busy > lowered);
+    CHECK(idle < lowered);
+    CHECK(idle < busy / 2);
   }
 
   TEST_CASE("communication buffers hold the op's bytes in whole shares per rank") {
