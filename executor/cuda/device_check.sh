@@ -10,13 +10,14 @@
 #   4. with the full build: `moerun run --backend cuda` of executor/cuda/device_plan.json on the GPU, the
 #      prediction of the same plan on the matching profile (h200-sxm), and `moeplan compare`; then the same
 #      for device_plan_fused.json (intra-operator overlap: the experts' GEMMs on the fused kernels, one rank),
-#      and for device_plan.json with --host-sync (the host waits for each op) and with --routing lowered
-#      (every expert runs the graph's rows; by default each step's routing is drawn from the plan's);
+#      and for device_plan.json with --host-sync (the host waits for each op), with --routing lowered
+#      (every expert runs the graph's rows; by default each step's routing is drawn from the plan's) and
+#      with --cuda-graph (the step captured once and replayed);
 # and prints a short table last. Before the build it runs executor/cuda/torch_kernels_bench.py where PyTorch
-# is installed. Logs go to $OUT (the lent machine's return folder) or ./device_check_out: 15 files
+# is installed. Logs go to $OUT (the lent machine's return folder) or ./device_check_out: 17 files
 # (gpu.txt, torch_kernels.csv, build.log, tests.log, cublaslt.log, bench.log, compare.txt, run/, run-fused/,
-# run-host-sync/ and run-lowered/ report.json and trace.json), more than a lent machine returns, so point OUT elsewhere
-# and pack them.
+# run-host-sync/, run-lowered/ and run-graph/ report.json and trace.json), more than a lent machine returns,
+# so point OUT elsewhere and pack them.
 # Usage (repo root): executor/cuda/pack_device_deps.sh here, then on the device (carry .devdeps):
 #   OUT=/tmp/dc executor/cuda/device_check.sh | tee $OUT/summary.txt; tar czf $OUT/dc.tgz -C /tmp dc
 set -uo pipefail
@@ -142,11 +143,13 @@ if [[ $full == ON && -x $build/executor/moerun/moerun && -x $build/planner/moepl
   # The two plans as moerun runs them by default (ops enqueued, one host wait per step; the unfused plan's
   # routing drawn from its distribution, so its experts' rows differ), then the unfused plan with the host
   # waiting for each op (--host-sync) and with every expert running the graph's rows (--routing lowered).
-  for run in device_plan device_plan_fused device_plan:host-sync device_plan:lowered; do
+  # Last, the unfused plan's step captured as a CUDA graph (--cuda-graph: never run before this check).
+  for run in device_plan device_plan_fused device_plan:host-sync device_plan:lowered device_plan:graph; do
     plan=${run%%:*} dir=run extra=()
     [[ $plan == device_plan_fused ]] && dir=run-fused
     [[ $run == *:host-sync ]] && dir=run-host-sync extra=(--host-sync)
     [[ $run == *:lowered ]] && dir=run-lowered extra=(--routing lowered)
+    [[ $run == *:graph ]] && dir=run-graph extra=(--cuda-graph)
     log "moerun run --backend cuda executor/cuda/$plan.json ${extra[*]}"
     echo "==== $run" >>"$out/compare.txt"
     if timeout -k 10 180 "${mpirun[@]}" "$build/executor/moerun/moerun" run "executor/cuda/$plan.json" --backend cuda \

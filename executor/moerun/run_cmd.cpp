@@ -53,6 +53,7 @@ struct RunOptions {
   int steps = 5, warmup = 2;
   double watchdog_s = 120;
   bool host_sync = false;  // cuda: the host waits for each op (its time then excludes queueing behind others)
+  bool cuda_graph = false;  // cuda: the step captured as a CUDA graph in the second step, replayed after
   std::string routing = "drawn";  // replay: "drawn" from the plan's distribution each step, or "lowered"
   uint64_t routing_seed = 1;
 };
@@ -76,6 +77,8 @@ RoutingSetup setup_routing(const RunOptions& o, const RunInputs& in, const RankL
   std::string why = routing_draw_unsupported(model, plan, in.lowering);
   if (why.empty() && on_gpu && plan.overlap.intra_op)
     why = "the CUDA backend's fused GEMM + communication kernels (they spread rows evenly)";
+  if (why.empty() && o.cuda_graph && plan.experts.ep > 1)
+    why = "--cuda-graph over more than one EP rank (a graph fixes the all-to-all counts and rows at capture)";
   if (why.empty() && o.routing == "lowered") why = "--routing lowered";
   if (!why.empty()) {
     out.report = {
@@ -222,6 +225,20 @@ int run_plan(const RunOptions& o, int rank, int world) {
   if (!train && !o.dump_params.empty()) return bad_input(rank, "--dump-params needs --runner train");
   const bool on_gpu = o.backend == "cuda";
   if (o.host_sync && !on_gpu) return bad_input(rank, "--host-sync needs --backend cuda");
+  if (o.cuda_graph && !on_gpu) return bad_input(rank, "--cuda-graph needs --backend cuda");
+  if (o.cuda_graph && o.host_sync) return bad_input(rank, "--cuda-graph and --host-sync exclude each other");
+  if (o.cuda_graph && o.warmup < 2)
+    return bad_input(rank,
+                     "--cuda-graph needs --warmup 2 or more (the first step makes the kernels, the second is "
+                     "captured, so the measured steps replay the graph)");
+  if (o.cuda_graph && plan.overlap.intra_op) {
+    if (rank == 0)
+      std::fprintf(stderr,
+                   "moerun: %s: --cuda-graph does not support the fused GEMM + communication kernels "
+                   "(intra-operator overlap: their signal epochs are host arguments a graph would fix)\n",
+                   in.loaded.path.c_str());
+    return kExitInfeasible;
+  }
 #if MOERUN_WITH_CUDA
   if (on_gpu) {
     if (train) {
@@ -315,9 +332,10 @@ int run_plan(const RunOptions& o, int rank, int world) {
       NcclCommunicator& c = nccl->of(g);
       return c.size() > 1 ? &c : nullptr;
     };
-    auto r = std::make_unique<CudaReplayRunner>(
-        device_lookup, graph.ops,
-        o.host_sync ? CudaReplayRunner::Mode::kHostSync : CudaReplayRunner::Mode::kEnqueue);
+    auto r = std::make_unique<CudaReplayRunner>(device_lookup, graph.ops,
+                                                o.host_sync    ? CudaReplayRunner::Mode::kHostSync
+                                                : o.cuda_graph ? CudaReplayRunner::Mode::kGraph
+                                                               : CudaReplayRunner::Mode::kEnqueue);
     gpu_runner = r.get();
     runner_ptr = std::move(r);
   }
@@ -442,7 +460,9 @@ int run_plan(const RunOptions& o, int rank, int world) {
     report["backend"] = o.backend;
     if (on_gpu)
       report["cuda_ops"] =
-          o.host_sync ? "host-sync: the host waits for each op" : "enqueued: one host wait per step";
+          o.host_sync    ? "host-sync: the host waits for each op"
+          : o.cuda_graph ? "graph: the second step captured as a CUDA graph, launched once per step after"
+                         : "enqueued: one host wait per step";
     if (train) report["losses"] = losses;
     if (routing["mode"] == "drawn" && routing_stats) {
       const RoutingDraws::Stats st = routing_stats();
@@ -519,6 +539,10 @@ Runner add_run(CLI::App& app) {
       "With --backend cuda: the host waits for each op before the next (one op at a time on the GPU, "
       "each op's time its own); by default ops are enqueued on their streams with events for "
       "dependencies and the host waits once per step");
+  app.add_flag("--cuda-graph", o->cuda_graph,
+               "With --backend cuda: capture the second step as a CUDA graph and launch it once per later "
+               "step (no host work per op; needs --warmup 2 or more; not with fused kernels; routing is "
+               "drawn only on one EP rank)");
   app.add_option("--dump-params", o->dump_params,
                  "With --runner train: write every parameter tensor after the last step to this file "
                  "(format in executor/runtime/train_runner.h)");

@@ -157,6 +157,15 @@ struct CudaReplayRunner::Impl {
   // the lanes' threads only read the map), and the step's start event on the compute stream.
   std::map<int32_t, std::pair<cudaEvent_t, cudaEvent_t>> op_events;
   cudaEvent_t step_start = nullptr;
+  // kGraph: the steps begun, whether the lanes' enqueues are being captured, the instantiated step, each op's
+  // end as an event internal to the capture (the cross-stream dependencies; its timing events are external
+  // record nodes) and the events that fork the other streams from the compute stream's capture and join them.
+  int64_t steps_begun = 0;
+  bool capturing = false;
+  cudaGraphExec_t graph_exec = nullptr;
+  std::map<int32_t, cudaEvent_t> dep_events;
+  cudaEvent_t fork = nullptr;
+  std::vector<cudaEvent_t> joins;
 
   // Fused ops' group memory and each fused kernel's signal array, set up before any lane runs (the windows
   // are collective over their groups) and only read afterwards.
@@ -240,6 +249,10 @@ struct CudaReplayRunner::Impl {
       cudaEventDestroy(ev.second);
     }
     if (step_start != nullptr) cudaEventDestroy(step_start);
+    if (graph_exec != nullptr) cudaGraphExecDestroy(graph_exec);
+    for (auto& [id, ev] : dep_events) cudaEventDestroy(ev);
+    if (fork != nullptr) cudaEventDestroy(fork);
+    for (cudaEvent_t ev : joins) cudaEventDestroy(ev);
     for (Lane& l : lanes) {
       const cudaStream_t s = l.stream;
       const cudaEvent_t before = l.before, after = l.after;
@@ -548,15 +561,24 @@ CudaReplayRunner::CudaReplayRunner(DeviceGroupLookup groups, std::span<const Op>
   impl_->mode = mode;
   impl_->graph_ops = ops;
   impl_->prepare_fused(ops);
-  if (mode == Mode::kEnqueue) {
-    MOERUN_CUDA_CHECK(cudaEventCreate(&impl_->step_start));
-    for (const Op& op : ops) {
-      std::pair<cudaEvent_t, cudaEvent_t> ev{};
-      MOERUN_CUDA_CHECK(cudaEventCreate(&ev.first));
-      MOERUN_CUDA_CHECK(cudaEventCreate(&ev.second));
-      impl_->op_events.emplace(op.id, ev);
-    }
+  if (mode == Mode::kHostSync) return;
+  MOERUN_CUDA_CHECK(cudaEventCreate(&impl_->step_start));
+  for (const Op& op : ops) {
+    std::pair<cudaEvent_t, cudaEvent_t> ev{};
+    MOERUN_CUDA_CHECK(cudaEventCreate(&ev.first));
+    MOERUN_CUDA_CHECK(cudaEventCreate(&ev.second));
+    impl_->op_events.emplace(op.id, ev);
   }
+  if (mode != Mode::kGraph) return;
+  for (const Op& op : ops) {
+    cudaEvent_t ev = nullptr;
+    MOERUN_CUDA_CHECK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+    impl_->dep_events.emplace(op.id, ev);
+  }
+  MOERUN_CUDA_CHECK(cudaEventCreateWithFlags(&impl_->fork, cudaEventDisableTiming));
+  impl_->joins.resize(impl_->lanes.size());
+  for (cudaEvent_t& ev : impl_->joins)
+    MOERUN_CUDA_CHECK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
 }
 
 CudaReplayRunner::~CudaReplayRunner() = default;
@@ -564,9 +586,12 @@ CudaReplayRunner::~CudaReplayRunner() = default;
 void CudaReplayRunner::run(const Op& op) {
   Impl& I = *impl_;
   Lane& l = I.lanes[static_cast<size_t>(op.stream)];
-  const bool enqueue = I.mode == Mode::kEnqueue;
+  const bool enqueue = I.mode != Mode::kHostSync;
   const auto [ev_begin, ev_end] = enqueue ? I.op_events.at(op.id) : std::pair{l.before, l.after};
-  MOERUN_CUDA_CHECK(cudaEventRecord(ev_begin, l.stream));
+  // Under capture an op's timing events become event record nodes of the graph (external), recorded each
+  // time the graph runs; a plain record would only order the capture's streams.
+  const unsigned record_flags = I.capturing ? cudaEventRecordExternal : cudaEventRecordDefault;
+  MOERUN_CUDA_CHECK(cudaEventRecordWithFlags(ev_begin, l.stream, record_flags));
   switch (op.kind) {
     case OpKind::kGemm:
     case OpKind::kGroupedGemm:
@@ -591,7 +616,8 @@ void CudaReplayRunner::run(const Op& op) {
       break;
   }
   MOERUN_CUDA_CHECK(cudaGetLastError());
-  MOERUN_CUDA_CHECK(cudaEventRecord(ev_end, l.stream));
+  MOERUN_CUDA_CHECK(cudaEventRecordWithFlags(ev_end, l.stream, record_flags));
+  if (I.capturing) MOERUN_CUDA_CHECK(cudaEventRecord(I.dep_events.at(op.id), l.stream));
   if (enqueue) return;
   MOERUN_CUDA_CHECK(cudaStreamSynchronize(l.stream));
   float ms = 0;
@@ -600,27 +626,70 @@ void CudaReplayRunner::run(const Op& op) {
 }
 
 double CudaReplayRunner::device_seconds(const Op& op) const {
-  return impl_->mode == Mode::kEnqueue ? -1 : impl_->lanes[static_cast<size_t>(op.stream)].last_seconds;
+  return impl_->mode != Mode::kHostSync ? -1 : impl_->lanes[static_cast<size_t>(op.stream)].last_seconds;
 }
 
 bool CudaReplayRunner::enqueues() const {
-  return impl_->mode == Mode::kEnqueue;
+  return impl_->mode != Mode::kHostSync;
 }
 
-// Ops of one stream run in order on its CUDA stream; an op of another stream is waited for on the device.
+bool CudaReplayRunner::replays_step() const {
+  return impl_->graph_exec != nullptr;
+}
+
+// Ops of one stream run in order on its CUDA stream; an op of another stream is waited for on the device
+// (under capture, on the dependency's internal end event: a dependency edge of the graph).
 void CudaReplayRunner::after(const Op& op, const Op& dep) {
   if (dep.stream == op.stream) return;
-  const Lane& l = impl_->lanes[static_cast<size_t>(op.stream)];
-  MOERUN_CUDA_CHECK(cudaStreamWaitEvent(l.stream, impl_->op_events.at(dep.id).second, 0));
+  const Impl& I = *impl_;
+  const Lane& l = I.lanes[static_cast<size_t>(op.stream)];
+  const cudaEvent_t done = I.capturing ? I.dep_events.at(dep.id) : I.op_events.at(dep.id).second;
+  MOERUN_CUDA_CHECK(cudaStreamWaitEvent(l.stream, done, 0));
 }
 
-// The step's start: on the compute stream, which every other stream's first op follows on the host.
+// The step's start: on the compute stream, which every other stream's first op follows on the host. kGraph:
+// the second step begins the capture on the compute stream, the other streams joining it through the fork
+// event (their later work is captured, not run); later steps launch the graph.
 void CudaReplayRunner::begin_step() {
-  MOERUN_CUDA_CHECK(cudaEventRecord(impl_->step_start, impl_->lanes[0].stream));
+  Impl& I = *impl_;
+  const cudaStream_t origin = I.lanes[0].stream;
+  ++I.steps_begun;
+  if (I.graph_exec != nullptr) {
+    MOERUN_CUDA_CHECK(cudaEventRecord(I.step_start, origin));
+    MOERUN_CUDA_CHECK(cudaGraphLaunch(I.graph_exec, origin));
+    return;
+  }
+  if (I.mode == Mode::kGraph && I.steps_begun == 2) {
+    // Relaxed: a lane thread may still grow a scratch buffer (cudaMalloc) while another captures.
+    MOERUN_CUDA_CHECK(cudaStreamBeginCapture(origin, cudaStreamCaptureModeRelaxed));
+    MOERUN_CUDA_CHECK(cudaEventRecord(I.fork, origin));
+    for (size_t i = 1; i < I.lanes.size(); ++i)
+      MOERUN_CUDA_CHECK(cudaStreamWaitEvent(I.lanes[i].stream, I.fork, 0));
+    I.capturing = true;
+    return;
+  }
+  MOERUN_CUDA_CHECK(cudaEventRecord(I.step_start, origin));
 }
 
+// Waits for the step. The captured step: the other streams join the compute stream, the capture ends, and the
+// graph is instantiated and launched (its ops' times from the launch).
 void CudaReplayRunner::end_step() {
-  for (const Lane& l : impl_->lanes) MOERUN_CUDA_CHECK(cudaStreamSynchronize(l.stream));
+  Impl& I = *impl_;
+  const cudaStream_t origin = I.lanes[0].stream;
+  if (I.capturing) {
+    for (size_t i = 1; i < I.lanes.size(); ++i) {
+      MOERUN_CUDA_CHECK(cudaEventRecord(I.joins[i], I.lanes[i].stream));
+      MOERUN_CUDA_CHECK(cudaStreamWaitEvent(origin, I.joins[i], 0));
+    }
+    cudaGraph_t graph = nullptr;
+    MOERUN_CUDA_CHECK(cudaStreamEndCapture(origin, &graph));
+    I.capturing = false;
+    MOERUN_CUDA_CHECK(cudaGraphInstantiate(&I.graph_exec, graph, 0));
+    MOERUN_CUDA_CHECK(cudaGraphDestroy(graph));
+    MOERUN_CUDA_CHECK(cudaEventRecord(I.step_start, origin));
+    MOERUN_CUDA_CHECK(cudaGraphLaunch(I.graph_exec, origin));
+  }
+  for (const Lane& l : I.lanes) MOERUN_CUDA_CHECK(cudaStreamSynchronize(l.stream));
 }
 
 OpTiming CudaReplayRunner::interval(const Op& op) const {

@@ -14,14 +14,20 @@
 //     GEMM shape, its rows spread evenly over experts and ranks, on the group's NCCL symmetric memory (made
 //     at construction; groups of at most 8 ranks in one NVLink domain); bf16 rows even when the plan
 //     dispatches in FP8 (the fused kernels have no FP8 path).
-// Two modes. kEnqueue (the default): run() puts the op's work on its stream's CUDA stream between two CUDA
+// Three modes. kEnqueue (the default): run() puts the op's work on its stream's CUDA stream between two CUDA
 // events of its own and returns; a dependency on an op of another stream is a cudaStreamWaitEvent on that
 // op's end event (after()), and the host waits once per step (end_step()); each op's interval is its events'
 // times from the step's start event (interval()). kHostSync: run() also waits for the op, so ops run one at a
 // time and each op's time is the events' interval around its own work (device_seconds); every op boundary
 // then costs a host round trip (7.3-8.8 us per op measured on H200s). Either way an op's interval includes
-// the host's enqueue of its work where the device waited for it. Refuses pipeline parallelism (NCCL sends and
-// receives from two host threads on one communicator are not safe; cuda_unsupported says so).
+// the host's enqueue of its work where the device waited for it. kGraph: as kEnqueue in the first step
+// (which makes every kernel object and buffer); the second step's enqueues are captured as one CUDA graph
+// (the compute stream begins the capture and forks the other streams from it; each op's timing events become
+// the graph's event record nodes), which is instantiated and launched; later steps launch the graph
+// (replays_step), with no host work per op. The graph holds every argument as captured, so a plan whose
+// shapes or counts change between steps (routing drawn over more than one EP rank) and the fused kernels
+// (their signal epochs are host arguments) must not use it; moerun refuses them. Refuses pipeline parallelism
+// (NCCL sends and receives from two host threads on one communicator are not safe; cuda_unsupported says so).
 #pragma once
 
 #include <functional>
@@ -48,7 +54,7 @@ class CudaReplayRunner final : public OpRunner {
   // Uses the current CUDA device. Creates one CUDA stream per op-graph stream. `ops` are the ops this rank
   // will run: their fused ops' groups get symmetric memory here, collectively (every rank of a group must
   // construct its runner), and a fused op the kernels cannot run aborts here, naming the op.
-  enum class Mode { kEnqueue, kHostSync };
+  enum class Mode { kEnqueue, kHostSync, kGraph };
   CudaReplayRunner(DeviceGroupLookup groups, std::span<const Op> ops, Mode mode = Mode::kEnqueue);
   ~CudaReplayRunner() override;
 
@@ -56,6 +62,7 @@ class CudaReplayRunner final : public OpRunner {
   void receive(const Op& send) override;
   double device_seconds(const Op& op) const override;
   bool enqueues() const override;
+  bool replays_step() const override;
   void after(const Op& op, const Op& dep) override;
   void begin_step() override;
   void end_step() override;

@@ -32,6 +32,10 @@ class OpRunner {
   // stage's last enqueue calls end_step(), which returns when the device has finished the step; interval(op)
   // then gives each op's device interval in seconds from begin_step().
   virtual bool enqueues() const { return false; }
+  // An enqueuing runner that holds the whole step already (a captured CUDA graph): the executor then calls
+  // begin_step() and end_step() only, which replay it, and reads the ops' intervals as after any step. Asked
+  // once per step, before begin_step().
+  virtual bool replays_step() const { return false; }
   virtual void after(const Op& op, const Op& dep) {
     (void)op;
     (void)dep;

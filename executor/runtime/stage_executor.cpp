@@ -55,6 +55,8 @@ StepTiming StageExecutor::run_step() {
   runner_.prepare_step();
   const Clock::time_point t0 = Clock::now();
   auto seconds = [t0] { return std::chrono::duration<double>(Clock::now() - t0).count(); };
+  // A runner that replays a captured step runs it between begin_step() and end_step(); no lane enqueues.
+  const bool replays = enqueues && runner_.replays_step();
   if (enqueues) runner_.begin_step();
 
   auto lane_main = [&](int lane) {
@@ -104,11 +106,13 @@ StepTiming StageExecutor::run_step() {
       done[static_cast<size_t>(ti)].notify_all();
     }
   };
-  std::vector<std::thread> threads;
-  threads.reserve(schedule_.lanes.size());
-  for (size_t lane = 0; lane < schedule_.lanes.size(); ++lane)
-    threads.emplace_back(lane_main, static_cast<int>(lane));
-  for (std::thread& t : threads) t.join();
+  if (!replays) {
+    std::vector<std::thread> threads;
+    threads.reserve(schedule_.lanes.size());
+    for (size_t lane = 0; lane < schedule_.lanes.size(); ++lane)
+      threads.emplace_back(lane_main, static_cast<int>(lane));
+    for (std::thread& t : threads) t.join();
+  }
   if (!enqueues) {
     for (double e : task_end) out.span_s = std::max(out.span_s, e);
   } else {

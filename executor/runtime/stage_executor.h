@@ -1,7 +1,8 @@
 // Executes one rank's stage of the op graph for one training step: a worker thread per lane runs its tasks in
 // order, each task starting once its dependencies have ended, and records when each op started and ended.
 // With an enqueuing runner (OpRunner::enqueues, the CUDA replay) a task's end is its enqueue: the runner is
-// told each dependency to order on the device, and the op times are the device's, read after the step.
+// told each dependency to order on the device, and the op times are the device's, read after the step. A
+// runner that replays a captured step (OpRunner::replays_step) is only opened and closed.
 #pragma once
 
 #include <optional>

@@ -264,6 +264,25 @@ TEST_SUITE("moerun") {
     fs::remove(plan);
   }
 
+  TEST_CASE("--cuda-graph without --backend cuda, or without two warm-up steps, exits 2 with one line") {
+    const fs::path plan = write_plan("cuda_graph", false), out = temp("cuda_graph_out");
+    struct Case {
+      std::string args, says;
+    };
+    for (const Case& c :
+         {Case{"--cuda-graph --warmup 2", "--cuda-graph needs --backend cuda"},
+          Case{"--backend cuda --cuda-graph --host-sync --warmup 2", "--cuda-graph and --host-sync exclude"},
+          Case{"--backend cuda --cuda-graph --warmup 1", "--cuda-graph needs --warmup 2 or more"}}) {
+      const Run r =
+          mpirun(2, "run '" + plan.string() + "' " + c.args + " --steps 1 --out '" + out.string() + "'");
+      CHECK_MESSAGE(r.exit_code == 2, c.args);
+      CHECK_MESSAGE(moerun_lines(r.err) == 1, r.err);
+      CHECK_MESSAGE(r.err.find(c.says) != std::string::npos, r.err);
+      check_no_output(out);
+    }
+    fs::remove(plan);
+  }
+
   TEST_CASE("an unreadable plan exits 2 with one line naming the file") {
     const fs::path out = temp("missing_out");
     const Run r = mpirun(1, "run /nonexistent/plan.json --out '" + out.string() + "'");
