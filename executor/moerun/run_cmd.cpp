@@ -463,6 +463,18 @@ int run_plan(const RunOptions& o, int rank, int world) {
           o.host_sync    ? "host-sync: the host waits for each op"
           : o.cuda_graph ? "graph: the second step captured as a CUDA graph, launched once per step after"
                          : "enqueued: one host wait per step";
+#if MOERUN_WITH_CUDA
+    if (gpu_runner != nullptr) {
+      // Rank 0's count; every rank of a stage runs the same ops.
+      report["cuda_memory_bound"] = {
+          {"kernel_ops_per_step",
+           static_cast<double>(gpu_runner->kernel_memory_ops()) / static_cast<double>(o.warmup + o.steps)},
+          {"rule",
+           "memory-bound ops whose lowering states their tensor run the project's kernels at that shape "
+           "(RMSNorm, SwiGLU, RoPE, the fused cross-entropy, the router's forward); the others, and the "
+           "optimizer, copy their bytes device to device"}};
+    }
+#endif
     if (train) report["losses"] = losses;
     if (routing["mode"] == "drawn" && routing_stats) {
       const RoutingDraws::Stats st = routing_stats();

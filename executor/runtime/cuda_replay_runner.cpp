@@ -19,9 +19,14 @@
 #include "executor/comm/symmetric_memory.h"
 #include "executor/kernels/cuda/attention.h"
 #include "executor/kernels/cuda/check.h"
+#include "executor/kernels/cuda/cross_entropy.h"
 #include "executor/kernels/cuda/fused/fused_gemm_comm.h"
 #include "executor/kernels/cuda/gemm.h"
 #include "executor/kernels/cuda/grouped_gemm.h"
+#include "executor/kernels/cuda/norm.h"
+#include "executor/kernels/cuda/rope.h"
+#include "executor/kernels/cuda/router.h"
+#include "executor/kernels/cuda/swiglu.h"
 #include "executor/runtime/fused_ops.h"
 #include "executor/runtime/replay_runner.h"
 #include "simulator/core/status.h"
@@ -146,6 +151,7 @@ struct Lane {
   std::map<std::tuple<int, int, int, int, int64_t, int64_t, int64_t>, Fused> fused;
   std::unique_ptr<cuda::CudnnHandle> cudnn;
   std::map<std::tuple<int64_t, int64_t, int64_t, int64_t>, std::unique_ptr<cuda::FlashAttention>> attention;
+  std::map<int64_t, DeviceBuffer<int64_t>> positions;  // by row count: 0 .. rows - 1
 };
 
 struct CudaReplayRunner::Impl {
@@ -153,6 +159,7 @@ struct CudaReplayRunner::Impl {
   Mode mode = Mode::kEnqueue;
   std::vector<Lane> lanes;
   std::atomic<double> bytes{0}, high_water{0};
+  std::atomic<int64_t> kernel_ops{0};  // memory-bound ops run on their own kernel (memory_kernel), all steps
   // kEnqueue: each op's start and end events by op id (made at construction for the ops this rank runs, so
   // the lanes' threads only read the map), and the step's start event on the compute stream.
   std::map<int32_t, std::pair<cudaEvent_t, cudaEvent_t>> op_events;
@@ -501,6 +508,106 @@ struct CudaReplayRunner::Impl {
     }
   }
 
+  // Positions 0 .. rows - 1 (int64, device), the RoPE kernel's token positions and the loss's targets: real
+  // values, so RoPE's angles stay in range. Made once per row count, on the lane's stream.
+  const int64_t* positions(Lane& l, int64_t rows) {
+    DeviceBuffer<int64_t>& b = l.positions[rows];
+    if (b.size() == 0) {
+      std::vector<int64_t> host(sz(rows));
+      for (int64_t i = 0; i < rows; ++i) host[sz(i)] = i;
+      b = DeviceBuffer<int64_t>(host.size());
+      count(static_cast<double>(host.size() * sizeof(int64_t)));
+      MOERUN_CUDA_CHECK(cudaMemcpyAsync(b.data(), host.data(), host.size() * sizeof(int64_t),
+                                        cudaMemcpyHostToDevice, l.stream));
+      MOERUN_CUDA_CHECK(cudaStreamSynchronize(l.stream));  // `host` leaves scope
+    }
+    return b.data();
+  }
+
+  // The project's memory-bound kernel of an op whose lowering states the tensor it walks (op_graph.h), at
+  // that shape, on scratch data: RMSNorm (forward, backward), SwiGLU (forward, backward), RoPE (both), the
+  // fused cross-entropy (moerun's loss kind only: the stacks' unfused and native losses keep their own
+  // bytes) and the router's softmax and top-k (forward). False when the op has none here, or its shape
+  // breaks the kernel's preconditions: the caller copies the op's bytes instead.
+  bool memory_kernel(const Op& op, Lane& l) {
+    const int64_t rows = op.gemm.m, cols = op.gemm.n, inner = op.gemm.k;
+    if (rows <= 0 || cols <= 0) return false;
+    const bool fwd = op.phase != Phase::kBackward;
+    const size_t elems = sz(rows * cols);
+    auto bf16 = [&](size_t i, size_t n) { return static_cast<__nv_bfloat16*>(slot(l, i, n * 2)); };
+    auto f32 = [&](size_t i, size_t n) { return static_cast<float*>(slot(l, i, n * 4)); };
+    switch (static_cast<OpName>(op.name)) {
+      case OpName::kAttnNorm:
+      case OpName::kFfnNorm:
+      case OpName::kCrossNorm:
+      case OpName::kFinalNorm:
+      case OpName::kQkNorm: {
+        if (cols % 8 != 0 || cols > 16384) return false;
+        const __nv_bfloat16* x = bf16(0, elems);
+        const __nv_bfloat16* gamma = bf16(1, sz(cols));
+        float* inv_rms = f32(3, sz(rows));
+        if (fwd) {
+          cuda::rmsnorm_forward(x, gamma, bf16(2, elems), inv_rms, rows, cols, 1e-6f, l.stream);
+        } else {
+          void* ws = slot(l, 7, cuda::rmsnorm_backward_workspace_bytes(rows, cols));
+          cuda::rmsnorm_backward(x, gamma, inv_rms, bf16(4, elems), bf16(5, elems), f32(6, sz(cols)), ws,
+                                 rows, cols, l.stream);
+        }
+        return true;
+      }
+      case OpName::kAct:
+      case OpName::kSharedAct:
+      case OpName::kExpertAct: {
+        if (op.mem != MemOp::kGlu || cols % 8 != 0) return false;
+        const __nv_bfloat16* in = bf16(0, 2 * elems);
+        if (fwd) {
+          cuda::swiglu_forward(in, bf16(1, elems), rows, cols, l.stream);
+        } else {
+          cuda::swiglu_backward(in, bf16(2, elems), bf16(3, 2 * elems), rows, cols, l.stream);
+        }
+        return true;
+      }
+      case OpName::kRope: {
+        if (inner <= 0 || inner % 16 != 0 || inner > 512 || cols % 8 != 0 || cols % inner != 0) return false;
+        const int64_t* pos = positions(l, rows);
+        if (fwd) {
+          cuda::rope_forward(bf16(0, elems), pos, rows, cols / inner, inner, cols, cuda::kRopeTheta,
+                             l.stream);
+        } else {
+          cuda::rope_backward(bf16(0, elems), pos, rows, cols / inner, inner, cols, cuda::kRopeTheta,
+                              l.stream);
+        }
+        return true;
+      }
+      case OpName::kLoss:
+      case OpName::kMtpLoss: {
+        if (op.mem != MemOp::kLoss || cols % 8 != 0) return false;
+        const __nv_bfloat16* logits = bf16(0, elems);
+        const int64_t* targets = positions(l, rows);
+        float* lse = f32(2, sz(rows));
+        if (fwd) {
+          cuda::cross_entropy_forward(logits, targets, rows, cols, 0, lse, f32(3, sz(rows)), f32(4, sz(rows)),
+                                      l.stream);
+        } else {
+          cuda::cross_entropy_backward(logits, targets, rows, cols, 0, lse, 1.0f / static_cast<float>(rows),
+                                       bf16(5, elems), l.stream);
+        }
+        return true;
+      }
+      case OpName::kRouterTopk: {
+        if (!fwd || cols > 256 || inner < 1 || inner > std::min<int64_t>(8, cols)) return false;
+        void* ws = slot(l, 7, cuda::router_forward_workspace_bytes(rows, cols));
+        cuda::router_forward(f32(0, elems), rows, cols, inner, true, f32(1, elems),
+                             static_cast<int32_t*>(slot(l, 2, sz(rows * inner) * 4)),
+                             f32(3, sz(rows * inner)), static_cast<int32_t*>(slot(l, 4, sz(cols) * 4)),
+                             f32(5, sz(cols)), ws, l.stream);
+        return true;
+      }
+      default:
+        return false;
+    }
+  }
+
   void copy(double hbm_bytes, Lane& l) {
     const auto n = static_cast<size_t>(hbm_bytes / 2.0);  // read n, write n
     if (n == 0) return;
@@ -604,6 +711,10 @@ void CudaReplayRunner::run(const Op& op) {
     case OpKind::kOptimizer: {
       // Drawn routing: an op over the experts' rows moves the bytes of the rows this rank received.
       const std::optional<double> scale = I.draws ? I.draws->row_scale(op) : std::nullopt;
+      if (op.kind == OpKind::kMemoryBound && !scale && I.memory_kernel(op, l)) {
+        I.kernel_ops.fetch_add(1);
+        break;
+      }
       I.copy(op.hbm_bytes * scale.value_or(1.0), l);
       break;
     }
@@ -731,6 +842,10 @@ void CudaReplayRunner::prepare_step() {
 
 RoutingDraws::Stats CudaReplayRunner::routing_stats() const {
   return impl_->draws ? impl_->draws->stats() : RoutingDraws::Stats{};
+}
+
+int64_t CudaReplayRunner::kernel_memory_ops() const {
+  return impl_->kernel_ops.load();
 }
 
 double CudaReplayRunner::device_bytes() const {

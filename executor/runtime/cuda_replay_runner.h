@@ -8,7 +8,10 @@
 //   attention: cuDNN flash attention (attention.h), forward or backward, causal, heads x seq_q of the op with
 //     as many kv heads as query heads (the op carries no kv-head count; the kernel's time is the queries'),
 //     v_dim = qk_dim; a sliding window or cp's seq_q < seq_kv runs as full causal attention over seq_q;
-//   memory-bound ops and the optimizer: a device-to-device copy moving hbm_bytes (half read, half written);
+//   memory-bound ops whose lowering states the tensor they walk (op_graph.h): the project's kernel at that
+//     shape where one exists (RMSNorm, SwiGLU, RoPE, moerun's fused cross-entropy, the router's forward);
+//     every other memory-bound op, those over drawn expert rows and the optimizer: a device-to-device copy
+//     moving hbm_bytes (half read, half written);
 //   collectives: NCCL over the group's DeviceCommunicator with comm.bytes of comm.dtype;
 //   fused GEMM + collective: the fused kernel of its kind (kernels/cuda/fused/fused_gemm_comm.h) at the op's
 //     GEMM shape, its rows spread evenly over experts and ranks, on the group's NCCL symmetric memory (made
@@ -76,6 +79,8 @@ class CudaReplayRunner final : public OpRunner {
   void draw_routing(RoutingDrawSpec spec);
   RoutingDraws::Stats routing_stats() const;
 
+  // Memory-bound ops run on their own kernel rather than a copy, over all steps so far.
+  int64_t kernel_memory_ops() const;
   // Device bytes this runner holds now and at most (scratch buffers, workspaces, kernel objects).
   double device_bytes() const;
   double device_high_water_bytes() const;

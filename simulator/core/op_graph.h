@@ -55,6 +55,9 @@ enum class MemOp : uint8_t {
   kGlu           // the gated activation of an MLP (SwiGLU): silu(gate) * up, and its gradient
 };
 
+// A GEMM's shape. A memory-bound op whose lowering states it holds here the tensor its kernel walks: m rows
+// of n columns, k the kernel's inner size where it has one (the top-k picks of routing and permutes, the head
+// dim of RoPE and QK-norm), 0 when not stated; the cost model prices such ops by their bytes alone.
 struct GemmShape {
   int64_t m = 0, n = 0, k = 0;  // rows, output columns, reduction
   int64_t groups = 1;           // local experts for grouped GEMMs

@@ -224,6 +224,12 @@ class Builder {
     op.kernels = static_cast<uint16_t>(kernels);
     return op;
   }
+  // States the tensor a memory-bound op's kernel walks (op_graph.h): rows, columns and the inner size (top-k
+  // picks, head dim) where the kernel has one, so an executor can run that kernel at the op's shape.
+  static Op walks(Op op, double rows, int64_t cols, int64_t inner = 0) {
+    op.gemm = {static_cast<int64_t>(std::llround(rows)), cols, inner, 1};
+    return op;
+  }
   CommSpec comm(Collective c, CommGroup g, double bytes, DType dtype) const {
     return group_comm(p_, c, g, bytes, dtype);
   }
@@ -273,7 +279,8 @@ class Builder {
           break;
       }
     }
-    return mem(name, kind, per_logit * d(tg * (m_.vocab / tp_)), Stream::kCompute, kernels);
+    return walks(mem(name, kind, per_logit * d(tg * (m_.vocab / tp_)), Stream::kCompute, kernels), d(tg),
+                 m_.vocab / tp_);
   }
   // A device-to-host copy of routing counts the host waits for (Megatron's dispatchers). It runs on a stream
   // of its own, as Megatron's copy does (cuda_dtoh_stream), so the host waits for the counts only.
@@ -293,7 +300,7 @@ class Builder {
   int moe_dispatch_megatron(int r, double rows, double ep_rows, int64_t f_r, int64_t local_experts);
   int moe_dispatch_dedup(int r, double ep_rows, int64_t f_r, int64_t local_experts);
   int expert_act(int y, double ep_rows, int64_t f_r);
-  int glu_act(OpName name, int y, double elems);
+  int glu_act(OpName name, int y, double rows, int64_t width);
   int expert_fc2(int y, double ep_rows, int64_t f_r, int64_t local_experts);
   // Bytes per router prob: fp32 for sigmoid routers (Megatron-Bridge sets moe_router_dtype fp32 for
   // DeepSeek-V3), the activation dtype otherwise.
@@ -454,7 +461,7 @@ int Builder::attention_fwd(int in, bool position_bias) {
   // Megatron: TE fuses the attention norm into the QKV LayerNormLinear, so only MLA's separate norm is a
   // `layernorm` recompute module.
   module_ = mla ? kRecomputeLayernorm : 0;
-  int x = record(mem(OpName::kAttnNorm, MemOp::kNorm, 3.0 * d(t_ * h) * dt), {in}, true);
+  int x = record(walks(mem(OpName::kAttnNorm, MemOp::kNorm, 3.0 * d(t_ * h) * dt), d(t_), h), {in}, true);
   module_ = 0;
   int64_t tg = t_;  // tokens entering the projections
   if (tp_ > 1) {
@@ -493,13 +500,19 @@ int Builder::attention_fwd(int in, bool position_bias) {
   const double qk_norm_bytes =
       a.qk_norm == QkNorm::kNone ? 0.0 : 2.0 * d(tg) * d(heads_r + kv_r) * d(a.head_dim) * dt;
   auto qk_norm = [&](int src) {
-    return qk_norm_bytes > 0 ? record(mem(OpName::kQkNorm, MemOp::kNorm, qk_norm_bytes), {src}, true) : src;
+    return qk_norm_bytes > 0 ? record(walks(mem(OpName::kQkNorm, MemOp::kNorm, qk_norm_bytes),
+                                            d(tg) * d(heads_r + kv_r), a.head_dim),
+                                      {src}, true)
+                             : src;
   };
   // RoPE over q and k, or (T5 relative positions) nothing: the bias enters the attention kernel.
   const bool rotary = m_.position == PositionKind::kRope;
   auto rope = [&](std::vector<int> inputs) -> std::vector<int> {
     if (!rotary) return inputs;
-    return {record(mem(OpName::kRope, MemOp::kRope, rope_bytes), std::move(inputs))};
+    const int64_t rope_dim = mla ? a.mla.qk_rope_head_dim : a.head_dim;
+    return {record(
+        walks(mem(OpName::kRope, MemOp::kRope, rope_bytes), d(tg), (heads_r + kv_r) * rope_dim, rope_dim),
+        std::move(inputs))};
   };
 
   std::vector<int> ready;  // ops that lay q, k, v out for attention on this rank
@@ -594,7 +607,8 @@ int Builder::attention_fwd(int in, bool position_bias) {
     out = record(coll(OpName::kAttnRs, Collective::kReduceScatter, CommGroup::kTp, d(tg * h) * dt), {out});
   // The residual add after attention (Megatron's fused bias-dropout-add): read two [t, h], write one.
   if (o_.eager_framework)
-    out = record(mem(OpName::kResidualAdd, MemOp::kActivation, 3.0 * d(t_ * h) * dt), {out}, false, true);
+    out = record(walks(mem(OpName::kResidualAdd, MemOp::kActivation, 3.0 * d(t_ * h) * dt), d(t_), h), {out},
+                 false, true);
   return out;
 }
 
@@ -611,7 +625,7 @@ int Builder::cross_attention_fwd(int in) {
   const int64_t hd = a.head_dim;
   const int64_t enc_seq = p_.seq_len, enc_t = t_seq_;
   node_ = Node::kPreDispatch;
-  int x = record(mem(OpName::kCrossNorm, MemOp::kNorm, 3.0 * d(t_ * h) * dt), {in}, true);
+  int x = record(walks(mem(OpName::kCrossNorm, MemOp::kNorm, 3.0 * d(t_ * h) * dt), d(t_), h), {in}, true);
   int enc = -1;  // the encoder output: the layer input stands for it (it precedes every decoder layer)
   int64_t tg = t_, tg_enc = enc_t;
   if (tp_ > 1) {
@@ -636,7 +650,8 @@ int Builder::cross_attention_fwd(int in) {
   if (tp_ > 1)
     out = record(coll(OpName::kCrossRs, Collective::kReduceScatter, CommGroup::kTp, d(tg * h) * dt), {out});
   if (o_.eager_framework)
-    out = record(mem(OpName::kResidualAdd, MemOp::kActivation, 3.0 * d(t_ * h) * dt), {out}, false, true);
+    out = record(walks(mem(OpName::kResidualAdd, MemOp::kActivation, 3.0 * d(t_ * h) * dt), d(t_), h), {out},
+                 false, true);
   return out;
 }
 
@@ -678,7 +693,7 @@ int Builder::recurrent_mixer_fwd(int in, MixerKind kind) {
   const int64_t chunk = gdn ? g.chunk : sm.chunk;
   node_ = Node::kPreDispatch;
   module_ = 0;
-  int x = record(mem(OpName::kAttnNorm, MemOp::kNorm, 3.0 * d(t_ * h) * dt), {in}, true);
+  int x = record(walks(mem(OpName::kAttnNorm, MemOp::kNorm, 3.0 * d(t_ * h) * dt), d(t_), h), {in}, true);
   int64_t tg = t_;
   if (tp_ > 1) {
     x = record(coll(OpName::kAttnAg, Collective::kAllGather, CommGroup::kTp, d(t_ * tp_ * h) * dt), {x},
@@ -706,7 +721,8 @@ int Builder::recurrent_mixer_fwd(int in, MixerKind kind) {
   if (tp_ > 1)
     y = record(coll(OpName::kAttnRs, Collective::kReduceScatter, CommGroup::kTp, d(tg * h) * dt), {y});
   if (o_.eager_framework)
-    y = record(mem(OpName::kResidualAdd, MemOp::kActivation, 3.0 * d(t_ * h) * dt), {y}, false, true);
+    y = record(walks(mem(OpName::kResidualAdd, MemOp::kActivation, 3.0 * d(t_ * h) * dt), d(t_), h), {y},
+               false, true);
   return y;
 }
 
@@ -715,7 +731,7 @@ int Builder::dense_ffn_fwd(int in) {
   const double dt = bytes_of(dt_);
   node_ = Node::kMlp;
   module_ = kRecomputeMlp;  // the whole dense MLP (its norm is fused into FC1's LayerNormLinear)
-  int x = record(mem(OpName::kFfnNorm, MemOp::kNorm, 3.0 * d(t_ * h) * dt), {in}, true);
+  int x = record(walks(mem(OpName::kFfnNorm, MemOp::kNorm, 3.0 * d(t_ * h) * dt), d(t_), h), {in}, true);
   int64_t tg = t_;
   if (tp_ > 1) {
     x = record(coll(OpName::kFfnAg, Collective::kAllGather, CommGroup::kTp, d(t_ * tp_ * h) * dt), {x}, true);
@@ -723,13 +739,14 @@ int Builder::dense_ffn_fwd(int in) {
   }
   const int64_t f_r = f / tp_;
   int y = record(gemm(OpName::kFc13, tg, glu_ * f_r, h), {x});
-  y = glu_act(OpName::kAct, y, d(tg * f_r));
+  y = glu_act(OpName::kAct, y, d(tg), f_r);
   y = record(gemm(OpName::kFc2, tg, h, f_r), {y});
   if (tp_ > 1)
     y = record(coll(OpName::kFfnRs, Collective::kReduceScatter, CommGroup::kTp, d(tg * h) * dt), {y});
   module_ = 0;
   if (o_.eager_framework)
-    y = record(mem(OpName::kResidualAdd, MemOp::kActivation, 3.0 * d(t_ * h) * dt), {y}, false, true);
+    y = record(walks(mem(OpName::kResidualAdd, MemOp::kActivation, 3.0 * d(t_ * h) * dt), d(t_), h), {y},
+               false, true);
   return y;
 }
 
@@ -767,8 +784,9 @@ int Builder::moe_dispatch_megatron(int r, double rows, double ep_rows, int64_t f
     counts.comm.stride = 1;
     counts.stream = Stream::kCompute;
     const int c = record(counts, {r}, false, true);
-    y = record(mem(OpName::kPermute, MemOp::kPermute, 2.0 * d(t_ * k * h) * dt, Stream::kCompute, 2), {r},
-               true);
+    y = record(walks(mem(OpName::kPermute, MemOp::kPermute, 2.0 * d(t_ * k * h) * dt, Stream::kCompute, 2),
+                     d(t_), h, k),
+               {r}, true);
     node_ = Node::kDispatch;
     const int sync =
         o_.dispatcher_host_sync ? record(host_wait(8.0 * d(e.num_experts * ep_)), {c}, false, true) : c;
@@ -922,7 +940,7 @@ int Builder::expert_act(int y, double ep_rows, int64_t f_r) {
     offset.host_sync = true;
     y = record(offset, {y}, false, true);
   }
-  y = glu_act(OpName::kExpertAct, y, elems);
+  y = glu_act(OpName::kExpertAct, y, ep_rows, f_r);
   module_ &= static_cast<uint16_t>(~kRecomputeMoeAct);
   return y;
 }
@@ -932,10 +950,12 @@ int Builder::expert_act(int y, double ep_rows, int64_t f_r) {
 // input and writes the input's gradient: 5 F per row for a gated unit (Megatron's swiglu_back, moerun's GLU
 // backward), as much as forward otherwise. A gated unit is its own memory-bound kind (MemOp::kGlu), so a
 // stack can price it at a measured rate.
-int Builder::glu_act(OpName name, int y, double elems) {
+int Builder::glu_act(OpName name, int y, double rows, int64_t width) {
   const double dt = bytes_of(dt_);
-  if (glu_ != 2) return record(mem(name, MemOp::kActivation, 3.0 * elems * dt), {y}, true);
-  y = record(mem(name, MemOp::kGlu, 3.0 * elems * dt), {y}, true);
+  const double elems = rows * d(width);
+  if (glu_ != 2)
+    return record(walks(mem(name, MemOp::kActivation, 3.0 * elems * dt), rows, width), {y}, true);
+  y = record(walks(mem(name, MemOp::kGlu, 3.0 * elems * dt), rows, width), {y}, true);
   backward_as(y, 5.0 * elems * dt, 1);
   return y;
 }
@@ -979,7 +999,8 @@ int Builder::moe_fwd(int in) {
 
   node_ = Node::kPreDispatch;
   module_ = kRecomputeMoe | kRecomputeLayernorm;  // the pre-MLP norm is its own module in MoE layers
-  const int x = record(mem(OpName::kFfnNorm, MemOp::kNorm, 3.0 * d(t_ * h) * dt), {in}, true);
+  const int x =
+      record(walks(mem(OpName::kFfnNorm, MemOp::kNorm, 3.0 * d(t_ * h) * dt), d(t_), h), {in}, true);
   module_ = kRecomputeMoe;
   Op router = gemm(OpName::kRouter, t_, e.num_experts, h);
   in_bf16(router);  // the router GEMM runs in BF16 (or FP32) under FP8 training
@@ -989,7 +1010,9 @@ int Builder::moe_fwd(int in) {
   const RouterKernels rk =
       o_.eager_framework ? megatron_router_kernels(e, p_.routing.fused_router, tp_ * p_.attention.cp > 1)
                          : RouterKernels{};
-  r = record(mem(OpName::kRouterTopk, MemOp::kRouting, routing_bytes, Stream::kCompute, rk.forward), {r});
+  r = record(walks(mem(OpName::kRouterTopk, MemOp::kRouting, routing_bytes, Stream::kCompute, rk.forward),
+                   d(t_), e.num_experts, k),
+             {r});
   backward_as(r, routing_bytes, rk.backward);
 
   // Shared experts: a dense FFN on the side stream, beside dispatch (MegaScale-MoE §4.1).
@@ -1005,7 +1028,9 @@ int Builder::moe_fwd(int in) {
       tg = t_ * tp_;
     }
     y = record(gemm(OpName::kSharedFc13, tg, glu_ * fs, h, side_stream_), {y});
-    y = record(mem(OpName::kSharedAct, MemOp::kActivation, 3.0 * d(tg * fs) * dt, side_stream_), {y}, true);
+    y = record(
+        walks(mem(OpName::kSharedAct, MemOp::kActivation, 3.0 * d(tg * fs) * dt, side_stream_), d(tg), fs),
+        {y}, true);
     y = record(gemm(OpName::kSharedFc2, tg, h, fs, side_stream_), {y});
     if (tp_ > 1)
       y = record(coll(OpName::kSharedRs, Collective::kReduceScatter, CommGroup::kTp, d(tg * h) * dt), {y});
@@ -1037,10 +1062,11 @@ int Builder::moe_fwd(int in) {
         y = record(coll(OpName::kDispatchAg, Collective::kAllGather, CommGroup::kEp, ag_bytes, dispatch_dt),
                    {r}, true);
         node_ = Node::kMlp;
-        y = record(mem(OpName::kScatter, MemOp::kPermute, 2.0 * rows * d(h) * dt), {y}, true);
+        y = record(walks(mem(OpName::kScatter, MemOp::kPermute, 2.0 * rows * d(h) * dt), rows, h), {y}, true);
       }
     } else {
-      y = record(mem(OpName::kPermute, MemOp::kPermute, 2.0 * d(t_ * k * h) * dt), {r}, true);
+      y = record(walks(mem(OpName::kPermute, MemOp::kPermute, 2.0 * d(t_ * k * h) * dt), d(t_), h, k), {r},
+                 true);
       Op a2a = coll(OpName::kDispatchA2a, Collective::kAllToAll, CommGroup::kEp, rows * d(h) * dispatch_elt,
                     dispatch_dt);
       if (p_.experts.dispatch == Dispatch::kDedup) {
@@ -1084,7 +1110,7 @@ int Builder::moe_fwd(int in) {
       }
       node_ = Node::kCombine;
       if (gather_mode) {
-        y = record(mem(OpName::kGather, MemOp::kPermute, 2.0 * rows * d(h) * dt), {y});
+        y = record(walks(mem(OpName::kGather, MemOp::kPermute, 2.0 * rows * d(h) * dt), rows, h), {y});
         y = record(coll(OpName::kCombineRs, Collective::kReduceScatter, CommGroup::kEp, d(t_ * ep_ * h) * dt),
                    {y});
       } else {
@@ -1098,11 +1124,12 @@ int Builder::moe_fwd(int in) {
   const double unpermute_bytes = dedup_stack && p_.experts.dispatch == Dispatch::kDedup
                                      ? 2.0 * d(t_ * h) * dt
                                      : (d(t_ * k * h) + 2.0 * d(t_ * h)) * dt;
-  int out = record(mem(OpName::kUnpermute, MemOp::kPermute, unpermute_bytes), ins);
+  int out = record(walks(mem(OpName::kUnpermute, MemOp::kPermute, unpermute_bytes), d(t_), h, k), ins);
   module_ = 0;
   // The residual add after the MoE layer (Megatron's mlp_bda), as after attention and the dense MLP.
   if (o_.eager_framework)
-    out = record(mem(OpName::kResidualAdd, MemOp::kActivation, 3.0 * d(t_ * h) * dt), {out}, false, true);
+    out = record(walks(mem(OpName::kResidualAdd, MemOp::kActivation, 3.0 * d(t_ * h) * dt), d(t_), h), {out},
+                 false, true);
   return out;
 }
 
@@ -1429,8 +1456,9 @@ Builder::TaskState Builder::task_begin(int16_t stage, const PipelineTask& task) 
   const int64_t h = m_.hidden;
   if (task.forward) {
     if (ts.v == 0 && o_.embedding_and_head) {
-      ts.track(emit(mem(OpName::kEmbedding, MemOp::kEmbedding, 2.0 * d(embedded_tokens() * h) * dt), stage,
-                    task.chunk, -1, mb, Phase::kForward, {weight_cast_}));
+      ts.track(emit(walks(mem(OpName::kEmbedding, MemOp::kEmbedding, 2.0 * d(embedded_tokens() * h) * dt),
+                          d(embedded_tokens()), h),
+                    stage, task.chunk, -1, mb, Phase::kForward, {weight_cast_}));
     }
   } else if (ts.v == last_v && o_.embedding_and_head) {
     const int64_t tg = t_head_ * tp_;
@@ -1443,8 +1471,9 @@ Builder::TaskState Builder::task_begin(int16_t stage, const PipelineTask& task) 
     const int32_t dgrad = ts.cur;
     head.part = GemmPart::kWgrad;
     emit(head, stage, task.chunk, -1, mb, Phase::kBackward, {dgrad});
-    ts.track(emit(mem(OpName::kFinalNorm, MemOp::kNorm, 4.0 * d(embedded_tokens() * h) * dt), stage,
-                  task.chunk, -1, mb, Phase::kBackward, {dgrad}));
+    ts.track(emit(walks(mem(OpName::kFinalNorm, MemOp::kNorm, 4.0 * d(embedded_tokens() * h) * dt),
+                        d(embedded_tokens()), h),
+                  stage, task.chunk, -1, mb, Phase::kBackward, {dgrad}));
   }
   return ts;
 }
@@ -1459,8 +1488,9 @@ void Builder::task_end(TaskState& ts) {
   if (task.forward) {
     if (ts.v == last_v && o_.embedding_and_head) {
       const int64_t tg = t_head_ * tp_;
-      ts.track(emit(mem(OpName::kFinalNorm, MemOp::kNorm, 3.0 * d(embedded_tokens() * h) * dt), stage,
-                    task.chunk, -1, mb, Phase::kForward, {ts.cur}));
+      ts.track(emit(walks(mem(OpName::kFinalNorm, MemOp::kNorm, 3.0 * d(embedded_tokens() * h) * dt),
+                          d(embedded_tokens()), h),
+                    stage, task.chunk, -1, mb, Phase::kForward, {ts.cur}));
       Op head = gemm(OpName::kLmHead, tg, m_.vocab / tp_, h);
       in_bf16(head);  // Megatron keeps the output layer in BF16
       ts.track(emit(head, stage, task.chunk, -1, mb, Phase::kForward, {ts.cur}));
@@ -1474,8 +1504,9 @@ void Builder::task_end(TaskState& ts) {
       }
     }
   } else if (ts.v == 0 && o_.embedding_and_head) {
-    ts.track(emit(mem(OpName::kEmbedding, MemOp::kEmbedding, 2.0 * d(embedded_tokens() * h) * dt), stage,
-                  task.chunk, -1, mb, Phase::kBackward, {ts.cur}));
+    ts.track(emit(walks(mem(OpName::kEmbedding, MemOp::kEmbedding, 2.0 * d(embedded_tokens() * h) * dt),
+                        d(embedded_tokens()), h),
+                  stage, task.chunk, -1, mb, Phase::kBackward, {ts.cur}));
   }
   task_first_[task_index(mb, ts.v, task.forward)] = ts.first;
   // Send the activation (forward) or its gradient (backward) to the neighbouring virtual stage; DualPipeV's
@@ -1504,7 +1535,7 @@ void Builder::emit_mtp(TaskState& ts) {
   Op proj = gemm(OpName::kMtpProj, tg, h / tp_, 2 * h);
   Op head = gemm(OpName::kMtpLmHead, tg, m_.vocab / tp_, h);
   in_bf16(head);
-  Op final_norm = mem(OpName::kFinalNorm, MemOp::kNorm, 3.0 * d(t_ * h) * dt);
+  Op final_norm = walks(mem(OpName::kFinalNorm, MemOp::kNorm, 3.0 * d(t_ * h) * dt), d(t_), h);
   LayerPass pass;
   if (ts.task.forward) {
     for (int64_t j = 0; j < mtp_; ++j) {

@@ -210,6 +210,77 @@ TEST_SUITE("workload") {
     CHECK(r.at(CommGroup::kEp) == doctest::Approx(2 * bsh * (n - 1) / n));
   }
 
+  TEST_CASE("memory-bound ops state the tensor their kernel walks, consistent with their bytes") {
+    // Qwen3-30B-A3B (QK-norm, RoPE, SwiGLU experts, top 8 of 128) with TP 2 and EP 4, on moerun's stack and
+    // on Megatron-Core's: each forward norm, activation, RoPE, router, permute and loss names its rows and
+    // columns, and its bytes are the lowering's per-element count over exactly that tensor.
+    const ModelSpec m = io::load_model("qwen3-30b-a3b").value();
+    Plan p;
+    p.gpus = 8;
+    p.seq_len = 4096;
+    p.global_batch = 8;
+    p.attention.tp = 2;
+    p.experts.ep = 4;
+    for (const char* stack : {"moerun", "megatron-core"}) {
+      CAPTURE(stack);
+      const OpGraph g = lower(m, p, stack_options(stack));
+      const int64_t t = p.seq_len / p.attention.tp;  // tokens per rank of a micro-batch (sequence parallel)
+      std::map<OpName, int> stated;
+      for (const Op& op : g.ops) {
+        if (op.kind != OpKind::kMemoryBound || op.phase != Phase::kForward) continue;
+        const auto name = static_cast<OpName>(op.name);
+        const double rows = static_cast<double>(op.gemm.m), cols = static_cast<double>(op.gemm.n);
+        const double bf16 = 2.0;
+        switch (name) {
+          case OpName::kAttnNorm:
+          case OpName::kFfnNorm:
+            CHECK(op.gemm.m == t);
+            CHECK(op.gemm.n == m.hidden);
+            CHECK(op.hbm_bytes == rel(3.0 * rows * cols * bf16));
+            break;
+          case OpName::kQkNorm:  // one row per head of q and k
+            CHECK(op.gemm.n == m.attention.head_dim);
+            CHECK(op.hbm_bytes == rel(2.0 * rows * cols * bf16));
+            break;
+          case OpName::kRope:  // q and k heads, rotated in place
+            CHECK(op.gemm.k == m.attention.head_dim);
+            CHECK(op.gemm.n % op.gemm.k == 0);
+            CHECK(op.hbm_bytes == rel(2.0 * rows * cols * bf16));
+            break;
+          case OpName::kAct:
+          case OpName::kExpertAct:  // SwiGLU: [rows, 2f] in, [rows, f] out
+            CHECK(op.gemm.n == (name == OpName::kAct ? m.dense_ffn / p.attention.tp : m.moe.expert_ffn));
+            CHECK(op.hbm_bytes == rel(3.0 * rows * cols * bf16));
+            break;
+          case OpName::kRouterTopk:
+            CHECK(op.gemm.m == t);
+            CHECK(op.gemm.n == m.moe.num_experts);
+            CHECK(op.gemm.k == m.moe.top_k);
+            CHECK(op.hbm_bytes == rel(13.0 * rows * cols));
+            break;
+          case OpName::kPermute:  // each token's k copies: read and written once
+            CHECK(op.gemm.k == m.moe.top_k);
+            CHECK(op.hbm_bytes == rel(2.0 * rows * cols * static_cast<double>(op.gemm.k) * bf16));
+            break;
+          case OpName::kLoss:
+            CHECK(op.gemm.n == m.vocab / p.attention.tp);
+            break;
+          case OpName::kResidualAdd:
+            CHECK(op.hbm_bytes == rel(3.0 * rows * cols * bf16));
+            break;
+          default:
+            continue;
+        }
+        CHECK(op.gemm.m > 0);
+        CHECK(op.gemm.n > 0);
+        ++stated[name];
+      }
+      for (OpName n : {OpName::kAttnNorm, OpName::kFfnNorm, OpName::kQkNorm, OpName::kRope,
+                       OpName::kExpertAct, OpName::kRouterTopk, OpName::kPermute, OpName::kLoss})
+        CHECK_MESSAGE(stated[n] > 0, kOpNames[static_cast<size_t>(n)]);
+    }
+  }
+
   TEST_CASE("every forward collective has a backward transpose and every GEMM a dgrad and a wgrad") {
     const ModelSpec m = io::load_model("mixtral-8x7b").value();
     Plan p;
