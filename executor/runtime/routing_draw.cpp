@@ -125,6 +125,17 @@ std::vector<double> inclusion_probabilities(const workload::RoutingDistribution&
   }
   const double c = rest > 0 ? (k - static_cast<double>(capped)) / rest : 0.0;
   for (size_t i = capped; i < order.size(); ++i) pi[order[i]] = std::min(1.0, c * std::max(0.0, p[order[i]]));
+  // Fewer than k experts with any probability (a router trace with idle experts): a token still picks k
+  // distinct experts, so the picks left over go to the others in proportion to their room below 1.
+  double sum = 0, room = 0;
+  for (double v : pi) {
+    sum += v;
+    room += 1.0 - v;
+  }
+  if (k - sum > 1e-12 && room > 0) {
+    const double deficit = k - sum;
+    for (double& v : pi) v += deficit * (1.0 - v) / room;
+  }
   return pi;
 }
 

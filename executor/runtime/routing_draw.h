@@ -46,7 +46,8 @@ struct DrawnRouting {
   double busiest_over_mean() const;
 };
 
-// pi_e for a distribution and top_k (see the header): sum top_k, each in [0, 1].
+// pi_e for a distribution and top_k (see the header): sum top_k, each in [0, 1]. Where fewer than top_k
+// experts have any probability, the picks left over are spread over the others by their room below 1.
 std::vector<double> inclusion_probabilities(const workload::RoutingDistribution& dist, int64_t top_k);
 
 // Draws the routing of `tokens_per_rank` tokens on each of `ep` ranks (experts = inclusion.size(), a

@@ -29,6 +29,14 @@ TEST_SUITE("executor_runtime") {
       if (e > 0) CHECK(pi[e] == doctest::Approx(z.expert_probability[e] / (1 - p0)));
     }
     CHECK(sum == doctest::Approx(2.0));
+    // A router trace with one busy expert of four, top 2: every token picks it and one of the three idle
+    // ones.
+    const std::vector<double> idle = inclusion_probabilities(workload::routing_from_counts({5, 0, 0, 0}), 2);
+    CHECK(idle[0] == 1.0);
+    for (size_t e = 1; e < 4; ++e) CHECK(idle[e] == doctest::Approx(1.0 / 3));
+    const DrawnRouting d = draw_routing(idle, 30, 2, 3);
+    CHECK(d.expert_rows(0, 0) == 60);  // both ranks' 30 tokens
+    CHECK(d.received(0) + d.received(1) == 120);
   }
 
   TEST_CASE("each token picks top_k distinct experts, and each rank routes all its tokens") {
