@@ -44,13 +44,16 @@ double round_to(double x, double step) {
   return std::round(x / step) * step;
 }
 
-// The stack that loses nothing: GEMM times then come from the hardware profile alone (a grouped kernel at
-// the dense model's rate, no launch or host costs).
-StackProfile neutral_stack() {
+// The stack that loses nothing: GEMM times then come from the hardware profile alone (a grouped-GEMM
+// implementation at the dense model's rate, no launch or host costs). A kernel trace's grouped GEMM is one
+// grouped kernel (its name says so); a moerun op runs what the base stack describes (moerun's CUDA replay one
+// grouped kernel, its CPU replay one GEMM per expert in a loop), so the fitted efficiency is the kernels'
+// rate and not the gap between two implementations.
+StackProfile neutral_stack(GroupedGemmImpl impl, int64_t streams) {
   StackProfile s;
   s.memory_bound_efficiency.value = 1.0;
-  s.grouped_gemm.impl.value = GroupedGemmImpl::kGroupedKernel;
-  s.grouped_gemm.streams.value = 1;
+  s.grouped_gemm.impl.value = impl;
+  s.grouped_gemm.streams.value = streams;
   s.grouped_gemm.efficiency.value = 1.0;
   s.grouped_gemm.wgrad_efficiency.value = 1.0;
   s.dispatcher.nic_efficiency.value = 1.0;
@@ -231,9 +234,10 @@ struct Samples {
   int64_t grouped_without_shape = 0, mem_without_bytes = 0;
 };
 
-void collect(const TraceFile& t, const HardwareProfile& hw, const cost::CostModel& neutral,
-             const StackFitOptions& o, Samples& s) {
+void collect(const TraceFile& t, const HardwareProfile& hw, const cost::CostModel& kernel_neutral,
+             const cost::CostModel& base_neutral, const StackFitOptions& o, Samples& s) {
   const bool moerun = t.dialect == TraceDialect::kMoerun;
+  const cost::CostModel& neutral = moerun ? base_neutral : kernel_neutral;
   const std::regex mb_re(o.micro_batch_regex), fwd_re(o.forward_regex), moe_re(o.moe_layer_regex);
   std::vector<const TraceRange*> mb_ranges, layer_ranges, steps;
   for (const auto& r : t.ranges) {
@@ -438,12 +442,14 @@ Result<StackFit> fit_stack(const std::vector<TraceFile>& traces, const HardwareP
       return Error{fmt::format("stack fit: range pattern '{}' is not a valid ECMAScript regex", *re)};
     }
   }
-  const StackProfile neutral = neutral_stack();
-  const cost::CostModel model(hw, neutral);
+  const StackProfile neutral = neutral_stack(GroupedGemmImpl::kGroupedKernel, 1);
+  const StackProfile base_neutral =
+      neutral_stack(o.base.grouped_gemm.impl.value, o.base.grouped_gemm.streams.value);
+  const cost::CostModel model(hw, neutral), base_model(hw, base_neutral);
   Samples s;
   StackFit fit;
   for (const auto& t : traces) {
-    collect(t, hw, model, o, s);
+    collect(t, hw, model, base_model, o, s);
     fit.traces.push_back(fmt::format("{} ({}, {} kernels)", t.label, name_of(t.dialect), t.kernels.size()));
   }
   const std::string from = traces_cited(traces);
@@ -558,6 +564,15 @@ Result<StackFit> fit_stack(const std::vector<TraceFile>& traces, const HardwareP
   }
 
   // Grouped-GEMM efficiency: medians in half-octave bins of rows per expert.
+  // The grouped-GEMM model the efficiencies are fitted against (see neutral_stack).
+  bool moerun_only = true;
+  for (const auto& t : traces) moerun_only = moerun_only && t.dialect == TraceDialect::kMoerun;
+  const std::string grouped_model =
+      !moerun_only || o.base.grouped_gemm.impl.value == GroupedGemmImpl::kGroupedKernel
+          ? std::string(
+                "one grouped kernel: the per-expert shape, rows padded to the tile, waves over all experts")
+          : fmt::format("one GEMM per expert of its own shape on {} stream(s), as the base stack runs them",
+                        o.base.grouped_gemm.streams.value);
   if (!s.grouped.empty()) {
     std::map<int64_t, std::vector<std::pair<double, double>>> bins;
     for (const auto& p : s.grouped) bins[std::lround(2.0 * std::log2(std::max(1.0, p.first)))].push_back(p);
@@ -582,13 +597,10 @@ Result<StackFit> fit_stack(const std::vector<TraceFile>& traces, const HardwareP
     const Spread sp = spread_of(all);
     const double v = round_to(std::clamp(median(all), 1e-4, 1.0), 1e-4);
     const std::string how = fmt::format(
-        "per kernel: the cost model's grouped-kernel time at the hardware profile's dense rate (the "
-        "per-expert "
-        "shape, rows padded to the tile, waves over all experts; neutral stack) / measured kernel time; "
-        "median "
-        "of {} forward and dgrad kernels, {:.0f} to {:.0f} rows per expert (the report's curve shows the "
-        "ratio by rows)",
-        sp.n, fit.curve.front().rows_per_expert, fit.curve.back().rows_per_expert);
+        "per kernel: the cost model's time at the hardware profile's dense rate ({}; neutral stack) / "
+        "measured kernel time; median of {} forward and dgrad kernels, {:.0f} to {:.0f} rows per expert (the "
+        "report's curve shows the ratio by rows)",
+        grouped_model, sp.n, fit.curve.front().rows_per_expert, fit.curve.back().rows_per_expert);
     fit.params.push_back({"grouped_gemm.efficiency", true, v, sp.n, sp.lo, sp.hi, how});
     st.grouped_gemm.efficiency = {v, fmt::format("[FITTED] {} in {}", how, from), Basis::kMeasured};
   } else {
@@ -599,10 +611,9 @@ Result<StackFit> fit_stack(const std::vector<TraceFile>& traces, const HardwareP
     const Spread sp = spread_of(s.grouped_wgrad);
     const double v = round_to(std::clamp(median(s.grouped_wgrad), 1e-4, 1.0), 1e-4);
     const std::string how = fmt::format(
-        "median over {} weight-gradient grouped GEMM kernels of the grouped-kernel model time (reduction "
-        "over "
-        "the rows per expert) / measured time",
-        sp.n);
+        "median over {} weight-gradient grouped GEMM kernels of the model time ({}; the reduction over the "
+        "rows per expert) / measured time",
+        sp.n, grouped_model);
     fit.params.push_back({"grouped_gemm.wgrad_efficiency", true, v, sp.n, sp.lo, sp.hi, how});
     st.grouped_gemm.wgrad_efficiency = {v, fmt::format("[FITTED] {} in {}", how, from), Basis::kMeasured};
   } else {

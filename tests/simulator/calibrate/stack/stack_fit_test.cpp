@@ -339,6 +339,7 @@ TEST_SUITE("calibrate") {
   TEST_CASE("a synthetic moerun trace written by chrome_trace gives back the same parameters") {
     const Timeline tl = make_timeline(false);
     StackFitOptions o = options();
+    o.base = io::load_stack("hwprofiles/stacks/moerun.json").value();  // one grouped kernel, as generated
     o.moerun_experts = {8, 1024, 512};
     const StackFit f = fit_of(moerun_text(tl), "moerun.trace.json", o);
     MESSAGE(fit_report_text(f));
@@ -354,6 +355,51 @@ TEST_SUITE("calibrate") {
     }
     CHECK(f.comm_overlap_fraction_ep == doctest::Approx(kOverlap).epsilon(0.01));
     CHECK_FALSE(param(f, "comm_sm_fraction").fitted);  // moerun traces carry no grid
+  }
+
+  TEST_CASE(
+      "a moerun trace of one GEMM per expert is fitted against that implementation, not a grouped kernel") {
+    // The same kernels, the base stack now running one GEMM per expert on one stream (moerun's CPU replay):
+    // each fitted point is the per-expert model's time over the measured time, i.e. the generating
+    // efficiency times the per-expert model over the grouped-kernel model at that row count.
+    const Timeline tl = make_timeline(false);
+    StackFitOptions o = options();
+    o.base = io::load_stack("hwprofiles/stacks/moerun.json").value();
+    o.base.grouped_gemm.impl.value = GroupedGemmImpl::kPerExpertStreams;
+    o.base.grouped_gemm.streams.value = 1;
+    o.moerun_experts = {8, 1024, 512};
+    const StackFit f = fit_of(moerun_text(tl), "moerun.trace.json", o);
+    StackProfile per_expert;
+    per_expert.memory_bound_efficiency.value = 1.0;
+    per_expert.grouped_gemm.impl.value = GroupedGemmImpl::kPerExpertStreams;
+    per_expert.grouped_gemm.streams.value = 1;
+    per_expert.grouped_gemm.efficiency.value = 1.0;
+    per_expert.grouped_gemm.wgrad_efficiency.value = 1.0;
+    StackProfile grouped = per_expert;
+    grouped.grouped_gemm.impl.value = GroupedGemmImpl::kGroupedKernel;
+    const cost::CostModel model(h100(), per_expert), kernel_model(h100(), grouped);
+    REQUIRE(f.curve.size() == kRows.size());
+    int differ = 0;
+    for (size_t i = 0; i < kRows.size(); ++i) {
+      CAPTURE(kRows[i]);
+      // The point is a median over fc13 and fc2, forward and dgrad: it lies within their ratios' range.
+      const auto m = static_cast<int64_t>(kRows[i]) * 8;
+      double lo = 1e9, hi = 0;
+      for (const GemmShape& shape : {GemmShape{m, 1024, 1024, 8}, GemmShape{m, 1024, 512, 8}}) {
+        for (GemmPart part : {GemmPart::kNone, GemmPart::kDgrad}) {
+          const double ratio = model.grouped_gemm_seconds(shape, DType::kBf16, nullptr, part) /
+                               kernel_model.grouped_gemm_seconds(shape, DType::kBf16, nullptr, part);
+          lo = std::min(lo, ratio);
+          hi = std::max(hi, ratio);
+        }
+      }
+      const double e = f.curve[i].efficiency, t = true_eff(kRows[i]);
+      CHECK(e >= std::min(1.0, t * lo) * 0.96);
+      CHECK(e <= std::min(1.0, t * hi) * 1.04);
+      differ += std::abs(e - t) > 0.1 * t;
+    }
+    CHECK(differ > 0);  // the two implementations price some of these row counts differently
+    CHECK(param(f, "grouped_gemm.efficiency").how.find("one GEMM per expert") != std::string::npos);
   }
 
   TEST_CASE("without the expert shape a moerun trace keeps the base grouped-GEMM efficiency and says so") {
