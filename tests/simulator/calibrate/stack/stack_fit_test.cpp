@@ -49,17 +49,20 @@ const HardwareProfile& h100() {
   return hw;
 }
 
+// A stack that loses nothing, with the given grouped-GEMM implementation on one stream.
+StackProfile neutral_with(GroupedGemmImpl impl) {
+  StackProfile p;
+  p.memory_bound_efficiency.value = 1.0;
+  p.grouped_gemm.impl.value = impl;
+  p.grouped_gemm.streams.value = 1;
+  p.grouped_gemm.efficiency.value = 1.0;
+  p.grouped_gemm.wgrad_efficiency.value = 1.0;
+  return p;
+}
+
 // The cost model's grouped-kernel time at the dense rate (what the fit divides by the measured time).
 double dense_seconds(const GemmShape& s) {
-  static const StackProfile neutral = [] {
-    StackProfile p;
-    p.memory_bound_efficiency.value = 1.0;
-    p.grouped_gemm.impl.value = GroupedGemmImpl::kGroupedKernel;
-    p.grouped_gemm.streams.value = 1;
-    p.grouped_gemm.efficiency.value = 1.0;
-    p.grouped_gemm.wgrad_efficiency.value = 1.0;
-    return p;
-  }();
+  static const StackProfile neutral = neutral_with(GroupedGemmImpl::kGroupedKernel);
   static const cost::CostModel model(h100(), neutral);
   return model.grouped_gemm_seconds(s, DType::kBf16, nullptr);
 }
@@ -369,14 +372,8 @@ TEST_SUITE("calibrate") {
     o.base.grouped_gemm.streams.value = 1;
     o.moerun_experts = {8, 1024, 512};
     const StackFit f = fit_of(moerun_text(tl), "moerun.trace.json", o);
-    StackProfile per_expert;
-    per_expert.memory_bound_efficiency.value = 1.0;
-    per_expert.grouped_gemm.impl.value = GroupedGemmImpl::kPerExpertStreams;
-    per_expert.grouped_gemm.streams.value = 1;
-    per_expert.grouped_gemm.efficiency.value = 1.0;
-    per_expert.grouped_gemm.wgrad_efficiency.value = 1.0;
-    StackProfile grouped = per_expert;
-    grouped.grouped_gemm.impl.value = GroupedGemmImpl::kGroupedKernel;
+    const StackProfile per_expert = neutral_with(GroupedGemmImpl::kPerExpertStreams);
+    const StackProfile grouped = neutral_with(GroupedGemmImpl::kGroupedKernel);
     const cost::CostModel model(h100(), per_expert), kernel_model(h100(), grouped);
     REQUIRE(f.curve.size() == kRows.size());
     int differ = 0;
