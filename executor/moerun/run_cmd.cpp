@@ -505,7 +505,7 @@ int run_plan(const RunOptions& o, int rank, int world) {
       }
       // Drawn routing: how much busier the busiest EP rank was than the mean, beside the prediction's.
       std::string drawn;
-      if (routing["mode"] == "drawn") {
+      if (routing["mode"] == "drawn" && routing.contains("busiest_over_mean")) {
         drawn = fmt::format(" | routing drawn: busiest EP rank {:.3f}x the mean (predicted {:.3f}x)",
                             routing["busiest_over_mean"]["drawn"].get<double>(),
                             routing["busiest_over_mean"]["predicted"].get<double>());
