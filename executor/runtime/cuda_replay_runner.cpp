@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
-#include <cmath>
 #include <cstdio>
 #include <map>
 #include <optional>
@@ -636,21 +635,10 @@ struct CudaReplayRunner::Impl {
         c->reduce_scatter(buf, out, sz(values / size), t, l.stream);
         break;
       case Collective::kAllToAll: {
-        if (const auto x = draws ? draws->exchange(op) : std::nullopt) {
-          // Drawn routing: the rows this rank sends each peer and receives from it, each row the op's values
-          // per lowered row.
-          const int64_t per_row = std::max<int64_t>(
-              1, std::llround(static_cast<double>(comm_values(op.comm, 1)) / draws->spec().lowered_rows));
-          std::vector<int64_t> send(x->send.size()), recv(x->recv.size());
-          int64_t send_total = 0, recv_total = 0;
-          for (size_t p = 0; p < send.size(); ++p) {
-            send[p] = per_row * x->send[p];
-            recv[p] = per_row * x->recv[p];
-            send_total += send[p];
-            recv_total += recv[p];
-          }
-          c->all_to_all_v(slot(l, 0, sz(std::max<int64_t>(1, send_total)) * eb), send,
-                          slot(l, 1, sz(std::max<int64_t>(1, recv_total)) * eb), recv, t, l.stream);
+        if (const auto x = draws ? draws->exchange(op, comm_values(op.comm, 1)) : std::nullopt) {
+          // Drawn routing: the values this rank sends each peer and receives from it.
+          c->all_to_all_v(slot(l, 0, sz(std::max<int64_t>(1, x->send_total)) * eb), x->send,
+                          slot(l, 1, sz(std::max<int64_t>(1, x->recv_total)) * eb), x->recv, t, l.stream);
           break;
         }
         const std::vector<int64_t> counts(sz(size), values / size);

@@ -226,8 +226,11 @@ void ReplayRunner::collective(const Op& op, Scratch& s) {
       break;
     }
     case Collective::kAllToAll: {
-      if (const auto x = routing_ ? routing_->exchange(op) : std::nullopt) {
-        all_to_all_drawn(op, *x, *comm, s);
+      if (const auto x = routing_ ? routing_->exchange(op, comm_values(op.comm, 1)) : std::nullopt) {
+        MOEPLAN_ASSERT(comm->rank() == routing_->spec().ep_rank && size == routing_->spec().ep);
+        std::span<float> in = s.get(10, sz(std::max<int64_t>(1, x->send_total)));
+        std::span<float> out = s.get(11, sz(std::max<int64_t>(1, x->recv_total)));
+        comm->all_to_all_v(in.first(sz(x->send_total)), x->send, out.first(sz(x->recv_total)), x->recv, wire);
         break;
       }
       const std::vector<int64_t> counts(sz(size), share);
@@ -241,27 +244,6 @@ void ReplayRunner::collective(const Op& op, Scratch& s) {
       break;
     }
   }
-}
-
-// The EP all-to-all of drawn rows (RoutingDraws::exchange), each row the op's values per lowered row.
-void ReplayRunner::all_to_all_drawn(const Op& op, const RoutingDraws::Exchange& x, Communicator& comm,
-                                    Scratch& s) {
-  const RoutingDrawSpec& r = routing_->spec();
-  MOEPLAN_ASSERT(comm.rank() == r.ep_rank && comm.size() == r.ep);
-  const double values = static_cast<double>(comm_values(op.comm, 1));
-  const int64_t per_row = std::max<int64_t>(1, std::llround(values / r.lowered_rows));
-  std::vector<int64_t> send(x.send.size()), recv(x.recv.size());
-  int64_t send_total = 0, recv_total = 0;
-  for (size_t p = 0; p < send.size(); ++p) {
-    send[p] = per_row * x.send[p];
-    recv[p] = per_row * x.recv[p];
-    send_total += send[p];
-    recv_total += recv[p];
-  }
-  std::span<float> in = s.get(10, sz(std::max<int64_t>(1, send_total)));
-  std::span<float> out = s.get(11, sz(std::max<int64_t>(1, recv_total)));
-  comm.all_to_all_v(in.first(sz(send_total)), send, out.first(sz(recv_total)), recv,
-                    wire_format_of(op.comm.dtype));
 }
 
 void ReplayRunner::receive(const Op& send) {

@@ -69,7 +69,6 @@ class ReplayRunner final : public OpRunner {
   void memory_bound(double bytes, Scratch& s);
   void optimizer(const Op& op, Scratch& s);
   void collective(const Op& op, Scratch& s);
-  void all_to_all_drawn(const Op& op, const RoutingDraws::Exchange& x, Communicator& comm, Scratch& s);
 
   const OpGraph& graph_;
   GroupLookup groups_;

@@ -273,7 +273,7 @@ std::vector<int64_t> RoutingDraws::expert_rows(const Op& op) const {
   return rows;
 }
 
-std::optional<RoutingDraws::Exchange> RoutingDraws::exchange(const Op& op) const {
+std::optional<RoutingDraws::Exchange> RoutingDraws::exchange(const Op& op, int64_t op_values) const {
   const auto name = static_cast<OpName>(op.name);
   if (op.comm.collective != Collective::kAllToAll || op.comm.group != CommGroup::kEp ||
       (!towards_experts(name) && !from_experts(name)))
@@ -282,10 +282,14 @@ std::optional<RoutingDraws::Exchange> RoutingDraws::exchange(const Op& op) const
   if (d == nullptr) return std::nullopt;
   const bool towards = towards_experts(name) == (op.phase != Phase::kBackward);
   const int64_t me = spec_.ep_rank;
+  const int64_t per_row =
+      std::max<int64_t>(1, std::llround(static_cast<double>(op_values) / spec_.lowered_rows));
   Exchange x{std::vector<int64_t>(sz(spec_.ep)), std::vector<int64_t>(sz(spec_.ep))};
   for (int64_t p = 0; p < spec_.ep; ++p) {
-    x.send[sz(p)] = towards ? d->sent(me, p) : d->sent(p, me);
-    x.recv[sz(p)] = towards ? d->sent(p, me) : d->sent(me, p);
+    x.send[sz(p)] = per_row * (towards ? d->sent(me, p) : d->sent(p, me));
+    x.recv[sz(p)] = per_row * (towards ? d->sent(p, me) : d->sent(me, p));
+    x.send_total += x.send[sz(p)];
+    x.recv_total += x.recv[sz(p)];
   }
   return x;
 }

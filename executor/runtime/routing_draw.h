@@ -100,13 +100,15 @@ class RoutingDraws {
   // Index of the op's (layer, micro-batch) among the drawn ones, for a routed grouped GEMM (as expert_rows);
   // -1 otherwise.
   int64_t draw_index(const Op& op) const;
-  // Rows this rank sends to and receives from each EP peer in a routed all-to-all (towards the experts in
-  // the forward and recompute, back from them in the backward; the reverse for the combine); nullopt for
+  // Values this rank sends to and receives from each EP peer in a routed all-to-all (rows towards the
+  // experts in the forward and recompute, back from them in the backward; the reverse for the combine), each
+  // row `op_values` / lowered_rows values (at least 1), `op_values` being the op's whole buffer; nullopt for
   // other ops.
   struct Exchange {
     std::vector<int64_t> send, recv;
+    int64_t send_total = 0, recv_total = 0;
   };
-  std::optional<Exchange> exchange(const Op& op) const;
+  std::optional<Exchange> exchange(const Op& op, int64_t op_values) const;
   // Received rows over the lowered rows for a memory-bound op whose bytes are per received row; nullopt for
   // other ops.
   std::optional<double> row_scale(const Op& op) const;
