@@ -106,7 +106,10 @@ plan ep2-ag 256 8 "$STACK" "\"experts\": {\"ep\": 2, \"etp\": 1, \"dispatch\": \
 plan tp2 256 8 "$STACK" "\"attention\": {\"tp\": 2, \"sp\": 1, \"cp\": 1}, $NO_OVERLAP"
 plan sp2 256 8 "$STACK" "\"attention\": {\"tp\": 1, \"sp\": 2, \"cp\": 1}, $WITH_OVERLAP"
 plan pp2-1f1b 256 8 "$STACK" "\"pipeline\": {\"pp\": 2, \"vpp\": 1, \"schedule\": \"1f1b\"}, $WITH_OVERLAP"
-PLANS=(dp2-zero1 dp2-zero3 ep2-a2a ep2-a2a-zipf ep2-a2a-no-overlap ep2-ag tp2 sp2 pp2-1f1b)
+# Context parallelism: each rank's attention is a local part (its own keys) and a remote part (the other
+# rank's, after the K/V all-gather), run as the calls that do each op's FLOPs (workload::attention_calls).
+plan cp2 512 8 "$STACK" "\"attention\": {\"tp\": 1, \"sp\": 1, \"cp\": 2}, $WITH_OVERLAP"
+PLANS=(dp2-zero1 dp2-zero3 ep2-a2a ep2-a2a-zipf ep2-a2a-no-overlap ep2-ag tp2 sp2 pp2-1f1b cp2)
 for p in "${PLANS[@]}"; do
   echo "-- $p (load average $(cut -d' ' -f1-3 /proc/loadavg))"
   "$MOEPLAN" simulate "$RESULTS/plans/$p.json" --json >"$RESULTS/predicted/$p.json"

@@ -29,6 +29,7 @@
 #include "executor/runtime/fused_ops.h"
 #include "executor/runtime/replay_runner.h"
 #include "simulator/core/status.h"
+#include "simulator/workload/attention_calls.h"
 
 namespace moeplan::executor {
 namespace {
@@ -149,7 +150,8 @@ struct Lane {
   };
   std::map<std::tuple<int, int, int, int, int64_t, int64_t, int64_t>, Fused> fused;
   std::unique_ptr<cuda::CudnnHandle> cudnn;
-  std::map<std::tuple<int64_t, int64_t, int64_t, int64_t>, std::unique_ptr<cuda::FlashAttention>> attention;
+  // Per call shape: batch, queries, keys, heads, kv heads, qk and v dims, window, causal.
+  std::map<std::array<int64_t, 9>, std::unique_ptr<cuda::FlashAttention>> attention;
   std::map<int64_t, DeviceBuffer<int64_t>> positions;  // by row count: 0 .. rows - 1
 };
 
@@ -474,36 +476,44 @@ struct CudaReplayRunner::Impl {
     }
   }
 
+  // cuDNN's flash attention for each call that does the op's work (workload::attention_calls: GQA's kv
+  // heads, MLA's v_dim, windows, context parallelism's local and remote parts at their key counts).
   void attention(const Op& op, Lane& l) {
-    const AttentionShape& a = op.attn;
-    if (a.batch <= 0 || a.seq_q <= 0 || a.heads <= 0 || a.qk_dim <= 0) return;
-    if (!l.cudnn) l.cudnn = std::make_unique<cuda::CudnnHandle>();
-    auto& f = l.attention[{a.batch, a.seq_q, a.heads, a.qk_dim}];
-    if (!f) {
-      cuda::AttentionShape s;
-      s.batch = a.batch;
-      s.seq = a.seq_q;
-      s.q_heads = s.kv_heads = a.heads;
-      s.head_dim = a.qk_dim;
-      s.causal = true;
-      f = std::make_unique<cuda::FlashAttention>(l.cudnn->get(), s);
-      if (!f->unsupported().empty()) refuse(op, f->unsupported());
-      count(static_cast<double>(f->workspace_bytes()));
-    }
-    const cuda::AttentionShape& s = f->shape();
-    const size_t qb = sz(s.q_elems()) * 2, kb = sz(s.kv_elems()) * 2, st = sz(s.stats_elems()) * 4;
-    auto* q = static_cast<cuda::bf16*>(slot(l, 0, qb));
-    auto* k = static_cast<cuda::bf16*>(slot(l, 1, kb));
-    auto* v = static_cast<cuda::bf16*>(slot(l, 2, kb));
-    auto* o = static_cast<cuda::bf16*>(slot(l, 3, qb));
-    auto* stats = static_cast<float*>(slot(l, 4, st));
-    if (op.phase == Phase::kBackward) {
-      auto* d_o = static_cast<cuda::bf16*>(slot(l, 5, qb));
-      f->backward(q, k, v, o, d_o, stats, static_cast<cuda::bf16*>(slot(l, 6, qb)),
-                  static_cast<cuda::bf16*>(slot(l, 7, kb)), static_cast<cuda::bf16*>(slot(l, 8, kb)),
-                  l.stream);
-    } else {
-      f->forward(q, k, v, o, stats, l.stream);
+    for (const workload::AttentionCall& c : workload::attention_calls(op)) {
+      if (!l.cudnn) l.cudnn = std::make_unique<cuda::CudnnHandle>();
+      auto& f = l.attention[{c.batch, c.seq_q, c.seq_kv, c.heads, c.kv_heads, c.qk_dim, c.v_dim, c.window,
+                             c.causal ? 1 : 0}];
+      if (!f) {
+        cuda::AttentionShape s;
+        s.batch = c.batch;
+        s.seq = c.seq_q;
+        s.seq_kv = c.seq_kv;
+        s.q_heads = c.heads;
+        s.kv_heads = c.kv_heads;
+        s.head_dim = c.qk_dim;
+        s.v_dim = c.v_dim;
+        s.window = c.window;
+        s.causal = c.causal;
+        f = std::make_unique<cuda::FlashAttention>(l.cudnn->get(), s);
+        if (!f->unsupported().empty()) refuse(op, f->unsupported());
+        count(static_cast<double>(f->workspace_bytes()));
+      }
+      const cuda::AttentionShape& s = f->shape();
+      const size_t qb = sz(s.q_elems()) * 2, ob = sz(s.o_elems()) * 2, kb = sz(s.k_elems()) * 2;
+      const size_t vb = sz(s.v_elems()) * 2, st = sz(s.stats_elems()) * 4;
+      auto* q = static_cast<cuda::bf16*>(slot(l, 0, qb));
+      auto* k = static_cast<cuda::bf16*>(slot(l, 1, kb));
+      auto* v = static_cast<cuda::bf16*>(slot(l, 2, vb));
+      auto* o = static_cast<cuda::bf16*>(slot(l, 3, ob));
+      auto* stats = static_cast<float*>(slot(l, 4, st));
+      if (op.phase == Phase::kBackward) {
+        auto* d_o = static_cast<cuda::bf16*>(slot(l, 5, ob));
+        f->backward(q, k, v, o, d_o, stats, static_cast<cuda::bf16*>(slot(l, 6, qb)),
+                    static_cast<cuda::bf16*>(slot(l, 7, kb)), static_cast<cuda::bf16*>(slot(l, 8, vb)),
+                    l.stream);
+      } else {
+        f->forward(q, k, v, o, stats, l.stream);
+      }
     }
   }
 

@@ -5,9 +5,10 @@
 //     [m, n] x [k, n]^T, wgrad [m, k]^T x [m, n] into fp32 (the main-grad buffer);
 //   grouped GEMM: CUTLASS's grouped kernel (grouped_gemm.h) over `groups` experts of ceil(m / groups) rows
 //     each, or each local expert's drawn rows (draw_routing), the counts in device memory;
-//   attention: cuDNN flash attention (attention.h), forward or backward, causal, heads x seq_q of the op with
-//     as many kv heads as query heads (the op carries no kv-head count; the kernel's time is the queries'),
-//     v_dim = qk_dim; a sliding window or cp's seq_q < seq_kv runs as full causal attention over seq_q;
+//   attention: cuDNN flash attention (attention.h), forward or backward, for each call that does the op's
+//     work (workload::attention_calls): the op's heads and kv heads (GQA), qk and v dims (MLA), window and
+//     causality; context parallelism's local part as a causal square of the rank's queries, its remote part
+//     as a full block over the keys that make the op's FLOPs;
 //   memory-bound ops whose lowering states the tensor they walk (op_graph.h): the project's kernel at that
 //     shape where one exists (RMSNorm, SwiGLU, RoPE, moerun's fused cross-entropy, the router's forward);
 //     every other memory-bound op, those over drawn expert rows and the optimizer: a device-to-device copy

@@ -11,6 +11,7 @@
 #include "executor/runtime/stage_schedule.h"
 #include "simulator/core/model_stats.h"
 #include "simulator/core/status.h"
+#include "simulator/workload/attention_calls.h"
 
 namespace moeplan::executor {
 namespace {
@@ -153,29 +154,32 @@ void ReplayRunner::gemm(const Op& op, Scratch& s) {
 }
 
 void ReplayRunner::attention(const Op& op, Scratch& s) {
-  const AttentionShape& a = op.attn;
-  const int64_t sq = a.seq_q, skv = a.seq_kv, h = a.heads, d = a.qk_dim;
-  if (sq <= 0 || skv <= 0 || h <= 0 || a.batch <= 0 || d <= 0) return;
-  // moerun's CPU attention kernel, the one `moerun bench` measures (attention.csv), with all of the op's
-  // heads in one call per sequence: q, out, dout [sq, h d]; k, v [skv, h d]; lse [sq, h]. The kernel has one
-  // head dim for q, k and v: v_dim != qk_dim (MLA) runs with qk_dim.
-  MapMat q(s.get(0, sz(sq * h * d)).data(), sq, h * d), k(s.get(1, sz(skv * h * d)).data(), skv, h * d);
-  MapMat v(s.get(2, sz(skv * h * d)).data(), skv, h * d), out(s.get(3, sz(sq * h * d)).data(), sq, h * d);
-  MapMat dout(s.get(4, sz(sq * h * d)).data(), sq, h * d), lse(s.get(5, sz(sq * h)).data(), sq, h);
-  // Queries are the last sq of skv positions (context parallelism splits them); non-causal: every key is at
-  // or before every query, as the bench's non-causal case.
-  std::vector<int64_t> q_pos(sz(sq)), k_pos(sz(skv));
-  for (int64_t j = 0; j < skv; ++j) k_pos[sz(j)] = j;
-  for (int64_t i = 0; i < sq; ++i) q_pos[sz(i)] = a.causal ? skv - sq + i : skv;
-  const cpu::AttnHeads heads{h, h, d, 0, 0, a.window};
-  lse.setConstant(std::log(static_cast<float>(skv)));  // a uniform softmax's log-sum-exp: finite P
-  for (int64_t b = 0; b < a.batch; ++b) {
-    if (op.phase == Phase::kBackward) {
-      const auto g = cpu::attn_core_backward<float>(q, k, v, out, lse, dout, q_pos, k_pos, heads);
-      MOEPLAN_ASSERT(g.dq.rows() == sq);
-    } else {
-      const auto o = cpu::attn_core_forward<float>(q, k, v, q_pos, k_pos, heads);
-      MOEPLAN_ASSERT(o.out.rows() == sq);
+  // moerun's CPU attention kernel, the one `moerun bench` measures (attention.csv), once per sequence for
+  // each call that does the op's work (workload::attention_calls: context parallelism's local and remote
+  // parts at their own key counts), with all of the call's heads at once: q, out, dout [sq, h d]; k, v
+  // [skv, kvh d]; lse [sq, h]. The kernel has one head dim for q, k and v: v_dim != qk_dim (MLA) runs with
+  // qk_dim.
+  for (const workload::AttentionCall& c : workload::attention_calls(op)) {
+    const int64_t sq = c.seq_q, skv = c.seq_kv, h = c.heads, kvh = c.kv_heads, d = c.qk_dim;
+    MapMat q(s.get(0, sz(sq * h * d)).data(), sq, h * d), k(s.get(1, sz(skv * kvh * d)).data(), skv, kvh * d);
+    MapMat v(s.get(2, sz(skv * kvh * d)).data(), skv, kvh * d),
+        out(s.get(3, sz(sq * h * d)).data(), sq, h * d);
+    MapMat dout(s.get(4, sz(sq * h * d)).data(), sq, h * d), lse(s.get(5, sz(sq * h)).data(), sq, h);
+    // Causal: the diagonal aligned bottom-right (the queries are the last sq of skv positions); non-causal:
+    // every key is at or before every query, as the bench's non-causal case.
+    std::vector<int64_t> q_pos(sz(sq)), k_pos(sz(skv));
+    for (int64_t j = 0; j < skv; ++j) k_pos[sz(j)] = j;
+    for (int64_t i = 0; i < sq; ++i) q_pos[sz(i)] = c.causal ? skv - sq + i : skv;
+    const cpu::AttnHeads heads{h, kvh, d, 0, 0, c.window};
+    lse.setConstant(std::log(static_cast<float>(skv)));  // a uniform softmax's log-sum-exp: finite P
+    for (int64_t b = 0; b < c.batch; ++b) {
+      if (op.phase == Phase::kBackward) {
+        const auto g = cpu::attn_core_backward<float>(q, k, v, out, lse, dout, q_pos, k_pos, heads);
+        MOEPLAN_ASSERT(g.dq.rows() == sq);
+      } else {
+        const auto o = cpu::attn_core_forward<float>(q, k, v, q_pos, k_pos, heads);
+        MOEPLAN_ASSERT(o.out.rows() == sq);
+      }
     }
   }
 }

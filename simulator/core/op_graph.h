@@ -69,6 +69,7 @@ struct AttentionShape {
   int32_t batch = 0, seq_q = 0, seq_kv = 0, heads = 0, qk_dim = 0, v_dim = 0;
   int32_t window = 0;  // 0 = full causal
   bool causal = true;
+  int16_t kv_heads = 0;  // K/V heads on this rank (GQA, MQA); 0: one per query head
 };
 
 struct CommSpec {

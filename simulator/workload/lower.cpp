@@ -12,12 +12,12 @@
 
 #include "simulator/core/model_stats.h"
 #include "simulator/core/status.h"
+#include "simulator/workload/attention_calls.h"
 
 namespace moeplan {
 namespace {
 
 constexpr double kFp8ScaleOverhead = 1.0 + 4.0 / 128.0;  // one fp32 scale per 128 fp8 values
-constexpr double kAttentionBackwardFlops = 2.5;          // flash-attention backward recomputes the scores
 
 double d(int64_t x) {
   return static_cast<double>(x);
@@ -561,8 +561,18 @@ int Builder::attention_fwd(int in, bool position_bias) {
   // Attention over the full sequence for this rank's heads; CP splits the queries into 2*cp balanced chunks.
   // Per-layer sliding windows are applied by record_layer.
   auto i32 = [](int64_t v32) { return static_cast<int32_t>(v32); };
-  AttentionShape shape{
-      i32(p_.micro_batch), i32(seq_ / cp_), i32(seq_), i32(heads_a), i32(qk), i32(v), 0, causal_};
+  // K/V heads after Ulysses: the rank's kv_r, replicated up to sp before the all-to-all; MLA decompresses
+  // K and V per query head.
+  const int64_t kv_heads_a = mla ? heads_a : std::max(kv_r, sp_) / sp_;
+  const AttentionShape shape{.batch = i32(p_.micro_batch),
+                             .seq_q = i32(seq_ / cp_),
+                             .seq_kv = i32(seq_),
+                             .heads = i32(heads_a),
+                             .qk_dim = i32(qk),
+                             .v_dim = i32(v),
+                             .window = 0,
+                             .causal = causal_,
+                             .kv_heads = static_cast<int16_t>(kv_heads_a)};
   const double keys = causal_ ? mean_attended_keys(seq_, 0) : d(seq_);
   const double attn_flops = d(p_.micro_batch * seq_ / cp_) * 2.0 * d(heads_a) * d(qk + v) * keys;
   Op core = base(OpName::kAttnCore, OpKind::kAttention, Stream::kCompute);
@@ -640,7 +650,15 @@ int Builder::cross_attention_fwd(int in) {
   const int kv = record(gemm(OpName::kCrossKvProj, tg_enc, 2 * kv_r * hd, h), {enc});
   auto i32 = [](int64_t v32) { return static_cast<int32_t>(v32); };
   Op core = base(OpName::kCrossAttnCore, OpKind::kAttention, Stream::kCompute);
-  core.attn = {i32(p_.micro_batch), i32(seq_), i32(enc_seq), i32(heads_r), i32(hd), i32(hd), 0, false};
+  core.attn = {.batch = i32(p_.micro_batch),
+               .seq_q = i32(seq_),
+               .seq_kv = i32(enc_seq),
+               .heads = i32(heads_r),
+               .qk_dim = i32(hd),
+               .v_dim = i32(hd),
+               .window = 0,
+               .causal = false,
+               .kv_heads = static_cast<int16_t>(kv_r)};
   core.flops = d(p_.micro_batch * seq_) * 2.0 * d(heads_r) * d(2 * hd) * d(enc_seq);
   core.hbm_bytes = (d(tg) * d(heads_r) * d(2 * hd) + d(tg_enc) * d(2 * kv_r * hd)) * dt;
   module_ = kRecomputeCoreAttn;
@@ -1383,7 +1401,7 @@ void Builder::backward_node(LayerPass& pass, Node node) {
         continue;
       }
       case OpKind::kAttention: {
-        op.flops *= kAttentionBackwardFlops;
+        op.flops *= workload::kAttentionBackwardFlops;
         op.hbm_bytes *= 2.0;
         break;
       }

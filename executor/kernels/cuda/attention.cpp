@@ -52,10 +52,33 @@ enum Uid : fe::graph::Tensor_attributes::uid_t { kQ = 1, kK, kV, kO, kStats, kDO
 struct Layout {
   std::vector<int64_t> dim, stride;
 };
-// [batch, seq, heads, head_dim] token-major memory.
-Layout token_major(const AttentionShape& a, int64_t heads) {
-  const int64_t d = a.head_dim;
-  return {{a.batch, heads, a.seq, d}, {a.seq * heads * d, d, heads * d, 1}};
+// [batch, seq, heads, d] token-major memory.
+Layout token_major(const AttentionShape& a, int64_t seq, int64_t heads, int64_t d) {
+  return {{a.batch, heads, seq, d}, {seq * heads * d, d, heads * d, 1}};
+}
+Layout q_layout(const AttentionShape& a) {  // q, dq
+  return token_major(a, a.seq, a.q_heads, a.head_dim);
+}
+Layout o_layout(const AttentionShape& a) {  // o, do
+  return token_major(a, a.seq, a.q_heads, a.value_dim());
+}
+Layout k_layout(const AttentionShape& a) {  // k, dk
+  return token_major(a, a.keys(), a.kv_heads, a.head_dim);
+}
+Layout v_layout(const AttentionShape& a) {  // v, dv
+  return token_major(a, a.keys(), a.kv_heads, a.value_dim());
+}
+
+// The mask: causal with the diagonal top-left when queries and keys are as many (key j visible iff j <= i,
+// set_causal_mask's expansion), bottom-right otherwise (the queries are the last of the keys' positions);
+// a window bounds it on the left (key j visible iff i' - j < window, i' the query's aligned position).
+template <class Attributes>
+void set_mask(Attributes& opts, const AttentionShape& a) {
+  if (!a.causal) return;
+  opts.set_diagonal_alignment(a.keys() == a.seq ? fe::DiagonalAlignment_t::TOP_LEFT
+                                                : fe::DiagonalAlignment_t::BOTTOM_RIGHT)
+      .set_diagonal_band_right_bound(0);
+  if (a.window > 0) opts.set_diagonal_band_left_bound(static_cast<int>(a.window));
 }
 // Stats [batch, q_heads, seq] fp32 as (b, h, s, 1): packed BHSD, the only layout cuDNN < 9.26 reads back in
 // the backward (cudnn_frontend 1.32 rejects others there).
@@ -90,18 +113,16 @@ std::shared_ptr<fe::graph::Graph> new_graph() {
 std::shared_ptr<fe::graph::Graph> forward_graph(const AttentionShape& a) {
   auto g = new_graph();
   const auto bf = fe::DataType_t::BFLOAT16;
-  auto q = input(*g, "q", kQ, token_major(a, a.q_heads), bf);
-  auto k = input(*g, "k", kK, token_major(a, a.kv_heads), bf);
-  auto v = input(*g, "v", kV, token_major(a, a.kv_heads), bf);
+  auto q = input(*g, "q", kQ, q_layout(a), bf);
+  auto k = input(*g, "k", kK, k_layout(a), bf);
+  auto v = input(*g, "v", kV, v_layout(a), bf);
   auto opts = fe::graph::SDPA_attributes()
                   .set_name("flash_fwd")
                   .set_generate_stats(true)
                   .set_attn_scale(a.softmax_scale());
-  // Causal = top-left diagonal with right bound 0: key j visible iff j <= i (set_causal_mask's expansion).
-  if (a.causal)
-    opts.set_diagonal_alignment(fe::DiagonalAlignment_t::TOP_LEFT).set_diagonal_band_right_bound(0);
+  set_mask(opts, a);
   auto [o, stats] = g->sdpa(q, k, v, opts);
-  mark_output(o, kO, token_major(a, a.q_heads), bf);
+  mark_output(o, kO, o_layout(a), bf);
   mark_output(stats, kStats, stats_layout(a), fe::DataType_t::FLOAT);
   return g;
 }
@@ -109,19 +130,18 @@ std::shared_ptr<fe::graph::Graph> forward_graph(const AttentionShape& a) {
 std::shared_ptr<fe::graph::Graph> backward_graph(const AttentionShape& a) {
   auto g = new_graph();
   const auto bf = fe::DataType_t::BFLOAT16;
-  auto q = input(*g, "q", kQ, token_major(a, a.q_heads), bf);
-  auto k = input(*g, "k", kK, token_major(a, a.kv_heads), bf);
-  auto v = input(*g, "v", kV, token_major(a, a.kv_heads), bf);
-  auto o = input(*g, "o", kO, token_major(a, a.q_heads), bf);
-  auto d_o = input(*g, "do", kDO, token_major(a, a.q_heads), bf);
+  auto q = input(*g, "q", kQ, q_layout(a), bf);
+  auto k = input(*g, "k", kK, k_layout(a), bf);
+  auto v = input(*g, "v", kV, v_layout(a), bf);
+  auto o = input(*g, "o", kO, o_layout(a), bf);
+  auto d_o = input(*g, "do", kDO, o_layout(a), bf);
   auto stats = input(*g, "stats", kStats, stats_layout(a), fe::DataType_t::FLOAT);
   auto opts = fe::graph::SDPA_backward_attributes().set_name("flash_bwd").set_attn_scale(a.softmax_scale());
-  if (a.causal)
-    opts.set_diagonal_alignment(fe::DiagonalAlignment_t::TOP_LEFT).set_diagonal_band_right_bound(0);
+  set_mask(opts, a);
   auto [dq, dk, dv] = g->sdpa_backward(q, k, v, o, d_o, stats, opts);
-  mark_output(dq, kDQ, token_major(a, a.q_heads), bf);
-  mark_output(dk, kDK, token_major(a, a.kv_heads), bf);
-  mark_output(dv, kDV, token_major(a, a.kv_heads), bf);
+  mark_output(dq, kDQ, q_layout(a), bf);
+  mark_output(dk, kDK, k_layout(a), bf);
+  mark_output(dv, kDV, v_layout(a), bf);
   return g;
 }
 
@@ -201,8 +221,18 @@ FlashAttention::FlashAttention(cudnnHandle_t handle, const AttentionShape& shape
   m.handle = handle;
   m.shape = shape;
   const AttentionShape& a = shape;
-  if (a.batch <= 0 || a.seq <= 0 || a.q_heads <= 0 || a.kv_heads <= 0 || a.head_dim <= 0) {
-    m.unsupported = "batch, seq, heads and head_dim must be positive";
+  if (a.batch <= 0 || a.seq <= 0 || a.q_heads <= 0 || a.kv_heads <= 0 || a.head_dim <= 0 || a.seq_kv < 0 ||
+      a.v_dim < 0 || a.window < 0) {
+    m.unsupported = "batch, seq, heads and head_dim must be positive (seq_kv, v_dim and window >= 0)";
+    return;
+  }
+  if (a.causal && a.keys() < a.seq) {
+    m.unsupported = "causal attention with fewer keys (" + std::to_string(a.keys()) + ") than queries (" +
+                    std::to_string(a.seq) + ")";
+    return;
+  }
+  if (a.window > 0 && !a.causal) {
+    m.unsupported = "a sliding window needs the causal mask";
     return;
   }
   if (a.q_heads % a.kv_heads != 0) {

@@ -4,7 +4,8 @@
 //
 //   q, o, do, dq [batch, seq, q_heads, head_dim] bf16: token-major, i.e. the CPU kernel's [Tq, Hl D] with the
 //     batch's sequences stacked (what Megatron's BSHD/THD layouts hold).
-//   k, v, dk, dv [batch, seq, kv_heads, head_dim] bf16; query head h reads kv head h / (q_heads / kv_heads).
+//   k, v, dk, dv [batch, keys, kv_heads, head_dim] bf16; query head h reads kv head h / (q_heads / kv_heads).
+//   v, o, do, dv have v_dim columns per head where it differs from head_dim (MLA).
 //   stats [batch, q_heads, seq] fp32: lse = log sum_j exp(s_ij), natural log, the CPU kernel's lse
 //   transposed.
 //     cuDNN before 9.26 reads the backward's stats only in this head-major layout (cudnn_frontend 1.32,
@@ -30,16 +31,26 @@ using bf16 = __nv_bfloat16;
 
 struct AttentionShape {
   int64_t batch = 0;
-  int64_t seq = 0;  // queries and keys per sequence (self-attention)
+  int64_t seq = 0;  // queries per sequence (and keys, for self-attention)
   int64_t q_heads = 0;
   int64_t kv_heads = 0;  // divides q_heads
-  int64_t head_dim = 0;
+  int64_t head_dim = 0;  // of q and k
   bool causal = true;
   float scale = 0;  // softmax scale; 0 selects 1/sqrt(head_dim), the CPU kernel's
+  // Keys per sequence when they differ from the queries (context parallelism's parts, cross-attention): a
+  // causal mask then aligns the diagonal bottom-right (query i sees key j iff j <= i + keys - seq). 0: seq.
+  int64_t seq_kv = 0;
+  int64_t v_dim = 0;   // of v, o, do, dv (MLA: 128 beside head_dim 192); 0: head_dim
+  int64_t window = 0;  // causal sliding window: query i sees only keys with i' - j < window; 0: none
 
   float softmax_scale() const;
-  int64_t q_elems() const { return batch * seq * q_heads * head_dim; }    // q, o, do, dq
-  int64_t kv_elems() const { return batch * seq * kv_heads * head_dim; }  // k, v, dk, dv
+  int64_t keys() const { return seq_kv > 0 ? seq_kv : seq; }
+  int64_t value_dim() const { return v_dim > 0 ? v_dim : head_dim; }
+  int64_t q_elems() const { return batch * seq * q_heads * head_dim; }         // q, dq
+  int64_t o_elems() const { return batch * seq * q_heads * value_dim(); }      // o, do
+  int64_t k_elems() const { return batch * keys() * kv_heads * head_dim; }     // k, dk
+  int64_t v_elems() const { return batch * keys() * kv_heads * value_dim(); }  // v, dv
+  int64_t kv_elems() const { return k_elems(); }  // self-attention with one head dim: k and v alike
   int64_t stats_elems() const { return batch * q_heads * seq; }
 };
 

@@ -61,6 +61,25 @@ TEST_SUITE("executor_runtime") {
     CHECK(seconds_of(r, back) > seconds_of(r, a));
   }
 
+  TEST_CASE(
+      "under context parallelism the local part runs the rank's own keys and the remote part the rest") {
+    // cp = 8 over 2,048 tokens: the rank's 256 queries (chunks of 128) against its own 256 keys (one eighth
+    // of its FLOPs), and non-causally against 7 x 128 others (the rest). Both ops state the whole sequence
+    // as keys; run at that shape, both took as long.
+    const OpGraph g;
+    ReplayRunner r(g, [](CommGroup) -> Communicator* { return nullptr; });
+    Op local;
+    local.kind = OpKind::kAttention;
+    local.name = static_cast<uint16_t>(OpName::kAttnCoreLocal);
+    local.attn = {1, 256, 2048, 2, 32, 32, 0, true, 2};
+    const double rank_flops = 256.0 * 2.0 * 2 * 64 * 2049.0 / 2.0;
+    local.flops = rank_flops / 8;
+    Op remote = local;
+    remote.name = static_cast<uint16_t>(OpName::kAttnCore);
+    remote.flops = rank_flops - local.flops;
+    CHECK(seconds_of(r, remote) > 2.0 * seconds_of(r, local));  // 896 keys against 256, in dense scores
+  }
+
   TEST_CASE("with drawn routing, a rank runs the expert rows its experts drew and none when they drew none") {
     // tiny-moe (8 experts, top 2) on EP 2: every token picks two of rank 0's experts 0-3, none of rank 1's.
     const RunInputs in = test::load_tiny("replay_draw", test::tiny_plan(2, test::kDp2Ep2));

@@ -298,4 +298,57 @@ TEST_SUITE("gpu") {
     std::printf("6 query heads over 4 kv heads: %s\n", odd_group.unsupported().c_str());
     CHECK_FALSE(odd_group.unsupported().empty());
   }
+
+  TEST_CASE("the replay's shapes run: fewer queries than keys, windows, MLA's v_dim, full blocks of keys") {
+    // What workload::attention_calls asks of cuDNN for context parallelism (a causal square, a full block
+    // over other ranks' keys), sliding windows and MLA (qk 192, v 128): each builds, runs forward and
+    // backward and leaves every output finite. Values against the CPU kernel are checked above for
+    // self-attention; these check the layouts and masks cuDNN accepts.
+    MOERUN_SKIP_WITHOUT_DEVICE();
+    struct Case {
+      const char* name;
+      AttentionShape a;
+    };
+    auto with = [](AttentionShape a, int64_t seq_kv, int64_t v_dim, int64_t window) {
+      a.seq_kv = seq_kv;
+      a.v_dim = v_dim;
+      a.window = window;
+      return a;
+    };
+    const std::vector<Case> cases = {
+        {"bottom-right causal 128 x 384", with(shape(128, 8, 2, 128), 384, 0, 0)},
+        {"full block 128 x 192", with(shape(128, 8, 2, 128, false), 192, 0, 0)},
+        {"window 64", with(shape(256, 8, 2, 64), 0, 0, 64)},
+        {"MLA qk 192, v 128", with(shape(128, 4, 4, 192), 0, 128, 0)},
+    };
+    CudnnHandle handle;
+    cudaStream_t stream = nullptr;
+    MOERUN_CUDA_CHECK(cudaStreamCreate(&stream));
+    for (const Case& c : cases) {
+      INFO(c.name);
+      const AttentionShape& a = c.a;
+      FlashAttention fa(handle.get(), a);
+      std::printf("%s: %s\n", c.name, fa.unsupported().empty() ? "built" : fa.unsupported().c_str());
+      REQUIRE(fa.unsupported().empty());
+      const Mf q = random_bf16(a.batch * a.seq, a.q_heads * a.head_dim, 1);
+      const Mf k = random_bf16(a.batch * a.keys(), a.kv_heads * a.head_dim, 2);
+      const Mf v = random_bf16(a.batch * a.keys(), a.kv_heads * a.value_dim(), 3);
+      const Mf d_o = random_bf16(a.batch * a.seq, a.q_heads * a.value_dim(), 4);
+      const auto d_q = upload(q), d_k = upload(k), d_v = upload(v), d_dout = upload(d_o);
+      auto out = poisoned<bf16>(a.o_elems());
+      auto stats = poisoned<float>(a.stats_elems());
+      auto dq = poisoned<bf16>(a.q_elems());
+      auto dk = poisoned<bf16>(a.k_elems());
+      auto dv = poisoned<bf16>(a.v_elems());
+      fa.forward(d_q.data(), d_k.data(), d_v.data(), out.data(), stats.data(), stream);
+      fa.backward(d_q.data(), d_k.data(), d_v.data(), out.data(), d_dout.data(), stats.data(), dq.data(),
+                  dk.data(), dv.data(), stream);
+      MOERUN_CUDA_CHECK(cudaStreamSynchronize(stream));
+      CHECK(download(out, q.rows(), a.q_heads * a.value_dim()).allFinite());
+      CHECK(download(dq, q.rows(), q.cols()).allFinite());
+      CHECK(download(dk, k.rows(), k.cols()).allFinite());
+      CHECK(download(dv, v.rows(), v.cols()).allFinite());
+    }
+    MOERUN_CUDA_CHECK(cudaStreamDestroy(stream));
+  }
 }

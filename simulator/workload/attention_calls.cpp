@@ -1,0 +1,71 @@
+#include "simulator/workload/attention_calls.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+namespace moeplan::workload {
+namespace {
+
+double d(int64_t x) {
+  return static_cast<double>(x);
+}
+
+}  // namespace
+
+double AttentionCall::visible_pairs() const {
+  if (seq_q <= 0 || seq_kv <= 0) return 0;
+  if (!causal) return d(seq_q) * d(seq_kv);
+  // Query i sees keys up to i + shift, at most `window` of them.
+  const int64_t shift = seq_kv - seq_q;
+  double pairs = 0;
+  for (int64_t i = 0; i < seq_q; ++i) {
+    const int64_t last = std::min(seq_kv - 1, i + shift);
+    if (last < 0) continue;
+    int64_t seen = last + 1;
+    if (window > 0) seen = std::min(seen, window);
+    pairs += d(seen);
+  }
+  return pairs;
+}
+
+double AttentionCall::forward_flops() const {
+  return 2.0 * d(batch) * d(heads) * d(qk_dim + v_dim) * visible_pairs();
+}
+
+std::vector<AttentionCall> attention_calls(const Op& op) {
+  const AttentionShape& a = op.attn;
+  if (op.kind != OpKind::kAttention || a.batch <= 0 || a.seq_q <= 0 || a.seq_kv <= 0 || a.heads <= 0 ||
+      a.qk_dim <= 0) {
+    return {};
+  }
+  AttentionCall c;
+  c.batch = a.batch;
+  c.seq_q = a.seq_q;
+  c.seq_kv = a.seq_kv;
+  c.heads = a.heads;
+  c.kv_heads = a.kv_heads > 0 ? a.kv_heads : a.heads;
+  // Each K/V head serves a whole group of query heads; a count that does not divide them runs as the
+  // largest one that does and divides it.
+  if (c.heads % c.kv_heads != 0) c.kv_heads = std::gcd(c.heads, c.kv_heads);
+  c.qk_dim = a.qk_dim;
+  c.v_dim = a.v_dim > 0 ? a.v_dim : a.qk_dim;
+  c.window = a.window;
+  c.causal = a.causal;
+  if (!a.causal || a.seq_q >= a.seq_kv) return {c};
+
+  // Context parallelism: the rank's own keys, or the other ranks'.
+  if (static_cast<OpName>(op.name) == OpName::kAttnCoreLocal) {
+    c.seq_kv = c.seq_q;
+    return {c};
+  }
+  const double forward = op.phase == Phase::kBackward ? op.flops / kAttentionBackwardFlops : op.flops;
+  const double per_key = 2.0 * d(c.batch) * d(c.heads) * d(c.qk_dim + c.v_dim) * d(c.seq_q);
+  c.causal = false;
+  c.window = 0;
+  c.seq_kv = static_cast<int64_t>(std::llround(forward / per_key));
+  if (c.seq_kv <= 0) return {};
+  return {c};
+}
+
+}  // namespace moeplan::workload
