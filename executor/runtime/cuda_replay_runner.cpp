@@ -28,8 +28,8 @@
 #include "executor/kernels/cuda/swiglu.h"
 #include "executor/runtime/fused_ops.h"
 #include "executor/runtime/replay_runner.h"
+#include "simulator/core/attention_calls.h"
 #include "simulator/core/status.h"
-#include "simulator/workload/attention_calls.h"
 
 namespace moeplan::executor {
 namespace {
@@ -476,10 +476,10 @@ struct CudaReplayRunner::Impl {
     }
   }
 
-  // cuDNN's flash attention for each call that does the op's work (workload::attention_calls: GQA's kv
+  // cuDNN's flash attention for each call that does the op's work (attention_calls: GQA's kv
   // heads, MLA's v_dim, windows, context parallelism's local and remote parts at their key counts).
   void attention(const Op& op, Lane& l) {
-    for (const workload::AttentionCall& c : workload::attention_calls(op)) {
+    for (const AttentionCall& c : attention_calls(op)) {
       if (!l.cudnn) l.cudnn = std::make_unique<cuda::CudnnHandle>();
       auto& f = l.attention[{c.batch, c.seq_q, c.seq_kv, c.heads, c.kv_heads, c.qk_dim, c.v_dim, c.window,
                              c.causal ? 1 : 0}];

@@ -6,7 +6,7 @@
 //   grouped GEMM: CUTLASS's grouped kernel (grouped_gemm.h) over `groups` experts of ceil(m / groups) rows
 //     each, or each local expert's drawn rows (draw_routing), the counts in device memory;
 //   attention: cuDNN flash attention (attention.h), forward or backward, for each call that does the op's
-//     work (workload::attention_calls): the op's heads and kv heads (GQA), qk and v dims (MLA), window and
+//     work (attention_calls): the op's heads and kv heads (GQA), qk and v dims (MLA), window and
 //     causality; context parallelism's local part as a causal square of the rank's queries, its remote part
 //     as a full block over the keys that make the op's FLOPs;
 //   memory-bound ops whose lowering states the tensor they walk (op_graph.h): the project's kernel at that

@@ -9,9 +9,9 @@
 
 #include "executor/kernels/cpu/attention.h"
 #include "executor/runtime/stage_schedule.h"
+#include "simulator/core/attention_calls.h"
 #include "simulator/core/model_stats.h"
 #include "simulator/core/status.h"
-#include "simulator/workload/attention_calls.h"
 
 namespace moeplan::executor {
 namespace {
@@ -155,11 +155,11 @@ void ReplayRunner::gemm(const Op& op, Scratch& s) {
 
 void ReplayRunner::attention(const Op& op, Scratch& s) {
   // moerun's CPU attention kernel, the one `moerun bench` measures (attention.csv), once per sequence for
-  // each call that does the op's work (workload::attention_calls: context parallelism's local and remote
+  // each call that does the op's work (attention_calls: context parallelism's local and remote
   // parts at their own key counts), with all of the call's heads at once: q, out, dout [sq, h d]; k, v
   // [skv, kvh d]; lse [sq, h]. The kernel has one head dim for q, k and v: v_dim != qk_dim (MLA) runs with
   // qk_dim.
-  for (const workload::AttentionCall& c : workload::attention_calls(op)) {
+  for (const AttentionCall& c : attention_calls(op)) {
     const int64_t sq = c.seq_q, skv = c.seq_kv, h = c.heads, kvh = c.kv_heads, d = c.qk_dim;
     MapMat q(s.get(0, sz(sq * h * d)).data(), sq, h * d), k(s.get(1, sz(skv * kvh * d)).data(), skv, kvh * d);
     MapMat v(s.get(2, sz(skv * kvh * d)).data(), skv, kvh * d),

@@ -2,8 +2,9 @@
 // comparable with the simulator's predictions for the same op graph. fp32 everywhere in memory:
 //   GEMM [m, k] x [k, n] (dgrad [m, n] x [n, k]^T, wgrad [k, m]^T x [m, n]); grouped: `groups` GEMMs of
 //   ceil(m / groups) rows, each with its own [k, n] weight; attention: moerun's CPU
-//   attention kernel (executor/kernels/cpu/attention.h, the one `moerun bench` measures) per sequence with
-//   all heads, causal or windowed as the op says, backward from a stored output and log-sum-exp; memory-bound
+//   attention kernel (executor/kernels/cpu/attention.h, the one `moerun bench` measures) per sequence and
+//   per call that does the op's work (attention_calls: its heads and K/V heads, mask and key count; context
+//   parallelism's parts), backward from a stored output and log-sum-exp; memory-bound
 //   ops move hbm_bytes as STREAM triad, the bench's loop, over fp32 (hbm_bytes / 12 elements); the optimizer
 //   an Adam update over hbm_bytes / 30 parameters; collectives and pipeline sends over the group's
 //   Communicator with comm.bytes / bytes_of(comm.dtype) fp32 values and the wire format matching comm.dtype

@@ -41,7 +41,8 @@ uint64_t cost_fields_hash(const Op& op) {
   h = fold(h, bits(op.flops), bits(op.hbm_bytes));
   h = fold(h, u(op.gemm.m), u(op.gemm.n));
   h = fold(h, u(op.gemm.k), u(op.gemm.groups));
-  h = fold(h, u(op.attn.seq_kv) | (u(op.attn.window) << 32), u(op.attn.qk_dim) | (u(op.attn.causal) << 32));
+  h = fold(h, u(op.attn.seq_kv) | (u(op.attn.window) << 32),
+           u(op.attn.qk_dim) | (u(op.attn.causal) << 32) | (u(op.attn.seq_q) << 33));
   h = fold(h, u(op.comm.group_size) | (u(op.comm.stride) << 32), bits(op.comm.bytes));
   h = fold(h, bits(op.comm.nic_bytes_scale), bits(op.aux_bytes));
   return h;

@@ -6,6 +6,7 @@
 
 #include <fmt/format.h>
 
+#include "simulator/core/attention_calls.h"
 #include "simulator/core/fused_kernels.h"
 #include "simulator/core/fused_ops.h"
 #include "simulator/core/status.h"
@@ -364,8 +365,7 @@ double CostModel::grouped_gemm_seconds(const GemmShape& s, DType dtype, double* 
 double CostModel::attention_seconds(const Op& op, double* rel_error) const {
   const bool fwd = op.phase != Phase::kBackward;
   const auto& a = op.attn;
-  const double seq = d(a.window > 0 ? std::min(a.window, a.seq_kv) : a.seq_kv);
-  auto rate = [&](const char* dir, bool causal, int64_t hd) -> double {
+  auto rate = [&](const char* dir, bool causal, int64_t hd, double seq) -> double {
     // The stack's attention kernel where the profile measured it, else FA3, else any.
     const std::string want = name_of(stack_.attention_kernel.value);
     auto rank = [&](const AttentionTable& t) { return t.impl == want ? 2 : t.impl == "fa3" ? 1 : 0; };
@@ -387,7 +387,7 @@ double CostModel::attention_seconds(const Op& op, double* rel_error) const {
     }
     return interpolate(pts, seq, true);
   };
-  auto rate_hd = [&](const char* dir, bool causal) -> double {
+  auto rate_hd = [&](const char* dir, bool causal, double seq) -> double {
     std::vector<int64_t> dims;
     for (const auto& t : hw_.calibration.attention) {
       if (t.direction == dir && t.causal == causal && t.dtype == "bf16") dims.push_back(t.head_dim);
@@ -396,26 +396,45 @@ double CostModel::attention_seconds(const Op& op, double* rel_error) const {
     std::sort(dims.begin(), dims.end());
     dims.erase(std::unique(dims.begin(), dims.end()), dims.end());
     const int64_t hd = a.qk_dim;
-    if (hd <= dims.front()) return rate(dir, causal, dims.front());
-    if (hd >= dims.back()) return rate(dir, causal, dims.back());
+    if (hd <= dims.front()) return rate(dir, causal, dims.front(), seq);
+    if (hd >= dims.back()) return rate(dir, causal, dims.back(), seq);
     auto hi = std::lower_bound(dims.begin(), dims.end(), hd);
-    if (*hi == hd) return rate(dir, causal, hd);
+    if (*hi == hd) return rate(dir, causal, hd, seq);
     auto lo = hi - 1;
     const double w = d(hd - *lo) / d(*hi - *lo);
-    return rate(dir, causal, *lo) * (1 - w) + rate(dir, causal, *hi) * w;
+    return rate(dir, causal, *lo, seq) * (1 - w) + rate(dir, causal, *hi, seq) * w;
   };
-  double r = rate_hd(fwd ? "fwd" : "bwd", a.causal);
-  if (r <= 0 && !fwd) {
-    const double nc = rate_hd("bwd", false), cf = rate_hd("fwd", true), nf = rate_hd("fwd", false);
-    if (nc > 0 && cf > 0 && nf > 0) r = nc * cf / nf;
-  }
-  if (r <= 0) {
-    r = hw_.gpu.peak_flops_per_s.at("bf16").value * 0.5;
-    note("attention: no flash-attention table in the profile; 50% of the BF16 peak assumed");
-  }
+  // The rate of a call with `keys` keys per query (a window caps them).
+  auto rate_of = [&](bool causal, double keys) -> double {
+    double r = rate_hd(fwd ? "fwd" : "bwd", causal, keys);
+    if (r <= 0 && !fwd) {
+      const double nc = rate_hd("bwd", false, keys), cf = rate_hd("fwd", true, keys),
+                   nf = rate_hd("fwd", false, keys);
+      if (nc > 0 && cf > 0 && nf > 0) r = nc * cf / nf;
+    }
+    if (r <= 0) {
+      r = hw_.gpu.peak_flops_per_s.at("bf16").value * 0.5;
+      note("attention: no flash-attention table in the profile; 50% of the BF16 peak assumed");
+    }
+    return r;
+  };
+  auto keys_of = [](int64_t seq_kv, int64_t window) {
+    return d(window > 0 ? std::min(window, seq_kv) : seq_kv);
+  };
   if (a.qk_dim < 64 || a.qk_dim > 256) note("attention head dim {} outside 64-256", a.qk_dim);
   if (rel_error) *rel_error = 0.05;  // FA tables are read off published figures (±5-10 units on ~500)
-  return op.flops / r;
+  // The op's work as the kernels that do it run it (attention_calls: context parallelism's local part as a
+  // causal square of the rank's queries, the rest as full blocks of a chunk's keys), each at its mask's rate
+  // for its key count; the op's FLOPs shared among them as the calls' own.
+  const std::vector<AttentionCall> calls = attention_calls(op);
+  if (calls.empty()) return op.flops / rate_of(a.causal, keys_of(a.seq_kv, a.window));
+  double flops = 0, seconds_per_flop = 0;
+  for (const AttentionCall& c : calls) {
+    const double f = c.forward_flops();
+    flops += f;
+    seconds_per_flop += f / rate_of(c.causal, keys_of(c.seq_kv, c.window));
+  }
+  return flops > 0 ? op.flops * seconds_per_flop / flops : 0;
 }
 
 double CostModel::memory_bound_seconds(double bytes) const {  // NOLINT: used by the memory model

@@ -10,9 +10,9 @@
 #include <cmath>
 #include <numeric>
 
+#include "simulator/core/attention_calls.h"
 #include "simulator/core/model_stats.h"
 #include "simulator/core/status.h"
-#include "simulator/workload/attention_calls.h"
 
 namespace moeplan {
 namespace {
@@ -1401,7 +1401,7 @@ void Builder::backward_node(LayerPass& pass, Node node) {
         continue;
       }
       case OpKind::kAttention: {
-        op.flops *= workload::kAttentionBackwardFlops;
+        op.flops *= kAttentionBackwardFlops;
         op.hbm_bytes *= 2.0;
         break;
       }

@@ -300,7 +300,7 @@ TEST_SUITE("gpu") {
   }
 
   TEST_CASE("the replay's shapes run: fewer queries than keys, windows, MLA's v_dim, full blocks of keys") {
-    // What workload::attention_calls asks of cuDNN for context parallelism (a causal square, a full block
+    // What attention_calls asks of cuDNN for context parallelism (a causal square, a full block
     // over other ranks' keys), sliding windows and MLA (qk 192, v 128): each builds, runs forward and
     // backward and leaves every output finite. Values against the CPU kernel are checked above for
     // self-attention; these check the layouts and masks cuDNN accepts.

@@ -8,7 +8,7 @@
 
 #include "simulator/core/op_graph.h"
 
-namespace moeplan::workload {
+namespace moeplan {
 
 // An attention op's backward FLOPs over its forward's: flash-attention's backward recomputes the scores.
 inline constexpr double kAttentionBackwardFlops = 2.5;
@@ -35,11 +35,13 @@ struct AttentionCall {
 //   - the local part (OpName::kAttnCoreLocal, the rank's queries against its own keys) is one causal call
 //     of seq_q queries over seq_q keys. Chunk r sees its own chunk causally, chunk 2 cp - 1 - r sees chunk r
 //     whole and itself causally: 2 c^2 + c pairs for chunks of c tokens, as a causal square of 2 c;
-//   - the rest (the queries against the other ranks' keys) is one non-causal call of seq_q queries over the
-//     keys that make its FLOPs the op's: without a window, (cp - 1) c keys (chunk r sees r chunks before it
-//     whole, chunk 2 cp - 1 - r sees 2 cp - 2 - r besides chunk r: 2 (cp - 1) c^2 pairs).
+//   - the rest (the queries against the other ranks' keys) is, without a window, cp - 1 non-causal calls of
+//     seq_q queries over c keys: chunk r sees r chunks before it whole, chunk 2 cp - 1 - r sees 2 cp - 2 - r
+//     besides chunk r, 2 (cp - 1) c^2 pairs in all. Transformer Engine's ring (AttnFuncWithCPAndKVP2P) runs
+//     them so, one unmasked block of 2 c x c (or c x 2 c) pairs per step from another rank. With a window,
+//     one non-causal call over the keys that make its FLOPs the op's.
 // Empty when the op states no shape. K/V heads: the op's (0: one per query head), or the largest count that
 // divides both it and the query heads.
 std::vector<AttentionCall> attention_calls(const Op& op);
 
-}  // namespace moeplan::workload
+}  // namespace moeplan

@@ -1,10 +1,10 @@
-#include "simulator/workload/attention_calls.h"
+#include "simulator/core/attention_calls.h"
 
 #include <algorithm>
 #include <cmath>
 #include <numeric>
 
-namespace moeplan::workload {
+namespace moeplan {
 namespace {
 
 double d(int64_t x) {
@@ -61,11 +61,18 @@ std::vector<AttentionCall> attention_calls(const Op& op) {
   }
   const double forward = op.phase == Phase::kBackward ? op.flops / kAttentionBackwardFlops : op.flops;
   const double per_key = 2.0 * d(c.batch) * d(c.heads) * d(c.qk_dim + c.v_dim) * d(c.seq_q);
+  const int64_t keys = std::llround(forward / per_key);
   c.causal = false;
+  if (keys <= 0) return {};
+  // Without a window: one full block of a chunk's keys per other rank, Transformer Engine's ring step.
+  const int64_t cp = a.seq_kv / a.seq_q, chunk = a.seq_q / 2;
+  if (c.window == 0 && cp >= 2 && a.seq_kv == cp * a.seq_q && a.seq_q % 2 == 0 && keys == (cp - 1) * chunk) {
+    c.seq_kv = chunk;
+    return std::vector<AttentionCall>(static_cast<size_t>(cp - 1), c);
+  }
   c.window = 0;
-  c.seq_kv = static_cast<int64_t>(std::llround(forward / per_key));
-  if (c.seq_kv <= 0) return {};
+  c.seq_kv = keys;
   return {c};
 }
 
-}  // namespace moeplan::workload
+}  // namespace moeplan
