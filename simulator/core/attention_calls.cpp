@@ -16,17 +16,13 @@ double d(int64_t x) {
 double AttentionCall::visible_pairs() const {
   if (seq_q <= 0 || seq_kv <= 0) return 0;
   if (!causal) return d(seq_q) * d(seq_kv);
-  // Query i sees keys up to i + shift, at most `window` of them.
-  const int64_t shift = seq_kv - seq_q;
-  double pairs = 0;
-  for (int64_t i = 0; i < seq_q; ++i) {
-    const int64_t last = std::min(seq_kv - 1, i + shift);
-    if (last < 0) continue;
-    int64_t seen = last + 1;
-    if (window > 0) seen = std::min(seen, window);
-    pairs += d(seen);
-  }
-  return pairs;
+  // Query i sees min(i + seq_kv - seq_q + 1, w) keys, w the window (or all keys): over the queries that see
+  // any, the counts run lo, lo + 1, ..., seq_kv, each capped at w.
+  const int64_t w = window > 0 ? std::min(window, seq_kv) : seq_kv;
+  const int64_t lo = std::max<int64_t>(1, seq_kv - seq_q + 1), hi = seq_kv;
+  const int64_t top = std::min(hi, w);  // the last uncapped count
+  const double uncapped = top >= lo ? (d(lo) + d(top)) * d(top - lo + 1) / 2.0 : 0.0;
+  return uncapped + d(hi - std::max(top, lo - 1)) * d(w);
 }
 
 double AttentionCall::forward_flops() const {

@@ -64,9 +64,36 @@ TEST_SUITE("attention_calls") {
     c.window = 0;
     c.seq_q = 2;  // the last two of seven positions: 6 and 7 keys
     CHECK(c.visible_pairs() == 13);
+    c.window = 4;  // 4 and 4 keys
+    CHECK(c.visible_pairs() == 8);
+    c.window = 0;
+    c.seq_q = 9;  // more queries than keys: the first two see none, the rest 1 .. 7
+    CHECK(c.visible_pairs() == 28);
+    c.seq_q = 2;
     c.causal = false;
     CHECK(c.visible_pairs() == 14);
     CHECK(c.forward_flops() == 2.0 * 14 * (64 + 64));
+  }
+
+  TEST_CASE("the closed form of the visible pairs counts the mask pair by pair") {
+    for (int64_t sq = 1; sq <= 12; ++sq) {
+      for (int64_t skv = 1; skv <= 12; ++skv) {
+        for (int64_t w = 0; w <= 13; ++w) {
+          const AttentionCall c{.batch = 1, .seq_q = sq, .seq_kv = skv, .heads = 1, .window = w};
+          int64_t pairs = 0;
+          for (int64_t i = 0; i < sq; ++i) {
+            for (int64_t j = 0; j < skv; ++j) {
+              const int64_t pos = i + skv - sq;  // the query's position among the keys'
+              pairs += j <= pos && (w == 0 || pos - j < w) ? 1 : 0;
+            }
+          }
+          CAPTURE(sq);
+          CAPTURE(skv);
+          CAPTURE(w);
+          CHECK(c.visible_pairs() == static_cast<double>(pairs));
+        }
+      }
+    }
   }
 
   TEST_CASE("the calls of every attention op do its FLOPs, on every layout the lowering emits") {
