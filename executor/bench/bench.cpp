@@ -18,6 +18,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <thread>
+#include <utility>
 
 #include "executor/comm/mpi_check.h"
 #include "executor/comm/mpi_communicator.h"
@@ -37,21 +38,6 @@ double median(std::vector<double> v) {
   MOEPLAN_ASSERT(!v.empty());
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];
-}
-
-// Mean over the ranks of `comm` (every rank gets it).
-double mean_over(MPI_Comm comm, double x) {
-  double sum = 0;
-  int n = 1;
-  MOEPLAN_MPI_CHECK(MPI_Allreduce(&x, &sum, 1, MPI_DOUBLE, MPI_SUM, comm));
-  MOEPLAN_MPI_CHECK(MPI_Comm_size(comm, &n));
-  return sum / n;
-}
-
-double max_over(MPI_Comm comm, double x) {
-  double m = 0;
-  MOEPLAN_MPI_CHECK(MPI_Allreduce(&x, &m, 1, MPI_DOUBLE, MPI_MAX, comm));
-  return m;
 }
 
 struct Machine {
@@ -110,21 +96,6 @@ double time_median(MPI_Comm world, F&& body, double min_seconds, int min_reps = 
     times.push_back(seconds_since(t0));
   }
   return median(times);
-}
-
-// Writes `text` to dir/name through a temporary file, so a reader never sees half a file.
-Result<std::string> write_file(const std::string& dir, const std::string& name, const std::string& text) {
-  const std::filesystem::path path = std::filesystem::path(dir) / name;
-  const std::filesystem::path tmp = path.string() + ".tmp";
-  {
-    std::ofstream out(tmp);
-    out << text;
-    if (!out) return Error{fmt::format("{}: cannot write", tmp.string())};
-  }
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  if (ec) return Error{fmt::format("{}: cannot rename: {}", path.string(), ec.message())};
-  return name;
 }
 
 // ---- GEMM: C[m, n] = A[m, k] B[k, n], fp32, one thread per rank; TFLOP/s = 2 m n k / time / 1e12. ----
@@ -248,11 +219,6 @@ struct RankInfo {
   char host[64] = {};
 };
 
-struct CollRow {
-  int64_t bytes = 0, count = 0;
-  double time_us = 0, algbw = 0, busbw = 0;
-};
-
 // Size conventions (nccl-tests PERFORMANCE.md): all_reduce: the buffer; all_gather: the total output
 // (count x n); reduce_scatter: the total input (count x n); alltoall: one rank's whole send buffer; sendrecv:
 // the message. Sizes are rounded down to whole fp32 values per rank (at least one).
@@ -323,49 +289,23 @@ std::string nccl_file(const std::string& name, const char* redop, int64_t min_by
                       int warmup, int iters, const std::vector<int>& members,
                       const std::vector<RankInfo>& ranks, const Machine& m,
                       const std::vector<CollRow>& rows) {
-  std::string s;
-  s += fmt::format("# Collective test starting: {}_perf\n", name);
-  s += fmt::format(
-      "# nThread 1 nGpus 1 minBytes {} maxBytes {} step: 2(factor) warmup iters: {} iters: {} agg iters: 1 "
-      "validation: 0 graph: 0\n",
-      min_bytes, max_bytes, warmup, iters);
-  s += "#\n# Using devices\n";
-  for (size_t r = 0; r < members.size(); ++r) {
-    const RankInfo& info = ranks[static_cast<size_t>(members[r])];
-    s += fmt::format("#  Rank {:2d} Group  0 Pid {:6d} on {:>10s} device  0 [0x00] {}\n", r, info.pid,
-                     info.host, m.cpu_model);
+  SweepText sweep{.collective = name,
+                  .redop = redop,
+                  .min_bytes = min_bytes,
+                  .max_bytes = max_bytes,
+                  .warmup = warmup,
+                  .iters = iters,
+                  .ranks = {},
+                  .note = fmt::format(
+                      "the Communicator (fp32 wire) over MPI; time = median over iterations of the slowest "
+                      "rank; one variant per collective (all_reduce in place, the others out of place), "
+                      "shown in both column groups{}",
+                      name == "sendrecv" ? "; sendrecv = half a ping-pong between rank pairs" : "")};
+  for (int r : members) {
+    const RankInfo& info = ranks[static_cast<size_t>(r)];
+    sweep.ranks.push_back({info.pid, info.host, m.cpu_model});
   }
-  s += fmt::format(
-      "#\n# moerun bench: the Communicator (fp32 wire) over MPI; time = median over iterations of the "
-      "slowest "
-      "rank; one variant per collective (all_reduce in place, the others out of place), shown in both column "
-      "groups{}\n",
-      name == "sendrecv" ? "; sendrecv = half a ping-pong between rank pairs" : "");
-  s += "#\n";
-  s += fmt::format(
-      "# {:>10s}  {:>12s}  {:>8s}  {:>6s}  {:>6s}           out-of-place                       in-place\n",
-      "", "", "", "", "");
-  s += fmt::format(
-      "# {:>10s}  {:>12s}  {:>8s}  {:>6s}  {:>6s}  {:>7s}  {:>6s}  {:>6s} {:>6s}  {:>7s}  {:>6s}  {:>6s} "
-      "{:>6s}\n",
-      "size", "count", "type", "redop", "root", "time", "algbw", "busbw", "#wrong", "time", "algbw", "busbw",
-      "#wrong");
-  s += fmt::format(
-      "# {:>10s}  {:>12s}  {:>8s}  {:>6s}  {:>6s}  {:>7s}  {:>6s}  {:>6s}  {:>5s}  {:>7s}  {:>6s}  {:>6s}  "
-      "{:>5s}\n",
-      "(B)", "(elements)", "", "", "", "(us)", "(GB/s)", "(GB/s)", "", "(us)", "(GB/s)", "(GB/s)", "");
-  double bus_sum = 0;
-  for (const CollRow& r : rows) {
-    const std::string body = fmt::format("  {:>7s}  {:>6s}  {:>6s}    N/A", nccl_float(r.time_us, 7),
-                                         nccl_float(r.algbw, 6), nccl_float(r.busbw, 6));
-    s += fmt::format("{:12d}  {:12d}  {:>8s}  {:>6s}  {:6d}{}{}\n", r.bytes, r.count, "float", redop, -1,
-                     body, body);
-    bus_sum += r.busbw;
-  }
-  s += "# Out of bounds values : 0 OK\n";
-  s += fmt::format("# Avg bus bandwidth    : {:.6g} \n#\n",
-                   rows.empty() ? 0.0 : bus_sum / static_cast<double>(rows.size()));
-  return s;
+  return nccl_tests_text(sweep, rows);
 }
 
 nlohmann::ordered_json sourced(double value, const std::string& source) {
@@ -387,6 +327,62 @@ std::string nccl_float(double value, int width) {
   if (power < width - 1) return fmt::format("{:{}.1f}", value, width);
   if (power < width + 1) return fmt::format("{:{}.0f}", value, width);
   return fmt::format("{:{}.1e}", value, width);
+}
+
+std::string nccl_tests_text(const SweepText& sweep, const std::vector<CollRow>& rows) {
+  std::string s;
+  s += fmt::format("# Collective test starting: {}_perf\n", sweep.collective);
+  s += fmt::format(
+      "# nThread 1 nGpus 1 minBytes {} maxBytes {} step: 2(factor) warmup iters: {} iters: {} agg iters: 1 "
+      "validation: 0 graph: 0\n",
+      sweep.min_bytes, sweep.max_bytes, sweep.warmup, sweep.iters);
+  s += "#\n# Using devices\n";
+  for (size_t r = 0; r < sweep.ranks.size(); ++r) {
+    const SweepText::Rank& info = sweep.ranks[r];
+    s += fmt::format("#  Rank {:2d} Group  0 Pid {:6d} on {:>10s} device  0 [0x00] {}\n", r, info.pid,
+                     info.host, info.device);
+  }
+  s += fmt::format("#\n# moerun bench: {}\n", sweep.note);
+  s += "#\n";
+  s += fmt::format(
+      "# {:>10s}  {:>12s}  {:>8s}  {:>6s}  {:>6s}           out-of-place                       in-place\n",
+      "", "", "", "", "");
+  s += fmt::format(
+      "# {:>10s}  {:>12s}  {:>8s}  {:>6s}  {:>6s}  {:>7s}  {:>6s}  {:>6s} {:>6s}  {:>7s}  {:>6s}  {:>6s} "
+      "{:>6s}\n",
+      "size", "count", "type", "redop", "root", "time", "algbw", "busbw", "#wrong", "time", "algbw", "busbw",
+      "#wrong");
+  s += fmt::format(
+      "# {:>10s}  {:>12s}  {:>8s}  {:>6s}  {:>6s}  {:>7s}  {:>6s}  {:>6s}  {:>5s}  {:>7s}  {:>6s}  {:>6s}  "
+      "{:>5s}\n",
+      "(B)", "(elements)", "", "", "", "(us)", "(GB/s)", "(GB/s)", "", "(us)", "(GB/s)", "(GB/s)", "");
+  double bus_sum = 0;
+  for (const CollRow& r : rows) {
+    const std::string body = fmt::format("  {:>7s}  {:>6s}  {:>6s}    N/A", nccl_float(r.time_us, 7),
+                                         nccl_float(r.algbw, 6), nccl_float(r.busbw, 6));
+    s += fmt::format("{:12d}  {:12d}  {:>8s}  {:>6s}  {:6d}{}{}\n", r.bytes, r.count, "float", sweep.redop,
+                     -1, body, body);
+    bus_sum += r.busbw;
+  }
+  s += "# Out of bounds values : 0 OK\n";
+  s += fmt::format("# Avg bus bandwidth    : {:.6g} \n#\n",
+                   rows.empty() ? 0.0 : bus_sum / static_cast<double>(rows.size()));
+  return s;
+}
+
+Result<std::string> write_bench_file(const std::string& dir, const std::string& name,
+                                     const std::string& text) {
+  const std::filesystem::path path = std::filesystem::path(dir) / name;
+  const std::filesystem::path tmp = path.string() + ".tmp";
+  {
+    std::ofstream out(tmp);
+    out << text;
+    if (!out) return Error{fmt::format("{}: cannot write", tmp.string())};
+  }
+  std::error_code ec;
+  std::filesystem::rename(tmp, path, ec);
+  if (ec) return Error{fmt::format("{}: cannot rename: {}", path.string(), ec.message())};
+  return name;
 }
 
 double busbw_factor(const std::string& collective, int n) {
@@ -424,7 +420,7 @@ Result<BenchSummary> run_bench(const BenchOptions& options, MPI_Comm world) {
   Error write_error{};
   auto emit = [&](const std::string& name, const std::string& text) {
     if (me != 0) return;
-    auto w = write_file(options.out_dir, name, text);
+    auto w = write_bench_file(options.out_dir, name, text);
     if (w.ok()) {
       files.push_back(name);
     } else if (write_error.message.empty()) {
@@ -625,10 +621,29 @@ Result<BenchSummary> run_bench(const BenchOptions& options, MPI_Comm world) {
   }
   summary.files = files;
   summary.seconds = seconds_since(start);
+  return share_bench_result(std::move(summary), write_error, world);
+}
+
+double mean_over(MPI_Comm comm, double x) {
+  double sum = 0;
+  int n = 1;
+  MOEPLAN_MPI_CHECK(MPI_Allreduce(&x, &sum, 1, MPI_DOUBLE, MPI_SUM, comm));
+  MOEPLAN_MPI_CHECK(MPI_Comm_size(comm, &n));
+  return sum / n;
+}
+
+double max_over(MPI_Comm comm, double x) {
+  double m = 0;
+  MOEPLAN_MPI_CHECK(MPI_Allreduce(&x, &m, 1, MPI_DOUBLE, MPI_MAX, comm));
+  return m;
+}
+
+Result<BenchSummary> share_bench_result(BenchSummary summary, const Error& write_error, MPI_Comm world) {
+  int me = 0;
+  MOEPLAN_MPI_CHECK(MPI_Comm_rank(world, &me));
   int write_ok = write_error.message.empty() ? 1 : 0;
   MOEPLAN_MPI_CHECK(MPI_Bcast(&write_ok, 1, MPI_INT, 0, world));
   if (!write_ok) return Error{me == 0 ? write_error.message : "rank 0 could not write the bench files"};
-  // Every rank returns rank 0's headline figures.
   double figures[6] = {summary.best_gemm_tflops,      summary.triad_GBps,
                        summary.sendrecv_latency_us,   summary.sendrecv_bw_GBps,
                        summary.all_reduce_busbw_1MiB, summary.all_reduce_busbw_max};

@@ -23,7 +23,7 @@ struct BenchOptions {
 
 struct BenchSummary {
   double best_gemm_tflops = 0;       // per rank, fp32
-  double triad_GBps = 0;             // per rank, all ranks at once
+  double triad_GBps = 0;             // per rank, all ranks at once (the CUDA bench: its HBM copy)
   double sendrecv_latency_us = 0;    // one way, 8 B (half a ping-pong)
   double sendrecv_bw_GBps = 0;       // one way, largest message
   double all_reduce_busbw_1MiB = 0;  // world group; 0 when not measured
@@ -43,5 +43,41 @@ std::string nccl_float(double value, int width);
 // nccl-tests' bus bandwidth factor for n ranks: all_reduce 2(n-1)/n; all_gather, reduce_scatter, alltoall
 // (n-1)/n; sendrecv 1.
 double busbw_factor(const std::string& collective, int n);
+
+// ---- Shared by the CPU and GPU benches (cuda_bench.h) ----
+
+// One size of a collective sweep, as nccl-tests prints it.
+struct CollRow {
+  int64_t bytes = 0, count = 0;
+  double time_us = 0, algbw = 0, busbw = 0;
+};
+
+// One sweep's nccl-tests text: the header `moeplan calibrate` reads (collective, sizes, one "#  Rank" line
+// per group rank with its host), a note on what was measured, and the rows in both column groups.
+struct SweepText {
+  std::string collective;  // all_reduce, all_gather, reduce_scatter, alltoall, sendrecv
+  std::string redop;       // sum or none
+  int64_t min_bytes = 0, max_bytes = 0;
+  int warmup = 0, iters = 0;
+  struct Rank {
+    int pid = 0;
+    std::string host, device;
+  };
+  std::vector<Rank> ranks;  // the group's ranks in order
+  std::string note;         // one line, after "# moerun bench: "
+};
+std::string nccl_tests_text(const SweepText& sweep, const std::vector<CollRow>& rows);
+
+// The mean and the largest of `x` over the ranks of `comm` (every rank gets it; collective over `comm`).
+double mean_over(MPI_Comm comm, double x);
+double max_over(MPI_Comm comm, double x);
+
+// The end of a bench, collective over `world`: rank 0's write error (empty message: none) becomes every
+// rank's result, else every rank returns rank 0's headline figures.
+Result<BenchSummary> share_bench_result(BenchSummary summary, const Error& write_error, MPI_Comm world);
+
+// Writes `text` to dir/name through a temporary file, so a reader never sees half a file.
+Result<std::string> write_bench_file(const std::string& dir, const std::string& name,
+                                     const std::string& text);
 
 }  // namespace moeplan::executor

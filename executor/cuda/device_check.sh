@@ -12,7 +12,8 @@
 #      for device_plan_fused.json (intra-operator overlap: the experts' GEMMs on the fused kernels, one rank),
 #      and for device_plan.json with --host-sync (the host waits for each op), with --routing lowered
 #      (every expert runs the graph's rows; by default each step's routing is drawn from the plan's) and
-#      with --cuda-graph (the step captured once and replayed);
+#      with --cuda-graph (the step captured once and replayed); then `moerun bench --backend cuda` into
+#      calibration tables and `moeplan calibrate --sources` of them (gpu-bench/, gpu-bench.log);
 # and prints a short table last. Before the build it runs executor/cuda/torch_kernels_bench.py where PyTorch
 # is installed. Logs go to $OUT (the lent machine's return folder) or ./device_check_out: 17 files
 # (gpu.txt, torch_kernels.csv, build.log, tests.log, cublaslt.log, bench.log, compare.txt, run/, run-fused/,
@@ -165,6 +166,17 @@ if [[ $full == ON && -x $build/executor/moerun/moerun && -x $build/planner/moepl
     fi
     rm -f "$prefix_root/cmp.txt"
   done
+  # The GPU bench into calibration tables (never run before this check), then the profile they make, fitted
+  # and reported table by table. Fields the bench cannot measure on one GPU come from h200-sxm.
+  log "moerun bench --backend cuda"
+  if timeout -k 10 240 "${mpirun[@]}" "$build/executor/moerun/moerun" bench --backend cuda --base h200-sxm \
+      --name gpu-bench --out "$out/gpu-bench" >"$out/gpu-bench.log" 2>&1 &&
+    "$build/planner/moeplan" calibrate --sources "$out/gpu-bench" -o "$out/gpu-bench/profile-built.json" \
+      --report >>"$out/gpu-bench.log" 2>&1; then
+    compare_lines+=("moerun bench --backend cuda: $(grep -m1 '^moerun bench' "$out/gpu-bench.log")")
+  else
+    compare_lines+=("moerun bench --backend cuda + calibrate FAILED (see gpu-bench.log): $(tail -3 "$out/gpu-bench.log" | tr '\n' ' ')")
+  fi
 fi
 
 echo

@@ -7,29 +7,57 @@
 
 #include "executor/bench/bench.h"
 #include "executor/moerun/moerun_cli.h"
+#if MOERUN_WITH_CUDA
+#include "executor/bench/cuda_bench.h"
+#endif
 
 namespace moeplan::executor::cli {
 
 Runner add_bench(CLI::App& app) {
-  auto options = std::make_shared<BenchOptions>();
-  app.add_option("--out", options->out_dir, "directory for profile.json, *.csv and *_perf.n*.txt")
+  struct Options {
+    BenchOptions bench;
+    std::string backend = "cpu";
+    std::string base = "h100-sxm";
+  };
+  auto options = std::make_shared<Options>();
+  app.add_option("--out", options->bench.out_dir, "directory for profile.json, *.csv and *_perf.n*.txt")
       ->required();
-  app.add_flag("--quick", options->quick, "few shapes, small arrays, collectives up to 64 KiB");
-  app.add_option("--name", options->name, "profile name (default: cpu-<hostname>)");
-  app.add_option("--max-bytes", options->max_bytes,
-                 "largest collective message in bytes (default 64 MiB, 64 KiB with --quick)")
+  app.add_flag("--quick", options->bench.quick, "few shapes, small arrays, small collectives");
+  app.add_option("--name", options->bench.name, "profile name (default: cpu-<hostname> or gpu-<hostname>)");
+  app.add_option(
+         "--max-bytes", options->bench.max_bytes,
+         "largest collective message in bytes (CPU: default 64 MiB, 64 KiB with --quick; CUDA: 1 GiB, "
+         "1 MiB with --quick)")
       ->check(CLI::Range(int64_t{8}, int64_t{1} << 30));
+  app.add_option(
+         "--backend", options->backend,
+         "cpu: Eigen kernels and MPI; cuda: cuBLASLt, CUTLASS, cuDNN and NCCL, one GPU per local rank")
+      ->check(CLI::IsMember({"cpu", "cuda"}));
+  app.add_option(
+      "--base", options->base,
+      "cuda: the hardware profile (file or built-in name) whose fields the bench cannot measure are "
+      "kept, with their sources (default h100-sxm)");
   return [options](int world_rank, int /*world_size*/) {
-    Result<BenchSummary> result = run_bench(*options, MPI_COMM_WORLD);
+    Result<BenchSummary> result = Error{"unset"};
+    if (options->backend == "cuda") {
+#if MOERUN_WITH_CUDA
+      result = run_cuda_bench({options->bench, options->base}, MPI_COMM_WORLD);
+#else
+      return bad_input(world_rank, "--backend cuda: this moerun was built without CUDA (nvcc not found)");
+#endif
+    } else {
+      result = run_bench(options->bench, MPI_COMM_WORLD);
+    }
     if (!result) return bad_input(world_rank, result.error().message);
     const BenchSummary& s = result.value();
     if (world_rank == 0) {
       fmt::print(
-          "moerun bench: {:.1f} s; best GEMM {:.4f} TFLOP/s per rank; triad {:.2f} GB/s per rank; send/recv "
+          "moerun bench: {:.1f} s; best GEMM {:.4f} TFLOP/s per rank; {} {:.2f} GB/s per rank; send/recv "
           "{:.2f} us (8 B), {:.2f} GB/s (largest); all_reduce busbw {:.2f} GB/s at 1 MiB, {:.2f} GB/s at the "
           "largest size; {} files in {}\n",
-          s.seconds, s.best_gemm_tflops, s.triad_GBps, s.sendrecv_latency_us, s.sendrecv_bw_GBps,
-          s.all_reduce_busbw_1MiB, s.all_reduce_busbw_max, s.files.size(), options->out_dir);
+          s.seconds, s.best_gemm_tflops, options->backend == "cuda" ? "HBM copy" : "triad", s.triad_GBps,
+          s.sendrecv_latency_us, s.sendrecv_bw_GBps, s.all_reduce_busbw_1MiB, s.all_reduce_busbw_max,
+          s.files.size(), options->bench.out_dir);
     }
     return kExitOk;
   };

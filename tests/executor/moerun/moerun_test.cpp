@@ -253,6 +253,25 @@ TEST_SUITE("moerun") {
     fs::remove(plan);
   }
 
+  // Without a GPU per rank (here and in CI) or without CUDA, the GPU bench fails before making its folder;
+  // with one it writes the calibration folder, profile.json last.
+  TEST_CASE(
+      "moerun bench --backend cuda writes its calibration folder on a GPU per rank, or exits 2 with one "
+      "line and makes no folder") {
+    const fs::path out = temp("cuda_bench_out");
+    const Run r = mpirun(2, "bench --backend cuda --quick --out '" + out.string() + "'");
+    if (r.exit_code == 0) {
+      CHECK(fs::exists(out / "profile.json"));
+      CHECK(fs::exists(out / "gemm.csv"));
+    } else {
+      CHECK(r.exit_code == 2);
+      CHECK_MESSAGE(moerun_lines(r.err) == 1, r.err);
+      CHECK(r.err.rfind("moerun: ", 0) == 0);
+      CHECK(!fs::exists(out));
+    }
+    fs::remove_all(out);
+  }
+
   TEST_CASE("--host-sync without --backend cuda exits 2 with one line and writes nothing") {
     const fs::path plan = write_plan("host_sync", false), out = temp("host_sync_out");
     const Run r = mpirun(
