@@ -479,8 +479,14 @@ Result<BenchSummary> run_cuda_bench(const CudaBenchOptions& options, MPI_Comm wo
     };
     RankInfo mine;
     mine.pid = static_cast<int>(getpid());
-    std::snprintf(mine.host, sizeof(mine.host), "%s", dev.host.c_str());
-    std::snprintf(mine.device, sizeof(mine.device), "%s", dev.prop.name);
+    // Truncated to the fixed fields MPI carries.
+    auto put = [](char* field, size_t size, const std::string& text) {
+      const size_t n = std::min(size - 1, text.size());
+      std::memcpy(field, text.data(), n);
+      field[n] = '\0';
+    };
+    put(mine.host, sizeof(mine.host), dev.host);
+    put(mine.device, sizeof(mine.device), std::string(dev.prop.name));
     std::vector<RankInfo> ranks(static_cast<size_t>(nranks));
     MOEPLAN_MPI_CHECK(
         MPI_Allgather(&mine, sizeof(RankInfo), MPI_BYTE, ranks.data(), sizeof(RankInfo), MPI_BYTE, world));
