@@ -75,16 +75,16 @@ void fill_e4m3(void* device, size_t bytes, uint32_t seed) {
   });
 }
 
-// The median over `batches` of the time per call of `reps` calls between two events on `stream`, after two
-// warm-up calls.
-template <class F>
-double seconds_per_call(cudaStream_t stream, F&& body, int reps, int batches) {
+// The median over `batches` of the time per call of `reps` calls between two events on `stream`, after
+// `warmup` untimed calls and then `ready()` (nothing, or a barrier that lines the ranks up).
+template <class F, class Ready>
+double seconds_per_call(cudaStream_t stream, F&& body, int reps, int batches, int warmup, Ready&& ready) {
   cudaEvent_t start = nullptr, stop = nullptr;
   MOERUN_CUDA_CHECK(cudaEventCreate(&start));
   MOERUN_CUDA_CHECK(cudaEventCreate(&stop));
-  body();
-  body();
+  for (int i = 0; i < warmup; ++i) body();
   MOERUN_CUDA_CHECK(cudaStreamSynchronize(stream));
+  ready();
   std::vector<double> t;
   for (int b = 0; b < batches; ++b) {
     MOERUN_CUDA_CHECK(cudaEventRecord(start, stream));
@@ -98,6 +98,12 @@ double seconds_per_call(cudaStream_t stream, F&& body, int reps, int batches) {
   MOERUN_CUDA_CHECK(cudaEventDestroy(start));
   MOERUN_CUDA_CHECK(cudaEventDestroy(stop));
   return median(t);
+}
+
+// The same after two warm-up calls, for a rank's own kernels.
+template <class F>
+double seconds_per_call(cudaStream_t stream, F&& body, int reps, int batches) {
+  return seconds_per_call(stream, std::forward<F>(body), reps, batches, 2, [] {});
 }
 
 struct Device {
@@ -232,21 +238,7 @@ CollRow time_collective(NcclCommunicator& comm, MPI_Comm mpi, const std::string&
       }
     }
   };
-  for (int i = 0; i < warmup; ++i) once();
-  MOERUN_CUDA_CHECK(cudaStreamSynchronize(stream));
-  MOEPLAN_MPI_CHECK(MPI_Barrier(mpi));
-  cudaEvent_t start = nullptr, stop = nullptr;
-  MOERUN_CUDA_CHECK(cudaEventCreate(&start));
-  MOERUN_CUDA_CHECK(cudaEventCreate(&stop));
-  MOERUN_CUDA_CHECK(cudaEventRecord(start, stream));
-  for (int i = 0; i < iters; ++i) once();
-  MOERUN_CUDA_CHECK(cudaEventRecord(stop, stream));
-  MOERUN_CUDA_CHECK(cudaEventSynchronize(stop));
-  float ms = 0;
-  MOERUN_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
-  MOERUN_CUDA_CHECK(cudaEventDestroy(start));
-  MOERUN_CUDA_CHECK(cudaEventDestroy(stop));
-  double t = static_cast<double>(ms) * 1e-3 / iters;
+  double t = seconds_per_call(stream, once, iters, 1, warmup, [mpi] { MOEPLAN_MPI_CHECK(MPI_Barrier(mpi)); });
   if (name == "sendrecv") t /= 2;  // one way
   row.time_us = max_over(mpi, t) * 1e6;
   row.algbw = static_cast<double>(row.bytes) / (row.time_us * 1e-6) / 1e9;

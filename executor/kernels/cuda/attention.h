@@ -50,7 +50,6 @@ struct AttentionShape {
   int64_t o_elems() const { return batch * seq * q_heads * value_dim(); }      // o, do
   int64_t k_elems() const { return batch * keys() * kv_heads * head_dim; }     // k, dk
   int64_t v_elems() const { return batch * keys() * kv_heads * value_dim(); }  // v, dv
-  int64_t kv_elems() const { return k_elems(); }  // self-attention with one head dim: k and v alike
   int64_t stats_elems() const { return batch * q_heads * seq; }
 };
 

@@ -146,7 +146,8 @@ bool run(CudnnHandle& handle, const Row& row) {
   std::printf("%s %s: graphs built in %.2f s, workspace %zu bytes\n", row.name.c_str(), shape.c_str(),
               build_s, fa.workspace_bytes());
 
-  const auto nq = static_cast<size_t>(a.q_elems()), nkv = static_cast<size_t>(a.kv_elems());
+  const auto nq = static_cast<size_t>(a.q_elems()),
+             nkv = static_cast<size_t>(a.k_elems());  // one head dim: v as k
   const auto q = upload_random(nq, 1), k = upload_random(nkv, 2), v = upload_random(nkv, 3);
   const auto d_o = upload_random(nq, 4);
   DeviceBuffer<bf16> o(nq), dq(nq), dk(nkv), dv(nkv);

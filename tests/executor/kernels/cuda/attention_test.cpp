@@ -160,8 +160,8 @@ Results run_gpu(const AttentionShape& a, const Inputs& in) {
   auto d_out = poisoned<bf16>(a.q_elems());
   auto d_stats = poisoned<float>(a.stats_elems());
   auto d_dq = poisoned<bf16>(a.q_elems());
-  auto d_dk = poisoned<bf16>(a.kv_elems());
-  auto d_dv = poisoned<bf16>(a.kv_elems());
+  auto d_dk = poisoned<bf16>(a.k_elems());
+  auto d_dv = poisoned<bf16>(a.v_elems());
   fa.forward(d_q.data(), d_k.data(), d_v.data(), d_out.data(), d_stats.data(), stream);
   fa.backward(d_q.data(), d_k.data(), d_v.data(), d_out.data(), d_dout.data(), d_stats.data(), d_dq.data(),
               d_dk.data(), d_dv.data(), stream);
