@@ -173,6 +173,9 @@ void ReplayRunner::attention(const Op& op, Scratch& s) {
     const cpu::AttnHeads heads{h, kvh, d, 0, 0, c.window};
     lse.setConstant(std::log(static_cast<float>(skv)));  // a uniform softmax's log-sum-exp: finite P
     for (int64_t b = 0; b < c.batch; ++b) {
+      ++attention_work_.kernel_calls;
+      attention_work_.query_rows += q.rows();
+      attention_work_.key_rows += k.rows();
       if (op.phase == Phase::kBackward) {
         const auto g = cpu::attn_core_backward<float>(q, k, v, out, lse, dout, q_pos, k_pos, heads);
         MOEPLAN_ASSERT(g.dq.rows() == sq);

@@ -54,6 +54,15 @@ class ReplayRunner final : public OpRunner {
   // Bytes held in scratch buffers now (bounded by kScratchCapBytes per lane).
   double scratch_bytes() const;
 
+  // What the attention kernel was given so far: its calls (one per sequence and call of attention_calls)
+  // and the query and key rows of those calls, summed.
+  struct AttentionWork {
+    int64_t kernel_calls = 0;
+    int64_t query_rows = 0;
+    int64_t key_rows = 0;
+  };
+  AttentionWork attention_work() const { return attention_work_; }
+
   static constexpr double kScratchCapBytes = 1.0 * (1u << 30);
 
  private:
@@ -76,6 +85,7 @@ class ReplayRunner final : public OpRunner {
   std::function<int(int)> pp_rank_of_stage_;
   std::vector<Scratch> scratch_;         // kNumStreams lanes + one per source stage of pipeline receives
   std::optional<RoutingDraws> routing_;  // set by draw_routing()
+  AttentionWork attention_work_;
 };
 
 // Values of a communication buffer: comm.bytes / bytes_of(comm.dtype), rounded up to a multiple of
