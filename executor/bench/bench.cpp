@@ -16,6 +16,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <sstream>
 #include <thread>
 #include <utility>
@@ -285,6 +286,25 @@ CollRow time_collective(MpiCommunicator& comm, const std::string& name, int64_t 
   return row;
 }
 
+// One all-to-all-v with a hot receiver on `comm`: median over iterations of the slowest rank's time, in
+// seconds (as time_collective).
+double time_alltoall_skew(MpiCommunicator& comm, const SkewCounts& c, int warmup, int iters) {
+  int64_t in_n = 0, out_n = 0;
+  for (int64_t v : c.send) in_n += v;
+  for (int64_t v : c.recv) out_n += v;
+  std::vector<float> in(static_cast<size_t>(in_n), 1.0f), out(static_cast<size_t>(out_n), 0.0f);
+  auto once = [&] { comm.all_to_all_v(in, c.send, out, c.recv, WireFormat::kFp32); };
+  for (int i = 0; i < warmup; ++i) once();
+  std::vector<double> times;
+  for (int i = 0; i < iters; ++i) {
+    comm.barrier();
+    const auto t0 = Clock::now();
+    once();
+    times.push_back(max_over(comm.comm(), seconds_since(t0)));
+  }
+  return median(times);
+}
+
 std::string nccl_file(const std::string& name, const char* redop, int64_t min_bytes, int64_t max_bytes,
                       int warmup, int iters, const std::vector<int>& members,
                       const std::vector<RankInfo>& ranks, const Machine& m,
@@ -539,6 +559,16 @@ Result<BenchSummary> run_bench(const BenchOptions& options, MPI_Comm world) {
   std::vector<int> group_sizes;
   for (int g = 2; g < nranks; g *= 2) group_sizes.push_back(g);
   if (nranks >= 2) group_sizes.push_back(nranks);
+  // Per-rank buffers of the all-to-all-v with a hot receiver: three sizes up to the sweeps' largest.
+  std::vector<int64_t> skew_bytes;
+  for (int64_t b : quick ? std::vector<int64_t>{int64_t{4} << 10, int64_t{64} << 10}
+                         : std::vector<int64_t>{int64_t{64} << 10, int64_t{1} << 20, int64_t{16} << 20}) {
+    if (b <= max_bytes) skew_bytes.push_back(b);
+  }
+  std::string skew_csv = alltoall_skew_head(fmt::format(
+      "measured by moerun bench (B1): the Communicator (fp32 wire) over MPI, {}; time = median over {} "
+      "iterations of the slowest rank",
+      per_rank, iters));
   for (int g : group_sizes) {
     MPI_Comm sub = MPI_COMM_NULL;
     MOEPLAN_MPI_CHECK(MPI_Comm_split(world, me < g ? 0 : MPI_UNDEFINED, me, &sub));
@@ -563,9 +593,20 @@ Result<BenchSummary> run_bench(const BenchOptions& options, MPI_Comm world) {
         emit(fmt::format("{}_perf.n{}.txt", c.name, g),
              nccl_file(c.name, c.redop, min_bytes, max_bytes, warmup, iters, members, ranks, machine, rows));
       }
+      std::set<std::string> hosts;
+      for (int r : members) hosts.insert(ranks[static_cast<size_t>(r)].host);
+      for (int64_t bytes : skew_bytes) {
+        for (double hot : kHotFactors) {
+          if (hot > g) continue;
+          const SkewCounts counts = skew_counts(g, comm.rank(), std::max<int64_t>(1, bytes / 4), hot);
+          const double t = time_alltoall_skew(comm, counts, warmup, iters);
+          skew_csv += alltoall_skew_row(g, static_cast<int>(hosts.size()), counts, t * 1e6);
+        }
+      }
     }
     MOEPLAN_MPI_CHECK(MPI_Barrier(world));
   }
+  if (!group_sizes.empty() && !skew_bytes.empty()) emit("alltoall_skew.csv", skew_csv);
 
   // profile.json: the hardware-profile fields of hwprofiles/*.json, from the measurements above.
   if (me == 0) {
@@ -622,6 +663,36 @@ Result<BenchSummary> run_bench(const BenchOptions& options, MPI_Comm world) {
   summary.files = files;
   summary.seconds = seconds_since(start);
   return share_bench_result(std::move(summary), write_error, world);
+}
+
+SkewCounts skew_counts(int n, int me, int64_t values, double hot_factor) {
+  MOEPLAN_ASSERT(n >= 2 && me >= 0 && me < n && values >= 1);
+  const double h = std::clamp(hot_factor, 1.0, static_cast<double>(n));
+  // The others' share rounded down and rank 0 the rest: rank 0 gets at least h / n of the buffer (so at
+  // least as much as any other rank, hot_factor >= 1 even for a buffer of one value), and each rank sends
+  // exactly `values`.
+  const auto cold = static_cast<int64_t>(std::floor(static_cast<double>(values) * (1.0 - h / n) / (n - 1)));
+  const int64_t hot = values - cold * (n - 1);
+  SkewCounts c;
+  c.send.assign(static_cast<size_t>(n), cold);
+  c.send[0] = hot;
+  c.recv.assign(static_cast<size_t>(n), me == 0 ? hot : cold);  // every rank sends the same pattern
+  c.sent = hot + cold * (n - 1);
+  c.hot_factor = c.sent > 0 ? static_cast<double>(hot) * n / static_cast<double>(c.sent) : 1.0;
+  return c;
+}
+
+std::string alltoall_skew_head(const std::string& what) {
+  return fmt::format(
+      "# source: {}; all-to-all-v with one hot receiver: each rank sends `bytes` (its whole send buffer, "
+      "fp32), hot_factor / ranks of it to group rank 0 and the rest evenly to the other ranks, so rank 0 "
+      "receives hot_factor x bytes (a routed dispatch whose busiest rank draws hot_factor times the mean)\n"
+      "ranks,nodes,bytes,hot_factor,time_us\n",
+      what);
+}
+
+std::string alltoall_skew_row(int ranks, int nodes, const SkewCounts& c, double time_us) {
+  return fmt::format("{},{},{},{:.6g},{:.6g}\n", ranks, nodes, c.sent * 4, c.hot_factor, time_us);
 }
 
 double mean_over(MPI_Comm comm, double x) {

@@ -68,6 +68,21 @@ struct SweepText {
 };
 std::string nccl_tests_text(const SweepText& sweep, const std::vector<CollRow>& rows);
 
+// All-to-all-v with one hot receiver (alltoall_skew.csv; AllToAllSkewTable in simulator/core/hardware.h):
+// every rank sends `values` fp32 values, hot_factor / n of them to group rank 0 and the rest evenly to the
+// others (their shares rounded down, rank 0's rounded up), so rank 0 receives `hot_factor` x `values`, with
+// hot_factor recomputed from the rounded counts. Hot factors are cut to [1, n].
+inline constexpr double kHotFactors[] = {1.0, 1.5, 2.0, 4.0};
+struct SkewCounts {
+  std::vector<int64_t> send, recv;  // values to / from each group rank
+  int64_t sent = 0;                 // values each rank sends in all (the `values` asked for)
+  double hot_factor = 1;            // rank 0 receives hot_factor x sent
+};
+SkewCounts skew_counts(int n, int me, int64_t values, double hot_factor);
+// The table's head: its "# source:" line (what ran and how it was timed), then the columns.
+std::string alltoall_skew_head(const std::string& what);
+std::string alltoall_skew_row(int ranks, int nodes, const SkewCounts& c, double time_us);
+
 // The mean and the largest of `x` over the ranks of `comm` (every rank gets it; collective over `comm`).
 double mean_over(MPI_Comm comm, double x);
 double max_over(MPI_Comm comm, double x);

@@ -17,6 +17,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <set>
 #include <utility>
 #include <vector>
 
@@ -244,6 +245,22 @@ CollRow time_collective(NcclCommunicator& comm, MPI_Comm mpi, const std::string&
   row.algbw = static_cast<double>(row.bytes) / (row.time_us * 1e-6) / 1e9;
   row.busbw = row.algbw * busbw_factor(name, n);
   return row;
+}
+
+// One all-to-all-v with a hot receiver on `comm`: the slowest rank's mean time per call, in seconds (as
+// time_collective).
+double time_alltoall_skew(NcclCommunicator& comm, MPI_Comm mpi, const SkewCounts& c, int warmup, int iters,
+                          cudaStream_t stream) {
+  int64_t in_n = 0, out_n = 0;
+  for (int64_t v : c.send) in_n += v;
+  for (int64_t v : c.recv) out_n += v;
+  DeviceBuffer<float> in(static_cast<size_t>(std::max<int64_t>(1, in_n)));
+  DeviceBuffer<float> out(static_cast<size_t>(std::max<int64_t>(1, out_n)));
+  MOERUN_CUDA_CHECK(cudaMemset(in.data(), 0, in.bytes()));
+  auto once = [&] { comm.all_to_all_v(in.data(), c.send, out.data(), c.recv, DType::kFp32, stream); };
+  const double t =
+      seconds_per_call(stream, once, iters, 1, warmup, [mpi] { MOEPLAN_MPI_CHECK(MPI_Barrier(mpi)); });
+  return max_over(mpi, t);
 }
 
 // The base profile's field with every "source" inside it saying where it came from.
@@ -488,6 +505,16 @@ Result<BenchSummary> run_cuda_bench(const CudaBenchOptions& options, MPI_Comm wo
     std::vector<int> sizes;
     for (int g = 2; g < nranks; g *= 2) sizes.push_back(g);
     sizes.push_back(nranks);
+    // Per-rank buffers of the all-to-all-v with a hot receiver: three sizes up to the sweeps' largest.
+    std::vector<int64_t> skew_bytes;
+    for (int64_t b : quick ? std::vector<int64_t>{int64_t{64} << 10, int64_t{1} << 20}
+                           : std::vector<int64_t>{int64_t{1} << 20, int64_t{16} << 20, int64_t{256} << 20}) {
+      if (b <= max_bytes) skew_bytes.push_back(b);
+    }
+    std::string skew_csv = alltoall_skew_head(fmt::format(
+        "{}: moerun's NCCL communicator (fp32), NCCL {}; time = the slowest rank's mean over {} back-to-back "
+        "calls between CUDA events",
+        g1, dev.nccl, iters));
     for (int g : sizes) {
       const int color = me < g ? 0 : 1;
       auto sub = nccl_world.value()->split(color, me, fmt::format("bench-{}", g));
@@ -530,10 +557,21 @@ Result<BenchSummary> run_cuda_bench(const CudaBenchOptions& options, MPI_Comm wo
           }
           emit(fmt::format("{}_perf.n{}.txt", name, g), nccl_tests_text(sweep, rows));
         }
+        std::set<std::string> hosts;
+        for (int r = 0; r < g; ++r) hosts.insert(ranks[static_cast<size_t>(r)].host);
+        for (int64_t bytes : skew_bytes) {
+          for (double hot : kHotFactors) {
+            if (hot > g) continue;
+            const SkewCounts counts = skew_counts(g, me, std::max<int64_t>(1, bytes / 4), hot);
+            const double t = time_alltoall_skew(*sub.value(), mpi, counts, warmup, iters, stream);
+            skew_csv += alltoall_skew_row(g, static_cast<int>(hosts.size()), counts, t * 1e6);
+          }
+        }
       }
       MOEPLAN_MPI_CHECK(MPI_Comm_free(&mpi));
       MOEPLAN_MPI_CHECK(MPI_Barrier(world));
     }
+    if (!skew_bytes.empty()) emit("alltoall_skew.csv", skew_csv);
   }
   MOERUN_CUDA_CHECK(cudaStreamDestroy(stream));
 

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cassert>
 #include <cmath>
+#include <map>
 #include <optional>
 
 #include <fmt/format.h>
@@ -122,6 +123,46 @@ TableFit collective_fit(const CollectiveCurve& c, const HardwareProfile& hw) {
       t.points.push_back({size_label(bytes), busbw / 1e9, pred / 1e9});
       errs.emplace_back(std::abs(busbw / pred - 1.0), bytes >= kMiB);
     }
+  }
+  finish(&t, errs);
+  return t;
+}
+
+// An all-to-all-v table with a hot receiver, priced as the lowering prices a routed exchange: a uniform
+// all-to-all of the busiest rank's bytes (hot_factor x bytes) on the profile's all-to-all curve for the
+// group. Shown as the busiest rank's bus bandwidth, hot_factor x bytes x (n - 1) / n over the time.
+TableFit alltoall_skew_fit(const AllToAllSkewTable& a, const cost::CostModel& cm) {
+  TableFit t;
+  t.kind = "alltoall_skew";
+  t.label =
+      fmt::format("alltoall, hot receiver, {} ranks / {} node{}", a.ranks, a.nodes, a.nodes > 1 ? "s" : "");
+  t.model =
+      "a uniform all-to-all of the busiest rank's bytes (hot_factor x bytes), as the lowering prices a "
+      "routed dispatch, on the profile's all-to-all curve; not fitted to this table";
+  t.source = a.source;
+  const double f = cost::busbw_factor(Collective::kAllToAll, a.ranks);
+  std::vector<std::pair<double, bool>> errs;
+  std::map<double, std::pair<double, int>> log_ratio_by_hot;  // sum of log(measured / priced time), count
+  for (const AllToAllSkewPoint& p : a.points) {
+    CommSpec s;
+    s.collective = Collective::kAllToAll;
+    s.group = CommGroup::kEp;
+    s.group_size = static_cast<int32_t>(a.ranks);
+    s.stride = 1;
+    s.bytes = d(p.bytes) * p.hot_factor;
+    const double priced = cm.collective_seconds(s, nullptr, nullptr);
+    const double busiest = s.bytes * f;
+    t.points.push_back({fmt::format("{} x{:.3g}", size_label(d(p.bytes)), p.hot_factor),
+                        busiest / p.seconds / 1e9, busiest / priced / 1e9});
+    errs.emplace_back(std::abs(priced / p.seconds - 1.0), s.bytes >= kMiB);
+    auto& [sum, n] = log_ratio_by_hot[std::round(p.hot_factor * 100) / 100];
+    sum += std::log(p.seconds / priced);
+    ++n;
+  }
+  for (const auto& [hot, acc] : log_ratio_by_hot) {
+    t.note +=
+        fmt::format("{}x{:g}: {:.2f}", t.note.empty() ? "measured / priced time (geometric mean) at " : ", ",
+                    hot, std::exp(acc.first / acc.second));
   }
   finish(&t, errs);
   return t;
@@ -337,6 +378,9 @@ FitReport fit_report(const HardwareProfile& hw, const StackProfile& stack) {
     finish(&t, errs);
     r.tables.push_back(std::move(t));
   }
+
+  for (const AllToAllSkewTable& a : hw.calibration.alltoall_skew)
+    r.tables.push_back(alltoall_skew_fit(a, cm));
 
   // Facts the sources state (hopper-hardware.md §1.2, §2.2, §2.4, §2.7).
   auto comm = [](Collective c, int64_t n, double bytes) {

@@ -346,14 +346,57 @@ const std::vector<TableKind>& table_kinds() {
       {"grouped_gemm", {"groups", "m_per_group", "n", "k", "dtype", "kernel", "part", "tflops"}},
       {"attention", {"seq_len", "head_dim", "causal", "direction", "dtype", "impl", "tflops"}},
       {"hbm", {"kernel", "bw_GBps"}},
-      {"hbm", {"kernel", "bw_GBps", "source"}}};
+      {"hbm", {"kernel", "bw_GBps", "source"}},
+      {"alltoall_skew", {"ranks", "nodes", "bytes", "hot_factor", "time_us"}}};
   return kinds;
 }
 
 struct Tables {
   ojson collectives = ojson::array(), gemm = ojson::array(), grouped_gemm = ojson::array(),
-        attention = ojson::array(), hbm = ojson::array();
+        attention = ojson::array(), hbm = ojson::array(), alltoall_skew = ojson::array();
 };
+
+// An all-to-all-v table with a hot receiver: one entry per (ranks, nodes), points [bytes, hot_factor,
+// time_us] in the file's order.
+Result<bool> add_alltoall_skew(const CsvTable& t, const std::string& label, Tables* out) {
+  std::map<std::string, size_t> col;
+  for (size_t i = 0; i < t.header.size(); ++i) col[t.header[i]] = i;
+  std::map<std::pair<int64_t, int64_t>, size_t> group_of;
+  for (size_t r = 0; r < t.rows.size(); ++r) {
+    auto cell = [&](const char* c) { return std::string_view(t.rows[r][col.at(c)]); };
+    const auto ranks = to_int(cell("ranks")), nodes = to_int(cell("nodes")), bytes = to_int(cell("bytes"));
+    const auto hot = to_double(cell("hot_factor")), time_us = to_double(cell("time_us"));
+    if (!ranks || *ranks < 2) {
+      return Error{fmt::format("{}: line {}: column 'ranks': expected an integer >= 2, got '{}'", label,
+                               t.lines[r], cell("ranks"))};
+    }
+    if (!nodes || *nodes < 1 || *nodes > *ranks) {
+      return Error{fmt::format("{}: line {}: column 'nodes': expected an integer from 1 to ranks, got '{}'",
+                               label, t.lines[r], cell("nodes"))};
+    }
+    if (!bytes || *bytes <= 0) {
+      return Error{fmt::format("{}: line {}: column 'bytes': expected a positive integer, got '{}'", label,
+                               t.lines[r], cell("bytes"))};
+    }
+    if (!hot || !(*hot >= 1) || *hot > static_cast<double>(*ranks)) {
+      return Error{
+          fmt::format("{}: line {}: column 'hot_factor': expected a number from 1 to ranks, got '{}'", label,
+                      t.lines[r], cell("hot_factor"))};
+    }
+    if (!time_us || !(*time_us > 0)) {
+      return Error{fmt::format("{}: line {}: column 'time_us': expected a positive number, got '{}'", label,
+                               t.lines[r], cell("time_us"))};
+    }
+    auto it = group_of.find({*ranks, *nodes});
+    if (it == group_of.end()) {
+      out->alltoall_skew.push_back(
+          ojson{{"ranks", *ranks}, {"nodes", *nodes}, {"source", t.source}, {"points", ojson::array()}});
+      it = group_of.emplace(std::pair{*ranks, *nodes}, out->alltoall_skew.size() - 1).first;
+    }
+    out->alltoall_skew[it->second]["points"].push_back(ojson::array({*bytes, *hot, *time_us}));
+  }
+  return true;
+}
 
 Result<bool> add_csv(const CsvTable& t, const std::string& label, Tables* out) {
   std::set<std::string> have(t.header.begin(), t.header.end());
@@ -370,7 +413,8 @@ Result<bool> add_csv(const CsvTable& t, const std::string& label, Tables* out) {
     return Error{fmt::format(
         "{}: columns {} match no table kind (gemm: m,n,k,dtype,tflops; grouped_gemm: "
         "groups,m_per_group,n,k,dtype,kernel[,part],tflops; attention: seq_len,head_dim,causal,direction,"
-        "dtype,impl,tflops; hbm: kernel,bw_GBps[,source])",
+        "dtype,impl,tflops; hbm: kernel,bw_GBps[,source]; alltoall_skew: ranks,nodes,bytes,hot_factor,"
+        "time_us)",
         label, fmt::join(t.header, ","))};
   }
   std::map<std::string, size_t> col;
@@ -380,6 +424,7 @@ Result<bool> add_csv(const CsvTable& t, const std::string& label, Tables* out) {
     return Error{
         fmt::format("{}: no '# source: ...' line before the header (every table cites its source)", label)};
   }
+  if (name == "alltoall_skew") return add_alltoall_skew(t, label, out);
   auto num = [&](size_t r, const char* c) -> Result<ojson> {
     const std::string& s = t.rows[r][col.at(c)];
     auto v = number_cell(s);
@@ -544,6 +589,7 @@ Result<ojson> build_profile(const std::string& dir) {
   cal["grouped_gemm"] = tables.grouped_gemm;
   cal["attention"] = tables.attention;
   cal["hbm"] = tables.hbm;
+  if (!tables.alltoall_skew.empty()) cal["alltoall_skew"] = tables.alltoall_skew;
   cal["plateaus"] = spec.contains("plateaus") ? spec["plateaus"] : ojson::array();
   profile["calibration"] = cal;
   // The result must be a valid profile: the hardware loader's checks, with the sources folder as the label.

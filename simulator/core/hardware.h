@@ -80,6 +80,21 @@ struct AttentionTable {
   std::vector<std::pair<int64_t, double>> points;  // (seq_len, FLOP/s), seq increasing
 };
 
+// All-to-all-v with one hot receiver (moerun bench's alltoall_skew.csv): every rank of the group sends
+// `bytes` (its whole send buffer, as nccl-tests sizes alltoall), hot_factor / ranks of it to group rank 0 and
+// the rest evenly to the others, so rank 0 receives hot_factor x bytes: a routed dispatch whose busiest rank
+// draws hot_factor times the mean.
+struct AllToAllSkewPoint {
+  int64_t bytes = 0;
+  double hot_factor = 1;
+  double seconds = 0;
+};
+struct AllToAllSkewTable {
+  int64_t ranks = 0, nodes = 1;
+  std::string source;
+  std::vector<AllToAllSkewPoint> points;
+};
+
 struct HbmPoint {
   std::string kernel;  // STREAM kernel: copy, mul, add, triad, dot
   double bytes_per_s = 0;
@@ -118,6 +133,7 @@ struct Calibration {
   std::vector<GroupedGemmTable> grouped_gemm;
   std::vector<AttentionTable> attention;
   std::vector<HbmPoint> hbm;
+  std::vector<AllToAllSkewTable> alltoall_skew;
 };
 
 struct HardwareProfile {

@@ -136,7 +136,7 @@ std::string read_dtype(const JsonNode& c) {
 }
 
 Calibration read_calibration(const JsonNode& c) {
-  c.only_keys({"collectives", "plateaus", "gemm", "grouped_gemm", "attention", "hbm"});
+  c.only_keys({"collectives", "plateaus", "gemm", "grouped_gemm", "attention", "hbm", "alltoall_skew"});
   Calibration cal;
   if (c.has("collectives")) {
     for (const auto& e : c.array("collectives")) cal.collectives.push_back(read_collective(e));
@@ -210,6 +210,24 @@ Calibration read_calibration(const JsonNode& c) {
                "kernel",
                {{"copy", "copy"}, {"mul", "mul"}, {"add", "add"}, {"triad", "triad"}, {"dot", "dot"}}),
            e.number("bw_GBps", 1, 1e6) * kGB, source_of(e)});
+    }
+  }
+  if (c.has("alltoall_skew")) {
+    for (const auto& e : c.array("alltoall_skew")) {
+      e.only_keys({"ranks", "nodes", "source", "points"});
+      AllToAllSkewTable t;
+      t.ranks = e.integer("ranks", 2, int64_t{1} << 20);
+      t.nodes = e.integer("nodes", 1, t.ranks);
+      t.source = source_of(e);
+      for (const auto& p : e.array("points")) {
+        const auto cells = row(p, 3);
+        const int64_t bytes = cells[0].as_integer(1, int64_t{1} << 40);
+        const double hot = cells[1].as_number(1, static_cast<double>(t.ranks));
+        t.points.push_back({bytes, hot, cells[2].as_number(0, 1e9) * 1e-6});
+        if (t.points.back().seconds <= 0) p.fail_here("[bytes, hot_factor, time_us] with a positive time");
+      }
+      if (t.points.empty()) e.fail("points", "at least one [bytes, hot_factor, time_us] point");
+      cal.alltoall_skew.push_back(std::move(t));
     }
   }
   return cal;

@@ -97,6 +97,41 @@ TEST_SUITE("executor.bench") {
     CHECK(busbw_factor("sendrecv", 4) == 1.0);
   }
 
+  TEST_CASE("a hot receiver's counts: every rank sends the same, rank 0 receives hot_factor times it") {
+    for (int n : {2, 3, 4, 8}) {
+      for (double hot : {1.0, 1.5, 2.0, 4.0, 9.0}) {
+        for (int64_t values : {int64_t{1}, int64_t{7}, int64_t{1024}, int64_t{1} << 20}) {
+          CAPTURE(n);
+          CAPTURE(hot);
+          CAPTURE(values);
+          for (int me = 0; me < n; ++me) {
+            const SkewCounts c = skew_counts(n, me, values, hot);
+            int64_t sent = 0, received = 0;
+            for (int64_t v : c.send) sent += v;
+            for (int64_t v : c.recv) received += v;
+            CHECK(sent == c.sent);
+            CHECK(c.sent == values);
+            // What a rank expects from each peer is what that peer sends it (all-to-all-v's contract).
+            for (int p = 0; p < n; ++p) CHECK(c.recv[p] == skew_counts(n, p, values, hot).send[me]);
+            if (me == 0) {
+              CHECK(received == c.send[0] * n);
+              CHECK(c.hot_factor ==
+                    doctest::Approx(static_cast<double>(received) / static_cast<double>(c.sent)));
+            }
+            for (int p = 1; p < n; ++p) CHECK(c.send[p] == c.send[1]);  // the others evenly
+            CHECK(c.hot_factor <= n + 1e-12);
+            CHECK(c.hot_factor >= 1.0 - 1e-12);
+          }
+          // Rounding moves less than one value per peer to rank 0.
+          const double want = std::min<double>(hot, n);
+          CHECK(skew_counts(n, 0, values, hot).hot_factor >= want - 1e-12);
+          CHECK(skew_counts(n, 0, values, hot).hot_factor <
+                want + static_cast<double>(n * (n - 1)) / static_cast<double>(values));
+        }
+      }
+    }
+  }
+
   TEST_CASE("the quick bench writes every file in the formats calibrate reads") {
     int me = 0, n = 0;
     MPI_Comm_rank(MPI_COMM_WORLD, &me);
@@ -133,7 +168,7 @@ TEST_SUITE("executor.bench") {
     CHECK(profile["node"]["gpus_per_node"]["value"] == n);
 
     std::vector<std::string> measured = profile["measurements"];
-    CHECK(measured.size() == 4 + 5);  // 4 CSVs, 5 collectives at group size 2
+    CHECK(measured.size() == 5 + 5);  // 5 CSVs, 5 collectives at group size 2
     for (const std::string& f : measured) {
       CAPTURE(f);
       CHECK(std::filesystem::exists(dir / f));
@@ -149,6 +184,14 @@ TEST_SUITE("executor.bench") {
         figures = csv_figures(text, "kernel,bw_GBps", 2);
         CHECK(text.find("\ntriad,") != std::string::npos);
         CHECK(text.find("\nmul,") != std::string::npos);
+      }
+      if (f == "alltoall_skew.csv") {
+        // ranks,nodes,bytes,hot_factor,time_us: two sizes x hot factors 1, 1.5 and 2 (4 is above 2 ranks).
+        figures = csv_figures(text, "ranks,nodes,bytes,hot_factor,time_us", 5);
+        CHECK(figures.size() == 2 * 3);
+        CHECK(text.find("\n2,1,4096,1,") != std::string::npos);
+        CHECK(text.find("\n2,1,4096,1.5,") != std::string::npos);
+        CHECK(text.find("\n2,1,65536,2,") != std::string::npos);
       }
       if (f.find("_perf.n") != std::string::npos) {
         const std::string collective = f.substr(0, f.find("_perf"));
@@ -171,6 +214,12 @@ TEST_SUITE("executor.bench") {
       CHECK(!cpu.value().calibration.gemm.empty());
       CHECK(!cpu.value().calibration.attention.empty());
       CHECK(cpu.value().calibration.hbm.size() == 4);
+      REQUIRE(cpu.value().calibration.alltoall_skew.size() == 1);
+      const AllToAllSkewTable& skew = cpu.value().calibration.alltoall_skew[0];
+      CHECK(skew.ranks == 2);
+      CHECK(skew.nodes == 1);
+      CHECK(skew.points.size() == 6);
+      CHECK(skew.source.find("hot receiver") != std::string::npos);
     }
     std::filesystem::remove_all(dir);
   }

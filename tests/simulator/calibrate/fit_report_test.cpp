@@ -9,6 +9,7 @@
 #include "simulator/calibrate/fit_report.h"
 #include "simulator/core/units.h"
 #include "simulator/cost/collective.h"
+#include "simulator/cost/cost_model.h"
 #include "simulator/io/hardware_loader.h"
 #include "simulator/io/stack_loader.h"
 
@@ -140,6 +141,45 @@ TEST_SUITE("calibrate") {
       CHECK(text.find("cublas_loop") != std::string::npos);
       CHECK(calibrate::fit_report_json(r)["tables"].back().contains("kind"));
     }
+  }
+
+  TEST_CASE("an all-to-all with a hot receiver is priced as a uniform one of the busiest rank's bytes") {
+    // Two 8-GPU points of 16 MiB per rank: even (measured at the price of a uniform 16 MiB all-to-all), and
+    // rank 0 receiving twice the mean (measured at twice the price of a uniform 32 MiB one).
+    HardwareProfile hw = io::load_hardware("h100-sxm").value();
+    const StackProfile stack = io::load_stack("moerun").value();
+    const cost::CostModel cm(hw, stack);
+    auto price = [&cm](double bytes) {
+      CommSpec s;
+      s.collective = Collective::kAllToAll;
+      s.group = CommGroup::kEp;
+      s.group_size = 8;
+      s.stride = 1;
+      s.bytes = bytes;
+      return cm.collective_seconds(s, nullptr, nullptr);
+    };
+    const double b = 16.0 * kMiB;
+    REQUIRE(price(2 * b) > price(b));
+    AllToAllSkewTable skew;
+    skew.ranks = 8;
+    skew.source = "test";
+    skew.points = {{static_cast<int64_t>(b), 1.0, price(b)},
+                   {static_cast<int64_t>(b), 2.0, 2 * price(2 * b)}};
+    hw.calibration.alltoall_skew = {skew};
+    const auto r = calibrate::fit_report(hw, stack);
+    const calibrate::TableFit* t = nullptr;
+    for (const auto& x : r.tables)
+      if (x.kind == "alltoall_skew") t = &x;
+    REQUIRE(t != nullptr);
+    CHECK(t->label == "alltoall, hot receiver, 8 ranks / 1 node");
+    REQUIRE(t->points.size() == 2);
+    CHECK(t->points[0].measured == doctest::Approx(t->points[0].predicted));
+    CHECK(t->points[1].measured == doctest::Approx(t->points[1].predicted / 2));
+    CHECK(t->points[1].at == "16 MiB x2");
+    CHECK(t->large.points == 2);
+    CHECK(t->large.max == doctest::Approx(0.5));  // |priced / measured - 1| at the hot point
+    CHECK(t->note == "measured / priced time (geometric mean) at x1: 1.00, x2: 2.00");
+    CHECK(calibrate::fit_report_text(r).find("alltoall, hot receiver") != std::string::npos);
   }
 
   TEST_CASE("the 8-GPU NVLS all-reduce sweeps are predicted within 10 percent at sizes left out") {
