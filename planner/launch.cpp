@@ -714,8 +714,8 @@ std::string moerun_text(const Plan& plan, const ModelSpec& model, const Hardware
 }
 
 std::string slurm_script(const Plan& plan, const ModelSpec& model, const HardwareProfile& hw,
-                         const std::string& plan_path, const std::string& run_dir,
-                         const std::string& backend) {
+                         const std::string& plan_path, const std::string& run_dir, const std::string& backend,
+                         bool calibrate) {
   const NodeLayout n = node_layout(plan, hw);
   const std::string stem = stem_of(plan_path);
   std::string s = "#!/bin/bash\n";
@@ -731,7 +731,41 @@ std::string slurm_script(const Plan& plan, const ModelSpec& model, const Hardwar
   s += "set -euo pipefail\n";
   s += cuda_environment(backend, true);
   s += fmt::format("mkdir -p {}\n", shell_word(run_dir));
-  s += moerun_launch(plan, hw, plan_path, run_dir, backend).srun + "\n";
+  const MoerunLaunch run = moerun_launch(plan, hw, plan_path, run_dir, backend);
+  if (!calibrate) return s + run.srun + "\n";
+
+  // Measure first, then predict on what was measured, run, and compare op by op.
+  const std::string srun = run.srun.substr(0, run.srun.find(" moerun run "));
+  const std::string dir = shell_word(run_dir), bench_dir = shell_word(run_dir + "/bench");
+  std::string base;
+  if (backend == "cuda") {
+    // The profile whose fields the bench cannot measure (NVLink and network line rates, ...): the plan's.
+    std::string ref = plan.hardware.empty() ? hw.name : plan.hardware;
+    const fs::path beside = fs::path(plan_path).parent_path() / ref;
+    std::error_code ec;
+    if (!fs::path(ref).is_absolute() && fs::is_regular_file(beside, ec))
+      ref = beside.lexically_normal().string();
+    base = " --base " + shell_word(ref);
+  }
+  s += fmt::format(
+      "# moerun, moeplan and the plan's files are on every node; MOERUN_BENCH_FLAGS and MOERUN_RUN_FLAGS add "
+      "flags to the two moerun commands (e.g. --max-bytes, --steps)\n"
+      "# 1. measure the {} node(s): GEMM, grouped GEMM, attention and HBM tables; nccl-tests-format sweeps "
+      "and "
+      "an all-to-all-v with a hot receiver over groups of 2, 4, ... ranks and all {}\n",
+      n.nodes, plan.gpus);
+  s += fmt::format("{} moerun bench --backend {}{} --out {} ${{MOERUN_BENCH_FLAGS:-}}\n", srun, backend, base,
+                   bench_dir);
+  s += "# 2. a hardware profile fitted from those measurements, and its fit report\n";
+  s += fmt::format("moeplan calibrate --bench {} -o {}/hardware.json --report >{}/calibrate.txt\n", bench_dir,
+                   dir, dir);
+  s += "# 3. the plan predicted on that profile (stops here if the plan does not fit what was measured)\n";
+  s += fmt::format("moeplan simulate {} --hardware {}/hardware.json --json >{}/predicted.json\n",
+                   shell_word(plan_path), dir, dir);
+  s += "# 4. the plan run for real\n";
+  s += run.srun + " ${MOERUN_RUN_FLAGS:-}\n";
+  s += "# 5. predicted against measured, op by op\n";
+  s += fmt::format("moeplan compare {}/predicted.json {}/report.json | tee {}/compare.txt\n", dir, dir, dir);
   return s;
 }
 

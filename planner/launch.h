@@ -37,10 +37,14 @@ std::string moerun_text(const Plan& plan, const ModelSpec& model, const Hardware
                         const std::string& plan_path, const std::string& run_dir, const std::string& backend);
 
 // slurm: an sbatch script (#SBATCH nodes, tasks and GPUs per node, exclusive, job name, output file; the
-// NCCL environment on the CUDA backend) that ends with the srun line of moerun_launch.
+// NCCL environment on the CUDA backend) that ends with the srun line of moerun_launch. With `calibrate`, the
+// job first measures its own nodes (`moerun bench` on every rank; on CUDA with the plan's hardware profile
+// as --base), fits a hardware profile from that (`moeplan calibrate`, into <run_dir>/hardware.json with the
+// fit report in calibrate.txt), predicts the plan on it (predicted.json), runs the plan, and compares the two
+// (compare.txt).
 std::string slurm_script(const Plan& plan, const ModelSpec& model, const HardwareProfile& hw,
-                         const std::string& plan_path, const std::string& run_dir,
-                         const std::string& backend);
+                         const std::string& plan_path, const std::string& run_dir, const std::string& backend,
+                         bool calibrate = false);
 
 // The Megatron-LM commit whose flags the launch uses (shared/reference/megatron-flags.md).
 inline constexpr const char* kMegatronCommit = "d98e8a64ddf34856e74b24714e3bedb2f5a39553";

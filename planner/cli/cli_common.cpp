@@ -8,17 +8,24 @@
 #include <fmt/format.h>
 
 #include "simulator/core/units.h"
+#include "simulator/io/hardware_loader.h"
 #include "simulator/io/json_reader.h"
 #include "simulator/io/router_trace.h"
 #include "simulator/io/stack_loader.h"
 
 namespace moeplan::cli {
 
-Result<PlanInputs> load_plan_inputs(const std::string& plan_path, const std::string& stack_override) {
+Result<PlanInputs> load_plan_inputs(const std::string& plan_path, const std::string& stack_override,
+                                    const std::string& hardware_override) {
   Result<io::LoadedPlan> loaded = io::load_plan(plan_path);
   if (!loaded) return loaded.error();
   PlanInputs in;
   in.loaded = std::move(loaded).value();
+  if (!hardware_override.empty()) {
+    Result<HardwareProfile> hw = io::load_hardware(hardware_override);
+    if (!hw) return hw.error();
+    in.loaded.hardware = std::move(hw).value();
+  }
   in.dir = std::filesystem::path(in.loaded.path).parent_path().string();
   const Plan& plan = in.loaded.plan;
   const std::string stack_ref =

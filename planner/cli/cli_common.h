@@ -47,14 +47,17 @@ inline constexpr int64_t kDefaultSeq = 4096;
 inline constexpr int64_t kDefaultBatch = 256;
 
 // A plan file with everything needed to simulate it: the plan, its model and hardware, the stack (--stack
-// overrides the plan's; a path in the plan is relative to the plan file) and its routing distribution.
+// overrides the plan's, and --hardware the plan's hardware profile, e.g. one `moeplan calibrate` fitted on
+// the cluster; a path in the plan is relative to the plan file, an override to the working directory) and its
+// routing distribution.
 struct PlanInputs {
   io::LoadedPlan loaded;
   StackProfile stack;
   workload::RoutingDistribution routing;
   std::string dir;  // the plan file's folder (relative paths in the plan start there)
 };
-Result<PlanInputs> load_plan_inputs(const std::string& plan_path, const std::string& stack_override);
+Result<PlanInputs> load_plan_inputs(const std::string& plan_path, const std::string& stack_override,
+                                    const std::string& hardware_override = "");
 
 // The search space of `plan`-style options: --precision bf16|fp8|any and --fix KEY=VALUE pins (a bare word is
 // a string); an unknown key is an error with a "did you mean".

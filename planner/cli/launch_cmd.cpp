@@ -14,7 +14,7 @@ namespace moeplan::cli {
 Runner add_launch(CLI::App& app) {
   struct Options {
     std::string plan, target, out, run_dir, backend = "cuda";
-    bool json = false;
+    bool json = false, calibrate = false;
   };
   auto o = std::make_shared<Options>();
   app.add_option("plan", o->plan, "Plan file (JSON)")->required();
@@ -31,8 +31,12 @@ Runner add_launch(CLI::App& app) {
                  "ranks with Eigen kernels)")
       ->capture_default_str()
       ->check(CLI::IsMember({"cuda", "cpu"}));
+  app.add_flag("--calibrate", o->calibrate,
+               "slurm: measure the job's nodes first (moerun bench), fit a hardware profile from that "
+               "(moeplan calibrate), predict the plan on it, run it and compare op by op");
   app.add_flag("--json", o->json, "Print one JSON object");
   return [o]() {
+    if (o->calibrate && o->target != "slurm") return bad_input("--calibrate: only with --for slurm");
     Result<io::LoadedPlan> loaded = io::load_plan(o->plan);
     if (!loaded) return bad_input(loaded.error().message);
     const auto& [plan, model, hw, path] = loaded.value();
@@ -62,9 +66,10 @@ Runner add_launch(CLI::App& app) {
       j["backend"] = o->backend;
     } else if (o->target == "slurm") {
       const std::string run_dir = o->run_dir.empty() ? planner::default_run_dir(path) : o->run_dir;
-      full = file = planner::slurm_script(plan, model, hw, path, run_dir, o->backend);
+      full = file = planner::slurm_script(plan, model, hw, path, run_dir, o->backend, o->calibrate);
       shown = o->out.empty() ? full : fmt::format("# wrote {}; submit it with: sbatch {}\n", o->out, o->out);
       j["backend"] = o->backend;
+      j["calibrate"] = o->calibrate;
     } else {
       const planner::MegatronArgs a = planner::megatron_args(plan, model, hw);
       full = file = planner::megatron_text(plan, model, hw, path);

@@ -89,7 +89,7 @@ void print_text(const Prediction& p, const ReportContext& ctx) {
 
 Runner add_simulate(CLI::App& app) {
   struct Options {
-    std::string plan, trace, html, stack, trace_stages;
+    std::string plan, trace, html, stack, hardware, trace_stages;
     int64_t trace_micro_batches = -1;
     int threads = 2;
     bool json = false, whole_step = false, no_assumptions = false;
@@ -106,6 +106,9 @@ Runner add_simulate(CLI::App& app) {
                  "Write a self-contained HTML report (summary, breakdown, memory, timeline) to this file");
   app.add_option("--stack", o->stack,
                  "Software stack profile (overrides the plan's; default " + std::string(kDefaultStack) + ")");
+  app.add_option(
+      "--hardware", o->hardware,
+      "Hardware profile (overrides the plan's), e.g. one `moeplan calibrate` fitted on the cluster");
   app.add_flag("--json", o->json, "Print one JSON object");
   app.add_flag("--whole-step", o->whole_step,
                "Simulate every micro-batch instead of adding the repeating steady phase exactly (implied by "
@@ -117,7 +120,7 @@ Runner add_simulate(CLI::App& app) {
       ->capture_default_str()
       ->check(CLI::Range(1, 64));
   return [o]() {
-    Result<PlanInputs> in = load_plan_inputs(o->plan, o->stack);
+    Result<PlanInputs> in = load_plan_inputs(o->plan, o->stack, o->hardware);
     if (!in) return bad_input(in.error().message);
     const auto& [plan, model, hw, path] = in.value().loaded;
     const StackProfile& stack = in.value().stack;

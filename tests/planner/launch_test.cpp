@@ -1025,6 +1025,45 @@ TEST_SUITE("planner") {
     CHECK(t.find("NCCL") == std::string::npos);
   }
 
+  TEST_CASE(
+      "the sbatch script with calibrate measures the nodes, fits, predicts, runs and compares in order") {
+    Result<io::LoadedPlan> l = example("deepseek-v3-2048xh800.json");
+    REQUIRE(l.ok());
+    const auto& [plan, m, hw, path] = l.value();
+    const std::string s = planner::slurm_script(plan, m, hw, "ds.json", "runs/ds", "cuda", true);
+    const std::string srun = "srun --mpi=pmix --nodes=256 --ntasks-per-node=8 --gpus-per-node=8 ";
+    const std::vector<std::string> steps = {
+        srun + "moerun bench --backend cuda --base " + plan.hardware +
+            " --out runs/ds/bench ${MOERUN_BENCH_FLAGS:-}\n",
+        "moeplan calibrate --bench runs/ds/bench -o runs/ds/hardware.json --report >runs/ds/calibrate.txt\n",
+        "moeplan simulate ds.json --hardware runs/ds/hardware.json --json >runs/ds/predicted.json\n",
+        srun + "moerun run ds.json --backend cuda --out runs/ds ${MOERUN_RUN_FLAGS:-}\n",
+        "moeplan compare runs/ds/predicted.json runs/ds/report.json | tee runs/ds/compare.txt\n"};
+    size_t at = 0;
+    for (const std::string& step : steps) {
+      CAPTURE(step);
+      const size_t found = s.find(step, at);
+      REQUIRE(found != std::string::npos);
+      at = found + step.size();
+    }
+    CHECK(at == s.size());
+    // Without calibrate the script is unchanged: it ends with the run.
+    CHECK(planner::slurm_script(plan, m, hw, "ds.json", "runs/ds", "cuda").find("moerun bench") ==
+          std::string::npos);
+    // A hardware profile beside the plan is named from where the script runs; the CPU bench takes no base.
+    Plan filed = plan;
+    filed.hardware = "my-cluster.json";
+    const fs::path dir = fs::temp_directory_path() / ("moeplan_slurm_" + std::to_string(::getpid()));
+    fs::create_directories(dir / "plans");
+    std::ofstream(dir / "plans" / "my-cluster.json") << "{}";
+    const std::string beside =
+        planner::slurm_script(filed, m, hw, (dir / "plans" / "ds.json").string(), "runs/ds", "cuda", true);
+    CHECK(beside.find("--base " + (dir / "plans" / "my-cluster.json").string() + " ") != std::string::npos);
+    CHECK(planner::slurm_script(plan, m, hw, "ds.json", "runs/ds", "cpu", true).find("--base") ==
+          std::string::npos);
+    fs::remove_all(dir);
+  }
+
   TEST_CASE("a plan copied elsewhere names the same model files") {
     const fs::path dir = fs::temp_directory_path() / ("moeplan_rebase_" + std::to_string(::getpid()));
     fs::create_directories(dir / "a" / "models");
@@ -1067,6 +1106,9 @@ TEST_SUITE("planner") {
     CHECK(copied.ok());
     fs::remove(plan_out);
 
+    r = run_cli("launch " + plan + " --for megatron --calibrate");
+    CHECK(r.exit_code == 2);
+    CHECK(r.err == "moeplan: error: --calibrate: only with --for slurm\n");
     r = run_cli("launch " + plan + " --for deepspeed");
     CHECK(r.exit_code == 2);
     CHECK(std::count(r.err.begin(), r.err.end(), '\n') == 1);

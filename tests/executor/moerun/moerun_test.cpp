@@ -224,6 +224,52 @@ TEST_SUITE("moerun") {
     fs::remove(plan);
   }
 
+  TEST_CASE("the sbatch script of launch --calibrate measures, fits, predicts, runs and compares") {
+    // The script as `moeplan launch --for slurm --backend cpu --calibrate` writes it, run by bash in a
+    // folder with moerun and moeplan on PATH and an `srun` that starts its command under mpiexec with the
+    // ranks it asks for (no Slurm here). The bench runs --quick and the run two steps, through the script's
+    // MOERUN_BENCH_FLAGS and MOERUN_RUN_FLAGS.
+    const fs::path plan = write_plan("slurm", false), dir = temp("slurm_dir"), bin = dir / "bin";
+    fs::create_directories(bin);
+    fs::create_symlink(MOERUN_BIN, bin / "moerun");
+    fs::create_symlink(MOEPLAN_BIN, bin / "moeplan");
+    {
+      std::ofstream srun(bin / "srun");
+      srun << "#!/bin/bash\nnodes=1; per_node=1\n"
+              "while [[ $1 == --* ]]; do\n"
+              "  case $1 in --nodes=*) nodes=${1#*=} ;; --ntasks-per-node=*) per_node=${1#*=} ;; esac\n"
+              "  shift\ndone\n"
+              "exec '" MPIEXEC "' --allow-run-as-root --oversubscribe -n $((nodes * per_node)) \"$@\"\n";
+    }
+    fs::permissions(bin / "srun", fs::perms::owner_all, fs::perm_options::add);
+    const std::string script = (dir / "job.sbatch").string();
+    REQUIRE(std::system(("'" MOEPLAN_BIN "' launch '" + plan.string() +
+                         "' --for slurm --backend cpu --calibrate --run-dir runs/r --out '" + script + "'")
+                            .c_str()) == 0);
+    const std::string text = slurp(script);
+    CHECK(text.find("srun --mpi=pmix --nodes=1 --ntasks-per-node=2 moerun bench --backend cpu --out "
+                    "runs/r/bench") != std::string::npos);
+    CHECK(text.find("moeplan simulate") != std::string::npos);
+    const std::string cmd = "cd '" + dir.string() + "' && PATH='" + bin.string() +
+                            "':\"$PATH\" MOERUN_BENCH_FLAGS=--quick MOERUN_RUN_FLAGS='--steps 2 --warmup 1' "
+                            "bash job.sbatch >job.out 2>job.err";
+    const int status = std::system(cmd.c_str());
+    const fs::path run = dir / "runs" / "r";
+    REQUIRE_MESSAGE(WIFEXITED(status), slurp(dir / "job.err"));
+    REQUIRE_MESSAGE(WEXITSTATUS(status) == 0, slurp(dir / "job.err"));
+    CHECK(fs::exists(run / "bench" / "alltoall_skew.csv"));
+    CHECK(slurp(run / "calibrate.txt").find("alltoall, hot receiver, 2 ranks / 1 node") != std::string::npos);
+    // The prediction is on the measured profile, not the plan's H100.
+    const auto hw = nlohmann::json::parse(slurp(run / "hardware.json"));
+    const auto predicted = nlohmann::json::parse(slurp(run / "predicted.json"));
+    CHECK(predicted["hardware"] == hw["name"]);
+    CHECK(nlohmann::json::parse(slurp(run / "report.json"))["measured"] == true);
+    CHECK(slurp(dir / "job.out").find(slurp(run / "compare.txt")) != std::string::npos);  // tee'd
+    CHECK(slurp(run / "compare.txt").find("step") != std::string::npos);
+    fs::remove_all(dir);
+    fs::remove(plan);
+  }
+
   TEST_CASE("a world size other than the plan's gpus exits 2 with one line and writes nothing") {
     const fs::path plan = write_plan("world", false), out = temp("world_out");
     const Run r = mpirun(3, "run '" + plan.string() + "' --out '" + out.string() + "'");
