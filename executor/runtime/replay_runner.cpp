@@ -156,26 +156,28 @@ void ReplayRunner::gemm(const Op& op, Scratch& s) {
 void ReplayRunner::attention(const Op& op, Scratch& s) {
   // moerun's CPU attention kernel, the one `moerun bench` measures (attention.csv), once per sequence for
   // each call that does the op's work (attention_calls: context parallelism's local and remote
-  // parts at their own key counts), with all of the call's heads at once: q, out, dout [sq, h d]; k, v
-  // [skv, kvh d]; lse [sq, h]. The kernel has one head dim for q, k and v: v_dim != qk_dim (MLA) runs with
-  // qk_dim.
+  // parts at their own key counts), with all of the call's heads at once: q [sq, h d]; k [skv, kvh d];
+  // v [skv, kvh dv]; out, dout [sq, h dv]; lse [sq, h] (dv: the call's value head dim, MLA's 128 beside
+  // its 192 for scores).
   for (const AttentionCall& c : attention_calls(op)) {
     const int64_t sq = c.seq_q, skv = c.seq_kv, h = c.heads, kvh = c.kv_heads, d = c.qk_dim;
+    const int64_t dv = c.v_dim > 0 ? c.v_dim : d;
     MapMat q(s.get(0, sz(sq * h * d)).data(), sq, h * d), k(s.get(1, sz(skv * kvh * d)).data(), skv, kvh * d);
-    MapMat v(s.get(2, sz(skv * kvh * d)).data(), skv, kvh * d),
-        out(s.get(3, sz(sq * h * d)).data(), sq, h * d);
-    MapMat dout(s.get(4, sz(sq * h * d)).data(), sq, h * d), lse(s.get(5, sz(sq * h)).data(), sq, h);
+    MapMat v(s.get(2, sz(skv * kvh * dv)).data(), skv, kvh * dv),
+        out(s.get(3, sz(sq * h * dv)).data(), sq, h * dv);
+    MapMat dout(s.get(4, sz(sq * h * dv)).data(), sq, h * dv), lse(s.get(5, sz(sq * h)).data(), sq, h);
     // Causal: the diagonal aligned bottom-right (the queries are the last sq of skv positions); non-causal:
     // every key is at or before every query, as the bench's non-causal case.
     std::vector<int64_t> q_pos(sz(sq)), k_pos(sz(skv));
     for (int64_t j = 0; j < skv; ++j) k_pos[sz(j)] = j;
     for (int64_t i = 0; i < sq; ++i) q_pos[sz(i)] = c.causal ? skv - sq + i : skv;
-    const cpu::AttnHeads heads{h, kvh, d, 0, 0, c.window};
+    const cpu::AttnHeads heads{h, kvh, d, 0, 0, c.window, dv};
     lse.setConstant(std::log(static_cast<float>(skv)));  // a uniform softmax's log-sum-exp: finite P
     for (int64_t b = 0; b < c.batch; ++b) {
       ++attention_work_.kernel_calls;
       attention_work_.query_rows += q.rows();
       attention_work_.key_rows += k.rows();
+      attention_work_.value_cols += v.cols();
       if (op.phase == Phase::kBackward) {
         const auto g = cpu::attn_core_backward<float>(q, k, v, out, lse, dout, q_pos, k_pos, heads);
         MOEPLAN_ASSERT(g.dq.rows() == sq);

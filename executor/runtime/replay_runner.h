@@ -3,13 +3,13 @@
 //   GEMM [m, k] x [k, n] (dgrad [m, n] x [n, k]^T, wgrad [k, m]^T x [m, n]); grouped: `groups` GEMMs of
 //   ceil(m / groups) rows, each with its own [k, n] weight; attention: moerun's CPU
 //   attention kernel (executor/kernels/cpu/attention.h, the one `moerun bench` measures) per sequence and
-//   per call that does the op's work (attention_calls: its heads and K/V heads, mask and key count; context
-//   parallelism's parts), backward from a stored output and log-sum-exp; memory-bound
-//   ops move hbm_bytes as STREAM triad, the bench's loop, over fp32 (hbm_bytes / 12 elements); the optimizer
-//   an Adam update over hbm_bytes / 30 parameters; collectives and pipeline sends over the group's
-//   Communicator with comm.bytes / bytes_of(comm.dtype) fp32 values and the wire format matching comm.dtype
-//   (bf16 and fp16 -> kBf16, fp8 -> kFp8E4m3), so the bytes crossing the wire are the op's bytes; a fused
-//   GEMM + collective runs its GEMM, then its collective (no tile-level overlap on the CPU).
+//   per call that does the op's work (attention_calls: its heads and K/V heads, value head dim, mask and key
+//   count; context parallelism's parts), backward from a stored output and log-sum-exp; memory-bound ops move
+//   hbm_bytes as STREAM triad, the bench's loop, over fp32 (hbm_bytes / 12 elements); the optimizer an Adam
+//   update over hbm_bytes / 30 parameters; collectives and pipeline sends over the group's Communicator with
+//   comm.bytes / bytes_of(comm.dtype) fp32 values and the wire format matching comm.dtype (bf16 and fp16 ->
+//   kBf16, fp8 -> kFp8E4m3), so the bytes crossing the wire are the op's bytes; a fused GEMM + collective
+//   runs its GEMM, then its collective (no tile-level overlap on the CPU).
 // Routing: the graph's routed ops carry the busiest EP rank's rows (the prediction's expert_load_scale), so
 // by default every rank runs them. With draw_routing(), each step draws the EP group's routing from the
 // plan's distribution (routing_draw.h) before the step's clock starts, and the routed ops of each MoE layer
@@ -54,12 +54,13 @@ class ReplayRunner final : public OpRunner {
   // Bytes held in scratch buffers now (bounded by kScratchCapBytes per lane).
   double scratch_bytes() const;
 
-  // What the attention kernel was given so far: its calls (one per sequence and call of attention_calls)
-  // and the query and key rows of those calls, summed.
+  // What the attention kernel was given so far: its calls (one per sequence and call of attention_calls),
+  // and the query rows, key rows and value columns (K/V heads x value head dim) of those calls, summed.
   struct AttentionWork {
     int64_t kernel_calls = 0;
     int64_t query_rows = 0;
     int64_t key_rows = 0;
+    int64_t value_cols = 0;
   };
   AttentionWork attention_work() const { return attention_work_; }
 

@@ -10,7 +10,7 @@ namespace moeplan::executor::cpu {
 namespace {
 
 struct Layout {
-  int64_t d = 0, hl = 0, kvl = 0, group = 0;
+  int64_t d = 0, dv = 0, hl = 0, kvl = 0, group = 0;
   // Local kv head of local query head i.
   int64_t kv_of(const AttnHeads& a, int64_t i) const { return (a.head0 + i) / group - a.kv_head0; }
 };
@@ -19,11 +19,14 @@ template <class S>
 Layout check_layout(const CRef<S>& q, const CRef<S>& k, const CRef<S>& v, Positions q_pos, Positions k_pos,
                     const AttnHeads& a, Positions q_seg, Positions k_seg) {
   MOEPLAN_ASSERT(a.head_dim > 0 && a.num_kv_heads > 0 && a.num_heads % a.num_kv_heads == 0);
+  MOEPLAN_ASSERT(a.v_dim >= 0);
   Layout l;
   l.d = a.head_dim;
-  MOEPLAN_ASSERT(q.cols() % l.d == 0 && k.cols() % l.d == 0 && k.cols() == v.cols() && k.rows() == v.rows());
+  l.dv = a.v_dim > 0 ? a.v_dim : a.head_dim;
+  MOEPLAN_ASSERT(q.cols() % l.d == 0 && k.cols() % l.d == 0 && k.rows() == v.rows());
   l.hl = q.cols() / l.d;
   l.kvl = k.cols() / l.d;
+  MOEPLAN_ASSERT(v.cols() == l.kvl * l.dv);
   l.group = a.num_heads / a.num_kv_heads;
   MOEPLAN_ASSERT(a.head0 >= 0 && a.head0 + l.hl <= a.num_heads);
   MOEPLAN_ASSERT(a.kv_head0 >= 0 && a.kv_head0 + l.kvl <= a.num_kv_heads);
@@ -59,7 +62,7 @@ AttnOut<S> attn_core_forward(const CRef<S>& q, const CRef<S>& k, const CRef<S>& 
   const S scale = static_cast<S>(1.0 / std::sqrt(static_cast<double>(l.d)));
   const S neg_inf = -std::numeric_limits<S>::infinity();
   const Eigen::Index tq = q.rows(), tk = k.rows();
-  AttnOut<S> r{Mat<S>::Zero(tq, q.cols()), Mat<S>(tq, l.hl)};
+  AttnOut<S> r{Mat<S>::Zero(tq, l.hl * l.dv), Mat<S>(tq, l.hl)};
   Mat<S> s(tq, tk);
   for (int64_t h = 0; h < l.hl; ++h) {
     const int64_t g = l.kv_of(heads, h);
@@ -85,7 +88,7 @@ AttnOut<S> attn_core_forward(const CRef<S>& q, const CRef<S>& k, const CRef<S>& 
       s.row(i) /= sum;
       r.lse(i, h) = m + std::log(sum);
     }
-    r.out.middleCols(h * l.d, l.d).noalias() = s * v.middleCols(g * l.d, l.d);
+    r.out.middleCols(h * l.dv, l.dv).noalias() = s * v.middleCols(g * l.dv, l.dv);
   }
   return r;
 }
@@ -95,8 +98,8 @@ AttnGrads<S> attn_core_backward(const CRef<S>& q, const CRef<S>& k, const CRef<S
                                 const CRef<S>& lse, const CRef<S>& dout, Positions q_pos, Positions k_pos,
                                 const AttnHeads& heads, Positions q_seg, Positions k_seg) {
   const Layout l = check_layout<S>(q, k, v, q_pos, k_pos, heads, q_seg, k_seg);
-  MOEPLAN_ASSERT(out.rows() == q.rows() && out.cols() == q.cols() && dout.rows() == q.rows() &&
-                 dout.cols() == q.cols() && lse.rows() == q.rows() && lse.cols() == l.hl);
+  MOEPLAN_ASSERT(out.rows() == q.rows() && out.cols() == l.hl * l.dv && dout.rows() == q.rows() &&
+                 dout.cols() == out.cols() && lse.rows() == q.rows() && lse.cols() == l.hl);
   const auto mask = make_mask(q_pos, k_pos, heads.window, q_seg, k_seg);
   const S scale = static_cast<S>(1.0 / std::sqrt(static_cast<double>(l.d)));
   const S neg_inf = -std::numeric_limits<S>::infinity();
@@ -107,18 +110,18 @@ AttnGrads<S> attn_core_backward(const CRef<S>& q, const CRef<S>& k, const CRef<S
     const int64_t kv = l.kv_of(heads, h);
     const auto qh = q.middleCols(h * l.d, l.d);
     const auto kh = k.middleCols(kv * l.d, l.d);
-    const auto vh = v.middleCols(kv * l.d, l.d);
-    const auto doh = dout.middleCols(h * l.d, l.d);
+    const auto vh = v.middleCols(kv * l.dv, l.dv);
+    const auto doh = dout.middleCols(h * l.dv, l.dv);
     p.noalias() = qh * kh.transpose();
     for (Eigen::Index i = 0; i < tq; ++i) {
       const S lse_i = lse(i, h);
       for (Eigen::Index j = 0; j < tk; ++j)
         p(i, j) = (mask(i, j) && lse_i != neg_inf) ? std::exp(p(i, j) * scale - lse_i) : S(0);
     }
-    g.dv.middleCols(kv * l.d, l.d).noalias() += p.transpose() * doh;
+    g.dv.middleCols(kv * l.dv, l.dv).noalias() += p.transpose() * doh;
     dp.noalias() = doh * vh.transpose();
     for (Eigen::Index i = 0; i < tq; ++i) {
-      const S di = doh.row(i).dot(out.middleCols(h * l.d, l.d).row(i));
+      const S di = doh.row(i).dot(out.middleCols(h * l.dv, l.dv).row(i));
       dp.row(i) = p.row(i).cwiseProduct((dp.row(i).array() - di).matrix()) * scale;  // dS * scale
     }
     g.dq.middleCols(h * l.d, l.d).noalias() = dp * kh;

@@ -2,7 +2,8 @@
 // positions and a set of key positions (rope already applied, see rope.h).
 //
 //   q [Tq, Hl D]: local query heads, head i = global head head0 + i, columns [i D, (i+1) D)
-//   k, v [Tk, KVl D]: local kv heads, head j = global kv head kv_head0 + j
+//   k [Tk, KVl D], v [Tk, KVl Dv]: local kv heads, head j = global kv head kv_head0 + j; the value head dim
+//     Dv is D unless AttnHeads::v_dim says otherwise (MLA: D 192, Dv 128); out and dout are [Tq, Hl Dv]
 //   GQA: global query head h reads global kv head h / (heads / kv_heads), which must be a local one.
 //   Mask: key j is visible to query i iff k_pos[j] <= q_pos[i] and (window == 0 or
 //     q_pos[i] - k_pos[j] < window) and, when segment ids are given, q_seg[i] == k_seg[j] (several
@@ -32,11 +33,12 @@ struct AttnHeads {
   int64_t head0 = 0;     // global index of q's first head
   int64_t kv_head0 = 0;  // global index of k's and v's first kv head
   int64_t window = 0;    // sliding window in tokens, 0 = full causal
+  int64_t v_dim = 0;     // value head dim, 0 = head_dim
 };
 
 template <class S>
 struct AttnOut {
-  Mat<S> out;  // [Tq, Hl D]
+  Mat<S> out;  // [Tq, Hl Dv]
   Mat<S> lse;  // [Tq, Hl]
 };
 
@@ -44,7 +46,7 @@ template <class S>
 struct AttnGrads {
   Mat<S> dq;  // [Tq, Hl D]
   Mat<S> dk;  // [Tk, KVl D]
-  Mat<S> dv;  // [Tk, KVl D]
+  Mat<S> dv;  // [Tk, KVl Dv]
 };
 
 // q_seg, k_seg: empty (one sequence) or one id per row.

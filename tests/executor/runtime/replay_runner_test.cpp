@@ -96,6 +96,27 @@ TEST_SUITE("executor_runtime") {
     CHECK(work_of(back).key_rows == 7 * 128);
   }
 
+  TEST_CASE("an MLA attention op runs its values at their own head dim, forward and backward") {
+    // DeepSeek-V3's MLA on a rank: 16 heads, scores over 192 dims, values over 128, one K/V head per
+    // query head. Before, the CPU kernel had one head dim and ran the values at 192.
+    const OpGraph g;
+    Op mla;
+    mla.kind = OpKind::kAttention;
+    mla.attn = {1, 128, 128, 16, 192, 128, 0, true, 16};
+    mla.flops = AttentionCall{1, 128, 128, 16, 16, 192, 128, 0, true}.forward_flops();
+    for (Phase phase : {Phase::kForward, Phase::kBackward}) {
+      Op op = mla;
+      op.phase = phase;
+      if (phase == Phase::kBackward) op.flops *= kAttentionBackwardFlops;
+      ReplayRunner r(g, [](CommGroup) -> Communicator* { return nullptr; });
+      r.run(op);
+      const ReplayRunner::AttentionWork w = r.attention_work();
+      CHECK(w.kernel_calls == 1);
+      CHECK(w.key_rows == 128);
+      CHECK(w.value_cols == 16 * 128);
+    }
+  }
+
   TEST_CASE("with drawn routing, a rank runs the expert rows its experts drew and none when they drew none") {
     // tiny-moe (8 experts, top 2) on EP 2: every token picks two of rank 0's experts 0-3, none of rank 1's.
     const RunInputs in = test::load_tiny("replay_draw", test::tiny_plan(2, test::kDp2Ep2));

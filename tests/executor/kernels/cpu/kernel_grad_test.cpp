@@ -76,7 +76,7 @@ struct AttnCase {
   int64_t window = 0;
 };
 
-TEST_CASE("attention: dq, dk, dv match finite differences (GQA, causal, windows, segments)") {
+TEST_CASE("attention: dq, dk, dv match finite differences (GQA, causal, windows, segments, MLA's v_dim)") {
   const std::vector<AttnCase> cases{
       {"causal, contiguous", {0, 1, 2, 3, 4, 5}, {0, 1, 2, 3, 4, 5}, {}, {}, 0},
       {"query chunk against keys", {2, 3, 9, 10}, {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10}, {}, {}, 0},
@@ -86,21 +86,55 @@ TEST_CASE("attention: dq, dk, dv match finite differences (GQA, causal, windows,
   };
   const int64_t h = 4, kv = 2, d = 4;
   for (const auto& c : cases) {
-    CAPTURE(c.name);
-    const auto tq = static_cast<int64_t>(c.q_pos.size()), tk = static_cast<int64_t>(c.k_pos.size());
-    MatD q = rnd(tq, h * d, 11), k = rnd(tk, kv * d, 12), v = rnd(tk, kv * d, 13);
-    const MatD r = rnd(tq, h * d, 14);
-    const AttnHeads heads{h, kv, d, 0, 0, c.window};
-    auto f = [&] {
-      return dot(attn_core_forward<double>(q, k, v, c.q_pos, c.k_pos, heads, c.q_seg, c.k_seg).out, r);
-    };
-    const AttnOut<double> o = attn_core_forward<double>(q, k, v, c.q_pos, c.k_pos, heads, c.q_seg, c.k_seg);
-    const AttnGrads<double> g =
-        attn_core_backward<double>(q, k, v, o.out, o.lse, r, c.q_pos, c.k_pos, heads, c.q_seg, c.k_seg);
-    check_grad(q, g.dq, f, "dq");
-    check_grad(k, g.dk, f, "dk");
-    check_grad(v, g.dv, f, "dv");
+    // Value heads as wide as the score heads (v_dim 0), narrower (MLA's 128 against 192) and wider.
+    for (const int64_t v_dim : {int64_t{0}, int64_t{3}, int64_t{6}}) {
+      CAPTURE(c.name);
+      CAPTURE(v_dim);
+      const int64_t dv = v_dim > 0 ? v_dim : d;
+      const auto tq = static_cast<int64_t>(c.q_pos.size()), tk = static_cast<int64_t>(c.k_pos.size());
+      MatD q = rnd(tq, h * d, 11), k = rnd(tk, kv * d, 12), v = rnd(tk, kv * dv, 13);
+      const MatD r = rnd(tq, h * dv, 14);
+      const AttnHeads heads{h, kv, d, 0, 0, c.window, v_dim};
+      auto f = [&] {
+        return dot(attn_core_forward<double>(q, k, v, c.q_pos, c.k_pos, heads, c.q_seg, c.k_seg).out, r);
+      };
+      const AttnOut<double> o = attn_core_forward<double>(q, k, v, c.q_pos, c.k_pos, heads, c.q_seg, c.k_seg);
+      const AttnGrads<double> g =
+          attn_core_backward<double>(q, k, v, o.out, o.lse, r, c.q_pos, c.k_pos, heads, c.q_seg, c.k_seg);
+      check_grad(q, g.dq, f, "dq");
+      check_grad(k, g.dk, f, "dk");
+      check_grad(v, g.dv, f, "dv");
+    }
   }
+}
+
+TEST_CASE("attention: narrower value heads equal the same values zero-padded to the score head dim") {
+  // MLA's shape (scores over d, values over dv < d) against attention whose value heads are the same
+  // values padded with zeros to d: the outputs, lse, dq and dk are equal, and so are dv's first dv columns.
+  const int64_t h = 4, kv = 2, d = 6, dv = 4, t = 7;
+  const std::vector<int64_t> pos{0, 1, 2, 3, 4, 5, 6};
+  const MatD q = rnd(t, h * d, 21), k = rnd(t, kv * d, 22), v = rnd(t, kv * dv, 23),
+             dout = rnd(t, h * dv, 24);
+  MatD v_pad = MatD::Zero(t, kv * d), dout_pad = MatD::Zero(t, h * d);
+  for (int64_t j = 0; j < kv; ++j) v_pad.middleCols(j * d, dv) = v.middleCols(j * dv, dv);
+  for (int64_t i = 0; i < h; ++i) dout_pad.middleCols(i * d, dv) = dout.middleCols(i * dv, dv);
+  const AttnHeads narrow{h, kv, d, 0, 0, 0, dv}, padded{h, kv, d};
+  const AttnOut<double> o = attn_core_forward<double>(q, k, v, pos, pos, narrow);
+  const AttnOut<double> p = attn_core_forward<double>(q, k, v_pad, pos, pos, padded);
+  REQUIRE(o.out.cols() == h * dv);
+  CHECK((o.lse - p.lse).cwiseAbs().maxCoeff() < 1e-14);
+  for (int64_t i = 0; i < h; ++i) {
+    CHECK((o.out.middleCols(i * dv, dv) - p.out.middleCols(i * d, dv)).cwiseAbs().maxCoeff() < 1e-14);
+    CHECK(p.out.middleCols(i * d + dv, d - dv).cwiseAbs().maxCoeff() == 0.0);
+  }
+  const AttnGrads<double> g = attn_core_backward<double>(q, k, v, o.out, o.lse, dout, pos, pos, narrow);
+  const AttnGrads<double> e =
+      attn_core_backward<double>(q, k, v_pad, p.out, p.lse, dout_pad, pos, pos, padded);
+  CHECK((g.dq - e.dq).cwiseAbs().maxCoeff() < 1e-13);
+  CHECK((g.dk - e.dk).cwiseAbs().maxCoeff() < 1e-13);
+  REQUIRE(g.dv.cols() == kv * dv);
+  for (int64_t j = 0; j < kv; ++j)
+    CHECK((g.dv.middleCols(j * dv, dv) - e.dv.middleCols(j * d, dv)).cwiseAbs().maxCoeff() < 1e-13);
 }
 
 TEST_CASE("attention: output rows are softmax-weighted values and lse matches") {
