@@ -208,7 +208,7 @@ std::string routing_draw_unsupported(const ModelSpec& model, const Plan& plan,
 }
 
 int64_t routed_tokens_per_rank(const Plan& plan) {
-  return plan.micro_batch * plan.seq_len / plan.attention_mesh();
+  return workload::routed_tokens_per_rank(plan, plan.seq_len);
 }
 
 RoutingDraws::RoutingDraws(std::span<const Op> ops, RoutingDrawSpec spec) : spec_(std::move(spec)) {

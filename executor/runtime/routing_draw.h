@@ -64,8 +64,8 @@ uint64_t routing_seed(uint64_t run_seed, int64_t ep_group, int64_t layer, int64_
 std::string routing_draw_unsupported(const ModelSpec& model, const Plan& plan,
                                      const LoweringOptions& lowering);
 
-// Routed tokens per rank of one micro-batch, as the lowering's MoE layers count them (micro_batch x seq_len
-// over the attention mesh).
+// Routed tokens per rank of one micro-batch, as the lowering's MoE layers count them
+// (workload::routed_tokens_per_rank at the plan's seq_len).
 int64_t routed_tokens_per_rank(const Plan& plan);
 
 // What a replay needs to draw: the inclusion probabilities, the group's geometry and this rank's place in it.

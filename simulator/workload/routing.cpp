@@ -475,12 +475,16 @@ double expected_max_std_normal(int64_t n) {
   return expected_capped_max({NormalUnit{0.0, 1.0, n}}, std::numeric_limits<double>::infinity());
 }
 
+int64_t routed_tokens_per_rank(const Plan& plan, int64_t seq) {
+  return plan.micro_batch * seq / plan.attention_mesh();
+}
+
 PlanRouting plan_routing(const ModelSpec& model, const Plan& plan, const RoutingDistribution& dist) {
   PlanRouting r;
   if (!model.is_moe()) return r;
   // The load of `seq` tokens per sequence and its busiest rank's rows over the mean of the kept ones.
   auto load_of = [&](int64_t seq, RoutingLoad& load, double& scale) {
-    const int64_t t = plan.micro_batch * seq / plan.attention_mesh();
+    const int64_t t = routed_tokens_per_rank(plan, seq);
     load = routing_load(dist, static_cast<double>(t * plan.experts.ep), model.moe.top_k, plan.experts.ep,
                         plan.routing.capacity_factor, false);
     const double kept_mean = load.mean_rank_assignments * (1.0 - load.dropped_fraction);

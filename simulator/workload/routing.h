@@ -97,4 +97,8 @@ struct PlanRouting {
 };
 PlanRouting plan_routing(const ModelSpec& model, const Plan& plan, const RoutingDistribution& dist);
 
+// The tokens each rank of an EP group routes per micro-batch of `seq` tokens per sequence: its share of the
+// attention mesh, b * seq / (tp * sp * cp). plan_routing's t, and what moerun draws routing for.
+int64_t routed_tokens_per_rank(const Plan& plan, int64_t seq);
+
 }  // namespace moeplan::workload
