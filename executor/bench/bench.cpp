@@ -234,6 +234,21 @@ constexpr CollCase kCollectives[] = {{"all_reduce", "sum"},
                                      {"alltoall", "none"},
                                      {"sendrecv", "none"}};
 
+// `warmup` calls of `once`, then the median over `iters` calls of the slowest rank's time (each call after a
+// barrier), in seconds. Collective over `comm`.
+template <class F>
+double slowest_rank_median(MpiCommunicator& comm, F&& once, int warmup, int iters) {
+  for (int i = 0; i < warmup; ++i) once();
+  std::vector<double> times;
+  for (int i = 0; i < iters; ++i) {
+    comm.barrier();
+    const auto t0 = Clock::now();
+    once();
+    times.push_back(max_over(comm.comm(), seconds_since(t0)));
+  }
+  return median(times);
+}
+
 // One-way time of `name` at `bytes` on `comm`: median over iterations of the slowest rank's time.
 // sendrecv is a ping-pong between group ranks 2i and 2i+1 (an odd last rank idles): half the round trip.
 CollRow time_collective(MpiCommunicator& comm, const std::string& name, int64_t bytes, int warmup,
@@ -270,17 +285,8 @@ CollRow time_collective(MpiCommunicator& comm, const std::string& name, int64_t 
       }
     }
   };
-  for (int i = 0; i < warmup; ++i) once();
-  std::vector<double> times;
-  for (int i = 0; i < iters; ++i) {
-    comm.barrier();
-    const auto t0 = Clock::now();
-    once();
-    double t = seconds_since(t0);
-    if (name == "sendrecv") t /= 2;  // one way
-    times.push_back(max_over(comm.comm(), t));
-  }
-  row.time_us = median(times) * 1e6;
+  row.time_us = slowest_rank_median(comm, once, warmup, iters) * 1e6;
+  if (name == "sendrecv") row.time_us /= 2;  // one way
   row.algbw = static_cast<double>(row.bytes) / (row.time_us * 1e-6) / 1e9;
   row.busbw = row.algbw * busbw_factor(name, n);
   return row;
@@ -293,16 +299,8 @@ double time_alltoall_skew(MpiCommunicator& comm, const SkewCounts& c, int warmup
   for (int64_t v : c.send) in_n += v;
   for (int64_t v : c.recv) out_n += v;
   std::vector<float> in(static_cast<size_t>(in_n), 1.0f), out(static_cast<size_t>(out_n), 0.0f);
-  auto once = [&] { comm.all_to_all_v(in, c.send, out, c.recv, WireFormat::kFp32); };
-  for (int i = 0; i < warmup; ++i) once();
-  std::vector<double> times;
-  for (int i = 0; i < iters; ++i) {
-    comm.barrier();
-    const auto t0 = Clock::now();
-    once();
-    times.push_back(max_over(comm.comm(), seconds_since(t0)));
-  }
-  return median(times);
+  return slowest_rank_median(
+      comm, [&] { comm.all_to_all_v(in, c.send, out, c.recv, WireFormat::kFp32); }, warmup, iters);
 }
 
 std::string nccl_file(const std::string& name, const char* redop, int64_t min_bytes, int64_t max_bytes,
