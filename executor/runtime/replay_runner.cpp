@@ -139,17 +139,26 @@ void ReplayRunner::gemm(const Op& op, Scratch& s) {
     MapMat A(a.data() + r0 * k, m, k), B(b.data() + g * k * n, k, n), C(c.data() + r0 * n, m, n);
     r0 += m;
     if (m == 0) continue;
+    // Each product's FLOPs from the operands it is given: 2 x rows x inner x columns.
+    auto product_flops = [](const auto& x, const auto& y) {
+      return 2.0 * static_cast<double>(x.rows()) * static_cast<double>(x.cols()) *
+             static_cast<double>(y.cols());
+    };
     switch (op.part) {
       case GemmPart::kNone:
         C.noalias() = A * B;
+        gemm_work_.flops += product_flops(A, B);
         break;
       case GemmPart::kDgrad:  // dX [m, k] = dY [m, n] x W^T
         A.noalias() = C * B.transpose();
+        gemm_work_.flops += product_flops(C, B.transpose());
         break;
       case GemmPart::kWgrad:  // dW [k, n] = X^T [k, m] x dY [m, n]
         B.noalias() = A.transpose() * C;
+        gemm_work_.flops += product_flops(A.transpose(), C);
         break;
     }
+    ++gemm_work_.products;
   }
 }
 
@@ -178,6 +187,7 @@ void ReplayRunner::attention(const Op& op, Scratch& s) {
       attention_work_.query_rows += q.rows();
       attention_work_.key_rows += k.rows();
       attention_work_.value_cols += v.cols();
+      if (op.phase == Phase::kBackward) ++attention_work_.backward_calls;
       if (op.phase == Phase::kBackward) {
         const auto g = cpu::attn_core_backward<float>(q, k, v, out, lse, dout, q_pos, k_pos, heads);
         MOEPLAN_ASSERT(g.dq.rows() == sq);

@@ -55,14 +55,24 @@ class ReplayRunner final : public OpRunner {
   double scratch_bytes() const;
 
   // What the attention kernel was given so far: its calls (one per sequence and call of attention_calls),
-  // and the query rows, key rows and value columns (K/V heads x value head dim) of those calls, summed.
+  // those that ran the backward kernel, and the query rows, key rows and value columns (K/V heads x value
+  // head dim) of all calls, summed.
   struct AttentionWork {
     int64_t kernel_calls = 0;
+    int64_t backward_calls = 0;
     int64_t query_rows = 0;
     int64_t key_rows = 0;
     int64_t value_cols = 0;
   };
   AttentionWork attention_work() const { return attention_work_; }
+
+  // The matrix products the GEMM ops ran so far (one per group with rows) and their FLOPs, 2 x rows x inner
+  // x columns of the operands each was given.
+  struct GemmWork {
+    int64_t products = 0;
+    double flops = 0;
+  };
+  GemmWork gemm_work() const { return gemm_work_; }
 
   static constexpr double kScratchCapBytes = 1.0 * (1u << 30);
 
@@ -87,6 +97,7 @@ class ReplayRunner final : public OpRunner {
   std::vector<Scratch> scratch_;         // kNumStreams lanes + one per source stage of pipeline receives
   std::optional<RoutingDraws> routing_;  // set by draw_routing()
   AttentionWork attention_work_;
+  GemmWork gemm_work_;
 };
 
 // Values of a communication buffer: comm.bytes / bytes_of(comm.dtype), rounded up to a multiple of
