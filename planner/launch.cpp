@@ -670,8 +670,10 @@ MoerunLaunch moerun_launch(const Plan& plan, const HardwareProfile& hw, const st
   // CUDA: no core binding (moerun's host threads feed the GPU), NCCL's warnings in the job's output.
   out.mpirun = fmt::format("mpirun -np {} --map-by ppr:{}:node {}{}", plan.gpus, n.ranks_per_node,
                            cuda ? "--bind-to none -x NCCL_DEBUG=WARN " : "", run);
-  out.srun = fmt::format("srun --mpi=pmix --nodes={} --ntasks-per-node={} {}{}", n.nodes, n.ranks_per_node,
-                         cuda ? fmt::format("--gpus-per-node={} ", n.ranks_per_node) : "", run);
+  out.srun_prefix =
+      fmt::format("srun --mpi=pmix --nodes={} --ntasks-per-node={}{}", n.nodes, n.ranks_per_node,
+                  cuda ? fmt::format(" --gpus-per-node={}", n.ranks_per_node) : "");
+  out.srun = out.srun_prefix + " " + run;
   return out;
 }
 
@@ -735,7 +737,6 @@ std::string slurm_script(const Plan& plan, const ModelSpec& model, const Hardwar
   if (!calibrate) return s + run.srun + "\n";
 
   // Measure first, then predict on what was measured, run, and compare op by op.
-  const std::string srun = run.srun.substr(0, run.srun.find(" moerun run "));
   const std::string dir = shell_word(run_dir), bench_dir = shell_word(run_dir + "/bench");
   std::string base;
   if (backend == "cuda") {
@@ -754,8 +755,8 @@ std::string slurm_script(const Plan& plan, const ModelSpec& model, const Hardwar
       "and "
       "an all-to-all-v with a hot receiver over groups of 2, 4, ... ranks and all {}\n",
       n.nodes, plan.gpus);
-  s += fmt::format("{} moerun bench --backend {}{} --out {} ${{MOERUN_BENCH_FLAGS:-}}\n", srun, backend, base,
-                   bench_dir);
+  s += fmt::format("{} moerun bench --backend {}{} --out {} ${{MOERUN_BENCH_FLAGS:-}}\n", run.srun_prefix,
+                   backend, base, bench_dir);
   s += "# 2. a hardware profile fitted from those measurements, and its fit report\n";
   s += fmt::format("moeplan calibrate --bench {} -o {}/hardware.json --report >{}/calibrate.txt\n", bench_dir,
                    dir, dir);

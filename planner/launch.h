@@ -29,6 +29,7 @@ struct MoerunLaunch {
   std::string plan_json;  // plan_to_json, indented, final newline
   std::string mpirun;     // mpirun -np <gpus> --map-by ppr:<G>:node ... moerun run <plan> --backend B ...
   std::string srun;  // srun --mpi=pmix --nodes=<N> --ntasks-per-node=<G> [--gpus-per-node=<G>] moerun ...
+  std::string srun_prefix;  // the srun line up to the moerun command, for other moerun commands on the ranks
 };
 MoerunLaunch moerun_launch(const Plan& plan, const HardwareProfile& hw, const std::string& plan_path,
                            const std::string& run_dir, const std::string& backend);

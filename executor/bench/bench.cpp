@@ -558,11 +558,10 @@ Result<BenchSummary> run_bench(const BenchOptions& options, MPI_Comm world) {
   for (int g = 2; g < nranks; g *= 2) group_sizes.push_back(g);
   if (nranks >= 2) group_sizes.push_back(nranks);
   // Per-rank buffers of the all-to-all-v with a hot receiver: three sizes up to the sweeps' largest.
-  std::vector<int64_t> skew_bytes;
-  for (int64_t b : quick ? std::vector<int64_t>{int64_t{4} << 10, int64_t{64} << 10}
-                         : std::vector<int64_t>{int64_t{64} << 10, int64_t{1} << 20, int64_t{16} << 20}) {
-    if (b <= max_bytes) skew_bytes.push_back(b);
-  }
+  const std::vector<int64_t> skew_bytes = alltoall_skew_sizes(
+      quick ? std::vector<int64_t>{int64_t{4} << 10, int64_t{64} << 10}
+            : std::vector<int64_t>{int64_t{64} << 10, int64_t{1} << 20, int64_t{16} << 20},
+      max_bytes);
   std::string skew_csv = alltoall_skew_head(fmt::format(
       "measured by moerun bench (B1): the Communicator (fp32 wire) over MPI, {}; time = median over {} "
       "iterations of the slowest rank",
@@ -678,6 +677,11 @@ SkewCounts skew_counts(int n, int me, int64_t values, double hot_factor) {
   c.sent = hot + cold * (n - 1);
   c.hot_factor = c.sent > 0 ? static_cast<double>(hot) * n / static_cast<double>(c.sent) : 1.0;
   return c;
+}
+
+std::vector<int64_t> alltoall_skew_sizes(std::vector<int64_t> sizes, int64_t max_bytes) {
+  std::erase_if(sizes, [max_bytes](int64_t b) { return b > max_bytes; });
+  return sizes;
 }
 
 std::string alltoall_skew_head(const std::string& what) {

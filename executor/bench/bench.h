@@ -79,6 +79,8 @@ struct SkewCounts {
   double hot_factor = 1;            // rank 0 receives hot_factor x sent
 };
 SkewCounts skew_counts(int n, int me, int64_t values, double hot_factor);
+// The buffer sizes of the table that fit under `max_bytes`, in order.
+std::vector<int64_t> alltoall_skew_sizes(std::vector<int64_t> sizes, int64_t max_bytes);
 // The table's head: its "# source:" line (what ran and how it was timed), then the columns.
 std::string alltoall_skew_head(const std::string& what);
 std::string alltoall_skew_row(int ranks, int nodes, const SkewCounts& c, double time_us);

@@ -506,11 +506,10 @@ Result<BenchSummary> run_cuda_bench(const CudaBenchOptions& options, MPI_Comm wo
     for (int g = 2; g < nranks; g *= 2) sizes.push_back(g);
     sizes.push_back(nranks);
     // Per-rank buffers of the all-to-all-v with a hot receiver: three sizes up to the sweeps' largest.
-    std::vector<int64_t> skew_bytes;
-    for (int64_t b : quick ? std::vector<int64_t>{int64_t{64} << 10, int64_t{1} << 20}
-                           : std::vector<int64_t>{int64_t{1} << 20, int64_t{16} << 20, int64_t{256} << 20}) {
-      if (b <= max_bytes) skew_bytes.push_back(b);
-    }
+    const std::vector<int64_t> skew_bytes = alltoall_skew_sizes(
+        quick ? std::vector<int64_t>{int64_t{64} << 10, int64_t{1} << 20}
+              : std::vector<int64_t>{int64_t{1} << 20, int64_t{16} << 20, int64_t{256} << 20},
+        max_bytes);
     std::string skew_csv = alltoall_skew_head(fmt::format(
         "{}: moerun's NCCL communicator (fp32), NCCL {}; time = the slowest rank's mean over {} back-to-back "
         "calls between CUDA events",

@@ -128,6 +128,17 @@ TableFit collective_fit(const CollectiveCurve& c, const HardwareProfile& hw) {
   return t;
 }
 
+// A collective over `n` consecutive ranks of one group, as the facts and the all-to-all-v table price it.
+CommSpec group_comm(Collective c, int64_t n, double bytes) {
+  CommSpec s;
+  s.collective = c;
+  s.group = CommGroup::kEp;
+  s.group_size = static_cast<int32_t>(n);
+  s.stride = 1;
+  s.bytes = bytes;
+  return s;
+}
+
 // An all-to-all-v table with a hot receiver, priced as the lowering prices a routed exchange: a uniform
 // all-to-all of the busiest rank's bytes (hot_factor x bytes) on the profile's all-to-all curve for the
 // group. Shown as the busiest rank's bus bandwidth, hot_factor x bytes x (n - 1) / n over the time.
@@ -144,12 +155,7 @@ TableFit alltoall_skew_fit(const AllToAllSkewTable& a, const cost::CostModel& cm
   std::vector<std::pair<double, bool>> errs;
   std::map<double, std::pair<double, int>> log_ratio_by_hot;  // sum of log(measured / priced time), count
   for (const AllToAllSkewPoint& p : a.points) {
-    CommSpec s;
-    s.collective = Collective::kAllToAll;
-    s.group = CommGroup::kEp;
-    s.group_size = static_cast<int32_t>(a.ranks);
-    s.stride = 1;
-    s.bytes = d(p.bytes) * p.hot_factor;
+    const CommSpec s = group_comm(Collective::kAllToAll, a.ranks, d(p.bytes) * p.hot_factor);
     const double priced = cm.collective_seconds(s, nullptr, nullptr);
     const double busiest = s.bytes * f;
     t.points.push_back({fmt::format("{} x{:.3g}", size_label(d(p.bytes)), p.hot_factor),
@@ -383,15 +389,7 @@ FitReport fit_report(const HardwareProfile& hw, const StackProfile& stack) {
     r.tables.push_back(alltoall_skew_fit(a, cm));
 
   // Facts the sources state (hopper-hardware.md §1.2, §2.2, §2.4, §2.7).
-  auto comm = [](Collective c, int64_t n, double bytes) {
-    CommSpec s;
-    s.collective = c;
-    s.group = CommGroup::kEp;
-    s.group_size = static_cast<int32_t>(n);
-    s.stride = 1;
-    s.bytes = bytes;
-    return s;
-  };
+  const auto comm = group_comm;
   const int64_t gpn = hw.node.gpus_per_node.value;
   const double nvlink = hw.node.nvlink_bw_achieved_bytes_per_s.value;
   bool has_nvls8 = false;
