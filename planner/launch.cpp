@@ -753,10 +753,11 @@ std::string slurm_script(const Plan& plan, const ModelSpec& model, const Hardwar
       "flags to the two moerun commands (e.g. --max-bytes, --steps)\n"
       "# 1. measure the {} node(s): GEMM, grouped GEMM, attention and HBM tables; nccl-tests-format sweeps "
       "and "
-      "an all-to-all-v with a hot receiver over groups of 2, 4, ... ranks and all {}\n",
+      "an all-to-all-v with a hot receiver over groups of 2, 4, ... ranks and all {}, and over the plan's "
+      "expert-parallel group at its busiest rank's load\n",
       n.nodes, plan.gpus);
-  s += fmt::format("{} moerun bench --backend {}{} --out {} ${{MOERUN_BENCH_FLAGS:-}}\n", run.srun_prefix,
-                   backend, base, bench_dir);
+  s += fmt::format("{} moerun bench --backend {}{} --plan {} --out {} ${{MOERUN_BENCH_FLAGS:-}}\n",
+                   run.srun_prefix, backend, base, shell_word(plan_path), bench_dir);
   s += "# 2. a hardware profile fitted from those measurements, and its fit report\n";
   s += fmt::format("moeplan calibrate --bench {} -o {}/hardware.json --report >{}/calibrate.txt\n", bench_dir,
                    dir, dir);

@@ -416,6 +416,8 @@ Result<BenchSummary> run_bench(const BenchOptions& options, MPI_Comm world) {
   MOEPLAN_MPI_CHECK(MPI_Comm_rank(world, &me));
   MOEPLAN_MPI_CHECK(MPI_Comm_size(world, &nranks));
   const Machine machine = describe_machine();
+  // Every rank sees the same world size, so every rank returns this error (no rank waits on another).
+  if (auto fits = check_plan_exchange(options.plan_exchange, nranks); !fits) return fits.error();
 
   // Rank 0 prepares the directory; every rank learns whether it can go on.
   std::string dir_error;
@@ -603,7 +605,30 @@ Result<BenchSummary> run_bench(const BenchOptions& options, MPI_Comm world) {
     }
     MOEPLAN_MPI_CHECK(MPI_Barrier(world));
   }
-  if (!group_sizes.empty() && !skew_bytes.empty()) emit("alltoall_skew.csv", skew_csv);
+  // The plan's own routed exchange: its EP group at its busiest rank's load, at the table's sizes and its
+  // own.
+  if (const PlanExchange& x = options.plan_exchange; x.size >= 2) {
+    MPI_Comm sub = MPI_COMM_NULL;
+    MOEPLAN_MPI_CHECK(MPI_Comm_split(world, in_plan_exchange(x, me) ? 0 : MPI_UNDEFINED, me, &sub));
+    if (sub != MPI_COMM_NULL) {
+      std::vector<int> members;
+      std::set<std::string> hosts;
+      for (int r = 0; r < nranks; ++r) {
+        if (!in_plan_exchange(x, r)) continue;
+        members.push_back(r);
+        hosts.insert(ranks[static_cast<size_t>(r)].host);
+      }
+      MpiCommunicator comm(sub, group_name("bench-plan", members));
+      for (const auto& [bytes, hot] : plan_exchange_rows(x, skew_bytes, max_bytes)) {
+        const SkewCounts counts = skew_counts(x.size, comm.rank(), std::max<int64_t>(1, bytes / 4), hot);
+        const double t = time_alltoall_skew(comm, counts, warmup, iters);
+        skew_csv += alltoall_skew_row(x.size, static_cast<int>(hosts.size()), counts, t * 1e6);
+      }
+    }
+    MOEPLAN_MPI_CHECK(MPI_Barrier(world));
+  }
+  if ((!group_sizes.empty() && !skew_bytes.empty()) || options.plan_exchange.size >= 2)
+    emit("alltoall_skew.csv", skew_csv);
 
   // profile.json: the hardware-profile fields of hwprofiles/*.json, from the measurements above.
   if (me == 0) {
@@ -695,6 +720,34 @@ std::string alltoall_skew_head(const std::string& what) {
 
 std::string alltoall_skew_row(int ranks, int nodes, const SkewCounts& c, double time_us) {
   return fmt::format("{},{},{},{:.6g},{:.6g}\n", ranks, nodes, c.sent * 4, c.hot_factor, time_us);
+}
+
+std::vector<std::pair<int64_t, double>> plan_exchange_rows(const PlanExchange& x, std::vector<int64_t> sizes,
+                                                           int64_t max_bytes) {
+  sizes.push_back(std::max<int64_t>(4, std::min(x.bytes, max_bytes) / 4 * 4));
+  std::sort(sizes.begin(), sizes.end());
+  sizes.erase(std::unique(sizes.begin(), sizes.end()), sizes.end());
+  std::vector<std::pair<int64_t, double>> rows;
+  for (int64_t b : sizes) {
+    rows.emplace_back(b, 1.0);
+    if (x.hot_factor > 1.0) rows.emplace_back(b, x.hot_factor);
+  }
+  return rows;
+}
+
+bool in_plan_exchange(const PlanExchange& x, int r) {
+  return x.size >= 2 && r % x.stride == 0 && r / x.stride < x.size;
+}
+
+Result<bool> check_plan_exchange(const PlanExchange& x, int nranks) {
+  if (x.size < 2) return true;
+  const int64_t needs = int64_t{x.size - 1} * x.stride + 1;
+  if (needs > nranks) {
+    return Error{fmt::format(
+        "--plan {}: its expert-parallel group ({} ranks, {} apart) needs {} ranks; this bench has {}", x.plan,
+        x.size, x.stride, needs, nranks)};
+  }
+  return true;
 }
 
 double mean_over(MPI_Comm comm, double x) {

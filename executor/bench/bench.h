@@ -8,17 +8,29 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "simulator/core/status.h"
 
 namespace moeplan::executor {
 
+// A plan's own routed exchange (`moerun bench --plan`): its EP group, `size` ranks `stride` apart from world
+// rank 0, whose busiest rank draws `hot_factor` times the mean of `bytes` per rank. The bench times it in the
+// all-to-all-v table besides the standard groups. size 0: none.
+struct PlanExchange {
+  int size = 0, stride = 1;
+  double hot_factor = 1;
+  int64_t bytes = 0;  // the mean rank's send buffer
+  std::string plan;   // the plan file (the table's source line names it)
+};
+
 struct BenchOptions {
   std::string out_dir;    // created if missing; rank 0 writes into it
   std::string name;       // profile name; empty: "cpu-" + hostname
   bool quick = false;     // few shapes, small arrays, collectives up to 64 KiB (for tests)
   int64_t max_bytes = 0;  // largest collective message (nccl-tests size), bytes; 0: 64 MiB (quick: 64 KiB)
+  PlanExchange plan_exchange;
 };
 
 struct BenchSummary {
@@ -84,6 +96,14 @@ std::vector<int64_t> alltoall_skew_sizes(std::vector<int64_t> sizes, int64_t max
 // The table's head: its "# source:" line (what ran and how it was timed), then the columns.
 std::string alltoall_skew_head(const std::string& what);
 std::string alltoall_skew_row(int ranks, int nodes, const SkewCounts& c, double time_us);
+// The plan exchange's rows, (buffer bytes, hot factor): each of the table's `sizes` and the plan's own bytes
+// (cut to max_bytes, rounded down to whole fp32 values), at hot factor 1 and at the plan's.
+std::vector<std::pair<int64_t, double>> plan_exchange_rows(const PlanExchange& x, std::vector<int64_t> sizes,
+                                                           int64_t max_bytes);
+// Whether world rank `r` belongs to the plan exchange's group, and an error when a world of `nranks` ranks
+// cannot hold the group.
+bool in_plan_exchange(const PlanExchange& x, int r);
+Result<bool> check_plan_exchange(const PlanExchange& x, int nranks);
 
 // The mean and the largest of `x` over the ranks of `comm` (every rank gets it; collective over `comm`).
 double mean_over(MPI_Comm comm, double x);

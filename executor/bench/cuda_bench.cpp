@@ -288,6 +288,8 @@ Result<BenchSummary> run_cuda_bench(const CudaBenchOptions& options, MPI_Comm wo
   MOEPLAN_MPI_CHECK(MPI_Comm_rank(world, &me));
   MOEPLAN_MPI_CHECK(MPI_Comm_size(world, &nranks));
   const BenchOptions& o = options.bench;
+  // Every rank sees the same world size, so every rank returns this error (no rank waits on another).
+  if (auto fits = check_plan_exchange(o.plan_exchange, nranks); !fits) return fits.error();
 
   // Each rank's GPU: one per local rank.
   std::string error;
@@ -570,7 +572,28 @@ Result<BenchSummary> run_cuda_bench(const CudaBenchOptions& options, MPI_Comm wo
       MOEPLAN_MPI_CHECK(MPI_Comm_free(&mpi));
       MOEPLAN_MPI_CHECK(MPI_Barrier(world));
     }
-    if (!skew_bytes.empty()) emit("alltoall_skew.csv", skew_csv);
+    // The plan's own routed exchange: its EP group at its busiest rank's load, at the table's sizes and its
+    // own.
+    if (const PlanExchange& x = o.plan_exchange; x.size >= 2) {
+      const int color = in_plan_exchange(x, me) ? 0 : 1;
+      auto sub = nccl_world.value()->split(color, me, "bench-plan");
+      if (!sub) return Error{sub.error().message};
+      MPI_Comm mpi = MPI_COMM_NULL;
+      MOEPLAN_MPI_CHECK(MPI_Comm_split(world, color, me, &mpi));
+      if (color == 0) {
+        std::set<std::string> hosts;
+        for (int r = 0; r < nranks; ++r)
+          if (in_plan_exchange(x, r)) hosts.insert(ranks[static_cast<size_t>(r)].host);
+        for (const auto& [bytes, hot] : plan_exchange_rows(x, skew_bytes, max_bytes)) {
+          const SkewCounts counts = skew_counts(x.size, me / x.stride, std::max<int64_t>(1, bytes / 4), hot);
+          const double t = time_alltoall_skew(*sub.value(), mpi, counts, warmup, iters, stream);
+          skew_csv += alltoall_skew_row(x.size, static_cast<int>(hosts.size()), counts, t * 1e6);
+        }
+      }
+      MOEPLAN_MPI_CHECK(MPI_Comm_free(&mpi));
+      MOEPLAN_MPI_CHECK(MPI_Barrier(world));
+    }
+    if (!skew_bytes.empty() || o.plan_exchange.size >= 2) emit("alltoall_skew.csv", skew_csv);
   }
   MOERUN_CUDA_CHECK(cudaStreamDestroy(stream));
 

@@ -7,17 +7,46 @@
 
 #include "executor/bench/bench.h"
 #include "executor/moerun/moerun_cli.h"
+#include "executor/runtime/run_inputs.h"
 #if MOERUN_WITH_CUDA
 #include "executor/bench/cuda_bench.h"
 #endif
 
 namespace moeplan::executor::cli {
+namespace {
+
+// The plan's routed all-to-all as its lowering states it (the first expert-parallel all-to-all that is not
+// DeepEP's or HybridEP's own exchange): its group and its busiest rank's load. size 0 when it has none.
+Result<PlanExchange> plan_exchange(const std::string& path) {
+  Result<RunInputs> in = load_run_inputs(path);
+  if (!in) return in.error();
+  PlanExchange x;
+  x.plan = path;
+  if (!in.value().violations.empty()) {
+    const Violation& v = in.value().violations.front();
+    return Error{fmt::format("--plan {}: the plan breaks {}: {}", path, v.rule, v.reason)};
+  }
+  for (const Op& op : in.value().graph.ops) {
+    if (op.kind != OpKind::kCollective && op.kind != OpKind::kFusedGemmComm) continue;
+    const CommSpec& c = op.comm;
+    if (c.collective != Collective::kAllToAll || c.group != CommGroup::kEp || c.node_dedup) continue;
+    x.size = c.group_size;
+    x.stride = c.stride;
+    x.hot_factor = c.hot_factor;
+    x.bytes = static_cast<int64_t>(c.bytes / c.hot_factor);
+    break;
+  }
+  return x;
+}
+
+}  // namespace
 
 Runner add_bench(CLI::App& app) {
   struct Options {
     BenchOptions bench;
     std::string backend = "cpu";
     std::string base = "h100-sxm";
+    std::string plan;
   };
   auto options = std::make_shared<Options>();
   app.add_option("--out", options->bench.out_dir, "directory for profile.json, *.csv and *_perf.n*.txt")
@@ -37,7 +66,21 @@ Runner add_bench(CLI::App& app) {
       "--base", options->base,
       "cuda: the hardware profile (file or built-in name) whose fields the bench cannot measure are "
       "kept, with their sources (default h100-sxm)");
+  app.add_option("--plan", options->plan,
+                 "also time the plan's own routed all-to-all (its expert-parallel group, at its busiest "
+                 "rank's load and bytes) in alltoall_skew.csv");
   return [options](int world_rank, int /*world_size*/) {
+    if (!options->plan.empty()) {
+      Result<PlanExchange> x = plan_exchange(options->plan);
+      if (!x) return bad_input(world_rank, x.error().message);
+      options->bench.plan_exchange = x.value();
+      if (x.value().size < 2 && world_rank == 0) {
+        fmt::print(
+            "moerun bench: --plan {}: no routed all-to-all the table prices (expert parallelism 1, or "
+            "DeepEP / HybridEP / all-gather dispatch); the standard groups only\n",
+            options->plan);
+      }
+    }
     Result<BenchSummary> result = Error{"unset"};
     if (options->backend == "cuda") {
 #if MOERUN_WITH_CUDA

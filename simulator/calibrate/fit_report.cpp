@@ -139,17 +139,20 @@ CommSpec group_comm(Collective c, int64_t n, double bytes) {
   return s;
 }
 
-// An all-to-all-v table with a hot receiver, priced as the lowering prices a routed exchange: a uniform
-// all-to-all of the busiest rank's bytes (hot_factor x bytes) on the profile's all-to-all curve for the
-// group. Shown as the busiest rank's bus bandwidth, hot_factor x bytes x (n - 1) / n over the time.
+// An all-to-all-v table with a hot receiver, priced as a routed exchange is priced where no such table holds
+// its group: a uniform all-to-all of the busiest rank's bytes (hot_factor x bytes) on the profile's
+// all-to-all curve for the group. Where the table holds the group the cost model prices from the table
+// itself (cost::hot_receiver_slowdown), so this says how far that rule would be off. Shown as the busiest
+// rank's bus bandwidth, hot_factor x bytes x (n - 1) / n over the time.
 TableFit alltoall_skew_fit(const AllToAllSkewTable& a, const cost::CostModel& cm) {
   TableFit t;
   t.kind = "alltoall_skew";
   t.label =
       fmt::format("alltoall, hot receiver, {} ranks / {} node{}", a.ranks, a.nodes, a.nodes > 1 ? "s" : "");
   t.model =
-      "a uniform all-to-all of the busiest rank's bytes (hot_factor x bytes), as the lowering prices a "
-      "routed dispatch, on the profile's all-to-all curve; not fitted to this table";
+      "a uniform all-to-all of the busiest rank's bytes (hot_factor x bytes) on the profile's all-to-all "
+      "curve, the rule for routed exchanges of groups without such a table; not fitted to this table (the "
+      "cost model prices this group's routed exchanges from the table itself)";
   t.source = a.source;
   const double f = cost::busbw_factor(Collective::kAllToAll, a.ranks);
   std::vector<std::pair<double, bool>> errs;

@@ -84,6 +84,10 @@ struct CommSpec {
   double bytes = 0;    // message size as nccl-tests counts it (the full buffer of the collective)
   double nic_bytes_scale =
       1.0;  // bytes over the NIC relative to a plain collective (node-deduplicated dispatch < 1)
+  // A routed all-to-all under skewed routing: the busiest rank's bytes over the mean rank's (`bytes` are the
+  // busiest rank's). Priced from the profile's measured all-to-all-v table with a hot receiver where it
+  // holds the group, else as a uniform exchange of `bytes`.
+  double hot_factor = 1.0;
 };
 
 struct Op {

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 
 #include "simulator/core/units.h"
 
@@ -154,6 +155,63 @@ double curve_seconds(const CurveModel& m, Collective c, int64_t n, double bytes)
   const auto& first = m.points.front();
   if (bytes <= first.first) return first.first * f / first.second;  // latency floor
   return bytes * f / log_interpolate(m.points, bytes);
+}
+
+namespace {
+
+// One measured size's slowdown at `hot` from its (hot factor, seconds) points, hot factor 1 among them.
+HotReceiverSlowdown slowdown_at_size(std::vector<std::pair<double, double>> pts, double hot) {
+  std::sort(pts.begin(), pts.end());
+  const double uniform = pts.front().second;  // hot factor 1 sorts first (the loader holds hot >= 1)
+  auto ratio = [&](size_t i) { return std::max(1.0, pts[i].second / uniform); };
+  if (hot <= 1.0) return {1.0, false};
+  const size_t last = pts.size() - 1;
+  if (hot >= pts[last].first) {
+    const double at = last == 0 ? 1.0 : ratio(last);
+    return {at * hot / pts[last].first, hot > pts[last].first * (1 + 1e-9)};
+  }
+  size_t hi = 1;
+  while (pts[hi].first < hot) ++hi;
+  const double w = (hot - pts[hi - 1].first) / (pts[hi].first - pts[hi - 1].first);
+  const double lo_ratio = hi - 1 == 0 ? 1.0 : ratio(hi - 1);
+  return {lo_ratio + (ratio(hi) - lo_ratio) * w, false};
+}
+
+}  // namespace
+
+std::optional<HotReceiverSlowdown> hot_receiver_slowdown(const AllToAllSkewTable& t, double bytes,
+                                                         double hot_factor) {
+  // Per size, the mean time at each hot factor (repeated rows are averaged).
+  std::map<int64_t, std::map<double, std::pair<double, int>>> by_size;
+  for (const AllToAllSkewPoint& p : t.points) {
+    auto& [sum, n] = by_size[p.bytes][std::round(p.hot_factor * 1e6) / 1e6];
+    sum += p.seconds;
+    ++n;
+  }
+  std::vector<std::pair<double, std::vector<std::pair<double, double>>>> sizes;  // (bytes, (hot, s))
+  for (const auto& [size, by_hot] : by_size) {
+    if (by_hot.begin()->first != 1.0) continue;  // no uniform exchange measured at this size
+    std::vector<std::pair<double, double>> pts;
+    for (const auto& [hot, acc] : by_hot) pts.emplace_back(hot, acc.first / acc.second);
+    sizes.emplace_back(static_cast<double>(size), std::move(pts));
+  }
+  if (sizes.empty()) return std::nullopt;
+  if (bytes <= sizes.front().first || sizes.size() == 1) {
+    HotReceiverSlowdown s = slowdown_at_size(sizes.front().second, hot_factor);
+    s.extrapolated |= bytes < sizes.front().first * (1 - 1e-9) || bytes > sizes.front().first * (1 + 1e-9);
+    return s;
+  }
+  if (bytes >= sizes.back().first) {
+    HotReceiverSlowdown s = slowdown_at_size(sizes.back().second, hot_factor);
+    s.extrapolated |= bytes > sizes.back().first * (1 + 1e-9);
+    return s;
+  }
+  size_t hi = 1;
+  while (sizes[hi].first < bytes) ++hi;
+  const HotReceiverSlowdown a = slowdown_at_size(sizes[hi - 1].second, hot_factor);
+  const HotReceiverSlowdown b = slowdown_at_size(sizes[hi].second, hot_factor);
+  const double w = std::log(bytes / sizes[hi - 1].first) / std::log(sizes[hi].first / sizes[hi - 1].first);
+  return HotReceiverSlowdown{a.factor + (b.factor - a.factor) * w, a.extrapolated || b.extrapolated};
 }
 
 }  // namespace moeplan::cost

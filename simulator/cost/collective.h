@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -64,5 +65,20 @@ CurveModel fit_curve(Collective c, int64_t n, const std::vector<std::pair<double
 // Time of `bytes` over n ranks from a curve measured at any rank count (busbw is per-size, the factor is
 // n's).
 double curve_seconds(const CurveModel& m, Collective c, int64_t n, double bytes);
+
+// What a hot receiver costs, from a measured all-to-all-v table (moerun bench's alltoall_skew.csv): the time
+// of the exchange whose busiest receiver draws `hot_factor` times the mean, over the time of the uniform
+// exchange of the same `bytes` per rank, t(bytes, hot) / t(bytes, 1).
+//   - Per measured size: linear in the hot factor between the measured ones (1 at hot factor 1). Beyond the
+//     largest, the busiest rank's extra bytes scale the time linearly from there (extrapolated). A measured
+//     ratio below 1 (a hot receiver faster than none: timing noise) counts as 1.
+//   - Between measured sizes: linear in log bytes; outside them, the nearest size's ratio (extrapolated).
+// Only sizes measured at hot factor 1 count; nullopt when none is.
+struct HotReceiverSlowdown {
+  double factor = 1;
+  bool extrapolated = false;
+};
+std::optional<HotReceiverSlowdown> hot_receiver_slowdown(const AllToAllSkewTable& t, double bytes,
+                                                         double hot_factor);
 
 }  // namespace moeplan::cost

@@ -45,6 +45,7 @@ uint64_t cost_fields_hash(const Op& op) {
            u(op.attn.qk_dim) | (u(op.attn.causal) << 32) | (u(op.attn.seq_q) << 33));
   h = fold(h, u(op.comm.group_size) | (u(op.comm.stride) << 32), bits(op.comm.bytes));
   h = fold(h, bits(op.comm.nic_bytes_scale), bits(op.aux_bytes));
+  h = fold(h, bits(op.comm.hot_factor), 0);
   return h;
 }
 

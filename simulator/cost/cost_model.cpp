@@ -574,6 +574,24 @@ double CostModel::collective_seconds(const CommSpec& c, double* rel_error, Resou
     if (rel_error) *rel_error = 0;
     return 0;
   }
+  if (c.collective == Collective::kAllToAll && c.hot_factor > 1.0 && !c.node_dedup) {
+    // A routed exchange under skewed routing: the uniform exchange of the mean rank's bytes, slowed as the
+    // profile's all-to-all-v table with a hot receiver measured it for this group shape. The combine's
+    // busiest rank sends rather than receives; the table prices it alike (assumed: not measured apart).
+    for (const AllToAllSkewTable& t : hw_.calibration.alltoall_skew) {
+      if (t.ranks != p.ranks || t.nodes != p.nodes) continue;
+      CommSpec mean = c;
+      mean.bytes = c.bytes / c.hot_factor;
+      mean.hot_factor = 1.0;
+      const std::optional<HotReceiverSlowdown> s = hot_receiver_slowdown(t, mean.bytes, c.hot_factor);
+      if (!s) break;
+      if (s->extrapolated) {
+        note("all-to-all-v with a hot receiver on {} ranks / {} node(s): beyond the measured table", t.ranks,
+             t.nodes);
+      }
+      return collective_seconds(mean, rel_error, resource) * s->factor;
+    }
+  }
   if (p.nodes == 1) {
     if (resource) *resource = Resource::kNvlink;
     return intra_node_seconds(c.collective, p.ranks, c.bytes, rel_error);

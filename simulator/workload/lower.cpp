@@ -239,6 +239,20 @@ class Builder {
     op.dtype = dtype;
     return op;
   }
+  // The busiest EP rank's routed rows over the mean rank's (from the routing model; the slowest rank
+  // decides).
+  double load_scale() const {
+    return spec_role_ == LayerRole::kDecoder ? o_.decoder_expert_load_scale : o_.expert_load_scale;
+  }
+  // A routed all-to-all whose bytes are the busiest rank's: it carries the load scale as its hot factor.
+  CommSpec routed(CommSpec c) const {
+    c.hot_factor = load_scale();
+    return c;
+  }
+  Op routed(Op op) const {
+    op.comm = routed(op.comm);
+    return op;
+  }
   Op fused(OpName name, Op gemm_part, CommSpec c) const {
     gemm_part.name = static_cast<uint16_t>(name);
     gemm_part.kind = OpKind::kFusedGemmComm;
@@ -808,10 +822,11 @@ int Builder::moe_dispatch_megatron(int r, double rows, double ep_rows, int64_t f
     node_ = Node::kDispatch;
     const int sync =
         o_.dispatcher_host_sync ? record(host_wait(8.0 * d(e.num_experts * ep_)), {c}, false, true) : c;
-    y = record(coll(OpName::kDispatchA2a, Collective::kAllToAll, CommGroup::kEp, rows * d(h) * dt), {y, sync},
-               true);
+    y = record(routed(coll(OpName::kDispatchA2a, Collective::kAllToAll, CommGroup::kEp, rows * d(h) * dt)),
+               {y, sync}, true);
     // The probs all-to-all (the router dtype), beside the tokens.
-    y = record(coll(OpName::kProbsA2a, Collective::kAllToAll, CommGroup::kEp, rows * probs_bytes), {y}, true);
+    y = record(routed(coll(OpName::kProbsA2a, Collective::kAllToAll, CommGroup::kEp, rows * probs_bytes)),
+               {y}, true);
   }
   node_ = Node::kMlp;
   if (etp_ > 1 && !gather_mode) {
@@ -845,7 +860,8 @@ int Builder::moe_dispatch_megatron(int r, double rows, double ep_rows, int64_t f
     rs.comm.stride = 1;
     y = record(rs, {y});
   } else {
-    y = record(coll(OpName::kCombineA2a, Collective::kAllToAll, CommGroup::kEp, rows * d(h) * dt), {y});
+    y = record(routed(coll(OpName::kCombineA2a, Collective::kAllToAll, CommGroup::kEp, rows * d(h) * dt)),
+               {y});
   }
   return y;
 }
@@ -1008,7 +1024,7 @@ int Builder::moe_fwd(int in) {
   const bool decoder = spec_role_ == LayerRole::kDecoder;
   const double kept = 1.0 - (decoder ? o_.decoder_dropped_fraction : o_.dropped_fraction);
   // Rows routed to the busiest rank of the EP group (the slowest rank decides).
-  const double rows = d(t_ * k) * (decoder ? o_.decoder_expert_load_scale : o_.expert_load_scale) * kept;
+  const double rows = d(t_ * k) * load_scale() * kept;
   const bool fp8_dispatch = p_.compression.dispatch == DispatchPrecision::kFp8;
   const DType dispatch_dt = fp8_dispatch ? DType::kFp8 : dt_;
   const double dispatch_elt = fp8_dispatch ? bytes_of(DType::kFp8) * kFp8ScaleOverhead : dt;
@@ -1085,8 +1101,8 @@ int Builder::moe_fwd(int in) {
     } else {
       y = record(walks(mem(OpName::kPermute, MemOp::kPermute, 2.0 * d(t_ * k * h) * dt), d(t_), h, k), {r},
                  true);
-      Op a2a = coll(OpName::kDispatchA2a, Collective::kAllToAll, CommGroup::kEp, rows * d(h) * dispatch_elt,
-                    dispatch_dt);
+      Op a2a = routed(coll(OpName::kDispatchA2a, Collective::kAllToAll, CommGroup::kEp,
+                           rows * d(h) * dispatch_elt, dispatch_dt));
       if (p_.experts.dispatch == Dispatch::kDedup) {
         const int64_t g = o_.gpus_per_node;
         const int64_t span = ep_ * etp_;  // ranks covered by the EP group's stride pattern
@@ -1118,7 +1134,8 @@ int Builder::moe_fwd(int in) {
       const Collective c = gather_mode ? Collective::kReduceScatter : Collective::kAllToAll;
       y = record(fused(gather_mode ? OpName::kFc2GatherRs : OpName::kFc2A2a,
                        grouped(OpName::kExpertFc2, ep_rows, h, f_r, local_experts),
-                       comm(c, CommGroup::kEp, bytes, dt_)),
+                       gather_mode ? comm(c, CommGroup::kEp, bytes, dt_)
+                                   : routed(comm(c, CommGroup::kEp, bytes, dt_))),
                  {y});
     } else {
       y = expert_fc2(y, ep_rows, f_r, local_experts);
@@ -1132,7 +1149,8 @@ int Builder::moe_fwd(int in) {
         y = record(coll(OpName::kCombineRs, Collective::kReduceScatter, CommGroup::kEp, d(t_ * ep_ * h) * dt),
                    {y});
       } else {
-        y = record(coll(OpName::kCombineA2a, Collective::kAllToAll, CommGroup::kEp, rows * d(h) * dt), {y});
+        y = record(routed(coll(OpName::kCombineA2a, Collective::kAllToAll, CommGroup::kEp, rows * d(h) * dt)),
+                   {y});
       }
     }
   }

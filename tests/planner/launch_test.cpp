@@ -1034,7 +1034,7 @@ TEST_SUITE("planner") {
     const std::string srun = "srun --mpi=pmix --nodes=256 --ntasks-per-node=8 --gpus-per-node=8 ";
     const std::vector<std::string> steps = {
         srun + "moerun bench --backend cuda --base " + plan.hardware +
-            " --out runs/ds/bench ${MOERUN_BENCH_FLAGS:-}\n",
+            " --plan ds.json --out runs/ds/bench ${MOERUN_BENCH_FLAGS:-}\n",
         "moeplan calibrate --bench runs/ds/bench -o runs/ds/hardware.json --report >runs/ds/calibrate.txt\n",
         "moeplan simulate ds.json --hardware runs/ds/hardware.json --json >runs/ds/predicted.json\n",
         srun + "moerun run ds.json --backend cuda --out runs/ds ${MOERUN_RUN_FLAGS:-}\n",

@@ -132,6 +132,27 @@ TEST_SUITE("executor.bench") {
     }
   }
 
+  TEST_CASE("a plan's exchange is timed at the table's sizes and its own, uniform and at its load") {
+    PlanExchange x{.size = 4, .stride = 2, .hot_factor = 1.3, .bytes = 10'001, .plan = "p.json"};
+    using Row = std::pair<int64_t, double>;
+    // Its own bytes rounded down to whole fp32 values, in order among the table's sizes.
+    CHECK(
+        plan_exchange_rows(x, {4096, 65536}, 1 << 20) ==
+        std::vector<Row>{{4096, 1.0}, {4096, 1.3}, {10'000, 1.0}, {10'000, 1.3}, {65536, 1.0}, {65536, 1.3}});
+    // Cut to the largest message; a size the table already has is timed once; a uniform plan once per size.
+    CHECK(plan_exchange_rows(x, {4096}, 4096) == std::vector<Row>{{4096, 1.0}, {4096, 1.3}});
+    x.hot_factor = 1.0;
+    CHECK(plan_exchange_rows(x, {4096}, 1 << 20) == std::vector<Row>{{4096, 1.0}, {10'000, 1.0}});
+    // 4 ranks 2 apart: world ranks 0, 2, 4 and 6, so a world of 7 holds it and one of 6 does not.
+    for (int r = 0; r < 10; ++r) CHECK(in_plan_exchange(x, r) == (r % 2 == 0 && r < 8));
+    CHECK(check_plan_exchange(x, 7).ok());
+    const auto small = check_plan_exchange(x, 6);
+    REQUIRE_FALSE(small.ok());
+    CHECK(small.error().message ==
+          "--plan p.json: its expert-parallel group (4 ranks, 2 apart) needs 7 ranks; this bench has 6");
+    CHECK(check_plan_exchange(PlanExchange{}, 1).ok());  // none asked for
+  }
+
   TEST_CASE("the quick bench writes every file in the formats calibrate reads") {
     int me = 0, n = 0;
     MPI_Comm_rank(MPI_COMM_WORLD, &me);
@@ -143,6 +164,8 @@ TEST_SUITE("executor.bench") {
     BenchOptions options;
     options.out_dir = dir.string();
     options.quick = true;
+    // A plan's exchange over the first two ranks at 1.25x the mean, 8 KiB per rank.
+    options.plan_exchange = {.size = 2, .stride = 1, .hot_factor = 1.25, .bytes = 8192, .plan = "p.json"};
     auto result = run_bench(options, MPI_COMM_WORLD);
     REQUIRE(result.ok());
     const BenchSummary& s = result.value();
@@ -186,12 +209,16 @@ TEST_SUITE("executor.bench") {
         CHECK(text.find("\nmul,") != std::string::npos);
       }
       if (f == "alltoall_skew.csv") {
-        // ranks,nodes,bytes,hot_factor,time_us: two sizes x hot factors 1, 1.5 and 2 (4 is above 2 ranks).
+        // ranks,nodes,bytes,hot_factor,time_us: two sizes x hot factors 1, 1.5 and 2 (4 is above 2 ranks),
+        // then the plan's exchange: the two sizes and its 8 KiB x hot factors 1 and 1.25.
         figures = csv_figures(text, "ranks,nodes,bytes,hot_factor,time_us", 5);
-        CHECK(figures.size() == 2 * 3);
+        CHECK(figures.size() == 2 * 3 + 3 * 2);
         CHECK(text.find("\n2,1,4096,1,") != std::string::npos);
         CHECK(text.find("\n2,1,4096,1.5,") != std::string::npos);
         CHECK(text.find("\n2,1,65536,2,") != std::string::npos);
+        CHECK(text.find("\n2,1,8192,1,") != std::string::npos);
+        CHECK(text.find("\n2,1,8192,1.25,") != std::string::npos);
+        CHECK(text.find("\n2,1,65536,1.25,") != std::string::npos);
       }
       if (f.find("_perf.n") != std::string::npos) {
         const std::string collective = f.substr(0, f.find("_perf"));
@@ -218,7 +245,7 @@ TEST_SUITE("executor.bench") {
       const AllToAllSkewTable& skew = cpu.value().calibration.alltoall_skew[0];
       CHECK(skew.ranks == 2);
       CHECK(skew.nodes == 1);
-      CHECK(skew.points.size() == 6);
+      CHECK(skew.points.size() == 6 + 6);  // one table: the plan's group is the standard 2-rank one
       CHECK(skew.source.find("hot receiver") != std::string::npos);
     }
     std::filesystem::remove_all(dir);

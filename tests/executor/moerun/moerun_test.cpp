@@ -247,8 +247,8 @@ TEST_SUITE("moerun") {
                          "' --for slurm --backend cpu --calibrate --run-dir runs/r --out '" + script + "'")
                             .c_str()) == 0);
     const std::string text = slurp(script);
-    CHECK(text.find("srun --mpi=pmix --nodes=1 --ntasks-per-node=2 moerun bench --backend cpu --out "
-                    "runs/r/bench") != std::string::npos);
+    CHECK(text.find("srun --mpi=pmix --nodes=1 --ntasks-per-node=2 moerun bench --backend cpu --plan " +
+                    plan.string() + " --out runs/r/bench") != std::string::npos);
     CHECK(text.find("moeplan simulate") != std::string::npos);
     const std::string cmd = "cd '" + dir.string() + "' && PATH='" + bin.string() +
                             "':\"$PATH\" MOERUN_BENCH_FLAGS=--quick MOERUN_RUN_FLAGS='--steps 2 --warmup 1' "
@@ -257,7 +257,9 @@ TEST_SUITE("moerun") {
     const fs::path run = dir / "runs" / "r";
     REQUIRE_MESSAGE(WIFEXITED(status), slurp(dir / "job.err"));
     REQUIRE_MESSAGE(WEXITSTATUS(status) == 0, slurp(dir / "job.err"));
-    CHECK(fs::exists(run / "bench" / "alltoall_skew.csv"));
+    // The bench also timed the plan's own exchange (ep 2 over both ranks): its bytes per rank, uniform.
+    const std::string skew = slurp(run / "bench" / "alltoall_skew.csv");
+    CHECK(std::count(skew.begin(), skew.end(), '\n') > 2 + 2 * 3);
     CHECK(slurp(run / "calibrate.txt").find("alltoall, hot receiver, 2 ranks / 1 node") != std::string::npos);
     // The prediction is on the measured profile, not the plan's H100.
     const auto hw = nlohmann::json::parse(slurp(run / "hardware.json"));
@@ -267,6 +269,22 @@ TEST_SUITE("moerun") {
     CHECK(slurp(dir / "job.out").find(slurp(run / "compare.txt")) != std::string::npos);  // tee'd
     CHECK(slurp(run / "compare.txt").find("step") != std::string::npos);
     fs::remove_all(dir);
+    fs::remove(plan);
+  }
+
+  TEST_CASE("bench --plan needs a world that holds the plan's expert-parallel group, else exits 2") {
+    const fs::path plan = temp("wide.json"), out = temp("wide_out");
+    std::ofstream(plan) << "{\"model\": \"" MOEPLAN_SOURCE_DIR
+                           "/models/tiny-moe.json\", \"hardware\": \"h100-sxm\", "
+                           "\"stack\": \"moerun\", \"gpus\": 4, \"seq_len\": 128, \"global_batch\": 4, "
+                           "\"experts\": {\"ep\": 4}}";
+    const Run r = mpirun(2, "bench --quick --plan '" + plan.string() + "' --out '" + out.string() + "'");
+    CHECK(r.exit_code == 2);
+    CHECK_MESSAGE(moerun_lines(r.err) == 1, r.err);
+    CHECK(r.err.find("its expert-parallel group (4 ranks, 1 apart) needs 4 ranks; this bench has 2") !=
+          std::string::npos);
+    CHECK_FALSE(fs::exists(out / "profile.json"));
+    fs::remove_all(out);
     fs::remove(plan);
   }
 

@@ -139,6 +139,76 @@ TEST_SUITE("cost") {
     }
   }
 
+  TEST_CASE(
+      "a hot receiver's slowdown is read from the all-to-all-v table, interpolated and held at its ends") {
+    // Two sizes, 1 MiB and 4 MiB per rank, hot factors 1, 2 and 4:
+    //   1 MiB: 100, 150, 300 us -> slowdown 1, 1.5, 3;  4 MiB: 200, 400, 800 us -> 1, 2, 4.
+    AllToAllSkewTable t;
+    t.ranks = 8;
+    const auto mib = static_cast<int64_t>(kMiB);
+    t.points = {{mib, 1, 100e-6},     {mib, 2, 150e-6},     {mib, 4, 300e-6},
+                {4 * mib, 1, 200e-6}, {4 * mib, 2, 400e-6}, {4 * mib, 4, 800e-6}};
+    auto at = [&](double bytes, double hot) { return cost::hot_receiver_slowdown(t, bytes, hot).value(); };
+    CHECK(at(kMiB, 1).factor == 1.0);
+    CHECK(at(kMiB, 2).factor == doctest::Approx(1.5));
+    CHECK(at(kMiB, 3).factor == doctest::Approx(2.25));  // halfway between 1.5 and 3
+    CHECK(at(4 * kMiB, 3).factor == doctest::Approx(3.0));
+    CHECK_FALSE(at(4 * kMiB, 3).extrapolated);
+    // 2 MiB is halfway in log bytes: at hot 2, (1.5 + 2) / 2.
+    CHECK(at(2 * kMiB, 2).factor == doctest::Approx(1.75));
+    CHECK_FALSE(at(2 * kMiB, 2).extrapolated);
+    // Beyond the largest hot factor the extra bytes scale the time linearly: 4 MiB x8 -> 4 x 8 / 4.
+    CHECK(at(4 * kMiB, 8).factor == doctest::Approx(8.0));
+    CHECK(at(4 * kMiB, 8).extrapolated);
+    // Outside the sizes: the nearest size's slowdown, marked as extrapolated.
+    CHECK(at(64 * kMiB, 2).factor == doctest::Approx(2.0));
+    CHECK(at(64 * kMiB, 2).extrapolated);
+    CHECK(at(1024, 4).factor == doctest::Approx(3.0));
+    CHECK(at(1024, 4).extrapolated);
+    // A hot receiver measured faster than the uniform exchange (noise) counts as no slowdown.
+    t.points[1].seconds = 90e-6;
+    CHECK(at(kMiB, 2).factor == 1.0);
+    // Sizes without a uniform row are not read; a table with none gives nothing.
+    t.points = {{mib, 2, 150e-6}, {mib, 4, 300e-6}};
+    CHECK_FALSE(cost::hot_receiver_slowdown(t, kMiB, 2).has_value());
+  }
+
+  TEST_CASE(
+      "a routed all-to-all is priced at the mean rank's bytes times the measured slowdown of its group") {
+    // h100-sxm, 8 ranks on one node, 16 MiB per rank on average and the busiest rank at 2x: without a table,
+    // a uniform all-to-all of the busiest 32 MiB; with a table measuring 1.25x at hot factor 2 for this
+    // group, 1.25 x the uniform 16 MiB one. A table for another group shape, or a plain exchange, changes
+    // nothing.
+    auto p = load("h100-sxm");
+    const double b = 16.0 * kMiB;
+    CommSpec hot = spec(Collective::kAllToAll, 8, 1, 2 * b);
+    hot.hot_factor = 2.0;
+    const CommSpec uniform = spec(Collective::kAllToAll, 8, 1, b);
+    const double before = cost::CostModel(p.hw, p.stack).collective_seconds(hot, nullptr, nullptr);
+    CHECK(before == doctest::Approx(
+                        cost::CostModel(p.hw, p.stack)
+                            .collective_seconds(spec(Collective::kAllToAll, 8, 1, 2 * b), nullptr, nullptr)));
+    AllToAllSkewTable t;
+    t.ranks = 8;
+    t.points = {{static_cast<int64_t>(b), 1, 100e-6}, {static_cast<int64_t>(b), 2, 125e-6}};
+    AllToAllSkewTable other = t;
+    other.ranks = 4;
+    other.points[1].seconds = 400e-6;
+    p.hw.calibration.alltoall_skew = {other, t};
+    const cost::CostModel cm(p.hw, p.stack);
+    CHECK(cm.collective_seconds(hot, nullptr, nullptr) ==
+          doctest::Approx(1.25 * cm.collective_seconds(uniform, nullptr, nullptr)));
+    CHECK(cm.collective_seconds(uniform, nullptr, nullptr) ==
+          doctest::Approx(
+              cost::CostModel(load("h100-sxm").hw, p.stack).collective_seconds(uniform, nullptr, nullptr)));
+    CommSpec across = hot;  // 8 ranks a node apart: 8 nodes, no table
+    across.stride = 8;
+    CommSpec across_plain = across;
+    across_plain.hot_factor = 1.0;
+    CHECK(cm.collective_seconds(across, nullptr, nullptr) ==
+          doctest::Approx(cm.collective_seconds(across_plain, nullptr, nullptr)));
+  }
+
   TEST_CASE("node-deduplicated dispatch sends fewer bytes over the NIC") {
     // DeepSeek-V3 on 8 nodes: 256 experts, top-8. Plain: 8*7/8 = 7 copies leave the node; dedup: at most 7.
     const double s = moeplan::dedup_nic_scale(256, 8, 8);

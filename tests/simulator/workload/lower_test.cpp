@@ -439,6 +439,40 @@ TEST_SUITE("workload") {
     }
   }
 
+  TEST_CASE("routed all-to-alls carry the busiest rank's load as their hot factor, other collectives none") {
+    // Mixtral-8x7B, one layer on one node, ep 8, the busiest rank at 1.3x the mean: the token, probs and
+    // combine all-to-alls (forward and backward) move 1.3x the uniform bytes and say so; Megatron's alltoall
+    // dispatcher and moerun's plain and fused exchanges alike.
+    for (const char* stack : {"megatron-core", "moerun"}) {
+      for (bool fused : {false, true}) {
+        if (fused && std::string(stack) != "moerun") continue;
+        CAPTURE(stack);
+        CAPTURE(fused);
+        Plan p = node_plan(8);
+        p.overlap.intra_op = fused;
+        LoweringOptions lo = stack_options(stack);
+        const OpGraph even = lower(mixtral(1), p, lo);
+        lo.expert_load_scale = 1.3;
+        const OpGraph hot = lower(mixtral(1), p, lo);
+        REQUIRE(even.ops.size() == hot.ops.size());
+        int routed = 0;
+        for (size_t i = 0; i < hot.ops.size(); ++i) {
+          const Op& a = even.ops[i];
+          const Op& b = hot.ops[i];
+          CHECK(a.comm.hot_factor == 1.0);
+          if (b.kind != OpKind::kCollective && b.kind != OpKind::kFusedGemmComm) continue;
+          const bool is_routed = b.comm.collective == Collective::kAllToAll && b.comm.group == CommGroup::kEp;
+          CHECK(b.comm.hot_factor == (is_routed ? 1.3 : 1.0));
+          if (!is_routed) continue;
+          CHECK(b.comm.bytes == doctest::Approx(1.3 * a.comm.bytes));
+          ++routed;
+        }
+        // Megatron: tokens, probs and combine, each forward and backward; moerun: dispatch and combine.
+        CHECK(routed == (std::string(stack) == "moerun" ? 4 : 6));
+      }
+    }
+  }
+
   TEST_CASE("the alltoall dispatcher sorts chunks only when a rank holds more than one expert") {
     // ep 8 over 8 experts: one local expert, no sort by expert, and no ETP collectives with etp 1.
     const OpGraph g = lower(mixtral(1), node_plan(8), stack_options("megatron-core"));
