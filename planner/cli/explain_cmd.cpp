@@ -99,13 +99,16 @@ void print_table(const std::vector<planner::ExplainRow>& rows, const std::string
 
 Runner add_explain(CLI::App& app) {
   struct Options {
-    std::string plan, stack;
+    std::string plan, stack, hardware;
     bool json = false;
   };
   auto o = std::make_shared<Options>();
   app.add_option("plan", o->plan, "Plan file (JSON)")->required();
   app.add_option("--stack", o->stack,
                  "Software stack profile (overrides the plan's; default " + std::string(kDefaultStack) + ")");
+  app.add_option(
+      "--hardware", o->hardware,
+      "Hardware profile (overrides the plan's), e.g. one `moeplan calibrate` fitted on the cluster");
   app.add_flag("--json", o->json, "Print one JSON object");
   app.footer(
       "Rows (cumulative): 1 baseline: attention TP = tp*sp, experts ep 1 and etp = ep*etp (or the nearest "
@@ -116,7 +119,7 @@ Runner add_explain(CLI::App& app) {
       "recomputes whole layers, the plan's recompute is row 3 and the overlap and compression rows follow. "
       "Pipeline, ZeRO, micro-batch, precision and batch stay as the plan's throughout.");
   return [o]() {
-    Result<PlanInputs> in = load_plan_inputs(o->plan, o->stack);
+    Result<PlanInputs> in = load_plan_inputs(o->plan, o->stack, o->hardware);
     if (!in) return bad_input(in.error().message);
     const auto& [plan, model, hw, path] = in.value().loaded;
     const StackProfile& stack = in.value().stack;

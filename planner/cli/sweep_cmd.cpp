@@ -149,8 +149,10 @@ Runner add_sweep(CLI::App& app) {
   auto replan_only = [&](CLI::Option* opt) { opt->excludes(plan); };
   replan_only(app.add_option("--model,-m", o->model, "Model: a config.json path or a built-in name")
                   ->capture_default_str());
-  replan_only(app.add_option("--hardware", o->hardware, "Hardware profile: a path or a built-in name")
-                  ->capture_default_str());
+  CLI::Option* hardware =
+      app.add_option("--hardware", o->hardware,
+                     "Hardware profile: a path or a built-in name (with --plan, overrides the plan's)")
+          ->capture_default_str();
   app.add_option("--stack", o->stack,
                  "Software stack that will run the plan (default " + std::string(kDefaultStack) +
                      "; with --plan, overrides the plan's)");
@@ -176,7 +178,7 @@ Runner add_sweep(CLI::App& app) {
       ->check(CLI::Range(1, 64));
   CLI::Option* csv = app.add_flag("--csv", o->csv, "Print a CSV header and one line per value");
   app.add_flag("--json", o->json, "Print one JSON object {vary: {key, values}, rows: [...]}")->excludes(csv);
-  return [o]() {
+  return [o, hardware]() {
     const bool fixed = !o->plan.empty();
     Result<planner::Vary> vary = planner::parse_vary(o->vary, fixed);
     if (!vary) return bad_input(vary.error().message);
@@ -188,7 +190,7 @@ Runner add_sweep(CLI::App& app) {
     std::string label;  // the first line of the text table
     if (fixed) {
       // The plan's own routing must resolve; a value that breaks it later (experts) is a row's reason.
-      Result<PlanInputs> in = load_plan_inputs(o->plan, o->stack);
+      Result<PlanInputs> in = load_plan_inputs(o->plan, o->stack, hardware->count() > 0 ? o->hardware : "");
       if (!in) return bad_input(in.error().message);
       io::LoadedPlan& lp = in.value().loaded;
       base.model = std::move(lp.model);

@@ -10,16 +10,19 @@ namespace moeplan::cli {
 
 Runner add_validate(CLI::App& app) {
   struct Options {
-    std::string plan, stack;
+    std::string plan, stack, hardware;
     bool json = false;
   };
   auto o = std::make_shared<Options>();
   app.add_option("plan", o->plan, "Plan file (JSON)")->required();
   app.add_option("--stack", o->stack,
                  "Stack profile (default: the plan's, else " + std::string(kDefaultStack) + ")");
+  app.add_option(
+      "--hardware", o->hardware,
+      "Hardware profile (overrides the plan's), e.g. one `moeplan calibrate` fitted on the cluster");
   app.add_flag("--json", o->json, "Print one JSON object");
   return [o]() {
-    Result<PlanInputs> in = load_plan_inputs(o->plan, o->stack);
+    Result<PlanInputs> in = load_plan_inputs(o->plan, o->stack, o->hardware);
     if (!in) return bad_input(in.error().message);
     const auto& [plan, model, hw, path] = in.value().loaded;
     const StackProfile& stack = in.value().stack;
@@ -45,6 +48,7 @@ Runner add_validate(CLI::App& app) {
                   {"tight", mem->tight()}};
       }
       print_json({{"plan", path},
+                  {"hardware", hw.name},
                   {"stack", stack.name},
                   {"valid", ok},
                   {"violations", list(violations)},

@@ -13,6 +13,7 @@
 #include <map>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -151,6 +152,29 @@ TEST_SUITE("cli") {
     REQUIRE(r.exit_code == 0);
     const auto j = nlohmann::json::parse(r.out);
     CHECK(j.at("gpus_per_node") == 8);
+  }
+
+  TEST_CASE("simulate, explain, validate and sweep --plan take --hardware over the plan's profile") {
+    // A calibrated profile replaces the plan's for what a plan file is checked or predicted on: each command
+    // names the profile it used; a missing one is one line and exit 2.
+    const TempPlan plan("moeplan_hardware_override",
+                        R"({"model": "tiny-moe", "hardware": "h100-sxm", "stack": "moerun", "gpus": 8,
+                            "seq_len": 512, "global_batch": 16, "experts": {"ep": 4}})");
+    const std::vector<std::string> commands = {"simulate --no-assumptions --json", "explain --json",
+                                               "validate --json",
+                                               "sweep --vary global_batch=16 --json --plan"};
+    for (const std::string& cmd : commands) {
+      CAPTURE(cmd);
+      for (const char* hw : {"", "h800-sxm"}) {
+        const Run r = run_cli(cmd + " " + plan.quoted() + (*hw ? std::string(" --hardware ") + hw : ""));
+        REQUIRE_MESSAGE(r.exit_code == 0, r.err);
+        CHECK(nlohmann::json::parse(r.out).at("hardware") == (*hw ? hw : "h100-sxm"));
+      }
+      const Run bad = run_cli(cmd + " " + plan.quoted() + " --hardware /nonexistent/profile.json");
+      CHECK(bad.exit_code == 2);
+      CHECK(lines(bad.err) == 1);
+      CHECK(bad.err.find("/nonexistent/profile.json") != std::string::npos);
+    }
   }
 
   TEST_CASE("bad arguments exit 2 with one line") {
