@@ -397,9 +397,10 @@ class Builder {
     Op op;
     int16_t stage, chunk;
     int32_t layer, mb, dgrad;
+    int32_t input = -1;  // the backward all-gather of the GEMM's input (input_ag), or -1
   };
   int32_t emit_deferred(const DeferredWgrad& w) {
-    return emit(w.op, w.stage, w.chunk, w.layer, w.mb, Phase::kBackward, {w.dgrad});
+    return emit(w.op, w.stage, w.chunk, w.layer, w.mb, Phase::kBackward, {w.dgrad, w.input});
   }
   // Zero-bubble backward (DualPipeV): held until a later weights task, oldest first.
   std::vector<DeferredWgrad>* deferring_ = nullptr;
@@ -1386,6 +1387,24 @@ void Builder::backward_node(LayerPass& pass, Node node) {
       case OpKind::kGemm:
       case OpKind::kGroupedGemm:
       case OpKind::kFusedGemmComm: {
+        // Megatron + TE under sequence parallelism: a column-parallel linear keeps only its input shard for
+        // backward and all-gathers it again over TP for the weight gradient, issued before the dgrad GEMM
+        // and beside it (TransformerEngine v2.4 module/layernorm_linear.py:391-393 ln_out_needs_gather and
+        // 632-656 gather_along_first_dim(..., async_op=True); module/linear.py:341-343 and 558-582 alike).
+        // Not where the gathered input feeds several GEMMs (MLA's down projections: Megatron gathers once
+        // and its duplicated linears keep the gathered input).
+        int32_t input_ag = -1;
+        if (megatron_ && op.kind == OpKind::kGemm && lo.inputs.size() == 1 && lo.inputs[0] >= 0) {
+          const auto src = static_cast<size_t>(lo.inputs[0]);
+          const Op& in = ops[src].op;
+          if (in.kind == OpKind::kCollective && in.comm.collective == Collective::kAllGather &&
+              in.comm.group == CommGroup::kTp && rc.consumers[src].size() == 1) {
+            Op ag = in;
+            ag.name = static_cast<uint16_t>(OpName::kInputAg);
+            ag.stream = stream_of(ops[src]);
+            input_ag = emit_with(ag);
+          }
+        }
         Op dgrad = op;
         dgrad.part = GemmPart::kDgrad;
         // FP8: the incoming gradient [m, n] is quantised (and transposed for wgrad) instead of the input.
@@ -1407,14 +1426,14 @@ void Builder::backward_node(LayerPass& pass, Node node) {
         without_casts(wgrad);
         wgrad.stream = Stream::kCompute;
         if (deferring_) {
-          deferring_->push_back({wgrad, pass.stage, pass.chunk, L, pass.mb, pass.grad[ri]});
+          deferring_->push_back({wgrad, pass.stage, pass.chunk, L, pass.mb, pass.grad[ri], input_ag});
         } else if (delay_wgrad_ && (node == Node::kMlp || node == Node::kPreDispatch)) {
           // backward_dw of the experts (mlp) and of attention with the shared experts (pre_dispatch):
           // fine_grained_callables.py build_transformer_layer_callables.
-          delayed_.push_back({wgrad, pass.stage, pass.chunk, L, pass.mb, pass.grad[ri]});
+          delayed_.push_back({wgrad, pass.stage, pass.chunk, L, pass.mb, pass.grad[ri], input_ag});
         } else {
           pass.last = end =
-              emit(wgrad, pass.stage, pass.chunk, L, pass.mb, Phase::kBackward, {pass.grad[ri]});
+              emit(wgrad, pass.stage, pass.chunk, L, pass.mb, Phase::kBackward, {pass.grad[ri], input_ag});
         }
         continue;
       }

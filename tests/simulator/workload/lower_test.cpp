@@ -473,6 +473,43 @@ TEST_SUITE("workload") {
     }
   }
 
+  TEST_CASE("Megatron re-gathers a column-parallel linear's input in backward, beside its dgrad, for wgrad") {
+    // Mixtral-8x7B, one layer, tp 2 with sequence parallelism on one node: TE's LayerNormLinear of the QKV
+    // projection keeps its input shard and all-gathers it again in backward (one copy of attn_ag, on the
+    // communication stream), which the weight gradient waits for and the data gradient does not. moerun's
+    // stack keeps the gathered input; MLA's down projections share one gathered input and keep it.
+    Plan p = node_plan(4);
+    p.attention.tp = 2;
+    p.global_batch = 4;
+    auto depends = [](const OpGraph& g, const Op& op, const Op& on) {
+      const auto d = g.deps_of(op);
+      return std::find(d.begin(), d.end(), on.id) != d.end();
+    };
+    const OpGraph g = lower(mixtral(1), p, stack_options("megatron-core"));
+    const Op& ag = the_op(g, OpName::kInputAg, 0, Phase::kBackward);
+    const Op& fwd = the_op(g, OpName::kAttnAg);
+    CHECK(ag.comm.collective == Collective::kAllGather);
+    CHECK(ag.comm.group == CommGroup::kTp);
+    CHECK(ag.comm.bytes == fwd.comm.bytes);
+    CHECK(ag.stream == fwd.stream);
+    CHECK(ops_named(g, OpName::kInputAg).empty());  // none in forward
+    const Op& wgrad = the_op(g, OpName::kQkvProj, 0, Phase::kBackward, GemmPart::kWgrad);
+    const Op& dgrad = the_op(g, OpName::kQkvProj, 0, Phase::kBackward, GemmPart::kDgrad);
+    CHECK(depends(g, wgrad, ag));
+    CHECK_FALSE(depends(g, dgrad, ag));
+    CHECK(ag.id < dgrad.id);                                                 // issued first
+    CHECK(ops_named(g, OpName::kInputAg, 0, Phase::kBackward).size() == 1);  // no other column-parallel input
+    CHECK(ops_named(lower(mixtral(1), p, stack_options("moerun")), OpName::kInputAg, 0, Phase::kBackward)
+              .empty());
+    Plan ds = p;
+    ds.experts.ep = 8;
+    ds.global_batch = 4;
+    const OpGraph mla = lower(deepseek_v3(1, 0), ds, stack_options("megatron-core"));
+    CHECK(ops_named(mla, OpName::kInputAg, 0, Phase::kBackward).size() == 1);  // the dense MLP's fc13 only
+    CHECK(the_op(mla, OpName::kInputAg, 0, Phase::kBackward).comm.bytes ==
+          the_op(mla, OpName::kFfnAg).comm.bytes);
+  }
+
   TEST_CASE("the alltoall dispatcher sorts chunks only when a rank holds more than one expert") {
     // ep 8 over 8 experts: one local expert, no sort by expert, and no ETP collectives with etp 1.
     const OpGraph g = lower(mixtral(1), node_plan(8), stack_options("megatron-core"));
