@@ -566,8 +566,8 @@ Result<BenchSummary> run_bench(const BenchOptions& options, MPI_Comm world) {
       max_bytes);
   std::string skew_csv = alltoall_skew_head(fmt::format(
       "measured by moerun bench (B1): the Communicator (fp32 wire) over MPI, {}; time = median over {} "
-      "iterations of the slowest rank",
-      per_rank, iters));
+      "iterations of the slowest rank{}",
+      per_rank, iters, plan_exchange_note(options.plan_exchange)));
   for (int g : group_sizes) {
     MPI_Comm sub = MPI_COMM_NULL;
     MOEPLAN_MPI_CHECK(MPI_Comm_split(world, me < g ? 0 : MPI_UNDEFINED, me, &sub));
@@ -733,6 +733,14 @@ std::vector<std::pair<int64_t, double>> plan_exchange_rows(const PlanExchange& x
     if (x.hot_factor > 1.0) rows.emplace_back(b, x.hot_factor);
   }
   return rows;
+}
+
+std::string plan_exchange_note(const PlanExchange& x) {
+  if (x.size < 2) return "";
+  return fmt::format(
+      "; then the expert-parallel group of plan {} ({} ranks {} apart from world rank 0) at its hot factor "
+      "{:.6g} and its {} bytes per rank",
+      x.plan, x.size, x.stride, x.hot_factor, x.bytes);
 }
 
 bool in_plan_exchange(const PlanExchange& x, int r) {

@@ -22,7 +22,7 @@ struct PlanExchange {
   int size = 0, stride = 1;
   double hot_factor = 1;
   int64_t bytes = 0;  // the mean rank's send buffer
-  std::string plan;   // the plan file (the table's source line names it)
+  std::string plan;   // the plan file (plan_exchange_note names it in the table's source line)
 };
 
 struct BenchOptions {
@@ -100,6 +100,8 @@ std::string alltoall_skew_row(int ranks, int nodes, const SkewCounts& c, double 
 // (cut to max_bytes, rounded down to whole fp32 values), at hot factor 1 and at the plan's.
 std::vector<std::pair<int64_t, double>> plan_exchange_rows(const PlanExchange& x, std::vector<int64_t> sizes,
                                                            int64_t max_bytes);
+// What the table's source line adds for a plan exchange ("" without one).
+std::string plan_exchange_note(const PlanExchange& x);
 // Whether world rank `r` belongs to the plan exchange's group, and an error when a world of `nranks` ranks
 // cannot hold the group.
 bool in_plan_exchange(const PlanExchange& x, int r);

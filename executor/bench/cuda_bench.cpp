@@ -514,8 +514,8 @@ Result<BenchSummary> run_cuda_bench(const CudaBenchOptions& options, MPI_Comm wo
         max_bytes);
     std::string skew_csv = alltoall_skew_head(fmt::format(
         "{}: moerun's NCCL communicator (fp32), NCCL {}; time = the slowest rank's mean over {} back-to-back "
-        "calls between CUDA events",
-        g1, dev.nccl, iters));
+        "calls between CUDA events{}",
+        g1, dev.nccl, iters, plan_exchange_note(o.plan_exchange)));
     for (int g : sizes) {
       const int color = me < g ? 0 : 1;
       auto sub = nccl_world.value()->split(color, me, fmt::format("bench-{}", g));

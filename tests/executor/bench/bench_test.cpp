@@ -151,6 +151,11 @@ TEST_SUITE("executor.bench") {
     CHECK(small.error().message ==
           "--plan p.json: its expert-parallel group (4 ranks, 2 apart) needs 7 ranks; this bench has 6");
     CHECK(check_plan_exchange(PlanExchange{}, 1).ok());  // none asked for
+    CHECK(plan_exchange_note(x) ==
+          "; then the expert-parallel group of plan p.json (4 ranks 2 apart from world rank 0) at its hot "
+          "factor "
+          "1 and its 10001 bytes per rank");
+    CHECK(plan_exchange_note(PlanExchange{}).empty());
   }
 
   TEST_CASE("the quick bench writes every file in the formats calibrate reads") {
