@@ -23,6 +23,7 @@
 #include "executor/kernels/cuda/gemm.h"
 #include "executor/kernels/cuda/grouped_gemm.h"
 #include "executor/kernels/cuda/norm.h"
+#include "executor/kernels/cuda/permute.h"
 #include "executor/kernels/cuda/rope.h"
 #include "executor/kernels/cuda/router.h"
 #include "executor/kernels/cuda/swiglu.h"
@@ -153,6 +154,7 @@ struct Lane {
   // Per call shape: batch, queries, keys, heads, kv heads, qk and v dims, window, causal.
   std::map<std::array<int64_t, 9>, std::unique_ptr<cuda::FlashAttention>> attention;
   std::map<int64_t, DeviceBuffer<int64_t>> positions;  // by row count: 0 .. rows - 1
+  std::map<int64_t, DeviceBuffer<int32_t>> row_maps;   // by slot count: the identity permutation
 };
 
 struct CudaReplayRunner::Impl {
@@ -533,11 +535,30 @@ struct CudaReplayRunner::Impl {
     return b.data();
   }
 
+  // A row map of `slots` token-expert slots (int32, device) in which slot s is permuted row s: the permute
+  // kernels' map for tokens already in expert order, which moves the same rows as any other map (the
+  // kernels' time follows the rows they move, and every map moves each slot's row once). Made once per
+  // size, on the lane's stream.
+  const int32_t* row_map(Lane& l, int64_t slots) {
+    DeviceBuffer<int32_t>& b = l.row_maps[slots];
+    if (b.size() == 0) {
+      std::vector<int32_t> host(sz(slots));
+      for (int64_t i = 0; i < slots; ++i) host[sz(i)] = static_cast<int32_t>(i);
+      b = DeviceBuffer<int32_t>(host.size());
+      count(static_cast<double>(host.size() * sizeof(int32_t)));
+      MOERUN_CUDA_CHECK(cudaMemcpyAsync(b.data(), host.data(), host.size() * sizeof(int32_t),
+                                        cudaMemcpyHostToDevice, l.stream));
+      MOERUN_CUDA_CHECK(cudaStreamSynchronize(l.stream));  // `host` leaves scope
+    }
+    return b.data();
+  }
+
   // The project's memory-bound kernel of an op whose lowering states the tensor it walks (op_graph.h), at
   // that shape, on scratch data: RMSNorm (forward, backward), SwiGLU (forward, backward), RoPE (both), the
   // fused cross-entropy (moerun's loss kind only: the stacks' unfused and native losses keep their own
-  // bytes) and the router's softmax and top-k (forward). False when the op has none here, or its shape
-  // breaks the kernel's preconditions: the caller copies the op's bytes instead.
+  // bytes), the router's softmax and top-k (forward), and the token permute and unpermute (both; rows t,
+  // cols h, inner k). False when the op has none here, or its shape breaks the kernel's preconditions: the
+  // caller copies the op's bytes instead.
   bool memory_kernel(const Op& op, Lane& l) {
     const int64_t rows = op.gemm.m, cols = op.gemm.n, inner = op.gemm.k;
     if (rows <= 0 || cols <= 0) return false;
@@ -600,6 +621,27 @@ struct CudaReplayRunner::Impl {
         } else {
           cuda::cross_entropy_backward(logits, targets, rows, cols, 0, lse, 1.0f / static_cast<float>(rows),
                                        bf16(5, elems), l.stream);
+        }
+        return true;
+      }
+      case OpName::kPermute:
+      case OpName::kUnpermute: {
+        // x / out [t, h] and xp / yp [t k, h] bf16, gates [t, k] fp32; slot s is permuted row s.
+        if (op.mem != MemOp::kPermute || inner < 1 || cols % 8 != 0 || cols > 16384) return false;
+        if (rows * inner >= (int64_t{1} << 31)) return false;
+        const int32_t* map = row_map(l, rows * inner);
+        const size_t wide = elems * sz(inner);
+        const bool permute = static_cast<OpName>(op.name) == OpName::kPermute;
+        if (permute && fwd) {
+          cuda::permute_forward(bf16(0, elems), map, bf16(1, wide), rows, inner, cols, l.stream);
+        } else if (permute) {
+          cuda::permute_backward(bf16(1, wide), map, bf16(0, elems), rows, inner, cols, l.stream);
+        } else if (fwd) {
+          cuda::unpermute_forward(bf16(1, wide), map, f32(2, sz(rows * inner)), bf16(0, elems), rows, inner,
+                                  cols, false, l.stream);
+        } else {
+          cuda::unpermute_backward(bf16(0, elems), bf16(1, wide), map, f32(2, sz(rows * inner)),
+                                   bf16(3, wide), f32(4, sz(rows * inner)), rows, inner, cols, l.stream);
         }
         return true;
       }
