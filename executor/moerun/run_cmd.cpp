@@ -471,8 +471,16 @@ int run_plan(const RunOptions& o, int rank, int world) {
            static_cast<double>(gpu_runner->kernel_memory_ops()) / static_cast<double>(o.warmup + o.steps)},
           {"rule",
            "memory-bound ops whose lowering states their tensor run the project's kernels at that shape "
-           "(RMSNorm, SwiGLU, RoPE, the fused cross-entropy, the router's forward); the others, and the "
-           "optimizer, copy their bytes device to device"}};
+           "(RMSNorm, SwiGLU, RoPE, the fused cross-entropy, the router's forward, the token permute and "
+           "unpermute); the others, and the optimizer, copy their bytes device to device"}};
+      report["cuda_fp8_gemms"] = {
+          {"ops_per_step",
+           static_cast<double>(gpu_runner->fp8_gemm_ops()) / static_cast<double>(o.warmup + o.steps)},
+          {"rule",
+           "an FP8 plan's dense forward and data-gradient GEMMs run as cuBLASLt e4m3 GEMMs (TN, per-tensor "
+           "scales) after the project's row-wise quantiser over their input and a copy of the rest of the "
+           "recipe's cast bytes; weight gradients, grouped expert GEMMs and shapes cuBLASLt refuses run in "
+           "bf16"}};
     }
 #endif
     if (train) report["losses"] = losses;

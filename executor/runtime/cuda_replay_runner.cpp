@@ -19,6 +19,7 @@
 #include "executor/kernels/cuda/attention.h"
 #include "executor/kernels/cuda/check.h"
 #include "executor/kernels/cuda/cross_entropy.h"
+#include "executor/kernels/cuda/fp8.h"
 #include "executor/kernels/cuda/fused/fused_gemm_comm.h"
 #include "executor/kernels/cuda/gemm.h"
 #include "executor/kernels/cuda/grouped_gemm.h"
@@ -128,6 +129,10 @@ std::string cuda_unsupported(const Plan& plan, const ModelSpec& model) {
 // One op-graph stream's resources: its CUDA stream, scratch buffers and the kernel objects of the shapes it
 // has run. Ops of one stream run one at a time on one host thread, so nothing here is shared between threads
 // except the byte counters.
+// Bit of a GEMM cache key that keeps a lane's FP8 GEMMs apart from its bf16 ones of the same layout and
+// shape.
+constexpr int kFp8GemmKey = 1 << 8;
+
 struct Lane {
   cudaStream_t stream = nullptr;
   cudaEvent_t before = nullptr, after = nullptr;  // around the last op's work
@@ -155,6 +160,7 @@ struct Lane {
   std::map<std::array<int64_t, 9>, std::unique_ptr<cuda::FlashAttention>> attention;
   std::map<int64_t, DeviceBuffer<int64_t>> positions;  // by row count: 0 .. rows - 1
   std::map<int64_t, DeviceBuffer<int32_t>> row_maps;   // by slot count: the identity permutation
+  DeviceBuffer<float> unit_scale;                      // 1.0f: the FP8 GEMMs' per-tensor scales
 };
 
 struct CudaReplayRunner::Impl {
@@ -163,6 +169,7 @@ struct CudaReplayRunner::Impl {
   std::vector<Lane> lanes;
   std::atomic<double> bytes{0}, high_water{0};
   std::atomic<int64_t> kernel_ops{0};  // memory-bound ops run on their own kernel (memory_kernel), all steps
+  std::atomic<int64_t> fp8_ops{0};     // GEMM ops run in FP8 with their input cast (fp8_gemm), all steps
   // kEnqueue: each op's start and end events by op id (made at construction for the ops this rank runs, so
   // the lanes' threads only read the map), and the step's start event on the compute stream.
   std::map<int32_t, std::pair<cudaEvent_t, cudaEvent_t>> op_events;
@@ -295,10 +302,52 @@ struct CudaReplayRunner::Impl {
     return b.data();
   }
 
+  // An FP8 forward or data-gradient GEMM: its input cast (op.aux_bytes: the recipe's quantise, amax and
+  // transpose traffic) as the project's e4m3 quantiser over A [m, k] (row-wise scales, or 128-value blocks
+  // for rows longer than 16,384) plus a copy of the rest of the bytes, then cuBLASLt's e4m3 GEMM in the one
+  // layout Hopper runs (TN: A [m, k], B [n, k], bf16 out). False when the shape breaks the kernels' rules
+  // (multiples of 16; the caller runs it in bf16).
+  bool fp8_gemm(const Op& op, Lane& l) {
+    const int64_t m = op.gemm.m;
+    const int64_t n = op.part == GemmPart::kDgrad ? op.gemm.k : op.gemm.n;  // dX [m, k] = dY [m, n] W^T
+    const int64_t k = op.part == GemmPart::kDgrad ? op.gemm.n : op.gemm.k;
+    // The quantiser holds a row in registers up to 16,384 values; longer rows go by 128-value blocks.
+    const bool rowwise = k <= 16384;
+    if (m % 16 != 0 || n % 16 != 0 || k % 16 != 0 || (!rowwise && k % 128 != 0)) return false;
+    // Kept under its own key beside the bf16 GEMMs, even when cuBLASLt refuses it (asked each time).
+    auto& g = l.gemms[{static_cast<int>(cuda::GemmOp::kDgrad) | kFp8GemmKey, m, n, k}];
+    if (!g) {
+      g = std::make_unique<cuda::Gemm>(cuda::GemmProblem{cuda::GemmOp::kDgrad, m, n, k, cuda::GemmType::kE4m3,
+                                                         cuda::GemmType::kBf16, false});
+      if (g->can_implement().empty() && l.gemm_workspace.size() < g->workspace_size()) {
+        count(static_cast<double>(g->workspace_size()) - static_cast<double>(l.gemm_workspace.size()));
+        l.gemm_workspace = DeviceBuffer<char>(g->workspace_size());
+      }
+    }
+    if (!g->can_implement().empty()) return false;
+    auto* q = static_cast<__nv_fp8_e4m3*>(slot(l, 0, sz(m * k)));
+    if (op.aux_bytes > 0) {
+      const auto* x = static_cast<const __nv_bfloat16*>(slot(l, 3, sz(m * k) * 2));
+      auto* scales = static_cast<float*>(slot(l, 4, sz(m * (rowwise ? 1 : k / 128)) * 4));
+      if (rowwise) {
+        cuda::fp8_quantize_rowwise(x, q, scales, m, k, l.stream);
+      } else {
+        cuda::fp8_quantize_blockwise(x, q, scales, m, k, l.stream);
+      }
+      copy(op.aux_bytes - static_cast<double>(m * k) * 3.0 - static_cast<double>(m) * 4.0, l, 5);
+    }
+    const float* one = unit_scale(l);
+    g->run({q, slot(l, 1, sz(n * k)), slot(l, 2, sz(m * n) * 2), one, one}, l.gemm_workspace.data(),
+           l.stream);
+    fp8_ops.fetch_add(1);
+    return true;
+  }
+
   void gemm(const Op& op, Lane& l) {
     const int64_t m = op.gemm.m, n = op.gemm.n, k = op.gemm.k;
     if (m <= 0 || n <= 0 || k <= 0) return;
     if (op.gemm.groups > 1) return grouped(op, l);
+    if (op.dtype == DType::kFp8 && op.part != GemmPart::kWgrad && fp8_gemm(op, l)) return;
     cuda::GemmProblem p;
     switch (op.part) {
       case GemmPart::kNone:  // Y [m, n] = X [m, k] W [k, n]
@@ -659,10 +708,27 @@ struct CudaReplayRunner::Impl {
     }
   }
 
-  void copy(double hbm_bytes, Lane& l) {
+  // A device copy that moves `hbm_bytes` (reads and writes half each), between scratch slots `first` and
+  // first + 1.
+  void copy(double hbm_bytes, Lane& l, size_t first = 0) {
+    if (hbm_bytes <= 0) return;
     const auto n = static_cast<size_t>(hbm_bytes / 2.0);  // read n, write n
     if (n == 0) return;
-    MOERUN_CUDA_CHECK(cudaMemcpyAsync(slot(l, 0, n), slot(l, 1, n), n, cudaMemcpyDeviceToDevice, l.stream));
+    MOERUN_CUDA_CHECK(
+        cudaMemcpyAsync(slot(l, first, n), slot(l, first + 1, n), n, cudaMemcpyDeviceToDevice, l.stream));
+  }
+
+  // One fp32 1.0 in device memory: the per-tensor scales of the replay's FP8 GEMMs. Made once per lane.
+  const float* unit_scale(Lane& l) {
+    if (l.unit_scale.size() == 0) {
+      const float one = 1.0f;
+      l.unit_scale = DeviceBuffer<float>(1);
+      count(sizeof(float));
+      MOERUN_CUDA_CHECK(
+          cudaMemcpyAsync(l.unit_scale.data(), &one, sizeof one, cudaMemcpyHostToDevice, l.stream));
+      MOERUN_CUDA_CHECK(cudaStreamSynchronize(l.stream));  // `one` leaves scope
+    }
+    return l.unit_scale.data();
   }
 
   void collective(const Op& op, Lane& l) {
@@ -886,6 +952,10 @@ RoutingDraws::Stats CudaReplayRunner::routing_stats() const {
 
 int64_t CudaReplayRunner::kernel_memory_ops() const {
   return impl_->kernel_ops.load();
+}
+
+int64_t CudaReplayRunner::fp8_gemm_ops() const {
+  return impl_->fp8_ops.load();
 }
 
 double CudaReplayRunner::device_bytes() const {

@@ -82,6 +82,9 @@ class CudaReplayRunner final : public OpRunner {
 
   // Memory-bound ops run on their own kernel rather than a copy, over all steps so far.
   int64_t kernel_memory_ops() const;
+  // FP8 forward and data-gradient GEMM ops run as e4m3 with their input cast, all steps so far (the rest of
+  // an FP8 plan's GEMMs, weight gradients included, run in bf16).
+  int64_t fp8_gemm_ops() const;
   // Device bytes this runner holds now and at most (scratch buffers, workspaces, kernel objects).
   double device_bytes() const;
   double device_high_water_bytes() const;
