@@ -12,13 +12,14 @@
 #      for device_plan_fused.json (intra-operator overlap: the experts' GEMMs on the fused kernels, one rank),
 #      and for device_plan.json with --host-sync (the host waits for each op), with --routing lowered
 #      (every expert runs the graph's rows; by default each step's routing is drawn from the plan's) and
-#      with --cuda-graph (the step captured once and replayed); then `moerun bench --backend cuda` into
+#      with --cuda-graph (the step captured once and replayed), and device_plan_fp8.json (the same plan in
+#      FP8, blockwise: dense GEMMs as e4m3 after the quantiser); then `moerun bench --backend cuda` into
 #      calibration tables and `moeplan calibrate --sources` of them (gpu-bench/, gpu-bench.log);
 # and prints a short table last. Before the build it runs executor/cuda/torch_kernels_bench.py where PyTorch
-# is installed. Logs go to $OUT (the lent machine's return folder) or ./device_check_out: 17 files
+# is installed. Logs go to $OUT (the lent machine's return folder) or ./device_check_out: 19 files
 # (gpu.txt, torch_kernels.csv, build.log, tests.log, cublaslt.log, bench.log, compare.txt, run/, run-fused/,
-# run-host-sync/, run-lowered/ and run-graph/ report.json and trace.json), more than a lent machine returns,
-# so point OUT elsewhere and pack them.
+# run-host-sync/, run-lowered/, run-graph/ and run-fp8/ report.json and trace.json), more than a lent machine
+# returns, so point OUT elsewhere and pack them.
 # Usage (repo root): executor/cuda/pack_device_deps.sh here, then on the device (carry .devdeps):
 #   OUT=/tmp/dc executor/cuda/device_check.sh | tee $OUT/summary.txt; tar czf $OUT/dc.tgz -C /tmp dc
 set -uo pipefail
@@ -144,10 +145,13 @@ if [[ $full == ON && -x $build/executor/moerun/moerun && -x $build/planner/moepl
   # The two plans as moerun runs them by default (ops enqueued, one host wait per step; the unfused plan's
   # routing drawn from its distribution, so its experts' rows differ), then the unfused plan with the host
   # waiting for each op (--host-sync) and with every expert running the graph's rows (--routing lowered).
-  # Last, the unfused plan's step captured as a CUDA graph (--cuda-graph: never run before this check).
-  for run in device_plan device_plan_fused device_plan:host-sync device_plan:lowered device_plan:graph; do
+  # Then the unfused plan's step captured as a CUDA graph (--cuda-graph: never run before this check). Last,
+  # the unfused plan in FP8 (blockwise recipe): its dense GEMMs as e4m3 after the quantiser (never run).
+  for run in device_plan device_plan_fused device_plan:host-sync device_plan:lowered device_plan:graph \
+    device_plan_fp8; do
     plan=${run%%:*} dir=run extra=()
     [[ $plan == device_plan_fused ]] && dir=run-fused
+    [[ $plan == device_plan_fp8 ]] && dir=run-fp8
     [[ $run == *:host-sync ]] && dir=run-host-sync extra=(--host-sync)
     [[ $run == *:lowered ]] && dir=run-lowered extra=(--routing lowered)
     [[ $run == *:graph ]] && dir=run-graph extra=(--cuda-graph)

@@ -478,7 +478,8 @@ int run_plan(const RunOptions& o, int rank, int world) {
            static_cast<double>(gpu_runner->fp8_gemm_ops()) / static_cast<double>(o.warmup + o.steps)},
           {"rule",
            "an FP8 plan's dense forward and data-gradient GEMMs run as cuBLASLt e4m3 GEMMs (TN, per-tensor "
-           "scales) after the project's row-wise quantiser over their input and a copy of the rest of the "
+           "scales) after the project's quantiser over their input (128-value blocks) and a copy of the rest "
+           "of the "
            "recipe's cast bytes; weight gradients, grouped expert GEMMs and shapes cuBLASLt refuses run in "
            "bf16"}};
     }

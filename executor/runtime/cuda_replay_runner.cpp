@@ -303,17 +303,18 @@ struct CudaReplayRunner::Impl {
   }
 
   // An FP8 forward or data-gradient GEMM: its input cast (op.aux_bytes: the recipe's quantise, amax and
-  // transpose traffic) as the project's e4m3 quantiser over A [m, k] (row-wise scales, or 128-value blocks
-  // for rows longer than 16,384) plus a copy of the rest of the bytes, then cuBLASLt's e4m3 GEMM in the one
-  // layout Hopper runs (TN: A [m, k], B [n, k], bf16 out). False when the shape breaks the kernels' rules
+  // transpose traffic) as the project's e4m3 quantiser over A [m, k] (128-value block scales, or a scale per
+  // row where k is no multiple of 128) plus a copy of the rest of the bytes, then cuBLASLt's e4m3 GEMM in the
+  // one layout Hopper runs (TN: A [m, k], B [n, k], bf16 out). False when the shape breaks the kernels' rules
   // (multiples of 16; the caller runs it in bf16).
   bool fp8_gemm(const Op& op, Lane& l) {
     const int64_t m = op.gemm.m;
     const int64_t n = op.part == GemmPart::kDgrad ? op.gemm.k : op.gemm.n;  // dX [m, k] = dY [m, n] W^T
     const int64_t k = op.part == GemmPart::kDgrad ? op.gemm.n : op.gemm.k;
-    // The quantiser holds a row in registers up to 16,384 values; longer rows go by 128-value blocks.
-    const bool rowwise = k <= 16384;
-    if (m % 16 != 0 || n % 16 != 0 || k % 16 != 0 || (!rowwise && k % 128 != 0)) return false;
+    // 128-value blocks (DeepSeek-V3's recipe, the moerun stack's) where the row splits into them, else one
+    // scale per row (held in registers: up to 16,384 values). The two move the same bytes.
+    const bool rowwise = k % 128 != 0;
+    if (m % 16 != 0 || n % 16 != 0 || k % 16 != 0 || (rowwise && k > 16384)) return false;
     // Kept under its own key beside the bf16 GEMMs, even when cuBLASLt refuses it (asked each time).
     auto& g = l.gemms[{static_cast<int>(cuda::GemmOp::kDgrad) | kFp8GemmKey, m, n, k}];
     if (!g) {
