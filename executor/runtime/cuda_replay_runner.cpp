@@ -569,35 +569,22 @@ struct CudaReplayRunner::Impl {
     }
   }
 
-  // Positions 0 .. rows - 1 (int64, device), the RoPE kernel's token positions and the loss's targets: real
-  // values, so RoPE's angles stay in range. Made once per row count, on the lane's stream.
-  const int64_t* positions(Lane& l, int64_t rows) {
-    DeviceBuffer<int64_t>& b = l.positions[rows];
+  // 0 .. n - 1 in device memory, made once per n on the lane's stream and kept in `cache`:
+  //   - positions (int64): the RoPE kernel's token positions and the loss's targets, real values, so RoPE's
+  //     angles stay in range;
+  //   - row maps (int32): token-expert slot s is permuted row s, the permute kernels' map for tokens already
+  //     in expert order, which moves the same rows as any other map (the kernels' time follows the rows
+  //     they move, and every map moves each slot's row once).
+  template <class T>
+  const T* iota(std::map<int64_t, DeviceBuffer<T>>& cache, Lane& l, int64_t n) {
+    DeviceBuffer<T>& b = cache[n];
     if (b.size() == 0) {
-      std::vector<int64_t> host(sz(rows));
-      for (int64_t i = 0; i < rows; ++i) host[sz(i)] = i;
-      b = DeviceBuffer<int64_t>(host.size());
-      count(static_cast<double>(host.size() * sizeof(int64_t)));
-      MOERUN_CUDA_CHECK(cudaMemcpyAsync(b.data(), host.data(), host.size() * sizeof(int64_t),
-                                        cudaMemcpyHostToDevice, l.stream));
-      MOERUN_CUDA_CHECK(cudaStreamSynchronize(l.stream));  // `host` leaves scope
-    }
-    return b.data();
-  }
-
-  // A row map of `slots` token-expert slots (int32, device) in which slot s is permuted row s: the permute
-  // kernels' map for tokens already in expert order, which moves the same rows as any other map (the
-  // kernels' time follows the rows they move, and every map moves each slot's row once). Made once per
-  // size, on the lane's stream.
-  const int32_t* row_map(Lane& l, int64_t slots) {
-    DeviceBuffer<int32_t>& b = l.row_maps[slots];
-    if (b.size() == 0) {
-      std::vector<int32_t> host(sz(slots));
-      for (int64_t i = 0; i < slots; ++i) host[sz(i)] = static_cast<int32_t>(i);
-      b = DeviceBuffer<int32_t>(host.size());
-      count(static_cast<double>(host.size() * sizeof(int32_t)));
-      MOERUN_CUDA_CHECK(cudaMemcpyAsync(b.data(), host.data(), host.size() * sizeof(int32_t),
-                                        cudaMemcpyHostToDevice, l.stream));
+      std::vector<T> host(sz(n));
+      for (int64_t i = 0; i < n; ++i) host[sz(i)] = static_cast<T>(i);
+      b = DeviceBuffer<T>(host.size());
+      count(static_cast<double>(host.size() * sizeof(T)));
+      MOERUN_CUDA_CHECK(
+          cudaMemcpyAsync(b.data(), host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice, l.stream));
       MOERUN_CUDA_CHECK(cudaStreamSynchronize(l.stream));  // `host` leaves scope
     }
     return b.data();
@@ -649,7 +636,7 @@ struct CudaReplayRunner::Impl {
       }
       case OpName::kRope: {
         if (inner <= 0 || inner % 16 != 0 || inner > 512 || cols % 8 != 0 || cols % inner != 0) return false;
-        const int64_t* pos = positions(l, rows);
+        const int64_t* pos = iota(l.positions, l, rows);
         if (fwd) {
           cuda::rope_forward(bf16(0, elems), pos, rows, cols / inner, inner, cols, cuda::kRopeTheta,
                              l.stream);
@@ -663,7 +650,7 @@ struct CudaReplayRunner::Impl {
       case OpName::kMtpLoss: {
         if (op.mem != MemOp::kLoss || cols % 8 != 0) return false;
         const __nv_bfloat16* logits = bf16(0, elems);
-        const int64_t* targets = positions(l, rows);
+        const int64_t* targets = iota(l.positions, l, rows);
         float* lse = f32(2, sz(rows));
         if (fwd) {
           cuda::cross_entropy_forward(logits, targets, rows, cols, 0, lse, f32(3, sz(rows)), f32(4, sz(rows)),
@@ -679,7 +666,7 @@ struct CudaReplayRunner::Impl {
         // x / out [t, h] and xp / yp [t k, h] bf16, gates [t, k] fp32; slot s is permuted row s.
         if (op.mem != MemOp::kPermute || inner < 1 || cols % 8 != 0 || cols > 16384) return false;
         if (rows * inner >= (int64_t{1} << 31)) return false;
-        const int32_t* map = row_map(l, rows * inner);
+        const int32_t* map = iota(l.row_maps, l, rows * inner);
         const size_t wide = elems * sz(inner);
         const bool permute = static_cast<OpName>(op.name) == OpName::kPermute;
         if (permute && fwd) {
