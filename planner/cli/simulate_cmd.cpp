@@ -71,6 +71,20 @@ void print_text(const Prediction& p, const ReportContext& ctx) {
                  p.decoder_routing.imbalance(), 100 * p.decoder_routing.dropped_fraction);
     }
   }
+  for (const auto& e : p.hot_exchanges) {
+    if (e.table_source.empty()) {
+      fmt::print(
+          "  routed all-to-alls on {} ranks / {} node(s), busiest rank {:.3f}x: priced as a uniform exchange "
+          "of "
+          "the busiest rank's bytes (assumed; the profile has no hot-receiver table for this group)\n",
+          e.ranks, e.nodes, e.hot_factor);
+    } else {
+      fmt::print(
+          "  routed all-to-alls on {} ranks / {} node(s), busiest rank {:.3f}x: priced from the measured "
+          "hot-receiver table ({})\n",
+          e.ranks, e.nodes, e.hot_factor, e.table_source);
+    }
+  }
   const auto& pv = p.provenance;
   fmt::print(
       "critical path priced by stack numbers that are: {:.0f}% measured, {:.0f}% derived, {:.0f}% assumed, "

@@ -262,6 +262,35 @@ class Pricing {
   cost::CostCache cache_;  // each distinct op priced once
 };
 
+// The group shapes of the graph's routed all-to-alls under skewed routing and what priced them (the rule of
+// CostModel::collective_seconds: a table of the shape with a uniform row, else the busiest rank's bytes).
+std::vector<Prediction::HotExchange> hot_exchanges_of(const OpGraph& g, const HardwareProfile& hw) {
+  std::vector<Prediction::HotExchange> out;
+  for (const Op& op : g.ops) {
+    const CommSpec& c = op.comm;
+    if ((op.kind != OpKind::kCollective && op.kind != OpKind::kFusedGemmComm) ||
+        c.collective != Collective::kAllToAll || c.hot_factor <= 1.0 || c.node_dedup)
+      continue;
+    const cost::Placement pl = cost::place_group(c.group_size, c.stride, hw.node.gpus_per_node.value);
+    if (pl.ranks <= 1) continue;
+    auto row = std::find_if(out.begin(), out.end(), [&](const Prediction::HotExchange& e) {
+      return e.ranks == pl.ranks && e.nodes == pl.nodes;
+    });
+    if (row == out.end()) {
+      Prediction::HotExchange e{pl.ranks, pl.nodes, c.hot_factor, {}};
+      for (const AllToAllSkewTable& t : hw.calibration.alltoall_skew) {
+        if (t.ranks != pl.ranks || t.nodes != pl.nodes) continue;
+        if (cost::hot_receiver_slowdown(t, c.bytes / c.hot_factor, c.hot_factor)) e.table_source = t.source;
+        break;
+      }
+      out.push_back(std::move(e));
+    } else {
+      row->hot_factor = std::max(row->hot_factor, c.hot_factor);
+    }
+  }
+  return out;
+}
+
 StepFigures figures_of(const Run& r, int64_t stage, const PredictOptions& options) {
   StepFigures f;
   f.step_time = r.timeline.step_time;
@@ -455,6 +484,7 @@ Prediction predict(const ModelSpec& model, const Plan& plan, const HardwareProfi
     step = figures_of(simulated, r.critical_stage, options);
   }
   StepFigures& f = *step;
+  r.hot_exchanges = hot_exchanges_of(simulated.graph(), hw);
   if (simulated.owned) {
     r.graph = std::move(simulated.owned->graph);
     r.costs = std::move(simulated.costs);

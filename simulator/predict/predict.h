@@ -87,6 +87,15 @@ struct Prediction {
   workload::RoutingLoad routing;
   // An encoder-decoder's decoder layers (their targets are fewer tokens); for other models equal to routing.
   workload::RoutingLoad decoder_routing;
+  // How the routed all-to-alls that carry a hot factor above 1 were priced, one row per group shape: from
+  // the hardware profile's measured all-to-all-v table with a hot receiver for that shape (`table_source`
+  // names it), or, where the profile has none, as a uniform exchange of the busiest rank's bytes (empty).
+  struct HotExchange {
+    int64_t ranks = 0, nodes = 0;
+    double hot_factor = 1;  // the largest over the shape's exchanges
+    std::string table_source;
+  };
+  std::vector<HotExchange> hot_exchanges;
   StepBreakdown breakdown;  // of the busiest stage (most compute time), which sets the pace
   int64_t critical_stage = 0;
   std::vector<std::string> extrapolations;

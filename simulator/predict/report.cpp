@@ -87,6 +87,16 @@ nlohmann::json prediction_json(const Prediction& p, const ReportContext& ctx) {
                                {"mean_rank_assignments", p.decoder_routing.mean_rank_assignments},
                                {"dropped_fraction", p.decoder_routing.dropped_fraction}};
   }
+  j["routing"]["hot_alltoalls"] = nlohmann::json::array();
+  for (const auto& e : p.hot_exchanges) {
+    j["routing"]["hot_alltoalls"].push_back(
+        {{"ranks", e.ranks},
+         {"nodes", e.nodes},
+         {"hot_factor", e.hot_factor},
+         {"priced_from", e.table_source.empty() ? "busiest_rank_uniform" : "measured_table"},
+         {"table_source",
+          e.table_source.empty() ? nlohmann::json(nullptr) : nlohmann::json(e.table_source)}});
+  }
   j["extrapolations"] = p.extrapolations;
   j["stack_calibrated"] = ctx.stack.calibrated;
   j["provenance"] = {

@@ -357,6 +357,14 @@ class Builder {
     }
   };
   TaskState task_begin(int16_t stage, const PipelineTask& task);
+  // Megatron's vocabulary-parallel ends (its output layer and embedding split the vocabulary over TP under
+  // sequence parallelism, gpt_model.py at 1e057005); moerun keeps the whole table on every rank.
+  bool vocab_parallel() const { return megatron_ && tp_ > 1; }
+  Op embedding_op(OpName name, int64_t tokens) const;
+  Op embed_exchange(int64_t tokens, bool forward) const;
+  Op head_gather(int64_t tokens) const;
+  int32_t head_backward(TaskState& ts, Op head, int64_t tokens);
+  int32_t loss_reductions(TaskState& ts, int32_t loss, int64_t tg);
   // The MTP modules on the last virtual stage: forward after the main loss, backward before the main head.
   void emit_mtp(TaskState& ts);
   void task_end(TaskState& ts);
@@ -1511,26 +1519,113 @@ Builder::TaskState Builder::task_begin(int16_t stage, const PipelineTask& task) 
   const int64_t h = m_.hidden;
   if (task.forward) {
     if (ts.v == 0 && o_.embedding_and_head) {
-      ts.track(emit(walks(mem(OpName::kEmbedding, MemOp::kEmbedding, 2.0 * d(embedded_tokens() * h) * dt),
-                          d(embedded_tokens()), h),
-                    stage, task.chunk, -1, mb, Phase::kForward, {weight_cast_}));
+      ts.track(emit(embedding_op(OpName::kEmbedding, embedded_tokens()), stage, task.chunk, -1, mb,
+                    Phase::kForward, {weight_cast_}));
+      if (vocab_parallel())
+        ts.track(emit(embed_exchange(embedded_tokens(), true), stage, task.chunk, -1, mb, Phase::kForward,
+                      {ts.cur}));
     }
   } else if (ts.v == last_v && o_.embedding_and_head) {
     const int64_t tg = t_head_ * tp_;
     if (mtp_ > 0) emit_mtp(ts);
     ts.track(emit(loss_op(OpName::kLoss, false, tg), stage, task.chunk, -1, mb, Phase::kBackward, {ts.cur}));
     Op head = gemm(OpName::kLmHead, tg, m_.vocab / tp_, h);
-    head.part = GemmPart::kDgrad;
     in_bf16(head);  // Megatron keeps the output layer in BF16
-    ts.track(emit(head, stage, task.chunk, -1, mb, Phase::kBackward, {ts.cur}));
-    const int32_t dgrad = ts.cur;
-    head.part = GemmPart::kWgrad;
-    emit(head, stage, task.chunk, -1, mb, Phase::kBackward, {dgrad});
+    const int32_t dgrad = head_backward(ts, head, t_head_);
     ts.track(emit(walks(mem(OpName::kFinalNorm, MemOp::kNorm, 4.0 * d(embedded_tokens() * h) * dt),
                         d(embedded_tokens()), h),
                   stage, task.chunk, -1, mb, Phase::kBackward, {dgrad}));
   }
   return ts;
+}
+
+// The output layer's backward from the loss's gradient (ts.cur); returns what the final norm's backward
+// waits for. Megatron under tensor parallelism (tensor_parallel/layers.py at 1e057005,
+// LinearWithGradAccumulationAndAsyncCommunication.backward, lines 479-565): the input shard is all-gathered
+// again, asynchronously before the dgrad GEMM; the dgrad's rows are reduce-scattered back to the sequence
+// shard asynchronously, beside the weight-gradient GEMM, which waits for the gather; backward returns after
+// the reduce-scatter. Elsewhere the dgrad is what the norm waits for.
+int32_t Builder::head_backward(TaskState& ts, Op head, int64_t tokens) {
+  const int16_t stage = ts.stage, chunk = ts.task.chunk;
+  const int32_t mb = ts.task.micro_batch;
+  const int32_t grad = ts.cur;
+  int32_t regather = -1;
+  if (vocab_parallel()) {
+    Op ag = head_gather(tokens);
+    ag.name = static_cast<uint16_t>(OpName::kInputAg);
+    regather = emit(ag, stage, chunk, -1, mb, Phase::kBackward, {grad});
+  }
+  head.part = GemmPart::kDgrad;
+  ts.track(emit(head, stage, chunk, -1, mb, Phase::kBackward, {grad}));
+  const int32_t dgrad = ts.cur;
+  int32_t rs = -1;
+  if (vocab_parallel()) {
+    rs = emit(coll(OpName::kHeadRs, Collective::kReduceScatter, CommGroup::kTp,
+                   d(tokens * tp_ * m_.hidden) * bytes_of(dt_)),
+              stage, chunk, -1, mb, Phase::kBackward, {dgrad});
+  }
+  head.part = GemmPart::kWgrad;
+  emit(head, stage, chunk, -1, mb, Phase::kBackward, {dgrad, regather});
+  return rs >= 0 ? rs : dgrad;
+}
+
+// The output layer's input gathered over TP from each rank's `tokens` rows (its forward all-gather).
+Op Builder::head_gather(int64_t tokens) const {
+  return coll(OpName::kHeadAg, Collective::kAllGather, CommGroup::kTp,
+              d(tokens * tp_ * m_.hidden) * bytes_of(dt_));
+}
+
+// The embedding of a rank's `tokens` rows. Moerun looks up its own rows in a whole table. Megatron under TP
+// (VocabParallelEmbedding.forward at 1e057005, tensor_parallel/layers.py:246-275, with
+// reduce_scatter_embeddings under sequence parallelism): every rank looks up all the TP group's rows in its
+// vocabulary shard (reading and writing them), zeroes the rows outside it and transposes them to
+// sequence-first before the reduce-scatter; backward runs the same three walks in reverse. Bytes per walk: 2,
+// 1, 2 of the rows.
+Op Builder::embedding_op(OpName name, int64_t tokens) const {
+  const double dt = bytes_of(dt_);
+  const int64_t h = m_.hidden;
+  if (!vocab_parallel()) return walks(mem(name, MemOp::kEmbedding, 2.0 * d(tokens * h) * dt), d(tokens), h);
+  const int64_t rows = tokens * tp_;
+  return walks(mem(name, MemOp::kEmbedding, 5.0 * d(rows * h) * dt, Stream::kCompute, 3), d(rows), h);
+}
+
+// Megatron's embedding output reduce-scattered to the sequence shard over TP (forward) and its gradient
+// all-gathered back (backward).
+Op Builder::embed_exchange(int64_t tokens, bool forward) const {
+  const double bytes = d(tokens * tp_ * m_.hidden) * bytes_of(dt_);
+  return forward ? coll(OpName::kEmbedRs, Collective::kReduceScatter, CommGroup::kTp, bytes)
+                 : coll(OpName::kEmbedAg, Collective::kAllGather, CommGroup::kTp, bytes);
+}
+
+// The vocabulary-parallel cross-entropy's reductions over TP, after the forward loss kernels (`loss`) on `tg`
+// rows, chained; returns the last (or `loss` where there are none). Megatron at 1e057005: unfused
+// (tensor_parallel/cross_entropy.py:130-154) all-reduces the rows' maximum, the target logits and the sums of
+// exponentials, [tg] FP32 each; the fused native loss (fusions/fused_cross_entropy.py:94, 112) the maximum,
+// then the target logits and sums together; TE's (TransformerEngine v2.4 triton/cross_entropy.py:274-303)
+// all-gathers each rank's [tg x 3] FP32 statistics once.
+int32_t Builder::loss_reductions(TaskState& ts, int32_t loss, int64_t tg) {
+  if (!vocab_parallel()) return loss;
+  const int16_t stage = ts.stage, chunk = ts.task.chunk;
+  const int32_t mb = ts.task.micro_batch;
+  const double row = 4.0 * d(tg);
+  std::vector<Op> colls;
+  switch (p_.cross_entropy) {
+    case CrossEntropy::kUnfused:
+      for (int i = 0; i < 3; ++i)
+        colls.push_back(coll(OpName::kLossAr, Collective::kAllReduce, CommGroup::kTp, row, DType::kFp32));
+      break;
+    case CrossEntropy::kNative:
+      colls.push_back(coll(OpName::kLossAr, Collective::kAllReduce, CommGroup::kTp, row, DType::kFp32));
+      colls.push_back(coll(OpName::kLossAr, Collective::kAllReduce, CommGroup::kTp, 2.0 * row, DType::kFp32));
+      break;
+    case CrossEntropy::kTe:
+      colls.push_back(
+          coll(OpName::kLossAg, Collective::kAllGather, CommGroup::kTp, 3.0 * row * d(tp_), DType::kFp32));
+      break;
+  }
+  int32_t last = loss;
+  for (const Op& c : colls) last = emit(c, stage, chunk, -1, mb, Phase::kForward, {last});
+  return last;
 }
 
 void Builder::task_end(TaskState& ts) {
@@ -1546,11 +1641,14 @@ void Builder::task_end(TaskState& ts) {
       ts.track(emit(walks(mem(OpName::kFinalNorm, MemOp::kNorm, 3.0 * d(embedded_tokens() * h) * dt),
                           d(embedded_tokens()), h),
                     stage, task.chunk, -1, mb, Phase::kForward, {ts.cur}));
+      if (vocab_parallel())
+        ts.track(emit(head_gather(t_head_), stage, task.chunk, -1, mb, Phase::kForward, {ts.cur}));
       Op head = gemm(OpName::kLmHead, tg, m_.vocab / tp_, h);
       in_bf16(head);  // Megatron keeps the output layer in BF16
       ts.track(emit(head, stage, task.chunk, -1, mb, Phase::kForward, {ts.cur}));
       const int32_t main_input = ts.cur;
       ts.track(emit(loss_op(OpName::kLoss, true, tg), stage, task.chunk, -1, mb, Phase::kForward, {ts.cur}));
+      ts.track(loss_reductions(ts, ts.cur, tg));
       if (mtp_ > 0) {
         const int32_t loss = ts.cur;
         ts.cur = main_input;
@@ -1559,9 +1657,11 @@ void Builder::task_end(TaskState& ts) {
       }
     }
   } else if (ts.v == 0 && o_.embedding_and_head) {
-    ts.track(emit(walks(mem(OpName::kEmbedding, MemOp::kEmbedding, 2.0 * d(embedded_tokens() * h) * dt),
-                        d(embedded_tokens()), h),
-                  stage, task.chunk, -1, mb, Phase::kBackward, {ts.cur}));
+    if (vocab_parallel())
+      ts.track(emit(embed_exchange(embedded_tokens(), false), stage, task.chunk, -1, mb, Phase::kBackward,
+                    {ts.cur}));
+    ts.track(emit(embedding_op(OpName::kEmbedding, embedded_tokens()), stage, task.chunk, -1, mb,
+                  Phase::kBackward, {ts.cur}));
   }
   task_first_[task_index(mb, ts.v, task.forward)] = ts.first;
   // Send the activation (forward) or its gradient (backward) to the neighbouring virtual stage; DualPipeV's
@@ -1595,27 +1695,26 @@ void Builder::emit_mtp(TaskState& ts) {
   if (ts.task.forward) {
     for (int64_t j = 0; j < mtp_; ++j) {
       const int32_t trunk = ts.cur;
-      const int32_t emb = emit(mem(OpName::kMtpEmbedding, MemOp::kEmbedding, 2.0 * d(t_ * h) * dt), stage,
-                               chunk, -1, mb, Phase::kForward, {});
+      int32_t emb = emit(embedding_op(OpName::kMtpEmbedding, t_), stage, chunk, -1, mb, Phase::kForward, {});
+      if (vocab_parallel())
+        emb = emit(embed_exchange(t_, true), stage, chunk, -1, mb, Phase::kForward, {emb});
       ts.track(emit(norms, stage, chunk, -1, mb, Phase::kForward, {trunk, emb}));
       ts.track(emit(proj, stage, chunk, -1, mb, Phase::kForward, {ts.cur}));
       forward_begin(pass, n_main_ + j, stage, chunk, mb, ts.cur);
       for (int n = 0; n < kNodes; ++n) forward_node(pass, static_cast<Node>(n));
       ts.cur = pass.last;
       ts.track(emit(final_norm, stage, chunk, -1, mb, Phase::kForward, {ts.cur}));
+      if (vocab_parallel()) ts.track(emit(head_gather(t_), stage, chunk, -1, mb, Phase::kForward, {ts.cur}));
       ts.track(emit(head, stage, chunk, -1, mb, Phase::kForward, {ts.cur}));
       ts.track(emit(loss_op(OpName::kMtpLoss, true, tg), stage, chunk, -1, mb, Phase::kForward, {ts.cur}));
+      ts.track(loss_reductions(ts, ts.cur, tg));
     }
     return;
   }
   for (int64_t j = mtp_; j-- > 0;) {
     ts.track(emit(loss_op(OpName::kMtpLoss, false, tg), stage, chunk, -1, mb, Phase::kBackward, {ts.cur}));
-    head.part = GemmPart::kDgrad;
-    ts.track(emit(head, stage, chunk, -1, mb, Phase::kBackward, {ts.cur}));
-    const int32_t dgrad = ts.cur;
-    head.part = GemmPart::kWgrad;
-    emit(head, stage, chunk, -1, mb, Phase::kBackward, {dgrad});
-    ts.track(emit(final_norm, stage, chunk, -1, mb, Phase::kBackward, {dgrad}));
+    const int32_t head_grad = head_backward(ts, head, t_);
+    ts.track(emit(final_norm, stage, chunk, -1, mb, Phase::kBackward, {head_grad}));
     backward_begin(pass, n_main_ + j, stage, chunk, mb, ts.cur);
     for (int n = kNodes; n-- > 0;) backward_node(pass, static_cast<Node>(n));
     ts.cur = backward_output(pass);
@@ -1629,6 +1728,12 @@ void Builder::emit_mtp(TaskState& ts) {
     without_casts(pw);
     emit(pw, stage, chunk, -1, mb, Phase::kBackward, {pd});
     ts.track(emit(norms, stage, chunk, -1, mb, Phase::kBackward, {pd}));
+    // The next token's embedding takes its gradient from the norm (the table is the model's own); off the
+    // trunk's path.
+    int32_t emb = ts.cur;
+    if (vocab_parallel())
+      emb = emit(embed_exchange(t_, false), stage, chunk, -1, mb, Phase::kBackward, {emb});
+    emit(embedding_op(OpName::kMtpEmbedding, t_), stage, chunk, -1, mb, Phase::kBackward, {emb});
   }
 }
 

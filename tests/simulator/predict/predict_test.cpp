@@ -233,6 +233,58 @@ TEST_SUITE("predict") {
     CHECK(combined.step_time_s < 0.99 * plain.step_time_s);
   }
 
+  TEST_CASE("a prediction says what priced its routed all-to-alls under skewed routing") {
+    // Mixtral-8x7B on 32 H100s, ep 8 within a node, zipf routing: the busiest EP rank draws more than the
+    // mean, so the plain exchanges carry a hot factor. The built-in profile has no hot-receiver table: the
+    // report says they were priced as a uniform exchange of the busiest rank's bytes. With a table for 8
+    // ranks on one node it names the table, and the step is slower by what the table measures. Uniform
+    // routing: no row at all.
+    Case c;
+    c.plan.recompute = Recompute::kNone;
+    const auto zipf = workload::zipf_routing(c.model.moe.num_experts, 1.0);
+    const Prediction plain = predict(c.model, c.plan, c.hw, c.stack, zipf);
+    REQUIRE(plain.violations.empty());
+    REQUIRE(plain.hot_exchanges.size() == 1);
+    const Prediction::HotExchange& e = plain.hot_exchanges[0];
+    CHECK(e.ranks == 8);
+    CHECK(e.hot_factor == doctest::Approx(plain.routing.imbalance()));
+    CHECK(e.hot_factor > 1.0);
+    CHECK(e.table_source.empty());
+    const ReportContext ctx{c.plan, c.model, c.hw, c.stack};
+    const nlohmann::json row = prediction_json(plain, ctx)["routing"]["hot_alltoalls"].at(0);
+    CHECK(row["priced_from"] == "busiest_rank_uniform");
+    CHECK(row["table_source"].is_null());
+
+    HardwareProfile measured = c.hw;
+    AllToAllSkewTable t;
+    t.ranks = e.ranks;
+    t.nodes = e.nodes;
+    t.source = "moerun bench --plan test.json (test)";
+    for (int64_t bytes : {int64_t{1} << 16, int64_t{1} << 30}) {
+      t.points.push_back({bytes, 1.0, 1e-3});
+      t.points.push_back({bytes, 4.0, 2e-3});  // 2x at a hot factor of 4
+    }
+    measured.calibration.alltoall_skew = {t};
+    const Prediction tabled = predict(c.model, c.plan, measured, c.stack, zipf);
+    REQUIRE(tabled.hot_exchanges.size() == 1);
+    CHECK(tabled.hot_exchanges[0].table_source == t.source);
+    const ReportContext tctx{c.plan, c.model, measured, c.stack};
+    CHECK(prediction_json(tabled, tctx)["routing"]["hot_alltoalls"].at(0)["priced_from"] == "measured_table");
+    CHECK(tabled.step_time_s != plain.step_time_s);
+
+    // Uniform routing: the busiest rank still draws the expected maximum of its share, less than under zipf;
+    // without expert parallelism there is no routed exchange at all.
+    const Prediction even = c.run();
+    REQUIRE(even.hot_exchanges.size() == 1);
+    CHECK(even.hot_exchanges[0].hot_factor < e.hot_factor);
+    c.plan.experts.ep = 1;
+    const Prediction none = c.run();
+    REQUIRE(none.violations.empty());
+    CHECK(none.hot_exchanges.empty());
+    const ReportContext nctx{c.plan, c.model, c.hw, c.stack};
+    CHECK(prediction_json(none, nctx)["routing"]["hot_alltoalls"].empty());
+  }
+
   TEST_CASE("an overlap the stack lacks predicts exactly as the plan without it, with a notice") {
     // Megatron-Core has no MegaScale-MoE inter-operator overlap (K/V all-to-all beside Q, shared experts on a
     // side stream): asking for it changes nothing but the notice.

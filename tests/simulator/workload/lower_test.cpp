@@ -97,6 +97,22 @@ const Op& the_op(const OpGraph& g, OpName n, int32_t layer = 0, Phase phase = Ph
   return *v.front();
 }
 
+// The ops of a name outside the layers (the embedding, the head, the loss: layer -1) of micro-batch 0.
+std::vector<const Op*> end_ops(const OpGraph& g, OpName n, Phase phase = Phase::kForward,
+                               GemmPart part = GemmPart::kNone) {
+  std::vector<const Op*> out;
+  for (const Op* op : ops_named(g, n, -1, phase, part)) {
+    if (op->layer == -1) out.push_back(op);
+  }
+  return out;
+}
+const Op& the_end_op(const OpGraph& g, OpName n, Phase phase = Phase::kForward,
+                     GemmPart part = GemmPart::kNone) {
+  const auto v = end_ops(g, n, phase, part);
+  REQUIRE_MESSAGE(v.size() == 1, kOpNames[static_cast<size_t>(n)] << ": " << v.size() << " ops");
+  return *v.front();
+}
+
 // Lowering as a stack runs it (its dispatcher, host waits and kernel counts) on H100 nodes of 8 GPUs.
 LoweringOptions stack_options(const char* stack) {
   static const HardwareProfile hw = io::load_hardware("h100-sxm").value();
@@ -508,6 +524,120 @@ TEST_SUITE("workload") {
     CHECK(ops_named(mla, OpName::kInputAg, 0, Phase::kBackward).size() == 1);  // the dense MLP's fc13 only
     CHECK(the_op(mla, OpName::kInputAg, 0, Phase::kBackward).comm.bytes ==
           the_op(mla, OpName::kFfnAg).comm.bytes);
+  }
+
+  TEST_CASE(
+      "Megatron's vocabulary-parallel ends exchange over TP: the embedding, the output layer, the loss") {
+    // Mixtral-8x7B, one layer, tp 2 on one node, pp 1 (both ends on the stage): 2048 tokens per rank, 4096 in
+    // the TP group, h = 4096, BF16 activations. The embedding looks up the group's rows in its vocabulary
+    // shard and reduce-scatters them (its gradient is all-gathered back); the output layer all-gathers its
+    // input, re-gathers it in backward beside the dgrad for the weight gradient and reduce-scatters the dgrad
+    // before the final norm's backward; the cross-entropy reduces its row statistics over TP as each
+    // implementation does. moerun's stack keeps both ends whole, and so does tp 1.
+    Plan p = node_plan(4);
+    p.attention.tp = 2;
+    p.global_batch = 4;
+    const double t = 2048, tg = 4096, h = 4096;
+    auto depends = [](const OpGraph& g, const Op& op, const Op& on) {
+      const auto d = g.deps_of(op);
+      return std::find(d.begin(), d.end(), on.id) != d.end();
+    };
+    p.cross_entropy = CrossEntropy::kUnfused;
+    const OpGraph g = lower(mixtral(1), p, stack_options("megatron-core"));
+    const Op& emb = the_end_op(g, OpName::kEmbedding);
+    const Op& rs = the_end_op(g, OpName::kEmbedRs);
+    CHECK(emb.gemm.m == 4096);  // the group's rows
+    CHECK(emb.hbm_bytes == doctest::Approx(5.0 * tg * h * 2.0));
+    CHECK(rs.comm.collective == Collective::kReduceScatter);
+    CHECK(rs.comm.group == CommGroup::kTp);
+    CHECK(rs.comm.bytes == tg * h * 2.0);
+    CHECK(depends(g, rs, emb));
+    CHECK(depends(g, *ops_named(g, OpName::kAttnNorm, 0).front(), rs));
+    const Op& head_ag = the_end_op(g, OpName::kHeadAg);
+    const Op& head = the_end_op(g, OpName::kLmHead);
+    CHECK(head_ag.comm.collective == Collective::kAllGather);
+    CHECK(head_ag.comm.bytes == tg * h * 2.0);
+    CHECK(depends(g, head_ag, the_end_op(g, OpName::kFinalNorm)));
+    CHECK(depends(g, head, head_ag));
+    CHECK(head.gemm.m == 4096);
+    const auto ars = end_ops(g, OpName::kLossAr);
+    REQUIRE(ars.size() == 3);  // the rows' maximum, the target logits, the sums of exponentials
+    CHECK(depends(g, *ars[0], the_end_op(g, OpName::kLoss)));
+    for (const Op* ar : ars) {
+      CHECK(ar->comm.collective == Collective::kAllReduce);
+      CHECK(ar->comm.bytes == 4.0 * tg);
+      CHECK(ar->dtype == DType::kFp32);
+    }
+    CHECK(depends(g, *ars[2], *ars[1]));
+    // Backward: re-gather, dgrad, reduce-scatter, wgrad; the final norm waits for the reduce-scatter.
+    const Op& regather = the_end_op(g, OpName::kInputAg, Phase::kBackward);
+    const Op& dgrad = the_end_op(g, OpName::kLmHead, Phase::kBackward, GemmPart::kDgrad);
+    const Op& wgrad = the_end_op(g, OpName::kLmHead, Phase::kBackward, GemmPart::kWgrad);
+    const Op& head_rs = the_end_op(g, OpName::kHeadRs, Phase::kBackward);
+    CHECK(regather.comm.bytes == head_ag.comm.bytes);
+    CHECK(regather.id < dgrad.id);
+    CHECK_FALSE(depends(g, dgrad, regather));
+    CHECK(depends(g, wgrad, regather));
+    CHECK(depends(g, head_rs, dgrad));
+    CHECK(head_rs.id < wgrad.id);
+    CHECK(head_rs.comm.collective == Collective::kReduceScatter);
+    CHECK(head_rs.comm.bytes == tg * h * 2.0);
+    CHECK(depends(g, the_end_op(g, OpName::kFinalNorm, Phase::kBackward), head_rs));
+    const Op& emb_ag = the_end_op(g, OpName::kEmbedAg, Phase::kBackward);
+    CHECK(emb_ag.comm.collective == Collective::kAllGather);
+    CHECK(emb_ag.comm.bytes == tg * h * 2.0);
+    CHECK(depends(g, the_end_op(g, OpName::kEmbedding, Phase::kBackward), emb_ag));
+
+    // The fused native loss: two all-reduces (the maximum, then the target logits with the sums); TE's: one
+    // all-gather of each rank's three statistics per row.
+    p.cross_entropy = CrossEntropy::kNative;
+    const OpGraph native = lower(mixtral(1), p, stack_options("megatron-core"));
+    const auto nars = end_ops(native, OpName::kLossAr);
+    REQUIRE(nars.size() == 2);
+    CHECK(nars[0]->comm.bytes == 4.0 * tg);
+    CHECK(nars[1]->comm.bytes == 8.0 * tg);
+    CHECK(end_ops(native, OpName::kLossAg).empty());
+    p.cross_entropy = CrossEntropy::kTe;
+    const OpGraph te = lower(mixtral(1), p, stack_options("megatron-core"));
+    CHECK(end_ops(te, OpName::kLossAr).empty());
+    CHECK(the_end_op(te, OpName::kLossAg).comm.bytes == 12.0 * tg * 2.0);
+
+    // moerun's ends, and Megatron's at tp 1: no exchange, the rank's own rows.
+    Plan tp1 = p;
+    tp1.attention.tp = 1;
+    tp1.global_batch = 8;
+    for (const auto& [plan, stack] : {std::pair{p, "moerun"}, std::pair{tp1, "megatron-core"}}) {
+      CAPTURE(stack);
+      const OpGraph whole = lower(mixtral(1), plan, stack_options(stack));
+      for (OpName n : {OpName::kEmbedRs, OpName::kEmbedAg, OpName::kHeadAg, OpName::kHeadRs, OpName::kLossAr,
+                       OpName::kLossAg}) {
+        CHECK(end_ops(whole, n).empty());
+        CHECK(end_ops(whole, n, Phase::kBackward).empty());
+      }
+      CHECK(end_ops(whole, OpName::kInputAg, Phase::kBackward).empty());
+      const double rows = plan.attention.tp == 2 ? t : 4096;
+      CHECK(the_end_op(whole, OpName::kEmbedding).hbm_bytes == doctest::Approx(2.0 * rows * h * 2.0));
+    }
+  }
+
+  TEST_CASE(
+      "MTP's embedding and output layer exchange over TP as the main ones do, and its embedding learns") {
+    // DeepSeek-V3 cut to one dense layer with one MTP module, tp 2, ep 8: the MTP depth's embedding
+    // reduce-scatters (all-gathers its gradient), its head gathers, re-gathers and reduce-scatters like the
+    // main head; the MTP embedding's backward runs on every stack.
+    Plan p = node_plan(8);
+    p.attention.tp = 2;
+    p.global_batch = 4;
+    const OpGraph g = lower(deepseek_v3(1, 0, 1), p, stack_options("megatron-core"));
+    CHECK(end_ops(g, OpName::kEmbedRs).size() == 2);
+    CHECK(end_ops(g, OpName::kHeadAg).size() == 2);
+    CHECK(end_ops(g, OpName::kHeadRs, Phase::kBackward).size() == 2);
+    CHECK(end_ops(g, OpName::kInputAg, Phase::kBackward).size() == 2);
+    CHECK(end_ops(g, OpName::kEmbedAg, Phase::kBackward).size() == 2);
+    CHECK(end_ops(g, OpName::kMtpEmbedding, Phase::kBackward).size() == 1);
+    const OpGraph own = lower(deepseek_v3(1, 0, 1), p, stack_options("moerun"));
+    CHECK(end_ops(own, OpName::kMtpEmbedding, Phase::kBackward).size() == 1);
+    CHECK(end_ops(own, OpName::kHeadAg).empty());
   }
 
   TEST_CASE("the alltoall dispatcher sorts chunks only when a rank holds more than one expert") {
@@ -1439,8 +1569,9 @@ TEST_SUITE("workload") {
     const workload::PlanRouting plain =
         workload::plan_routing(mixtral(1), node_plan(8), workload::uniform_routing(8));
     CHECK(plain.decoder_scale == plain.scale);
-    // Both stacks embed; the head and the loss run on the targets.
-    CHECK(the_op(g, OpName::kEmbedding, -1).hbm_bytes == doctest::Approx(2.0 * (512 + 128) * 768 * 2));
+    // Both stacks embed; the head and the loss run on the targets. Megatron's vocabulary-parallel embedding
+    // looks up the TP group's rows (tp 2) in three walks of 5 bytes per row element in all.
+    CHECK(the_op(g, OpName::kEmbedding, -1).hbm_bytes == doctest::Approx(5.0 * 2 * (512 + 128) * 768 * 2));
     CHECK(the_op(g, OpName::kLmHead, -1).gemm.m == 256);
   }
 }
