@@ -1691,6 +1691,14 @@ void Builder::emit_mtp(TaskState& ts) {
   Op head = gemm(OpName::kMtpLmHead, tg, m_.vocab / tp_, h);
   in_bf16(head);
   Op final_norm = walks(mem(OpName::kFinalNorm, MemOp::kNorm, 3.0 * d(t_ * h) * dt), d(t_), h);
+  // Megatron under TP (transformer/multi_token_prediction.py:459-468 at 1e057005): eh_proj is TE's
+  // column-parallel linear, so under sequence parallelism it all-gathers its [t, 2h] input; its [tg, h / tp]
+  // output is all-gathered along the hidden dim and split back to the sequence shard. Backward: the split's
+  // gradient is all-gathered, the hidden-dim gather's reduce-scattered, and the linear re-gathers its input
+  // beside the dgrad (for the wgrad) and reduce-scatters the dgrad beside the wgrad, as TE's linears do.
+  const bool mtp_tp = megatron_ && tp_ > 1;
+  const Op proj_in_ag = coll(OpName::kMtpAg, Collective::kAllGather, CommGroup::kTp, d(tg * 2 * h) * dt);
+  const Op out_ag = coll(OpName::kMtpOutAg, Collective::kAllGather, CommGroup::kTp, d(tg * h) * dt);
   LayerPass pass;
   if (ts.task.forward) {
     for (int64_t j = 0; j < mtp_; ++j) {
@@ -1699,7 +1707,9 @@ void Builder::emit_mtp(TaskState& ts) {
       if (vocab_parallel())
         emb = emit(embed_exchange(t_, true), stage, chunk, -1, mb, Phase::kForward, {emb});
       ts.track(emit(norms, stage, chunk, -1, mb, Phase::kForward, {trunk, emb}));
+      if (mtp_tp) ts.track(emit(proj_in_ag, stage, chunk, -1, mb, Phase::kForward, {ts.cur}));
       ts.track(emit(proj, stage, chunk, -1, mb, Phase::kForward, {ts.cur}));
+      if (mtp_tp) ts.track(emit(out_ag, stage, chunk, -1, mb, Phase::kForward, {ts.cur}));
       forward_begin(pass, n_main_ + j, stage, chunk, mb, ts.cur);
       for (int n = 0; n < kNodes; ++n) forward_node(pass, static_cast<Node>(n));
       ts.cur = pass.last;
@@ -1719,15 +1729,30 @@ void Builder::emit_mtp(TaskState& ts) {
     for (int n = kNodes; n-- > 0;) backward_node(pass, static_cast<Node>(n));
     ts.cur = backward_output(pass);
     backward_done(pass);
+    int32_t regather = -1;
+    if (mtp_tp) {
+      ts.track(emit(coll(OpName::kMtpScatterAg, Collective::kAllGather, CommGroup::kTp, d(tg * h) * dt),
+                    stage, chunk, -1, mb, Phase::kBackward, {ts.cur}));
+      ts.track(emit(coll(OpName::kMtpOutRs, Collective::kReduceScatter, CommGroup::kTp, d(tg * h) * dt),
+                    stage, chunk, -1, mb, Phase::kBackward, {ts.cur}));
+      Op again = proj_in_ag;
+      again.name = static_cast<uint16_t>(OpName::kInputAg);
+      regather = emit(again, stage, chunk, -1, mb, Phase::kBackward, {ts.cur});
+    }
     proj.part = GemmPart::kDgrad;
     proj.aux_bytes = proj.aux_bytes > 0 ? fp8_input_cast(d(tg) * d(h / tp_)) : 0.0;
     ts.track(emit(proj, stage, chunk, -1, mb, Phase::kBackward, {ts.cur}));
     const int32_t pd = ts.cur;
+    int32_t into_norms = pd;
+    if (mtp_tp) {
+      into_norms = emit(coll(OpName::kMtpRs, Collective::kReduceScatter, CommGroup::kTp, d(tg * 2 * h) * dt),
+                        stage, chunk, -1, mb, Phase::kBackward, {pd});
+    }
     Op pw = proj;
     pw.part = GemmPart::kWgrad;
     without_casts(pw);
-    emit(pw, stage, chunk, -1, mb, Phase::kBackward, {pd});
-    ts.track(emit(norms, stage, chunk, -1, mb, Phase::kBackward, {pd}));
+    emit(pw, stage, chunk, -1, mb, Phase::kBackward, {pd, regather});
+    ts.track(emit(norms, stage, chunk, -1, mb, Phase::kBackward, {into_norms}));
     // The next token's embedding takes its gradient from the norm (the table is the model's own); off the
     // trunk's path.
     int32_t emb = ts.cur;

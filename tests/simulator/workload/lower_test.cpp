@@ -620,24 +620,65 @@ TEST_SUITE("workload") {
     }
   }
 
-  TEST_CASE(
-      "MTP's embedding and output layer exchange over TP as the main ones do, and its embedding learns") {
-    // DeepSeek-V3 cut to one dense layer with one MTP module, tp 2, ep 8: the MTP depth's embedding
-    // reduce-scatters (all-gathers its gradient), its head gathers, re-gathers and reduce-scatters like the
-    // main head; the MTP embedding's backward runs on every stack.
+  TEST_CASE("MTP's embedding, projection and output layer exchange over TP as Megatron runs them") {
+    // DeepSeek-V3 cut to one dense layer with one MTP module, tp 2, ep 8: 2048 tokens per rank, 4096 in the
+    // TP group, h = 7168. The MTP depth's embedding reduce-scatters (all-gathers its gradient) and its head
+    // gathers, re-gathers and reduce-scatters like the main ones. Its projection eh_proj is TE's
+    // column-parallel linear: it gathers its [t, 2h] input, and its output is gathered along the hidden dim
+    // before the split to the sequence shard; backward gathers the split's gradient, reduce-scatters the
+    // hidden-dim gather's, re-gathers the input beside the dgrad and reduce-scatters the dgrad. The MTP
+    // embedding's backward runs on every stack; moerun's has none of the exchanges.
     Plan p = node_plan(8);
     p.attention.tp = 2;
     p.global_batch = 4;
+    const double tg = 4096, h = 7168;
+    auto depends = [](const OpGraph& g, const Op& op, const Op& on) {
+      const auto d = g.deps_of(op);
+      return std::find(d.begin(), d.end(), on.id) != d.end();
+    };
     const OpGraph g = lower(deepseek_v3(1, 0, 1), p, stack_options("megatron-core"));
     CHECK(end_ops(g, OpName::kEmbedRs).size() == 2);
     CHECK(end_ops(g, OpName::kHeadAg).size() == 2);
     CHECK(end_ops(g, OpName::kHeadRs, Phase::kBackward).size() == 2);
-    CHECK(end_ops(g, OpName::kInputAg, Phase::kBackward).size() == 2);
     CHECK(end_ops(g, OpName::kEmbedAg, Phase::kBackward).size() == 2);
     CHECK(end_ops(g, OpName::kMtpEmbedding, Phase::kBackward).size() == 1);
+    // main head, MTP head, MTP projection
+    CHECK(end_ops(g, OpName::kInputAg, Phase::kBackward).size() == 3);
+    const Op& in_ag = the_end_op(g, OpName::kMtpAg);
+    const Op& proj = the_end_op(g, OpName::kMtpProj);
+    const Op& out_ag = the_end_op(g, OpName::kMtpOutAg);
+    CHECK(in_ag.comm.collective == Collective::kAllGather);
+    CHECK(in_ag.comm.bytes == tg * 2 * h * 2);
+    CHECK(out_ag.comm.bytes == tg * h * 2);
+    CHECK(depends(g, proj, in_ag));
+    CHECK(depends(g, out_ag, proj));
+    const Op& scatter_ag = the_end_op(g, OpName::kMtpScatterAg, Phase::kBackward);
+    const Op& out_rs = the_end_op(g, OpName::kMtpOutRs, Phase::kBackward);
+    const Op& dgrad = the_end_op(g, OpName::kMtpProj, Phase::kBackward, GemmPart::kDgrad);
+    const Op& wgrad = the_end_op(g, OpName::kMtpProj, Phase::kBackward, GemmPart::kWgrad);
+    const Op& rs = the_end_op(g, OpName::kMtpRs, Phase::kBackward);
+    CHECK(scatter_ag.comm.collective == Collective::kAllGather);
+    CHECK(out_rs.comm.collective == Collective::kReduceScatter);
+    CHECK(rs.comm.collective == Collective::kReduceScatter);
+    CHECK(rs.comm.bytes == tg * 2 * h * 2);
+    CHECK(depends(g, out_rs, scatter_ag));
+    CHECK(depends(g, dgrad, out_rs));
+    CHECK(depends(g, rs, dgrad));
+    CHECK(depends(g, the_end_op(g, OpName::kMtpNorm, Phase::kBackward), rs));
+    int regathers_before_dgrad = 0;
+    for (const Op* a : end_ops(g, OpName::kInputAg, Phase::kBackward)) {
+      if (!depends(g, wgrad, *a)) continue;
+      ++regathers_before_dgrad;
+      CHECK(a->id < dgrad.id);
+      CHECK_FALSE(depends(g, dgrad, *a));
+      CHECK(a->comm.bytes == in_ag.comm.bytes);
+    }
+    CHECK(regathers_before_dgrad == 1);
     const OpGraph own = lower(deepseek_v3(1, 0, 1), p, stack_options("moerun"));
     CHECK(end_ops(own, OpName::kMtpEmbedding, Phase::kBackward).size() == 1);
-    CHECK(end_ops(own, OpName::kHeadAg).empty());
+    for (OpName n : {OpName::kHeadAg, OpName::kMtpAg, OpName::kMtpOutAg}) CHECK(end_ops(own, n).empty());
+    for (OpName n : {OpName::kMtpRs, OpName::kMtpOutRs, OpName::kMtpScatterAg, OpName::kInputAg})
+      CHECK(end_ops(own, n, Phase::kBackward).empty());
   }
 
   TEST_CASE("the alltoall dispatcher sorts chunks only when a rank holds more than one expert") {
