@@ -360,6 +360,15 @@ class Builder {
   // Megatron's vocabulary-parallel ends (its output layer and embedding split the vocabulary over TP under
   // sequence parallelism, gpt_model.py at 1e057005); moerun keeps the whole table on every rank.
   bool vocab_parallel() const { return megatron_ && tp_ > 1; }
+  // The stream of a TP exchange that a column-parallel linear's backward issues asynchronously: the input's
+  // re-gather for the weight gradient and the data gradient's reduce-scatter. TE waits for the first only
+  // before the weight-gradient GEMM and for the second at the end of backward (TransformerEngine v2.4
+  // module/layernorm_linear.py:650-656, 728-734, 889-892; module/linear.py alike), and so does Megatron's own
+  // linear (tensor_parallel/layers.py:486-565 at 1e057005), which launches them before the GEMM they hide
+  // behind (CUDA_DEVICE_MAX_CONNECTIONS=1 keeps that order): on the TP group's NCCL stream beside the GEMMs.
+  // Here the communication stream, except under combined 1F1B, whose EP exchanges hold it (they stay in line
+  // there, `fallback`).
+  Stream te_async_stream(Stream fallback) const { return megatron_ && !combined_ ? Stream::kComm : fallback; }
   Op embedding_op(OpName name, int64_t tokens) const;
   Op embed_exchange(int64_t tokens, bool forward) const;
   Op head_gather(int64_t tokens) const;
@@ -1409,7 +1418,7 @@ void Builder::backward_node(LayerPass& pass, Node node) {
               in.comm.group == CommGroup::kTp && rc.consumers[src].size() == 1) {
             Op ag = in;
             ag.name = static_cast<uint16_t>(OpName::kInputAg);
-            ag.stream = stream_of(ops[src]);
+            ag.stream = te_async_stream(stream_of(ops[src]));
             input_ag = emit_with(ag);
           }
         }
@@ -1451,6 +1460,11 @@ void Builder::backward_node(LayerPass& pass, Node node) {
         break;
       }
       case OpKind::kCollective: {
+        // The reduce-scatter of a column-parallel linear's data gradient (the backward of the TP all-gather
+        // that feeds it alone) runs beside the weight gradient on Megatron's stacks.
+        if (op.comm.collective == Collective::kAllGather && op.comm.group == CommGroup::kTp &&
+            consumers.size() == 1 && ops[consumers.front()].op.kind == OpKind::kGemm)
+          op.stream = te_async_stream(op.stream);
         if (op.comm.collective == Collective::kAllGather) {
           op.comm.collective = Collective::kReduceScatter;
         } else if (op.comm.collective == Collective::kReduceScatter) {
@@ -1553,6 +1567,7 @@ int32_t Builder::head_backward(TaskState& ts, Op head, int64_t tokens) {
   if (vocab_parallel()) {
     Op ag = head_gather(tokens);
     ag.name = static_cast<uint16_t>(OpName::kInputAg);
+    ag.stream = te_async_stream(ag.stream);
     regather = emit(ag, stage, chunk, -1, mb, Phase::kBackward, {grad});
   }
   head.part = GemmPart::kDgrad;
@@ -1560,9 +1575,10 @@ int32_t Builder::head_backward(TaskState& ts, Op head, int64_t tokens) {
   const int32_t dgrad = ts.cur;
   int32_t rs = -1;
   if (vocab_parallel()) {
-    rs = emit(coll(OpName::kHeadRs, Collective::kReduceScatter, CommGroup::kTp,
-                   d(tokens * tp_ * m_.hidden) * bytes_of(dt_)),
-              stage, chunk, -1, mb, Phase::kBackward, {dgrad});
+    Op scatter = coll(OpName::kHeadRs, Collective::kReduceScatter, CommGroup::kTp,
+                      d(tokens * tp_ * m_.hidden) * bytes_of(dt_));
+    scatter.stream = te_async_stream(scatter.stream);
+    rs = emit(scatter, stage, chunk, -1, mb, Phase::kBackward, {dgrad});
   }
   head.part = GemmPart::kWgrad;
   emit(head, stage, chunk, -1, mb, Phase::kBackward, {dgrad, regather});
@@ -1737,6 +1753,7 @@ void Builder::emit_mtp(TaskState& ts) {
                     stage, chunk, -1, mb, Phase::kBackward, {ts.cur}));
       Op again = proj_in_ag;
       again.name = static_cast<uint16_t>(OpName::kInputAg);
+      again.stream = te_async_stream(again.stream);
       regather = emit(again, stage, chunk, -1, mb, Phase::kBackward, {ts.cur});
     }
     proj.part = GemmPart::kDgrad;
@@ -1745,8 +1762,9 @@ void Builder::emit_mtp(TaskState& ts) {
     const int32_t pd = ts.cur;
     int32_t into_norms = pd;
     if (mtp_tp) {
-      into_norms = emit(coll(OpName::kMtpRs, Collective::kReduceScatter, CommGroup::kTp, d(tg * 2 * h) * dt),
-                        stage, chunk, -1, mb, Phase::kBackward, {pd});
+      Op scatter = coll(OpName::kMtpRs, Collective::kReduceScatter, CommGroup::kTp, d(tg * 2 * h) * dt);
+      scatter.stream = te_async_stream(scatter.stream);
+      into_norms = emit(scatter, stage, chunk, -1, mb, Phase::kBackward, {pd});
     }
     Op pw = proj;
     pw.part = GemmPart::kWgrad;

@@ -507,7 +507,8 @@ TEST_SUITE("workload") {
     CHECK(ag.comm.collective == Collective::kAllGather);
     CHECK(ag.comm.group == CommGroup::kTp);
     CHECK(ag.comm.bytes == fwd.comm.bytes);
-    CHECK(ag.stream == fwd.stream);
+    CHECK(fwd.stream == Stream::kCompute);  // no inter-operator overlap: the forward waits for its gather
+    CHECK(ag.stream == Stream::kComm);      // issued asynchronously, beside the dgrad
     CHECK(ops_named(g, OpName::kInputAg).empty());  // none in forward
     const Op& wgrad = the_op(g, OpName::kQkvProj, 0, Phase::kBackward, GemmPart::kWgrad);
     const Op& dgrad = the_op(g, OpName::kQkvProj, 0, Phase::kBackward, GemmPart::kDgrad);
@@ -679,6 +680,39 @@ TEST_SUITE("workload") {
     for (OpName n : {OpName::kHeadAg, OpName::kMtpAg, OpName::kMtpOutAg}) CHECK(end_ops(own, n).empty());
     for (OpName n : {OpName::kMtpRs, OpName::kMtpOutRs, OpName::kMtpScatterAg, OpName::kInputAg})
       CHECK(end_ops(own, n, Phase::kBackward).empty());
+  }
+
+  TEST_CASE("Megatron's column-parallel backward exchanges run beside the GEMMs, its forward ones in line") {
+    // Mixtral-8x7B, one layer, tp 2, no inter-operator overlap: TE issues a column-parallel linear's input
+    // re-gather before its dgrad GEMM and the dgrad's reduce-scatter before its wgrad GEMM, both with
+    // async_op=True, and waits for them only before the wgrad and at the end of backward. They run on the
+    // communication stream; the forward's gathers and reduce-scatters and the row-parallel linears'
+    // backward gathers stay on the compute stream. moerun's stack has none of TE's; under combined 1F1B the
+    // communication stream carries the EP exchanges and these stay in line.
+    Plan p = node_plan(4);
+    p.attention.tp = 2;
+    p.global_batch = 4;
+    const OpGraph g = lower(mixtral(1), p, stack_options("megatron-core"));
+    const Op& rs = the_op(g, OpName::kAttnAg, 0, Phase::kBackward);
+    CHECK(rs.comm.collective == Collective::kReduceScatter);
+    CHECK(rs.stream == Stream::kComm);
+    const Op& wgrad = the_op(g, OpName::kQkvProj, 0, Phase::kBackward, GemmPart::kWgrad);
+    CHECK(wgrad.id < rs.id);  // emitted after the wgrad, waiting only for the dgrad
+    const auto deps = g.deps_of(rs);
+    CHECK(std::find(deps.begin(), deps.end(), wgrad.id) == deps.end());
+    CHECK(the_op(g, OpName::kAttnRs, 0, Phase::kBackward).stream == Stream::kCompute);  // out_proj's gather
+    CHECK(the_op(g, OpName::kAttnAg).stream == Stream::kCompute);
+    CHECK(the_op(g, OpName::kAttnRs).stream == Stream::kCompute);
+    CHECK(the_end_op(g, OpName::kHeadRs, Phase::kBackward).stream == Stream::kComm);
+    CHECK(the_end_op(g, OpName::kInputAg, Phase::kBackward).stream == Stream::kComm);
+    CHECK(the_end_op(g, OpName::kHeadAg).stream == Stream::kCompute);
+    CHECK(the_end_op(g, OpName::kEmbedAg, Phase::kBackward).stream == Stream::kCompute);
+    Plan combined = p;
+    combined.overlap.cross_micro_batch = true;
+    combined.global_batch = 8;
+    const OpGraph c = lower(mixtral(1), combined, stack_options("megatron-core"));
+    CHECK(the_op(c, OpName::kAttnAg, 0, Phase::kBackward).stream == Stream::kCompute);
+    CHECK(the_op(c, OpName::kInputAg, 0, Phase::kBackward).stream == Stream::kCompute);
   }
 
   TEST_CASE("the alltoall dispatcher sorts chunks only when a rank holds more than one expert") {
