@@ -126,6 +126,37 @@ TEST_SUITE("moerun") {
     fs::remove(pred_path);
   }
 
+  TEST_CASE(
+      "a Megatron-stack plan with TP replays its vocabulary-parallel exchanges and joins the prediction") {
+    // tiny-moe on megatron-core, tp 2: the replay runs every op the lowering states, the exchanges at both
+    // ends of the model (embedding reduce-scatter, output-layer gathers and reduce-scatter, the loss's
+    // reductions) included, and its report joins the prediction op for op.
+    const fs::path plan = temp("vocab_tp.json"), out = temp("vocab_tp_out");
+    std::ofstream(plan)
+        << "{\"model\": \"" MOEPLAN_SOURCE_DIR
+           "/models/tiny-moe.json\", \"hardware\": \"h100-sxm\", \"stack\": \"megatron-core\", "
+           "\"gpus\": 2, \"seq_len\": 128, \"global_batch\": 2, \"micro_batch\": 1, "
+           "\"attention\": {\"tp\": 2, \"sp\": 1, \"cp\": 1}, \"experts\": {\"ep\": 1}, "
+           "\"pipeline\": {\"pp\": 1}, \"overlap\": {\"inter_op\": false, \"intra_op\": false, "
+           "\"dp_comm\": true, \"pp_comm\": false}, \"recompute\": \"none\"}";
+    const Run r = mpirun(
+        2, "run '" + plan.string() + "' --runner replay --steps 1 --warmup 1 --out '" + out.string() + "'");
+    REQUIRE_MESSAGE(r.exit_code == 0, r.err);
+    const auto measured = nlohmann::json::parse(slurp(out / "report.json"));
+    std::set<std::string> names;
+    for (const auto& o : measured["ops"]) names.insert(o["op"].get<std::string>());
+    for (const char* n : {"embed_rs", "embed_ag", "head_ag", "head_rs", "input_ag", "loss_ag"})
+      CHECK_MESSAGE(names.count(n) == 1, n);
+    const std::string pred_path = temp("vocab_tp_pred.json").string();
+    REQUIRE(std::system(("'" MOEPLAN_BIN "' simulate '" + plan.string() + "' --json > '" + pred_path + "'")
+                            .c_str()) == 0);
+    const auto predicted = nlohmann::json::parse(slurp(pred_path));
+    CHECK(measured["ops"].size() == predicted["ops"].size());
+    fs::remove_all(out);
+    fs::remove(plan);
+    fs::remove(pred_path);
+  }
+
   TEST_CASE("a two-stage pipeline runs its sends and receives over MPI and reports both stages") {
     const fs::path plan = write_plan("pp", true), out = temp("pp_out");
     const Run r = mpirun(2, "run '" + plan.string() + "' --steps 1 --warmup 0 --out '" + out.string() + "'");
