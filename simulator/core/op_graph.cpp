@@ -67,6 +67,8 @@ const char* name_of(Stream s) {
       return "dp_comm";
     case Stream::kPpComm:
       return "pp_comm";
+    case Stream::kTpComm:
+      return "tp_comm";
   }
   return "?";
 }

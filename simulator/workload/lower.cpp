@@ -365,10 +365,9 @@ class Builder {
   // before the weight-gradient GEMM and for the second at the end of backward (TransformerEngine v2.4
   // module/layernorm_linear.py:650-656, 728-734, 889-892; module/linear.py alike), and so does Megatron's own
   // linear (tensor_parallel/layers.py:486-565 at 1e057005), which launches them before the GEMM they hide
-  // behind (CUDA_DEVICE_MAX_CONNECTIONS=1 keeps that order): on the TP group's NCCL stream beside the GEMMs.
-  // Here the communication stream, except under combined 1F1B, whose EP exchanges hold it (they stay in line
-  // there, `fallback`).
-  Stream te_async_stream(Stream fallback) const { return megatron_ && !combined_ ? Stream::kComm : fallback; }
+  // behind (CUDA_DEVICE_MAX_CONNECTIONS=1 keeps that order): on the TP group's NCCL stream beside the GEMMs
+  // (kTpComm, apart from combined 1F1B's EP exchanges). Elsewhere `fallback`.
+  Stream te_async_stream(Stream fallback) const { return megatron_ ? Stream::kTpComm : fallback; }
   Op embedding_op(OpName name, int64_t tokens) const;
   Op embed_exchange(int64_t tokens, bool forward) const;
   Op head_gather(int64_t tokens) const;

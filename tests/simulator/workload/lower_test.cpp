@@ -508,7 +508,7 @@ TEST_SUITE("workload") {
     CHECK(ag.comm.group == CommGroup::kTp);
     CHECK(ag.comm.bytes == fwd.comm.bytes);
     CHECK(fwd.stream == Stream::kCompute);  // no inter-operator overlap: the forward waits for its gather
-    CHECK(ag.stream == Stream::kComm);      // issued asynchronously, beside the dgrad
+    CHECK(ag.stream == Stream::kTpComm);    // issued asynchronously, beside the dgrad
     CHECK(ops_named(g, OpName::kInputAg).empty());  // none in forward
     const Op& wgrad = the_op(g, OpName::kQkvProj, 0, Phase::kBackward, GemmPart::kWgrad);
     const Op& dgrad = the_op(g, OpName::kQkvProj, 0, Phase::kBackward, GemmPart::kDgrad);
@@ -686,16 +686,16 @@ TEST_SUITE("workload") {
     // Mixtral-8x7B, one layer, tp 2, no inter-operator overlap: TE issues a column-parallel linear's input
     // re-gather before its dgrad GEMM and the dgrad's reduce-scatter before its wgrad GEMM, both with
     // async_op=True, and waits for them only before the wgrad and at the end of backward. They run on the
-    // communication stream; the forward's gathers and reduce-scatters and the row-parallel linears'
-    // backward gathers stay on the compute stream. moerun's stack has none of TE's; under combined 1F1B the
-    // communication stream carries the EP exchanges and these stay in line.
+    // TP group's stream; the forward's gathers and reduce-scatters and the row-parallel linears' backward
+    // gathers stay on the compute stream. Under combined 1F1B, whose EP exchanges run on the communication
+    // stream, they keep their own.
     Plan p = node_plan(4);
     p.attention.tp = 2;
     p.global_batch = 4;
     const OpGraph g = lower(mixtral(1), p, stack_options("megatron-core"));
     const Op& rs = the_op(g, OpName::kAttnAg, 0, Phase::kBackward);
     CHECK(rs.comm.collective == Collective::kReduceScatter);
-    CHECK(rs.stream == Stream::kComm);
+    CHECK(rs.stream == Stream::kTpComm);
     const Op& wgrad = the_op(g, OpName::kQkvProj, 0, Phase::kBackward, GemmPart::kWgrad);
     CHECK(wgrad.id < rs.id);  // emitted after the wgrad, waiting only for the dgrad
     const auto deps = g.deps_of(rs);
@@ -703,16 +703,17 @@ TEST_SUITE("workload") {
     CHECK(the_op(g, OpName::kAttnRs, 0, Phase::kBackward).stream == Stream::kCompute);  // out_proj's gather
     CHECK(the_op(g, OpName::kAttnAg).stream == Stream::kCompute);
     CHECK(the_op(g, OpName::kAttnRs).stream == Stream::kCompute);
-    CHECK(the_end_op(g, OpName::kHeadRs, Phase::kBackward).stream == Stream::kComm);
-    CHECK(the_end_op(g, OpName::kInputAg, Phase::kBackward).stream == Stream::kComm);
+    CHECK(the_end_op(g, OpName::kHeadRs, Phase::kBackward).stream == Stream::kTpComm);
+    CHECK(the_end_op(g, OpName::kInputAg, Phase::kBackward).stream == Stream::kTpComm);
     CHECK(the_end_op(g, OpName::kHeadAg).stream == Stream::kCompute);
     CHECK(the_end_op(g, OpName::kEmbedAg, Phase::kBackward).stream == Stream::kCompute);
     Plan combined = p;
     combined.overlap.cross_micro_batch = true;
     combined.global_batch = 8;
     const OpGraph c = lower(mixtral(1), combined, stack_options("megatron-core"));
-    CHECK(the_op(c, OpName::kAttnAg, 0, Phase::kBackward).stream == Stream::kCompute);
-    CHECK(the_op(c, OpName::kInputAg, 0, Phase::kBackward).stream == Stream::kCompute);
+    CHECK(the_op(c, OpName::kAttnAg, 0, Phase::kBackward).stream == Stream::kTpComm);
+    CHECK(the_op(c, OpName::kInputAg, 0, Phase::kBackward).stream == Stream::kTpComm);
+    CHECK(the_op(c, OpName::kDispatchA2a).stream == Stream::kComm);
   }
 
   TEST_CASE("the alltoall dispatcher sorts chunks only when a rank holds more than one expert") {
