@@ -74,9 +74,9 @@ void print_text(const Prediction& p, const ReportContext& ctx) {
   for (const auto& e : p.hot_exchanges) {
     if (e.table_source.empty()) {
       fmt::print(
-          "  routed all-to-alls on {} ranks / {} node(s), busiest rank {:.3f}x: priced as a uniform exchange "
-          "of "
-          "the busiest rank's bytes (assumed; the profile has no hot-receiver table for this group)\n",
+          "  routed all-to-alls on {} ranks / {} node(s), busiest rank {:.3f}x: priced as a uniform "
+          "exchange of the busiest rank's bytes\n"
+          "    (assumed; the profile has no hot-receiver table for this group)\n",
           e.ranks, e.nodes, e.hot_factor);
     } else {
       fmt::print(

@@ -90,6 +90,9 @@ struct CommSpec {
   // busiest rank's). Priced from the profile's measured all-to-all-v table with a hot receiver where it
   // holds the group, else as a uniform exchange of `bytes`.
   double hot_factor = 1.0;
+  // Whether the hot-receiver rule above prices it (DeepEP's and HybridEP's deduplicated kernels keep their
+  // own pricing).
+  bool hot_routed() const { return collective == Collective::kAllToAll && hot_factor > 1.0 && !node_dedup; }
 };
 
 struct Op {

@@ -574,7 +574,7 @@ double CostModel::collective_seconds(const CommSpec& c, double* rel_error, Resou
     if (rel_error) *rel_error = 0;
     return 0;
   }
-  if (c.collective == Collective::kAllToAll && c.hot_factor > 1.0 && !c.node_dedup) {
+  if (c.hot_routed()) {
     // A routed exchange under skewed routing: the uniform exchange of the mean rank's bytes, slowed as the
     // profile's all-to-all-v table with a hot receiver measured it for this group shape. The combine's
     // busiest rank sends rather than receives; the table prices it alike (assumed: not measured apart).

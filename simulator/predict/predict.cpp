@@ -268,9 +268,7 @@ std::vector<Prediction::HotExchange> hot_exchanges_of(const OpGraph& g, const Ha
   std::vector<Prediction::HotExchange> out;
   for (const Op& op : g.ops) {
     const CommSpec& c = op.comm;
-    if ((op.kind != OpKind::kCollective && op.kind != OpKind::kFusedGemmComm) ||
-        c.collective != Collective::kAllToAll || c.hot_factor <= 1.0 || c.node_dedup)
-      continue;
+    if ((op.kind != OpKind::kCollective && op.kind != OpKind::kFusedGemmComm) || !c.hot_routed()) continue;
     const cost::Placement pl = cost::place_group(c.group_size, c.stride, hw.node.gpus_per_node.value);
     if (pl.ranks <= 1) continue;
     auto row = std::find_if(out.begin(), out.end(), [&](const Prediction::HotExchange& e) {
