@@ -234,11 +234,10 @@ TEST_SUITE("predict") {
   }
 
   TEST_CASE("a prediction says what priced its routed all-to-alls under skewed routing") {
-    // Mixtral-8x7B on 32 H100s, ep 8 within a node, zipf routing: the busiest EP rank draws more than the
-    // mean, so the plain exchanges carry a hot factor. The built-in profile has no hot-receiver table: the
-    // report says they were priced as a uniform exchange of the busiest rank's bytes. With a table for 8
-    // ranks on one node it names the table, and the step is slower by what the table measures. Uniform
-    // routing: no row at all.
+    // Mixtral-8x7B on 32 H100s, ep 8, zipf routing: the busiest EP rank draws more than the mean, so the
+    // plain exchanges carry a hot factor. The built-in profile has no hot-receiver table: the report says
+    // they were priced as a uniform exchange of the busiest rank's bytes. With a table for the group's shape
+    // it names the table, and the step moves to what the table measures.
     Case c;
     c.plan.recompute = Recompute::kNone;
     const auto zipf = workload::zipf_routing(c.model.moe.num_experts, 1.0);
