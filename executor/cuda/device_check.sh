@@ -13,7 +13,8 @@
 #      and for device_plan.json with --host-sync (the host waits for each op), with --routing lowered
 #      (every expert runs the graph's rows; by default each step's routing is drawn from the plan's) and
 #      with --cuda-graph (the step captured once and replayed), and device_plan_fp8.json (the same plan in
-#      FP8, blockwise: dense GEMMs as e4m3 after the quantiser); then `moerun bench --backend cuda` into
+#      FP8, blockwise: dense GEMMs as e4m3 after the quantiser, weight gradients as e4m3 into fp32); then
+#      `moerun bench --backend cuda` into
 #      calibration tables and `moeplan calibrate --sources` of them (gpu-bench/, gpu-bench.log);
 # and prints a short table last. Before the build it runs executor/cuda/torch_kernels_bench.py where PyTorch
 # is installed. Logs go to $OUT (the lent machine's return folder) or ./device_check_out: 19 files
@@ -146,7 +147,8 @@ if [[ $full == ON && -x $build/executor/moerun/moerun && -x $build/planner/moepl
   # routing drawn from its distribution, so its experts' rows differ), then the unfused plan with the host
   # waiting for each op (--host-sync) and with every expert running the graph's rows (--routing lowered).
   # Then the unfused plan's step captured as a CUDA graph (--cuda-graph: never run before this check). Last,
-  # the unfused plan in FP8 (blockwise recipe): its dense GEMMs as e4m3 after the quantiser (never run).
+  # the unfused plan in FP8 (blockwise recipe): its dense GEMMs as e4m3 after the quantiser, their weight
+  # gradients as e4m3 accumulated into fp32 (never run).
   for run in device_plan device_plan_fused device_plan:host-sync device_plan:lowered device_plan:graph \
     device_plan_fp8; do
     plan=${run%%:*} dir=run extra=()

@@ -12,6 +12,7 @@
 #include <span>
 #include <tuple>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "executor/comm/nccl_communicator.h"
@@ -132,6 +133,7 @@ std::string cuda_unsupported(const Plan& plan, const ModelSpec& model) {
 // Bit of a GEMM cache key that keeps a lane's FP8 GEMMs apart from its bf16 ones of the same layout and
 // shape.
 constexpr int kFp8GemmKey = 1 << 8;
+constexpr int kFp8WgradKey = 1 << 9;  // and its FP8 weight gradients (fp32 output, accumulated) from the rest
 
 struct Lane {
   cudaStream_t stream = nullptr;
@@ -302,24 +304,32 @@ struct CudaReplayRunner::Impl {
     return b.data();
   }
 
-  // An FP8 forward or data-gradient GEMM: its input cast (op.aux_bytes: the recipe's quantise, amax and
-  // transpose traffic) as the project's e4m3 quantiser over A [m, k] (128-value block scales, or a scale per
-  // row where k is no multiple of 128) plus a copy of the rest of the bytes, then cuBLASLt's e4m3 GEMM in the
-  // one layout Hopper runs (TN: A [m, k], B [n, k], bf16 out). False when the shape breaks the kernels' rules
-  // (multiples of 16; the caller runs it in bf16).
+  // An FP8 GEMM: its input cast (op.aux_bytes: the recipe's quantise, amax and transpose traffic) as the
+  // project's e4m3 quantiser over A [m, k] (128-value block scales, or a scale per row where k is no multiple
+  // of 128) plus a copy of the rest of the bytes, then cuBLASLt's e4m3 GEMM in the one layout Hopper runs
+  // (TN: A [m, k], B [n, k]). Forward and data gradient write bf16. The weight gradient (no cast of its own:
+  // the forward's and the data gradient's casts wrote the transposed copies it reads) is dW [in, out] = X^T
+  // [in, tokens] (dY^T [out, tokens])^T, accumulated into its FP32 main gradient. False when the shape breaks
+  // the kernels' rules (multiples of 16) or cuBLASLt has no algorithm: the caller runs it in bf16.
   bool fp8_gemm(const Op& op, Lane& l) {
-    const int64_t m = op.gemm.m;
-    const int64_t n = op.part == GemmPart::kDgrad ? op.gemm.k : op.gemm.n;  // dX [m, k] = dY [m, n] W^T
-    const int64_t k = op.part == GemmPart::kDgrad ? op.gemm.n : op.gemm.k;
+    const bool wgrad = op.part == GemmPart::kWgrad;
+    int64_t m = op.gemm.m, n = op.gemm.n, k = op.gemm.k;  // forward: Y [m, n] = X [m, k] W [k, n]
+    if (op.part == GemmPart::kDgrad) std::swap(n, k);     // dX [m, k] = dY [m, n] W^T
+    if (wgrad) {                                          // dW [k, n] = X^T dY over the m tokens
+      m = op.gemm.k;
+      k = op.gemm.m;
+    }
     // 128-value blocks (DeepSeek-V3's recipe, the moerun stack's) where the row splits into them, else one
     // scale per row (held in registers: up to 16,384 values). The two move the same bytes.
     const bool rowwise = k % 128 != 0;
-    if (m % 16 != 0 || n % 16 != 0 || k % 16 != 0 || (rowwise && k > 16384)) return false;
+    if (m % 16 != 0 || n % 16 != 0 || k % 16 != 0 || (op.aux_bytes > 0 && rowwise && k > 16384)) return false;
     // Kept under its own key beside the bf16 GEMMs, even when cuBLASLt refuses it (asked each time).
-    auto& g = l.gemms[{static_cast<int>(cuda::GemmOp::kDgrad) | kFp8GemmKey, m, n, k}];
+    auto& g =
+        l.gemms[{static_cast<int>(cuda::GemmOp::kDgrad) | kFp8GemmKey | (wgrad ? kFp8WgradKey : 0), m, n, k}];
     if (!g) {
       g = std::make_unique<cuda::Gemm>(cuda::GemmProblem{cuda::GemmOp::kDgrad, m, n, k, cuda::GemmType::kE4m3,
-                                                         cuda::GemmType::kBf16, false});
+                                                         wgrad ? cuda::GemmType::kF32 : cuda::GemmType::kBf16,
+                                                         wgrad});
       if (g->can_implement().empty() && l.gemm_workspace.size() < g->workspace_size()) {
         count(static_cast<double>(g->workspace_size()) - static_cast<double>(l.gemm_workspace.size()));
         l.gemm_workspace = DeviceBuffer<char>(g->workspace_size());
@@ -338,8 +348,8 @@ struct CudaReplayRunner::Impl {
       copy(op.aux_bytes - static_cast<double>(m * k) * 3.0 - static_cast<double>(m) * 4.0, l, 5);
     }
     const float* one = unit_scale(l);
-    g->run({q, slot(l, 1, sz(n * k)), slot(l, 2, sz(m * n) * 2), one, one}, l.gemm_workspace.data(),
-           l.stream);
+    g->run({q, slot(l, 1, sz(n * k)), slot(l, 2, sz(m * n) * (wgrad ? 4 : 2)), one, one},
+           l.gemm_workspace.data(), l.stream);
     fp8_ops.fetch_add(1);
     return true;
   }
@@ -348,7 +358,7 @@ struct CudaReplayRunner::Impl {
     const int64_t m = op.gemm.m, n = op.gemm.n, k = op.gemm.k;
     if (m <= 0 || n <= 0 || k <= 0) return;
     if (op.gemm.groups > 1) return grouped(op, l);
-    if (op.dtype == DType::kFp8 && op.part != GemmPart::kWgrad && fp8_gemm(op, l)) return;
+    if (op.dtype == DType::kFp8 && fp8_gemm(op, l)) return;
     cuda::GemmProblem p;
     switch (op.part) {
       case GemmPart::kNone:  // Y [m, n] = X [m, k] W [k, n]

@@ -60,7 +60,9 @@ std::string gemm_shape_rules(const GemmProblem& p) {
   if (p.input == GemmType::kE4m3) {
     if (p.op != GemmOp::kDgrad)
       return "fp8 on Hopper takes only C = A B^T with both operands K-contiguous (op kDgrad; pass W^T)";
-    if (p.output != GemmType::kBf16) return "fp8 GEMMs write bf16";
+    // bf16, or fp32 (C and D both): the weight gradient accumulated into its FP32 main gradient, as
+    // Transformer Engine's FP8 wgrad GEMM writes it (cuBLAS docs, cublasLtMatmul, FP8 type table).
+    if (p.output != GemmType::kBf16 && p.output != GemmType::kF32) return "fp8 GEMMs write bf16 or fp32";
     if (p.m % 16 != 0 || p.n % 16 != 0 || p.k % 16 != 0) return "fp8 needs m, n, k multiples of 16";
   }
   return {};

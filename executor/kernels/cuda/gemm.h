@@ -28,7 +28,7 @@ struct GemmProblem {
   GemmOp op = GemmOp::kForward;
   int64_t m = 0, n = 0, k = 0;
   GemmType input = GemmType::kBf16;   // A and B: kBf16 or kE4m3
-  GemmType output = GemmType::kBf16;  // C: kBf16 or kF32 (kF32 only with bf16 inputs)
+  GemmType output = GemmType::kBf16;  // C: kBf16 or kF32
   bool accumulate = false;            // C += product (beta = 1) instead of C = product; wgrad's dW += x^T dy
 };
 
@@ -49,10 +49,12 @@ struct GemmOperands {
 //
 // FP8 follows the one layout Hopper's fp8 tensor-core GEMMs take (cuBLAS docs, cublasLtMatmul, "FP8" notes:
 // on compute capability 9.x only the "TN" format, both operands K-contiguous): op kDgrad, i.e.
-// C [m, n] = A [m, k] B [n, k]^T with bf16 output. A forward pass in fp8 therefore passes W^T [out, in],
-// which is how fp8 training recipes store the quantised weight anyway. m, n, k must be multiples of 16
-// (16-byte rows). Block scales (CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F / BLK128x128_32F, present in
-// cuBLASLt 13.1's header) are not used: per-tensor scales only.
+// C [m, n] = A [m, k] B [n, k]^T with bf16 output, or fp32 (optionally accumulated: a weight gradient
+// C [in, out] = X^T [in, tokens] (dY^T [out, tokens])^T into its FP32 main gradient). A forward pass in
+// fp8 therefore passes W^T [out, in], which is how fp8 training recipes store the quantised weight anyway,
+// and a weight gradient the transposed copies of its input and gradient that the recipe's cast writes. m, n,
+// k must be multiples of 16 (16-byte rows). Block scales (CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F /
+// BLK128x128_32F, present in cuBLASLt 13.1's header) are not used: per-tensor scales only.
 class Gemm {
  public:
   explicit Gemm(const GemmProblem& problem);

@@ -178,6 +178,17 @@ TEST_SUITE("gpu") {
     run_gemm(g, {da.data(), db.data(), dc.data(), a_scale.data(), b_scale.data()});
     const MatD ref = executor::cpu::linear_dgrad<double>(a_deq, b_deq);
     check_ladder(download_bf16(dc, m, n), ref, round_bf16(ref), 3.0, 1e-3, "fp8");
+
+    // The weight-gradient form: the same product accumulated into an fp32 C (C += A B^T), as an FP8 weight
+    // gradient adds into its FP32 main gradient.
+    const MatD c0 = random_bf16(m, n, 12);
+    auto dc32 = upload_f32(c0);
+    const Gemm acc({GemmOp::kDgrad, m, n, k, GemmType::kE4m3, GemmType::kF32, true});
+    REQUIRE_MESSAGE(acc.can_implement().empty(), acc.can_implement());
+    run_gemm(acc, {da.data(), db.data(), dc32.data(), a_scale.data(), b_scale.data()});
+    const MatD ref32 = c0 + ref;
+    check_ladder(download_f32(dc32, m, n), ref32, ref32.cast<float>().cast<double>(), 8.0, 1e-3,
+                 "fp8 fp32 acc");
   }
 }
 
@@ -188,6 +199,9 @@ TEST_SUITE("gemm") {
     CHECK(g.can_implement().find("fp8") != std::string::npos);
     CHECK(gemm_shape_rules({GemmOp::kDgrad, 128, 128, 120, GemmType::kE4m3, GemmType::kBf16, false}) != "");
     CHECK(gemm_shape_rules({GemmOp::kDgrad, 128, 128, 128, GemmType::kE4m3, GemmType::kBf16, false}) == "");
+    // An FP8 weight gradient into its FP32 main gradient: fp32 output, accumulated.
+    CHECK(gemm_shape_rules({GemmOp::kDgrad, 128, 128, 128, GemmType::kE4m3, GemmType::kF32, true}) == "");
+    CHECK(gemm_shape_rules({GemmOp::kDgrad, 128, 128, 128, GemmType::kE4m3, GemmType::kE4m3, false}) != "");
   }
 
   TEST_CASE("grouped GEMMs whose rows are not 16-byte multiples are refused with a reason") {
