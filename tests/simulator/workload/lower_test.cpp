@@ -491,8 +491,8 @@ TEST_SUITE("workload") {
 
   TEST_CASE("Megatron re-gathers a column-parallel linear's input in backward, beside its dgrad, for wgrad") {
     // Mixtral-8x7B, one layer, tp 2 with sequence parallelism on one node: TE's LayerNormLinear of the QKV
-    // projection keeps its input shard and all-gathers it again in backward (one copy of attn_ag, on the
-    // communication stream), which the weight gradient waits for and the data gradient does not. moerun's
+    // projection keeps its input shard and all-gathers it again in backward (one copy of attn_ag, on the TP
+    // group's stream), which the weight gradient waits for and the data gradient does not. moerun's
     // stack keeps the gathered input; MLA's down projections share one gathered input and keep it.
     Plan p = node_plan(4);
     p.attention.tp = 2;
