@@ -14,8 +14,8 @@
 #      (every expert runs the graph's rows; by default each step's routing is drawn from the plan's) and
 #      with --cuda-graph (the step captured once and replayed), and device_plan_fp8.json (the same plan in
 #      FP8, blockwise: dense GEMMs as e4m3 after the quantiser, weight gradients as e4m3 into fp32); then
-#      `moerun bench --backend cuda` into
-#      calibration tables and `moeplan calibrate --sources` of them (gpu-bench/, gpu-bench.log);
+#      `moerun bench --backend cuda` into calibration tables and `moeplan calibrate --sources` of them
+#      (gpu-bench/, gpu-bench.log);
 # and prints a short table last. Before the build it runs executor/cuda/torch_kernels_bench.py where PyTorch
 # is installed. Logs go to $OUT (the lent machine's return folder) or ./device_check_out: 19 files
 # (gpu.txt, torch_kernels.csv, build.log, tests.log, cublaslt.log, bench.log, compare.txt, run/, run-fused/,
