@@ -167,6 +167,24 @@ void summary(Out& out, const json& r) {
          "token-expert assignments dropped.</p>\n",
          routing.at("imbalance").get<double>(), percent(routing.at("dropped_fraction").get<double>(), 2));
   }
+  // What priced the routed all-to-alls under skewed routing (reports from before it was recorded lack it).
+  for (const json& e : routing.value("hot_alltoalls", json::array())) {
+    const std::string shape =
+        fmt::format("{} ranks / {} node(s), busiest rank {:.3f}×", e.at("ranks").get<int64_t>(),
+                    e.at("nodes").get<int64_t>(), e.at("hot_factor").get<double>());
+    if (e.at("table_source").is_null()) {
+      emit(out,
+           "<p class=\"note\" data-hot-alltoall=\"assumed\">Routed all-to-alls on {}: priced as a uniform "
+           "exchange of the busiest rank's bytes <span class=\"badge warn\">assumed</span> (the hardware "
+           "profile has no hot-receiver table for this group).</p>\n",
+           shape);
+    } else {
+      emit(out,
+           "<p class=\"note\" data-hot-alltoall=\"measured\">Routed all-to-alls on {}: priced from the "
+           "measured hot-receiver table ({}).</p>\n",
+           shape, html_escape(e.at("table_source").get<std::string>()));
+    }
+  }
   if (!r.at("stack_calibrated").get<bool>()) {
     emit(out,
          "<p class=\"note\"><span class=\"badge warn\">uncalibrated</span> The {} stack profile holds "

@@ -142,6 +142,23 @@ TEST_SUITE("report.html") {
     CHECK(count(html, "<svg class=\"chart timeline\"") == 1);
   }
 
+  TEST_CASE("the simulate page says what priced each routed all-to-all, the table's source escaped") {
+    // tiny-moe on 2 ranks, ep 2, uniform routing: the busiest rank's expected load is above the mean, and the
+    // built-in profile has no hot-receiver table, so the page marks the exchange's price as assumed. A
+    // measured table is named, its source escaped.
+    Simulated s("tiny-moe-ep2.json");
+    REQUIRE(s.p.hot_exchanges.size() == 1);
+    const std::string html = report::simulate_html(s.p, s.ctx());
+    CHECK(count(html, "data-hot-alltoall=\"assumed\"") == 1);
+    CHECK(html.find(fmt::format("Routed all-to-alls on 2 ranks / 1 node(s), busiest rank {:.3f}×",
+                                s.p.hot_exchanges[0].hot_factor)) != std::string::npos);
+    s.p.hot_exchanges[0].table_source = "<b>bench</b> & co";
+    const std::string measured = report::simulate_html(s.p, s.ctx());
+    CHECK(count(measured, "data-hot-alltoall=\"measured\"") == 1);
+    CHECK(count(measured, "data-hot-alltoall=\"assumed\"") == 0);
+    CHECK(measured.find("(&lt;b&gt;bench&lt;/b&gt; &amp; co)") != std::string::npos);
+  }
+
   TEST_CASE("names from the inputs are escaped in the page") {
     Simulated s("tiny-moe-ep2.json");
     s.in.model.name = R"(<script>alert("x")</script> & co)";
