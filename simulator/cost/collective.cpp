@@ -179,6 +179,14 @@ HotReceiverSlowdown slowdown_at_size(std::vector<std::pair<double, double>> pts,
 
 }  // namespace
 
+const AllToAllSkewTable* skew_table(const std::vector<AllToAllSkewTable>& tables, int64_t ranks,
+                                    int64_t nodes) {
+  for (const AllToAllSkewTable& t : tables) {
+    if (t.ranks == ranks && t.nodes == nodes) return &t;
+  }
+  return nullptr;
+}
+
 std::optional<HotReceiverSlowdown> hot_receiver_slowdown(const AllToAllSkewTable& t, double bytes,
                                                          double hot_factor) {
   // Per size, the mean time at each hot factor (repeated rows are averaged).

@@ -80,5 +80,8 @@ struct HotReceiverSlowdown {
 };
 std::optional<HotReceiverSlowdown> hot_receiver_slowdown(const AllToAllSkewTable& t, double bytes,
                                                          double hot_factor);
+// The profile's hot-receiver table of a group shape (ranks over nodes), or nullptr.
+const AllToAllSkewTable* skew_table(const std::vector<AllToAllSkewTable>& tables, int64_t ranks,
+                                    int64_t nodes);
 
 }  // namespace moeplan::cost

@@ -578,18 +578,17 @@ double CostModel::collective_seconds(const CommSpec& c, double* rel_error, Resou
     // A routed exchange under skewed routing: the uniform exchange of the mean rank's bytes, slowed as the
     // profile's all-to-all-v table with a hot receiver measured it for this group shape. The combine's
     // busiest rank sends rather than receives; the table prices it alike (assumed: not measured apart).
-    for (const AllToAllSkewTable& t : hw_.calibration.alltoall_skew) {
-      if (t.ranks != p.ranks || t.nodes != p.nodes) continue;
+    if (const AllToAllSkewTable* t = skew_table(hw_.calibration.alltoall_skew, p.ranks, p.nodes)) {
       CommSpec mean = c;
       mean.bytes = c.bytes / c.hot_factor;
       mean.hot_factor = 1.0;
-      const std::optional<HotReceiverSlowdown> s = hot_receiver_slowdown(t, mean.bytes, c.hot_factor);
-      if (!s) break;
-      if (s->extrapolated) {
-        note("all-to-all-v with a hot receiver on {} ranks / {} node(s): beyond the measured table", t.ranks,
-             t.nodes);
+      if (const std::optional<HotReceiverSlowdown> s = hot_receiver_slowdown(*t, mean.bytes, c.hot_factor)) {
+        if (s->extrapolated) {
+          note("all-to-all-v with a hot receiver on {} ranks / {} node(s): beyond the measured table",
+               t->ranks, t->nodes);
+        }
+        return collective_seconds(mean, rel_error, resource) * s->factor;
       }
-      return collective_seconds(mean, rel_error, resource) * s->factor;
     }
   }
   if (p.nodes == 1) {

@@ -276,11 +276,9 @@ std::vector<Prediction::HotExchange> hot_exchanges_of(const OpGraph& g, const Ha
     });
     if (row == out.end()) {
       Prediction::HotExchange e{pl.ranks, pl.nodes, c.hot_factor, {}};
-      for (const AllToAllSkewTable& t : hw.calibration.alltoall_skew) {
-        if (t.ranks != pl.ranks || t.nodes != pl.nodes) continue;
-        if (cost::hot_receiver_slowdown(t, c.bytes / c.hot_factor, c.hot_factor)) e.table_source = t.source;
-        break;
-      }
+      const AllToAllSkewTable* t = cost::skew_table(hw.calibration.alltoall_skew, pl.ranks, pl.nodes);
+      if (t && cost::hot_receiver_slowdown(*t, c.bytes / c.hot_factor, c.hot_factor))
+        e.table_source = t->source;
       out.push_back(std::move(e));
     } else {
       row->hot_factor = std::max(row->hot_factor, c.hot_factor);

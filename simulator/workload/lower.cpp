@@ -357,17 +357,26 @@ class Builder {
     }
   };
   TaskState task_begin(int16_t stage, const PipelineTask& task);
-  // Megatron's vocabulary-parallel ends (its output layer and embedding split the vocabulary over TP under
-  // sequence parallelism, gpt_model.py at 1e057005); moerun keeps the whole table on every rank.
-  bool vocab_parallel() const { return megatron_ && tp_ > 1; }
-  // The stream of a TP exchange that a column-parallel linear's backward issues asynchronously: the input's
-  // re-gather for the weight gradient and the data gradient's reduce-scatter. TE waits for the first only
-  // before the weight-gradient GEMM and for the second at the end of backward (TransformerEngine v2.4
+  // Megatron under tensor parallelism (with sequence parallelism, as the lowering always has it): its ends
+  // split the vocabulary over TP (gpt_model.py at 1e057005) and its MTP projection exchanges over TP; moerun
+  // keeps the whole table on every rank.
+  bool megatron_tp() const { return megatron_ && tp_ > 1; }
+  // A TP exchange that a column-parallel linear's backward issues asynchronously: the input's re-gather for
+  // the weight gradient and the data gradient's reduce-scatter. TE waits for the first only before the
+  // weight-gradient GEMM and for the second at the end of backward (TransformerEngine v2.4
   // module/layernorm_linear.py:650-656, 728-734, 889-892; module/linear.py alike), and so does Megatron's own
   // linear (tensor_parallel/layers.py:486-565 at 1e057005), which launches them before the GEMM they hide
   // behind (CUDA_DEVICE_MAX_CONNECTIONS=1 keeps that order): on the TP group's NCCL stream beside the GEMMs
-  // (kTpComm, apart from combined 1F1B's EP exchanges). Elsewhere `fallback`.
-  Stream te_async_stream(Stream fallback) const { return megatron_ ? Stream::kTpComm : fallback; }
+  // (kTpComm, apart from combined 1F1B's EP exchanges). Other stacks keep the op's stream.
+  Op te_async(Op op) const {
+    if (megatron_) op.stream = Stream::kTpComm;
+    return op;
+  }
+  // That re-gather: the linear's forward all-gather once more.
+  Op regather(Op forward_gather) const {
+    forward_gather.name = static_cast<uint16_t>(OpName::kInputAg);
+    return te_async(forward_gather);
+  }
   Op embedding_op(OpName name, int64_t tokens) const;
   Op embed_exchange(int64_t tokens, bool forward) const;
   Op head_gather(int64_t tokens) const;
@@ -1415,10 +1424,7 @@ void Builder::backward_node(LayerPass& pass, Node node) {
           const Op& in = ops[src].op;
           if (in.kind == OpKind::kCollective && in.comm.collective == Collective::kAllGather &&
               in.comm.group == CommGroup::kTp && rc.consumers[src].size() == 1) {
-            Op ag = in;
-            ag.name = static_cast<uint16_t>(OpName::kInputAg);
-            ag.stream = te_async_stream(stream_of(ops[src]));
-            input_ag = emit_with(ag);
+            input_ag = emit_with(regather(in));
           }
         }
         Op dgrad = op;
@@ -1463,7 +1469,7 @@ void Builder::backward_node(LayerPass& pass, Node node) {
         // that feeds it alone) runs beside the weight gradient on Megatron's stacks.
         if (op.comm.collective == Collective::kAllGather && op.comm.group == CommGroup::kTp &&
             consumers.size() == 1 && ops[consumers.front()].op.kind == OpKind::kGemm)
-          op.stream = te_async_stream(op.stream);
+          op = te_async(op);
         if (op.comm.collective == Collective::kAllGather) {
           op.comm.collective = Collective::kReduceScatter;
         } else if (op.comm.collective == Collective::kReduceScatter) {
@@ -1534,7 +1540,7 @@ Builder::TaskState Builder::task_begin(int16_t stage, const PipelineTask& task) 
     if (ts.v == 0 && o_.embedding_and_head) {
       ts.track(emit(embedding_op(OpName::kEmbedding, embedded_tokens()), stage, task.chunk, -1, mb,
                     Phase::kForward, {weight_cast_}));
-      if (vocab_parallel())
+      if (megatron_tp())
         ts.track(emit(embed_exchange(embedded_tokens(), true), stage, task.chunk, -1, mb, Phase::kForward,
                       {ts.cur}));
     }
@@ -1562,25 +1568,20 @@ int32_t Builder::head_backward(TaskState& ts, Op head, int64_t tokens) {
   const int16_t stage = ts.stage, chunk = ts.task.chunk;
   const int32_t mb = ts.task.micro_batch;
   const int32_t grad = ts.cur;
-  int32_t regather = -1;
-  if (vocab_parallel()) {
-    Op ag = head_gather(tokens);
-    ag.name = static_cast<uint16_t>(OpName::kInputAg);
-    ag.stream = te_async_stream(ag.stream);
-    regather = emit(ag, stage, chunk, -1, mb, Phase::kBackward, {grad});
-  }
+  int32_t again = -1;
+  if (megatron_tp())
+    again = emit(regather(head_gather(tokens)), stage, chunk, -1, mb, Phase::kBackward, {grad});
   head.part = GemmPart::kDgrad;
   ts.track(emit(head, stage, chunk, -1, mb, Phase::kBackward, {grad}));
   const int32_t dgrad = ts.cur;
   int32_t rs = -1;
-  if (vocab_parallel()) {
-    Op scatter = coll(OpName::kHeadRs, Collective::kReduceScatter, CommGroup::kTp,
-                      d(tokens * tp_ * m_.hidden) * bytes_of(dt_));
-    scatter.stream = te_async_stream(scatter.stream);
-    rs = emit(scatter, stage, chunk, -1, mb, Phase::kBackward, {dgrad});
+  if (megatron_tp()) {
+    rs = emit(te_async(coll(OpName::kHeadRs, Collective::kReduceScatter, CommGroup::kTp,
+                            d(tokens * tp_ * m_.hidden) * bytes_of(dt_))),
+              stage, chunk, -1, mb, Phase::kBackward, {dgrad});
   }
   head.part = GemmPart::kWgrad;
-  emit(head, stage, chunk, -1, mb, Phase::kBackward, {dgrad, regather});
+  emit(head, stage, chunk, -1, mb, Phase::kBackward, {dgrad, again});
   return rs >= 0 ? rs : dgrad;
 }
 
@@ -1599,7 +1600,7 @@ Op Builder::head_gather(int64_t tokens) const {
 Op Builder::embedding_op(OpName name, int64_t tokens) const {
   const double dt = bytes_of(dt_);
   const int64_t h = m_.hidden;
-  if (!vocab_parallel()) return walks(mem(name, MemOp::kEmbedding, 2.0 * d(tokens * h) * dt), d(tokens), h);
+  if (!megatron_tp()) return walks(mem(name, MemOp::kEmbedding, 2.0 * d(tokens * h) * dt), d(tokens), h);
   const int64_t rows = tokens * tp_;
   return walks(mem(name, MemOp::kEmbedding, 5.0 * d(rows * h) * dt, Stream::kCompute, 3), d(rows), h);
 }
@@ -1619,7 +1620,7 @@ Op Builder::embed_exchange(int64_t tokens, bool forward) const {
 // then the target logits and sums together; TE's (TransformerEngine v2.4 triton/cross_entropy.py:274-303)
 // all-gathers each rank's [tg x 3] FP32 statistics once.
 int32_t Builder::loss_reductions(TaskState& ts, int32_t loss, int64_t tg) {
-  if (!vocab_parallel()) return loss;
+  if (!megatron_tp()) return loss;
   const int16_t stage = ts.stage, chunk = ts.task.chunk;
   const int32_t mb = ts.task.micro_batch;
   const double row = 4.0 * d(tg);
@@ -1656,7 +1657,7 @@ void Builder::task_end(TaskState& ts) {
       ts.track(emit(walks(mem(OpName::kFinalNorm, MemOp::kNorm, 3.0 * d(embedded_tokens() * h) * dt),
                           d(embedded_tokens()), h),
                     stage, task.chunk, -1, mb, Phase::kForward, {ts.cur}));
-      if (vocab_parallel())
+      if (megatron_tp())
         ts.track(emit(head_gather(t_head_), stage, task.chunk, -1, mb, Phase::kForward, {ts.cur}));
       Op head = gemm(OpName::kLmHead, tg, m_.vocab / tp_, h);
       in_bf16(head);  // Megatron keeps the output layer in BF16
@@ -1672,7 +1673,7 @@ void Builder::task_end(TaskState& ts) {
       }
     }
   } else if (ts.v == 0 && o_.embedding_and_head) {
-    if (vocab_parallel())
+    if (megatron_tp())
       ts.track(emit(embed_exchange(embedded_tokens(), false), stage, task.chunk, -1, mb, Phase::kBackward,
                     {ts.cur}));
     ts.track(emit(embedding_op(OpName::kEmbedding, embedded_tokens()), stage, task.chunk, -1, mb,
@@ -1711,7 +1712,6 @@ void Builder::emit_mtp(TaskState& ts) {
   // output is all-gathered along the hidden dim and split back to the sequence shard. Backward: the split's
   // gradient is all-gathered, the hidden-dim gather's reduce-scattered, and the linear re-gathers its input
   // beside the dgrad (for the wgrad) and reduce-scatters the dgrad beside the wgrad, as TE's linears do.
-  const bool mtp_tp = megatron_ && tp_ > 1;
   const Op proj_in_ag = coll(OpName::kMtpAg, Collective::kAllGather, CommGroup::kTp, d(tg * 2 * h) * dt);
   const Op out_ag = coll(OpName::kMtpOutAg, Collective::kAllGather, CommGroup::kTp, d(tg * h) * dt);
   LayerPass pass;
@@ -1719,17 +1719,16 @@ void Builder::emit_mtp(TaskState& ts) {
     for (int64_t j = 0; j < mtp_; ++j) {
       const int32_t trunk = ts.cur;
       int32_t emb = emit(embedding_op(OpName::kMtpEmbedding, t_), stage, chunk, -1, mb, Phase::kForward, {});
-      if (vocab_parallel())
-        emb = emit(embed_exchange(t_, true), stage, chunk, -1, mb, Phase::kForward, {emb});
+      if (megatron_tp()) emb = emit(embed_exchange(t_, true), stage, chunk, -1, mb, Phase::kForward, {emb});
       ts.track(emit(norms, stage, chunk, -1, mb, Phase::kForward, {trunk, emb}));
-      if (mtp_tp) ts.track(emit(proj_in_ag, stage, chunk, -1, mb, Phase::kForward, {ts.cur}));
+      if (megatron_tp()) ts.track(emit(proj_in_ag, stage, chunk, -1, mb, Phase::kForward, {ts.cur}));
       ts.track(emit(proj, stage, chunk, -1, mb, Phase::kForward, {ts.cur}));
-      if (mtp_tp) ts.track(emit(out_ag, stage, chunk, -1, mb, Phase::kForward, {ts.cur}));
+      if (megatron_tp()) ts.track(emit(out_ag, stage, chunk, -1, mb, Phase::kForward, {ts.cur}));
       forward_begin(pass, n_main_ + j, stage, chunk, mb, ts.cur);
       for (int n = 0; n < kNodes; ++n) forward_node(pass, static_cast<Node>(n));
       ts.cur = pass.last;
       ts.track(emit(final_norm, stage, chunk, -1, mb, Phase::kForward, {ts.cur}));
-      if (vocab_parallel()) ts.track(emit(head_gather(t_), stage, chunk, -1, mb, Phase::kForward, {ts.cur}));
+      if (megatron_tp()) ts.track(emit(head_gather(t_), stage, chunk, -1, mb, Phase::kForward, {ts.cur}));
       ts.track(emit(head, stage, chunk, -1, mb, Phase::kForward, {ts.cur}));
       ts.track(emit(loss_op(OpName::kMtpLoss, true, tg), stage, chunk, -1, mb, Phase::kForward, {ts.cur}));
       ts.track(loss_reductions(ts, ts.cur, tg));
@@ -1744,37 +1743,33 @@ void Builder::emit_mtp(TaskState& ts) {
     for (int n = kNodes; n-- > 0;) backward_node(pass, static_cast<Node>(n));
     ts.cur = backward_output(pass);
     backward_done(pass);
-    int32_t regather = -1;
-    if (mtp_tp) {
+    int32_t again = -1;
+    if (megatron_tp()) {
       ts.track(emit(coll(OpName::kMtpScatterAg, Collective::kAllGather, CommGroup::kTp, d(tg * h) * dt),
                     stage, chunk, -1, mb, Phase::kBackward, {ts.cur}));
       ts.track(emit(coll(OpName::kMtpOutRs, Collective::kReduceScatter, CommGroup::kTp, d(tg * h) * dt),
                     stage, chunk, -1, mb, Phase::kBackward, {ts.cur}));
-      Op again = proj_in_ag;
-      again.name = static_cast<uint16_t>(OpName::kInputAg);
-      again.stream = te_async_stream(again.stream);
-      regather = emit(again, stage, chunk, -1, mb, Phase::kBackward, {ts.cur});
+      again = emit(regather(proj_in_ag), stage, chunk, -1, mb, Phase::kBackward, {ts.cur});
     }
     proj.part = GemmPart::kDgrad;
     proj.aux_bytes = proj.aux_bytes > 0 ? fp8_input_cast(d(tg) * d(h / tp_)) : 0.0;
     ts.track(emit(proj, stage, chunk, -1, mb, Phase::kBackward, {ts.cur}));
     const int32_t pd = ts.cur;
     int32_t into_norms = pd;
-    if (mtp_tp) {
-      Op scatter = coll(OpName::kMtpRs, Collective::kReduceScatter, CommGroup::kTp, d(tg * 2 * h) * dt);
-      scatter.stream = te_async_stream(scatter.stream);
-      into_norms = emit(scatter, stage, chunk, -1, mb, Phase::kBackward, {pd});
+    if (megatron_tp()) {
+      into_norms =
+          emit(te_async(coll(OpName::kMtpRs, Collective::kReduceScatter, CommGroup::kTp, d(tg * 2 * h) * dt)),
+               stage, chunk, -1, mb, Phase::kBackward, {pd});
     }
     Op pw = proj;
     pw.part = GemmPart::kWgrad;
     without_casts(pw);
-    emit(pw, stage, chunk, -1, mb, Phase::kBackward, {pd, regather});
+    emit(pw, stage, chunk, -1, mb, Phase::kBackward, {pd, again});
     ts.track(emit(norms, stage, chunk, -1, mb, Phase::kBackward, {into_norms}));
     // The next token's embedding takes its gradient from the norm (the table is the model's own); off the
     // trunk's path.
     int32_t emb = ts.cur;
-    if (vocab_parallel())
-      emb = emit(embed_exchange(t_, false), stage, chunk, -1, mb, Phase::kBackward, {emb});
+    if (megatron_tp()) emb = emit(embed_exchange(t_, false), stage, chunk, -1, mb, Phase::kBackward, {emb});
     emit(embedding_op(OpName::kMtpEmbedding, t_), stage, chunk, -1, mb, Phase::kBackward, {emb});
   }
 }

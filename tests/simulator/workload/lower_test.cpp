@@ -113,6 +113,12 @@ const Op& the_end_op(const OpGraph& g, OpName n, Phase phase = Phase::kForward,
   return *v.front();
 }
 
+// Whether `op` waits for `on` directly.
+bool depends(const OpGraph& g, const Op& op, const Op& on) {
+  const auto d = g.deps_of(op);
+  return std::find(d.begin(), d.end(), on.id) != d.end();
+}
+
 // Lowering as a stack runs it (its dispatcher, host waits and kernel counts) on H100 nodes of 8 GPUs.
 LoweringOptions stack_options(const char* stack) {
   static const HardwareProfile hw = io::load_hardware("h100-sxm").value();
@@ -497,10 +503,6 @@ TEST_SUITE("workload") {
     Plan p = node_plan(4);
     p.attention.tp = 2;
     p.global_batch = 4;
-    auto depends = [](const OpGraph& g, const Op& op, const Op& on) {
-      const auto d = g.deps_of(op);
-      return std::find(d.begin(), d.end(), on.id) != d.end();
-    };
     const OpGraph g = lower(mixtral(1), p, stack_options("megatron-core"));
     const Op& ag = the_op(g, OpName::kInputAg, 0, Phase::kBackward);
     const Op& fwd = the_op(g, OpName::kAttnAg);
@@ -539,10 +541,6 @@ TEST_SUITE("workload") {
     p.attention.tp = 2;
     p.global_batch = 4;
     const double t = 2048, tg = 4096, h = 4096;
-    auto depends = [](const OpGraph& g, const Op& op, const Op& on) {
-      const auto d = g.deps_of(op);
-      return std::find(d.begin(), d.end(), on.id) != d.end();
-    };
     p.cross_entropy = CrossEntropy::kUnfused;
     const OpGraph g = lower(mixtral(1), p, stack_options("megatron-core"));
     const Op& emb = the_end_op(g, OpName::kEmbedding);
@@ -633,10 +631,6 @@ TEST_SUITE("workload") {
     p.attention.tp = 2;
     p.global_batch = 4;
     const double tg = 4096, h = 7168;
-    auto depends = [](const OpGraph& g, const Op& op, const Op& on) {
-      const auto d = g.deps_of(op);
-      return std::find(d.begin(), d.end(), on.id) != d.end();
-    };
     const OpGraph g = lower(deepseek_v3(1, 0, 1), p, stack_options("megatron-core"));
     CHECK(end_ops(g, OpName::kEmbedRs).size() == 2);
     CHECK(end_ops(g, OpName::kHeadAg).size() == 2);
@@ -698,8 +692,7 @@ TEST_SUITE("workload") {
     CHECK(rs.stream == Stream::kTpComm);
     const Op& wgrad = the_op(g, OpName::kQkvProj, 0, Phase::kBackward, GemmPart::kWgrad);
     CHECK(wgrad.id < rs.id);  // emitted after the wgrad, waiting only for the dgrad
-    const auto deps = g.deps_of(rs);
-    CHECK(std::find(deps.begin(), deps.end(), wgrad.id) == deps.end());
+    CHECK_FALSE(depends(g, rs, wgrad));
     CHECK(the_op(g, OpName::kAttnRs, 0, Phase::kBackward).stream == Stream::kCompute);  // out_proj's gather
     CHECK(the_op(g, OpName::kAttnAg).stream == Stream::kCompute);
     CHECK(the_op(g, OpName::kAttnRs).stream == Stream::kCompute);
