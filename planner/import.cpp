@@ -490,9 +490,14 @@ Result<Imported> import_megatron(const std::string& text, const ModelSpec& model
                      {"pp_comm", pp_overlap}};
   if (f.has("overlap-moe-expert-parallel-comm")) plan["overlap"]["cross_micro_batch"] = true;
   if (f.has("delay-wgrad-compute")) plan["overlap"]["delay_wgrad"] = true;
-  if (f.has("tp-comm-overlap")) {
-    out.notes.push_back(
-        "--tp-comm-overlap (TE userbuffers chunking of TP collectives beside GEMMs) is not modelled");
+  if (f.has("tp-comm-overlap") && tp.value() > 1) {
+    plan["overlap"]["tp_comm"] = true;
+    if (f.has("tp-comm-overlap-cfg")) {
+      out.notes.push_back(
+          "--tp-comm-overlap-cfg: moeplan prices TE's default userbuffers methods (TE v2.4 initialize_ub), "
+          "not "
+          "the file's");
+    }
   }
   plan["compression"] = {
       {"grad_sync", f.has("grad-reduce-in-bf16") ? "bf16_reduce_scatter" : "fp32_reduce_scatter"},

@@ -559,6 +559,11 @@ class MegatronBuilder {
       if (p_.overlap.delay_wgrad) flag("--delay-wgrad-compute");  // needs the flag above (TC:3073-3077)
       needs_max_connections_ = false;                             // only a warning with it (A:1453-1479)
     }
+    if (p_.overlap.tp_comm) {
+      // TE's userbuffers beside the TP linears' GEMMs, with TE's default methods (needs sequence
+      // parallelism, which the launch sets under TP).
+      flag("--tp-comm-overlap");
+    }
     if (p_.compression.grad_sync == GradSync::kBf16AllToAll) {
       not_expressible(
           "BF16 gradient sync by all-to-all with a local FP32 reduce; the nearest, --grad-reduce-in-bf16, "

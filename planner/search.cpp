@@ -101,6 +101,7 @@ std::string describe(const Plan& p) {
   std::string ov = p.overlap.intra_op ? "intra" : (p.overlap.inter_op ? "inter" : "none");
   if (p.overlap.cross_micro_batch) ov = ov == "none" ? "xmb" : ov + "+xmb";
   if (p.overlap.delay_wgrad) ov += "+dw";
+  if (p.overlap.tp_comm) ov = ov == "none" ? "ub" : ov + "+ub";
   if (p.pipeline.schedule == Schedule::kDualPipeV) ov += " dualpipev";
   const char* disp = p.experts.dispatch == Dispatch::kAllToAll    ? "a2a"
                      : p.experts.dispatch == Dispatch::kAllGather ? "ag"
@@ -140,7 +141,8 @@ std::string layout_legend() {
          "rematerialization)\n"
          "  | overlap: inter (communication on its own streams), intra (fused GEMM + communication kernels), "
          "xmb (one micro-batch's expert communication behind another's compute, Megatron's combined 1F1B), "
-         "+dw (with its weight gradients delayed past the exchanges, --delay-wgrad-compute)\n"
+         "+dw (with its weight gradients delayed past the exchanges, --delay-wgrad-compute), ub (TP "
+         "exchanges pipelined with their GEMMs by Transformer Engine's userbuffers, --tp-comm-overlap)\n"
          "  | precision, then rs16 (gradients reduce-scattered in BF16), g16 (MegaScale-MoE's BF16 "
          "all-to-all "
          "gradient sync), d8 (FP8 dispatch)";
@@ -300,6 +302,10 @@ int64_t for_each_plan(const ModelSpec& model, const HardwareProfile& hw, const S
                               // With it, Megatron's --delay-wgrad-compute: the weight gradients behind the
                               // node that signals the backward exchange.
                               p.overlap.delay_wgrad = p.overlap.cross_micro_batch;
+                              // TE's userbuffers under TP where the stack has them (MLA models run
+                              // without: the lowering's rule).
+                              p.overlap.tp_comm = stack.overlaps.tp_comm.value && tp > 1 &&
+                                                  model.attention.kind != AttentionKind::kMla;
                               p.compression.grad_sync = sync;
                               p.compression.dispatch = prec == Precision::kFp8 && ep > 1 &&
                                                                stack_has(cap.dispatch_precision, "fp8")

@@ -223,7 +223,7 @@ struct CudaReplayRunner::Impl {
   // groups' windows in CommGroup order (collective; the same order on every rank).
   void prepare_fused(std::span<const Op> ops) {
     for (const Op& op : ops) {
-      if (op.kind != OpKind::kFusedGemmComm) continue;
+      if (op.kind != OpKind::kFusedGemmComm || op.comm.userbuffers) continue;
       const CommGroup g = op.comm.group;
       const int ranks = group_ranks(g);
       if (ranks > cuda::fused::kMaxRanks)
@@ -827,7 +827,14 @@ void CudaReplayRunner::run(const Op& op) {
       I.collective(op, l);
       break;
     case OpKind::kFusedGemmComm:
-      I.fused(op, l);
+      // TE's userbuffers pipeline (a Megatron plan's overlap.tp_comm) is not one of moerun's kernels: its
+      // GEMM, then its exchange, as the CPU replay runs it.
+      if (op.comm.userbuffers) {
+        I.gemm(op, l);
+        I.collective(op, l);
+      } else {
+        I.fused(op, l);
+      }
       break;
   }
   MOERUN_CUDA_CHECK(cudaGetLastError());

@@ -93,6 +93,11 @@ struct CommSpec {
   // Whether the hot-receiver rule above prices it (DeepEP's and HybridEP's deduplicated kernels keep their
   // own pricing).
   bool hot_routed() const { return collective == Collective::kAllToAll && hot_factor > 1.0 && !node_dedup; }
+  // Moved by Transformer Engine's userbuffers (Plan::Overlap::tp_comm) instead of NCCL: in a kFusedGemmComm
+  // op, chunk by chunk beside the GEMM (an all-gather as a ring exchange of copy-engine peer copies feeding
+  // the GEMM's chunks, a reduce-scatter after each of the GEMM's row chunks); in a collective op, one
+  // exchange beside a GEMM on TE's communication SMs.
+  bool userbuffers = false;
 };
 
 struct Op {

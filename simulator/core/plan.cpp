@@ -250,6 +250,11 @@ void check_rules(Rules& r, const Plan& p, const ModelSpec& m, const HardwareProf
     r.check(pp.pp == 1 || pp.vpp > 1, "cross_micro_batch_needs_vpp",
             "overlap.cross_micro_batch with pp > 1 needs a virtual pipeline (vpp > 1); pp = ", pp.pp);
   }
+  // TE's userbuffers pipeline TP exchanges over NVLink (Megatron: --tp-comm-overlap needs TP with
+  // sequence parallelism, which the lowering always has; TE bootstraps the buffers within a node).
+  r.check(!p.overlap.tp_comm || p.attention.tp > 1, "tp_comm_needs_tp",
+          "overlap.tp_comm overlaps tensor-parallel exchanges and needs attention.tp > 1 (tp = ",
+          p.attention.tp, ")");
   r.check(
       !p.overlap.delay_wgrad || p.overlap.cross_micro_batch, "delay_wgrad_needs_cross_micro_batch",
       "overlap.delay_wgrad delays weight gradients within the combined 1F1B and needs "
@@ -330,6 +335,7 @@ Plan with_stack_overlaps(const Plan& plan, const StackProfile& stack, std::vecto
   drop(p.overlap.dp_comm, stack.overlaps.dp_comm, "dp_comm");
   drop(p.overlap.pp_comm, stack.overlaps.pp_comm, "pp_comm");
   drop(p.overlap.cross_micro_batch, stack.overlaps.cross_micro_batch, "cross_micro_batch");
+  drop(p.overlap.tp_comm, stack.overlaps.tp_comm, "tp_comm");
   if (!p.overlap.cross_micro_batch) p.overlap.delay_wgrad = false;  // it lives inside the combined 1F1B
   return p;
 }

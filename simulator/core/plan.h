@@ -111,6 +111,11 @@ struct Plan {
     // their input gradients has signalled the next node (Megatron --delay-wgrad-compute), so the backward
     // dispatch starts before the experts' weight gradients and the next layer's combine before attention's.
     bool delay_wgrad = false;
+    // Tensor-parallel exchanges pipelined with the GEMMs beside them by Transformer Engine's userbuffers
+    // (Megatron --tp-comm-overlap): the column-parallel linears' all-gather as a ring exchange of chunks
+    // feeding the GEMM chunk by chunk, the row-parallel linears' reduce-scatter after each of the GEMM's row
+    // chunks, the backward's exchanges beside the data- and weight-gradient GEMMs.
+    bool tp_comm = false;
     bool operator==(const Overlap&) const = default;
   } overlap;
 

@@ -91,6 +91,7 @@ std::vector<const std::string*> StackProfile::number_sources() const {
                                          &overlaps.dp_comm.source,
                                          &overlaps.pp_comm.source,
                                          &overlaps.cross_micro_batch.source,
+                                         &overlaps.tp_comm.source,
                                          &capabilities.source,
                                          &memory.reserve_bytes.source,
                                          &memory.reserve_bytes_high.source,

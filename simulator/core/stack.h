@@ -197,6 +197,8 @@ struct StackProfile {
 
   struct Overlaps {
     Stated<bool> inter_op, intra_op, dp_comm, pp_comm, cross_micro_batch;
+    // Transformer Engine's userbuffers (Plan::Overlap::tp_comm); optional in a profile.
+    Stated<bool> tp_comm{false, kNotStated};
   } overlaps;  // which the stack achieves
 
   // Plan features the stack can run. A plan asking for one it lacks is refused with the reason (overlaps

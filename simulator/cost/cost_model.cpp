@@ -653,6 +653,58 @@ double CostModel::accumulating(const Op& op, double seconds) const {
   return std::max(seconds + (1.0 - hidden) * extra / hbm, (inputs + buffer) / hbm);
 }
 
+// Transformer Engine's userbuffers with the defaults Megatron leaves them (TE v2.4 pytorch/module/base.py
+// initialize_ub, get_default_config; Megatron passes no ub_cfgs unless --tp-comm-overlap-cfg is given):
+//  - an all-gather before a GEMM (qkv and fc1 forward; proj and fc2 data gradient) is a ring exchange
+//    (CommOverlapP2PBase::split_overlap_ag, common/comm_gemm_overlap/comm_gemm_overlap.cpp): tp steps, each
+//    the GEMM of one rank's row chunk while the next chunk moves to the next rank by a copy-engine peer copy
+//    (use_ce, num_sm 1, no SM margin: the GEMM keeps every SM);  T = (tp - 1) max(g, p) + g;
+//  - a reduce-scatter after a GEMM (proj and fc2 forward) is pipelined (CommOverlapBase::split_overlap_rs):
+//    num_splits 4 row chunks of the GEMM on the SMs less the 16 the reduce-scatter kernel holds
+//    (set_sm_margin), each chunk's reduce-scatter after its GEMM on the communication stream;
+//    T = g + 3 max(g, r) + r.
+// A peer copy is priced as a point-to-point transfer over NVLink, a chunk's reduce-scatter as the profile's
+// NCCL reduce-scatter of its bytes (TE's own kernel is not measured); the GEMM chunks beside the SM-based
+// reduce-scatter run at the stack's overlap_compute_efficiency.
+namespace {
+constexpr int64_t kUbPipelineSplits = 4;
+constexpr int64_t kUbCommSms = 16;
+
+// The share of a rank's SMs a userbuffers collective beside a GEMM holds (the bulk overlaps of the
+// backward: num_sm 16 in TE's defaults, above).
+double userbuffers_sm_fraction(double sm_count) {
+  return d(kUbCommSms) / sm_count;
+}
+}  // namespace
+
+double CostModel::userbuffers_seconds(const Op& op, double* rel_error) const {
+  const int64_t n = std::max<int32_t>(1, op.comm.group_size);
+  double e1 = 0, e2 = 0;
+  double seconds = 0;
+  GemmShape chunk = op.gemm;
+  if (op.comm.collective == Collective::kAllGather) {
+    chunk.m = std::max<int64_t>(1, op.gemm.m / n);
+    const double g = gemm_seconds(chunk, op.dtype, &e1, op.part);
+    CommSpec step = op.comm;
+    step.collective = Collective::kSendRecv;
+    step.stride = 1;
+    step.bytes = op.comm.bytes / d(n);
+    const double p = n > 1 ? collective_seconds(step, &e2, nullptr) : 0.0;
+    seconds = d(n - 1) * std::max(g, p) + g;
+  } else {
+    const double sms = d(hw_.gpu.sm_count.value);
+    chunk.m = std::max<int64_t>(1, op.gemm.m / kUbPipelineSplits);
+    const double g = gemm_seconds(chunk, op.dtype, &e1, op.part) * sms / (sms - d(kUbCommSms)) /
+                     stack_.overlap_compute_efficiency.value;
+    CommSpec part = op.comm;
+    part.bytes = op.comm.bytes / d(kUbPipelineSplits);
+    const double r = collective_seconds(part, &e2, nullptr);
+    seconds = g + d(kUbPipelineSplits - 1) * std::max(g, r) + r;
+  }
+  if (rel_error) *rel_error = std::max(e1, std::max(e2, kAssumedRelError));
+  return seconds;
+}
+
 OpCost CostModel::cost(const Op& op) const {
   OpCost r;
   const double launch = stack_.launch_s_per_kernel.value * d(std::max<uint16_t>(1, op.kernels));
@@ -735,13 +787,20 @@ OpCost CostModel::cost(const Op& op) const {
                                          stack_.dispatcher.nvlink_efficiency.basis));
       } else {
         r.seconds = collective_seconds(op.comm, &err, &r.resource) + launch;
-        r.sm_fraction = stack_.comm_sm_fraction.value;
+        r.sm_fraction = op.comm.userbuffers ? userbuffers_sm_fraction(d(hw_.gpu.sm_count.value))
+                                            : stack_.comm_sm_fraction.value;
+        if (op.comm.userbuffers) r.basis = weaker(r.basis, stack_.overlaps.tp_comm.basis);
       }
       if (op.kind == OpKind::kSendRecv) r.seconds += stack_.host_s_per_micro_batch.value / 2.0;
       r.link_bytes_per_s = r.seconds > 0 ? op.comm.bytes / r.seconds : 0;
       break;
     }
     case OpKind::kFusedGemmComm: {
+      if (op.comm.userbuffers) {
+        r.seconds = userbuffers_seconds(op, &err) + aux + launch;
+        r.basis = weaker(r.basis, stack_.overlaps.tp_comm.basis);
+        break;
+      }
       // Tile pipeline: compute on the SMs left after the kernel's communication SMs and those it leaves to
       // other streams' collectives, communication of the first chunk exposed, then the slower of the two
       // streams, then the other's last chunk:  T = max(comp, comm) + min(comp, comm) / chunks. The kernel is

@@ -70,6 +70,9 @@ class CostModel {
                               GemmPart part = GemmPart::kNone) const;
   // `seconds` of a weight-gradient GEMM with its accumulation into the main gradient buffer (see the .cpp).
   double accumulating(const Op& op, double seconds) const;
+  // A GEMM with its TP exchange pipelined by Transformer Engine's userbuffers (CommSpec::userbuffers; see
+  // the .cpp).
+  double userbuffers_seconds(const Op& op, double* rel_error) const;
   double attention_seconds(const Op& op, double* rel_error) const;
   double memory_bound_seconds(double bytes) const;
   double collective_seconds(const CommSpec& c, double* rel_error, Resource* resource) const;

@@ -120,13 +120,15 @@ Plan read_plan(const JsonNode& r) {
     p.data.zero = d->integer_or("zero", 1, 0, 3);
   }
   if (auto o = r.optional_object("overlap")) {
-    o->only_keys({"inter_op", "intra_op", "dp_comm", "pp_comm", "cross_micro_batch", "delay_wgrad"});
+    o->only_keys(
+        {"inter_op", "intra_op", "dp_comm", "pp_comm", "cross_micro_batch", "delay_wgrad", "tp_comm"});
     p.overlap.inter_op = o->boolean_or("inter_op", false);
     p.overlap.intra_op = o->boolean_or("intra_op", false);
     p.overlap.dp_comm = o->boolean_or("dp_comm", false);
     p.overlap.pp_comm = o->boolean_or("pp_comm", false);
     p.overlap.cross_micro_batch = o->boolean_or("cross_micro_batch", false);
     p.overlap.delay_wgrad = o->boolean_or("delay_wgrad", false);
+    p.overlap.tp_comm = o->boolean_or("tp_comm", false);
   }
   if (auto c = r.optional_object("compression")) {
     c->only_keys({"grad_sync", "dispatch"});
@@ -213,6 +215,7 @@ json plan_to_json(const Plan& p) {
                   {"pp_comm", p.overlap.pp_comm}};
   if (p.overlap.cross_micro_batch) j["overlap"]["cross_micro_batch"] = true;
   if (p.overlap.delay_wgrad) j["overlap"]["delay_wgrad"] = true;
+  if (p.overlap.tp_comm) j["overlap"]["tp_comm"] = true;
   j["compression"] = {{"grad_sync", name_of(p.compression.grad_sync)},
                       {"dispatch", name_of(p.compression.dispatch)}};
   j["precision"] = name_of(p.precision);

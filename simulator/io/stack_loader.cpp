@@ -254,9 +254,10 @@ Result<StackProfile> stack_from_json(const json& j, const std::string& label) {
       s.fused_gemm_efficiency = stated_fraction(root, "fused_gemm_efficiency", Interval::kEfficiency);
 
     const JsonNode o = root.object("overlaps");
-    o.only_keys({"inter_op", "intra_op", "dp_comm", "pp_comm", "cross_micro_batch"});
+    o.only_keys({"inter_op", "intra_op", "dp_comm", "pp_comm", "cross_micro_batch", "tp_comm"});
     s.overlaps = {stated_bool(o, "inter_op"), stated_bool(o, "intra_op"), stated_bool(o, "dp_comm"),
                   stated_bool(o, "pp_comm"), stated_bool(o, "cross_micro_batch")};
+    if (o.has("tp_comm")) s.overlaps.tp_comm = stated_bool(o, "tp_comm");
 
     const JsonNode c = root.object("capabilities");
     c.only_keys({"source", "dispatch", "recompute", "recompute_modules", "schedules", "precision",
@@ -373,6 +374,7 @@ nlohmann::ordered_json stack_to_json(const StackProfile& s) {
                      {"dp_comm", flag(s.overlaps.dp_comm)},
                      {"pp_comm", flag(s.overlaps.pp_comm)},
                      {"cross_micro_batch", flag(s.overlaps.cross_micro_batch)}};
+  if (s.overlaps.tp_comm.source != kNotStated) j["overlaps"]["tp_comm"] = flag(s.overlaps.tp_comm);
   const auto& c = s.capabilities;
   j["capabilities"] = oj{{"source", c.source},
                          {"dispatch", c.dispatch},

@@ -45,6 +45,20 @@ double fp8_cast_bytes_per_element(Fp8Recipe r) {
   return 4.0;
 }
 
+// The all-gather a column-parallel linear's op holds under TE's userbuffers, by the name it has unfused.
+OpName ub_gather_name(OpName linear) {
+  switch (linear) {
+    case OpName::kQkvProj:
+      return OpName::kAttnAg;
+    case OpName::kFc13:
+      return OpName::kFfnAg;
+    case OpName::kSharedFc13:
+      return OpName::kSharedAg;
+    default:
+      return OpName::kInputAg;
+  }
+}
+
 // Kernels Transformer Engine launches to quantise one tensor (TE pytorch/csrc/quantizer.cpp): current
 // scaling (tensorwise) computes the amax, then the scale from it, then casts (Float8CurrentScalingQuantizer::
 // quantize_impl: nvte_compute_amax, nvte_compute_scale_from_amax, nvte_quantize_v2); delayed scaling casts
@@ -126,6 +140,12 @@ class Builder {
     side_stream_ = p.overlap.inter_op ? Stream::kSide : Stream::kCompute;
     dp_stream_ = p.overlap.dp_comm ? Stream::kDpComm : Stream::kCompute;
     megatron_ = o.dispatcher != DispatcherKind::kFused;
+    // TE's userbuffers take the TP exchanges of the attention's and the MLPs' linears (Megatron builds them
+    // with tp_comm_buffer_name qkv, proj, fc1, fc2; the experts' linears never: extensions/
+    // transformer_engine.py:150-195 at 1e057005). MLA's linears carry other buffer names, and the first one
+    // built switches tp_comm_overlap off in the configuration every later module shares (ibid.:150-160), so
+    // an MLA model runs without them.
+    ub_ = megatron_ && tp_ > 1 && sp_ == 1 && p.overlap.tp_comm && m.attention.kind != AttentionKind::kMla;
     layers_ = layers_per_virtual_stage(m, p);
     // Multi-token prediction modules (DeepSeek-V3) run on the last virtual stage, after its layers, as layer
     // indices past the model's own (Megatron's layout puts them there, 'm' before the loss).
@@ -372,6 +392,16 @@ class Builder {
     if (megatron_) op.stream = Stream::kTpComm;
     return op;
   }
+  // A TP linear's GEMM with its exchange pipelined by TE's userbuffers (ub_): one op, priced as TE runs the
+  // pipeline (cost::CostModel::userbuffers_seconds), on the GEMM's stream.
+  Op ub_linear(Op gemm_op, Collective c, double bytes) const {
+    CommSpec cs = comm(c, CommGroup::kTp, bytes, dt_);
+    cs.userbuffers = true;
+    const Stream s = gemm_op.stream;
+    Op f = fused(static_cast<OpName>(gemm_op.name), gemm_op, cs);
+    f.stream = s;
+    return f;
+  }
   // That re-gather: the linear's forward all-gather once more.
   Op regather(Op forward_gather) const {
     forward_gather.name = static_cast<uint16_t>(OpName::kInputAg);
@@ -412,7 +442,7 @@ class Builder {
   }
 
   DType dt_;
-  bool combined_ = false, delay_wgrad_ = false, megatron_ = false;
+  bool combined_ = false, delay_wgrad_ = false, megatron_ = false, ub_ = false;
   Schedule schedule_ = Schedule::k1F1B;
   int64_t vstage(int64_t chunk, int64_t stage) const { return virtual_stage(chunk, stage, pp_, schedule_); }
   // The pipeline stage (rank) that runs virtual stage v.
@@ -505,8 +535,9 @@ int Builder::attention_fwd(int in, bool position_bias) {
   module_ = 0;
   int64_t tg = t_;  // tokens entering the projections
   if (tp_ > 1) {
-    x = record(coll(OpName::kAttnAg, Collective::kAllGather, CommGroup::kTp, d(t_ * tp_ * h) * dt), {x},
-               true);
+    if (!ub_)
+      x = record(coll(OpName::kAttnAg, Collective::kAllGather, CommGroup::kTp, d(t_ * tp_ * h) * dt), {x},
+                 true);
     tg = t_ * tp_;
   }
   // Widths per token of q and of k+v after projection on this rank (before Ulysses splits heads).
@@ -584,7 +615,10 @@ int Builder::attention_fwd(int in, bool position_bias) {
       ready = {record(coll(OpName::kQkvA2a, Collective::kAllToAll, CommGroup::kSp, q_bytes + kv_bytes), r)};
     }
   } else {
-    if (!mla) q = kv = record(gemm(OpName::kQkvProj, tg, q_proj_width + kv_width, h), {x});
+    if (!mla) {
+      const Op qkv = gemm(OpName::kQkvProj, tg, q_proj_width + kv_width, h);
+      q = kv = record(ub_ ? ub_linear(qkv, Collective::kAllGather, d(tg * h) * dt) : qkv, {x});
+    }
     if (mla) module_ = kRecomputeMlaUpProj;
     ready = rope({qk_norm(q), kv});
     module_ = 0;
@@ -651,9 +685,10 @@ int Builder::attention_fwd(int in, bool position_bias) {
       out = record(gemm(OpName::kOutProj, tg, h, heads_r * v), {a2a});
     }
   } else {
-    out = record(gemm(OpName::kOutProj, tg, h, heads_r * v), {att});
+    const Op proj = gemm(OpName::kOutProj, tg, h, heads_r * v);
+    out = record(ub_ ? ub_linear(proj, Collective::kReduceScatter, d(tg * h) * dt) : proj, {att});
   }
-  if (tp_ > 1)
+  if (tp_ > 1 && !ub_)
     out = record(coll(OpName::kAttnRs, Collective::kReduceScatter, CommGroup::kTp, d(tg * h) * dt), {out});
   // The residual add after attention (Megatron's fused bias-dropout-add): read two [t, h], write one.
   if (o_.eager_framework)
@@ -792,14 +827,18 @@ int Builder::dense_ffn_fwd(int in) {
   int x = record(walks(mem(OpName::kFfnNorm, MemOp::kNorm, 3.0 * d(t_ * h) * dt), d(t_), h), {in}, true);
   int64_t tg = t_;
   if (tp_ > 1) {
-    x = record(coll(OpName::kFfnAg, Collective::kAllGather, CommGroup::kTp, d(t_ * tp_ * h) * dt), {x}, true);
+    if (!ub_)
+      x = record(coll(OpName::kFfnAg, Collective::kAllGather, CommGroup::kTp, d(t_ * tp_ * h) * dt), {x},
+                 true);
     tg = t_ * tp_;
   }
   const int64_t f_r = f / tp_;
-  int y = record(gemm(OpName::kFc13, tg, glu_ * f_r, h), {x});
+  const Op fc1 = gemm(OpName::kFc13, tg, glu_ * f_r, h);
+  int y = record(ub_ ? ub_linear(fc1, Collective::kAllGather, d(tg * h) * dt) : fc1, {x});
   y = glu_act(OpName::kAct, y, d(tg), f_r);
-  y = record(gemm(OpName::kFc2, tg, h, f_r), {y});
-  if (tp_ > 1)
+  const Op fc2 = gemm(OpName::kFc2, tg, h, f_r);
+  y = record(ub_ ? ub_linear(fc2, Collective::kReduceScatter, d(tg * h) * dt) : fc2, {y});
+  if (tp_ > 1 && !ub_)
     y = record(coll(OpName::kFfnRs, Collective::kReduceScatter, CommGroup::kTp, d(tg * h) * dt), {y});
   module_ = 0;
   if (o_.eager_framework)
@@ -1083,16 +1122,19 @@ int Builder::moe_fwd(int in) {
     int64_t tg = t_;
     int y = x;
     if (tp_ > 1) {
-      y = record(coll(OpName::kSharedAg, Collective::kAllGather, CommGroup::kTp, d(t_ * tp_ * h) * dt), {y},
-                 true);
+      if (!ub_)
+        y = record(coll(OpName::kSharedAg, Collective::kAllGather, CommGroup::kTp, d(t_ * tp_ * h) * dt), {y},
+                   true);
       tg = t_ * tp_;
     }
-    y = record(gemm(OpName::kSharedFc13, tg, glu_ * fs, h, side_stream_), {y});
+    const Op fc1 = gemm(OpName::kSharedFc13, tg, glu_ * fs, h, side_stream_);
+    y = record(ub_ ? ub_linear(fc1, Collective::kAllGather, d(tg * h) * dt) : fc1, {y});
     y = record(
         walks(mem(OpName::kSharedAct, MemOp::kActivation, 3.0 * d(tg * fs) * dt, side_stream_), d(tg), fs),
         {y}, true);
-    y = record(gemm(OpName::kSharedFc2, tg, h, fs, side_stream_), {y});
-    if (tp_ > 1)
+    const Op fc2 = gemm(OpName::kSharedFc2, tg, h, fs, side_stream_);
+    y = record(ub_ ? ub_linear(fc2, Collective::kReduceScatter, d(tg * h) * dt) : fc2, {y});
+    if (tp_ > 1 && !ub_)
       y = record(coll(OpName::kSharedRs, Collective::kReduceScatter, CommGroup::kTp, d(tg * h) * dt), {y});
     shared = y;
     module_ = kRecomputeMoe;
@@ -1419,7 +1461,23 @@ void Builder::backward_node(LayerPass& pass, Node node) {
         // Not where the gathered input feeds several GEMMs (MLA's down projections: Megatron gathers once
         // and its duplicated linears keep the gathered input).
         int32_t input_ag = -1;
-        if (megatron_ && op.kind == OpKind::kGemm && lo.inputs.size() == 1 && lo.inputs[0] >= 0) {
+        // Under TE's userbuffers a column-parallel linear's all-gather is inside its forward op; backward
+        // overlaps in bulk as without them (TE's defaults: qkv_dgrad and fc1_dgrad all-gather beside the
+        // dgrad GEMM, qkv_wgrad and fc1_wgrad reduce-scatter beside the wgrad GEMM, on TE's communication
+        // SMs): the re-gather, a plain dgrad GEMM, then the dgrad's reduce-scatter beside the wgrad.
+        const bool ub_gather = op.kind == OpKind::kFusedGemmComm && op.comm.userbuffers &&
+                               op.comm.collective == Collective::kAllGather;
+        Op ub_exchange;
+        if (ub_gather) {
+          ub_exchange =
+              base(ub_gather_name(static_cast<OpName>(op.name)), OpKind::kCollective, Stream::kCompute);
+          ub_exchange.comm = op.comm;
+          input_ag = emit_with(regather(ub_exchange));
+          op.kind = OpKind::kGemm;
+          op.comm = {};
+        }
+        if (megatron_ && op.kind == OpKind::kGemm && lo.inputs.size() == 1 && lo.inputs[0] >= 0 &&
+            !ub_gather) {
           const auto src = static_cast<size_t>(lo.inputs[0]);
           const Op& in = ops[src].op;
           if (in.kind == OpKind::kCollective && in.comm.collective == Collective::kAllGather &&
@@ -1438,7 +1496,12 @@ void Builder::backward_node(LayerPass& pass, Node node) {
           else if (op.comm.collective == Collective::kReduceScatter)
             dgrad.comm.collective = Collective::kAllGather;
         }
-        pass.grad[ri] = emit_with(dgrad);
+        const int32_t dgrad_id = pass.grad[ri] = emit_with(dgrad);
+        if (ub_gather) {
+          ub_exchange.comm.collective = Collective::kReduceScatter;
+          pass.grad[ri] = end =
+              emit(te_async(ub_exchange), pass.stage, pass.chunk, L, pass.mb, Phase::kBackward, {dgrad_id});
+        }
         Op wgrad = op;
         wgrad.kind = op.kind == OpKind::kFusedGemmComm
                          ? (op.gemm.groups > 1 ? OpKind::kGroupedGemm : OpKind::kGemm)
@@ -1448,14 +1511,14 @@ void Builder::backward_node(LayerPass& pass, Node node) {
         without_casts(wgrad);
         wgrad.stream = Stream::kCompute;
         if (deferring_) {
-          deferring_->push_back({wgrad, pass.stage, pass.chunk, L, pass.mb, pass.grad[ri], input_ag});
+          deferring_->push_back({wgrad, pass.stage, pass.chunk, L, pass.mb, dgrad_id, input_ag});
         } else if (delay_wgrad_ && (node == Node::kMlp || node == Node::kPreDispatch)) {
           // backward_dw of the experts (mlp) and of attention with the shared experts (pre_dispatch):
           // fine_grained_callables.py build_transformer_layer_callables.
-          delayed_.push_back({wgrad, pass.stage, pass.chunk, L, pass.mb, pass.grad[ri], input_ag});
+          delayed_.push_back({wgrad, pass.stage, pass.chunk, L, pass.mb, dgrad_id, input_ag});
         } else {
           pass.last = end =
-              emit(wgrad, pass.stage, pass.chunk, L, pass.mb, Phase::kBackward, {pass.grad[ri], input_ag});
+              emit(wgrad, pass.stage, pass.chunk, L, pass.mb, Phase::kBackward, {dgrad_id, input_ag});
         }
         continue;
       }

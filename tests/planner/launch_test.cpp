@@ -870,6 +870,18 @@ TEST_SUITE("planner") {
     CHECK_FALSE(f.has("--moe-shared-expert-overlap"));
   }
 
+  TEST_CASE("TE's userbuffers are Megatron's --tp-comm-overlap, beside sequence parallelism") {
+    Plan p = make_plan("mixtral-8x7b", 8, 4096, 32);
+    p.attention.tp = 2;
+    p.experts.ep = 4;
+    Flags f = parse_flags(checked(p).flags);
+    CHECK_FALSE(f.has("--tp-comm-overlap"));
+    p.overlap.tp_comm = true;
+    f = parse_flags(checked(p).flags);
+    CHECK(f.has("--tp-comm-overlap"));
+    CHECK(f.has("--sequence-parallel"));
+  }
+
   TEST_CASE("every legal mix of recompute, FP8 recipe and EP overlap keeps Megatron's rules") {
     // Each set of Megatron recompute modules, full recompute by both methods, BF16 and each FP8 recipe,
     // with and without cross-micro-batch and inter-operator overlap, on a GQA and an MLA model with shared

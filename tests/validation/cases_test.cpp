@@ -91,21 +91,22 @@ TEST_SUITE("validation") {
     }
   }
 
-  TEST_CASE("a case's plan delays weight gradients exactly where its launch states --delay-wgrad-compute") {
-    int stated = 0;
+  TEST_CASE(
+      "a case's plan overlaps exactly where its launch says: --delay-wgrad-compute, --tp-comm-overlap") {
+    int delayed = 0, userbuffers = 0;
     for (const io::json& c : cases()) {
       const std::string id = c.at("id").get<std::string>();
       CAPTURE(id);
       const auto plan = io::plan_from_json(c.at("plan"), id);
       REQUIRE(plan.ok());
       const io::json flags = c.value("launch_flags", io::json::object());
-      if (!flags.contains("delay_wgrad_compute")) {
-        CHECK_FALSE(plan.value().overlap.delay_wgrad);
-        continue;
-      }
-      ++stated;
-      CHECK(plan.value().overlap.delay_wgrad == flags.at("delay_wgrad_compute").get<bool>());
+      auto stated = [&](const char* key) { return flags.contains(key) && flags.at(key).get<bool>(); };
+      CHECK(plan.value().overlap.delay_wgrad == stated("delay_wgrad_compute"));
+      CHECK(plan.value().overlap.tp_comm == stated("tp_comm_overlap"));
+      delayed += flags.contains("delay_wgrad_compute") ? 1 : 0;
+      userbuffers += stated("tp_comm_overlap") ? 1 : 0;
     }
-    CHECK(stated >= 5);
+    CHECK(delayed >= 5);
+    CHECK(userbuffers >= 1);
   }
 }

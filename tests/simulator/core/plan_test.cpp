@@ -358,6 +358,21 @@ TEST_SUITE("core") {
     CHECK(notices[0].find("overlap.cross_micro_batch") != std::string::npos);
   }
 
+  TEST_CASE("TE's userbuffers need tp > 1, and a stack without them gives them no credit, saying so") {
+    Fixture f;
+    f.plan.overlap.tp_comm = true;
+    CHECK(f.rules().empty());
+    f.plan.attention.tp = 1;
+    CHECK(f.breaks("tp_comm_needs_tp"));
+    f.plan.attention.tp = 2;
+    std::vector<std::string> notices;
+    CHECK(with_stack_overlaps(f.plan, io::load_stack("megatron-core").value(), &notices).overlap.tp_comm);
+    CHECK(notices.empty());
+    CHECK_FALSE(with_stack_overlaps(f.plan, io::load_stack("moerun").value(), &notices).overlap.tp_comm);
+    REQUIRE(notices.size() == 1);
+    CHECK(notices[0].rfind("overlap.tp_comm asked for, but stack moerun does not achieve it", 0) == 0);
+  }
+
   TEST_CASE("recurrent mixers refuse context parallelism and need their heads to split over tp*sp") {
     Fixture f;
     f.model = io::load_model("qwen3-next-80b-a3b").value();  // Gated DeltaNet: 16 key, 32 value heads

@@ -180,6 +180,73 @@ TEST_SUITE("cost") {
 
   // ---- expert GEMMs by shape ----
 
+  TEST_CASE("TE's userbuffers: a ring exchange under the GEMM's row chunks, a reduce-scatter after each") {
+    // H100, Megatron-Core: an 8192-row GEMM whose input is all-gathered over tp 4 runs tp chunks of 2048
+    // rows, each beside the copy-engine transfer of the next rank's chunk: T = 3 max(g, p) + g. Its
+    // reduce-scatter counterpart runs 4 row chunks on the SMs less TE's 16 communication SMs, at the stack's
+    // overlap efficiency, each chunk's reduce-scatter after it: T = g + 3 max(g, r) + r.
+    const HardwareProfile hw = io::load_hardware("h100-sxm").value();
+    const StackProfile stack = io::load_stack("megatron-core").value();
+    REQUIRE(stack.overlaps.tp_comm.value);
+    const cost::CostModel cm(hw, stack);
+    const double launch = stack.launch_s_per_kernel.value, sms = static_cast<double>(hw.gpu.sm_count.value);
+    auto ub_op = [](int64_t k, Collective c) {
+      Op op = gemm_op();
+      op.gemm.k = k;
+      op.kind = OpKind::kFusedGemmComm;
+      op.comm.collective = c;
+      op.comm.group = CommGroup::kTp;
+      op.comm.group_size = 4;
+      op.comm.stride = 1;
+      op.comm.bytes = 8192.0 * 8192.0 * 2.0;  // the gathered [8192, 8192] bf16 input (or the output)
+      op.comm.userbuffers = true;
+      return op;
+    };
+    CommSpec step;
+    step.collective = Collective::kSendRecv;
+    step.stride = 1;
+    step.bytes = 8192.0 * 8192.0 * 2.0 / 4.0;
+    double err = 0;
+    const double p = cm.collective_seconds(step, &err, nullptr);
+    for (int64_t k : {8192, 512}) {  // compute-bound, then exchange-bound
+      CAPTURE(k);
+      const Op ag = ub_op(k, Collective::kAllGather);
+      const double g = cm.gemm_seconds({2048, 8192, k, 1}, DType::kBf16, &err);
+      const double t = cm.cost(ag).seconds - launch;
+      CHECK(t == rel(3.0 * std::max(g, p) + g));
+      // Never slower than the unfused gather, then the GEMM; never faster than either alone.
+      Op whole = ag;
+      whole.kind = OpKind::kGemm;
+      Op gather;
+      gather.kind = OpKind::kCollective;
+      gather.comm = ag.comm;
+      gather.comm.userbuffers = false;
+      const double gemm = cm.cost(whole).seconds - launch, exchange = cm.cost(gather).seconds - launch;
+      CHECK(t < gemm + exchange);
+      CHECK(t >= std::max(4.0 * g, 3.0 * p));
+      if (k == 8192) CHECK(p < g);  // the exchange hides: four chunk GEMMs
+      if (k == 512) CHECK(p > g);   // the GEMM hides: three transfers and the last chunk's GEMM
+
+      const Op rs = ub_op(k, Collective::kReduceScatter);
+      const double g4 = cm.gemm_seconds({2048, 8192, k, 1}, DType::kBf16, &err) * sms / (sms - 16.0) /
+                        stack.overlap_compute_efficiency.value;
+      CommSpec chunk = rs.comm;
+      chunk.userbuffers = false;
+      chunk.bytes = rs.comm.bytes / 4.0;
+      const double r = cm.collective_seconds(chunk, &err, nullptr);
+      CHECK(cm.cost(rs).seconds - launch == rel(g4 + 3.0 * std::max(g4, r) + r));
+      CHECK(cm.cost(rs).basis == Basis::kDerived);  // TE's method read from source, not timed
+    }
+    // Beside a GEMM, a userbuffers collective (the backward's bulk overlaps) holds TE's 16 SMs, an NCCL one
+    // the stack's share.
+    Op bulk;
+    bulk.kind = OpKind::kCollective;
+    bulk.comm = ub_op(8192, Collective::kAllGather).comm;
+    CHECK(cm.cost(bulk).sm_fraction == rel(16.0 / sms));
+    bulk.comm.userbuffers = false;
+    CHECK(cm.cost(bulk).sm_fraction == rel(stack.comm_sm_fraction.value));
+  }
+
   TEST_CASE("a grouped kernel of G experts costs one launch of G x tiles with rows padded to 128") {
     // G = 4 experts of 100 rows, [100 x 1024] x [1024 x 256] each, grouped-kernel efficiency 0.8. Rows pad to
     // one 128-row tile, so the launch is 4 tiles on 8 SMs (wave 0.5):

@@ -214,6 +214,11 @@ TEST_SUITE("io") {
     CHECK(megascale.overlaps.intra_op.value);
     CHECK(mc.overlaps.cross_micro_batch.value);
     CHECK_FALSE(moerun.overlaps.cross_micro_batch.value);
+    CHECK(mc.overlaps.tp_comm.value);  // TE's userbuffers
+    CHECK(mc.overlaps.tp_comm.basis == Basis::kDerived);
+    CHECK(hybrid.overlaps.tp_comm.value);
+    CHECK_FALSE(moerun.overlaps.tp_comm.value);
+    CHECK_FALSE(megascale.overlaps.tp_comm.value);
     CHECK(stack_has(mc.capabilities.recompute_modules, "mla_up_proj"));
     CHECK_FALSE(stack_has(mc.capabilities.recompute, "sar"));
     CHECK(stack_has(megascale.capabilities.recompute, "sar"));

@@ -709,6 +709,103 @@ TEST_SUITE("workload") {
     CHECK(the_op(c, OpName::kDispatchA2a).stream == Stream::kComm);
   }
 
+  TEST_CASE("TE's userbuffers fold the TP linears' exchanges into their GEMMs, backward as TE overlaps it") {
+    // Mixtral-8x7B, one layer, tp 2 with overlap.tp_comm on Megatron-Core: the QKV projection holds its
+    // input's all-gather and the output projection its reduce-scatter (no TP collective left in forward);
+    // backward, the output projection's dgrad holds the gradient's all-gather (a ring exchange), and the QKV
+    // projection re-gathers its input beside a plain dgrad GEMM, then reduce-scatters that dgrad beside the
+    // wgrad, both on TE's communication SMs (userbuffers) on the TP stream.
+    Plan p = node_plan(4);
+    p.attention.tp = 2;
+    p.global_batch = 4;
+    p.overlap.tp_comm = true;
+    const OpGraph g = lower(mixtral(1), p, stack_options("megatron-core"));
+    CHECK(ops_named(g, OpName::kAttnAg).empty());
+    CHECK(ops_named(g, OpName::kAttnRs).empty());
+    CHECK(ops_named(g, OpName::kAttnRs, 0, Phase::kBackward).empty());
+    const Op& qkv = the_op(g, OpName::kQkvProj);
+    CHECK(qkv.kind == OpKind::kFusedGemmComm);
+    CHECK(qkv.comm.userbuffers);
+    CHECK(qkv.comm.collective == Collective::kAllGather);
+    CHECK(qkv.comm.group == CommGroup::kTp);
+    CHECK(qkv.comm.group_size == 2);
+    CHECK(qkv.stream == Stream::kCompute);
+    // The bytes the unfused lowering's all-gather and reduce-scatter move.
+    Plan plain = p;
+    plain.overlap.tp_comm = false;
+    const OpGraph u = lower(mixtral(1), plain, stack_options("megatron-core"));
+    CHECK(qkv.comm.bytes == the_op(u, OpName::kAttnAg).comm.bytes);
+    CHECK(qkv.gemm.m == the_op(u, OpName::kQkvProj).gemm.m);
+    const Op& proj = the_op(g, OpName::kOutProj);
+    CHECK(proj.kind == OpKind::kFusedGemmComm);
+    CHECK(proj.comm.userbuffers);
+    CHECK(proj.comm.collective == Collective::kReduceScatter);
+    CHECK(proj.comm.bytes == the_op(u, OpName::kAttnRs).comm.bytes);
+    CHECK(g.ops.size() == u.ops.size() - 3);  // two forward collectives and the output projection's gather
+
+    const Op& proj_dgrad = the_op(g, OpName::kOutProj, 0, Phase::kBackward, GemmPart::kDgrad);
+    CHECK(proj_dgrad.kind == OpKind::kFusedGemmComm);
+    CHECK(proj_dgrad.comm.userbuffers);
+    CHECK(proj_dgrad.comm.collective == Collective::kAllGather);
+    CHECK(the_op(g, OpName::kOutProj, 0, Phase::kBackward, GemmPart::kWgrad).kind == OpKind::kGemm);
+
+    const Op& ag = the_op(g, OpName::kInputAg, 0, Phase::kBackward);
+    const Op& dgrad = the_op(g, OpName::kQkvProj, 0, Phase::kBackward, GemmPart::kDgrad);
+    const Op& wgrad = the_op(g, OpName::kQkvProj, 0, Phase::kBackward, GemmPart::kWgrad);
+    const Op& rs = the_op(g, OpName::kAttnAg, 0, Phase::kBackward);
+    CHECK(dgrad.kind == OpKind::kGemm);
+    CHECK(wgrad.kind == OpKind::kGemm);
+    CHECK(ag.comm.userbuffers);
+    CHECK(rs.comm.userbuffers);
+    CHECK(ag.comm.collective == Collective::kAllGather);
+    CHECK(rs.comm.collective == Collective::kReduceScatter);
+    CHECK(ag.stream == Stream::kTpComm);
+    CHECK(rs.stream == Stream::kTpComm);
+    CHECK(ag.comm.bytes == qkv.comm.bytes);
+    CHECK(rs.comm.bytes == qkv.comm.bytes);
+    CHECK(depends(g, wgrad, ag));
+    CHECK_FALSE(depends(g, dgrad, ag));
+    CHECK(depends(g, rs, dgrad));
+    CHECK_FALSE(depends(g, rs, wgrad));
+    CHECK(
+        depends(g, the_op(g, OpName::kAttnNorm, 0, Phase::kBackward), rs));  // the gradient flows through it
+
+    // The dense MLP's and the shared experts' linears alike (Llama 4 Maverick: a dense layer, then an MoE
+    // layer with a shared expert).
+    ModelSpec l4 = io::load_model("llama-4-maverick").value();
+    l4.layers.resize(2);
+    Plan q = node_plan(8);
+    q.attention.tp = 2;
+    q.global_batch = 4;
+    q.overlap.tp_comm = true;
+    const OpGraph m = lower(l4, q, stack_options("megatron-core"));
+    for (OpName n : {OpName::kFfnAg, OpName::kFfnRs, OpName::kSharedAg, OpName::kSharedRs}) {
+      CAPTURE(static_cast<int>(n));
+      CHECK(ops_named(m, n, -1).empty());
+    }
+    for (OpName n : {OpName::kFc13, OpName::kSharedFc13, OpName::kFc2, OpName::kSharedFc2}) {
+      CAPTURE(static_cast<int>(n));
+      const std::vector<const Op*> ops = ops_named(m, n, -1);
+      REQUIRE(ops.size() == 1);
+      CHECK(ops[0]->comm.userbuffers);
+      CHECK(ops[0]->comm.collective == (n == OpName::kFc13 || n == OpName::kSharedFc13
+                                            ? Collective::kAllGather
+                                            : Collective::kReduceScatter));
+    }
+    CHECK(ops_named(m, OpName::kExpertFc13, -1).size() == 1);
+    CHECK(ops_named(m, OpName::kExpertFc13, -1)[0]->kind ==
+          OpKind::kGroupedGemm);  // the experts' linears never
+
+    // Not on moerun's stack, nor for MLA (DeepSeek-V3), whose linears switch the overlap off.
+    const OpGraph own = lower(mixtral(1), p, stack_options("moerun"));
+    CHECK(the_op(own, OpName::kQkvProj).kind == OpKind::kGemm);
+    CHECK(ops_named(own, OpName::kAttnAg).size() == 1);
+    Plan ds = p;
+    ds.experts.ep = 8;
+    const OpGraph mla = lower(deepseek_v3(1, 0), ds, stack_options("megatron-core"));
+    for (const Op& op : mla.ops) CHECK_FALSE(op.comm.userbuffers);
+  }
+
   TEST_CASE("the alltoall dispatcher sorts chunks only when a rank holds more than one expert") {
     // ep 8 over 8 experts: one local expert, no sort by expert, and no ETP collectives with etp 1.
     const OpGraph g = lower(mixtral(1), node_plan(8), stack_options("megatron-core"));
