@@ -74,6 +74,7 @@ std::vector<FigureDiff> diff_reports(const json& a, const json& b) {
     }
   }
   add("breakdown.bubble", "s", {"breakdown", "bubble"});
+  add("breakdown.host_wait", "s", {"breakdown", "host_wait"});
   add("breakdown.optimizer", "s", {"breakdown", "optimizer"});
   for (const std::string& k : keys_at(a, b, {"memory", "components"})) {
     add("memory.components." + k, "bytes", {"memory", "components", k});

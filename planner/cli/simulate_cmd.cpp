@@ -61,8 +61,14 @@ void print_text(const Prediction& p, const ReportContext& ctx) {
   fmt::print("breakdown of stage {} (seconds):\n", p.critical_stage);
   for (const auto& [k, v] : b.compute) fmt::print("  compute {:<18} {:9.4f}\n", k, v);
   for (const auto& [k, v] : b.exposed_comm) fmt::print("  exposed comm {:<13} {:9.4f}\n", k, v);
-  fmt::print("  bubble / idle              {:9.4f}\n  optimizer                  {:9.4f}\n", b.bubble,
-             b.optimizer);
+  fmt::print("  bubble / idle              {:9.4f}\n", b.bubble);
+  if (b.host_wait > 0)
+    fmt::print(
+        "    of which host-bound      {:9.4f}  (the GPU waits for the host to issue; "
+        "host.issue_us_per_kernel is "
+        "{})\n",
+        b.host_wait, name_of(ctx.stack.host_s_per_kernel.basis));
+  fmt::print("  optimizer                  {:9.4f}\n", b.optimizer);
   if (p.routing.mean_rank_assignments > 0) {
     fmt::print("routing: busiest EP rank gets {:.3f}x the mean; {:.2f}% of assignments dropped\n",
                p.routing.imbalance(), 100 * p.routing.dropped_fraction);

@@ -107,6 +107,7 @@ class PeriodicExtrapolation {
     times(a.breakdown.compute, b.breakdown.compute, c.breakdown.compute, "breakdown");
     times(a.breakdown.exposed_comm, b.breakdown.exposed_comm, c.breakdown.exposed_comm, "breakdown");
     time(a.breakdown.bubble, b.breakdown.bubble, c.breakdown.bubble, "bubble");
+    time(a.breakdown.host_wait, b.breakdown.host_wait, c.breakdown.host_wait, "bubble");
     time(a.breakdown.optimizer, b.breakdown.optimizer, c.breakdown.optimizer, "optimizer");
     time(a.spread, b.spread, c.spread, "critical path");
     for (size_t i = 0; i < a.by_basis.size(); ++i)

@@ -31,7 +31,8 @@ double StepBreakdown::total() const {
 }
 
 // Sweep over the stage's timeline: each instant goes to the compute ops running (split evenly), else to the
-// communication running (split evenly by group), else to the bubble.
+// communication running (split evenly by group), else to the bubble; an idle stretch that ends with an op
+// starting the moment the host issued it is the host's (host_wait, inside the bubble).
 StepBreakdown stage_breakdown(const OpGraph& graph, const std::vector<cost::OpCost>& costs,
                               const engine::Timeline& timeline, int64_t stage) {
   std::vector<int32_t> ids;
@@ -64,10 +65,11 @@ StepBreakdown stage_breakdown(const OpGraph& graph, const std::vector<cost::OpCo
   constexpr size_t kGroups = static_cast<size_t>(CommGroup::kPp) + 1;
   std::array<double, kKinds> by_kind{};
   std::array<double, kGroups> by_group{};
-  double bubble = 0;
+  double bubble = 0, host_wait = 0;
   std::vector<int32_t> compute, comm;
   double prev = 0;
-  auto attribute = [&](double span) {
+  // `next`: the edge that ends the span (null at the end of the step).
+  auto attribute = [&](double span, const Edge* next) {
     if (span <= 0) return;
     if (!compute.empty()) {
       const double share = span / static_cast<double>(compute.size());
@@ -79,10 +81,11 @@ StepBreakdown stage_breakdown(const OpGraph& graph, const std::vector<cost::OpCo
         by_group[static_cast<size_t>(graph.ops[static_cast<size_t>(id)].comm.group)] += share;
     } else {
       bubble += span;
+      if (next && next->start && timeline.issued[static_cast<size_t>(next->op)] >= next->t) host_wait += span;
     }
   };
   for (const Edge& e : edges) {
-    attribute(e.t - prev);
+    attribute(e.t - prev, &e);
     prev = e.t;
     auto& set = costs[static_cast<size_t>(e.op)].resource == cost::Resource::kSm ? compute : comm;
     if (e.start) {
@@ -91,9 +94,10 @@ StepBreakdown stage_breakdown(const OpGraph& graph, const std::vector<cost::OpCo
       set.erase(std::find(set.begin(), set.end(), e.op));
     }
   }
-  attribute(timeline.step_time - prev);  // the stage idles until the slowest stage ends
+  attribute(timeline.step_time - prev, nullptr);  // the stage idles until the slowest stage ends
   StepBreakdown b;
   b.bubble = bubble;
+  b.host_wait = host_wait;
   for (size_t k = 0; k < kKinds; ++k) {
     if (by_kind[k] <= 0) continue;
     if (static_cast<OpKind>(k) == OpKind::kOptimizer) {

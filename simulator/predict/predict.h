@@ -29,8 +29,12 @@ struct StepBreakdown {
   std::map<std::string, double> compute;       // gemm, grouped_gemm, attention, memory_bound, fused_gemm_comm
   std::map<std::string, double> exposed_comm;  // tp, sp, cp, ep, etp, dp_attn, dp_expert, pp
   double bubble = 0;
+  // Of the bubble: the idle time that ended when the host issued the next op (the device had run out of
+  // issued work: host-bound stretches, the stall after a device-to-host sync). The stack's host issue times
+  // price it.
+  double host_wait = 0;
   double optimizer = 0;
-  double total() const;
+  double total() const;  // host_wait is inside bubble
 };
 
 // Where the prediction's numbers come from: the critical path's time split by the basis of the stack numbers

@@ -76,6 +76,7 @@ nlohmann::json prediction_json(const Prediction& p, const ReportContext& ctx) {
                     {"compute", comp.is_null() ? nlohmann::json::object() : comp},
                     {"exposed_comm", comm.is_null() ? nlohmann::json::object() : comm},
                     {"bubble", p.breakdown.bubble},
+                    {"host_wait", p.breakdown.host_wait},
                     {"optimizer", p.breakdown.optimizer}};
   j["routing"] = {{"imbalance", p.routing.imbalance()},
                   {"busiest_rank_assignments", p.routing.busiest_rank_assignments},

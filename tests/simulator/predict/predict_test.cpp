@@ -123,6 +123,40 @@ TEST_SUITE("predict") {
     CHECK(p.mfu < 0.8);
   }
 
+  TEST_CASE("idle time that ends when the host issues the next op is the host's, inside the bubble") {
+    // One stage: a GEMM over [0, 1]; a collective issued at 0.5 over [1, 2] (running, so not idle); a GEMM
+    // whose inputs were ready at 2 but which the host issued at 3, over [3, 4]; a GEMM issued at 4.2 that
+    // waited for a dependency until 5, over [5, 6]; the step ends at 7. Idle: [2, 3] the host's, [4, 5] a
+    // wait, [6, 7] the end.
+    OpGraph g;
+    for (int i = 0; i < 4; ++i) {
+      Op op;
+      op.id = i;
+      op.kind = i == 1 ? OpKind::kCollective : OpKind::kGemm;
+      g.ops.push_back(op);
+    }
+    std::vector<cost::OpCost> costs(4);
+    costs[1].resource = cost::Resource::kNvlink;
+    engine::Timeline t;
+    t.ops = {{0, 1}, {1, 2}, {3, 4}, {5, 6}};
+    t.issued = {0, 0.5, 3, 4.2};
+    t.step_time = 7;
+    const StepBreakdown b = stage_breakdown(g, costs, t, 0);
+    CHECK(b.bubble == doctest::Approx(3.0));
+    CHECK(b.host_wait == doctest::Approx(1.0));
+    CHECK(b.total() == doctest::Approx(7.0));
+    // Megatron's alltoall dispatcher: the host waits for the split sizes in every MoE layer forward, and
+    // the device then waits for it to issue the permute; a slower host makes it longer.
+    const MegatronCase c;
+    const Prediction p = c.run();
+    REQUIRE(p.violations.empty());
+    CHECK(p.breakdown.host_wait > 0);
+    CHECK(p.breakdown.host_wait <= p.breakdown.bubble);
+    StackProfile slow = c.stack;
+    slow.host_s_per_kernel.value *= 2;
+    CHECK(c.run(slow).breakdown.host_wait > p.breakdown.host_wait);
+  }
+
   TEST_CASE("the critical chain the engine records is a longest path of the simulated graph") {
     // Under overlap and contention (processor sharing), for several layouts: the chain runs without gaps
     // from time 0 to the step's end, and no path through the graph is longer (Boost.Graph longest path).
