@@ -1777,6 +1777,13 @@ void Builder::emit_mtp(TaskState& ts) {
   // beside the dgrad (for the wgrad) and reduce-scatters the dgrad beside the wgrad, as TE's linears do.
   const Op proj_in_ag = coll(OpName::kMtpAg, Collective::kAllGather, CommGroup::kTp, d(tg * 2 * h) * dt);
   const Op out_ag = coll(OpName::kMtpOutAg, Collective::kAllGather, CommGroup::kTp, d(tg * h) * dt);
+  // Megatron's copies around eh_proj (ibid.:462-466): torch.cat of the embedding and the hidden state along
+  // the hidden dim (read and write [t, 2h]); under TP, _gather_along_last_dim gathers [tp x tg, h / tp] and
+  // torch.cat's the chunks along the last dim (read and write [tg, h]), and its backward splits and
+  // concatenates them back before the reduce-scatter (tensor_parallel/mappings.py). The concatenation's
+  // backward is views; the split to the sequence shard is a view of contiguous rows.
+  const Op cat = mem(OpName::kMtpCat, MemOp::kPermute, 4.0 * d(t_ * h) * dt);
+  const Op gather_cat = mem(OpName::kMtpGatherCat, MemOp::kPermute, 2.0 * d(tg * h) * dt);
   LayerPass pass;
   if (ts.task.forward) {
     for (int64_t j = 0; j < mtp_; ++j) {
@@ -1784,9 +1791,13 @@ void Builder::emit_mtp(TaskState& ts) {
       int32_t emb = emit(embedding_op(OpName::kMtpEmbedding, t_), stage, chunk, -1, mb, Phase::kForward, {});
       if (megatron_tp()) emb = emit(embed_exchange(t_, true), stage, chunk, -1, mb, Phase::kForward, {emb});
       ts.track(emit(norms, stage, chunk, -1, mb, Phase::kForward, {trunk, emb}));
+      if (megatron_) ts.track(emit(cat, stage, chunk, -1, mb, Phase::kForward, {ts.cur}));
       if (megatron_tp()) ts.track(emit(proj_in_ag, stage, chunk, -1, mb, Phase::kForward, {ts.cur}));
       ts.track(emit(proj, stage, chunk, -1, mb, Phase::kForward, {ts.cur}));
-      if (megatron_tp()) ts.track(emit(out_ag, stage, chunk, -1, mb, Phase::kForward, {ts.cur}));
+      if (megatron_tp()) {
+        ts.track(emit(out_ag, stage, chunk, -1, mb, Phase::kForward, {ts.cur}));
+        ts.track(emit(gather_cat, stage, chunk, -1, mb, Phase::kForward, {ts.cur}));
+      }
       forward_begin(pass, n_main_ + j, stage, chunk, mb, ts.cur);
       for (int n = 0; n < kNodes; ++n) forward_node(pass, static_cast<Node>(n));
       ts.cur = pass.last;
@@ -1810,6 +1821,7 @@ void Builder::emit_mtp(TaskState& ts) {
     if (megatron_tp()) {
       ts.track(emit(coll(OpName::kMtpScatterAg, Collective::kAllGather, CommGroup::kTp, d(tg * h) * dt),
                     stage, chunk, -1, mb, Phase::kBackward, {ts.cur}));
+      ts.track(emit(gather_cat, stage, chunk, -1, mb, Phase::kBackward, {ts.cur}));
       ts.track(emit(coll(OpName::kMtpOutRs, Collective::kReduceScatter, CommGroup::kTp, d(tg * h) * dt),
                     stage, chunk, -1, mb, Phase::kBackward, {ts.cur}));
       again = emit(regather(proj_in_ag), stage, chunk, -1, mb, Phase::kBackward, {ts.cur});

@@ -647,6 +647,17 @@ TEST_SUITE("workload") {
     CHECK(out_ag.comm.bytes == tg * h * 2);
     CHECK(depends(g, proj, in_ag));
     CHECK(depends(g, out_ag, proj));
+    // The copies: the concatenation of [t, h] embedding and hidden state before the gather (t = tg / 2),
+    // the hidden-dim gather's reassembly after it, and that split and copy again before its reduce-scatter.
+    const Op& cat = the_end_op(g, OpName::kMtpCat);
+    const Op& gather_cat = the_end_op(g, OpName::kMtpGatherCat);
+    CHECK(cat.hbm_bytes == 4 * (tg / 2) * h * 2);
+    CHECK(gather_cat.hbm_bytes == 2 * tg * h * 2);
+    CHECK(depends(g, cat, the_end_op(g, OpName::kMtpNorm)));
+    CHECK(depends(g, in_ag, cat));
+    CHECK(depends(g, gather_cat, out_ag));
+    const Op& gather_cat_back = the_end_op(g, OpName::kMtpGatherCat, Phase::kBackward);
+    CHECK(end_ops(g, OpName::kMtpCat, Phase::kBackward).empty());  // views
     const Op& scatter_ag = the_end_op(g, OpName::kMtpScatterAg, Phase::kBackward);
     const Op& out_rs = the_end_op(g, OpName::kMtpOutRs, Phase::kBackward);
     const Op& dgrad = the_end_op(g, OpName::kMtpProj, Phase::kBackward, GemmPart::kDgrad);
@@ -656,7 +667,8 @@ TEST_SUITE("workload") {
     CHECK(out_rs.comm.collective == Collective::kReduceScatter);
     CHECK(rs.comm.collective == Collective::kReduceScatter);
     CHECK(rs.comm.bytes == tg * 2 * h * 2);
-    CHECK(depends(g, out_rs, scatter_ag));
+    CHECK(depends(g, gather_cat_back, scatter_ag));
+    CHECK(depends(g, out_rs, gather_cat_back));
     CHECK(depends(g, dgrad, out_rs));
     CHECK(depends(g, rs, dgrad));
     CHECK(depends(g, the_end_op(g, OpName::kMtpNorm, Phase::kBackward), rs));
@@ -671,7 +683,16 @@ TEST_SUITE("workload") {
     CHECK(regathers_before_dgrad == 1);
     const OpGraph own = lower(deepseek_v3(1, 0, 1), p, stack_options("moerun"));
     CHECK(end_ops(own, OpName::kMtpEmbedding, Phase::kBackward).size() == 1);
-    for (OpName n : {OpName::kHeadAg, OpName::kMtpAg, OpName::kMtpOutAg}) CHECK(end_ops(own, n).empty());
+    for (OpName n :
+         {OpName::kHeadAg, OpName::kMtpAg, OpName::kMtpOutAg, OpName::kMtpCat, OpName::kMtpGatherCat})
+      CHECK(end_ops(own, n).empty());
+    // Without TP, Megatron's concatenation alone.
+    Plan one = p;
+    one.attention.tp = 1;
+    one.global_batch = 8;
+    const OpGraph no_tp = lower(deepseek_v3(1, 0, 1), one, stack_options("megatron-core"));
+    CHECK(end_ops(no_tp, OpName::kMtpCat).size() == 1);
+    CHECK(end_ops(no_tp, OpName::kMtpGatherCat).empty());
     for (OpName n : {OpName::kMtpRs, OpName::kMtpOutRs, OpName::kMtpScatterAg, OpName::kInputAg})
       CHECK(end_ops(own, n, Phase::kBackward).empty());
   }
