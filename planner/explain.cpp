@@ -116,10 +116,13 @@ std::vector<ExplainRow> explain(const ModelSpec& model, const Plan& plan, const 
          // Across micro-batches too: Megatron's combined 1F1B and its delayed weight gradients.
          p.overlap.cross_micro_batch = plan.overlap.cross_micro_batch;
          p.overlap.delay_wgrad = plan.overlap.delay_wgrad;
-         // And TE's userbuffers beside the TP linears' GEMMs.
+       }},
+      {"+ intra-operator overlap",
+       [&](Plan& p) {
+         p.overlap.intra_op = plan.overlap.intra_op;
+         // TE's userbuffers split each TP linear into chunks beside their exchanges: inside the operator.
          p.overlap.tp_comm = plan.overlap.tp_comm;
        }},
-      {"+ intra-operator overlap", [&](Plan& p) { p.overlap.intra_op = plan.overlap.intra_op; }},
       {"+ compression", [&](Plan& p) { p.compression = plan.compression; }},
       {"+ selective recompute", [&](Plan& p) { p.recompute = plan.recompute; }},
   };

@@ -128,7 +128,7 @@ TEST_SUITE("planner") {
         {"attention.tp", "attention.sp", "attention.cp", "experts.ep", "experts.etp", "experts.dispatch"},
         {"overlap.inter_op", "overlap.dp_comm", "overlap.pp_comm", "overlap.cross_micro_batch",
          "overlap.delay_wgrad"},
-        {"overlap.intra_op"},
+        {"overlap.intra_op", "overlap.tp_comm"},
         {"compression.grad_sync", "compression.dispatch"},
         {"recompute"},
     };
@@ -180,7 +180,7 @@ TEST_SUITE("planner") {
         {"recompute"},
         {"overlap.inter_op", "overlap.dp_comm", "overlap.pp_comm", "overlap.cross_micro_batch",
          "overlap.delay_wgrad"},
-        {"overlap.intra_op"},
+        {"overlap.intra_op", "overlap.tp_comm"},
         {"compression.grad_sync", "compression.dispatch"},
     };
     for (size_t i = 0; i < rows.size(); ++i) {
@@ -270,5 +270,22 @@ TEST_SUITE("planner") {
     CHECK(b.attention.sp == 2);
     CHECK(note.find("attention tp2 sp2") != std::string::npos);
     CHECK(note.find("hidden size") != std::string::npos);
+  }
+
+  TEST_CASE("TE's userbuffers come in with the intra-operator row, where the TP linears are split") {
+    Case c;
+    c.stack = io::load_stack("megatron-core").value();
+    c.plan.attention = {2, 1, 1};
+    c.plan.overlap = {false, false, true, true};
+    c.plan.overlap.tp_comm = true;
+    c.plan.compression = {};
+    c.plan.recompute = Recompute::kNone;
+    const auto rows = c.explain();
+    REQUIRE(rows.size() == 6);
+    REQUIRE(rows[4].technique == "+ intra-operator overlap");
+    CHECK(changed_keys(rows[3].plan, rows[4].plan) == std::set<std::string>{"overlap.tp_comm"});
+    CHECK(rows[4].in_plan);
+    CHECK_MESSAGE(rows[4].valid(), rows[4].reason);
+    CHECK(rows[4].prediction.step_time_s < rows[3].prediction.step_time_s);  // the exchanges hide
   }
 }
