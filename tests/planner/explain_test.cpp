@@ -48,14 +48,21 @@ struct Case {
 // Dotted keys whose values differ between two plans in the plan-file form.
 std::set<std::string> changed_keys(const Plan& a, const Plan& b) {
   const nlohmann::json ja = io::plan_to_json(a), jb = io::plan_to_json(b);
+  // Keys on either side: plan files leave some flags out while they are off.
+  auto value = [](const nlohmann::json& j, const std::string& key) {
+    return j.contains(key) ? j.at(key) : nlohmann::json();
+  };
   std::set<std::string> out;
-  for (auto it = ja.begin(); it != ja.end(); ++it) {
-    if (it->is_object()) {
-      for (auto jt = it->begin(); jt != it->end(); ++jt) {
-        if (*jt != jb.at(it.key()).at(jt.key())) out.insert(it.key() + "." + jt.key());
+  for (const nlohmann::json* side : {&ja, &jb}) {
+    for (auto it = side->begin(); it != side->end(); ++it) {
+      const nlohmann::json x = value(ja, it.key()), y = value(jb, it.key());
+      if (it->is_object()) {
+        for (auto jt = it->begin(); jt != it->end(); ++jt) {
+          if (value(x, jt.key()) != value(y, jt.key())) out.insert(it.key() + "." + jt.key());
+        }
+      } else if (x != y) {
+        out.insert(it.key());
       }
-    } else if (*it != jb.at(it.key())) {
-      out.insert(it.key());
     }
   }
   return out;
@@ -282,10 +289,10 @@ TEST_SUITE("planner") {
     c.plan.recompute = Recompute::kNone;
     const auto rows = c.explain();
     REQUIRE(rows.size() == 6);
-    REQUIRE(rows[4].technique == "+ intra-operator overlap");
-    CHECK(changed_keys(rows[3].plan, rows[4].plan) == std::set<std::string>{"overlap.tp_comm"});
-    CHECK(rows[4].in_plan);
-    CHECK_MESSAGE(rows[4].valid(), rows[4].reason);
-    CHECK(rows[4].prediction.step_time_s < rows[3].prediction.step_time_s);  // the exchanges hide
+    REQUIRE(rows[3].technique == "+ intra-operator overlap");
+    CHECK(changed_keys(rows[2].plan, rows[3].plan) == std::set<std::string>{"overlap.tp_comm"});
+    CHECK(rows[3].in_plan);
+    CHECK_MESSAGE(rows[3].valid(), rows[3].reason);
+    CHECK(rows[3].prediction.step_time_s < rows[2].prediction.step_time_s);  // the exchanges hide
   }
 }
