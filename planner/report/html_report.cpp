@@ -268,6 +268,15 @@ void breakdown_table(Out& out, const json& b) {
          html_escape(s.category), json(s.seconds).dump(), swatch(s), html_escape(s.label),
          duration(s.seconds), percent(s.seconds / total));
   }
+  // Of the idle time, what the GPU spent waiting for the host to issue (reports before it was split lack it).
+  const double host = b.contains("host_wait") ? b.at("host_wait").get<double>() : 0.0;
+  if (host > 0) {
+    emit(out,
+         "<tr data-part=\"host_wait\" data-seconds=\"{}\"><td></td><td>of the idle time, the GPU waiting for "
+         "the "
+         "host to issue</td><td class=\"n\">{}</td><td class=\"n\">{}</td></tr>\n",
+         json(host).dump(), duration(host), percent(host / total));
+  }
   emit(out, "<tr><td></td><td><b>step</b></td><td class=\"n\"><b>{}</b></td><td class=\"n\">100%</td></tr>\n",
        duration(total));
   emit(out, "</table>\n");

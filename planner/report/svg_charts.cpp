@@ -8,8 +8,6 @@
 #include <functional>
 #include <set>
 
-#include <fmt/format.h>
-
 #include "planner/report/html_report.h"
 
 namespace moeplan::report {
@@ -33,14 +31,8 @@ std::vector<Segment> breakdown_segments(const json& b) {
     s.push_back({"exposed:" + k, std::string("exposed ") + c.label, c.colour, v.get<double>()});
   }
   if (b.at("bubble").get<double>() > 0) {
-    // Reports before host_wait existed lack it.
-    const double host = b.contains("host_wait") ? b.at("host_wait").get<double>() : 0.0;
     s.push_back(
-        {"bubble",
-         host > 0
-             ? fmt::format("idle (pipeline bubble, waits; {:.4g} s of it the GPU waiting for the host)", host)
-             : std::string("idle (pipeline bubble, waits)"),
-         "url(#idle-hatch)", b.at("bubble").get<double>()});
+        {"bubble", "idle (pipeline bubble, waits)", "url(#idle-hatch)", b.at("bubble").get<double>()});
   }
   return s;
 }

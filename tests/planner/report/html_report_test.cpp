@@ -115,7 +115,8 @@ TEST_SUITE("report.html") {
       parts[(*it)[1]] = json::parse(std::string((*it)[2]));
     }
     const json& b = r.at("breakdown");
-    size_t expected = (b.at("optimizer").get<double>() > 0) + (b.at("bubble").get<double>() > 0);
+    size_t expected = (b.at("optimizer").get<double>() > 0) + (b.at("bubble").get<double>() > 0) +
+                      (b.at("host_wait").get<double>() > 0);
     for (const auto& [k, v] : b.at("compute").items()) {
       CAPTURE(k);
       REQUIRE(parts.contains(k));
@@ -130,6 +131,7 @@ TEST_SUITE("report.html") {
     }
     CHECK(parts.size() == expected);
     if (b.at("bubble").get<double>() > 0) CHECK(parts.at("bubble") == b.at("bubble"));
+    if (b.at("host_wait").get<double>() > 0) CHECK(parts.at("host_wait") == b.at("host_wait"));
   }
 
   TEST_CASE("the simulate page has one svg per chart: breakdown, memory and timeline") {
