@@ -86,6 +86,7 @@ std::vector<const std::string*> StackProfile::number_sources() const {
                                          &comm_sm_fraction.source,
                                          &overlap_compute_efficiency.source,
                                          &fused_gemm_efficiency.source,
+                                         &userbuffers_rs_speed.source,
                                          &overlaps.inter_op.source,
                                          &overlaps.intra_op.source,
                                          &overlaps.dp_comm.source,
@@ -121,6 +122,8 @@ std::vector<StackProfile::Number> StackProfile::numbers() {
   if (dispatch_dedup()) out.push_back({"dispatcher.overlap_efficiency", &dispatcher.overlap_efficiency, 1.0});
   if (fused_gemm_efficiency.source != kNotStated)
     out.push_back({"fused_gemm_efficiency", &fused_gemm_efficiency, 1.0});
+  if (overlaps.tp_comm.value && userbuffers_rs_speed.source != kNotStated)
+    out.push_back({"userbuffers_rs_speed", &userbuffers_rs_speed, 1.0});
   for (const KindNumber& k : memory_bound_kind_numbers()) {
     Stated<double>& n = memory_bound_by_kind.*k.number;
     if (n.value > 0) out.push_back({k.path, &n, 1.0});

@@ -194,6 +194,10 @@ struct StackProfile {
   // library GEMM's: their tiles compute at this fraction of the library rate on the SMs left to them. 1 (the
   // library rate) where a stack does not state it.
   Stated<double> fused_gemm_efficiency{1.0, kNotStated};
+  // Transformer Engine's userbuffers (overlaps.tp_comm): the pipelined reduce-scatter after a row-parallel
+  // GEMM's chunk runs TE's own kernel on 16 SMs, priced as the profile's NCCL reduce-scatter of the chunk's
+  // bytes divided by this. 1 where a stack does not state it.
+  Stated<double> userbuffers_rs_speed{1.0, kNotStated};
 
   struct Overlaps {
     Stated<bool> inter_op, intra_op, dp_comm, pp_comm, cross_micro_batch;

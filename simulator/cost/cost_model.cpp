@@ -664,8 +664,8 @@ double CostModel::accumulating(const Op& op, double seconds) const {
 //    (set_sm_margin), each chunk's reduce-scatter after its GEMM on the communication stream;
 //    T = g + 3 max(g, r) + r.
 // A peer copy is priced as a point-to-point transfer over NVLink, a chunk's reduce-scatter as the profile's
-// NCCL reduce-scatter of its bytes (TE's own kernel is not measured); the GEMM chunks beside the SM-based
-// reduce-scatter run at the stack's overlap_compute_efficiency.
+// NCCL reduce-scatter of its bytes over the stack's userbuffers_rs_speed (TE's own kernel is not measured);
+// the GEMM chunks beside the SM-based reduce-scatter run at the stack's overlap_compute_efficiency.
 namespace {
 constexpr int64_t kUbPipelineSplits = 4;
 constexpr int64_t kUbCommSms = 16;
@@ -698,7 +698,7 @@ double CostModel::userbuffers_seconds(const Op& op, double* rel_error) const {
                      stack_.overlap_compute_efficiency.value;
     CommSpec part = op.comm;
     part.bytes = op.comm.bytes / d(kUbPipelineSplits);
-    const double r = collective_seconds(part, &e2, nullptr);
+    const double r = collective_seconds(part, &e2, nullptr) / stack_.userbuffers_rs_speed.value;
     seconds = g + d(kUbPipelineSplits - 1) * std::max(g, r) + r;
   }
   if (rel_error) *rel_error = std::max(e1, std::max(e2, kAssumedRelError));
@@ -799,6 +799,9 @@ OpCost CostModel::cost(const Op& op) const {
       if (op.comm.userbuffers) {
         r.seconds = userbuffers_seconds(op, &err) + aux + launch;
         r.basis = weaker(r.basis, stack_.overlaps.tp_comm.basis);
+        if (op.comm.collective == Collective::kReduceScatter &&
+            stack_.userbuffers_rs_speed.source != kNotStated)
+          r.basis = weaker(r.basis, stack_.userbuffers_rs_speed.basis);
         break;
       }
       // Tile pipeline: compute on the SMs left after the kernel's communication SMs and those it leaves to

@@ -143,10 +143,25 @@ Result<StackProfile> stack_from_json(const json& j, const std::string& label) {
           "\"moeplan-stack-v2\" (v1 files priced grouped GEMMs by a rows-per-expert curve and cannot say "
           "what each number rests on; see hwprofiles/stacks/README.md for the v2 fields)");
     }
-    root.only_keys({"format", "name", "description", "calibrated", "sources", "host", "grouped_gemm",
-                    "memory_bound_efficiency", "memory_bound_efficiency_by_kind", "dispatcher", "expert_mlp",
-                    "wgrad_accumulation", "attention_kernel", "comm_sm_fraction",
-                    "overlap_compute_efficiency", "fused_gemm_efficiency", "overlaps", "capabilities",
+    root.only_keys({"format",
+                    "name",
+                    "description",
+                    "calibrated",
+                    "sources",
+                    "host",
+                    "grouped_gemm",
+                    "memory_bound_efficiency",
+                    "memory_bound_efficiency_by_kind",
+                    "dispatcher",
+                    "expert_mlp",
+                    "wgrad_accumulation",
+                    "attention_kernel",
+                    "comm_sm_fraction",
+                    "overlap_compute_efficiency",
+                    "fused_gemm_efficiency",
+                    "userbuffers_rs_speed",
+                    "overlaps",
+                    "capabilities",
                     "memory"});
     if (root.string("format") != "moeplan-stack-v2") root.fail("format", "\"moeplan-stack-v2\"");
     StackProfile s;
@@ -252,6 +267,8 @@ Result<StackProfile> stack_from_json(const json& j, const std::string& label) {
     s.overlap_compute_efficiency = stated_fraction(root, "overlap_compute_efficiency", Interval::kEfficiency);
     if (root.has("fused_gemm_efficiency"))
       s.fused_gemm_efficiency = stated_fraction(root, "fused_gemm_efficiency", Interval::kEfficiency);
+    if (root.has("userbuffers_rs_speed"))
+      s.userbuffers_rs_speed = stated_number(root, "userbuffers_rs_speed", 0.1, 10.0);
 
     const JsonNode o = root.object("overlaps");
     o.only_keys({"inter_op", "intra_op", "dp_comm", "pp_comm", "cross_micro_batch", "tp_comm"});
@@ -369,6 +386,8 @@ nlohmann::ordered_json stack_to_json(const StackProfile& s) {
   j["overlap_compute_efficiency"] = num(s.overlap_compute_efficiency, 1.0);
   if (s.fused_gemm_efficiency.source != kNotStated)
     j["fused_gemm_efficiency"] = num(s.fused_gemm_efficiency, 1.0);
+  if (s.userbuffers_rs_speed.source != kNotStated)
+    j["userbuffers_rs_speed"] = num(s.userbuffers_rs_speed, 1.0);
   j["overlaps"] = oj{{"inter_op", flag(s.overlaps.inter_op)},
                      {"intra_op", flag(s.overlaps.intra_op)},
                      {"dp_comm", flag(s.overlaps.dp_comm)},

@@ -76,7 +76,11 @@ AssumptionRange assumption_range(const ModelSpec& model, const Plan& plan, const
                                  double step_time_s, int threads) {
   AssumptionRange out;
   out.step_time_s = out.fastest_s = out.slowest_s = step_time_s;
-  const Ranged ranged(stack);
+  // A number that prices nothing the plan runs is left out: the userbuffers' reduce-scatter speed of a plan
+  // without them.
+  StackProfile own = stack;
+  if (!plan.overlap.tp_comm) own.userbuffers_rs_speed = {1.0, kNotStated};
+  const Ranged ranged(own);
   for (size_t j = 0; j < ranged.at.size(); ++j) {
     const StackProfile::Number& num = ranged.number(j);
     const Stated<double>& n = *num.number;

@@ -235,7 +235,15 @@ TEST_SUITE("cost") {
       chunk.bytes = rs.comm.bytes / 4.0;
       const double r = cm.collective_seconds(chunk, &err, nullptr);
       CHECK(cm.cost(rs).seconds - launch == rel(g4 + 3.0 * std::max(g4, r) + r));
-      CHECK(cm.cost(rs).basis == Basis::kDerived);  // TE's method read from source, not timed
+      // TE's method is read from source; its reduce-scatter kernel's speed is assumed.
+      CHECK(cm.cost(ag).basis == Basis::kDerived);
+      CHECK(cm.cost(rs).basis == Basis::kAssumed);
+      // At twice NCCL's speed, each chunk's reduce-scatter takes half the time.
+      StackProfile fast = stack;
+      fast.userbuffers_rs_speed.value = 2.0;
+      const cost::CostModel quick(hw, fast);
+      CHECK(quick.cost(rs).seconds - launch == rel(g4 + 3.0 * std::max(g4, r / 2.0) + r / 2.0));
+      CHECK(quick.cost(ag).seconds == cm.cost(ag).seconds);
     }
     // Beside a GEMM, a userbuffers collective (the backward's bulk overlaps) holds TE's 16 SMs, an NCCL one
     // the stack's share.

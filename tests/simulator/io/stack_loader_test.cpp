@@ -219,6 +219,18 @@ TEST_SUITE("io") {
     CHECK(hybrid.overlaps.tp_comm.value);
     CHECK_FALSE(moerun.overlaps.tp_comm.value);
     CHECK_FALSE(megascale.overlaps.tp_comm.value);
+    CHECK(mc.userbuffers_rs_speed.value == 1.0);
+    CHECK(mc.userbuffers_rs_speed.basis == Basis::kAssumed);
+    CHECK(mc.userbuffers_rs_speed.range == std::pair{0.5, 2.0});
+    CHECK(moerun.userbuffers_rs_speed.source == kNotStated);
+    // A number the step is predicted again over: the Megatron stacks', not moerun's.
+    auto listed = [](StackProfile s) {
+      for (const auto& n : s.numbers())
+        if (std::string(n.path) == "userbuffers_rs_speed") return true;
+      return false;
+    };
+    CHECK(listed(mc));
+    CHECK_FALSE(listed(moerun));
     CHECK(stack_has(mc.capabilities.recompute_modules, "mla_up_proj"));
     CHECK_FALSE(stack_has(mc.capabilities.recompute, "sar"));
     CHECK(stack_has(megascale.capabilities.recompute, "sar"));
