@@ -49,6 +49,7 @@ double fp8_cast_bytes_per_element(Fp8Recipe r) {
 OpName ub_gather_name(OpName linear) {
   switch (linear) {
     case OpName::kQkvProj:
+    case OpName::kMixerInProj:
       return OpName::kAttnAg;
     case OpName::kFc13:
       return OpName::kFfnAg;
@@ -787,13 +788,18 @@ int Builder::recurrent_mixer_fwd(int in, MixerKind kind) {
   node_ = Node::kPreDispatch;
   module_ = 0;
   int x = record(walks(mem(OpName::kAttnNorm, MemOp::kNorm, 3.0 * d(t_ * h) * dt), d(t_), h), {in}, true);
+  // Megatron's Mamba mixer builds its projections with TE's fc1 and fc2 userbuffers
+  // (ssm/mamba_mixer.py:225, 315 at 1e057005); the Gated DeltaNet is not in that source.
+  const bool ub = ub_ && !gdn;
   int64_t tg = t_;
   if (tp_ > 1) {
-    x = record(coll(OpName::kAttnAg, Collective::kAllGather, CommGroup::kTp, d(t_ * tp_ * h) * dt), {x},
-               true);
+    if (!ub)
+      x = record(coll(OpName::kAttnAg, Collective::kAllGather, CommGroup::kTp, d(t_ * tp_ * h) * dt), {x},
+                 true);
     tg = t_ * tp_;
   }
-  int y = record(gemm(OpName::kMixerInProj, tg, in_w, h), {x});
+  const Op in_proj = gemm(OpName::kMixerInProj, tg, in_w, h);
+  int y = record(ub ? ub_linear(in_proj, Collective::kAllGather, d(tg * h) * dt) : in_proj, {x});
   y = record(mem(OpName::kMixerConv, MemOp::kActivation, 2.0 * d(tg * conv_w) * dt), {y}, true);
   if (sp_ > 1)
     y = record(coll(OpName::kMixerA2a, Collective::kAllToAll, CommGroup::kSp, d(tg * in_w) * dt), {y}, true);
@@ -810,8 +816,9 @@ int Builder::recurrent_mixer_fwd(int in, MixerKind kind) {
     y = record(coll(OpName::kMixerOutA2a, Collective::kAllToAll, CommGroup::kSp, d(tg * out_w) * dt), {y},
                true);
   }
-  y = record(gemm(OpName::kMixerOutProj, tg, h, out_w), {y});
-  if (tp_ > 1)
+  const Op out_proj = gemm(OpName::kMixerOutProj, tg, h, out_w);
+  y = record(ub ? ub_linear(out_proj, Collective::kReduceScatter, d(tg * h) * dt) : out_proj, {y});
+  if (tp_ > 1 && !ub)
     y = record(coll(OpName::kAttnRs, Collective::kReduceScatter, CommGroup::kTp, d(tg * h) * dt), {y});
   if (o_.eager_framework)
     y = record(walks(mem(OpName::kResidualAdd, MemOp::kActivation, 3.0 * d(t_ * h) * dt), d(t_), h), {y},

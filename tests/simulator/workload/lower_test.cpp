@@ -1611,6 +1611,20 @@ TEST_SUITE("workload") {
     CHECK(ops_named(h, OpName::kAttnNorm, 1).empty());
     CHECK(ops_named(h, OpName::kRouter, 1).size() == 1);
     CHECK(the_op(h, OpName::kExpertFc13, 1).gemm.n == 1856);
+    // Under TE's userbuffers the Mamba mixer's projections hold their TP exchanges (Megatron builds them
+    // with the fc1 and fc2 buffers).
+    Plan ub = node_plan(8);
+    ub.attention.tp = 2;
+    ub.global_batch = 4;
+    ub.overlap.tp_comm = true;
+    const OpGraph hu = lower(nh, ub, stack_options("megatron-core"));
+    CHECK(ops_named(hu, OpName::kAttnAg, 0).empty());
+    CHECK(ops_named(hu, OpName::kAttnRs, 0).empty());
+    CHECK(the_op(hu, OpName::kMixerInProj, 0).comm.userbuffers);
+    CHECK(the_op(hu, OpName::kMixerInProj, 0).comm.collective == Collective::kAllGather);
+    CHECK(the_op(hu, OpName::kMixerOutProj, 0).comm.collective == Collective::kReduceScatter);
+    CHECK(the_op(hu, OpName::kAttnAg, 0, Phase::kBackward).comm.collective == Collective::kReduceScatter);
+    CHECK(the_op(hu, OpName::kInputAg, 0, Phase::kBackward).comm.userbuffers);
   }
 
   TEST_CASE("DSA runs the indexer before the core, which attends a top-k window of keys") {
