@@ -393,15 +393,31 @@ class Builder {
     if (megatron_) op.stream = Stream::kTpComm;
     return op;
   }
-  // A TP linear's GEMM with its exchange pipelined by TE's userbuffers (ub_): one op, priced as TE runs the
-  // pipeline (cost::CostModel::userbuffers_seconds), on the GEMM's stream.
-  Op ub_linear(Op gemm_op, Collective c, double bytes) const {
-    CommSpec cs = comm(c, CommGroup::kTp, bytes, dt_);
+  // A TP linear's GEMM over [tg, h]-sized activations with its exchange pipelined by TE's userbuffers: one
+  // op, priced as TE runs the pipeline (cost::CostModel::userbuffers_seconds), on the GEMM's stream.
+  Op ub_linear(Op gemm_op, Collective c) const {
+    CommSpec cs = comm(c, CommGroup::kTp, d(gemm_op.gemm.m * m_.hidden) * bytes_of(dt_), dt_);
     cs.userbuffers = true;
     const Stream s = gemm_op.stream;
     Op f = fused(static_cast<OpName>(gemm_op.name), gemm_op, cs);
     f.stream = s;
     return f;
+  }
+  // The TP all-gather of [t, h] before a column-parallel linear; none under userbuffers (`ub`), where the
+  // linear holds it (column_linear).
+  int tp_gather(int x, OpName name, bool ub) {
+    if (tp_ == 1 || ub) return x;
+    return record(coll(name, Collective::kAllGather, CommGroup::kTp, d(t_ * tp_ * m_.hidden) * bytes_of(dt_)),
+                  {x}, true);
+  }
+  Op column_linear(const Op& g, bool ub) const { return ub ? ub_linear(g, Collective::kAllGather) : g; }
+  // A row-parallel linear after `input` and its TP reduce-scatter (`rs`), held inside it under userbuffers.
+  int row_linear(const Op& g, int input, OpName rs, bool ub) {
+    if (ub) return record(ub_linear(g, Collective::kReduceScatter), {input});
+    const int y = record(g, {input});
+    if (tp_ == 1) return y;
+    return record(
+        coll(rs, Collective::kReduceScatter, CommGroup::kTp, d(g.gemm.m * m_.hidden) * bytes_of(dt_)), {y});
   }
   // That re-gather: the linear's forward all-gather once more.
   Op regather(Op forward_gather) const {
@@ -534,13 +550,8 @@ int Builder::attention_fwd(int in, bool position_bias) {
   module_ = mla ? kRecomputeLayernorm : 0;
   int x = record(walks(mem(OpName::kAttnNorm, MemOp::kNorm, 3.0 * d(t_ * h) * dt), d(t_), h), {in}, true);
   module_ = 0;
-  int64_t tg = t_;  // tokens entering the projections
-  if (tp_ > 1) {
-    if (!ub_)
-      x = record(coll(OpName::kAttnAg, Collective::kAllGather, CommGroup::kTp, d(t_ * tp_ * h) * dt), {x},
-                 true);
-    tg = t_ * tp_;
-  }
+  x = tp_gather(x, OpName::kAttnAg, ub_);
+  const int64_t tg = t_ * tp_;  // tokens entering the projections
   // Widths per token of q and of k+v after projection on this rank (before Ulysses splits heads).
   const int64_t q_width = heads_r * qk;
   // Qwen3-Next's q_proj also emits the output gate [heads_r * head_dim], applied after attention on this
@@ -617,8 +628,7 @@ int Builder::attention_fwd(int in, bool position_bias) {
     }
   } else {
     if (!mla) {
-      const Op qkv = gemm(OpName::kQkvProj, tg, q_proj_width + kv_width, h);
-      q = kv = record(ub_ ? ub_linear(qkv, Collective::kAllGather, d(tg * h) * dt) : qkv, {x});
+      q = kv = record(column_linear(gemm(OpName::kQkvProj, tg, q_proj_width + kv_width, h), ub_), {x});
     }
     if (mla) module_ = kRecomputeMlaUpProj;
     ready = rope({qk_norm(q), kv});
@@ -687,7 +697,7 @@ int Builder::attention_fwd(int in, bool position_bias) {
     }
   } else {
     const Op proj = gemm(OpName::kOutProj, tg, h, heads_r * v);
-    out = record(ub_ ? ub_linear(proj, Collective::kReduceScatter, d(tg * h) * dt) : proj, {att});
+    out = record(ub_ ? ub_linear(proj, Collective::kReduceScatter) : proj, {att});
   }
   if (tp_ > 1 && !ub_)
     out = record(coll(OpName::kAttnRs, Collective::kReduceScatter, CommGroup::kTp, d(tg * h) * dt), {out});
@@ -791,15 +801,9 @@ int Builder::recurrent_mixer_fwd(int in, MixerKind kind) {
   // Megatron's Mamba mixer builds its projections with TE's fc1 and fc2 userbuffers
   // (ssm/mamba_mixer.py:225, 315 at 1e057005); the Gated DeltaNet is not in that source.
   const bool ub = ub_ && !gdn;
-  int64_t tg = t_;
-  if (tp_ > 1) {
-    if (!ub)
-      x = record(coll(OpName::kAttnAg, Collective::kAllGather, CommGroup::kTp, d(t_ * tp_ * h) * dt), {x},
-                 true);
-    tg = t_ * tp_;
-  }
-  const Op in_proj = gemm(OpName::kMixerInProj, tg, in_w, h);
-  int y = record(ub ? ub_linear(in_proj, Collective::kAllGather, d(tg * h) * dt) : in_proj, {x});
+  x = tp_gather(x, OpName::kAttnAg, ub);
+  const int64_t tg = t_ * tp_;
+  int y = record(column_linear(gemm(OpName::kMixerInProj, tg, in_w, h), ub), {x});
   y = record(mem(OpName::kMixerConv, MemOp::kActivation, 2.0 * d(tg * conv_w) * dt), {y}, true);
   if (sp_ > 1)
     y = record(coll(OpName::kMixerA2a, Collective::kAllToAll, CommGroup::kSp, d(tg * in_w) * dt), {y}, true);
@@ -816,10 +820,7 @@ int Builder::recurrent_mixer_fwd(int in, MixerKind kind) {
     y = record(coll(OpName::kMixerOutA2a, Collective::kAllToAll, CommGroup::kSp, d(tg * out_w) * dt), {y},
                true);
   }
-  const Op out_proj = gemm(OpName::kMixerOutProj, tg, h, out_w);
-  y = record(ub ? ub_linear(out_proj, Collective::kReduceScatter, d(tg * h) * dt) : out_proj, {y});
-  if (tp_ > 1 && !ub)
-    y = record(coll(OpName::kAttnRs, Collective::kReduceScatter, CommGroup::kTp, d(tg * h) * dt), {y});
+  y = row_linear(gemm(OpName::kMixerOutProj, tg, h, out_w), y, OpName::kAttnRs, ub);
   if (o_.eager_framework)
     y = record(walks(mem(OpName::kResidualAdd, MemOp::kActivation, 3.0 * d(t_ * h) * dt), d(t_), h), {y},
                false, true);
@@ -832,21 +833,12 @@ int Builder::dense_ffn_fwd(int in) {
   node_ = Node::kMlp;
   module_ = kRecomputeMlp;  // the whole dense MLP (its norm is fused into FC1's LayerNormLinear)
   int x = record(walks(mem(OpName::kFfnNorm, MemOp::kNorm, 3.0 * d(t_ * h) * dt), d(t_), h), {in}, true);
-  int64_t tg = t_;
-  if (tp_ > 1) {
-    if (!ub_)
-      x = record(coll(OpName::kFfnAg, Collective::kAllGather, CommGroup::kTp, d(t_ * tp_ * h) * dt), {x},
-                 true);
-    tg = t_ * tp_;
-  }
+  x = tp_gather(x, OpName::kFfnAg, ub_);
+  const int64_t tg = t_ * tp_;
   const int64_t f_r = f / tp_;
-  const Op fc1 = gemm(OpName::kFc13, tg, glu_ * f_r, h);
-  int y = record(ub_ ? ub_linear(fc1, Collective::kAllGather, d(tg * h) * dt) : fc1, {x});
+  int y = record(column_linear(gemm(OpName::kFc13, tg, glu_ * f_r, h), ub_), {x});
   y = glu_act(OpName::kAct, y, d(tg), f_r);
-  const Op fc2 = gemm(OpName::kFc2, tg, h, f_r);
-  y = record(ub_ ? ub_linear(fc2, Collective::kReduceScatter, d(tg * h) * dt) : fc2, {y});
-  if (tp_ > 1 && !ub_)
-    y = record(coll(OpName::kFfnRs, Collective::kReduceScatter, CommGroup::kTp, d(tg * h) * dt), {y});
+  y = row_linear(gemm(OpName::kFc2, tg, h, f_r), y, OpName::kFfnRs, ub_);
   module_ = 0;
   if (o_.eager_framework)
     y = record(walks(mem(OpName::kResidualAdd, MemOp::kActivation, 3.0 * d(t_ * h) * dt), d(t_), h), {y},
@@ -1126,23 +1118,13 @@ int Builder::moe_fwd(int in) {
   if (e.num_shared_experts > 0) {
     module_ = kRecomputeMoe | kRecomputeSharedExperts;
     const int64_t fs = e.num_shared_experts * e.shared_expert_ffn / tp_;
-    int64_t tg = t_;
-    int y = x;
-    if (tp_ > 1) {
-      if (!ub_)
-        y = record(coll(OpName::kSharedAg, Collective::kAllGather, CommGroup::kTp, d(t_ * tp_ * h) * dt), {y},
-                   true);
-      tg = t_ * tp_;
-    }
-    const Op fc1 = gemm(OpName::kSharedFc13, tg, glu_ * fs, h, side_stream_);
-    y = record(ub_ ? ub_linear(fc1, Collective::kAllGather, d(tg * h) * dt) : fc1, {y});
+    const int64_t tg = t_ * tp_;
+    int y = tp_gather(x, OpName::kSharedAg, ub_);
+    y = record(column_linear(gemm(OpName::kSharedFc13, tg, glu_ * fs, h, side_stream_), ub_), {y});
     y = record(
         walks(mem(OpName::kSharedAct, MemOp::kActivation, 3.0 * d(tg * fs) * dt, side_stream_), d(tg), fs),
         {y}, true);
-    const Op fc2 = gemm(OpName::kSharedFc2, tg, h, fs, side_stream_);
-    y = record(ub_ ? ub_linear(fc2, Collective::kReduceScatter, d(tg * h) * dt) : fc2, {y});
-    if (tp_ > 1 && !ub_)
-      y = record(coll(OpName::kSharedRs, Collective::kReduceScatter, CommGroup::kTp, d(tg * h) * dt), {y});
+    y = row_linear(gemm(OpName::kSharedFc2, tg, h, fs, side_stream_), y, OpName::kSharedRs, ub_);
     shared = y;
     module_ = kRecomputeMoe;
   }
