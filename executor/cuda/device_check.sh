@@ -8,7 +8,8 @@
 #      2.28.7 on);
 #   3. runs the four kernel benchmarks (RESULT rows with the issue's targets);
 #   4. with the full build: `moerun run --backend cuda` of executor/cuda/device_plan.json on the GPU, the
-#      prediction of the same plan on the matching profile (h200-sxm), and `moeplan compare`; then the same
+#      prediction of the same plan on the matching profile (h200-sxm), and `moeplan compare`; the same plan
+#      again after about 45 s of its own steps (the sustained clocks of a long run); then the same
 #      for device_plan_fused.json (intra-operator overlap: the experts' GEMMs on the fused kernels, one rank),
 #      and for device_plan.json with --host-sync (the host waits for each op), with --routing lowered
 #      (every expert runs the graph's rows; by default each step's routing is drawn from the plan's) and
@@ -17,10 +18,10 @@
 #      `moerun bench --backend cuda` into calibration tables and `moeplan calibrate --sources` of them
 #      (gpu-bench/, gpu-bench.log);
 # and prints a short table last. Before the build it runs executor/cuda/torch_kernels_bench.py where PyTorch
-# is installed. Logs go to $OUT (the lent machine's return folder) or ./device_check_out: 19 files
-# (gpu.txt, torch_kernels.csv, build.log, tests.log, cublaslt.log, bench.log, compare.txt, run/, run-fused/,
-# run-host-sync/, run-lowered/, run-graph/ and run-fp8/ report.json and trace.json), more than a lent machine
-# returns, so point OUT elsewhere and pack them.
+# is installed. Logs go to $OUT (the lent machine's return folder) or ./device_check_out: 22 files
+# (gpu.txt, clocks.csv, torch_kernels.csv, build.log, tests.log, cublaslt.log, bench.log, compare.txt, run/,
+# run-sustained/, run-fused/, run-host-sync/, run-lowered/, run-graph/ and run-fp8/ report.json and
+# trace.json), more than a lent machine returns, so point OUT elsewhere and pack them.
 # Usage (repo root): executor/cuda/pack_device_deps.sh here, then on the device (carry .devdeps):
 #   OUT=/tmp/dc executor/cuda/device_check.sh | tee $OUT/summary.txt; tar czf $OUT/dc.tgz -C /tmp dc
 set -uo pipefail
@@ -32,6 +33,14 @@ jobs=$(nproc)
 log() { echo "[device_check $((SECONDS - t0))s] $*"; }
 
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv,noheader | tee "$out/gpu.txt"
+# The SM clock, power and temperature once a second through the whole check (clocks.csv): a GPU held at its
+# power limit lowers its clocks, and the hardware profiles' gpu.sustained_rate (the tensor-core rate under a
+# step's sustained load against the burst-timed tables) rests on one H200 measurement; this log says at what
+# clocks every table and replay below ran.
+nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu,clocks_event_reasons.active \
+  --format=csv -lms 1000 >"$out/clocks.csv" 2>&1 &
+clock_log=$!
+trap 'kill $clock_log 2>/dev/null' EXIT
 
 # PyTorch's own kernels (the Megatron stacks' evidence: host time per eager call, memory-bound kernels,
 # weight-gradient GEMMs accumulating into FP32, per-expert GEMM loops), before the build loads the CPUs.
@@ -146,21 +155,25 @@ if [[ $full == ON && -x $build/executor/moerun/moerun && -x $build/planner/moepl
   # The two plans as moerun runs them by default (ops enqueued, one host wait per step; the unfused plan's
   # routing drawn from its distribution, so its experts' rows differ), then the unfused plan with the host
   # waiting for each op (--host-sync) and with every expert running the graph's rows (--routing lowered).
-  # Then the unfused plan's step captured as a CUDA graph (--cuda-graph: never run before this check). Last,
+  # The unfused plan again after about 45 s of its own steps (:sustained, --warmup 150): the step at the
+  # clocks a long run holds, against the prediction at the profile's sustained rate (clocks.csv has both
+  # runs' clocks). Then the unfused plan's step captured as a CUDA graph (--cuda-graph: never run before this check). Last,
   # the unfused plan in FP8 (blockwise recipe): its dense GEMMs as e4m3 after the quantiser, their weight
   # gradients as e4m3 accumulated into fp32 (never run).
-  for run in device_plan device_plan_fused device_plan:host-sync device_plan:lowered device_plan:graph \
-    device_plan_fp8; do
+  for run in device_plan device_plan:sustained device_plan_fused device_plan:host-sync device_plan:lowered \
+    device_plan:graph device_plan_fp8; do
     plan=${run%%:*} dir=run extra=()
     [[ $plan == device_plan_fused ]] && dir=run-fused
     [[ $plan == device_plan_fp8 ]] && dir=run-fp8
     [[ $run == *:host-sync ]] && dir=run-host-sync extra=(--host-sync)
     [[ $run == *:lowered ]] && dir=run-lowered extra=(--routing lowered)
     [[ $run == *:graph ]] && dir=run-graph extra=(--cuda-graph)
+    steps=(--steps 5 --warmup 2)
+    [[ $run == *:sustained ]] && dir=run-sustained steps=(--steps 20 --warmup 150)
     log "moerun run --backend cuda executor/cuda/$plan.json ${extra[*]}"
     echo "==== $run" >>"$out/compare.txt"
     if timeout -k 10 180 "${mpirun[@]}" "$build/executor/moerun/moerun" run "executor/cuda/$plan.json" --backend cuda \
-        "${extra[@]}" --steps 5 --warmup 2 --out "$out/$dir" >>"$out/compare.txt" 2>&1 &&
+        "${extra[@]}" "${steps[@]}" --out "$out/$dir" >>"$out/compare.txt" 2>&1 &&
       "$build/planner/moeplan" simulate "executor/cuda/$plan.json" --json >"$prefix_root/pred-$plan.json" \
         2>>"$out/compare.txt" &&
       "$build/planner/moeplan" compare "$prefix_root/pred-$plan.json" "$out/$dir/report.json" >"$prefix_root/cmp.txt" 2>&1; then

@@ -138,11 +138,12 @@ void print_hypothetical(const std::vector<const Prediction*>& predictions, const
 void print_assumptions(const AssumptionRange& a, double tokens_per_step, int64_t gpus) {
   const double g = static_cast<double>(gpus);
   if (a.effects.empty()) {
-    fmt::print("assumed numbers: the stack states no range for any of its numbers\n");
+    fmt::print("assumed numbers: neither the stack nor the hardware profile states a range for any number\n");
     return;
   }
   fmt::print(
-      "over the stack's unmeasured numbers (each at either end of its stated range): step {:.3f}-{:.3f} s, "
+      "over the stack's and the hardware's unmeasured numbers (each at either end of its stated range): step "
+      "{:.3f}-{:.3f} s, "
       "{:.0f}-{:.0f} tokens/s/GPU; the step moves most with:\n",
       a.fastest_s, a.slowest_s, tokens_per_step / a.slowest_s / g, tokens_per_step / a.fastest_s / g);
   int shown = 0;

@@ -228,11 +228,16 @@ int inspect_hardware(const std::string& ref, bool as_json) {
   const auto& g = h.gpu;
   const auto& c = h.calibration;
   if (as_json) {
-    nlohmann::json peaks;
+    nlohmann::json peaks, sustained = nlohmann::json::object();
     for (const auto& [dtype, v] : g.peak_flops_per_s) peaks[dtype] = v.value;
+    for (const auto& [dtype, v] : g.sustained_rate) {
+      sustained[dtype] = {{"value", v.value}, {"basis", name_of(v.basis)}};
+      if (v.range) sustained[dtype]["range"] = {v.range->first, v.range->second};
+    }
     print_json({{"name", h.name},
                 {"gpu", g.model},
                 {"peak_flops_per_s", peaks},
+                {"sustained_rate", sustained},
                 {"hbm_capacity_bytes", g.hbm_capacity_bytes.value},
                 {"hbm_bw_achieved_bytes_per_s", g.hbm_bw_achieved_bytes_per_s.value},
                 {"gpus_per_node", h.node.gpus_per_node.value},
@@ -254,6 +259,12 @@ int inspect_hardware(const std::string& ref, bool as_json) {
     fmt::print(", FP8 {:.0f} TFLOP/s", g.peak_flops_per_s.at("fp8").value / 1e12);
   fmt::print(", HBM {} at {:.0f} GB/s achieved ({:.0f} peak)\n", human_bytes(g.hbm_capacity_bytes.value),
              g.hbm_bw_achieved_bytes_per_s.value / 1e9, g.hbm_bw_peak_bytes_per_s.value / 1e9);
+  // The tables time bursts; a training step runs its tensor cores at the sustained share of those rates.
+  for (const auto& [dtype, v] : g.sustained_rate) {
+    fmt::print("sustained {} tensor-core rate: {:.3g} of the tables' ({}", dtype, v.value, name_of(v.basis));
+    if (v.range) fmt::print(", range {:.3g}-{:.3g}", v.range->first, v.range->second);
+    fmt::print(")\n");
+  }
   fmt::print("node: {} GPUs, NVLink {:.0f} GB/s per direction ({:.0f} achieved){}\n",
              h.node.gpus_per_node.value, h.node.nvlink_bw_uni_bytes_per_s.value / 1e9,
              h.node.nvlink_bw_achieved_bytes_per_s.value / 1e9, h.node.nvls.value ? ", NVLS" : "");

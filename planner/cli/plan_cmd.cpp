@@ -63,7 +63,7 @@ std::string margin_text(double margin) {
   return "under 0.01%";
 }
 
-// Whether #1 stays first with each unmeasured stack number alone at either end of its range.
+// Whether #1 stays first with each unmeasured stack or hardware number alone at either end of its range.
 void print_ranking(const AssumptionRanking& ranking, size_t listed) {
   if (listed < 2 || ranking.ends == 0) return;
   // Plans listed after #1 although faster as given: the ranking put them there for memory (tight, or not
@@ -80,8 +80,8 @@ void print_ranking(const AssumptionRanking& ranking, size_t listed) {
   const char* counted = faster.empty() ? "" : " and counted";
   if (ranking.overtakes.empty()) {
     fmt::print(
-        "#1 stays the fastest of the {} listed{} with each unmeasured stack number alone at either end "
-        "of its range ({} ends)\n",
+        "#1 stays the fastest of the {} listed{} with each unmeasured stack or hardware number alone at "
+        "either end of its range ({} ends)\n",
         compared, counted, ranking.ends);
     return;
   }
@@ -190,8 +190,8 @@ Runner add_plan(CLI::App& app) {
                  "timeline) to this file");
   app.add_flag("--json", o->json, "Print one JSON object");
   app.add_flag("--no-assumptions", o->no_assumptions,
-               "Skip predicting the listed plans again with each unmeasured stack number at the ends of its "
-               "range");
+               "Skip predicting the listed plans again with each unmeasured stack or hardware number at the "
+               "ends of its range");
   app.add_flag("--list-keys", o->list_keys, "Print the plan keys --fix accepts, one per line, and exit");
   app.add_option("--tokens", o->tokens,
                  "Training tokens: adds time-to-train and GPU-hours per plan (e.g. 1e12)")
@@ -289,7 +289,7 @@ Runner add_plan(CLI::App& app) {
       }
     }
 
-    // What the ranking rests on: #1's step over the stack's unmeasured numbers, and whether another listed
+    // What the ranking rests on: #1's step over the unmeasured numbers, and whether another listed
     // plan overtakes it with any one of them at either end of its range.
     std::optional<AssumptionRange> assumed;
     AssumptionRanking ranking;

@@ -93,7 +93,8 @@ void print_text(const Prediction& p, const ReportContext& ctx) {
   }
   const auto& pv = p.provenance;
   fmt::print(
-      "critical path priced by stack numbers that are: {:.0f}% measured, {:.0f}% derived, {:.0f}% assumed, "
+      "critical path priced by stack and hardware numbers that are: {:.0f}% measured, {:.0f}% derived, "
+      "{:.0f}% assumed, "
       "{:.0f}% target\n",
       100 * pv.measured, 100 * pv.derived, 100 * pv.assumed, 100 * pv.target);
   for (const auto& t : pv.targets) fmt::print("hypothetical: {}\n", t);
@@ -134,7 +135,8 @@ Runner add_simulate(CLI::App& app) {
                "Simulate every micro-batch instead of adding the repeating steady phase exactly (implied by "
                "--trace)");
   app.add_flag("--no-assumptions", o->no_assumptions,
-               "Skip predicting the step again with each unmeasured stack number at the ends of its range");
+               "Skip predicting the step again with each unmeasured stack or hardware number at the ends of "
+               "its range");
   app.add_option("--threads", o->threads,
                  "Threads for the periodic steady state's small runs and the assumptions' predictions")
       ->capture_default_str()

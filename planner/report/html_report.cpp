@@ -194,9 +194,8 @@ void summary(Out& out, const json& r) {
   const json& prov = r.at("provenance");
   const json& share = prov.at("critical_path_share");
   emit(out,
-       "<p class=\"note\">Critical path priced by stack numbers that are {} measured, {} derived, {} "
-       "assumed, {} "
-       "target.</p>\n",
+       "<p class=\"note\">Critical path priced by stack and hardware numbers that are {} measured, {} "
+       "derived, {} assumed, {} target.</p>\n",
        percent(share.at("measured").get<double>(), 0), percent(share.at("derived").get<double>(), 0),
        percent(share.at("assumed").get<double>(), 0), percent(share.at("target").get<double>(), 0));
   if (prov.at("hypothetical").get<bool>()) {
@@ -210,12 +209,12 @@ void summary(Out& out, const json& r) {
   if (r.contains("assumptions")) {
     const json& a = r.at("assumptions");
     const double step_s = r.at("step_time_s").get<double>();
-    emit(out,
-         "<p class=\"note\">Over the stack's unmeasured numbers (each at either end of its stated range): "
-         "{:.0f} "
-         "to {:.0f} tokens/s per GPU. The step moves most with:</p>\n<ul>\n",
-         a.at("tokens_per_s_per_gpu_range")[0].get<double>(),
-         a.at("tokens_per_s_per_gpu_range")[1].get<double>());
+    emit(
+        out,
+        "<p class=\"note\">Over the stack's and the hardware's unmeasured numbers (each at either end of its "
+        "stated range): {:.0f} to {:.0f} tokens/s per GPU. The step moves most with:</p>\n<ul>\n",
+        a.at("tokens_per_s_per_gpu_range")[0].get<double>(),
+        a.at("tokens_per_s_per_gpu_range")[1].get<double>());
     int shown = 0;
     for (const json& n : a.at("numbers")) {
       const double lo = n.at("step_time_s_at_ends")[0].get<double>(),

@@ -198,7 +198,11 @@ std::string source_tag(const std::string& source) {
 // measured / predicted is the efficiency a stack on this kernel needs. A "fwd+bwd" table is predicted as its
 // forward, dgrad and wgrad GEMMs in sequence:
 //   rate = parts x 2 m n k / sum over parts of grouped_gemm_seconds(part).
-TableFit grouped_gemm_fit(const GroupedGemmTable& g, const HardwareProfile& hw, const StackProfile& stack) {
+// Like every table, it is scored at the tables' burst rate (no sustained rate).
+TableFit grouped_gemm_fit(const GroupedGemmTable& g, const HardwareProfile& profile,
+                          const StackProfile& stack) {
+  HardwareProfile hw = profile;
+  hw.gpu.sustained_rate.clear();
   const GroupedGemmKernelClass* kc = find_grouped_gemm_kernel(g.kernel);
   assert(kc && "the hardware loader accepts only known kernel classes");
   StackProfile raw = stack;
@@ -250,7 +254,11 @@ TableFit grouped_gemm_fit(const GroupedGemmTable& g, const HardwareProfile& hw, 
   return t;
 }
 
-FitReport fit_report(const HardwareProfile& hw, const StackProfile& stack) {
+FitReport fit_report(const HardwareProfile& profile, const StackProfile& stack) {
+  // The tables time kernels in bursts: they are scored against the model at the tables' own rate, without
+  // the GPU's sustained rate that prices a training step.
+  HardwareProfile hw = profile;
+  hw.gpu.sustained_rate.clear();
   FitReport r;
   r.profile = hw.name;
   cost::CostModel cm(hw, stack);

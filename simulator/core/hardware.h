@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "simulator/core/stated.h"
+
 namespace moeplan {
 
 template <class T>
@@ -108,6 +110,11 @@ struct GpuSpec {
   Sourced<double> hbm_capacity_bytes;
   Sourced<double> hbm_bw_peak_bytes_per_s;
   Sourced<double> hbm_bw_achieved_bytes_per_s;
+  // The rate of tensor-core kernels (GEMMs, grouped GEMMs, attention) under a training step's sustained load,
+  // as a share of the rate the calibration tables measured, by dtype ("bf16", "fp8"). The tables time short
+  // bursts on a cool GPU; a GPU held near its power limit for minutes runs its tensor cores at lower clocks.
+  // A dtype without an entry runs at the tables' rate (1, not stated).
+  std::map<std::string, Stated<double>> sustained_rate;
 };
 
 struct NodeSpec {

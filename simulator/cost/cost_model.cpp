@@ -71,10 +71,24 @@ double grid_error(const std::vector<GemmGrid>& grids, const std::string& dtype) 
   return errs[errs.size() / 2];
 }
 
+// The sizes of a profile's calibration tables, in a fixed order: what a fit is checked against.
+std::vector<size_t> fingerprint(const HardwareProfile& hw) {
+  const Calibration& c = hw.calibration;
+  std::vector<size_t> out{c.collectives.size(),  c.plateaus.size(),  c.gemm.size(),
+                          c.grouped_gemm.size(), c.attention.size(), c.hbm.size()};
+  for (const auto& t : c.collectives) out.push_back(t.points.size());
+  for (const auto& t : c.gemm) out.push_back(t.points.size());
+  return out;
+}
+
 }  // namespace
 
 struct CostModel::HardwareFit {
-  const HardwareProfile* hw = nullptr;       // the profile it was fitted from
+  // What it was fitted from: the profile's name and its calibration tables' sizes. A copy of the profile that
+  // differs in a number the fit does not read (a sustained rate, when the step is predicted again at the
+  // ends of that number's range) shares the fit.
+  std::string name;
+  std::vector<size_t> tables;
   std::map<std::string, GemmModel> gemm;     // by dtype
   std::vector<GemmGrid> grids;               // the GEMM tables that are full (m, n, k) sweeps
   std::vector<bool> table_is_grid;           // by index in hw.calibration.gemm
@@ -91,12 +105,13 @@ CostModel::CostModel(const HardwareProfile& hw, const StackProfile& stack,
                      std::shared_ptr<const HardwareFit> fit)
     : hw_(hw), stack_(stack), fit_(std::move(fit)) {
   if (fit_) {
-    MOEPLAN_ASSERT(fit_->hw == &hw);
+    MOEPLAN_ASSERT(fit_->name == hw.name && fit_->tables == fingerprint(hw));
     return;
   }
   auto f = std::make_shared<HardwareFit>();
   fit_ = f;  // fit_gemm below reads the tables that are grids through it
-  f->hw = &hw;
+  f->name = hw.name;
+  f->tables = fingerprint(hw);
   // A table that sweeps the full product of its m, n and k values prices the shapes inside it by itself;
   // the fitted model below learns from the other tables and prices everything else.
   for (const auto& t : hw.calibration.gemm) {
@@ -246,6 +261,18 @@ const CostModel::GemmModel& CostModel::fitted(const char* dtype) const {
   return g.efficiency > 0 ? g : fit_->gemm.at("bf16");
 }
 
+double CostModel::sustained(const char* dtype) const {
+  const auto& rates = hw_.gpu.sustained_rate;
+  const auto it = rates.find(dtype);
+  return it == rates.end() ? 1.0 : it->second.value;
+}
+
+const Stated<double>* CostModel::sustained_rate(DType dtype) const {
+  const auto& rates = hw_.gpu.sustained_rate;
+  const auto it = rates.find(dtype_key(dtype));
+  return it == rates.end() ? nullptr : &it->second;
+}
+
 double CostModel::peak_flops(const char* dtype) const {
   const auto& peaks = hw_.gpu.peak_flops_per_s;
   return peaks.contains(dtype) ? peaks.at(dtype).value : peaks.at("bf16").value;
@@ -272,7 +299,7 @@ double CostModel::gemm_seconds(const GemmShape& s, DType dtype, double* rel_erro
   const std::optional<double> measured = grid_seconds(key, ps.rows, ps.n, ps.k);
   if (measured && s.groups <= 1) {
     if (rel_error) *rel_error = fit_->grid_error.at(key);
-    return *measured;
+    return *measured / sustained(key);
   }
   GemmModel g = fit_->gemm.at(key);
   if (g.efficiency <= 0) {
@@ -297,7 +324,7 @@ double CostModel::gemm_seconds(const GemmShape& s, DType dtype, double* rel_erro
   // Each group reads its own weights: [k x n] per group; activations and outputs once over all rows.
   const double bytes = (d(s.m) * d(s.k) + groups * d(s.k) * d(s.n) + d(s.m) * d(s.n)) * bytes_of(dtype);
   if (rel_error) *rel_error = g.rel_error;
-  return std::max(tiled_seconds(ps.rows, ps.n, ps.k, s.groups, g, peak, 1.0, false),
+  return std::max(tiled_seconds(ps.rows, ps.n, ps.k, s.groups, g, peak, 1.0, false) / sustained(key),
                   bytes / hw_.gpu.hbm_bw_achieved_bytes_per_s.value);
 }
 
@@ -327,8 +354,9 @@ double CostModel::grouped_gemm_seconds(const GemmShape& s, DType dtype, double* 
     gemm_seconds(s, dtype, &err, part);  // notes and the fit error of the dense model
     if (rel_error) *rel_error = err;
     const double bytes = (d(s.m) * d(s.k) + d(groups) * d(s.k) * d(s.n) + d(s.m) * d(s.n)) * bytes_of(dtype);
-    t = std::max(tiled_seconds(ps.rows, ps.n, ps.k, groups, g, peak, eff, part != GemmPart::kWgrad),
-                 bytes / hw_.gpu.hbm_bw_achieved_bytes_per_s.value);
+    t = std::max(
+        tiled_seconds(ps.rows, ps.n, ps.k, groups, g, peak, eff, part != GemmPart::kWgrad) / sustained(key),
+        bytes / hw_.gpu.hbm_bw_achieved_bytes_per_s.value);
   } else {
     const GemmShape one{ps.rows, ps.n, ps.k, 1};
     const double t_one =
@@ -344,8 +372,8 @@ double CostModel::grouped_gemm_seconds(const GemmShape& s, DType dtype, double* 
     const char* key = dtype_key(dtype);
     const GemmModel& g = fitted(key);
     const double peak = peak_flops(key);
-    const double full =
-        2.0 * d(ps.rows) * d(ps.n) * d(ps.k) / (peak * g.efficiency * eff * d(ps.k) / (d(ps.k) + g.k0));
+    const double full = 2.0 * d(ps.rows) * d(ps.n) * d(ps.k) /
+                        (peak * g.efficiency * eff * d(ps.k) / (d(ps.k) + g.k0) * sustained(key));
     // On one stream each expert's GEMM waits for the launch gap after the one before; on several, the next
     // expert's GEMM is already queued on its own stream and starts as the SMs free up, so only the first
     // gap shows. TE's benchmark of its multi-stream grouped GEMM on H100 (TransformerEngine PR #2045, BF16
@@ -426,15 +454,17 @@ double CostModel::attention_seconds(const Op& op, double* rel_error) const {
   // The op's work as the kernels that do it run it (attention_calls: context parallelism's local part as a
   // causal square of the rank's queries, the rest as full blocks of a chunk's keys), each at its mask's rate
   // for its key count; the op's FLOPs shared among them as the calls' own.
+  // The tables are BF16 kernels timed in bursts: under a step's sustained load, at the GPU's sustained rate.
+  const double sustain = sustained("bf16");
   const std::vector<AttentionCall> calls = attention_calls(op);
-  if (calls.empty()) return op.flops / rate_of(a.causal, keys_of(a.seq_kv, a.window));
+  if (calls.empty()) return op.flops / (rate_of(a.causal, keys_of(a.seq_kv, a.window)) * sustain);
   double flops = 0, seconds_per_flop = 0;
   for (const AttentionCall& c : calls) {
     const double f = c.forward_flops();
     flops += f;
     seconds_per_flop += f / rate_of(c.causal, keys_of(c.seq_kv, c.window));
   }
-  return flops > 0 ? op.flops * seconds_per_flop / flops : 0;
+  return flops > 0 ? op.flops * seconds_per_flop / (flops * sustain) : 0;
 }
 
 double CostModel::memory_bound_seconds(double bytes) const {  // NOLINT: used by the memory model
@@ -727,6 +757,13 @@ OpCost CostModel::cost(const Op& op) const {
   const double aux = op.aux_bytes > 0 ? op.aux_bytes / mem_bw + min_kernel * aux_launches : 0.0;
   if (op.aux_bytes > 0) r.basis = weaker(r.basis, stack_.memory_bound_efficiency.basis);
   if (op.accum_bytes > 0) r.basis = weaker(r.basis, stack_.wgrad_accumulation.epilogue_overlap.basis);
+  // Tensor-core kernels run at the GPU's sustained rate where the hardware profile states one.
+  const bool tensor_core = op.kind == OpKind::kGemm || op.kind == OpKind::kGroupedGemm ||
+                           op.kind == OpKind::kAttention || op.kind == OpKind::kFusedGemmComm;
+  if (tensor_core) {
+    if (const Stated<double>* rate = sustained_rate(op.kind == OpKind::kAttention ? DType::kBf16 : op.dtype))
+      r.basis = weaker(r.basis, rate->basis);
+  }
   switch (op.kind) {
     case OpKind::kGemm:
       r.seconds = std::max(accumulating(op, gemm_seconds(op.gemm, op.dtype, &err, op.part)), min_kernel) +

@@ -6,13 +6,14 @@
 #include "simulator/core/stack.h"
 #include "simulator/core/units.h"
 #include "simulator/io/builtin_catalog.h"
+#include "simulator/io/stack_loader.h"
 
 namespace moeplan::io {
 namespace {
 
 GpuSpec read_gpu(const JsonNode& g) {
   g.only_keys({"model", "sm_count", "peak_tflops", "hbm_capacity_MiB", "hbm_capacity_GB", "hbm_bw_peak_GBps",
-               "hbm_bw_achieved_GBps"});
+               "hbm_bw_achieved_GBps", "sustained_rate"});
   GpuSpec s;
   s.model = g.string("model");
   s.sm_count = sourced_integer(g, "sm_count", 1, 10000);
@@ -34,6 +35,14 @@ GpuSpec read_gpu(const JsonNode& g) {
   s.hbm_bw_achieved_bytes_per_s = sourced_number(g, "hbm_bw_achieved_GBps", 1, 1e6, kGB);
   if (s.hbm_bw_achieved_bytes_per_s.value > s.hbm_bw_peak_bytes_per_s.value) {
     g.object("hbm_bw_achieved_GBps").fail("value", "at most hbm_bw_peak_GBps");
+  }
+  // Optional: the tensor-core rate under sustained load as a share of the tables' (burst) rate, by dtype.
+  if (g.has("sustained_rate")) {
+    const JsonNode rates = g.object("sustained_rate");
+    rates.only_keys({"bf16", "fp8"});
+    for (const char* dtype : {"bf16", "fp8"}) {
+      if (rates.has(dtype)) s.sustained_rate[dtype] = stated_efficiency(rates, dtype);
+    }
   }
   return s;
 }

@@ -134,6 +134,10 @@ std::vector<std::string> string_list(const JsonNode& parent, std::string_view ke
 
 }  // namespace
 
+Stated<double> stated_efficiency(const JsonNode& parent, std::string_view key) {
+  return stated_fraction(parent, key, Interval::kEfficiency);
+}
+
 Result<StackProfile> stack_from_json(const json& j, const std::string& label) {
   return catch_input_errors([&]() -> StackProfile {
     const JsonNode root(j, label);

@@ -18,4 +18,8 @@ Result<StackProfile> stack_from_json(const json& j, const std::string& label);
 // The file form (µs, GiB), keys in schema order; stack_from_json reads it back to the same profile.
 nlohmann::ordered_json stack_to_json(const StackProfile& s);
 
+// {"value", "source", "basis", "range"} under `key`: an efficiency in (0, 1], its range required where the
+// basis is assumed or target (the hardware loader reads its stated numbers so too).
+Stated<double> stated_efficiency(const JsonNode& parent, std::string_view key);
+
 }  // namespace moeplan::io

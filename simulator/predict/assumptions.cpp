@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
+#include <string_view>
 
 #include "simulator/core/parallel.h"
 #include "simulator/predict/predict.h"
@@ -16,44 +18,72 @@ double AssumptionEffect::swing(double step) const {
 
 namespace {
 
-// A stack's ranged numbers, read once: their place in StackProfile::numbers(), their values, and each end
-// that differs from its value (the number's index here, and whether it is the high end).
+// The numbers of a prediction that state a range: the stack's, then the hardware profile's (its sustained
+// tensor-core rates), read once: their values, and each end that differs from its value (the number's index
+// here, and whether it is the high end).
 struct Ranged {
-  StackProfile probe;
-  std::vector<StackProfile::Number> numbers;  // into probe
-  std::vector<size_t> at;                     // indices into numbers
+  struct Number {
+    const char* path;  // as the file names it
+    const Stated<double>* number;
+    double unit;
+    size_t stack_index;  // into StackProfile::numbers() (a stack number)
+    const char* dtype;   // the key under gpu.sustained_rate (a hardware number), else null
+  };
+  const StackProfile& stack;
+  const HardwareProfile& hw;
+  StackProfile probe;  // numbers() hands out mutable pointers: read through a copy
+  std::vector<Number> numbers;
   std::vector<double> values;
   std::vector<std::pair<size_t, bool>> ends;
 
-  Ranged(const Ranged&) = delete;  // `numbers` points into `probe`
+  Ranged(const Ranged&) = delete;
   Ranged& operator=(const Ranged&) = delete;
-  explicit Ranged(const StackProfile& stack) : probe(stack), numbers(probe.numbers()) {
-    for (size_t i = 0; i < numbers.size(); ++i) {
-      const Stated<double>& n = *numbers[i].number;
-      if (!n.range) continue;
-      if (n.range->first != n.value) ends.emplace_back(at.size(), false);
-      if (n.range->second != n.value) ends.emplace_back(at.size(), true);
-      at.push_back(i);
+  Ranged(const StackProfile& s, const HardwareProfile& h) : stack(s), hw(h), probe(s) {
+    const std::vector<StackProfile::Number> ns = probe.numbers();
+    for (size_t i = 0; i < ns.size(); ++i) {
+      if (ns[i].number->range) numbers.push_back({ns[i].path, ns[i].number, ns[i].unit, i, nullptr});
+    }
+    for (const char* dtype : {"bf16", "fp8"}) {
+      const auto it = hw.gpu.sustained_rate.find(dtype);
+      if (it == hw.gpu.sustained_rate.end() || !it->second.range) continue;
+      numbers.push_back(
+          {std::string_view(dtype) == "bf16" ? "gpu.sustained_rate.bf16" : "gpu.sustained_rate.fp8",
+           &it->second, 1.0, 0, dtype});
+    }
+    for (size_t j = 0; j < numbers.size(); ++j) {
+      const Stated<double>& n = *numbers[j].number;
+      if (n.range->first != n.value) ends.emplace_back(j, false);
+      if (n.range->second != n.value) ends.emplace_back(j, true);
       values.push_back(n.value);
     }
   }
-  const StackProfile::Number& number(size_t j) const { return numbers[at[j]]; }
+  const Number& number(size_t j) const { return numbers[j]; }
   double end_value(const std::pair<size_t, bool>& e) const {
     const auto& r = *number(e.first).number->range;
     return e.second ? r.second : r.first;
   }
   // The plan's step with the ranged numbers set to `set` (`fallback` if the plan is illegal).
-  // `fit`: the cost model's fit of `hw`, the same for every setting (it reads no stack number); `lowerings`:
-  // the op graphs of settings that lower the plan alike, shared.
-  double step_with(const ModelSpec& model, const Plan& plan, const HardwareProfile& hw,
+  // `fit`: the cost model's fit of `hw`, the same for every setting (it reads no stack number and no
+  // sustained rate); `lowerings`: the op graphs of settings that lower the plan alike, shared.
+  double step_with(const ModelSpec& model, const Plan& plan,
                    const std::shared_ptr<const cost::CostModel::HardwareFit>& fit,
                    const std::shared_ptr<LoweringCache>& lowerings,
                    const workload::RoutingDistribution& routing, const std::vector<double>& set,
                    double fallback) const {
-    StackProfile s = probe;
+    StackProfile s = stack;
     const std::vector<StackProfile::Number> ns = s.numbers();
-    for (size_t j = 0; j < at.size(); ++j) ns[at[j]].number->value = set[j];
-    const Prediction p = predict(model, plan, hw, s, routing,
+    // The hardware profile is copied only where one of its numbers moves.
+    std::optional<HardwareProfile> moved;
+    for (size_t j = 0; j < numbers.size(); ++j) {
+      const Number& n = numbers[j];
+      if (!n.dtype) {
+        ns[n.stack_index].number->value = set[j];
+      } else if (set[j] != values[j]) {
+        if (!moved) moved = hw;
+        moved->gpu.sustained_rate.at(n.dtype).value = set[j];
+      }
+    }
+    const Prediction p = predict(model, plan, moved ? *moved : hw, s, routing,
                                  {.critical_path = false,
                                   .op_summary = false,
                                   .threads = 1,
@@ -80,9 +110,9 @@ AssumptionRange assumption_range(const ModelSpec& model, const Plan& plan, const
   // without them.
   StackProfile own = stack;
   if (!plan.overlap.tp_comm) own.userbuffers_rs_speed = {1.0, kNotStated};
-  const Ranged ranged(own);
-  for (size_t j = 0; j < ranged.at.size(); ++j) {
-    const StackProfile::Number& num = ranged.number(j);
+  const Ranged ranged(own, hw);
+  for (size_t j = 0; j < ranged.numbers.size(); ++j) {
+    const Ranged::Number& num = ranged.number(j);
     const Stated<double>& n = *num.number;
     out.effects.push_back({.path = num.path,
                            .basis = n.basis,
@@ -96,7 +126,7 @@ AssumptionRange assumption_range(const ModelSpec& model, const Plan& plan, const
   const auto fit = cost::CostModel::fit_hardware(hw);
   const auto lowerings = std::make_shared<LoweringCache>();
   auto step_at = [&](const std::vector<double>& set) {
-    return ranged.step_with(model, plan, hw, fit, lowerings, routing, set, step_time_s);
+    return ranged.step_with(model, plan, fit, lowerings, routing, set, step_time_s);
   };
 
   // Each number alone at each end that differs from its value.
@@ -149,7 +179,7 @@ AssumptionRanking ranking_over_assumptions(const ModelSpec& model, const std::ve
   for (size_t p = 1; p < plans.size(); ++p) {
     (steps[p] < steps[0] ? out.faster_as_given : counted).push_back(p);
   }
-  const Ranged ranged(stack);
+  const Ranged ranged(stack, hw);
   const auto& ends = ranged.ends;
   out.ends = static_cast<int64_t>(ends.size());
   if (counted.size() < 2) return out;
@@ -163,14 +193,14 @@ AssumptionRanking ranking_over_assumptions(const ModelSpec& model, const std::ve
     const auto lowerings = std::make_shared<LoweringCache>();
     parallel_for(ends.size(), threads, [&](size_t e) {
       step[e * n + k] =
-          ranged.step_with(model, plans[p], hw, fit, lowerings, routing, ranged.with_end(ends[e]), steps[p]);
+          ranged.step_with(model, plans[p], fit, lowerings, routing, ranged.with_end(ends[e]), steps[p]);
     });
   }
   for (size_t e = 0; e < ends.size(); ++e) {
     const double* at = &step[e * n];
     const size_t best = static_cast<size_t>(std::min_element(at, at + n) - at);
     if (best == 0 || at[best] >= at[0]) continue;
-    const StackProfile::Number& num = ranged.number(ends[e].first);
+    const Ranged::Number& num = ranged.number(ends[e].first);
     out.overtakes.push_back({.path = num.path,
                              .at = ranged.end_value(ends[e]),
                              .unit = num.unit,

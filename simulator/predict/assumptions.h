@@ -1,8 +1,9 @@
 // How far a prediction rests on numbers nobody measured. Every stack number that states where it may lie
-// (Stated::range: every assumed one, some derived ones) is set to each end of its range alone and the step
-// predicted again; then all of them together at the ends that shortened the step alone, and at the ends that
-// lengthened it. The result is the step time over the stack's assumptions, and the numbers it hangs on,
-// largest swing first: what to measure before trusting the prediction.
+// (Stated::range: every assumed one, some derived ones), and every hardware number that does (the GPU's
+// sustained tensor-core rates), is set to each end of its range alone and the step predicted again; then all
+// of them together at the ends that shortened the step alone, and at the ends that lengthened it. The result
+// is the step time over those assumptions, and the numbers it hangs on, largest swing first: what to measure
+// before trusting the prediction.
 #pragma once
 
 #include <string>
@@ -17,7 +18,7 @@
 namespace moeplan {
 
 struct AssumptionEffect {
-  std::string path;  // as the stack file names it, e.g. "host.issue_us_per_kernel"
+  std::string path;  // as the stack (or hardware) file names it, e.g. "host.issue_us_per_kernel"
   Basis basis = Basis::kAssumed;
   double unit = 1.0;                         // the file's unit in SI (1e-6 for "_us" numbers)
   double value = 0, low = 0, high = 0;       // SI

@@ -109,7 +109,8 @@ nlohmann::json prediction_json(const Prediction& p, const ReportContext& ctx) {
       {"hypothetical", p.provenance.hypothetical},
       {"why_hypothetical", p.provenance.targets},
       {"rule",
-       "share of the critical path's time priced by stack numbers of each basis (the weakest basis among the "
+       "share of the critical path's time priced by stack and hardware numbers of each basis (the weakest "
+       "basis among the "
        "numbers that priced an op); hypothetical when a target prices any of it or an overlap the plan uses "
        "is "
        "a target of the stack"}};
@@ -147,8 +148,8 @@ nlohmann::json assumptions_json(const AssumptionRange& a, double tokens_per_step
       {"step_time_s_range", {a.fastest_s, a.slowest_s}},
       {"tokens_per_s_per_gpu_range", {tokens_per_step / a.slowest_s / g, tokens_per_step / a.fastest_s / g}},
       {"rule",
-       "every stack number with a stated range set to each end alone, then all of them together at the "
-       "ends that shortened (lengthened) the step alone; the range is the widest of these"},
+       "every stack or hardware number with a stated range set to each end alone, then all of them together "
+       "at the ends that shortened (lengthened) the step alone; the range is the widest of these"},
       {"predictions", a.predictions},
       {"numbers", numbers}};
 }

@@ -113,7 +113,7 @@ TEST_SUITE("cli") {
     // The text says the same as the JSON.
     const Run text = run_cli("plan " + std::string(kTinyJob) + " --global-batch 32 --top 4");
     REQUIRE(text.exit_code == 0);
-    CHECK(text.out.find("#1 over the stack's unmeasured numbers") != std::string::npos);
+    CHECK(text.out.find("#1 over the stack's and the hardware's unmeasured numbers") != std::string::npos);
     const size_t plans = j.at("plans").size(), compared = plans - faster_as_given.size();
     CHECK((text.out.find("faster than #1 as given, listed after it for memory") != std::string::npos) ==
           !faster_as_given.empty());

@@ -126,13 +126,13 @@ TEST_SUITE("cli") {
     CHECK(fp8.out.find("% of the BF16 peak\n") != std::string::npos);
   }
 
-  TEST_CASE("simulate gives the step over the stack's unmeasured numbers, and --no-assumptions skips it") {
+  TEST_CASE("simulate gives the step over the unmeasured numbers, and --no-assumptions skips it") {
     const std::string plan = "planner/examples/mixtral-8x22b-128xh100.json";
     const Run text = run_cli("simulate " + plan);
     REQUIRE(text.exit_code == 0);
     CHECK(text.out.find(
-              "over the stack's unmeasured numbers (each at either end of its stated range): step ") !=
-          std::string::npos);
+              "over the stack's and the hardware's unmeasured numbers (each at either end of its stated "
+              "range): step ") != std::string::npos);
     const Run js = run_cli("simulate --json " + plan);
     REQUIRE(js.exit_code == 0);
     const json j = json::parse(js.out);

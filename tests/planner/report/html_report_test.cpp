@@ -241,8 +241,8 @@ TEST_SUITE("cli") {
       CAPTURE(key);
       CHECK(value == at_dotted(r, key));
     }
-    // The step over the stack's unmeasured numbers, with the number it moves with most.
-    CHECK(html.find("Over the stack's unmeasured numbers") != std::string::npos);
+    // The step over the stack's and the hardware's unmeasured numbers, with the number it moves with most.
+    CHECK(html.find("Over the stack's and the hardware's unmeasured numbers") != std::string::npos);
     CHECK(html.find("<code>" + r.at("assumptions").at("numbers")[0].at("number").get<std::string>() +
                     "</code>") != std::string::npos);
   }

@@ -184,8 +184,11 @@ TEST_SUITE("cost") {
     // H100, Megatron-Core: an 8192-row GEMM whose input is all-gathered over tp 4 runs tp chunks of 2048
     // rows, each beside the copy-engine transfer of the next rank's chunk: T = 3 max(g, p) + g. Its
     // reduce-scatter counterpart runs 4 row chunks on the SMs less TE's 16 communication SMs, at the stack's
-    // overlap efficiency, each chunk's reduce-scatter after it: T = g + 3 max(g, r) + r.
-    const HardwareProfile hw = io::load_hardware("h100-sxm").value();
+    // overlap efficiency, each chunk's reduce-scatter after it: T = g + 3 max(g, r) + r. At the tables' rate
+    // (no sustained rate), so that each op's basis is the stack's.
+    HardwareProfile hw = io::load_hardware("h100-sxm").value();
+    const HardwareProfile sustained = hw;
+    hw.gpu.sustained_rate.clear();
     const StackProfile stack = io::load_stack("megatron-core").value();
     REQUIRE(stack.overlaps.tp_comm.value);
     const cost::CostModel cm(hw, stack);
@@ -238,6 +241,9 @@ TEST_SUITE("cost") {
       // TE's method is read from source; its reduce-scatter kernel's speed is assumed.
       CHECK(cm.cost(ag).basis == Basis::kDerived);
       CHECK(cm.cost(rs).basis == Basis::kAssumed);
+      // The H100's sustained rate is assumed (carried from an H200): a GEMM under it rests on it.
+      const cost::CostModel hot(sustained, stack);
+      CHECK(hot.cost(ag).basis == Basis::kAssumed);
       // At twice NCCL's speed, each chunk's reduce-scatter takes half the time.
       StackProfile fast = stack;
       fast.userbuffers_rs_speed.value = 2.0;
@@ -473,9 +479,11 @@ TEST_SUITE("cost") {
   // ---- attention kernel, kernel floor ----
 
   TEST_CASE("the stack's attention kernel picks its row of the profile's attention tables") {
-    // H100 profile, causal forward, head dim 128, 4096 keys: cuDNN 518, FA3 579, FA2 319 TFLOPS. A kernel the
-    // profile lacks falls back to FA3.
+    // H100 profile, causal forward, head dim 128, 4096 keys: cuDNN 518, FA3 579, FA2 319 TFLOPS, at the
+    // profile's sustained BF16 rate of those burst-timed tables. A kernel the profile lacks falls back to
+    // FA3.
     const HardwareProfile hw = io::load_hardware("h100-sxm").value();
+    const double sustained = hw.gpu.sustained_rate.at("bf16").value;
     Op op;
     op.kind = OpKind::kAttention;
     op.attn = {1, 4096, 4096, 32, 128, 128, 0, true};
@@ -490,14 +498,65 @@ TEST_SUITE("cost") {
       StackProfile stack = io::load_stack("megatron-core").value();
       stack.attention_kernel.value = c.kernel;
       const cost::CostModel cm(hw, stack);
-      CHECK(cm.attention_seconds(op, nullptr) == rel(1e12 / (c.tflops * 1e12)));
+      CHECK(cm.attention_seconds(op, nullptr) == rel(1e12 / (c.tflops * 1e12 * sustained)));
     }
     HardwareProfile no_fa2 = hw;
     std::erase_if(no_fa2.calibration.attention, [](const AttentionTable& t) { return t.impl == "fa2"; });
     StackProfile stack = io::load_stack("megatron-core").value();
     stack.attention_kernel.value = AttentionKernel::kFa2;
     const cost::CostModel cm(no_fa2, stack);
-    CHECK(cm.attention_seconds(op, nullptr) == rel(1e12 / 579e12));
+    CHECK(cm.attention_seconds(op, nullptr) == rel(1e12 / (579e12 * sustained)));
+  }
+
+  TEST_CASE("tensor-core kernels run at the GPU's sustained share of the tables' rates and the rest do not") {
+    // H100: BF16 at 0.86 and FP8 at 0.98 of the burst-timed tables. A compute-bound GEMM (from a grid and
+    // beyond the grids), a grouped GEMM either way a stack runs it (per-expert launches, a grouped kernel)
+    // and attention take 1 / rate as long; memory-bound kernels and collectives do not move.
+    const HardwareProfile hot = io::load_hardware("h100-sxm").value();
+    HardwareProfile burst = hot;
+    burst.gpu.sustained_rate.clear();
+    const double bf16 = hot.gpu.sustained_rate.at("bf16").value, fp8 = hot.gpu.sustained_rate.at("fp8").value;
+    CHECK(bf16 < fp8);
+    CHECK(fp8 < 1.0);
+    for (const char* name : {"megatron-core", "moerun"}) {
+      CAPTURE(name);
+      const StackProfile stack = io::load_stack(name).value();
+      const cost::CostModel h(hot, stack), b(burst, stack);
+      for (const GemmShape& s : {GemmShape{4096, 4096, 4096, 1}, GemmShape{65536, 8192, 8192, 1}}) {
+        CAPTURE(s.m);
+        CHECK(h.gemm_seconds(s, DType::kBf16, nullptr) ==
+              rel(b.gemm_seconds(s, DType::kBf16, nullptr) / bf16));
+        CHECK(h.gemm_seconds(s, DType::kFp8, nullptr) == rel(b.gemm_seconds(s, DType::kFp8, nullptr) / fp8));
+      }
+      // Per-expert launches add one launch gap on several streams; the grouped kernel none.
+      const double gap = stack.grouped_gemm.impl.value == GroupedGemmImpl::kPerExpertStreams
+                             ? stack.launch_s_per_kernel.value
+                             : 0;
+      const GemmShape experts{8 * 4096, 4096, 4096, 8};
+      for (GemmPart part : {GemmPart::kNone, GemmPart::kDgrad, GemmPart::kWgrad}) {
+        CHECK(h.grouped_gemm_seconds(experts, DType::kBf16, nullptr, part) - gap ==
+              rel((b.grouped_gemm_seconds(experts, DType::kBf16, nullptr, part) - gap) / bf16));
+      }
+      Op attn;
+      attn.kind = OpKind::kAttention;
+      attn.attn = {1, 4096, 4096, 32, 128, 128, 0, true};
+      attn.flops = 1e12;
+      CHECK(h.attention_seconds(attn, nullptr) == rel(b.attention_seconds(attn, nullptr) / bf16));
+      Op mem;
+      mem.kind = OpKind::kMemoryBound;
+      mem.hbm_bytes = 1e9;
+      CHECK(h.cost(mem).seconds == b.cost(mem).seconds);
+      CHECK(h.cost(mem).basis == b.cost(mem).basis);
+      const Op a2a = test::ep_all_to_all_op(8, 256e6);
+      CHECK(h.cost(a2a).seconds == b.cost(a2a).seconds);
+    }
+    // A GEMM's basis is the weaker of its own and the sustained rate's: derived on the H200 (measured there),
+    // assumed on the H100 (carried from it).
+    const StackProfile stack = io::load_stack("megatron-core").value();
+    const HardwareProfile h200 = io::load_hardware("h200-sxm").value();
+    CHECK(cost::CostModel(h200, stack).cost(gemm_op()).basis == Basis::kDerived);
+    CHECK(cost::CostModel(hot, stack).cost(gemm_op()).basis == Basis::kAssumed);
+    CHECK(cost::CostModel(burst, stack).cost(gemm_op()).basis == Basis::kMeasured);
   }
 
   TEST_CASE("a memory-bound kernel takes the stack's fixed kernel time plus its bytes at the memory rate") {

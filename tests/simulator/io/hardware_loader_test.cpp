@@ -1,6 +1,9 @@
 // The shipped Hopper profiles load, convert to SI once, and keep the facts their sources state.
 #include <doctest/doctest.h>
 
+#include <functional>
+#include <string>
+
 #include "simulator/core/units.h"
 #include "simulator/io/builtin_catalog.h"
 #include "simulator/io/hardware_loader.h"
@@ -51,6 +54,53 @@ TEST_SUITE("io") {
       CHECK(c.points.back().second == doctest::Approx(478.87e9));  // 8 GiB, hopper-hardware.md §2.1
     }
     CHECK(found);
+  }
+
+  TEST_CASE("the sustained tensor-core rates are stated numbers: derived on the H200, assumed elsewhere") {
+    // Measured on the H200 (a minute of back-to-back GEMMs against a cool GPU); carried to the H100 and
+    // H800, so assumed there; every one with the range it may lie in.
+    const HardwareProfile h200 = load("h200-sxm");
+    CHECK(h200.gpu.sustained_rate.at("bf16").basis == Basis::kDerived);
+    CHECK(h200.gpu.sustained_rate.at("bf16").value == doctest::Approx(0.86));
+    for (const char* name : {"h100-sxm", "h800-sxm", "h200-sxm"}) {
+      CAPTURE(name);
+      const HardwareProfile h = load(name);
+      for (const char* dtype : {"bf16", "fp8"}) {
+        CAPTURE(dtype);
+        const Stated<double>& r = h.gpu.sustained_rate.at(dtype);
+        REQUIRE(r.range);
+        CHECK(r.range->first <= r.value);
+        CHECK(r.value <= r.range->second);
+        CHECK(r.range->second == 1.0);  // the tables' own rate is the top
+        if (std::string(name) != "h200-sxm") CHECK(r.basis == Basis::kAssumed);
+      }
+    }
+  }
+
+  TEST_CASE("a sustained rate above 1 or at 0 or assumed without a range or of an unknown dtype is refused") {
+    auto j = io::read_input("h100-sxm", "hwprofiles", "", nullptr, nullptr);
+    REQUIRE(j.ok());
+    auto refused = [&](const std::function<void(nlohmann::json&)>& change) {
+      nlohmann::json k = j.value();
+      change(k);
+      auto h = io::hardware_from_json(k, "p.json");
+      REQUIRE_FALSE(h.ok());
+      return h.error().message;
+    };
+    CHECK(refused([](nlohmann::json& k) { k["gpu"]["sustained_rate"]["bf16"]["value"] = 1.2; }) ==
+          "p.json: field 'gpu.sustained_rate.bf16.value': expected an efficiency in (0, 1], got number 1.2");
+    CHECK(refused([](nlohmann::json& k) {
+            k["gpu"]["sustained_rate"]["bf16"].erase("range");
+          }).starts_with("p.json: field 'gpu.sustained_rate.bf16.range': expected [low, high]"));
+    CHECK(refused([](nlohmann::json& k) {
+            k["gpu"]["sustained_rate"]["tf32"] = k["gpu"]["sustained_rate"]["bf16"];
+          }).starts_with("p.json: field 'gpu.sustained_rate.tf32'"));
+    // Optional: a profile without it runs at its tables' rates.
+    nlohmann::json k = j.value();
+    k["gpu"].erase("sustained_rate");
+    auto h = io::hardware_from_json(k, "p.json");
+    REQUIRE(h.ok());
+    CHECK(h.value().gpu.sustained_rate.empty());
   }
 
   TEST_CASE("every scalar needs a source") {

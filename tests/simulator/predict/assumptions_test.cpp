@@ -64,6 +64,26 @@ TEST_SUITE("predict") {
     CHECK(mem.step_at_high < r.step_time_s);
   }
 
+  TEST_CASE("the GPU's sustained tensor-core rate is varied as a stack number is, on a copy of the profile") {
+    // The H100's sustained BF16 rate is assumed (carried from an H200): each end is the prediction on the
+    // profile with the rate set there; a slower GPU lengthens the step, the tables' own rate shortens it.
+    const Job job;
+    const AssumptionRange r = job.range(job.stack);
+    const AssumptionEffect& e = effect(r, "gpu.sustained_rate.bf16");
+    CHECK(e.basis == Basis::kAssumed);
+    CHECK(e.value == job.hw.gpu.sustained_rate.at("bf16").value);
+    for (const bool high : {false, true}) {
+      HardwareProfile h = job.hw;
+      h.gpu.sustained_rate.at("bf16").value = high ? e.high : e.low;
+      const Prediction p =
+          predict(job.model, job.plan, h, job.stack, workload::uniform_routing(job.model.moe.num_experts));
+      REQUIRE(p.violations.empty());
+      CHECK((high ? e.step_at_high : e.step_at_low) == p.step_time_s);
+    }
+    CHECK(e.step_at_low > r.step_time_s);
+    CHECK(e.step_at_high < r.step_time_s);
+  }
+
   TEST_CASE("the corners bound every single end, and the effects come largest swing first") {
     const Job job;
     const AssumptionRange r = job.range(job.stack);
@@ -88,7 +108,8 @@ TEST_SUITE("predict") {
   }
 
   TEST_CASE("numbers without a range, or with a range of one value, are not varied") {
-    const Job job;
+    Job job;
+    for (auto& [dtype, n] : job.hw.gpu.sustained_rate) n.range.reset();
     StackProfile s = job.stack;
     for (const StackProfile::Number& n : s.numbers()) n.number->range.reset();
     AssumptionRange r = job.range(s);
