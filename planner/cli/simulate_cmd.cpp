@@ -62,11 +62,12 @@ void print_text(const Prediction& p, const ReportContext& ctx) {
   for (const auto& [k, v] : b.compute) fmt::print("  compute {:<18} {:9.4f}\n", k, v);
   for (const auto& [k, v] : b.exposed_comm) fmt::print("  exposed comm {:<13} {:9.4f}\n", k, v);
   fmt::print("  bubble / idle              {:9.4f}\n", b.bubble);
-  if (b.host_wait > 0)
+  // Only where it shows at the breakdown's precision (a few microseconds would print as 0.0000).
+  if (b.host_wait >= 0.5e-4)
     fmt::print(
         "    of which host-bound      {:9.4f}  (the GPU waits for the host to issue; "
-        "host.issue_us_per_kernel is "
-        "{})\n",
+        "host.issue_us_per_kernel "
+        "is {})\n",
         b.host_wait, name_of(ctx.stack.host_s_per_kernel.basis));
   fmt::print("  optimizer                  {:9.4f}\n", b.optimizer);
   if (p.routing.mean_rank_assignments > 0) {

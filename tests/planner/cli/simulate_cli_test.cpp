@@ -126,6 +126,28 @@ TEST_SUITE("cli") {
     CHECK(fp8.out.find("% of the BF16 peak\n") != std::string::npos);
   }
 
+  TEST_CASE("the host-bound line shows where the breakdown's precision shows it and never as zero") {
+    // The shipped examples: DeepSeek-V3 waits 0.38 s for its host; the others a few microseconds, which the
+    // four-decimal breakdown would print as 0.0000.
+    int shown = 0;
+    for (const fs::path& plan : example_plans()) {
+      CAPTURE(plan.string());
+      const Run text = run_cli("simulate --no-assumptions " + plan.string());
+      const Run js = run_cli("simulate --no-assumptions --json " + plan.string());
+      REQUIRE(text.exit_code == 0);
+      REQUIRE(js.exit_code == 0);
+      const double wait = json::parse(js.out).at("breakdown").at("host_wait").get<double>();
+      const size_t at = text.out.find("    of which host-bound ");
+      CHECK((at != std::string::npos) == (wait >= 0.5e-4));
+      if (at == std::string::npos) continue;
+      ++shown;
+      const double printed = std::stod(text.out.substr(at + 24, 12));
+      CHECK(printed > 0);
+      CHECK(printed == doctest::Approx(wait).epsilon(1e-3));
+    }
+    CHECK(shown >= 1);
+  }
+
   TEST_CASE("simulate gives the step over the unmeasured numbers, and --no-assumptions skips it") {
     const std::string plan = "planner/examples/mixtral-8x22b-128xh100.json";
     const Run text = run_cli("simulate " + plan);
