@@ -791,4 +791,19 @@ Result<BenchSummary> share_bench_result(BenchSummary summary, const Error& write
   return summary;
 }
 
+nlohmann::ordered_json sustained_rate_entry(double cool_tflops, double hot_tflops, double idle_s,
+                                            double load_s, const std::string& source) {
+  auto rate = [](double x) { return std::isfinite(x) && x > 0; };
+  if (!rate(cool_tflops) || !rate(hot_tflops)) return nullptr;
+  const double ratio = std::min(1.0, hot_tflops / cool_tflops);
+  return {
+      {"value", ratio},
+      {"basis", "measured"},
+      {"source", fmt::format("{}: sustained.csv, the reference GEMM at {:.1f} TFLOP/s after {:g} s of "
+                             "back-to-back GEMMs against {:.1f} in a burst after {:g} s idle (capped at 1); "
+                             "range up to 1: a step's kernel mix may leave the power budget unspent",
+                             source, hot_tflops, load_s, cool_tflops, idle_s)},
+      {"range", {ratio, 1.0}}};
+}
+
 }  // namespace moeplan::executor

@@ -11,6 +11,8 @@
 #include <utility>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "simulator/core/status.h"
 
 namespace moeplan::executor {
@@ -114,6 +116,13 @@ double max_over(MPI_Comm comm, double x);
 // The end of a bench, collective over `world`: rank 0's write error (empty message: none) becomes every
 // rank's result, else every rank returns rank 0's headline figures.
 Result<BenchSummary> share_bench_result(BenchSummary summary, const Error& write_error, MPI_Comm world);
+
+// profile.json's gpu.sustained_rate entry of one dtype from the CUDA bench's measurement: the reference GEMM
+// at `cool_tflops` in a burst after `idle_s` without work and at `hot_tflops` after `load_s` of back-to-back
+// GEMMs. The ratio (capped at 1) is measured; its range reaches 1, since a training step's mix of kernels may
+// leave more of the power budget than back-to-back GEMMs. Null when either rate is not positive and finite.
+nlohmann::ordered_json sustained_rate_entry(double cool_tflops, double hot_tflops, double idle_s,
+                                            double load_s, const std::string& source);
 
 // Writes `text` to dir/name through a temporary file, so a reader never sees half a file.
 Result<std::string> write_bench_file(const std::string& dir, const std::string& name,

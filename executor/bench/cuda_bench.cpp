@@ -14,10 +14,12 @@
 #include <cstring>
 #include <ctime>
 #include <filesystem>
+#include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <set>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -114,33 +116,75 @@ struct Device {
   int runtime = 0, nccl = 0;
 };
 
+// One cuBLASLt GEMM with its operands on this rank (uniform random inputs), to time in bursts or to keep the
+// GPU busy.
+class GemmRunner {
+ public:
+  explicit GemmRunner(const cuda::GemmProblem& p) : p_(p), gemm_(p) {
+    if (!gemm_.can_implement().empty()) return;
+    const bool fp8 = p.input == cuda::GemmType::kE4m3;
+    const size_t in_bytes = fp8 ? 1 : 2;
+    a_ = DeviceBuffer<uint8_t>(static_cast<size_t>(p.m * p.k) * in_bytes);
+    b_ = DeviceBuffer<uint8_t>(static_cast<size_t>(p.k * p.n) * in_bytes);
+    c_ = DeviceBuffer<uint8_t>(static_cast<size_t>(p.m * p.n) * 2);
+    ws_ = DeviceBuffer<uint8_t>(std::max<size_t>(1, gemm_.workspace_size()));
+    scales_ = DeviceBuffer<float>(2);
+    const float ones[2] = {1.0f, 1.0f};
+    scales_.upload(ones, 2);
+    if (fp8) {
+      fill_e4m3(a_.data(), a_.bytes(), 1);
+      fill_e4m3(b_.data(), b_.bytes(), 2);
+    } else {
+      fill_bf16(a_.data(), a_.bytes(), 1);
+      fill_bf16(b_.data(), b_.bytes(), 2);
+    }
+    ops_ = {a_.data(), b_.data(), c_.data(), fp8 ? scales_.data() : nullptr,
+            fp8 ? scales_.data() + 1 : nullptr};
+  }
+  // Empty when the GEMM runs; otherwise cuBLASLt's reason.
+  const std::string& refusal() const { return gemm_.can_implement(); }
+  void run(cudaStream_t stream) const { gemm_.run(ops_, ws_.data(), stream); }
+  // TFLOP/s: the median over `batches` of `reps` calls between two events.
+  double tflops(cudaStream_t stream, int reps, int batches) const {
+    const double t = seconds_per_call(
+        stream, [&] { run(stream); }, reps, batches);
+    return 2.0 * static_cast<double>(p_.m) * static_cast<double>(p_.n) * static_cast<double>(p_.k) / t / 1e12;
+  }
+  // Back to back for `seconds` of wall time (20 calls between host waits).
+  void run_for(cudaStream_t stream, double seconds) const {
+    const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+    while (std::chrono::steady_clock::now() < until) {
+      for (int i = 0; i < 20; ++i) run(stream);
+      MOERUN_CUDA_CHECK(cudaStreamSynchronize(stream));
+    }
+  }
+
+ private:
+  cuda::GemmProblem p_;
+  cuda::Gemm gemm_;
+  DeviceBuffer<uint8_t> a_, b_, c_, ws_;
+  DeviceBuffer<float> scales_;
+  cuda::GemmOperands ops_{};
+};
+
 // A GEMM's rate on this rank; 0 when cuBLASLt has no algorithm for it (the reason on stderr from rank 0).
 double gemm_tflops(const cuda::GemmProblem& p, cudaStream_t stream, int me, int reps, int batches) {
-  const cuda::Gemm gemm(p);
-  if (!gemm.can_implement().empty()) {
-    if (me == 0) fmt::print(stderr, "moerun bench: gemm {}x{}x{}: {}\n", p.m, p.n, p.k, gemm.can_implement());
+  const GemmRunner gemm(p);
+  if (!gemm.refusal().empty()) {
+    if (me == 0) fmt::print(stderr, "moerun bench: gemm {}x{}x{}: {}\n", p.m, p.n, p.k, gemm.refusal());
     return 0;
   }
-  const bool fp8 = p.input == cuda::GemmType::kE4m3;
-  const size_t in_bytes = fp8 ? 1 : 2;
-  DeviceBuffer<uint8_t> a(static_cast<size_t>(p.m * p.k) * in_bytes),
-      b(static_cast<size_t>(p.k * p.n) * in_bytes);
-  DeviceBuffer<uint8_t> c(static_cast<size_t>(p.m * p.n) * 2), ws(std::max<size_t>(1, gemm.workspace_size()));
-  DeviceBuffer<float> scales(2);
-  const float ones[2] = {1.0f, 1.0f};
-  scales.upload(ones, 2);
-  if (fp8) {
-    fill_e4m3(a.data(), a.bytes(), 1);
-    fill_e4m3(b.data(), b.bytes(), 2);
-  } else {
-    fill_bf16(a.data(), a.bytes(), 1);
-    fill_bf16(b.data(), b.bytes(), 2);
-  }
-  cuda::GemmOperands ops{a.data(), b.data(), c.data(), fp8 ? scales.data() : nullptr,
-                         fp8 ? scales.data() + 1 : nullptr};
-  const double t = seconds_per_call(
-      stream, [&] { gemm.run(ops, ws.data(), stream); }, reps, batches);
-  return 2.0 * static_cast<double>(p.m) * static_cast<double>(p.n) * static_cast<double>(p.k) / t / 1e12;
+  return gemm.tflops(stream, reps, batches);
+}
+
+// The reference GEMM of the sustained-rate measurement: 8192^3, BF16 (C = A B) or FP8 (e4m3, TN), BF16 out.
+cuda::GemmProblem reference_gemm(cuda::GemmType in) {
+  cuda::GemmProblem p;
+  p.op = in == cuda::GemmType::kE4m3 ? cuda::GemmOp::kDgrad : cuda::GemmOp::kForward;
+  p.m = p.n = p.k = 8192;
+  p.input = in;
+  p.output = cuda::GemmType::kBf16;
+  return p;
 }
 
 double grouped_tflops(int experts, int64_t m, int64_t n, int64_t k, cudaStream_t stream, int me, int reps,
@@ -595,6 +639,49 @@ Result<BenchSummary> run_cuda_bench(const CudaBenchOptions& options, MPI_Comm wo
     }
     if (!skew_bytes.empty() || o.plan_exchange.size >= 2) emit("alltoall_skew.csv", skew_csv);
   }
+  // The tensor-core rate under sustained load (gpu.sustained_rate): the tables above time short bursts, and a
+  // GPU held near its power limit lowers its clocks. On every rank at once (a node's GPUs heat together):
+  // after `idle_s` without work, the reference GEMMs (BF16, FP8) in short bursts; then the first of them back
+  // to back for `load_s`; then the same bursts again. Last in the bench, so no table above is timed on a GPU
+  // this loop heated.
+  // dtype -> (cool, hot) TFLOP/s, mean over ranks.
+  std::map<std::string, std::pair<double, double>> sustained;
+  const double idle_s = quick ? 1.0 : 10.0,
+               load_s = quick ? std::min(3.0, options.sustain_s) : options.sustain_s;
+  if (load_s > 0) {
+    std::vector<std::pair<std::string, std::unique_ptr<GemmRunner>>> refs;
+    for (const cuda::GemmType in : {cuda::GemmType::kBf16, cuda::GemmType::kE4m3}) {
+      auto gemm = std::make_unique<GemmRunner>(reference_gemm(in));
+      const int runs = gemm->refusal().empty() ? 1 : 0;
+      int all_run = 0;
+      MOEPLAN_MPI_CHECK(MPI_Allreduce(&runs, &all_run, 1, MPI_INT, MPI_MIN, world));
+      if (all_run) refs.emplace_back(in == cuda::GemmType::kE4m3 ? "fp8" : "bf16", std::move(gemm));
+    }
+    if (!refs.empty()) {
+      MOEPLAN_MPI_CHECK(MPI_Barrier(world));
+      std::this_thread::sleep_for(std::chrono::duration<double>(idle_s));
+      for (const auto& [dtype, g] : refs) sustained[dtype].first = mean_over(world, g->tflops(stream, 10, 3));
+      refs.front().second->run_for(stream, load_s);
+      for (const auto& [dtype, g] : refs)
+        sustained[dtype].second = mean_over(world, g->tflops(stream, 10, 3));
+    }
+  }
+  if (!sustained.empty()) {
+    std::string csv = fmt::format(
+        "# source: {}: {}; the reference GEMMs (8192^3; bf16: C = A B; fp8: e4m3 TN, per-tensor scales; "
+        "bf16 out) timed in bursts (median of 3 batches of 10 calls between CUDA events) after {:g} s "
+        "without work (cool), then again after {:g} s of back-to-back calls of the first (hot); mean over "
+        "ranks, all ranks at once; ratio = hot / cool: gpu.sustained_rate in profile.json\n"
+        "dtype,cool_tflops,hot_tflops,ratio\n",
+        g1, who, idle_s, load_s);
+    for (const auto& [dtype, r] : sustained)
+      csv += fmt::format("{},{:.6g},{:.6g},{:.4f}\n", dtype, r.first, r.second, r.second / r.first);
+    // Not a table calibrate reads (it is not listed among the measurements): profile.json carries its ratio.
+    if (me == 0) {
+      auto w = write_bench_file(o.out_dir, "sustained.csv", csv);
+      if (!w.ok() && write_error.message.empty()) write_error = w.error();
+    }
+  }
   MOERUN_CUDA_CHECK(cudaStreamDestroy(stream));
 
   // profile.json: the base's fields, with what was measured here in their place.
@@ -615,6 +702,12 @@ Result<BenchSummary> run_cuda_bench(const CudaBenchOptions& options, MPI_Comm wo
                                {"source", g1 + ": cudaDeviceProp::totalGlobalMem / 2^20"}};
     gpu["hbm_bw_achieved_GBps"] = {{"value", copy_GBps},
                                    {"source", g1 + ": the device-to-device copy in hbm.csv"}};
+    // The sustained share of the burst rate, measured; its range reaches the burst rate, since a training
+    // step's mix of kernels may run cooler than back-to-back GEMMs.
+    for (const auto& [dtype, r] : sustained) {
+      ojson entry = sustained_rate_entry(r.first, r.second, idle_s, load_s, g1);
+      if (!entry.is_null()) gpu["sustained_rate"][dtype] = std::move(entry);
+    }
     j["gpu"] = gpu;
     j["node"] = from_base(base["node"], base_label);
     j["scale_out"] = from_base(base["scale_out"], base_label);

@@ -29,6 +29,9 @@ struct CudaBenchOptions {
   // The hardware profile whose fields this bench cannot measure are kept (with their sources): a file or a
   // built-in name (h100-sxm, h200-sxm, h800-sxm).
   std::string base = "h100-sxm";
+  // Seconds of back-to-back GEMMs before the sustained rate's second burst (gpu.sustained_rate); 0 skips the
+  // measurement. --quick: 3.
+  double sustain_s = 60;
 };
 
 // Collective over `world`; each rank must see a CUDA device (one per local rank, as `moerun run`).

@@ -47,6 +47,7 @@ Runner add_bench(CLI::App& app) {
     std::string backend = "cpu";
     std::string base = "h100-sxm";
     std::string plan;
+    double sustain_s = 60;
   };
   auto options = std::make_shared<Options>();
   app.add_option("--out", options->bench.out_dir, "directory for profile.json, *.csv and *_perf.n*.txt")
@@ -66,6 +67,11 @@ Runner add_bench(CLI::App& app) {
       "--base", options->base,
       "cuda: the hardware profile (file or built-in name) whose fields the bench cannot measure are "
       "kept, with their sources (default h100-sxm)");
+  app.add_option(
+         "--sustain-s", options->sustain_s,
+         "cuda: seconds of back-to-back GEMMs between the two bursts of the sustained-rate measurement "
+         "(gpu.sustained_rate in profile.json; default 60, 3 with --quick; 0 skips it)")
+      ->check(CLI::Range(0.0, 3600.0));
   app.add_option("--plan", options->plan,
                  "also time the plan's own routed all-to-all (its expert-parallel group, at its busiest "
                  "rank's load and bytes) in alltoall_skew.csv");
@@ -84,7 +90,7 @@ Runner add_bench(CLI::App& app) {
     Result<BenchSummary> result = Error{"unset"};
     if (options->backend == "cuda") {
 #if MOERUN_WITH_CUDA
-      result = run_cuda_bench({options->bench, options->base}, MPI_COMM_WORLD);
+      result = run_cuda_bench({options->bench, options->base, options->sustain_s}, MPI_COMM_WORLD);
 #else
       return bad_input(world_rank, "--backend cuda: this moerun was built without CUDA (nvcc not found)");
 #endif

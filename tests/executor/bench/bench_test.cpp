@@ -13,6 +13,7 @@
 #include <sstream>
 
 #include "simulator/calibrate/sources.h"
+#include "simulator/io/builtin_catalog.h"
 #include "simulator/io/hardware_loader.h"
 
 namespace moeplan::executor {
@@ -156,6 +157,32 @@ TEST_SUITE("executor.bench") {
           "factor "
           "1 and its 10001 bytes per rank");
     CHECK(plan_exchange_note(PlanExchange{}).empty());
+  }
+
+  TEST_CASE("the GPU bench's sustained rate is measured and capped at 1 and loads as the profile's field") {
+    // The H200 of 4 December: 786.9 TFLOP/s cool, 678.3 after a minute of GEMMs.
+    const nlohmann::ordered_json e = sustained_rate_entry(786.9, 678.3, 10, 60, "G1");
+    CHECK(e.at("value").get<double>() == doctest::Approx(678.3 / 786.9));
+    CHECK(e.at("basis") == "measured");
+    CHECK(e.at("range").at(0) == e.at("value"));
+    CHECK(e.at("range").at(1).get<double>() == 1.0);
+    CHECK(e.at("source").get<std::string>().starts_with("G1: sustained.csv"));
+    // Noise may make the hot burst faster: the rate never exceeds the burst's.
+    CHECK(sustained_rate_entry(700, 710, 10, 60, "G1").at("value").get<double>() == 1.0);
+    CHECK(sustained_rate_entry(0, 710, 10, 60, "G1").is_null());
+    CHECK(sustained_rate_entry(700, std::nan(""), 10, 60, "G1").is_null());
+    // In a hardware profile it replaces the shipped assumption and loads.
+    auto j = io::read_input("h100-sxm", "hwprofiles", "", nullptr, nullptr);
+    REQUIRE(j.ok());
+    nlohmann::json hw = j.value();
+    hw["gpu"]["sustained_rate"]["bf16"] = nlohmann::json::parse(e.dump());
+    auto loaded = io::hardware_from_json(hw, "profile.json");
+    REQUIRE_MESSAGE(loaded.ok(), (loaded.ok() ? "" : loaded.error().message));
+    const auto& rate = loaded.value().gpu.sustained_rate.at("bf16");
+    CHECK(rate.basis == Basis::kMeasured);
+    CHECK(rate.value == doctest::Approx(0.862).epsilon(1e-3));
+    REQUIRE(rate.range);
+    CHECK(rate.range->second == 1.0);
   }
 
   TEST_CASE("the quick bench writes every file in the formats calibrate reads") {
