@@ -147,6 +147,17 @@ class Builder {
     // built switches tp_comm_overlap off in the configuration every later module shares (ibid.:150-160), so
     // an MLA model runs without them.
     ub_ = megatron_ && tp_ > 1 && sp_ == 1 && p.overlap.tp_comm && m.attention.kind != AttentionKind::kMla;
+    // Under FP8 with per-tensor scales, TE quantises a TP linear's input before its sequence-parallel
+    // all-gather and gathers the FP8 copy, and so the incoming gradient of a row-parallel linear in backward
+    // (v2.4 module/layernorm_linear.py:229-262, module/base.py grad_output_preprocess:1045-1075 with their
+    // quantizers; distributed.py gather_along_first_dim -> _all_gather_fp8). Block scaling gathers in BF16
+    // (force_hp_blockwise_ln_out_gather). Current scaling (tensorwise) first all-reduces the tensor's amax
+    // over TP so every rank quantises with one scale (module/linear.py and layernorm_linear.py
+    // _customize_quantizers_float8_current_scaling: with_amax_reduction on the column-parallel input and the
+    // row-parallel gradient; csrc/extensions/cast.cpp and normalization.cpp: allreduce(MAX)->wait()).
+    fp8_tp_gather_ = megatron_ && tp_ > 1 && p.precision == Precision::kFp8 &&
+                     (p.fp8_recipe == Fp8Recipe::kDelayed || p.fp8_recipe == Fp8Recipe::kTensorwise);
+    fp8_amax_ar_ = fp8_tp_gather_ && p.fp8_recipe == Fp8Recipe::kTensorwise;
     layers_ = layers_per_virtual_stage(m, p);
     // Multi-token prediction modules (DeepSeek-V3) run on the last virtual stage, after its layers, as layer
     // indices past the model's own (Megatron's layout puts them there, 'm' before the loss).
@@ -396,19 +407,31 @@ class Builder {
   // A TP linear's GEMM over [tg, h]-sized activations with its exchange pipelined by TE's userbuffers: one
   // op, priced as TE runs the pipeline (cost::CostModel::userbuffers_seconds), on the GEMM's stream.
   Op ub_linear(Op gemm_op, Collective c) const {
-    CommSpec cs = comm(c, CommGroup::kTp, d(gemm_op.gemm.m * m_.hidden) * bytes_of(dt_), dt_);
+    const DType moved = c == Collective::kAllGather ? tp_gather_dtype() : dt_;
+    CommSpec cs = comm(c, CommGroup::kTp, d(gemm_op.gemm.m * m_.hidden) * bytes_of(moved), moved);
     cs.userbuffers = true;
     const Stream s = gemm_op.stream;
     Op f = fused(static_cast<OpName>(gemm_op.name), gemm_op, cs);
     f.stream = s;
     return f;
   }
-  // The TP all-gather of [t, h] before a column-parallel linear; none under userbuffers (`ub`), where the
-  // linear holds it (column_linear).
+  // What a TP linear's sequence-parallel all-gather moves: FP8 where TE quantises before it (above).
+  DType tp_gather_dtype() const { return fp8_tp_gather_ ? DType::kFp8 : dt_; }
+  // Current scaling's all-reduce of one amax over TP before an FP8 gather: a forward-only op (its backward
+  // counterpart is the gradient's own, emitted with the gradient's gather).
+  Op amax_all_reduce() const {
+    return coll(OpName::kFp8AmaxAr, Collective::kAllReduce, CommGroup::kTp, 4.0, DType::kFp32);
+  }
+  // The TP all-gather of [t, h] before a column-parallel linear, after current scaling's amax all-reduce;
+  // none under userbuffers (`ub`), where the linear holds it (column_linear).
   int tp_gather(int x, OpName name, bool ub) {
-    if (tp_ == 1 || ub) return x;
-    return record(coll(name, Collective::kAllGather, CommGroup::kTp, d(t_ * tp_ * m_.hidden) * bytes_of(dt_)),
-                  {x}, true);
+    if (tp_ == 1) return x;
+    if (fp8_amax_ar_) x = record(amax_all_reduce(), {x}, true, true);
+    if (ub) return x;
+    const DType moved = tp_gather_dtype();
+    return record(
+        coll(name, Collective::kAllGather, CommGroup::kTp, d(t_ * tp_ * m_.hidden) * bytes_of(moved), moved),
+        {x}, true);
   }
   Op column_linear(const Op& g, bool ub) const { return ub ? ub_linear(g, Collective::kAllGather) : g; }
   // A row-parallel linear after `input` and its TP reduce-scatter (`rs`), held inside it under userbuffers.
@@ -418,6 +441,13 @@ class Builder {
     if (tp_ == 1) return y;
     return record(
         coll(rs, Collective::kReduceScatter, CommGroup::kTp, d(g.gemm.m * m_.hidden) * bytes_of(dt_)), {y});
+  }
+  // The TP reduce-scatter after a row-parallel TE linear (attention's output projection, the MLPs' FC2),
+  // whose backward gathers the incoming gradient.
+  static bool tp_row_rs(const Op& op) {
+    const auto name = static_cast<OpName>(op.name);
+    return op.comm.group == CommGroup::kTp &&
+           (name == OpName::kAttnRs || name == OpName::kFfnRs || name == OpName::kSharedRs);
   }
   // That re-gather: the linear's forward all-gather once more.
   Op regather(Op forward_gather) const {
@@ -460,6 +490,7 @@ class Builder {
 
   DType dt_;
   bool combined_ = false, delay_wgrad_ = false, megatron_ = false, ub_ = false;
+  bool fp8_tp_gather_ = false, fp8_amax_ar_ = false;
   Schedule schedule_ = Schedule::k1F1B;
   int64_t vstage(int64_t chunk, int64_t stage) const { return virtual_stage(chunk, stage, pp_, schedule_); }
   // The pipeline stage (rank) that runs virtual stage v.
@@ -1484,10 +1515,25 @@ void Builder::backward_node(LayerPass& pass, Node node) {
             dgrad.comm.collective = Collective::kReduceScatter;
           else if (op.comm.collective == Collective::kReduceScatter)
             dgrad.comm.collective = Collective::kAllGather;
+          // Under userbuffers a row-parallel linear's dgrad gathers the incoming gradient in its ring: in FP8
+          // where TE quantises it first (above), after current scaling's amax all-reduce.
+          if (op.comm.userbuffers && dgrad.comm.collective == Collective::kAllGather && fp8_tp_gather_) {
+            dgrad.comm.bytes = dgrad.comm.bytes / bytes_of(dt_) * bytes_of(DType::kFp8);
+            dgrad.comm.dtype = DType::kFp8;
+            if (fp8_amax_ar_) {
+              const int32_t ar = emit_with(amax_all_reduce());
+              waits.clear();
+              waits.push_back(ar);
+            }
+          }
         }
         const int32_t dgrad_id = pass.grad[ri] = emit_with(dgrad);
         if (ub_gather) {
           ub_exchange.comm.collective = Collective::kReduceScatter;
+          if (ub_exchange.comm.dtype == DType::kFp8) {  // the data gradient reduces in bf16
+            ub_exchange.comm.bytes = ub_exchange.comm.bytes / bytes_of(DType::kFp8) * bytes_of(dt_);
+            ub_exchange.comm.dtype = ub_exchange.dtype = dt_;
+          }
           pass.grad[ri] = end =
               emit(te_async(ub_exchange), pass.stage, pass.chunk, L, pass.mb, Phase::kBackward, {dgrad_id});
         }
@@ -1522,15 +1568,30 @@ void Builder::backward_node(LayerPass& pass, Node node) {
         if (op.comm.collective == Collective::kAllGather && op.comm.group == CommGroup::kTp &&
             consumers.size() == 1 && ops[consumers.front()].op.kind == OpKind::kGemm)
           op = te_async(op);
+        const bool row_parallel_rs = op.comm.collective == Collective::kReduceScatter && tp_row_rs(op);
         if (op.comm.collective == Collective::kAllGather) {
           op.comm.collective = Collective::kReduceScatter;
         } else if (op.comm.collective == Collective::kReduceScatter) {
           op.comm.collective = Collective::kAllGather;
         }
-        if (op.comm.dtype == DType::kFp8) {  // gradients of an FP8 dispatch travel in bf16, without scales
-          op.comm.bytes = op.comm.bytes / (bytes_of(DType::kFp8) * kFp8ScaleOverhead) * bytes_of(dt_);
+        if (op.comm.dtype == DType::kFp8) {
+          // Gradients travel in bf16: of an FP8 dispatch without its block scales, of a TP linear's FP8
+          // gather (one scale per tensor) in the data gradient's reduce-scatter.
+          const double fp8 =
+              bytes_of(DType::kFp8) * (op.comm.group == CommGroup::kTp ? 1.0 : kFp8ScaleOverhead);
+          op.comm.bytes = op.comm.bytes / fp8 * bytes_of(dt_);
           op.comm.dtype = dt_;
           op.dtype = dt_;
+        } else if (row_parallel_rs && fp8_tp_gather_) {
+          // A row-parallel linear's incoming gradient, quantised and gathered in FP8 (above), after current
+          // scaling's amax all-reduce.
+          op.comm.bytes = op.comm.bytes / bytes_of(dt_) * bytes_of(DType::kFp8);
+          op.comm.dtype = op.dtype = DType::kFp8;
+          if (fp8_amax_ar_) {
+            const int32_t ar = emit_with(amax_all_reduce());
+            waits.clear();
+            waits.push_back(ar);
+          }
         }
         break;
       }

@@ -1537,6 +1537,71 @@ TEST_SUITE("workload") {
     CHECK(the_op(bf16, OpName::kQkvProj).aux_bytes == 0.0);
   }
 
+  TEST_CASE("TE gathers TP linears' inputs and gradients in FP8 under per-tensor scales after the amax") {
+    // Mixtral-8x7B, one layer, tp 2 with sequence parallelism on Megatron-Core: 2048 tokens per rank, 4096
+    // gathered, h = 4096. Under FP8 with per-tensor scales TE quantises the QKV projection's input before
+    // its all-gather (1 byte per element) and re-gathers the FP8 copy for the weight gradient; the data
+    // gradient's reduce-scatter stays BF16; the output projection's incoming gradient is quantised and
+    // gathered in FP8 in backward. Current scaling (tensorwise) first all-reduces each quantised tensor's
+    // amax over TP (4 bytes, MAX): one before the forward gather, one before the gradient's. Delayed scaling
+    // gathers FP8 without it; block scaling gathers BF16; so do BF16 plans and the moerun stack.
+    Plan p = node_plan(4);
+    p.attention.tp = 2;
+    p.global_batch = 4;
+    p.precision = Precision::kFp8;
+    const double tg = 4096, h = 4096;
+    struct Case {
+      Fp8Recipe recipe;
+      double gather_bytes;  // per element
+      size_t amax;          // all-reduces per pass
+    };
+    for (const Case& c : {Case{Fp8Recipe::kTensorwise, 1, 1}, Case{Fp8Recipe::kDelayed, 1, 0},
+                          Case{Fp8Recipe::kBlockwise, 2, 0}}) {
+      CAPTURE(static_cast<int>(c.recipe));
+      p.fp8_recipe = c.recipe;
+      const OpGraph g = lower(mixtral(1), p, stack_options("megatron-core"));
+      const Op& ag = the_op(g, OpName::kAttnAg);
+      CHECK(ag.comm.bytes == tg * h * c.gather_bytes);
+      CHECK(the_op(g, OpName::kInputAg, 0, Phase::kBackward).comm.bytes == ag.comm.bytes);  // the re-gather
+      CHECK(the_op(g, OpName::kAttnAg, 0, Phase::kBackward).comm.collective == Collective::kReduceScatter);
+      CHECK(the_op(g, OpName::kAttnAg, 0, Phase::kBackward).comm.bytes == tg * h * 2.0);
+      CHECK(the_op(g, OpName::kAttnRs).comm.bytes == tg * h * 2.0);
+      const Op& grad_ag = the_op(g, OpName::kAttnRs, 0, Phase::kBackward);
+      CHECK(grad_ag.comm.collective == Collective::kAllGather);
+      CHECK(grad_ag.comm.bytes == tg * h * c.gather_bytes);
+      const auto fwd_ar = ops_named(g, OpName::kFp8AmaxAr),
+                 bwd_ar = ops_named(g, OpName::kFp8AmaxAr, 0, Phase::kBackward);
+      REQUIRE(fwd_ar.size() == c.amax);
+      REQUIRE(bwd_ar.size() == c.amax);
+      if (c.amax == 0) continue;
+      CHECK(fwd_ar[0]->comm.collective == Collective::kAllReduce);
+      CHECK(fwd_ar[0]->comm.group == CommGroup::kTp);
+      CHECK(fwd_ar[0]->comm.bytes == 4.0);
+      CHECK(depends(g, ag, *fwd_ar[0]));
+      CHECK(depends(g, grad_ag, *bwd_ar[0]));
+      // Under TE's userbuffers the same: the rings move FP8, the data gradient reduces in BF16.
+      Plan ub = p;
+      ub.overlap.tp_comm = true;
+      const OpGraph u = lower(mixtral(1), ub, stack_options("megatron-core"));
+      CHECK(the_op(u, OpName::kQkvProj).comm.bytes == tg * h);
+      CHECK(the_op(u, OpName::kOutProj).comm.bytes == tg * h * 2.0);  // the forward reduce-scatter
+      CHECK(the_op(u, OpName::kOutProj, 0, Phase::kBackward, GemmPart::kDgrad).comm.bytes == tg * h);
+      CHECK(the_op(u, OpName::kAttnAg, 0, Phase::kBackward).comm.collective == Collective::kReduceScatter);
+      CHECK(the_op(u, OpName::kAttnAg, 0, Phase::kBackward).comm.bytes == tg * h * 2.0);
+      CHECK(ops_named(u, OpName::kFp8AmaxAr).size() == 1);
+      CHECK(ops_named(u, OpName::kFp8AmaxAr, 0, Phase::kBackward).size() == 1);
+    }
+    p.fp8_recipe = Fp8Recipe::kTensorwise;
+    const OpGraph moerun = lower(mixtral(1), p, stack_options("moerun"));
+    CHECK(the_op(moerun, OpName::kAttnAg).comm.bytes == tg * h * 2.0);
+    CHECK(ops_named(moerun, OpName::kFp8AmaxAr).empty());
+    Plan bf16 = p;
+    bf16.precision = Precision::kBf16;
+    const OpGraph b = lower(mixtral(1), bf16, stack_options("megatron-core"));
+    CHECK(the_op(b, OpName::kAttnAg).comm.bytes == tg * h * 2.0);
+    CHECK(ops_named(b, OpName::kFp8AmaxAr).empty());
+  }
+
   TEST_CASE("FP8 weights are cast once per step on each stage, before the stage's first forward") {
     // pp 2 over four Mixtral layers, ep 4, two micro-batches, blockwise recipe: one weight_cast per stage of
     // its local parameters (dense + routed experts / ep) x (2 + 2 (1 + 4/128)) bytes, four kernels per layer.
