@@ -38,12 +38,14 @@ struct Ranged {
 
   Ranged(const Ranged&) = delete;
   Ranged& operator=(const Ranged&) = delete;
-  Ranged(const StackProfile& s, const HardwareProfile& h) : stack(s), hw(h), probe(s) {
+  // `fp8`: whether an FP8 GEMM is priced (the FP8 rate prices nothing in a BF16 plan).
+  Ranged(const StackProfile& s, const HardwareProfile& h, bool fp8) : stack(s), hw(h), probe(s) {
     const std::vector<StackProfile::Number> ns = probe.numbers();
     for (size_t i = 0; i < ns.size(); ++i) {
       if (ns[i].number->range) numbers.push_back({ns[i].path, ns[i].number, ns[i].unit, i, nullptr});
     }
     for (const char* dtype : {"bf16", "fp8"}) {
+      if (!fp8 && std::string_view(dtype) == "fp8") continue;
       const auto it = hw.gpu.sustained_rate.find(dtype);
       if (it == hw.gpu.sustained_rate.end() || !it->second.range) continue;
       numbers.push_back(
@@ -107,10 +109,10 @@ AssumptionRange assumption_range(const ModelSpec& model, const Plan& plan, const
   AssumptionRange out;
   out.step_time_s = out.fastest_s = out.slowest_s = step_time_s;
   // A number that prices nothing the plan runs is left out: the userbuffers' reduce-scatter speed of a plan
-  // without them.
+  // without them, the FP8 sustained rate of a BF16 plan.
   StackProfile own = stack;
   if (!plan.overlap.tp_comm) own.userbuffers_rs_speed = {1.0, kNotStated};
-  const Ranged ranged(own, hw);
+  const Ranged ranged(own, hw, plan.precision == Precision::kFp8);
   for (size_t j = 0; j < ranged.numbers.size(); ++j) {
     const Ranged::Number& num = ranged.number(j);
     const Stated<double>& n = *num.number;
@@ -179,7 +181,9 @@ AssumptionRanking ranking_over_assumptions(const ModelSpec& model, const std::ve
   for (size_t p = 1; p < plans.size(); ++p) {
     (steps[p] < steps[0] ? out.faster_as_given : counted).push_back(p);
   }
-  const Ranged ranged(stack, hw);
+  const Ranged ranged(stack, hw, std::any_of(plans.begin(), plans.end(), [](const Plan& p) {
+                        return p.precision == Precision::kFp8;
+                      }));
   const auto& ends = ranged.ends;
   out.ends = static_cast<int64_t>(ends.size());
   if (counted.size() < 2) return out;

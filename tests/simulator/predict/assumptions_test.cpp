@@ -3,6 +3,9 @@
 // single end, numbers without a range are left alone, and threads change nothing.
 #include <doctest/doctest.h>
 
+#include <algorithm>
+#include <string>
+
 #include "simulator/predict/assumptions.h"
 #include "tests/simulator/predict/megatron_case.h"
 
@@ -82,6 +85,17 @@ TEST_SUITE("predict") {
     }
     CHECK(e.step_at_low > r.step_time_s);
     CHECK(e.step_at_high < r.step_time_s);
+    // The FP8 rate prices nothing in this BF16 plan and is left out; in the FP8 plan it moves the step.
+    auto has = [](const AssumptionRange& a, const std::string& path) {
+      return std::any_of(a.effects.begin(), a.effects.end(), [&](const auto& x) { return x.path == path; });
+    };
+    CHECK_FALSE(has(r, "gpu.sustained_rate.fp8"));
+    Job fp8 = job;
+    fp8.plan.precision = Precision::kFp8;
+    fp8.plan.fp8_recipe = Fp8Recipe::kTensorwise;
+    const AssumptionRange f = fp8.range(fp8.stack);
+    REQUIRE(has(f, "gpu.sustained_rate.fp8"));
+    CHECK(effect(f, "gpu.sustained_rate.fp8").step_at_low > f.step_time_s);
   }
 
   TEST_CASE("the corners bound every single end, and the effects come largest swing first") {
