@@ -424,14 +424,16 @@ class Builder {
   }
   // The TP all-gather of [t, h] before a column-parallel linear, after current scaling's amax all-reduce;
   // none under userbuffers (`ub`), where the linear holds it (column_linear).
-  int tp_gather(int x, OpName name, bool ub) {
+  // `width`: the gathered tensor's per-token width (the hidden size unless given).
+  int tp_gather(int x, OpName name, bool ub, int64_t width = 0) {
     if (tp_ == 1) return x;
     if (fp8_amax_ar_) x = record(amax_all_reduce(), {x}, true, true);
     if (ub) return x;
     const DType moved = tp_gather_dtype();
+    const int64_t w = width > 0 ? width : m_.hidden;
     return record(
-        coll(name, Collective::kAllGather, CommGroup::kTp, d(t_ * tp_ * m_.hidden) * bytes_of(moved), moved),
-        {x}, true);
+        coll(name, Collective::kAllGather, CommGroup::kTp, d(t_ * tp_ * w) * bytes_of(moved), moved), {x},
+        true);
   }
   Op column_linear(const Op& g, bool ub) const { return ub ? ub_linear(g, Collective::kAllGather) : g; }
   // A row-parallel linear after `input` and its TP reduce-scatter (`rs`), held inside it under userbuffers.
@@ -581,7 +583,12 @@ int Builder::attention_fwd(int in, bool position_bias) {
   module_ = mla ? kRecomputeLayernorm : 0;
   int x = record(walks(mem(OpName::kAttnNorm, MemOp::kNorm, 3.0 * d(t_ * h) * dt), d(t_), h), {in}, true);
   module_ = 0;
-  x = tp_gather(x, OpName::kAttnAg, ub_);
+  // Megatron-Core since 0.14 (multi_latent_attention.py, 720c8b40d8 "MLA down proj switch back to
+  // TELinear"): MLA's down projections are TE linears duplicated over TP that run on the rank's sequence
+  // shard, and the up projections (column-parallel) gather the latents; the rotary key part is gathered by
+  // Megatron itself. Not with DeepSeek-V3.2's indexer, which reads the gathered hidden state.
+  const bool latent_gather = mla && megatron_ && tp_ > 1 && a.indexer.heads == 0;
+  if (!latent_gather) x = tp_gather(x, OpName::kAttnAg, ub_);
   const int64_t tg = t_ * tp_;  // tokens entering the projections
   // Widths per token of q and of k+v after projection on this rank (before Ulysses splits heads).
   const int64_t q_width = heads_r * qk;
@@ -591,7 +598,30 @@ int Builder::attention_fwd(int in, bool position_bias) {
   const int64_t kv_width = mla ? heads_r * (qk + v) : 2 * std::max(kv_r, sp_) * a.head_dim;
   int q = -1, kv = -1;
   int dsa = -1;  // DSA: the indexer's top-k selection, which the attention core waits for
-  if (mla) {
+  if (latent_gather) {
+    const auto& l = a.mla;
+    // Each gather sits inside the up projection's TE linear, recomputed with it (mla_up_proj).
+    auto up = [&](int latent, OpName gather, int64_t width, OpName name, int64_t out) {
+      module_ = kRecomputeMlaUpProj;
+      const int g = tp_gather(latent, gather, false, width);
+      const int y = record(gemm(name, tg, out, width), {g});
+      module_ = 0;
+      return y;
+    };
+    if (l.q_lora_rank > 0) {
+      const int qd = record(gemm(OpName::kQDown, t_, l.q_lora_rank, h), {x});
+      q = up(qd, OpName::kAttnAg, l.q_lora_rank, OpName::kQUp, q_width);
+    } else {
+      q = record(gemm(OpName::kQProj, tg, q_proj_width, h), {tp_gather(x, OpName::kAttnAg, false)});
+    }
+    const int kvd = record(gemm(OpName::kKvDown, t_, l.kv_lora_rank + l.qk_rope_head_dim, h), {x});
+    kv = up(kvd, OpName::kAttnAg, l.kv_lora_rank, OpName::kKvUp, heads_r * (l.qk_nope_head_dim + v));
+    // The rotary key part, [t, qk_rope_head_dim] of the down projection's output, gathered by Megatron in
+    // BF16 before RoPE joins it to the keys (in the graph after the up projection, whose stream it shares).
+    kv = record(coll(OpName::kAttnAg, Collective::kAllGather, CommGroup::kTp,
+                     d(tg * l.qk_rope_head_dim) * bytes_of(dt_)),
+                {kv}, true);
+  } else if (mla) {
     const auto& l = a.mla;
     int qd = x;
     if (l.q_lora_rank > 0) {

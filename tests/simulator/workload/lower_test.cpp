@@ -524,9 +524,43 @@ TEST_SUITE("workload") {
     ds.experts.ep = 8;
     ds.global_batch = 4;
     const OpGraph mla = lower(deepseek_v3(1, 0), ds, stack_options("megatron-core"));
-    CHECK(ops_named(mla, OpName::kInputAg, 0, Phase::kBackward).size() == 1);  // the dense MLP's fc13 only
-    CHECK(the_op(mla, OpName::kInputAg, 0, Phase::kBackward).comm.bytes ==
-          the_op(mla, OpName::kFfnAg).comm.bytes);
+    // MLA's up projections re-gather their latents, the dense MLP's fc13 its input.
+    CHECK(ops_named(mla, OpName::kInputAg, 0, Phase::kBackward).size() == 3);
+  }
+
+  TEST_CASE(
+      "MLA's down projections run on the sequence shard under Megatron's TP and the up projections gather") {
+    // DeepSeek-V3, one dense layer, tp 2 with sequence parallelism on one node: 2048 tokens per rank, 4096 in
+    // the TP group, h = 7168, q_lora_rank 1536, kv_lora_rank 512, rotary key part 64. Megatron-Core since
+    // 0.14 runs the down projections as TE linears duplicated over TP on the rank's shard (no gather of the
+    // hidden state), and the column-parallel up projections gather the latents; Megatron gathers the rotary
+    // key part itself. moerun's stack gathers the hidden state once and projects the gathered rows.
+    Plan p = node_plan(8);
+    p.attention.tp = 2;
+    p.global_batch = 4;
+    const double t = 2048, tg = 4096, h = 7168;
+    const OpGraph g = lower(deepseek_v3(1, 0), p, stack_options("megatron-core"));
+    const Op& q_down = the_op(g, OpName::kQDown);
+    const Op& kv_down = the_op(g, OpName::kKvDown);
+    CHECK(q_down.gemm.m == t);
+    CHECK(q_down.gemm.n == 1536);
+    CHECK(q_down.gemm.k == h);
+    CHECK(q_down.flops == 2.0 * t * h * 1536);
+    CHECK(kv_down.gemm.m == t);
+    CHECK(kv_down.gemm.n == 512 + 64);
+    std::multiset<double> gathered;
+    for (const Op* ag : ops_named(g, OpName::kAttnAg)) gathered.insert(ag->comm.bytes);
+    CHECK(gathered == std::multiset<double>{tg * 64 * 2.0, tg * 512 * 2.0, tg * 1536 * 2.0});
+    const Op& q_up = the_op(g, OpName::kQUp);
+    CHECK(q_up.gemm.m == tg);
+    CHECK(q_up.gemm.k == 1536);
+    const auto q_up_deps = g.deps_of(q_up);
+    REQUIRE(q_up_deps.size() == 1);
+    CHECK(g.ops[static_cast<size_t>(q_up_deps[0])].comm.bytes == tg * 1536 * 2.0);
+    CHECK(depends(g, g.ops[static_cast<size_t>(q_up_deps[0])], q_down));
+    const OpGraph own = lower(deepseek_v3(1, 0), p, stack_options("moerun"));
+    CHECK(the_op(own, OpName::kAttnAg).comm.bytes == tg * h * 2.0);
+    CHECK(the_op(own, OpName::kQDown).gemm.m == tg);
   }
 
   TEST_CASE(
