@@ -191,6 +191,14 @@ std::string source_tag(const std::string& source) {
   return source.substr(0, std::min(source.find(" ("), source.find(" \u2014")));
 }
 
+// The profile as its tables measured it: the tables time kernels in bursts, so they are scored against the
+// model without the GPU's sustained rate that prices a training step.
+HardwareProfile at_burst_rate(const HardwareProfile& profile) {
+  HardwareProfile hw = profile;
+  hw.gpu.sustained_rate.clear();
+  return hw;
+}
+
 }  // namespace
 
 // The cost model's grouped GEMM as the table's kernel class runs it (one grouped launch, or one dense GEMM
@@ -201,8 +209,7 @@ std::string source_tag(const std::string& source) {
 // Like every table, it is scored at the tables' burst rate (no sustained rate).
 TableFit grouped_gemm_fit(const GroupedGemmTable& g, const HardwareProfile& profile,
                           const StackProfile& stack) {
-  HardwareProfile hw = profile;
-  hw.gpu.sustained_rate.clear();
+  const HardwareProfile hw = at_burst_rate(profile);
   const GroupedGemmKernelClass* kc = find_grouped_gemm_kernel(g.kernel);
   assert(kc && "the hardware loader accepts only known kernel classes");
   StackProfile raw = stack;
@@ -255,10 +262,7 @@ TableFit grouped_gemm_fit(const GroupedGemmTable& g, const HardwareProfile& prof
 }
 
 FitReport fit_report(const HardwareProfile& profile, const StackProfile& stack) {
-  // The tables time kernels in bursts: they are scored against the model at the tables' own rate, without
-  // the GPU's sustained rate that prices a training step.
-  HardwareProfile hw = profile;
-  hw.gpu.sustained_rate.clear();
+  const HardwareProfile hw = at_burst_rate(profile);
   FitReport r;
   r.profile = hw.name;
   cost::CostModel cm(hw, stack);

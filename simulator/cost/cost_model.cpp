@@ -261,16 +261,15 @@ const CostModel::GemmModel& CostModel::fitted(const char* dtype) const {
   return g.efficiency > 0 ? g : fit_->gemm.at("bf16");
 }
 
-double CostModel::sustained(const char* dtype) const {
+const Stated<double>* CostModel::sustained_rate(const char* dtype) const {
   const auto& rates = hw_.gpu.sustained_rate;
   const auto it = rates.find(dtype);
-  return it == rates.end() ? 1.0 : it->second.value;
+  return it == rates.end() ? nullptr : &it->second;
 }
 
-const Stated<double>* CostModel::sustained_rate(DType dtype) const {
-  const auto& rates = hw_.gpu.sustained_rate;
-  const auto it = rates.find(dtype_key(dtype));
-  return it == rates.end() ? nullptr : &it->second;
+double CostModel::sustained(const char* dtype) const {
+  const Stated<double>* rate = sustained_rate(dtype);
+  return rate ? rate->value : 1.0;
 }
 
 double CostModel::peak_flops(const char* dtype) const {
@@ -761,7 +760,8 @@ OpCost CostModel::cost(const Op& op) const {
   const bool tensor_core = op.kind == OpKind::kGemm || op.kind == OpKind::kGroupedGemm ||
                            op.kind == OpKind::kAttention || op.kind == OpKind::kFusedGemmComm;
   if (tensor_core) {
-    if (const Stated<double>* rate = sustained_rate(op.kind == OpKind::kAttention ? DType::kBf16 : op.dtype))
+    if (const Stated<double>* rate =
+            sustained_rate(op.kind == OpKind::kAttention ? "bf16" : dtype_key(op.dtype)))
       r.basis = weaker(r.basis, rate->basis);
   }
   switch (op.kind) {

@@ -83,8 +83,6 @@ class CostModel {
   // {0, nic_efficiency, 0, 0} when the stack has no table.
   StackProfile::Dispatcher::ByNodes dispatcher_at(double nodes) const;
   Placement placement(const CommSpec& c) const;
-  // The hardware profile's sustained tensor-core rate for a GEMM of `dtype` (null where it states none).
-  const Stated<double>* sustained_rate(DType dtype) const;
 
   const HardwareProfile& hardware() const { return hw_; }
   const StackProfile& stack() const { return stack_; }
@@ -120,7 +118,9 @@ class CostModel {
   std::optional<double> grid_seconds(const char* dtype, int64_t m, int64_t n, int64_t k) const;
   // The dense peak of a dtype (BF16's where the profile states none).
   double peak_flops(const char* dtype) const;
-  // The GPU's sustained tensor-core rate of a dtype key as a share of the tables' (1 where none is stated).
+  // The GPU's sustained tensor-core rate of a dtype key as a share of the tables': the hardware profile's
+  // stated number (null where it states none), and its value (1 there).
+  const Stated<double>* sustained_rate(const char* dtype) const;
   double sustained(const char* dtype) const;
   // The fitted dense model of a dtype, BF16's where the dtype has no table.
   const GemmModel& fitted(const char* dtype) const;

@@ -44,13 +44,16 @@ struct Ranged {
     for (size_t i = 0; i < ns.size(); ++i) {
       if (ns[i].number->range) numbers.push_back({ns[i].path, ns[i].number, ns[i].unit, i, nullptr});
     }
-    for (const char* dtype : {"bf16", "fp8"}) {
-      if (!fp8 && std::string_view(dtype) == "fp8") continue;
-      const auto it = hw.gpu.sustained_rate.find(dtype);
-      if (it == hw.gpu.sustained_rate.end() || !it->second.range) continue;
-      numbers.push_back(
-          {std::string_view(dtype) == "bf16" ? "gpu.sustained_rate.bf16" : "gpu.sustained_rate.fp8",
-           &it->second, 1.0, 0, dtype});
+    struct Rate {
+      const char* dtype;
+      const char* path;
+    };
+    for (const Rate& r : {Rate{"bf16", "gpu.sustained_rate.bf16"}, Rate{"fp8", "gpu.sustained_rate.fp8"}}) {
+      const auto it = hw.gpu.sustained_rate.find(r.dtype);
+      if ((!fp8 && r.dtype == std::string_view("fp8")) || it == hw.gpu.sustained_rate.end() ||
+          !it->second.range)
+        continue;
+      numbers.push_back({r.path, &it->second, 1.0, 0, r.dtype});
     }
     for (size_t j = 0; j < numbers.size(); ++j) {
       const Stated<double>& n = *numbers[j].number;

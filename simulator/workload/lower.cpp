@@ -417,6 +417,11 @@ class Builder {
   }
   // What a TP linear's sequence-parallel all-gather moves: FP8 where TE quantises before it (above).
   DType tp_gather_dtype() const { return fp8_tp_gather_ ? DType::kFp8 : dt_; }
+  // The same TP exchange with its elements in `to` (one scale per tensor: no scale bytes).
+  static void retype(CommSpec& c, DType to) {
+    c.bytes = c.bytes / bytes_of(c.dtype) * bytes_of(to);
+    c.dtype = to;
+  }
   // Current scaling's all-reduce of one amax over TP before an FP8 gather: a forward-only op (its backward
   // counterpart is the gradient's own, emitted with the gradient's gather).
   Op amax_all_reduce() const {
@@ -1500,6 +1505,16 @@ void Builder::backward_node(LayerPass& pass, Node node) {
       }
       return id;
     };
+    // A row-parallel linear's incoming gradient, quantised and gathered in FP8 where TE does so (above),
+    // after current scaling's amax all-reduce, which the gather then waits for.
+    auto gather_gradient_in_fp8 = [&](CommSpec& c) {
+      if (!fp8_tp_gather_) return;
+      retype(c, DType::kFp8);
+      if (!fp8_amax_ar_) return;
+      const int32_t ar = emit_with(amax_all_reduce());
+      waits.clear();
+      waits.push_back(ar);
+    };
     switch (op.kind) {
       case OpKind::kGemm:
       case OpKind::kGroupedGemm:
@@ -1545,25 +1560,15 @@ void Builder::backward_node(LayerPass& pass, Node node) {
             dgrad.comm.collective = Collective::kReduceScatter;
           else if (op.comm.collective == Collective::kReduceScatter)
             dgrad.comm.collective = Collective::kAllGather;
-          // Under userbuffers a row-parallel linear's dgrad gathers the incoming gradient in its ring: in FP8
-          // where TE quantises it first (above), after current scaling's amax all-reduce.
-          if (op.comm.userbuffers && dgrad.comm.collective == Collective::kAllGather && fp8_tp_gather_) {
-            dgrad.comm.bytes = dgrad.comm.bytes / bytes_of(dt_) * bytes_of(DType::kFp8);
-            dgrad.comm.dtype = DType::kFp8;
-            if (fp8_amax_ar_) {
-              const int32_t ar = emit_with(amax_all_reduce());
-              waits.clear();
-              waits.push_back(ar);
-            }
-          }
+          // Under userbuffers a row-parallel linear's dgrad gathers the incoming gradient in its ring.
+          if (op.comm.userbuffers && dgrad.comm.collective == Collective::kAllGather)
+            gather_gradient_in_fp8(dgrad.comm);
         }
         const int32_t dgrad_id = pass.grad[ri] = emit_with(dgrad);
         if (ub_gather) {
           ub_exchange.comm.collective = Collective::kReduceScatter;
-          if (ub_exchange.comm.dtype == DType::kFp8) {  // the data gradient reduces in bf16
-            ub_exchange.comm.bytes = ub_exchange.comm.bytes / bytes_of(DType::kFp8) * bytes_of(dt_);
-            ub_exchange.comm.dtype = ub_exchange.dtype = dt_;
-          }
+          retype(ub_exchange.comm, dt_);  // the data gradient reduces in bf16
+          ub_exchange.dtype = dt_;
           pass.grad[ri] = end =
               emit(te_async(ub_exchange), pass.stage, pass.chunk, L, pass.mb, Phase::kBackward, {dgrad_id});
         }
@@ -1604,24 +1609,16 @@ void Builder::backward_node(LayerPass& pass, Node node) {
         } else if (op.comm.collective == Collective::kReduceScatter) {
           op.comm.collective = Collective::kAllGather;
         }
-        if (op.comm.dtype == DType::kFp8) {
-          // Gradients travel in bf16: of an FP8 dispatch without its block scales, of a TP linear's FP8
-          // gather (one scale per tensor) in the data gradient's reduce-scatter.
-          const double fp8 =
-              bytes_of(DType::kFp8) * (op.comm.group == CommGroup::kTp ? 1.0 : kFp8ScaleOverhead);
-          op.comm.bytes = op.comm.bytes / fp8 * bytes_of(dt_);
+        if (op.comm.dtype == DType::kFp8 && op.comm.group == CommGroup::kTp) {
+          retype(op.comm, dt_);  // a TP linear's FP8 gather: its data gradient reduces in bf16
+          op.dtype = dt_;
+        } else if (op.comm.dtype == DType::kFp8) {  // gradients of an FP8 dispatch travel in bf16, no scales
+          op.comm.bytes = op.comm.bytes / (bytes_of(DType::kFp8) * kFp8ScaleOverhead) * bytes_of(dt_);
           op.comm.dtype = dt_;
           op.dtype = dt_;
-        } else if (row_parallel_rs && fp8_tp_gather_) {
-          // A row-parallel linear's incoming gradient, quantised and gathered in FP8 (above), after current
-          // scaling's amax all-reduce.
-          op.comm.bytes = op.comm.bytes / bytes_of(dt_) * bytes_of(DType::kFp8);
-          op.comm.dtype = op.dtype = DType::kFp8;
-          if (fp8_amax_ar_) {
-            const int32_t ar = emit_with(amax_all_reduce());
-            waits.clear();
-            waits.push_back(ar);
-          }
+        } else if (row_parallel_rs) {
+          gather_gradient_in_fp8(op.comm);
+          op.dtype = op.comm.dtype;
         }
         break;
       }
