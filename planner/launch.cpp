@@ -314,6 +314,13 @@ class MegatronBuilder {
       flag("--qk-head-dim", a.mla.qk_nope_head_dim);
       flag("--qk-pos-emb-head-dim", a.mla.qk_rope_head_dim);
       flag("--v-head-dim", a.mla.v_head_dim);
+      // The down projections' layout is Megatron-Core's version, not a flag.
+      if (p_.attention.mla_down_proj == MlaDownProj::kColumnParallel && p_.attention.tp > 1) {
+        note(
+            "the plan prices MLA's down projections column-parallel, as Megatron-Core before 0.14 builds "
+            "them: run a Megatron-LM of that age, or predict the plan without attention.mla_down_proj for "
+            "0.14 and later (duplicated on the sequence shard)");
+      }
     } else {
       flag("--kv-channels", a.head_dim);
       if (a.num_kv_heads != a.num_heads) {

@@ -219,6 +219,9 @@ void check_rules(Rules& r, const Plan& p, const ModelSpec& m, const HardwareProf
             "the delayed FP8 recipe cannot recompute moe_act or layernorm (Megatron); use tensorwise or "
             "blockwise");
   }
+  r.check(p.attention.mla_down_proj == MlaDownProj::kStack || att.kind == AttentionKind::kMla,
+          "mla_down_proj_needs_mla", "attention.mla_down_proj names a layout of MLA's down projections, and ",
+          m.name, " has no MLA attention");
   if (p.recompute == Recompute::kFull) {
     int64_t largest_chunk = 0;
     if (pp.layers_per_stage.empty()) {
@@ -317,7 +320,24 @@ std::vector<Violation> validate_for_stack(const Plan& p, const StackProfile& sta
   check(c.grad_sync, name_of(p.compression.grad_sync), "stack_grad_sync", "compression.grad_sync");
   check(c.dispatch_precision, name_of(p.compression.dispatch), "stack_dispatch_precision",
         "compression.dispatch");
+  if (p.attention.mla_down_proj != MlaDownProj::kStack)
+    check(c.mla_down_proj, name_of(p.attention.mla_down_proj), "stack_mla_down_proj",
+          "attention.mla_down_proj");
   return r.out;
+}
+
+MlaDownProj stack_mla_down_proj(const StackProfile& stack) {
+  if (stack.capabilities.mla_down_proj.empty()) return MlaDownProj::kGathered;
+  const std::string& own = stack.capabilities.mla_down_proj.front();
+  for (MlaDownProj m : {MlaDownProj::kDuplicated, MlaDownProj::kColumnParallel, MlaDownProj::kGathered}) {
+    if (own == name_of(m)) return m;
+  }
+  return MlaDownProj::kGathered;
+}
+
+MlaDownProj mla_down_proj_of(const Plan& plan, const StackProfile& stack) {
+  return plan.attention.mla_down_proj != MlaDownProj::kStack ? plan.attention.mla_down_proj
+                                                             : stack_mla_down_proj(stack);
 }
 
 Plan with_stack_overlaps(const Plan& plan, const StackProfile& stack, std::vector<std::string>* notices) {
@@ -387,6 +407,19 @@ const char* name_of(CrossEntropy c) {
       return "native";
     case CrossEntropy::kUnfused:
       return "unfused";
+  }
+  return "?";
+}
+const char* name_of(MlaDownProj m) {
+  switch (m) {
+    case MlaDownProj::kStack:
+      return "stack";
+    case MlaDownProj::kDuplicated:
+      return "duplicated";
+    case MlaDownProj::kColumnParallel:
+      return "column_parallel";
+    case MlaDownProj::kGathered:
+      return "gathered";
   }
   return "?";
 }

@@ -33,6 +33,14 @@ enum class Recompute { kNone, kSelective, kFull, kSar };
 // --cross-entropy-fusion-impl te), Megatron's jit-fused PyTorch functions (impl native), or the unfused
 // vocab_parallel_cross_entropy (Megatron's default).
 enum class CrossEntropy { kTe, kNative, kUnfused };
+// How MLA's down projections run under tensor parallelism. kStack: as the stack builds them (the first of its
+// capabilities.mla_down_proj). Megatron-Core since 0.14 (multi_latent_attention.py, 720c8b40d8): TE linears
+// duplicated over TP on the rank's sequence shard, the up projections gather the latents (kDuplicated);
+// before 0.14 (gpt_layer_specs.py at 7094270): TE column-parallel linears, each gathering the hidden state,
+// their outputs gathered over TP and scattered back to the sequence shard before the up projections gather
+// them again (kColumnParallel); moerun and MegaScale-MoE gather the hidden state once and project the
+// gathered rows at full width (kGathered).
+enum class MlaDownProj { kStack, kDuplicated, kColumnParallel, kGathered };
 enum class RecomputeMethod { kUniform, kBlock };
 // Megatron --recompute-modules, as bit flags.
 enum RecomputeModule : uint16_t {
@@ -71,6 +79,7 @@ struct Plan {
     int64_t tp = 1;  // Megatron tensor parallelism with sequence parallelism
     int64_t sp = 1;  // Ulysses sequence parallelism (all-to-all over heads)
     int64_t cp = 1;  // context parallelism (ring / all-gather of K/V)
+    MlaDownProj mla_down_proj = MlaDownProj::kStack;
     bool operator==(const Attention&) const = default;
   } attention;
 
@@ -186,8 +195,14 @@ class RuleChecker {
 };
 
 // Every plan feature the stack cannot run (its capabilities): dispatch, recompute granularity and modules,
-// schedule, precision and FP8 recipe, gradient synchronisation, dispatch precision. Overlaps are not here.
+// schedule, precision and FP8 recipe, gradient synchronisation, dispatch precision, MLA's down-projection
+// layout where the plan names one. Overlaps are not here.
 std::vector<Violation> validate_for_stack(const Plan& plan, const StackProfile& stack, bool reasons = true);
+
+// How MLA's down projections run: the plan's layout where it names one, else the stack's own (the first of
+// its capabilities.mla_down_proj; kGathered where it lists none).
+MlaDownProj mla_down_proj_of(const Plan& plan, const StackProfile& stack);
+MlaDownProj stack_mla_down_proj(const StackProfile& stack);
 
 // The plan as the stack runs it: each overlap the plan asks for and the stack does not achieve is switched
 // off (it gets no credit), with one notice per overlap saying so.
@@ -214,6 +229,7 @@ const char* name_of(DispatchPrecision d);
 const char* name_of(Precision p);
 const char* name_of(Recompute r);
 const char* name_of(CrossEntropy c);
+const char* name_of(MlaDownProj m);  // "stack", "duplicated", "column_parallel", "gathered"
 const char* name_of(RecomputeMethod m);
 const char* name_of(Fp8Recipe r);
 // Megatron's module names, in flag order ("core_attn", "moe_act", ...).

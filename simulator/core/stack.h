@@ -191,6 +191,9 @@ struct StackProfile {
     std::vector<std::string> fp8_recipes;         // delayed, tensorwise, blockwise, mxfp8
     std::vector<std::string> grad_sync;           // fp32_reduce_scatter, bf16_reduce_scatter, bf16_all_to_all
     std::vector<std::string> dispatch_precision;  // bf16, fp8
+    // MLA's down-projection layouts under TP (plan attention.mla_down_proj): the first is the one the stack
+    // builds at its own commits, the others those a plan may name for older builds.
+    std::vector<std::string> mla_down_proj;  // duplicated, column_parallel, gathered
     std::string source;
   } capabilities;
 

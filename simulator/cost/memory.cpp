@@ -79,8 +79,9 @@ double tokens_per_rank(const Plan& p, const LayerSpec& layer) {
 }
 
 // Megatron-Core + TE: what each module saves (F §4.3) with the selective modules `rc` recomputed (F §3.1).
+// `down`: MLA's down-projection layout (mla_down_proj_of).
 LayerActivations megatron_layer(const ModelSpec& m, const Plan& p, const LayerSpec& layer, double load,
-                                uint16_t rc) {
+                                uint16_t rc, MlaDownProj down) {
   const auto& a = m.attention;
   const int64_t tp = p.attention.tp;
   const double h = d(m.hidden);
@@ -106,9 +107,20 @@ LayerActivations megatron_layer(const ModelSpec& m, const Plan& p, const LayerSp
     // their rsigma, and the norm outputs the column-parallel up-projections save (SP shards). `mla_up_proj`
     // (CheckpointWithoutOutput, MLA:983-987) keeps its inputs instead: the norm outputs in bf16 and the
     // gathered rope key [tg, rope].
-    const double norm_in = t * (ql + kvl + rope) * kBf16 + 2.0 * t * kFp32;
-    const double norm_out =
+    double norm_in = t * (ql + kvl + rope) * kBf16 + 2.0 * t * kFp32;
+    double norm_out =
         on(kRecomputeMlaUpProj) ? t * (ql + kvl) * kBf16 + tg * rope * kBf16 : t * (ql + kvl) * g;
+    if (down == MlaDownProj::kColumnParallel && tp > 1) {
+      // Before Megatron-Core 0.14 (multi_latent_attention.py:381-411 at 7094270) the down projections'
+      // outputs are gathered over TP, then cut to the sequence shard: q's shard is a view that keeps the
+      // gathered [tg, q_lora] alive, kv's a copy (its split view is not contiguous); the rope key stays a
+      // view of the gathered [tg, kv_lora + rope]. The q/kv norms are fused into the up projections
+      // (TELayerNormColumnParallelLinear), which save their inputs with rsigma and their SP-shard outputs;
+      // `mla_up_proj` checkpoints all of it and keeps the three inputs instead.
+      const double kept = (tg * ql + t * kvl) * kBf16;
+      norm_in = on(kRecomputeMlaUpProj) ? 0.0 : kept + 2.0 * t * kFp32;
+      norm_out = on(kRecomputeMlaUpProj) ? kept + tg * (kvl + rope) * kBf16 : t * (ql + kvl) * g;
+    }
     r.mla_latent = norm_in + norm_out;
     // Full Q, K, V [tg, heads_r, qk | qk | v], made contiguous for TE (MLA:977-979); `mla_up_proj` frees
     // them after attention and regenerates them before its backward.
@@ -267,10 +279,12 @@ LayerActivations megascale_layer(const ModelSpec& m, const Plan& p, const LayerS
   return r;
 }
 
-LocalParams local_params(const ModelSpec& m, const Plan& p, const LayerSpec& spec) {
+// `down`: how MLA's down projections run (mla_down_proj_of): duplicated over TP or gathered, each rank holds
+// them whole; column-parallel, its shard.
+LocalParams local_params(const ModelSpec& m, const Plan& p, const LayerSpec& spec, MlaDownProj down_layout) {
   const ParamBreakdown lp = layer_params(m, spec);
-  double down = 0;  // MLA's duplicated down-projections
-  if (m.attention.kind == AttentionKind::kMla) {
+  double down = 0;  // MLA's down-projections, when every TP rank holds them whole
+  if (m.attention.kind == AttentionKind::kMla && down_layout != MlaDownProj::kColumnParallel) {
     const auto& l = m.attention.mla;
     down = d(m.hidden) * d(l.q_lora_rank + l.kv_lora_rank + l.qk_rope_head_dim);
   }
@@ -396,12 +410,13 @@ LayerActivations layer_activations_under(const ModelSpec& m, const Plan& p, cons
     case Recompute::kSar:
       return megascale_layer(m, p, layer, expert_load_scale, true);
     case Recompute::kNone:
-      return fused_stack(stack) ? megascale_layer(m, p, layer, expert_load_scale, false)
-                                : megatron_layer(m, p, layer, expert_load_scale, 0);
+      return fused_stack(stack)
+                 ? megascale_layer(m, p, layer, expert_load_scale, false)
+                 : megatron_layer(m, p, layer, expert_load_scale, 0, mla_down_proj_of(p, stack));
     case Recompute::kSelective:
       break;
   }
-  return megatron_layer(m, p, layer, expert_load_scale, modules);
+  return megatron_layer(m, p, layer, expert_load_scale, modules, mla_down_proj_of(p, stack));
 }
 
 LayerActivations layer_activations(const ModelSpec& m, const Plan& p, const StackProfile& stack,
@@ -460,7 +475,7 @@ double dispatcher_buffer_bytes(const ModelSpec& m, const Plan& p, const StackPro
   if (!counts) counts = &own.emplace(m);
   double largest_layer = 0;
   for (const LayerSpec& spec : counts->kinds()) {
-    const LocalParams lp = local_params(m, p, spec);
+    const LocalParams lp = local_params(m, p, spec, mla_down_proj_of(p, stack));
     largest_layer = std::max(largest_layer, lp.dense() + lp.experts);
   }
   return 2.0 * exchange * kBf16 + largest_layer * kFp32;
@@ -625,7 +640,7 @@ void visit_stages(const ModelSpec& m, const Plan& p, const HardwareProfile& hw, 
 MemoryParts memory_parts(const ModelSpec& m, const Plan& p, const HardwareProfile& hw,
                          const StackProfile& stack, double expert_load_scale, const LayerKindCounts& counts) {
   auto kind_of = [&](const LayerSpec& spec) {
-    const LocalParams lp = local_params(m, p, spec);
+    const LocalParams lp = local_params(m, p, spec, mla_down_proj_of(p, stack));
     return LayerMemory{
         lp, layer_activations(m, p, stack, spec, expert_load_scale).total(),
         layer_activations_under(m, p, stack, spec, expert_load_scale, Recompute::kNone, 0).total()};

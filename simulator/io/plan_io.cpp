@@ -87,10 +87,15 @@ Plan read_plan(const JsonNode& r) {
   p.micro_batch = r.integer_or("micro_batch", 1, 1, int64_t{1} << 30);
 
   if (auto a = r.optional_object("attention")) {
-    a->only_keys({"tp", "sp", "cp"});
+    a->only_keys({"tp", "sp", "cp", "mla_down_proj"});
     p.attention.tp = a->integer_or("tp", 1, 1, kMaxDegree);
     p.attention.sp = a->integer_or("sp", 1, 1, kMaxDegree);
     p.attention.cp = a->integer_or("cp", 1, 1, kMaxDegree);
+    // Absent: as the stack builds them.
+    p.attention.mla_down_proj = a->choice_or<MlaDownProj>("mla_down_proj", MlaDownProj::kStack,
+                                                          {{"duplicated", MlaDownProj::kDuplicated},
+                                                           {"column_parallel", MlaDownProj::kColumnParallel},
+                                                           {"gathered", MlaDownProj::kGathered}});
   }
   if (auto e = r.optional_object("experts")) {
     e->only_keys({"ep", "etp", "dispatch", "fused_index_conversion"});
@@ -203,6 +208,8 @@ json plan_to_json(const Plan& p) {
   j["global_batch"] = p.global_batch;
   j["micro_batch"] = p.micro_batch;
   j["attention"] = {{"tp", p.attention.tp}, {"sp", p.attention.sp}, {"cp", p.attention.cp}};
+  if (p.attention.mla_down_proj != MlaDownProj::kStack)
+    j["attention"]["mla_down_proj"] = name_of(p.attention.mla_down_proj);
   j["experts"] = {{"ep", p.experts.ep}, {"etp", p.experts.etp}, {"dispatch", name_of(p.experts.dispatch)}};
   if (p.experts.fused_index_conversion) j["experts"]["fused_index_conversion"] = true;
   j["pipeline"] = {

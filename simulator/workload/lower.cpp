@@ -82,6 +82,9 @@ struct LocalOp {
   uint16_t module = 0;      // the Megatron recompute modules it belongs to (RecomputeModule bits)
   Node node = Node::kPreDispatch;
   bool forward_only = false;  // no backward op (routing metadata, host syncs): gradients pass through
+  // A collective whose backward moves the same way (a gather whose gradient is gathered again, of
+  // backward_bytes when >= 0) instead of the reverse collective.
+  bool backward_same_way = false;
   // A memory-bound op whose backward moves other bytes or launches other kernels than its forward (autograd
   // of eager elementwise code); < 0: the backward mirrors the forward.
   double backward_bytes = -1;
@@ -141,6 +144,8 @@ class Builder {
     side_stream_ = p.overlap.inter_op ? Stream::kSide : Stream::kCompute;
     dp_stream_ = p.overlap.dp_comm ? Stream::kDpComm : Stream::kCompute;
     megatron_ = o.dispatcher != DispatcherKind::kFused;
+    mla_down_ =
+        p.attention.mla_down_proj != MlaDownProj::kStack ? p.attention.mla_down_proj : o.mla_down_proj;
     // TE's userbuffers take the TP exchanges of the attention's and the MLPs' linears (Megatron builds them
     // with tp_comm_buffer_name qkv, proj, fc1, fc2; the experts' linears never: extensions/
     // transformer_engine.py:150-195 at 1e057005). MLA's linears carry other buffer names, and the first one
@@ -498,6 +503,8 @@ class Builder {
   DType dt_;
   bool combined_ = false, delay_wgrad_ = false, megatron_ = false, ub_ = false;
   bool fp8_tp_gather_ = false, fp8_amax_ar_ = false;
+  MlaDownProj mla_down_ =
+      MlaDownProj::kGathered;  // MLA's down projections under TP (the plan's or the stack's)
   Schedule schedule_ = Schedule::k1F1B;
   int64_t vstage(int64_t chunk, int64_t stage) const { return virtual_stage(chunk, stage, pp_, schedule_); }
   // The pipeline stage (rank) that runs virtual stage v.
@@ -588,12 +595,15 @@ int Builder::attention_fwd(int in, bool position_bias) {
   module_ = mla ? kRecomputeLayernorm : 0;
   int x = record(walks(mem(OpName::kAttnNorm, MemOp::kNorm, 3.0 * d(t_ * h) * dt), d(t_), h), {in}, true);
   module_ = 0;
-  // Megatron-Core since 0.14 (multi_latent_attention.py, 720c8b40d8 "MLA down proj switch back to
-  // TELinear"): MLA's down projections are TE linears duplicated over TP that run on the rank's sequence
-  // shard, and the up projections (column-parallel) gather the latents; the rotary key part is gathered by
-  // Megatron itself. Not with DeepSeek-V3.2's indexer, which reads the gathered hidden state.
-  const bool latent_gather = mla && megatron_ && tp_ > 1 && a.indexer.heads == 0;
-  if (!latent_gather) x = tp_gather(x, OpName::kAttnAg, ub_);
+  // MLA's down projections under TP (MlaDownProj): Megatron-Core since 0.14 (multi_latent_attention.py,
+  // 720c8b40d8 "MLA down proj switch back to TELinear") runs them as TE linears duplicated over TP on the
+  // rank's sequence shard, and the up projections (column-parallel) gather the latents; the rotary key part
+  // is gathered by Megatron itself (latent_gather). Before 0.14 they were column-parallel (column_down). Not
+  // with DeepSeek-V3.2's indexer, which reads the gathered hidden state.
+  const bool split_down = mla && tp_ > 1 && a.indexer.heads == 0;
+  const bool latent_gather = split_down && mla_down_ == MlaDownProj::kDuplicated;
+  const bool column_down = split_down && mla_down_ == MlaDownProj::kColumnParallel;
+  if (!latent_gather && !column_down) x = tp_gather(x, OpName::kAttnAg, ub_);
   const int64_t tg = t_ * tp_;  // tokens entering the projections
   // Widths per token of q and of k+v after projection on this rank (before Ulysses splits heads).
   const int64_t q_width = heads_r * qk;
@@ -603,24 +613,56 @@ int Builder::attention_fwd(int in, bool position_bias) {
   const int64_t kv_width = mla ? heads_r * (qk + v) : 2 * std::max(kv_r, sp_) * a.head_dim;
   int q = -1, kv = -1;
   int dsa = -1;  // DSA: the indexer's top-k selection, which the attention core waits for
-  if (latent_gather) {
+  // An up projection: a column-parallel TE linear that gathers its latent input, recomputed with its gather
+  // under mla_up_proj.
+  auto up = [&](int latent, int64_t width, OpName name, int64_t out) {
+    module_ = kRecomputeMlaUpProj;
+    const int g = tp_gather(latent, OpName::kAttnAg, false, width);
+    const int y = record(gemm(name, tg, out, width), {g});
+    module_ = 0;
+    return y;
+  };
+  if (column_down) {
     const auto& l = a.mla;
-    // Each gather sits inside the up projection's TE linear, recomputed with it (mla_up_proj).
-    auto up = [&](int latent, OpName gather, int64_t width, OpName name, int64_t out) {
-      module_ = kRecomputeMlaUpProj;
-      const int g = tp_gather(latent, gather, false, width);
-      const int y = record(gemm(name, tg, out, width), {g});
-      module_ = 0;
-      return y;
+    // Megatron-Core before 0.14 (gpt_layer_specs.py and multi_latent_attention.py:381-411 at 7094270): each
+    // down projection is a TE column-parallel linear that gathers the hidden state itself (and again for its
+    // weight gradient) and projects its share of the latent columns; Megatron gathers the shares over TP
+    // (gather_from_tensor_model_parallel_region: an all-gather, then a cat into the latent's columns) and
+    // keeps the rank's sequence shard (scatter_to_sequence_parallel_region, a slice). In backward the slice's
+    // gradient is gathered over the sequence (an all-gather of the latent gradient, bf16) and the cat's
+    // split keeps the rank's columns (a copy); kv's split of the latent and rope key concatenates their
+    // gradients first (a copy). The rope key stays whole from the gathered output: no gather of its own.
+    auto down = [&](OpName name, int64_t width, int64_t back_width, int back_kernels) {
+      const int gathered = tp_gather(x, OpName::kAttnAg, false);
+      const int y = record(gemm(name, tg, (width + tp_ - 1) / tp_, h), {gathered});
+      const int ag =
+          record(coll(OpName::kAttnAg, Collective::kAllGather, CommGroup::kTp, d(tg * width) * bytes_of(dt_)),
+                 {y}, true);
+      LocalOp& g = layer_ops_[static_cast<size_t>(ag)];
+      g.backward_same_way = true;
+      g.backward_bytes = d(tg * back_width) * bytes_of(dt_);
+      const int cat = record(mem(OpName::kMlaLatentCat, MemOp::kActivation, 2.0 * d(tg * width) * dt), {ag});
+      const double split = 2.0 * d(tg) * d(width) / d(tp_) * dt;
+      backward_as(cat, split + (back_kernels > 1 ? 2.0 * d(tg * width) * dt : 0.0), back_kernels);
+      return cat;
     };
     if (l.q_lora_rank > 0) {
+      q = up(down(OpName::kQDown, l.q_lora_rank, l.q_lora_rank, 1), l.q_lora_rank, OpName::kQUp, q_width);
+    } else {
+      q = record(gemm(OpName::kQProj, tg, q_proj_width, h), {tp_gather(x, OpName::kAttnAg, false)});
+    }
+    const int kvd = down(OpName::kKvDown, l.kv_lora_rank + l.qk_rope_head_dim, l.kv_lora_rank, 2);
+    kv = up(kvd, l.kv_lora_rank, OpName::kKvUp, heads_r * (l.qk_nope_head_dim + v));
+  } else if (latent_gather) {
+    const auto& l = a.mla;
+    if (l.q_lora_rank > 0) {
       const int qd = record(gemm(OpName::kQDown, t_, l.q_lora_rank, h), {x});
-      q = up(qd, OpName::kAttnAg, l.q_lora_rank, OpName::kQUp, q_width);
+      q = up(qd, l.q_lora_rank, OpName::kQUp, q_width);
     } else {
       q = record(gemm(OpName::kQProj, tg, q_proj_width, h), {tp_gather(x, OpName::kAttnAg, false)});
     }
     const int kvd = record(gemm(OpName::kKvDown, t_, l.kv_lora_rank + l.qk_rope_head_dim, h), {x});
-    kv = up(kvd, OpName::kAttnAg, l.kv_lora_rank, OpName::kKvUp, heads_r * (l.qk_nope_head_dim + v));
+    kv = up(kvd, l.kv_lora_rank, OpName::kKvUp, heads_r * (l.qk_nope_head_dim + v));
     // The rotary key part, [t, qk_rope_head_dim] of the down projection's output, gathered by Megatron in
     // BF16 before RoPE joins it to the keys (in the graph after the up projection, whose stream it shares).
     kv = record(coll(OpName::kAttnAg, Collective::kAllGather, CommGroup::kTp,
@@ -1598,6 +1640,10 @@ void Builder::backward_node(LayerPass& pass, Node node) {
         break;
       }
       case OpKind::kCollective: {
+        if (lo.backward_same_way) {
+          if (lo.backward_bytes >= 0) op.comm.bytes = lo.backward_bytes;
+          break;
+        }
         // The reduce-scatter of a column-parallel linear's data gradient (the backward of the TP all-gather
         // that feeds it alone) runs beside the weight gradient on Megatron's stacks.
         if (op.comm.collective == Collective::kAllGather && op.comm.group == CommGroup::kTp &&
@@ -2268,6 +2314,7 @@ LoweringOptions lowering_options(const HardwareProfile& hw, const StackProfile& 
   o.eager_glu_clamp = stack.expert_mlp.eager_glu_clamp.value;
   o.wgrad_into_main_grad = stack.wgrad_accumulation.into_main_grad.value;
   o.eager_framework = stack.dispatcher.kind.value != DispatcherKind::kFused;
+  o.mla_down_proj = stack_mla_down_proj(stack);
   return o;
 }
 

@@ -45,6 +45,8 @@ struct LoweringOptions {
   // Kernels the framework launches per op where an op of the graph stands for several (PyTorch eager:
   // Megatron's router, megatron_router_kernels); moerun launches one kernel per op.
   bool eager_framework = false;
+  // MLA's down projections under TP as the stack builds them (a plan's attention.mla_down_proj overrides).
+  MlaDownProj mla_down_proj = MlaDownProj::kGathered;
 
   bool operator==(const LoweringOptions&) const = default;  // every field
 };

@@ -814,6 +814,18 @@ TEST_SUITE("planner") {
     CHECK_FALSE(parse_flags(checked(p).flags).has("--moe-router-fusion"));
   }
 
+  TEST_CASE("MLA's column-parallel down projections are Megatron's version, said in a note and no flag") {
+    Plan p = make_plan("deepseek-v3", 8, 4096, 8);
+    p.experts.ep = 8;
+    p.attention.tp = 2;
+    const auto own = checked(p);
+    CHECK_FALSE(mentions(own.notes, "before 0.14"));
+    p.attention.mla_down_proj = MlaDownProj::kColumnParallel;
+    const auto old = checked(p);
+    CHECK(mentions(old.notes, "column-parallel, as Megatron-Core before 0.14 builds them"));
+    CHECK(old.flags == own.flags);
+  }
+
   TEST_CASE(
       "DeepEP's fused index conversion asks for Megatron's experimental switch, and otherwise it is off") {
     Plan p = make_plan("deepseek-v3", 8, 4096, 8);

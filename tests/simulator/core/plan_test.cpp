@@ -75,6 +75,12 @@ TEST_SUITE("core") {
       f.plan.attention.tp = 3;
       CHECK(f.breaks("attention_mesh_divides_stage"));
     }
+    SUBCASE("an MLA down-projection layout needs MLA attention") {
+      f.plan.attention.mla_down_proj = MlaDownProj::kColumnParallel;
+      CHECK(f.breaks("mla_down_proj_needs_mla"));  // Mixtral-8x22B has grouped-query attention
+      f.model = io::load_model("deepseek-v3").value();
+      CHECK_FALSE(f.breaks("mla_down_proj_needs_mla"));
+    }
     SUBCASE("experts divisible by ep") {
       f.plan.experts.ep = 16;
       CHECK(f.breaks("experts_divisible_by_ep"));
@@ -322,6 +328,23 @@ TEST_SUITE("core") {
     SUBCASE("dispatch precision") {
       f.plan.compression.dispatch = DispatchPrecision::kFp8;
       CHECK(refused() == std::vector<std::string>{"stack_dispatch_precision"});
+    }
+    SUBCASE("MLA's down-projection layout: the stack's own unless the plan names one it lists") {
+      CHECK(mla_down_proj_of(f.plan, stack) == MlaDownProj::kDuplicated);  // Megatron-Core 0.14+
+      f.plan.attention.mla_down_proj = MlaDownProj::kColumnParallel;       // before 0.14
+      CHECK(refused().empty());
+      CHECK(mla_down_proj_of(f.plan, stack) == MlaDownProj::kColumnParallel);
+      f.plan.attention.mla_down_proj = MlaDownProj::kGathered;
+      const auto v = validate_for_stack(f.plan, stack);
+      REQUIRE(v.size() == 1);
+      CHECK(v[0].rule == "stack_mla_down_proj");
+      CHECK(v[0].reason ==
+            "stack megatron-core cannot run attention.mla_down_proj \"gathered\" (it has: "
+            "duplicated, column_parallel)");
+      const StackProfile moerun = io::load_stack("moerun").value();
+      CHECK(validate_for_stack(f.plan, moerun).empty());
+      f.plan.attention.mla_down_proj = MlaDownProj::kStack;
+      CHECK(mla_down_proj_of(f.plan, moerun) == MlaDownProj::kGathered);
     }
     SUBCASE("an unstated capability allows everything") {
       stack.capabilities = {};

@@ -243,6 +243,35 @@ TEST_SUITE("cost") {
           doctest::Approx(c.tg * c.heads * (2 * c.qk + c.v) * 2 - c.tg * c.rope * 2));
   }
 
+  TEST_CASE("MLA's column-parallel down projections (before Megatron-Core 0.14) keep the gathered q latent") {
+    // No recompute: the up projections' fused norms save their inputs, q's a view that keeps the gathered
+    // [tg, 1536] alive and kv's an SP-shard copy [t, 512], where 0.14+ saves the down projections' outputs
+    // on the shard [t, 1536 + 576]. mla_up_proj keeps the checkpoint's inputs: the gathered q latent, the kv
+    // copy and the gathered [tg, 576] whose view the rope key is, where 0.14+ keeps [t, 1536 + 512] and the
+    // gathered rope key [tg, 64]; the rsigma go with the norms inside the checkpoint.
+    Dsv3 c;
+    const double ql = 1536, kvl = 512;
+    Plan col = c.p;
+    col.attention.mla_down_proj = MlaDownProj::kColumnParallel;
+    CHECK(saved(c.m, col, c.st, c.moe, 0) - saved(c.m, c.p, c.st, c.moe, 0) ==
+          doctest::Approx((c.tg * ql + c.t * kvl) * 2 - c.t * (ql + kvl + c.rope) * 2));
+    CHECK(saved(c.m, col, c.st, c.moe, kRecomputeMlaUpProj) -
+              saved(c.m, c.p, c.st, c.moe, kRecomputeMlaUpProj) ==
+          doctest::Approx(
+              (c.tg * ql + c.t * kvl + c.tg * (kvl + c.rope)) * 2 -
+              (c.t * (ql + kvl + c.rope) * 2 + 2 * c.t * 4 + c.t * (ql + kvl) * 2 + c.tg * c.rope * 2)));
+    // The down projections' weights [h, 1536 + 576] are column shards (tp 2), not whole on every TP rank:
+    // 6 B of weight and gradient per parameter, 12 B of optimizer state over the 128 / (2 pp) = dp ranks.
+    const HardwareProfile hw = io::load_hardware("h100-sxm").value();
+    c.p.pipeline.pp = 16;
+    col.pipeline.pp = 16;
+    const auto own = cost::memory_per_gpu(c.m, c.p, hw, c.st, {{1}}, 1.0);
+    const auto old = cost::memory_per_gpu(c.m, col, hw, c.st, {{1}}, 1.0);
+    const double layers = 4;  // 61 layers over 16 stages: the first holds 4 (3 of them dense)
+    const double halved = layers * c.h * (ql + kvl + c.rope) / 2;
+    CHECK(own.weights + own.gradients - old.weights - old.gradients == doctest::Approx(6 * halved));
+  }
+
   TEST_CASE("recomputing mlp frees a dense layer's MLP and leaves MoE layers alone") {
     // Dense SwiGLU MLP under TP: fc1's ln_out shard t h 2, fc1 output tg 2F 2, activation output tg F 2.
     Dsv3 c;

@@ -36,11 +36,13 @@ TEST_SUITE("io") {
     CHECK(p.value().cross_entropy == CrossEntropy::kTe);
     CHECK_FALSE(p.value().experts.fused_index_conversion);
     CHECK_FALSE(io::plan_to_json(p.value()).at("experts").contains("fused_index_conversion"));
+    CHECK(p.value().attention.mla_down_proj == MlaDownProj::kStack);  // as the stack builds them
+    CHECK_FALSE(io::plan_to_json(p.value()).at("attention").contains("mla_down_proj"));
   }
 
   TEST_CASE("a plan survives writing and reading back") {
     auto p = parse(R"({"model": "m", "hardware": "h", "gpus": 1440, "seq_len": 8192, "global_batch": 720,
-                       "attention": {"sp": 8}, "experts": {"ep": 8, "dispatch": "all_gather", "fused_index_conversion": true},
+                       "attention": {"sp": 8, "mla_down_proj": "column_parallel"}, "experts": {"ep": 8, "dispatch": "all_gather", "fused_index_conversion": true},
                        "pipeline": {"pp": 15, "vpp": 2, "schedule": "interleaved_1f1b"},
                        "overlap": {"inter_op": true, "intra_op": true}, "compression": {"grad_sync": "bf16_all_to_all"},
                        "precision": "fp8", "recompute": "sar",
@@ -56,6 +58,8 @@ TEST_SUITE("io") {
     CHECK_FALSE(back.value().routing.fused_router);
     CHECK(back.value().cross_entropy == CrossEntropy::kNative);
     CHECK(back.value().experts.fused_index_conversion);
+    CHECK(back.value().attention.mla_down_proj == MlaDownProj::kColumnParallel);
+    CHECK(j.at("attention").at("mla_down_proj") == "column_parallel");
   }
 
   TEST_CASE("bad plan values are one-line errors") {
@@ -76,6 +80,12 @@ TEST_SUITE("io") {
             R"({"model": "m", "hardware": "h", "gpus": 8, "seq_len": 1, "global_batch": 1, "atention": {}})")
             .error()
             .message == "plan.json: field 'atention': unknown key (did you mean 'attention'?)");
+    CHECK(parse(R"({"model": "m", "hardware": "h", "gpus": 8, "seq_len": 1, "global_batch": 1,
+                    "attention": {"mla_down_proj": "stack"}})")
+              .error()
+              .message ==
+          "plan.json: field 'attention.mla_down_proj': expected one of \"duplicated\" "
+          "\"column_parallel\" \"gathered\", got string \"stack\"");
   }
 
   TEST_CASE("a plan file loads its model and hardware relative to itself or by built-in name") {

@@ -426,6 +426,15 @@ TEST_SUITE("io") {
           std::string::npos);
 
     j = moerun_json();
+    j["capabilities"]["mla_down_proj"] = io::json::array();
+    CHECK(error_of(j) ==
+          "s.json: field 'capabilities.mla_down_proj': expected at least one layout, the "
+          "stack's own first, got array []");
+    j["capabilities"]["mla_down_proj"] = {"split"};
+    CHECK(error_of(j).find("'capabilities.mla_down_proj[0]': expected one of duplicated, column_parallel, "
+                           "gathered") != std::string::npos);
+
+    j = moerun_json();
     j["memory"]["reserve_GiB"]["value"] = {4, 2};
     CHECK(error_of(j) ==
           "s.json: field 'memory.reserve_GiB.value': expected [low, high] with low <= high, got array [4,2]");

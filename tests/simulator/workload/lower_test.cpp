@@ -564,6 +564,80 @@ TEST_SUITE("workload") {
   }
 
   TEST_CASE(
+      "Before Megatron-Core 0.14 MLA's down projections are column-parallel: each gathers the hidden "
+      "state and its output is gathered over TP") {
+    // DeepSeek-V3, one dense layer, tp 2 with sequence parallelism on one node: 2048 tokens per rank, 4096 in
+    // the TP group, h = 7168, q_lora_rank 1536, kv_lora_rank 512, rotary key part 64, BF16. At 7094270 each
+    // down projection is a TE column-parallel linear: it gathers the hidden state, projects its half of the
+    // latent columns (1536 / 2, 576 / 2), Megatron gathers the halves over TP (an all-gather and a cat) and
+    // keeps the rank's sequence shard; the up projections gather that shard again. Backward: each TE linear
+    // reduce-scatters its data gradient and re-gathers its input for the weight gradient; the sequence
+    // slice's gradient is gathered (bf16, the latent part only for kv); the cat's split copies the rank's
+    // columns (kv: after the cat of the latent's and the rope key's gradients).
+    Plan p = node_plan(8);
+    p.attention.tp = 2;
+    p.global_batch = 4;
+    p.attention.mla_down_proj = MlaDownProj::kColumnParallel;
+    const double t = 2048, tg = 4096, h = 7168, b = 2.0;
+    const OpGraph g = lower(deepseek_v3(1, 0), p, stack_options("megatron-core"));
+    const Op& q_down = the_op(g, OpName::kQDown);
+    const Op& kv_down = the_op(g, OpName::kKvDown);
+    CHECK(q_down.gemm.m == tg);
+    CHECK(q_down.gemm.n == 768);
+    CHECK(q_down.gemm.k == h);
+    CHECK(q_down.flops == 2.0 * t * h * 1536);  // the rank's share of the work, as on the sequence shard
+    CHECK(kv_down.gemm.m == tg);
+    CHECK(kv_down.gemm.n == 288);
+    std::multiset<double> gathered;
+    for (const Op* ag : ops_named(g, OpName::kAttnAg)) gathered.insert(ag->comm.bytes);
+    CHECK(gathered == std::multiset<double>{tg * h * b, tg * h * b, tg * 1536 * b, tg * 576 * b,
+                                            tg * 1536 * b, tg * 512 * b});
+    const auto cats = ops_named(g, OpName::kMlaLatentCat);
+    REQUIRE(cats.size() == 2);
+    CHECK(cats[0]->hbm_bytes == 2.0 * tg * 1536 * b);
+    CHECK(cats[1]->hbm_bytes == 2.0 * tg * 576 * b);
+    // q_down -> its output's gather -> the cat -> q_up's gather of the sequence shard -> q_up (kv alike).
+    auto only_dep = [&](const Op& op) -> const Op& {
+      const auto deps = g.deps_of(op);
+      REQUIRE(deps.size() == 1);
+      return g.ops[static_cast<size_t>(deps[0])];
+    };
+    for (auto [down, cat, up, width] : {std::tuple{&q_down, cats[0], OpName::kQUp, 1536.0},
+                                        std::tuple{&kv_down, cats[1], OpName::kKvUp, 576.0}}) {
+      const Op& out_ag = only_dep(*cat);
+      CHECK(out_ag.comm.bytes == tg * width * b);
+      CHECK(depends(g, out_ag, *down));
+      const Op& up_ag = only_dep(the_op(g, up));
+      CHECK(up_ag.comm.bytes == tg * (width == 576.0 ? 512.0 : width) * b);
+      CHECK(depends(g, up_ag, *cat));
+    }
+    // Backward: the gathers of the latents' sequence-slice gradients, the reduce-scatters of the four TE
+    // linears' data gradients, the re-gathers of their inputs (with the dense MLP's fc13: five).
+    std::multiset<double> bwd_gathers, bwd_rs;
+    for (const Op* op : ops_named(g, OpName::kAttnAg, 0, Phase::kBackward)) {
+      (op->comm.collective == Collective::kAllGather ? bwd_gathers : bwd_rs).insert(op->comm.bytes);
+    }
+    CHECK(bwd_gathers == std::multiset<double>{tg * 1536 * b, tg * 512 * b});
+    CHECK(bwd_rs == std::multiset<double>{tg * h * b, tg * h * b, tg * 1536 * b, tg * 512 * b});
+    CHECK(ops_named(g, OpName::kInputAg, 0, Phase::kBackward).size() == 5);
+    const auto back_cats = ops_named(g, OpName::kMlaLatentCat, 0, Phase::kBackward);
+    REQUIRE(back_cats.size() == 2);
+    std::multiset<double> back_bytes{back_cats[0]->hbm_bytes, back_cats[1]->hbm_bytes};
+    CHECK(back_bytes == std::multiset<double>{2.0 * tg * 768 * b, 2.0 * tg * 288 * b + 2.0 * tg * 576 * b});
+    // The stack's own layout (0.14+) is what an unnamed plan gets; tp 1 has no layout to choose.
+    p.attention.mla_down_proj = MlaDownProj::kStack;
+    CHECK(ops_named(lower(deepseek_v3(1, 0), p, stack_options("megatron-core")), OpName::kMlaLatentCat)
+              .empty());
+    Plan one = p;
+    one.attention.tp = 1;
+    one.attention.mla_down_proj = MlaDownProj::kColumnParallel;
+    Plan one_own = one;
+    one_own.attention.mla_down_proj = MlaDownProj::kStack;
+    CHECK(lower(deepseek_v3(1, 0), one, stack_options("megatron-core")).ops.size() ==
+          lower(deepseek_v3(1, 0), one_own, stack_options("megatron-core")).ops.size());
+  }
+
+  TEST_CASE(
       "Megatron's vocabulary-parallel ends exchange over TP: the embedding, the output layer, the loss") {
     // Mixtral-8x7B, one layer, tp 2 on one node, pp 1 (both ends on the stage): 2048 tokens per rank, 4096 in
     // the TP group, h = 4096, BF16 activations. The embedding looks up the group's rows in its vocabulary
