@@ -103,13 +103,13 @@ LayerActivations megatron_layer(const ModelSpec& m, const Plan& p, const LayerSp
     r.attn_norm = on(kRecomputeLayernorm) ? 0.0 : (fp8 ? 2.0 * t * h * g : t * h * kBf16);
     const auto& l = a.mla;
     const double ql = d(l.q_lora_rank), kvl = d(l.kv_lora_rank), rope = d(l.qk_rope_head_dim);
-    // q/kv norm inputs (the down-projection outputs; kv_combined stays whole through its split views) with
-    // their rsigma, and the norm outputs the column-parallel up-projections save (SP shards). `mla_up_proj`
-    // (CheckpointWithoutOutput, MLA:983-987) keeps its inputs instead: the norm outputs in bf16 and the
-    // gathered rope key [tg, rope].
-    double norm_in = t * (ql + kvl + rope) * kBf16 + 2.0 * t * kFp32;
-    double norm_out =
-        on(kRecomputeMlaUpProj) ? t * (ql + kvl) * kBf16 + tg * rope * kBf16 : t * (ql + kvl) * g;
+    // The q/kv norms are fused into the up projections (TELayerNormColumnParallelLinear, gpt_layer_specs.py),
+    // which save their inputs (the down-projection outputs; kv_combined stays whole through its split views)
+    // with rsigma, and their outputs (SP shards, re-gathered in backward). `mla_up_proj`
+    // (CheckpointWithoutOutput, MLA:983-987) runs norms and up projections inside the checkpoint and keeps
+    // its inputs instead: the down-projection outputs in bf16 and the gathered rope key [tg, rope].
+    double norm_in = t * (ql + kvl + rope) * kBf16 + (on(kRecomputeMlaUpProj) ? 0.0 : 2.0 * t * kFp32);
+    double norm_out = on(kRecomputeMlaUpProj) ? tg * rope * kBf16 : t * (ql + kvl) * g;
     if (down == MlaDownProj::kColumnParallel && tp > 1) {
       // Before Megatron-Core 0.14 (multi_latent_attention.py:381-411 at 7094270) the down projections'
       // outputs are gathered over TP, then cut to the sequence shard: q's shard is a view that keeps the

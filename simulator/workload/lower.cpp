@@ -613,11 +613,24 @@ int Builder::attention_fwd(int in, bool position_bias) {
   const int64_t kv_width = mla ? heads_r * (qk + v) : 2 * std::max(kv_r, sp_) * a.head_dim;
   int q = -1, kv = -1;
   int dsa = -1;  // DSA: the indexer's top-k selection, which the attention core waits for
-  // An up projection: a column-parallel TE linear that gathers its latent input, recomputed with its gather
-  // under mla_up_proj.
-  auto up = [&](int latent, int64_t width, OpName name, int64_t out) {
+  // MLA's q and kv latent norms: TE fuses each into its up projection (TELayerNormColumnParallelLinear under
+  // qk_layernorm; q_layernorm and kv_layernorm are IdentityOp, gpt_layer_specs.py at 7094270 and
+  // core_v0.14.0), one norm kernel over the rows the linear receives, inside the mla_up_proj checkpoint
+  // (qkv_up_proj_and_rope_apply). moerun normalises the gathered latents alike.
+  auto latent_norm = [&](int latent, int64_t rows, int64_t width) {
     module_ = kRecomputeMlaUpProj;
-    const int g = tp_gather(latent, OpName::kAttnAg, false, width);
+    const int y =
+        record(walks(mem(OpName::kMlaLatentNorm, MemOp::kNorm, 3.0 * d(rows * width) * dt), d(rows), width),
+               {latent});
+    module_ = 0;
+    return y;
+  };
+  // An up projection: a column-parallel TE linear that normalises its latent shard, gathers it and projects
+  // it, recomputed with its norm and gather under mla_up_proj.
+  auto up = [&](int latent, int64_t width, OpName name, int64_t out) {
+    const int n = latent_norm(latent, t_, width);
+    module_ = kRecomputeMlaUpProj;
+    const int g = tp_gather(n, OpName::kAttnAg, false, width);
     const int y = record(gemm(name, tg, out, width), {g});
     module_ = 0;
     return y;
@@ -673,15 +686,17 @@ int Builder::attention_fwd(int in, bool position_bias) {
     int qd = x;
     if (l.q_lora_rank > 0) {
       qd = record(gemm(OpName::kQDown, tg, l.q_lora_rank, h), {x});
+      const int qn = latent_norm(qd, tg, l.q_lora_rank);
       module_ = kRecomputeMlaUpProj;
-      q = record(gemm(OpName::kQUp, tg, q_width, l.q_lora_rank), {qd});
+      q = record(gemm(OpName::kQUp, tg, q_width, l.q_lora_rank), {qn});
       module_ = 0;
     } else {
       q = record(gemm(OpName::kQProj, tg, q_proj_width, h), {x});
     }
     const int kvd = record(gemm(OpName::kKvDown, tg, l.kv_lora_rank + l.qk_rope_head_dim, h), {x});
+    const int kvn = latent_norm(kvd, tg, l.kv_lora_rank);
     module_ = kRecomputeMlaUpProj;
-    kv = record(gemm(OpName::kKvUp, tg, heads_r * (l.qk_nope_head_dim + v), l.kv_lora_rank), {kvd});
+    kv = record(gemm(OpName::kKvUp, tg, heads_r * (l.qk_nope_head_dim + v), l.kv_lora_rank), {kvn});
     module_ = 0;
     if (a.indexer.heads > 0) dsa = indexer_fwd(x, qd, tg);
   }

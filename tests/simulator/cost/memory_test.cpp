@@ -236,19 +236,22 @@ TEST_SUITE("cost") {
   }
 
   TEST_CASE("recomputing mla_up_proj frees the full Q, K and V but keeps the gathered rope key") {
-    // Q, K [tg, heads, 192] and V [tg, heads, 128] in bf16; the checkpoint keeps its inputs, among them the
-    // rope key gathered over TP [tg, 64]: tg heads (2 qk + v) 2 - tg rope 2.
+    // Q, K [tg, heads, 192] and V [tg, heads, 128] in bf16, the fused norms' outputs [t, 1536 + 512] and
+    // rsigma (fp32, two per row); the checkpoint keeps its inputs, the down projections' outputs (which the
+    // norms saved already) and the rope key gathered over TP [tg, 64]:
+    // tg heads (2 qk + v) 2 + t (1536 + 512) 2 + 2 t 4 - tg rope 2.
     Dsv3 c;
     CHECK(saving(c.m, c.p, c.st, c.moe, kRecomputeMlaUpProj) ==
-          doctest::Approx(c.tg * c.heads * (2 * c.qk + c.v) * 2 - c.tg * c.rope * 2));
+          doctest::Approx(c.tg * c.heads * (2 * c.qk + c.v) * 2 + c.t * (1536 + 512) * 2 + 2 * c.t * 4 -
+                          c.tg * c.rope * 2));
   }
 
   TEST_CASE("MLA's column-parallel down projections (before Megatron-Core 0.14) keep the gathered q latent") {
     // No recompute: the up projections' fused norms save their inputs, q's a view that keeps the gathered
     // [tg, 1536] alive and kv's an SP-shard copy [t, 512], where 0.14+ saves the down projections' outputs
     // on the shard [t, 1536 + 576]. mla_up_proj keeps the checkpoint's inputs: the gathered q latent, the kv
-    // copy and the gathered [tg, 576] whose view the rope key is, where 0.14+ keeps [t, 1536 + 512] and the
-    // gathered rope key [tg, 64]; the rsigma go with the norms inside the checkpoint.
+    // copy and the gathered [tg, 576] whose view the rope key is, where 0.14+ keeps the down projections'
+    // outputs [t, 1536 + 576] and the gathered rope key [tg, 64].
     Dsv3 c;
     const double ql = 1536, kvl = 512;
     Plan col = c.p;
@@ -257,9 +260,8 @@ TEST_SUITE("cost") {
           doctest::Approx((c.tg * ql + c.t * kvl) * 2 - c.t * (ql + kvl + c.rope) * 2));
     CHECK(saved(c.m, col, c.st, c.moe, kRecomputeMlaUpProj) -
               saved(c.m, c.p, c.st, c.moe, kRecomputeMlaUpProj) ==
-          doctest::Approx(
-              (c.tg * ql + c.t * kvl + c.tg * (kvl + c.rope)) * 2 -
-              (c.t * (ql + kvl + c.rope) * 2 + 2 * c.t * 4 + c.t * (ql + kvl) * 2 + c.tg * c.rope * 2)));
+          doctest::Approx((c.tg * ql + c.t * kvl + c.tg * (kvl + c.rope)) * 2 -
+                          (c.t * (ql + kvl + c.rope) * 2 + c.tg * c.rope * 2)));
     // The down projections' weights [h, 1536 + 576] are column shards (tp 2), not whole on every TP rank:
     // 6 B of weight and gradient per parameter, 12 B of optimizer state over the 128 / (2 pp) = dp ranks.
     const HardwareProfile hw = io::load_hardware("h100-sxm").value();

@@ -557,10 +557,22 @@ TEST_SUITE("workload") {
     const auto q_up_deps = g.deps_of(q_up);
     REQUIRE(q_up_deps.size() == 1);
     CHECK(g.ops[static_cast<size_t>(q_up_deps[0])].comm.bytes == tg * 1536 * 2.0);
-    CHECK(depends(g, g.ops[static_cast<size_t>(q_up_deps[0])], q_down));
+    const Op& q_norm = *ops_named(g, OpName::kMlaLatentNorm)[0];
+    CHECK(depends(g, g.ops[static_cast<size_t>(q_up_deps[0])], q_norm));
+    CHECK(depends(g, q_norm, q_down));
     const OpGraph own = lower(deepseek_v3(1, 0), p, stack_options("moerun"));
     CHECK(the_op(own, OpName::kAttnAg).comm.bytes == tg * h * 2.0);
     CHECK(the_op(own, OpName::kQDown).gemm.m == tg);
+    // The q and kv latent norms, fused into the up projections' TE LayerNormLinear, normalise the rank's
+    // sequence shard before the gather; moerun's the gathered rows. Read, written, read again in bf16.
+    for (const auto& [graph, rows] : {std::pair{&g, t}, std::pair{&own, tg}}) {
+      const auto norms = ops_named(*graph, OpName::kMlaLatentNorm);
+      REQUIRE(norms.size() == 2);
+      CHECK(norms[0]->hbm_bytes == 3.0 * rows * 1536 * 2.0);
+      CHECK(norms[1]->hbm_bytes == 3.0 * rows * 512 * 2.0);
+      CHECK(norms[0]->gemm.m == rows);
+      CHECK(ops_named(*graph, OpName::kMlaLatentNorm, 0, Phase::kBackward).size() == 2);
+    }
   }
 
   TEST_CASE(
@@ -596,7 +608,8 @@ TEST_SUITE("workload") {
     REQUIRE(cats.size() == 2);
     CHECK(cats[0]->hbm_bytes == 2.0 * tg * 1536 * b);
     CHECK(cats[1]->hbm_bytes == 2.0 * tg * 576 * b);
-    // q_down -> its output's gather -> the cat -> q_up's gather of the sequence shard -> q_up (kv alike).
+    // q_down -> its output's gather -> the cat -> q_up's latent norm and gather of the sequence shard -> q_up
+    // (kv alike).
     auto only_dep = [&](const Op& op) -> const Op& {
       const auto deps = g.deps_of(op);
       REQUIRE(deps.size() == 1);
@@ -609,7 +622,7 @@ TEST_SUITE("workload") {
       CHECK(depends(g, out_ag, *down));
       const Op& up_ag = only_dep(the_op(g, up));
       CHECK(up_ag.comm.bytes == tg * (width == 576.0 ? 512.0 : width) * b);
-      CHECK(depends(g, up_ag, *cat));
+      CHECK(only_dep(only_dep(up_ag)).id == cat->id);  // through the up projection's fused latent norm
     }
     // Backward: the gathers of the latents' sequence-slice gradients, the reduce-scatters of the four TE
     // linears' data gradients, the re-gathers of their inputs (with the dense MLP's fc13: five).
@@ -1145,7 +1158,7 @@ TEST_SUITE("workload") {
   TEST_CASE("selective recompute re-runs exactly the ops of the plan's Megatron modules") {
     // One MoE layer under Megatron-Core: moe_act re-runs the expert activation, core_attn the attention core,
     // layernorm the pre-MLP norm (TE fuses the attention norm into the QKV GEMM); under MLA (DeepSeek-V3)
-    // mla_up_proj re-runs the q and kv up-projections and RoPE.
+    // mla_up_proj re-runs the q and kv up-projections with their fused latent norms, and RoPE.
     using Names = std::multiset<std::string>;
     struct Case {
       uint16_t modules;
@@ -1156,7 +1169,7 @@ TEST_SUITE("workload") {
         {kRecomputeMoeAct, false, Names{"expert_act"}},
         {kRecomputeCoreAttn, false, Names{"attn_core"}},
         {kRecomputeLayernorm, false, Names{"ffn_norm"}},
-        {kRecomputeMlaUpProj, true, Names{"q_up", "kv_up", "rope"}},
+        {kRecomputeMlaUpProj, true, Names{"mla_latent_norm", "q_up", "mla_latent_norm", "kv_up", "rope"}},
         {kRecomputeCoreAttn | kRecomputeMoeAct, false, Names{"attn_core", "expert_act"}},
     };
     for (const Case& c : cases) {
