@@ -433,9 +433,14 @@ double head_activations(const ModelSpec& m, const Plan& p, const StackProfile& s
   const double h = d(m.hidden), tg = t * d(p.attention.tp);
   const double g = p.precision == Precision::kFp8 ? fp8_saved_bytes(p.fp8_recipe) : kBf16;
   // Final norm input and rsigma, the output layer's saved input (its SP shard, re-gathered in backward), and
-  // the logits of the loss in fp32 (Megatron's estimator: S b H 4 (1 + V/H), theoretical_memory_usage.py).
+  // what the loss keeps of the logits for backward: Megatron's unfused and native losses cast them to fp32
+  // and save the softmax in fp32 (tensor_parallel/cross_entropy.py calculate_logits_max, exp_logits;
+  // fusions/fused_cross_entropy.py save_for_backward at 1e057005; Megatron's estimator:
+  // S b H 4 (1 + V/H), theoretical_memory_usage.py); TE's Triton loss writes the gradient into the bf16
+  // logits and saves them (TE v2.4 pytorch/cross_entropy.py:49-53).
+  const bool te_loss = !fused_stack(stack) && p.cross_entropy == CrossEntropy::kTe;
   const double head = t * h * kBf16 + t * kFp32 + t * h * kBf16 +
-                      tg * d(m.vocab) / d(p.attention.tp) * kFp32 +
+                      tg * d(m.vocab) / d(p.attention.tp) * (te_loss ? kBf16 : kFp32) +
                       (encdec ? tokens_per_rank(p) * h * kBf16 : 0.0);
   // Each MTP module (gpt_model.py:173: the MTP stage has its own embedding): the next tokens' embedding
   // (enorm input), the [t, 2h] concatenation eh_proj saves, one decoder layer (MoE when the model is), its

@@ -411,13 +411,20 @@ TEST_SUITE("cost") {
 
   TEST_CASE("the last virtual stage keeps the head's logits and each MTP module") {
     // DeepSeek-V3, tp = 2: t = 2048, tg = 4096, V / tp = 64640. Head: final norm input t h 2 + rsigma t 4 +
-    // output-layer input t h 2 + fp32 logits tg V/tp 4. One MTP module: its embedding t h 2, the [t, 2h]
-    // concatenation 2 t h 2, one MoE decoder layer and its own head.
+    // output-layer input t h 2 + the logits TE's loss keeps, bf16, tg V/tp 2 (Megatron's unfused loss: its
+    // fp32 softmax, tg V/tp 4). One MTP module: its embedding t h 2, the [t, 2h] concatenation 2 t h 2, one
+    // MoE decoder layer and its own head.
     Dsv3 c;
-    const double head = c.t * c.h * 2 + c.t * 4 + c.t * c.h * 2 + c.tg * 64640 * 4;
+    const double head = c.t * c.h * 2 + c.t * 4 + c.t * c.h * 2 + c.tg * 64640 * 2;
     const double layer = cost::layer_activations(c.m, c.p, c.st, c.moe, 1.0).total();
     CHECK(cost::head_activations(c.m, c.p, c.st, 1.0) ==
           doctest::Approx(head + c.t * c.h * 2 + 2 * c.t * c.h * 2 + layer + head));
+    for (CrossEntropy ce : {CrossEntropy::kUnfused, CrossEntropy::kNative}) {
+      Plan fp32_loss = c.p;
+      fp32_loss.cross_entropy = ce;
+      CHECK(cost::head_activations(c.m, fp32_loss, c.st, 1.0) - cost::head_activations(c.m, c.p, c.st, 1.0) ==
+            doctest::Approx(2 * c.tg * 64640 * 2));  // the main head's and the MTP head's
+    }
     // The MTP module's layer is counted once: removing it takes exactly its part of the head away.
     const HardwareProfile hw = io::load_hardware("h100-sxm").value();
     c.p.pipeline.pp = 2;
