@@ -564,6 +564,59 @@ class Builder {
     const double mtp_extra = layer >= n_main_ ? 2.0 * d(m_.hidden) * d(m_.hidden) + 3.0 * d(m_.hidden) : 0.0;
     return {(lp.total() - lp.routed_experts + mtp_extra) / d(tp_), lp.routed_experts / d(ep_ * etp_)};
   }
+  // A layer's parameters that Megatron keeps whole on every TP rank and whose gradients it all-reduces over
+  // TP once per step: those marked sequence_parallel (the norms, the router: router.py, TE's norms; MLA's
+  // duplicated down projections, extensions/transformer_engine.py TELinear at core_v0.14.0) and the q/k
+  // norms under qk_layernorm (finalize_model_grads.py _allreduce_non_tensor_model_parallel_grads). MTP
+  // modules add their three norms.
+  // Returns {parameters, tensors}.
+  std::pair<double, int> tp_replicated_params(int64_t layer) const {
+    const LayerSpec& spec = spec_of(layer);
+    const ParamBreakdown lp = layer_params(m_, spec);
+    const auto& a = m_.attention;
+    const bool mtp = layer >= n_main_;
+    double n = lp.norms + lp.router + (mtp ? 3.0 * d(m_.hidden) : 0.0);
+    int tensors = 2 + (spec.moe ? 1 : 0) + (mtp ? 3 : 0);
+    if (a.qk_norm != QkNorm::kNone) {
+      n += 2.0 * d(a.head_dim);
+      tensors += 2;
+    }
+    if (a.kind == AttentionKind::kMla) {
+      const auto& l = a.mla;
+      n += d(l.q_lora_rank + l.kv_lora_rank);  // the latent norms
+      tensors += 2;
+      if (mla_down_ == MlaDownProj::kDuplicated) {
+        n += d(m_.hidden) * d(l.q_lora_rank + l.kv_lora_rank + l.qk_rope_head_dim);
+        tensors += 2;
+      }
+    }
+    return {n, tensors};
+  }
+  // Megatron's finalize_model_grads after the stage's gradient synchronisation: the TP-replicated
+  // gradients (above) flattened into one buffer (a cat), all-reduced over TP in the gradient buffer's dtype,
+  // and copied back parameter by parameter (_flatten_dense_tensors, all_reduce, buf.copy_), on the compute
+  // stream before the optimizer step. Returns the last op.
+  int32_t emit_tp_replicated_grad_sync(int16_t stage, const std::vector<int64_t>& layers, bool final_norm,
+                                       int32_t after) {
+    double params = final_norm ? d(m_.hidden) : 0.0;
+    int tensors = final_norm ? 1 : 0;
+    for (int64_t l : layers) {
+      const auto [n, t] = tp_replicated_params(l);
+      params += n;
+      tensors += t;
+    }
+    // The gradient buffer holds fp32, or bf16 under --grad-reduce-in-bf16.
+    const DType grads =
+        p_.compression.grad_sync == GradSync::kBf16ReduceScatter ? DType::kBf16 : DType::kFp32;
+    const double bytes = params * bytes_of(grads);
+    const int32_t flat = emit(mem(OpName::kTpGradCopy, MemOp::kActivation, 2.0 * bytes), stage, 0, -1, -1,
+                              Phase::kOptimizer, {after, last_dp_op_});
+    Op ar = coll(OpName::kTpGradAr, Collective::kAllReduce, CommGroup::kTp, bytes, grads);
+    ar.stream = Stream::kCompute;
+    const int32_t reduced = emit(ar, stage, 0, -1, -1, Phase::kOptimizer, {flat});
+    return emit(mem(OpName::kTpGradCopy, MemOp::kActivation, 2.0 * bytes, Stream::kCompute, tensors), stage,
+                0, -1, -1, Phase::kOptimizer, {reduced});
+  }
   // All-gathers of a layer's bf16 parameters from their replicas (ZeRO); returns the last op, -1 if none.
   int32_t emit_param_gather(int64_t layer, int16_t stage, int16_t chunk, int32_t mb, Phase phase,
                             Stream stream, int32_t after = -1) {
@@ -2239,11 +2292,16 @@ OpGraph Builder::build() {
       const auto [dense, experts] = local_params(l);
       shard += p_.data.zero == 0 ? dense + experts : dense / d(sp_ * cp_ * dp_) + experts / d(edp_);
     }
+    int32_t ready = g_.ops.back().id;
+    if (megatron_tp()) {
+      const bool last = stage == stage_of_virtual(pp_ * vpp_ - 1);
+      ready = emit_tp_replicated_grad_sync(stage, stage_layers, last, ready);
+    }
     Op opt = base(OpName::kOptimizerStep, OpKind::kOptimizer, Stream::kCompute);
     opt.hbm_bytes = shard * kAdamStepBytesPerParam;
     opt.flops = shard * 12.0;
     opt.kernels = 4;  // Megatron's fused multi-tensor Adam: a few launches per parameter group
-    const int32_t o = emit(opt, stage, 0, -1, -1, Phase::kOptimizer, {g_.ops.back().id, last_dp_op_});
+    const int32_t o = emit(opt, stage, 0, -1, -1, Phase::kOptimizer, {ready, last_dp_op_});
     // Without overlap the updated parameters are gathered after the step, exposed.
     if (!prefetch && (p_.data.zero == 1 || p_.data.zero == 2)) {
       for (int64_t l : stage_layers)

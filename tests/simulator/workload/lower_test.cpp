@@ -650,6 +650,44 @@ TEST_SUITE("workload") {
           lower(deepseek_v3(1, 0), one_own, stack_options("megatron-core")).ops.size());
   }
 
+  TEST_CASE("Megatron all-reduces over TP the gradients every TP rank holds whole, before the optimizer") {
+    // DeepSeek-V3, one MoE layer, tp 2, pp 1: the two norms and the router (marked sequence_parallel), the
+    // q and kv latent norms (1536 + 512), MLA's duplicated down projections (7168 x (1536 + 512 + 64)) and
+    // the final norm (7168), in fp32 gradients: flattened, all-reduced over TP, copied back per tensor
+    // (2 norms + router + 2 latent norms + 2 down projections + the final norm = 8), then the optimizer.
+    Plan p = node_plan(8);
+    p.attention.tp = 2;
+    const ModelSpec m = deepseek_v3(0, 1);
+    const ParamBreakdown lp = layer_params(m, m.layers[0]);
+    const double down = 7168.0 * (1536 + 512 + 64), rest = lp.norms + lp.router + 1536 + 512 + 7168;
+    const OpGraph g = lower(m, p, stack_options("megatron-core"));
+    const auto ars = ops_named(g, OpName::kTpGradAr, -1, Phase::kOptimizer);
+    REQUIRE(ars.size() == 1);
+    CHECK(ars[0]->comm.collective == Collective::kAllReduce);
+    CHECK(ars[0]->comm.group == CommGroup::kTp);
+    CHECK(ars[0]->comm.bytes == doctest::Approx(4.0 * (rest + down)));
+    const auto copies = ops_named(g, OpName::kTpGradCopy, -1, Phase::kOptimizer);
+    REQUIRE(copies.size() == 2);
+    CHECK(copies[0]->hbm_bytes == doctest::Approx(2.0 * 4.0 * (rest + down)));
+    CHECK(copies[1]->kernels == 8);
+    CHECK(depends(g, *ars[0], *copies[0]));
+    CHECK(depends(g, *copies[1], *ars[0]));
+    CHECK(depends(g, *ops_named(g, OpName::kOptimizerStep, -1, Phase::kOptimizer).front(), *copies[1]));
+    // Column-parallel down projections are TP shards; --grad-reduce-in-bf16 halves the bytes.
+    Plan old = p;
+    old.attention.mla_down_proj = MlaDownProj::kColumnParallel;
+    old.compression.grad_sync = GradSync::kBf16ReduceScatter;
+    CHECK(ops_named(lower(m, old, stack_options("megatron-core")), OpName::kTpGradAr, -1, Phase::kOptimizer)
+              .front()
+              ->comm.bytes == doctest::Approx(2.0 * rest));
+    // None under tp 1, nor on moerun's stack (its train runner reduces TP-replicated entries over TP
+    // outside the op graph, train_grad_sync.cpp, not lowered).
+    CHECK(ops_named(lower(m, p, stack_options("moerun")), OpName::kTpGradAr, -1, Phase::kOptimizer).empty());
+    p.attention.tp = 1;
+    CHECK(ops_named(lower(m, p, stack_options("megatron-core")), OpName::kTpGradAr, -1, Phase::kOptimizer)
+              .empty());
+  }
+
   TEST_CASE(
       "Megatron's vocabulary-parallel ends exchange over TP: the embedding, the output layer, the loss") {
     // Mixtral-8x7B, one layer, tp 2 on one node, pp 1 (both ends on the stage): 2048 tokens per rank, 4096 in
