@@ -503,8 +503,8 @@ class Builder {
   DType dt_;
   bool combined_ = false, delay_wgrad_ = false, megatron_ = false, ub_ = false;
   bool fp8_tp_gather_ = false, fp8_amax_ar_ = false;
-  MlaDownProj mla_down_ =
-      MlaDownProj::kGathered;  // MLA's down projections under TP (the plan's or the stack's)
+  // MLA's down projections under TP: the plan's layout, else the stack's.
+  MlaDownProj mla_down_ = MlaDownProj::kGathered;
   Schedule schedule_ = Schedule::k1F1B;
   int64_t vstage(int64_t chunk, int64_t stage) const { return virtual_stage(chunk, stage, pp_, schedule_); }
   // The pipeline stage (rank) that runs virtual stage v.
@@ -694,11 +694,13 @@ int Builder::attention_fwd(int in, bool position_bias) {
     // down projection is a TE column-parallel linear that gathers the hidden state itself (and again for its
     // weight gradient) and projects its share of the latent columns; Megatron gathers the shares over TP
     // (gather_from_tensor_model_parallel_region: an all-gather, then a cat into the latent's columns) and
-    // keeps the rank's sequence shard (scatter_to_sequence_parallel_region, a slice). In backward the slice's
-    // gradient is gathered over the sequence (an all-gather of the latent gradient, bf16) and the cat's
-    // split keeps the rank's columns (a copy); kv's split of the latent and rope key concatenates their
+    // keeps the rank's sequence shard (scatter_to_sequence_parallel_region: a slice, copied where kv's
+    // latent is a column view of the output; mappings.py _split_along_first_dim .contiguous()). In backward
+    // the slice's gradient is gathered over the sequence (an all-gather of the latent gradient, bf16) and the
+    // cat's split keeps the rank's columns (a copy); kv's split of the latent and rope key concatenates their
     // gradients first (a copy). The rope key stays whole from the gathered output: no gather of its own.
-    auto down = [&](OpName name, int64_t width, int64_t back_width, int back_kernels) {
+    // `kv`: the down projection whose output splits into the latent and the rope key.
+    auto down = [&](OpName name, int64_t width, int64_t back_width, bool kv_split) {
       const int gathered = tp_gather(x, OpName::kAttnAg, false);
       const int y = record(gemm(name, tg, (width + tp_ - 1) / tp_, h), {gathered});
       const int ag =
@@ -707,17 +709,21 @@ int Builder::attention_fwd(int in, bool position_bias) {
       LocalOp& g = layer_ops_[static_cast<size_t>(ag)];
       g.backward_same_way = true;
       g.backward_bytes = d(tg * back_width) * bytes_of(dt_);
-      const int cat = record(mem(OpName::kMlaLatentCat, MemOp::kActivation, 2.0 * d(tg * width) * dt), {ag});
+      const double cat_bytes = 2.0 * d(tg * width) * dt, shard_copy = 2.0 * d(t_ * back_width) * dt;
+      const int cat =
+          record(mem(OpName::kMlaLatentCat, MemOp::kActivation, cat_bytes + (kv_split ? shard_copy : 0.0),
+                     Stream::kCompute, kv_split ? 2 : 1),
+                 {ag});
       const double split = 2.0 * d(tg) * d(width) / d(tp_) * dt;
-      backward_as(cat, split + (back_kernels > 1 ? 2.0 * d(tg * width) * dt : 0.0), back_kernels);
+      backward_as(cat, split + (kv_split ? cat_bytes : 0.0), kv_split ? 2 : 1);
       return cat;
     };
     if (l.q_lora_rank > 0) {
-      q = up(down(OpName::kQDown, l.q_lora_rank, l.q_lora_rank, 1), l.q_lora_rank, OpName::kQUp, q_width);
+      q = up(down(OpName::kQDown, l.q_lora_rank, l.q_lora_rank, false), l.q_lora_rank, OpName::kQUp, q_width);
     } else {
       q = record(gemm(OpName::kQProj, tg, q_proj_width, h), {tp_gather(x, OpName::kAttnAg, false)});
     }
-    const int kvd = down(OpName::kKvDown, l.kv_lora_rank + l.qk_rope_head_dim, l.kv_lora_rank, 2);
+    const int kvd = down(OpName::kKvDown, l.kv_lora_rank + l.qk_rope_head_dim, l.kv_lora_rank, true);
     kv = up(kvd, l.kv_lora_rank, OpName::kKvUp, heads_r * (l.qk_nope_head_dim + v));
   } else if (latent_gather) {
     const auto& l = a.mla;

@@ -582,7 +582,8 @@ TEST_SUITE("workload") {
     // the TP group, h = 7168, q_lora_rank 1536, kv_lora_rank 512, rotary key part 64, BF16. At 7094270 each
     // down projection is a TE column-parallel linear: it gathers the hidden state, projects its half of the
     // latent columns (1536 / 2, 576 / 2), Megatron gathers the halves over TP (an all-gather and a cat) and
-    // keeps the rank's sequence shard; the up projections gather that shard again. Backward: each TE linear
+    // keeps the rank's sequence shard (kv's latent, a column view, is copied to it); the up projections
+    // gather that shard again. Backward: each TE linear
     // reduce-scatters its data gradient and re-gathers its input for the weight gradient; the sequence
     // slice's gradient is gathered (bf16, the latent part only for kv); the cat's split copies the rank's
     // columns (kv: after the cat of the latent's and the rope key's gradients).
@@ -607,7 +608,8 @@ TEST_SUITE("workload") {
     const auto cats = ops_named(g, OpName::kMlaLatentCat);
     REQUIRE(cats.size() == 2);
     CHECK(cats[0]->hbm_bytes == 2.0 * tg * 1536 * b);
-    CHECK(cats[1]->hbm_bytes == 2.0 * tg * 576 * b);
+    CHECK(cats[1]->hbm_bytes == 2.0 * tg * 576 * b + 2.0 * t * 512 * b);  // and the latent's shard copied
+    CHECK(cats[1]->kernels == 2);
     // q_down -> its output's gather -> the cat -> q_up's latent norm and gather of the sequence shard -> q_up
     // (kv alike).
     auto only_dep = [&](const Op& op) -> const Op& {
