@@ -336,6 +336,12 @@ Result<Imported> import_megatron(const std::string& text, const ModelSpec& model
     }
   }
   plan["attention"] = {{"tp", tp.value()}, {"sp", sp}, {"cp", cpn}};
+  if (model.attention.kind == AttentionKind::kMla && tp.value() > 1) {
+    out.notes.push_back(
+        "MLA under TP: its down projections are duplicated on the sequence shard since Megatron-Core 0.14 "
+        "(the stack's own layout, used here) and column-parallel before; for an older Megatron set "
+        "attention.mla_down_proj to \"column_parallel\"");
+  }
 
   // Experts and the dispatcher.
   Result<std::optional<std::string>> type = f.word("moe-token-dispatcher-type");

@@ -5,6 +5,7 @@
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -116,6 +117,28 @@ TEST_SUITE("import") {
     const auto no_gpus = planner::import_megatron("--seq-length 4096", model, {});
     REQUIRE(!no_gpus);
     CHECK(no_gpus.error().message.find("give --gpus N") != std::string::npos);
+  }
+
+  TEST_CASE("an MLA model under TP is imported with the stack's down-projection layout and a note on it") {
+    // The Megatron-Core version is not in the flags: the plan keeps the stack's own layout (0.14+), and the
+    // notes say how to price an older run.
+    const ModelSpec model = io::load_model("deepseek-v3").value();
+    const std::string base =
+        "torchrun --nnodes 32 --nproc-per-node 8 pretrain_gpt.py --pipeline-model-parallel-size 16 "
+        "--expert-model-parallel-size 64 --seq-length 4096 --global-batch-size 4096 "
+        "--decoder-first-pipeline-num-layers 3 --decoder-last-pipeline-num-layers 2 ";
+    auto note_on_layout = [](const planner::Imported& r) {
+      return std::any_of(r.notes.begin(), r.notes.end(), [](const std::string& n) {
+        return n.find("attention.mla_down_proj") != std::string::npos;
+      });
+    };
+    const auto tp2 = planner::import_megatron(base + "--tensor-model-parallel-size 2", model, {});
+    REQUIRE_MESSAGE(tp2, tp2.error().message);
+    CHECK_FALSE(tp2.value().plan.at("attention").contains("mla_down_proj"));
+    CHECK(note_on_layout(tp2.value()));
+    const auto tp1 = planner::import_megatron(base + "--tensor-model-parallel-size 1", model, {});
+    REQUIRE_MESSAGE(tp1, tp1.error().message);
+    CHECK_FALSE(note_on_layout(tp1.value()));
   }
 
   TEST_CASE("the embedding and the loss counted in the pipeline split take a layer from the end stages") {
