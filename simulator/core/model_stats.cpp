@@ -181,6 +181,13 @@ void add_layer(const ModelSpec& m, const LayerSpec& layer, ParamBreakdown& total
 
 }  // namespace
 
+double mla_down_params(const ModelSpec& m) {
+  if (m.attention.kind != AttentionKind::kMla) return 0.0;
+  const auto& l = m.attention.mla;
+  return static_cast<double>(m.hidden) *
+         static_cast<double>(l.q_lora_rank + l.kv_lora_rank + l.qk_rope_head_dim);
+}
+
 ParamBreakdown layer_params(const ModelSpec& m, const LayerSpec& layer) {
   ParamBreakdown total, active;
   add_layer(m, layer, total, active);

@@ -35,6 +35,9 @@ ParamCounts count_params(const ModelSpec& m);
 
 // Parameters of one decoder layer by component (routed_experts: all of them); embedding and output are 0.
 ParamBreakdown layer_params(const ModelSpec& m, const LayerSpec& layer);
+// MLA's down projections of one layer ([h, q_lora_rank], [h, kv_lora_rank + qk_rope_head_dim]); 0 without
+// MLA.
+double mla_down_params(const ModelSpec& m);
 
 // The model's distinct kinds of layer (LayerSpec::same_kind) and how many of each the first l layers hold, so
 // that the layers of any range are counted by kind without walking them.

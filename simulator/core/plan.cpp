@@ -335,9 +335,12 @@ MlaDownProj stack_mla_down_proj(const StackProfile& stack) {
   return MlaDownProj::kGathered;
 }
 
+MlaDownProj mla_down_proj_of(const Plan& plan, MlaDownProj stack_own) {
+  return plan.attention.mla_down_proj != MlaDownProj::kStack ? plan.attention.mla_down_proj : stack_own;
+}
+
 MlaDownProj mla_down_proj_of(const Plan& plan, const StackProfile& stack) {
-  return plan.attention.mla_down_proj != MlaDownProj::kStack ? plan.attention.mla_down_proj
-                                                             : stack_mla_down_proj(stack);
+  return mla_down_proj_of(plan, stack_mla_down_proj(stack));
 }
 
 Plan with_stack_overlaps(const Plan& plan, const StackProfile& stack, std::vector<std::string>* notices) {

@@ -203,6 +203,8 @@ std::vector<Violation> validate_for_stack(const Plan& plan, const StackProfile& 
 // its capabilities.mla_down_proj; kGathered where it lists none).
 MlaDownProj mla_down_proj_of(const Plan& plan, const StackProfile& stack);
 MlaDownProj stack_mla_down_proj(const StackProfile& stack);
+// The same with the stack's own layout given.
+MlaDownProj mla_down_proj_of(const Plan& plan, MlaDownProj stack_own);
 
 // The plan as the stack runs it: each overlap the plan asks for and the stack does not achieve is switched
 // off (it gets no credit), with one notice per overlap saying so.

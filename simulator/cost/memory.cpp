@@ -108,9 +108,11 @@ LayerActivations megatron_layer(const ModelSpec& m, const Plan& p, const LayerSp
     // with rsigma, and their outputs (SP shards, re-gathered in backward). `mla_up_proj`
     // (CheckpointWithoutOutput, MLA:983-987) runs norms and up projections inside the checkpoint and keeps
     // its inputs instead: the down-projection outputs in bf16 and the gathered rope key [tg, rope].
-    double norm_in = t * (ql + kvl + rope) * kBf16 + (on(kRecomputeMlaUpProj) ? 0.0 : 2.0 * t * kFp32);
-    double norm_out = on(kRecomputeMlaUpProj) ? tg * rope * kBf16 : t * (ql + kvl) * g;
-    if (down == MlaDownProj::kColumnParallel && tp > 1) {
+    double norm_in, norm_out;
+    if (down != MlaDownProj::kColumnParallel || tp == 1) {
+      norm_in = t * (ql + kvl + rope) * kBf16 + (on(kRecomputeMlaUpProj) ? 0.0 : 2.0 * t * kFp32);
+      norm_out = on(kRecomputeMlaUpProj) ? tg * rope * kBf16 : t * (ql + kvl) * g;
+    } else {
       // Before Megatron-Core 0.14 (multi_latent_attention.py:381-411 at 7094270) the down projections'
       // outputs are gathered over TP, then cut to the sequence shard: q's shard is a view that keeps the
       // gathered [tg, q_lora] alive, kv's a copy (its split view is not contiguous); the rope key stays a
@@ -283,11 +285,8 @@ LayerActivations megascale_layer(const ModelSpec& m, const Plan& p, const LayerS
 // them whole; column-parallel, its shard.
 LocalParams local_params(const ModelSpec& m, const Plan& p, const LayerSpec& spec, MlaDownProj down_layout) {
   const ParamBreakdown lp = layer_params(m, spec);
-  double down = 0;  // MLA's down-projections, when every TP rank holds them whole
-  if (m.attention.kind == AttentionKind::kMla && down_layout != MlaDownProj::kColumnParallel) {
-    const auto& l = m.attention.mla;
-    down = d(m.hidden) * d(l.q_lora_rank + l.kv_lora_rank + l.qk_rope_head_dim);
-  }
+  // MLA's down-projections, when every TP rank holds them whole.
+  const double down = down_layout != MlaDownProj::kColumnParallel ? mla_down_params(m) : 0.0;
   LocalParams r;
   r.replicated = lp.norms + lp.router + down;
   r.sharded = (lp.total() - lp.routed_experts - r.replicated) / d(p.attention.tp);

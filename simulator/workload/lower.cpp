@@ -144,8 +144,7 @@ class Builder {
     side_stream_ = p.overlap.inter_op ? Stream::kSide : Stream::kCompute;
     dp_stream_ = p.overlap.dp_comm ? Stream::kDpComm : Stream::kCompute;
     megatron_ = o.dispatcher != DispatcherKind::kFused;
-    mla_down_ =
-        p.attention.mla_down_proj != MlaDownProj::kStack ? p.attention.mla_down_proj : o.mla_down_proj;
+    mla_down_ = mla_down_proj_of(p, o.mla_down_proj);
     // TE's userbuffers take the TP exchanges of the attention's and the MLPs' linears (Megatron builds them
     // with tp_comm_buffer_name qkv, proj, fc1, fc2; the experts' linears never: extensions/
     // transformer_engine.py:150-195 at 1e057005). MLA's linears carry other buffer names, and the first one
@@ -586,7 +585,7 @@ class Builder {
       n += d(l.q_lora_rank + l.kv_lora_rank);  // the latent norms
       tensors += 2;
       if (mla_down_ == MlaDownProj::kDuplicated) {
-        n += d(m_.hidden) * d(l.q_lora_rank + l.kv_lora_rank + l.qk_rope_head_dim);
+        n += mla_down_params(m_);
         tensors += 2;
       }
     }
