@@ -370,6 +370,11 @@ Result<Imported> import_megatron(const std::string& text, const ModelSpec& model
   // --moe-permute-fusion (token_dispatcher.py, _DeepepManager.get_permuted_hidden_states_by_experts).
   const bool experimental = f.has("enable-experimental"), permute_fusion = f.has("moe-permute-fusion");
   if (backend == "deepep" && experimental && permute_fusion) plan["experts"]["fused_index_conversion"] = true;
+  // FP8's row alignment padded in the router (--moe-router-padding-for-fp8 before Megatron-Core 0.16, an
+  // alias of --moe-router-padding-for-quantization since); without it, where the stack pads.
+  if ((f.has("fp8-format") || f.has("fp8")) &&
+      (f.has("moe-router-padding-for-quantization") || f.has("moe-router-padding-for-fp8")))
+    plan["experts"]["fp8_padding"] = "router";
   plan["stack"] = !options.stack.empty()  ? options.stack
                   : dispatcher != "flex"  ? "megatron-core"
                   : backend == "hybridep" ? "megatron-core-hybridep"

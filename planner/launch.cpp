@@ -540,8 +540,11 @@ class MegatronBuilder {
     if (p_.precision == Precision::kFp8) {
       flag("--fp8-format", "e4m3");
       flag("--fp8-recipe", name_of(p_.fp8_recipe));
-      // Router padding for quantization needs FP8 and a dispatcher other than allgather (TC:2641-2660).
-      if (m_.is_moe() && dispatcher() != "allgather") flag("--moe-router-padding-for-quantization");
+      // Where the experts' rows are padded to FP8's alignment: Megatron's default (no flag) pads them in
+      // TEGroupedMLP, or in HybridEP's dispatch; the plan may pad in the router instead, which needs a
+      // dispatcher other than allgather (TC:2641-2660; the plan's rules refuse it there).
+      if (m_.is_moe() && p_.experts.fp8_padding == Fp8Padding::kRouter)
+        flag("--moe-router-padding-for-quantization");
     }
   }
 

@@ -2,6 +2,7 @@
 #include "simulator/core/plan.h"
 
 #include <algorithm>
+#include <cmath>
 #include <numeric>
 #include <sstream>
 
@@ -222,6 +223,17 @@ void check_rules(Rules& r, const Plan& p, const ModelSpec& m, const HardwareProf
   r.check(p.attention.mla_down_proj == MlaDownProj::kStack || att.kind == AttentionKind::kMla,
           "mla_down_proj_needs_mla", "attention.mla_down_proj names a layout of MLA's down projections, and ",
           m.name, " has no MLA attention");
+  if (p.experts.fp8_padding != Fp8Padding::kStack) {
+    r.check(
+        p.precision == Precision::kFp8 && m.is_moe(), "fp8_padding_needs_fp8_moe",
+        "experts.fp8_padding names where FP8 pads the experts' rows, and the plan is not an FP8 plan of an "
+        "MoE model");
+    // Megatron refuses router padding under the allgather dispatcher (transformer_config.py:2655-2659 at
+    // d98e8a64).
+    r.check(p.experts.fp8_padding != Fp8Padding::kRouter || p.experts.dispatch != Dispatch::kAllGather,
+            "fp8_router_padding_dispatch",
+            "experts.fp8_padding \"router\" needs a dispatcher other than all_gather (Megatron refuses it)");
+  }
   if (p.recompute == Recompute::kFull) {
     int64_t largest_chunk = 0;
     if (pp.layers_per_stage.empty()) {
@@ -323,7 +335,61 @@ std::vector<Violation> validate_for_stack(const Plan& p, const StackProfile& sta
   if (p.attention.mla_down_proj != MlaDownProj::kStack)
     check(c.mla_down_proj, name_of(p.attention.mla_down_proj), "stack_mla_down_proj",
           "attention.mla_down_proj");
+  if (p.experts.fp8_padding != Fp8Padding::kStack)
+    check(c.fp8_padding, name_of(p.experts.fp8_padding), "stack_fp8_padding", "experts.fp8_padding");
   return r.out;
+}
+
+Fp8Padding stack_fp8_padding(const StackProfile& stack) {
+  if (stack.capabilities.fp8_padding.empty()) return Fp8Padding::kNone;
+  const std::string& own = stack.capabilities.fp8_padding.front();
+  for (Fp8Padding f :
+       {Fp8Padding::kNone, Fp8Padding::kExperts, Fp8Padding::kDispatcher, Fp8Padding::kRouter}) {
+    if (own == name_of(f)) return f;
+  }
+  return Fp8Padding::kNone;
+}
+
+Fp8Padding fp8_padding_of(const Plan& plan, Fp8Padding stack_own) {
+  if (plan.precision != Precision::kFp8) return Fp8Padding::kNone;
+  return plan.experts.fp8_padding != Fp8Padding::kStack ? plan.experts.fp8_padding : stack_own;
+}
+
+Fp8Padding fp8_padding_of(const Plan& plan, const StackProfile& stack) {
+  return fp8_padding_of(plan, stack_fp8_padding(stack));
+}
+
+int fp8_row_alignment(const Plan& plan) {
+  return plan.fp8_recipe == Fp8Recipe::kMxfp8 ? 32 : 16;
+}
+
+double expected_alignment_pad(double mean, int align) {
+  if (align <= 1 || mean <= 0) return 0.0;
+  const auto a = static_cast<double>(align);
+  // The count's residues mod a differ from uniform by at most exp(-mean (1 - cos(2 pi / a))), about
+  // exp(-2 pi^2 mean / a^2) (the Poisson characteristic function at 2 pi / a): below 3e-9 once mean >= a^2,
+  // where each residue pads its share of (a - 1) / 2.
+  if (mean >= a * a) return (a - 1.0) / 2.0;
+  // Otherwise summed over the counts within 12 standard deviations of the mode (and a further alignment
+  // above it), the probabilities by recurrence from the mode's.
+  const auto mode = static_cast<int64_t>(std::floor(mean));
+  const auto pad = [align](int64_t c) { return static_cast<double>((align - c % align) % align); };
+  const double reach = 12.0 * std::sqrt(mean) + 1.0;
+  const double p_mode = std::exp(static_cast<double>(mode) * std::log(mean) - mean -
+                                 std::lgamma(static_cast<double>(mode) + 1.0));
+  double total = p_mode * pad(mode), mass = p_mode, prob = p_mode;
+  for (int64_t c = mode + 1; static_cast<double>(c - mode) <= reach + a; ++c) {
+    prob *= mean / static_cast<double>(c);
+    total += prob * pad(c);
+    mass += prob;
+  }
+  prob = p_mode;
+  for (int64_t c = mode; c > 0 && static_cast<double>(mode - c) <= reach; --c) {
+    prob *= static_cast<double>(c) / mean;
+    total += prob * pad(c - 1);
+    mass += prob;
+  }
+  return total / mass;
 }
 
 MlaDownProj stack_mla_down_proj(const StackProfile& stack) {
@@ -423,6 +489,21 @@ const char* name_of(MlaDownProj m) {
       return "column_parallel";
     case MlaDownProj::kGathered:
       return "gathered";
+  }
+  return "?";
+}
+const char* name_of(Fp8Padding f) {
+  switch (f) {
+    case Fp8Padding::kStack:
+      return "stack";
+    case Fp8Padding::kNone:
+      return "none";
+    case Fp8Padding::kExperts:
+      return "experts";
+    case Fp8Padding::kDispatcher:
+      return "dispatcher";
+    case Fp8Padding::kRouter:
+      return "router";
   }
   return "?";
 }

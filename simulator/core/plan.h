@@ -41,6 +41,18 @@ enum class CrossEntropy { kTe, kNative, kUnfused };
 // them again (kColumnParallel); moerun and MegaScale-MoE gather the hidden state once and project the
 // gathered rows at full width (kGathered).
 enum class MlaDownProj { kStack, kDuplicated, kColumnParallel, kGathered };
+// Where an FP8 plan pads each expert's rows to the FP8 GEMMs' alignment (16 rows; 32 under MX scaling).
+// kStack: as the stack does it (the first of its capabilities.fp8_padding). kExperts: Megatron-Core's
+// TEGroupedMLP pads the permuted rows and probs with TE's Fp8Padding and unpads the output with Fp8Unpadding
+// (experts.py, taken under FP8 unless the router or the dispatcher padded: moe_utils.py
+// skip_routed_expert_padding at d98e8a64): a copy of the rows on each side, forward and backward.
+// kDispatcher: HybridEP pads each local expert's rows inside its dispatch (pad_multiple, token_dispatcher.py
+// at 2edffadb). kRouter: --moe-router-padding-for-quantization (--moe-router-padding-for-fp8 before 0.16)
+// routes extra zero-probability tokens so each expert's count is a multiple: the alltoall dispatcher pads
+// each source rank's routing map before the exchange (moe_utils.py pad_routing_map), so the padded rows cross
+// the network and run through the experts; DeepEP pads the received map (token_dispatcher.py _pad_routing_map
+// at core_v0.14.0). kNone: the grouped GEMMs take any row count (moerun's CUTLASS grouped GEMM, BF16 stacks).
+enum class Fp8Padding { kStack, kNone, kExperts, kDispatcher, kRouter };
 enum class RecomputeMethod { kUniform, kBlock };
 // Megatron --recompute-modules, as bit flags.
 enum RecomputeModule : uint16_t {
@@ -91,6 +103,7 @@ struct Plan {
     // fused_indices_to_multihot, taken under --enable-experimental with --moe-permute-fusion); off, the eager
     // conversion runs, with the host waits and kernels its stack states (dispatcher.permute_host_waits).
     bool fused_index_conversion = false;
+    Fp8Padding fp8_padding = Fp8Padding::kStack;
     bool operator==(const Experts&) const = default;
   } experts;
 
@@ -203,6 +216,18 @@ std::vector<Violation> validate_for_stack(const Plan& plan, const StackProfile& 
 // its capabilities.mla_down_proj; kGathered where it lists none).
 MlaDownProj mla_down_proj_of(const Plan& plan, const StackProfile& stack);
 MlaDownProj stack_mla_down_proj(const StackProfile& stack);
+
+// Where an FP8 plan's expert rows are padded to the FP8 GEMMs' alignment: the plan's choice where it names
+// one, else the stack's own (the first of its capabilities.fp8_padding); kNone for a plan not in FP8.
+Fp8Padding fp8_padding_of(const Plan& plan, const StackProfile& stack);
+Fp8Padding fp8_padding_of(const Plan& plan, Fp8Padding stack_own);
+Fp8Padding stack_fp8_padding(const StackProfile& stack);
+// Rows an expert's FP8 alignment adds on average to a count drawn with mean `mean` (Poisson: each of many
+// tokens picks the expert independently, as balanced routing does): E[(-c) mod align]. About (align - 1) / 2
+// once the mean passes a few alignments; less for small means, where many counts are 0 and pad nothing.
+double expected_alignment_pad(double mean, int align);
+// The FP8 row alignment of the plan's recipe (Megatron get_fp8_align_size: 32 under MX scaling, else 16).
+int fp8_row_alignment(const Plan& plan);
 // The same with the stack's own layout given.
 MlaDownProj mla_down_proj_of(const Plan& plan, MlaDownProj stack_own);
 
@@ -232,6 +257,7 @@ const char* name_of(Precision p);
 const char* name_of(Recompute r);
 const char* name_of(CrossEntropy c);
 const char* name_of(MlaDownProj m);  // "stack", "duplicated", "column_parallel", "gathered"
+const char* name_of(Fp8Padding f);   // "stack", "none", "experts", "dispatcher", "router"
 const char* name_of(RecomputeMethod m);
 const char* name_of(Fp8Recipe r);
 // Megatron's module names, in flag order ("core_attn", "moe_act", ...).

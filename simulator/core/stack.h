@@ -194,6 +194,9 @@ struct StackProfile {
     // MLA's down-projection layouts under TP (plan attention.mla_down_proj): the first is the one the stack
     // builds at its own commits, the others those a plan may name for older builds.
     std::vector<std::string> mla_down_proj;  // duplicated, column_parallel, gathered
+    // Where FP8 plans pad each expert's rows to the FP8 alignment (plan experts.fp8_padding): the first is
+    // what the stack does by default, the others what a plan may turn on.
+    std::vector<std::string> fp8_padding;  // experts, dispatcher, router, none
     std::string source;
   } capabilities;
 

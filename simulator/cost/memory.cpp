@@ -79,9 +79,10 @@ double tokens_per_rank(const Plan& p, const LayerSpec& layer) {
 }
 
 // Megatron-Core + TE: what each module saves (F §4.3) with the selective modules `rc` recomputed (F §3.1).
-// `down`: MLA's down-projection layout (mla_down_proj_of).
+// `down`: MLA's down-projection layout (mla_down_proj_of); `pad`: where FP8 pads the experts' rows
+// (fp8_padding_of).
 LayerActivations megatron_layer(const ModelSpec& m, const Plan& p, const LayerSpec& layer, double load,
-                                uint16_t rc, MlaDownProj down) {
+                                uint16_t rc, MlaDownProj down, Fp8Padding pad) {
   const auto& a = m.attention;
   const int64_t tp = p.attention.tp;
   const double h = d(m.hidden);
@@ -158,7 +159,16 @@ LayerActivations megatron_layer(const ModelSpec& m, const Plan& p, const LayerSp
     const auto& e = m.moe;
     const int64_t etp = p.experts.etp;
     const double experts = d(e.num_experts);
-    const double rows = t * d(e.top_k) * load * d(etp);  // after the ETP all-gather
+    double rows = t * d(e.top_k) * load * d(etp);  // after the ETP all-gather
+    // FP8's row alignment (as the lowering pads them): the router's padding of every expert's count on each
+    // source before an alltoall exchange, else each local expert's received rows padded.
+    const int align = fp8_row_alignment(p);
+    if (pad == Fp8Padding::kRouter && p.experts.dispatch != Dispatch::kDedup) {
+      rows += d(etp) * experts * expected_alignment_pad(t * d(e.top_k) / experts, align);
+    } else if (pad != Fp8Padding::kNone) {
+      const double local = experts / d(p.experts.ep);
+      rows += local * expected_alignment_pad(rows / local, align);
+    }
     const double f_r = d(e.expert_ffn) / d(etp);
     const bool whole = on(kRecomputeMoe);  // ML:699-717: the MoE layer re-runs from its input
     const bool shared = e.num_shared_experts > 0 && !whole && !on(kRecomputeSharedExperts);
@@ -409,13 +419,14 @@ LayerActivations layer_activations_under(const ModelSpec& m, const Plan& p, cons
     case Recompute::kSar:
       return megascale_layer(m, p, layer, expert_load_scale, true);
     case Recompute::kNone:
-      return fused_stack(stack)
-                 ? megascale_layer(m, p, layer, expert_load_scale, false)
-                 : megatron_layer(m, p, layer, expert_load_scale, 0, mla_down_proj_of(p, stack));
+      return fused_stack(stack) ? megascale_layer(m, p, layer, expert_load_scale, false)
+                                : megatron_layer(m, p, layer, expert_load_scale, 0,
+                                                 mla_down_proj_of(p, stack), fp8_padding_of(p, stack));
     case Recompute::kSelective:
       break;
   }
-  return megatron_layer(m, p, layer, expert_load_scale, modules, mla_down_proj_of(p, stack));
+  return megatron_layer(m, p, layer, expert_load_scale, modules, mla_down_proj_of(p, stack),
+                        fp8_padding_of(p, stack));
 }
 
 LayerActivations layer_activations(const ModelSpec& m, const Plan& p, const StackProfile& stack,

@@ -98,7 +98,7 @@ Plan read_plan(const JsonNode& r) {
                                                            {"gathered", MlaDownProj::kGathered}});
   }
   if (auto e = r.optional_object("experts")) {
-    e->only_keys({"ep", "etp", "dispatch", "fused_index_conversion"});
+    e->only_keys({"ep", "etp", "dispatch", "fused_index_conversion", "fp8_padding"});
     p.experts.ep = e->integer_or("ep", 1, 1, kMaxDegree);
     p.experts.etp = e->integer_or("etp", 1, 1, kMaxDegree);
     p.experts.dispatch = e->choice_or<Dispatch>("dispatch", Dispatch::kAllToAll,
@@ -106,6 +106,12 @@ Plan read_plan(const JsonNode& r) {
                                                  {"all_gather", Dispatch::kAllGather},
                                                  {"dedup", Dispatch::kDedup}});
     p.experts.fused_index_conversion = e->boolean_or("fused_index_conversion", false);
+    // Absent: where the stack pads.
+    p.experts.fp8_padding = e->choice_or<Fp8Padding>("fp8_padding", Fp8Padding::kStack,
+                                                     {{"experts", Fp8Padding::kExperts},
+                                                      {"dispatcher", Fp8Padding::kDispatcher},
+                                                      {"router", Fp8Padding::kRouter},
+                                                      {"none", Fp8Padding::kNone}});
   }
   if (auto pp = r.optional_object("pipeline")) {
     pp->only_keys({"pp", "vpp", "schedule", "layers_per_stage"});
@@ -212,6 +218,8 @@ json plan_to_json(const Plan& p) {
     j["attention"]["mla_down_proj"] = name_of(p.attention.mla_down_proj);
   j["experts"] = {{"ep", p.experts.ep}, {"etp", p.experts.etp}, {"dispatch", name_of(p.experts.dispatch)}};
   if (p.experts.fused_index_conversion) j["experts"]["fused_index_conversion"] = true;
+  if (p.experts.fp8_padding != Fp8Padding::kStack)
+    j["experts"]["fp8_padding"] = name_of(p.experts.fp8_padding);
   j["pipeline"] = {
       {"pp", p.pipeline.pp}, {"vpp", p.pipeline.vpp}, {"schedule", name_of(p.pipeline.schedule)}};
   if (!p.pipeline.layers_per_stage.empty()) j["pipeline"]["layers_per_stage"] = p.pipeline.layers_per_stage;

@@ -145,6 +145,8 @@ class Builder {
     dp_stream_ = p.overlap.dp_comm ? Stream::kDpComm : Stream::kCompute;
     megatron_ = o.dispatcher != DispatcherKind::kFused;
     mla_down_ = mla_down_proj_of(p, o.mla_down_proj);
+    fp8_pad_ = fp8_padding_of(p, o.fp8_padding);
+    fp8_align_ = fp8_row_alignment(p);
     // TE's userbuffers take the TP exchanges of the attention's and the MLPs' linears (Megatron builds them
     // with tp_comm_buffer_name qkv, proj, fc1, fc2; the experts' linears never: extensions/
     // transformer_engine.py:150-195 at 1e057005). MLA's linears carry other buffer names, and the first one
@@ -350,6 +352,7 @@ class Builder {
   int moe_dispatch_megatron(int r, double rows, double ep_rows, int64_t f_r, int64_t local_experts);
   int moe_dispatch_dedup(int r, double ep_rows, int64_t f_r, int64_t local_experts);
   int expert_act(int y, double ep_rows, int64_t f_r);
+  int expert_mlp(int y, double ep_rows, int64_t f_r, int64_t local_experts, bool router_padded);
   int glu_act(OpName name, int y, double rows, int64_t width);
   int expert_fc2(int y, double ep_rows, int64_t f_r, int64_t local_experts);
   // Bytes per router prob: fp32 for sigmoid routers (Megatron-Bridge sets moe_router_dtype fp32 for
@@ -504,6 +507,9 @@ class Builder {
   bool fp8_tp_gather_ = false, fp8_amax_ar_ = false;
   // MLA's down projections under TP: the plan's layout, else the stack's.
   MlaDownProj mla_down_ = MlaDownProj::kGathered;
+  // Where an FP8 plan pads the experts' rows (kNone under BF16); the alignment of its recipe.
+  Fp8Padding fp8_pad_ = Fp8Padding::kNone;
+  int fp8_align_ = 16;
   Schedule schedule_ = Schedule::k1F1B;
   int64_t vstage(int64_t chunk, int64_t stage) const { return virtual_stage(chunk, stage, pp_, schedule_); }
   // The pipeline stage (rank) that runs virtual stage v.
@@ -1084,9 +1090,7 @@ int Builder::moe_dispatch_megatron(int r, double rows, double ep_rows, int64_t f
                    Stream::kCompute, 2),
                {y}, true);
   }
-  y = record(grouped(OpName::kExpertFc13, ep_rows, glu_ * f_r, h, local_experts), {y});
-  y = expert_act(y, ep_rows, f_r);
-  y = expert_fc2(y, ep_rows, f_r, local_experts);
+  y = expert_mlp(y, ep_rows, f_r, local_experts, fp8_pad_ == Fp8Padding::kRouter);  // alltoall: padded
   if (!gather_mode && local_experts > 1) {
     y = record(mem(OpName::kUnsortChunks, MemOp::kPermute, 2.0 * ep_rows * d(h) * dt, Stream::kCompute, 2),
                {y});
@@ -1189,9 +1193,7 @@ int Builder::moe_dispatch_dedup(int r, double ep_rows, int64_t f_r, int64_t loca
     y = record(mem(OpName::kPermute, MemOp::kPermute, (recv_rows + ep_rows) * d(h) * dt, Stream::kCompute, 2),
                {y}, true);
   }
-  y = record(grouped(OpName::kExpertFc13, ep_rows, glu_ * f_r, h, local_experts), {y});
-  y = expert_act(y, ep_rows, f_r);
-  y = expert_fc2(y, ep_rows, f_r, local_experts);
+  y = expert_mlp(y, ep_rows, f_r, local_experts, false);
   if (!o_.permute_fused) {
     y = record(
         mem(OpName::kUnpermute, MemOp::kPermute, (ep_rows + recv_rows) * d(h) * dt, Stream::kCompute, 2),
@@ -1199,6 +1201,34 @@ int Builder::moe_dispatch_dedup(int r, double ep_rows, int64_t f_r, int64_t loca
   }
   node_ = Node::kCombine;
   return record(exchange(OpName::kCombineA2a, dt, dt_), {y});
+}
+
+// The experts between the permute and the unpermute on a Megatron-Core stack (TEGroupedMLP). Under FP8 the
+// grouped GEMMs take each expert's rows in multiples of the recipe's alignment: where the rows arrive
+// unaligned, the padded rows (on average expected_alignment_pad per expert) run through the GEMMs and the
+// activation. Where the experts pad them themselves (Fp8Padding::kExperts: TE's Fp8Padding and Fp8Unpadding,
+// fp8_padding.py / fp8_unpadding.py), the rows and the probs are copied into padded buffers by one
+// fused_multi_row_padding kernel each, and the output copied back by one cat of the per-expert slices;
+// backward, the padding's split-and-cat of both gradients (one cat each) and the unpadding's padding kernel.
+// `router_padded`: the router padded each source's counts before the exchange (the rows arrive aligned).
+int Builder::expert_mlp(int y, double ep_rows, int64_t f_r, int64_t local_experts, bool router_padded) {
+  const int64_t h = m_.hidden;
+  const double dt = bytes_of(dt_);
+  double rows = ep_rows;
+  if (fp8_pad_ != Fp8Padding::kNone && !router_padded && local_experts > 0) {
+    rows += d(local_experts) * expected_alignment_pad(ep_rows / d(local_experts), fp8_align_);
+  }
+  const bool copies = fp8_pad_ == Fp8Padding::kExperts;
+  if (copies) {
+    y = record(mem(OpName::kFp8Pad, MemOp::kPermute, (ep_rows + rows) * (d(h) * dt + probs_bytes()),
+                   Stream::kCompute, 2),
+               {y});
+  }
+  y = record(grouped(OpName::kExpertFc13, rows, glu_ * f_r, h, local_experts), {y});
+  y = expert_act(y, rows, f_r);
+  y = expert_fc2(y, rows, f_r, local_experts);
+  if (copies) y = record(mem(OpName::kFp8Unpad, MemOp::kPermute, (rows + ep_rows) * d(h) * dt), {y});
+  return y;
 }
 
 // The expert activation, in the moe_act recompute module. A clamped GLU on a stack that clamps eagerly
@@ -1269,7 +1299,15 @@ int Builder::moe_fwd(int in) {
   const bool decoder = spec_role_ == LayerRole::kDecoder;
   const double kept = 1.0 - (decoder ? o_.decoder_dropped_fraction : o_.dropped_fraction);
   // Rows routed to the busiest rank of the EP group (the slowest rank decides).
-  const double rows = d(t_ * k) * load_scale() * kept;
+  double rows = d(t_ * k) * load_scale() * kept;
+  // FP8 router padding under the alltoall dispatcher: each rank pads every expert's count in its own routing
+  // map before the exchange, so each rank receives about E x the expected pad of one source's count more
+  // rows.
+  const bool router_padded = fp8_pad_ == Fp8Padding::kRouter && p_.experts.dispatch != Dispatch::kDedup;
+  if (router_padded) {
+    const double per_source = d(t_ * k) * kept / d(e.num_experts);
+    rows += d(e.num_experts) * expected_alignment_pad(per_source, fp8_align_);
+  }
   const bool fp8_dispatch = p_.compression.dispatch == DispatchPrecision::kFp8;
   const DType dispatch_dt = fp8_dispatch ? DType::kFp8 : dt_;
   const double dispatch_elt = fp8_dispatch ? bytes_of(DType::kFp8) * kFp8ScaleOverhead : dt;
@@ -2393,6 +2431,7 @@ LoweringOptions lowering_options(const HardwareProfile& hw, const StackProfile& 
   o.wgrad_into_main_grad = stack.wgrad_accumulation.into_main_grad.value;
   o.eager_framework = stack.dispatcher.kind.value != DispatcherKind::kFused;
   o.mla_down_proj = stack_mla_down_proj(stack);
+  o.fp8_padding = stack_fp8_padding(stack);
   return o;
 }
 

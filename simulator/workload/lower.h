@@ -47,6 +47,9 @@ struct LoweringOptions {
   bool eager_framework = false;
   // MLA's down projections under TP as the stack builds them (a plan's attention.mla_down_proj overrides).
   MlaDownProj mla_down_proj = MlaDownProj::kGathered;
+  // Where the stack pads FP8 plans' expert rows to the FP8 alignment (a plan's experts.fp8_padding
+  // overrides).
+  Fp8Padding fp8_padding = Fp8Padding::kNone;
 
   bool operator==(const LoweringOptions&) const = default;  // every field
 };

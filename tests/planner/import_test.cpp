@@ -110,6 +110,15 @@ TEST_SUITE("import") {
     CHECK(p.at("cross_entropy") == "native");
     CHECK(p.at("recompute").at("modules") == nlohmann::json::array({"core_attn"}));
     CHECK(p.at("global_batch") == 4);  // Megatron's default: micro-batch 1 x dp (16 / (tp 2 x cp 2))
+    CHECK_FALSE(p.at("experts").contains("fp8_padding"));  // Megatron's default: the experts pad
+    for (const char* flag : {" --moe-router-padding-for-fp8", " --moe-router-padding-for-quantization"}) {
+      CAPTURE(flag);
+      const auto padded =
+          planner::import_megatron(text + " --moe-token-dispatcher-type alltoall" + flag, model, {});
+      REQUIRE_MESSAGE(padded, padded.error().message);
+      CHECK(padded.value().plan.at("experts").at("fp8_padding") == "router");
+      CHECK(padded.value().unread.empty());
+    }
     const auto wrong = planner::import_megatron(text + " --hidden-size 1024", model, {});
     REQUIRE(!wrong);
     CHECK(wrong.error().message.find("--hidden-size 1024: the model mixtral-8x7b has 4096") !=

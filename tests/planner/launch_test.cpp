@@ -634,7 +634,10 @@ TEST_SUITE("planner") {
     CHECK(mentions(md.flags, "--data-parallel-sharding-strategy optim_grads_params"));
     CHECK(mentions(md.flags, "--moe-layer-freq '([0,1]*24)'"));
     CHECK(mentions(md.flags, "--moe-router-pre-softmax"));
-    CHECK(mentions(md.flags, "--moe-router-padding-for-quantization"));
+    // FP8's row alignment: Megatron's default pads in the experts (no flag); a plan may pad in the router.
+    CHECK_FALSE(mentions(md.flags, "--moe-router-padding-for-quantization"));
+    d.experts.fp8_padding = Fp8Padding::kRouter;
+    CHECK(mentions(checked(d).flags, "--moe-router-padding-for-quantization"));
 
     // MLA with MTP, an uneven split that first/last counts cannot express (a layout), selective recompute.
     Plan e = make_plan("deepseek-v3", 256, 4096, 512);

@@ -3,6 +3,7 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <string>
 #include <vector>
 
@@ -80,6 +81,19 @@ TEST_SUITE("core") {
       CHECK(f.breaks("mla_down_proj_needs_mla"));  // Mixtral-8x22B has grouped-query attention
       f.model = io::load_model("deepseek-v3").value();
       CHECK_FALSE(f.breaks("mla_down_proj_needs_mla"));
+    }
+    SUBCASE(
+        "naming where FP8 pads the experts' rows needs an FP8 plan of an MoE model and router padding a "
+        "dispatcher other than all_gather") {
+      f.plan.experts.fp8_padding = Fp8Padding::kRouter;
+      CHECK(f.breaks("fp8_padding_needs_fp8_moe"));  // a BF16 plan
+      f.plan.precision = Precision::kFp8;
+      CHECK_FALSE(f.breaks("fp8_padding_needs_fp8_moe"));
+      CHECK_FALSE(f.breaks("fp8_router_padding_dispatch"));
+      f.plan.experts.dispatch = Dispatch::kAllGather;
+      CHECK(f.breaks("fp8_router_padding_dispatch"));
+      f.plan.experts.fp8_padding = Fp8Padding::kExperts;
+      CHECK_FALSE(f.breaks("fp8_router_padding_dispatch"));
     }
     SUBCASE("experts divisible by ep") {
       f.plan.experts.ep = 16;
@@ -168,6 +182,28 @@ TEST_SUITE("core") {
     }
     CHECK(legal > 10);
     CHECK(broken > 100);
+  }
+
+  TEST_CASE("the rows FP8's alignment adds to a Poisson count are E[(-c) mod a]") {
+    // A count almost surely 0 or 1 pads 15 rows with probability P(c = 1), about its mean; a mean past a^2
+    // spreads the count evenly over the residues: (a - 1) / 2; no alignment pads nothing.
+    CHECK(expected_alignment_pad(0.0, 16) == 0.0);
+    CHECK(expected_alignment_pad(1e-4, 16) == doctest::Approx(15e-4).epsilon(1e-3));
+    CHECK(expected_alignment_pad(4096, 16) == 7.5);
+    CHECK(expected_alignment_pad(4096, 32) == 15.5);
+    CHECK(expected_alignment_pad(100, 1) == 0.0);
+    // Means 2 and 200 (below a^2 = 256: summed), against the sum over c of e^-m m^c / c! ((16 - c % 16) % 16)
+    // written out here; at 200 within 1e-6 of 7.5 (exp(-2 pi^2 200 / 256) = 2e-7).
+    for (double mean : {2.0, 200.0}) {
+      double direct = 0, prob = std::exp(-mean);
+      for (int c = 0; c < 800; ++c) {
+        direct += prob * ((16 - c % 16) % 16);
+        prob *= mean / (c + 1);
+      }
+      CHECK(expected_alignment_pad(mean, 16) == doctest::Approx(direct).epsilon(1e-9));
+    }
+    CHECK(expected_alignment_pad(200, 16) == doctest::Approx(7.5).epsilon(1e-6));
+    CHECK(expected_alignment_pad(2, 16) < 14.0);  // counts 0 (13.5 %) pad nothing
   }
 
   TEST_CASE("a violation's reason names the numbers involved") {
@@ -345,6 +381,24 @@ TEST_SUITE("core") {
       CHECK(validate_for_stack(f.plan, moerun).empty());
       f.plan.attention.mla_down_proj = MlaDownProj::kStack;
       CHECK(mla_down_proj_of(f.plan, moerun) == MlaDownProj::kGathered);
+    }
+    SUBCASE("FP8's row padding: the stack's own place unless the plan names one it lists") {
+      CHECK(fp8_padding_of(f.plan, stack) == Fp8Padding::kNone);  // a BF16 plan pads nothing
+      f.plan.precision = Precision::kFp8;
+      CHECK(fp8_padding_of(f.plan, stack) == Fp8Padding::kExperts);  // TEGroupedMLP's Fp8Padding
+      f.plan.experts.fp8_padding = Fp8Padding::kRouter;
+      CHECK(refused().empty());
+      CHECK(fp8_padding_of(f.plan, stack) == Fp8Padding::kRouter);
+      f.plan.experts.fp8_padding = Fp8Padding::kDispatcher;
+      const auto v = validate_for_stack(f.plan, stack);
+      REQUIRE(v.size() == 1);
+      CHECK(v[0].rule == "stack_fp8_padding");
+      CHECK(v[0].reason ==
+            "stack megatron-core cannot run experts.fp8_padding \"dispatcher\" (it has: experts, router)");
+      f.plan.experts.fp8_padding = Fp8Padding::kStack;
+      CHECK(fp8_padding_of(f.plan, io::load_stack("megatron-core-hybridep").value()) ==
+            Fp8Padding::kDispatcher);
+      CHECK(fp8_padding_of(f.plan, io::load_stack("moerun").value()) == Fp8Padding::kNone);
     }
     SUBCASE("an unstated capability allows everything") {
       stack.capabilities = {};

@@ -213,11 +213,20 @@ TEST_SUITE("cost") {
   }
 
   TEST_CASE("recomputing moe_act frees FC2's input rows") {
-    // FC2 saves the activation output [rows, F / etp]: rows x F x 2 B in bf16, its FP8 copy (1 B) under FP8.
+    // FC2 saves the activation output [rows, F / etp]: rows x F x 2 B in bf16, its FP8 copy (1 B) under FP8,
+    // where the rows of each of the 4 local experts are padded to a multiple of 16 (Megatron's TEGroupedMLP).
     Dsv3 c;
     CHECK(saving(c.m, c.p, c.st, c.moe, kRecomputeMoeAct) == doctest::Approx(c.rows * c.f * 2));
     c.p.precision = Precision::kFp8;
-    CHECK(saving(c.m, c.p, c.st, c.moe, kRecomputeMoeAct) == doctest::Approx(c.rows * c.f * 1));
+    const double padded = c.rows + 4 * expected_alignment_pad(c.rows / 4, 16);
+    CHECK(padded > c.rows + 4 * 7);
+    CHECK(saving(c.m, c.p, c.st, c.moe, kRecomputeMoeAct) == doctest::Approx(padded * c.f * 1));
+    // Padded in the router before the all-to-all: every source pads each of the 256 experts' counts (mean
+    // 16384 / 256 = 64), and the rows arrive aligned.
+    c.p.experts.fp8_padding = Fp8Padding::kRouter;
+    const double routed = c.rows + 256 * expected_alignment_pad(c.rows / 256, 16);
+    CHECK(routed > c.rows * 1.1);
+    CHECK(saving(c.m, c.p, c.st, c.moe, kRecomputeMoeAct) == doctest::Approx(routed * c.f * 1));
   }
 
   TEST_CASE("recomputing layernorm frees the pre-MLP norm output, and the attention norm only under MLA") {

@@ -38,11 +38,13 @@ TEST_SUITE("io") {
     CHECK_FALSE(io::plan_to_json(p.value()).at("experts").contains("fused_index_conversion"));
     CHECK(p.value().attention.mla_down_proj == MlaDownProj::kStack);  // as the stack builds them
     CHECK_FALSE(io::plan_to_json(p.value()).at("attention").contains("mla_down_proj"));
+    CHECK(p.value().experts.fp8_padding == Fp8Padding::kStack);  // where the stack pads
+    CHECK_FALSE(io::plan_to_json(p.value()).at("experts").contains("fp8_padding"));
   }
 
   TEST_CASE("a plan survives writing and reading back") {
     auto p = parse(R"({"model": "m", "hardware": "h", "gpus": 1440, "seq_len": 8192, "global_batch": 720,
-                       "attention": {"sp": 8, "mla_down_proj": "column_parallel"}, "experts": {"ep": 8, "dispatch": "all_gather", "fused_index_conversion": true},
+                       "attention": {"sp": 8, "mla_down_proj": "column_parallel"}, "experts": {"ep": 8, "dispatch": "all_gather", "fused_index_conversion": true, "fp8_padding": "experts"},
                        "pipeline": {"pp": 15, "vpp": 2, "schedule": "interleaved_1f1b"},
                        "overlap": {"inter_op": true, "intra_op": true}, "compression": {"grad_sync": "bf16_all_to_all"},
                        "precision": "fp8", "recompute": "sar",
@@ -60,6 +62,7 @@ TEST_SUITE("io") {
     CHECK(back.value().experts.fused_index_conversion);
     CHECK(back.value().attention.mla_down_proj == MlaDownProj::kColumnParallel);
     CHECK(j.at("attention").at("mla_down_proj") == "column_parallel");
+    CHECK(back.value().experts.fp8_padding == Fp8Padding::kExperts);
   }
 
   TEST_CASE("bad plan values are one-line errors") {
@@ -86,6 +89,12 @@ TEST_SUITE("io") {
               .message ==
           "plan.json: field 'attention.mla_down_proj': expected one of \"duplicated\" "
           "\"column_parallel\" \"gathered\", got string \"stack\"");
+    CHECK(parse(R"({"model": "m", "hardware": "h", "gpus": 8, "seq_len": 1, "global_batch": 1,
+                    "experts": {"fp8_padding": "gemm"}})")
+              .error()
+              .message ==
+          "plan.json: field 'experts.fp8_padding': expected one of \"experts\" \"dispatcher\" \"router\" "
+          "\"none\", got string \"gemm\"");
   }
 
   TEST_CASE("a plan file loads its model and hardware relative to itself or by built-in name") {

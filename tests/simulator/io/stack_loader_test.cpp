@@ -426,6 +426,16 @@ TEST_SUITE("io") {
           std::string::npos);
 
     j = moerun_json();
+    j["capabilities"]["fp8_padding"] = io::json::array();
+    CHECK(error_of(j) ==
+          "s.json: field 'capabilities.fp8_padding': expected at least one place, the stack's own first, got "
+          "array []");
+    j["capabilities"]["fp8_padding"] = {"gemm"};
+    CHECK(error_of(j).find(
+              "'capabilities.fp8_padding[0]': expected one of experts, dispatcher, router, none") !=
+          std::string::npos);
+
+    j = moerun_json();
     j["capabilities"]["mla_down_proj"] = io::json::array();
     CHECK(error_of(j) ==
           "s.json: field 'capabilities.mla_down_proj': expected at least one layout, the "

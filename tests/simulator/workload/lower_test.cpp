@@ -1654,14 +1654,84 @@ TEST_SUITE("workload") {
     CHECK(ops_named(plain, OpName::kExpertActSync).empty());
   }
 
+  TEST_CASE(
+      "FP8 pads each expert's rows where the stack pads them: in the experts or the dispatch or the router") {
+    // Mixtral-8x7B on one node, ep 4: each rank receives t k = 8192 rows (h = 4096) for its 2 local experts
+    // (4096 each), FC1 n = 2 x 14336. FP8 GEMMs take each expert's rows in multiples of 16: a Poisson count
+    // with mean 4096 pads 7.5 rows on average. Megatron-Core's TEGroupedMLP pads them itself (TE's
+    // Fp8Padding: the rows and the bf16 probs copied into padded buffers, two kernels; Fp8Unpadding: the
+    // output copied back, one), the padded rows running through the GEMMs; backward the copies mirror.
+    const double t = 4096, k = 2, h = 4096, n = 2 * 14336, rows = t * k, local = 2;
+    const double pad = expected_alignment_pad(rows / local, 16);
+    CHECK(pad == doctest::Approx(7.5).epsilon(1e-3));
+    const double padded = rows + local * pad;
+    Plan p = node_plan(4);
+    p.precision = Precision::kFp8;
+    p.fp8_recipe = Fp8Recipe::kTensorwise;
+    {
+      const OpGraph g = lower(mixtral(1), p, stack_options("megatron-core"));
+      const Op& fc13 = the_op(g, OpName::kExpertFc13);
+      CHECK(fc13.flops == rel(2 * padded * n * h));
+      const Op& pad_op = the_op(g, OpName::kFp8Pad);
+      CHECK(pad_op.hbm_bytes == rel((rows + padded) * (h * 2 + 2)));
+      CHECK(pad_op.kernels == 2);
+      CHECK(depends(g, fc13, pad_op));
+      const Op& unpad = the_op(g, OpName::kFp8Unpad);
+      CHECK(unpad.hbm_bytes == rel((padded + rows) * h * 2));
+      CHECK(unpad.kernels == 1);
+      CHECK(depends(g, unpad, the_op(g, OpName::kExpertFc2)));
+      CHECK(the_op(g, OpName::kFp8Pad, 0, Phase::kBackward).hbm_bytes == rel(pad_op.hbm_bytes));
+      CHECK(the_op(g, OpName::kFp8Unpad, 0, Phase::kBackward).hbm_bytes == rel(unpad.hbm_bytes));
+      CHECK(the_op(g, OpName::kDispatchA2a).comm.bytes == rel(rows * h * 2));
+    }
+    {
+      // --moe-router-padding-for-quantization under the alltoall dispatcher: each rank pads all 8 experts'
+      // counts (mean t k / 8 = 1024) in its routing map before the exchange, so the padded rows cross the
+      // network and arrive aligned: no copies.
+      p.experts.fp8_padding = Fp8Padding::kRouter;
+      const OpGraph g = lower(mixtral(1), p, stack_options("megatron-core"));
+      const double routed = rows + 8 * expected_alignment_pad(t * k / 8, 16);
+      CHECK(ops_named(g, OpName::kFp8Pad).empty());
+      CHECK(ops_named(g, OpName::kFp8Unpad).empty());
+      CHECK(the_op(g, OpName::kDispatchA2a).comm.bytes == rel(routed * h * 2));
+      CHECK(the_op(g, OpName::kExpertFc13).flops == rel(2 * routed * n * h));
+      p.experts.fp8_padding = Fp8Padding::kStack;
+    }
+    {
+      // BF16 pads nothing; neither does moerun, whose CUTLASS grouped GEMM takes any row count.
+      Plan b = p;
+      b.precision = Precision::kBf16;
+      const OpGraph g = lower(mixtral(1), b, stack_options("megatron-core"));
+      CHECK(ops_named(g, OpName::kFp8Pad).empty());
+      CHECK(the_op(g, OpName::kExpertFc13).flops == rel(2 * rows * n * h));
+      const OpGraph r = lower(mixtral(1), p, stack_options("moerun"));
+      CHECK(ops_named(r, OpName::kFp8Pad).empty());
+      CHECK(the_op(r, OpName::kExpertFc13).flops == rel(2 * rows * n * h));
+    }
+    {
+      // DeepEP: TEGroupedMLP pads (the stack's own); HybridEP pads inside its dispatch: the GEMMs run the
+      // padded rows, without copies.
+      Plan d = dedup_plan(8);
+      d.precision = Precision::kFp8;
+      d.fp8_recipe = Fp8Recipe::kTensorwise;
+      const OpGraph deepep = lower(mixtral(1), d, stack_options("megatron-core-deepep"));
+      const OpGraph hybrid = lower(mixtral(1), d, stack_options("megatron-core-hybridep"));
+      CHECK(ops_named(deepep, OpName::kFp8Pad).size() == 1);
+      CHECK(ops_named(hybrid, OpName::kFp8Pad).empty());
+      CHECK(the_op(hybrid, OpName::kExpertFc13).flops == rel(the_op(deepep, OpName::kExpertFc13).flops));
+      const double one_expert = rows + expected_alignment_pad(rows, 16);  // ep 8: one local expert
+      CHECK(the_op(hybrid, OpName::kExpertFc13).flops == rel(2 * one_expert * n * h));
+    }
+  }
+
   TEST_CASE("FP8 GEMMs quantise their input forward and the incoming gradient in dgrad, per recipe") {
     // Bytes per element to read BF16 and write the FP8 copy and its transpose: delayed 4, tensorwise 6 (one
     // more read for the current amax), blockwise 2 + 2 (1 + 4/128) (an fp32 scale per 128 values). Mixtral's
     // qkv_proj is [t, h] x [h, n], t = h = 4096, n = (32 + 2 x 8) x 128 = 6144: forward quantises t h
     // elements, dgrad the t n gradient, wgrad nothing (both transposes exist). The expert FC1/FC3 quantises
-    // its t k rows of h (ep 8, uniform routing); the router GEMM stays BF16. Kernels per quantised tensor
-    // (TE's quantizers): current scaling computes the amax, the scale, then casts (3); delayed and block
-    // scaling cast with the scale at hand (1). A grouped GEMM quantises per expert.
+    // its t k rows of h (ep 8, uniform routing), padded; the router GEMM stays BF16. Kernels per quantised
+    // tensor (TE's quantizers): current scaling computes the amax, the scale, then casts (3); delayed and
+    // block scaling cast with the scale at hand (1). A grouped GEMM quantises per expert.
     const double t = 4096, h = 4096, n = 6144, k = 2;
     struct Case {
       Fp8Recipe recipe;
@@ -1689,7 +1759,8 @@ TEST_SUITE("workload") {
       CHECK(wgrad.aux_kernels == 0);
       CHECK(wgrad.kernels == 1);
       const Op& fc13 = the_op(g, OpName::kExpertFc13);
-      CHECK(fc13.aux_bytes == doctest::Approx(t * k * h * per));
+      // Its one local expert's rows padded to a multiple of 16 (TEGroupedMLP's Fp8Padding).
+      CHECK(fc13.aux_bytes == doctest::Approx((t * k + expected_alignment_pad(t * k, 16)) * h * per));
       CHECK(fc13.aux_kernels == kernels);
       CHECK(the_op(g, OpName::kRouter).aux_bytes == 0.0);
       CHECK(the_op(g, OpName::kRouter).aux_kernels == 0);
