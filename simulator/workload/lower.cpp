@@ -164,6 +164,13 @@ class Builder {
     fp8_tp_gather_ = megatron_ && tp_ > 1 && p.precision == Precision::kFp8 &&
                      (p.fp8_recipe == Fp8Recipe::kDelayed || p.fp8_recipe == Fp8Recipe::kTensorwise);
     fp8_amax_ar_ = fp8_tp_gather_ && p.fp8_recipe == Fp8Recipe::kTensorwise;
+    // Under delayed scaling TE's norm kernel writes a LayerNormLinear's input in FP8 itself (v2.4
+    // csrc/extensions/normalization.cpp layernorm_fwd / rmsnorm_fwd: force_unfused_kernel is false for a
+    // Float8Quantizer; current scaling and block scaling run the norm, then quantise), and the FP8 transpose
+    // for the weight gradient follows from that copy (common/normalization ln_api.cpp, rmsnorm_api.cpp:
+    // nvte_transpose of the output when its columnwise data is wanted; after an FP8 gather, the gathered
+    // copy's transpose): record_norm_into_linear, linear_after_norm.
+    fp8_norm_out_ = megatron_ && p.precision == Precision::kFp8 && p.fp8_recipe == Fp8Recipe::kDelayed;
     layers_ = layers_per_virtual_stage(m, p);
     // Multi-token prediction modules (DeepSeek-V3) run on the last virtual stage, after its layers, as layer
     // indices past the model's own (Megatron's layout puts them there, 'm' before the loss).
@@ -238,6 +245,23 @@ class Builder {
     op.aux_bytes = 0;
     op.aux_kernels = 0;
     op.kernels = 1;
+  }
+  // Records a norm that TE fuses into the LayerNormLinear after it: under delayed scaling its `elements`
+  // outputs are written in FP8 (fp8_norm_out_); its backward moves what it moved before.
+  int record_norm_into_linear(Op norm, double elements, std::vector<int> inputs, bool sar = false) {
+    const double bytes = norm.hbm_bytes;
+    const int kernels = norm.kernels;
+    if (fp8_norm_out_) norm.hbm_bytes -= elements * (bytes_of(dt_) - bytes_of(DType::kFp8));
+    const int i = record(std::move(norm), std::move(inputs), sar);
+    if (fp8_norm_out_) backward_as(i, bytes, kernels);
+    return i;
+  }
+  // That LayerNormLinear's GEMM: under delayed scaling its input arrives in FP8, so its quantisation is the
+  // transpose alone (read 1 B, write 1 B per element), one kernel.
+  Op linear_after_norm(Op g) const {
+    if (fp8_norm_out_ && g.aux_bytes > 0)
+      g.aux_bytes = d(g.gemm.m) * d(g.gemm.k) * 2.0 * bytes_of(DType::kFp8);
+    return g;
   }
   // A GEMM the stack keeps in BF16 under FP8 training.
   static void in_bf16(Op& op) {
@@ -504,7 +528,7 @@ class Builder {
 
   DType dt_;
   bool combined_ = false, delay_wgrad_ = false, megatron_ = false, ub_ = false;
-  bool fp8_tp_gather_ = false, fp8_amax_ar_ = false;
+  bool fp8_tp_gather_ = false, fp8_amax_ar_ = false, fp8_norm_out_ = false;
   // MLA's down projections under TP: the plan's layout, else the stack's.
   MlaDownProj mla_down_ = MlaDownProj::kGathered;
   // Where an FP8 plan pads the experts' rows (kNone under BF16); the alignment of its recipe.
@@ -651,7 +675,8 @@ int Builder::attention_fwd(int in, bool position_bias) {
   // Megatron: TE fuses the attention norm into the QKV LayerNormLinear, so only MLA's separate norm is a
   // `layernorm` recompute module.
   module_ = mla ? kRecomputeLayernorm : 0;
-  int x = record(walks(mem(OpName::kAttnNorm, MemOp::kNorm, 3.0 * d(t_ * h) * dt), d(t_), h), {in}, true);
+  const Op attn_norm = walks(mem(OpName::kAttnNorm, MemOp::kNorm, 3.0 * d(t_ * h) * dt), d(t_), h);
+  int x = mla ? record(attn_norm, {in}, true) : record_norm_into_linear(attn_norm, d(t_ * h), {in}, true);
   module_ = 0;
   // MLA's down projections under TP (MlaDownProj): Megatron-Core since 0.14 (multi_latent_attention.py,
   // 720c8b40d8 "MLA down proj switch back to TELinear") runs them as TE linears duplicated over TP on the
@@ -677,9 +702,9 @@ int Builder::attention_fwd(int in, bool position_bias) {
   // (qkv_up_proj_and_rope_apply). moerun normalises the gathered latents alike.
   auto latent_norm = [&](int latent, int64_t rows, int64_t width) {
     module_ = kRecomputeMlaUpProj;
-    const int y =
-        record(walks(mem(OpName::kMlaLatentNorm, MemOp::kNorm, 3.0 * d(rows * width) * dt), d(rows), width),
-               {latent});
+    const int y = record_norm_into_linear(
+        walks(mem(OpName::kMlaLatentNorm, MemOp::kNorm, 3.0 * d(rows * width) * dt), d(rows), width),
+        d(rows * width), {latent});
     module_ = 0;
     return y;
   };
@@ -689,7 +714,7 @@ int Builder::attention_fwd(int in, bool position_bias) {
     const int n = latent_norm(latent, t_, width);
     module_ = kRecomputeMlaUpProj;
     const int g = tp_gather(n, OpName::kAttnAg, false, width);
-    const int y = record(gemm(name, tg, out, width), {g});
+    const int y = record(linear_after_norm(gemm(name, tg, out, width)), {g});
     module_ = 0;
     return y;
   };
@@ -752,7 +777,7 @@ int Builder::attention_fwd(int in, bool position_bias) {
       qd = record(gemm(OpName::kQDown, tg, l.q_lora_rank, h), {x});
       const int qn = latent_norm(qd, tg, l.q_lora_rank);
       module_ = kRecomputeMlaUpProj;
-      q = record(gemm(OpName::kQUp, tg, q_width, l.q_lora_rank), {qn});
+      q = record(linear_after_norm(gemm(OpName::kQUp, tg, q_width, l.q_lora_rank)), {qn});
       module_ = 0;
     } else {
       q = record(gemm(OpName::kQProj, tg, q_proj_width, h), {x});
@@ -760,7 +785,9 @@ int Builder::attention_fwd(int in, bool position_bias) {
     const int kvd = record(gemm(OpName::kKvDown, tg, l.kv_lora_rank + l.qk_rope_head_dim, h), {x});
     const int kvn = latent_norm(kvd, tg, l.kv_lora_rank);
     module_ = kRecomputeMlaUpProj;
-    kv = record(gemm(OpName::kKvUp, tg, heads_r * (l.qk_nope_head_dim + v), l.kv_lora_rank), {kvn});
+    kv =
+        record(linear_after_norm(gemm(OpName::kKvUp, tg, heads_r * (l.qk_nope_head_dim + v), l.kv_lora_rank)),
+               {kvn});
     module_ = 0;
     if (a.indexer.heads > 0) dsa = indexer_fwd(x, qd, tg);
   }
@@ -807,7 +834,8 @@ int Builder::attention_fwd(int in, bool position_bias) {
       module_ = 0;
       ready = {record(coll(OpName::kQA2a, Collective::kAllToAll, CommGroup::kSp, q_bytes), r), kv_a2a};
     } else {
-      if (!mla) q = kv = record(gemm(OpName::kQkvProj, tg, q_proj_width + kv_width, h), {x});
+      if (!mla)
+        q = kv = record(linear_after_norm(gemm(OpName::kQkvProj, tg, q_proj_width + kv_width, h)), {x});
       if (mla) module_ = kRecomputeMlaUpProj;
       const std::vector<int> r = rope({qk_norm(q), kv});
       module_ = 0;
@@ -815,7 +843,8 @@ int Builder::attention_fwd(int in, bool position_bias) {
     }
   } else {
     if (!mla) {
-      q = kv = record(column_linear(gemm(OpName::kQkvProj, tg, q_proj_width + kv_width, h), ub_), {x});
+      q = kv = record(
+          column_linear(linear_after_norm(gemm(OpName::kQkvProj, tg, q_proj_width + kv_width, h)), ub_), {x});
     }
     if (mla) module_ = kRecomputeMlaUpProj;
     ready = rope({qk_norm(q), kv});
@@ -1019,11 +1048,12 @@ int Builder::dense_ffn_fwd(int in) {
   const double dt = bytes_of(dt_);
   node_ = Node::kMlp;
   module_ = kRecomputeMlp;  // the whole dense MLP (its norm is fused into FC1's LayerNormLinear)
-  int x = record(walks(mem(OpName::kFfnNorm, MemOp::kNorm, 3.0 * d(t_ * h) * dt), d(t_), h), {in}, true);
+  int x = record_norm_into_linear(walks(mem(OpName::kFfnNorm, MemOp::kNorm, 3.0 * d(t_ * h) * dt), d(t_), h),
+                                  d(t_ * h), {in}, true);
   x = tp_gather(x, OpName::kFfnAg, ub_);
   const int64_t tg = t_ * tp_;
   const int64_t f_r = f / tp_;
-  int y = record(column_linear(gemm(OpName::kFc13, tg, glu_ * f_r, h), ub_), {x});
+  int y = record(column_linear(linear_after_norm(gemm(OpName::kFc13, tg, glu_ * f_r, h)), ub_), {x});
   y = glu_act(OpName::kAct, y, d(tg), f_r);
   y = row_linear(gemm(OpName::kFc2, tg, h, f_r), y, OpName::kFfnRs, ub_);
   module_ = 0;
@@ -1705,8 +1735,10 @@ void Builder::backward_node(LayerPass& pass, Node node) {
         }
         Op dgrad = op;
         dgrad.part = GemmPart::kDgrad;
-        // FP8: the incoming gradient [m, n] is quantised (and transposed for wgrad) instead of the input.
-        if (op.aux_bytes > 0 && op.gemm.k > 0) dgrad.aux_bytes = op.aux_bytes * d(op.gemm.n) / d(op.gemm.k);
+        // FP8: the incoming gradient [m, n] (its rows: flops / 2 n k) is quantised (and transposed for wgrad)
+        // instead of the input, at the recipe's cost whatever the forward input's (linear_after_norm).
+        if (op.aux_bytes > 0 && op.gemm.k > 0)
+          dgrad.aux_bytes = fp8_input_cast(op.flops / (2.0 * d(op.gemm.k)));
         if (op.kind == OpKind::kFusedGemmComm) {
           // The transposed fused kernel: its collective reverses direction.
           if (op.comm.collective == Collective::kAllGather)

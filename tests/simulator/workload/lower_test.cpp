@@ -1724,6 +1724,49 @@ TEST_SUITE("workload") {
     }
   }
 
+  TEST_CASE(
+      "under delayed scaling the norms TE fuses into LayerNormLinears write FP8 and their GEMMs only "
+      "transpose") {
+    // TE v2.4 normalization.cpp: a Float8Quantizer (delayed scaling) takes the fused norm kernel, which
+    // writes the FP8 output; current scaling runs the norm in bf16, then amax, scale, cast. The fused norms:
+    // the attention norm before QKV (not MLA's, a TENorm of its own), the dense MLP's before FC1, MLA's
+    // latent norms before the up projections. Each writes 1 B instead of 2 per output element forward (its
+    // backward as before), and its linear's quantisation is the transpose alone: 2 B per input element,
+    // not 4. DeepSeek-V3 (h = 7168, dense FFN 18432, q_lora 1536, kv_lora 512) without TP: t = 4096 rows.
+    const double t = 4096, h = 7168, q_lora = 1536, kv_lora = 512;
+    Plan p = node_plan(8);
+    p.precision = Precision::kFp8;
+    p.fp8_recipe = Fp8Recipe::kTensorwise;
+    const OpGraph current = lower(deepseek_v3(1, 0), p, stack_options("megatron-core"));
+    p.fp8_recipe = Fp8Recipe::kDelayed;
+    const OpGraph delayed = lower(deepseek_v3(1, 0), p, stack_options("megatron-core"));
+    const Op& ffn_norm = the_op(delayed, OpName::kFfnNorm);
+    CHECK(ffn_norm.hbm_bytes == rel(the_op(current, OpName::kFfnNorm).hbm_bytes - t * h));
+    CHECK(the_op(delayed, OpName::kFfnNorm, 0, Phase::kBackward).hbm_bytes ==
+          rel(the_op(current, OpName::kFfnNorm, 0, Phase::kBackward).hbm_bytes));
+    CHECK(the_op(delayed, OpName::kFc13).aux_bytes == rel(t * h * 2));
+    CHECK(the_op(delayed, OpName::kFc13).aux_kernels == 1);
+    CHECK(the_op(delayed, OpName::kFc13, 0, Phase::kBackward, GemmPart::kDgrad).aux_bytes ==
+          rel(t * 2 * 18432 * 4));  // the incoming gradient, at the recipe's 4 B
+    CHECK(the_op(delayed, OpName::kQUp).aux_bytes == rel(t * q_lora * 2));
+    CHECK(the_op(delayed, OpName::kKvUp).aux_bytes == rel(t * kv_lora * 2));
+    const auto norms = ops_named(delayed, OpName::kMlaLatentNorm);
+    const auto norms_current = ops_named(current, OpName::kMlaLatentNorm);
+    REQUIRE(norms.size() == 2);
+    REQUIRE(norms_current.size() == 2);
+    CHECK(norms[0]->hbm_bytes + norms[1]->hbm_bytes ==
+          rel(norms_current[0]->hbm_bytes + norms_current[1]->hbm_bytes - t * (q_lora + kv_lora)));
+    // MLA's input norm feeds TE linears of their own: unchanged; the down projections quantise at 4 B.
+    CHECK(the_op(delayed, OpName::kAttnNorm).hbm_bytes == rel(the_op(current, OpName::kAttnNorm).hbm_bytes));
+    CHECK(the_op(delayed, OpName::kKvDown).aux_bytes == rel(t * h * 4));
+    // A grouped-query model's attention norm is fused into qkv_proj.
+    const OpGraph gqa = lower(mixtral(1), p, stack_options("megatron-core"));
+    p.fp8_recipe = Fp8Recipe::kTensorwise;
+    const OpGraph gqa_current = lower(mixtral(1), p, stack_options("megatron-core"));
+    CHECK(the_op(gqa, OpName::kAttnNorm).hbm_bytes ==
+          rel(the_op(gqa_current, OpName::kAttnNorm).hbm_bytes - 4096.0 * 4096.0));
+  }
+
   TEST_CASE("FP8 GEMMs quantise their input forward and the incoming gradient in dgrad, per recipe") {
     // Bytes per element to read BF16 and write the FP8 copy and its transpose: delayed 4, tensorwise 6 (one
     // more read for the current amax), blockwise 2 + 2 (1 + 4/128) (an fp32 scale per 128 values). Mixtral's
@@ -1731,24 +1774,28 @@ TEST_SUITE("workload") {
     // elements, dgrad the t n gradient, wgrad nothing (both transposes exist). The expert FC1/FC3 quantises
     // its t k rows of h (ep 8, uniform routing), padded; the router GEMM stays BF16. Kernels per quantised
     // tensor (TE's quantizers): current scaling computes the amax, the scale, then casts (3); delayed and
-    // block scaling cast with the scale at hand (1). A grouped GEMM quantises per expert.
+    // block scaling cast with the scale at hand (1). A grouped GEMM quantises per expert. Under delayed
+    // scaling the qkv_proj's input comes in FP8 from the norm TE fuses into it: only its transpose is made
+    // (read 1, write 1).
     const double t = 4096, h = 4096, n = 6144, k = 2;
     struct Case {
       Fp8Recipe recipe;
       double per;
       int kernels;
+      double qkv_per;
     };
-    const Case recipes[] = {{Fp8Recipe::kDelayed, 4.0, 1},
-                            {Fp8Recipe::kTensorwise, 6.0, 3},
-                            {Fp8Recipe::kBlockwise, 2.0 + 2.0 * (1 + 4.0 / 128), 1}};
-    for (const auto& [recipe, per, kernels] : recipes) {
+    const double block = 2.0 + 2.0 * (1 + 4.0 / 128);
+    const Case recipes[] = {{Fp8Recipe::kDelayed, 4.0, 1, 2.0},
+                            {Fp8Recipe::kTensorwise, 6.0, 3, 6.0},
+                            {Fp8Recipe::kBlockwise, block, 1, block}};
+    for (const auto& [recipe, per, kernels, qkv_per] : recipes) {
       CAPTURE(per);
       Plan p = node_plan(8);
       p.precision = Precision::kFp8;
       p.fp8_recipe = recipe;
       const OpGraph g = lower(mixtral(1), p, stack_options("megatron-core"));
       const Op& qkv = the_op(g, OpName::kQkvProj);
-      CHECK(qkv.aux_bytes == doctest::Approx(t * h * per));
+      CHECK(qkv.aux_bytes == doctest::Approx(t * h * qkv_per));
       CHECK(qkv.aux_kernels == kernels);
       CHECK(qkv.kernels == 1 + kernels);
       const Op& dgrad = the_op(g, OpName::kQkvProj, 0, Phase::kBackward, GemmPart::kDgrad);
