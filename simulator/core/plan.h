@@ -209,13 +209,15 @@ class RuleChecker {
 
 // Every plan feature the stack cannot run (its capabilities): dispatch, recompute granularity and modules,
 // schedule, precision and FP8 recipe, gradient synchronisation, dispatch precision, MLA's down-projection
-// layout where the plan names one. Overlaps are not here.
+// layout and where FP8 pads the experts' rows, where the plan names them. Overlaps are not here.
 std::vector<Violation> validate_for_stack(const Plan& plan, const StackProfile& stack, bool reasons = true);
 
 // How MLA's down projections run: the plan's layout where it names one, else the stack's own (the first of
 // its capabilities.mla_down_proj; kGathered where it lists none).
 MlaDownProj mla_down_proj_of(const Plan& plan, const StackProfile& stack);
 MlaDownProj stack_mla_down_proj(const StackProfile& stack);
+// The same with the stack's own layout given.
+MlaDownProj mla_down_proj_of(const Plan& plan, MlaDownProj stack_own);
 
 // Where an FP8 plan's expert rows are padded to the FP8 GEMMs' alignment: the plan's choice where it names
 // one, else the stack's own (the first of its capabilities.fp8_padding); kNone for a plan not in FP8.
@@ -223,13 +225,12 @@ Fp8Padding fp8_padding_of(const Plan& plan, const StackProfile& stack);
 Fp8Padding fp8_padding_of(const Plan& plan, Fp8Padding stack_own);
 Fp8Padding stack_fp8_padding(const StackProfile& stack);
 // Rows an expert's FP8 alignment adds on average to a count drawn with mean `mean` (Poisson: each of many
-// tokens picks the expert independently, as balanced routing does): E[(-c) mod align]. About (align - 1) / 2
-// once the mean passes a few alignments; less for small means, where many counts are 0 and pad nothing.
+// tokens picks the expert independently, as balanced routing does): E[(-c) mod align]. (align - 1) / 2 once
+// the mean reaches align^2; more for means of a few rows (a count of 1 pads align - 1), toward 0 for means
+// well below 1 (most counts are 0 and pad nothing).
 double expected_alignment_pad(double mean, int align);
 // The FP8 row alignment of the plan's recipe (Megatron get_fp8_align_size: 32 under MX scaling, else 16).
 int fp8_row_alignment(const Plan& plan);
-// The same with the stack's own layout given.
-MlaDownProj mla_down_proj_of(const Plan& plan, MlaDownProj stack_own);
 
 // The plan as the stack runs it: each overlap the plan asks for and the stack does not achieve is switched
 // off (it gets no credit), with one notice per overlap saying so.

@@ -1735,8 +1735,8 @@ void Builder::backward_node(LayerPass& pass, Node node) {
         }
         Op dgrad = op;
         dgrad.part = GemmPart::kDgrad;
-        // FP8: the incoming gradient [m, n] (its rows: flops / 2 n k) is quantised (and transposed for wgrad)
-        // instead of the input, at the recipe's cost whatever the forward input's (linear_after_norm).
+        // FP8: the incoming gradient [m, n] (m n = flops / 2 k elements) is quantised (and transposed for
+        // wgrad) instead of the input, at the recipe's cost whatever the forward input's (linear_after_norm).
         if (op.aux_bytes > 0 && op.gemm.k > 0)
           dgrad.aux_bytes = fp8_input_cast(op.flops / (2.0 * d(op.gemm.k)));
         if (op.kind == OpKind::kFusedGemmComm) {
