@@ -1013,13 +1013,16 @@ int Builder::recurrent_mixer_fwd(int in, MixerKind kind) {
   const int64_t chunk = gdn ? g.chunk : sm.chunk;
   node_ = Node::kPreDispatch;
   module_ = 0;
-  int x = record(walks(mem(OpName::kAttnNorm, MemOp::kNorm, 3.0 * d(t_ * h) * dt), d(t_), h), {in}, true);
+  // The Mamba mixer's and the Gated DeltaNet's in_proj are TE LayerNormLinears (hybrid_layer_specs.py at
+  // d98e8a64): the input norm is fused into them.
+  int x = record_norm_into_linear(walks(mem(OpName::kAttnNorm, MemOp::kNorm, 3.0 * d(t_ * h) * dt), d(t_), h),
+                                  d(t_ * h), {in}, true);
   // Megatron's Mamba mixer builds its projections with TE's fc1 and fc2 userbuffers
   // (ssm/mamba_mixer.py:225, 315 at 1e057005); the Gated DeltaNet is not in that source.
   const bool ub = ub_ && !gdn;
   x = tp_gather(x, OpName::kAttnAg, ub);
   const int64_t tg = t_ * tp_;
-  int y = record(column_linear(gemm(OpName::kMixerInProj, tg, in_w, h), ub), {x});
+  int y = record(column_linear(linear_after_norm(gemm(OpName::kMixerInProj, tg, in_w, h)), ub), {x});
   y = record(mem(OpName::kMixerConv, MemOp::kActivation, 2.0 * d(tg * conv_w) * dt), {y}, true);
   if (sp_ > 1)
     y = record(coll(OpName::kMixerA2a, Collective::kAllToAll, CommGroup::kSp, d(tg * in_w) * dt), {y}, true);

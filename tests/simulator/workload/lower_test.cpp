@@ -1765,6 +1765,21 @@ TEST_SUITE("workload") {
     const OpGraph gqa_current = lower(mixtral(1), p, stack_options("megatron-core"));
     CHECK(the_op(gqa, OpName::kAttnNorm).hbm_bytes ==
           rel(the_op(gqa_current, OpName::kAttnNorm).hbm_bytes - 4096.0 * 4096.0));
+    // So is a Mamba mixer's and a Gated DeltaNet's input norm into its in_proj (hybrid_layer_specs.py).
+    for (const char* name : {"nemotron-3-nano-30b-a3b", "qwen3-next-80b-a3b"}) {
+      CAPTURE(name);
+      const ModelSpec hybrid = io::load_model(name).value();
+      p.fp8_recipe = Fp8Recipe::kDelayed;
+      const OpGraph fused = lower(hybrid, p, stack_options("megatron-core"));
+      p.fp8_recipe = Fp8Recipe::kTensorwise;
+      const OpGraph unfused = lower(hybrid, p, stack_options("megatron-core"));
+      const auto in_proj = ops_named(fused, OpName::kMixerInProj, -1);
+      const auto in_proj_current = ops_named(unfused, OpName::kMixerInProj, -1);
+      REQUIRE_FALSE(in_proj.empty());
+      REQUIRE_FALSE(in_proj_current.empty());
+      CHECK(in_proj[0]->aux_bytes == rel(4096.0 * static_cast<double>(hybrid.hidden) * 2));
+      CHECK(in_proj_current[0]->aux_bytes == rel(4096.0 * static_cast<double>(hybrid.hidden) * 6));
+    }
   }
 
   TEST_CASE("FP8 GEMMs quantise their input forward and the incoming gradient in dgrad, per recipe") {
