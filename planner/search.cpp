@@ -162,6 +162,8 @@ std::vector<std::string> plan_keys() {
   all.overlap.cross_micro_batch = true;
   all.overlap.delay_wgrad = true;
   all.experts.fused_index_conversion = true;
+  all.experts.fp8_padding = Fp8Padding::kRouter;
+  all.attention.mla_down_proj = MlaDownProj::kDuplicated;
   all.precision = Precision::kFp8;
   const nlohmann::json j = io::plan_to_json(all);
   for (auto it = j.begin(); it != j.end(); ++it) {

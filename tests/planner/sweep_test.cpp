@@ -169,6 +169,13 @@ TEST_SUITE("planner") {
     Result<planner::SweepCase> ep = planner::apply_vary(base, "experts.ep", 8);
     REQUIRE(ep.ok());
     CHECK(ep.value().plan->experts.ep == 8);
+    // Optional plan fields are keys too: where FP8 pads the experts' rows, MLA's down-projection layout.
+    Result<planner::SweepCase> pad = planner::apply_vary(base, "experts.fp8_padding", "router");
+    REQUIRE(pad.ok());
+    CHECK(pad.value().plan->experts.fp8_padding == Fp8Padding::kRouter);
+    Result<planner::SweepCase> mla = planner::apply_vary(base, "attention.mla_down_proj", "column_parallel");
+    REQUIRE(mla.ok());
+    CHECK(mla.value().plan->attention.mla_down_proj == MlaDownProj::kColumnParallel);
 
     // Without a plan: the job, and a plan key replaces a --fix of the same key.
     base.plan.reset();

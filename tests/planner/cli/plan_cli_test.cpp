@@ -167,8 +167,9 @@ TEST_SUITE("cli") {
   TEST_CASE("plan --list-keys lists every plan key --fix takes, optional ones included") {
     const Run r = run_cli("plan --list-keys");
     REQUIRE(r.exit_code == 0);
-    for (const char* k : {"experts.ep", "pipeline.vpp", "micro_batch", "overlap.cross_micro_batch",
-                          "fp8_recipe", "routing.fused_router", "cross_entropy"}) {
+    for (const char* k :
+         {"experts.ep", "pipeline.vpp", "micro_batch", "overlap.cross_micro_batch", "fp8_recipe",
+          "routing.fused_router", "cross_entropy", "experts.fp8_padding", "attention.mla_down_proj"}) {
       CAPTURE(k);
       CHECK(r.out.find(std::string(k) + "\n") != std::string::npos);
     }
