@@ -46,12 +46,14 @@ enum class MlaDownProj { kStack, kDuplicated, kColumnParallel, kGathered };
 // TEGroupedMLP pads the permuted rows and probs with TE's Fp8Padding and unpads the output with Fp8Unpadding
 // (experts.py, taken under FP8 unless the router or the dispatcher padded: moe_utils.py
 // skip_routed_expert_padding at d98e8a64): a copy of the rows on each side, forward and backward.
-// kDispatcher: HybridEP pads each local expert's rows inside its dispatch (pad_multiple, token_dispatcher.py
-// at 2edffadb). kRouter: --moe-router-padding-for-quantization (--moe-router-padding-for-fp8 before 0.16)
-// routes extra zero-probability tokens so each expert's count is a multiple: the alltoall dispatcher pads
-// each source rank's routing map before the exchange (moe_utils.py pad_routing_map), so the padded rows cross
-// the network and run through the experts; DeepEP pads the received map (token_dispatcher.py _pad_routing_map
-// at core_v0.14.0). kNone: the grouped GEMMs take any row count (moerun's CUTLASS grouped GEMM, BF16 stacks).
+// kDispatcher: the dispatcher pads each local expert's rows: HybridEP inside its dispatch (pad_multiple,
+// token_dispatcher.py at 2edffadb), DeepEP in the fused permute of the received rows (align_size, TE 2.12+'s
+// fused_permute_and_pad_with_probs, token_dispatcher.py:1446-1454 at d98e8a64). kRouter:
+// --moe-router-padding-for-quantization (--moe-router-padding-for-fp8 before 0.16) routes extra
+// zero-probability tokens so each expert's count is a multiple: the alltoall dispatcher pads each source
+// rank's routing map before the exchange (moe_utils.py pad_routing_map), so the padded rows cross the network
+// and run through the experts; DeepEP pads the received map (token_dispatcher.py _pad_routing_map at
+// core_v0.14.0). kNone: the grouped GEMMs take any row count (moerun's CUTLASS grouped GEMM, BF16 stacks).
 enum class Fp8Padding { kStack, kNone, kExperts, kDispatcher, kRouter };
 enum class RecomputeMethod { kUniform, kBlock };
 // Megatron --recompute-modules, as bit flags.

@@ -1709,18 +1709,24 @@ TEST_SUITE("workload") {
       CHECK(the_op(r, OpName::kExpertFc13).flops == rel(2 * rows * n * h));
     }
     {
-      // DeepEP: TEGroupedMLP pads (the stack's own); HybridEP pads inside its dispatch: the GEMMs run the
-      // padded rows, without copies.
+      // HybridEP pads inside its dispatch, and DeepEP's fused permute pads the received rows (TE 2.12+):
+      // the GEMMs run the padded rows, without copies (the stacks' own). Before those builds (Megatron-Core
+      // 0.14 with TE 2.7) TEGroupedMLP padded DeepEP's rows itself: the plan says experts.
       Plan d = dedup_plan(8);
       d.precision = Precision::kFp8;
       d.fp8_recipe = Fp8Recipe::kTensorwise;
       const OpGraph deepep = lower(mixtral(1), d, stack_options("megatron-core-deepep"));
       const OpGraph hybrid = lower(mixtral(1), d, stack_options("megatron-core-hybridep"));
-      CHECK(ops_named(deepep, OpName::kFp8Pad).size() == 1);
+      d.experts.fp8_padding = Fp8Padding::kExperts;
+      const OpGraph deepep_old = lower(mixtral(1), d, stack_options("megatron-core-deepep"));
+      CHECK(ops_named(deepep, OpName::kFp8Pad).empty());
       CHECK(ops_named(hybrid, OpName::kFp8Pad).empty());
-      CHECK(the_op(hybrid, OpName::kExpertFc13).flops == rel(the_op(deepep, OpName::kExpertFc13).flops));
+      CHECK(ops_named(deepep_old, OpName::kFp8Pad).size() == 1);
+      CHECK(ops_named(deepep_old, OpName::kFp8Unpad).size() == 1);
       const double one_expert = rows + expected_alignment_pad(rows, 16);  // ep 8: one local expert
-      CHECK(the_op(hybrid, OpName::kExpertFc13).flops == rel(2 * one_expert * n * h));
+      for (const OpGraph* g : {&deepep, &hybrid, &deepep_old}) {
+        CHECK(the_op(*g, OpName::kExpertFc13).flops == rel(2 * one_expert * n * h));
+      }
     }
   }
 
