@@ -444,6 +444,17 @@ class MegatronBuilder {
       // DeepEP's fused index conversion is behind Megatron's experimental switch, which also turns on its
       // other experimental code paths.
       if (!hybrid && p_.experts.fused_index_conversion) flag("--enable-experimental");
+      // Where DeepEP's received rows are padded to FP8's alignment is Megatron's and TE's version, not a
+      // flag.
+      if (!hybrid && p_.precision == Precision::kFp8 && p_.experts.fp8_padding == Fp8Padding::kExperts) {
+        note(
+            "the plan prices FP8's row padding as TEGroupedMLP's copies, as Megatron-Core before the DeepEP "
+            "permute padded (0.14 with Transformer Engine before 2.12): run a Megatron-LM and TE of that "
+            "age, or "
+            "predict the plan without experts.fp8_padding for later builds, whose --moe-permute-fusion pads "
+            "the "
+            "received rows");
+      }
     }
     if (p_.experts.dispatch == Dispatch::kDedup && type != "flex") {
       note("node-deduplicated dispatch with tp x ep = 1 sends nothing between ranks; alltoall used");

@@ -830,6 +830,21 @@ TEST_SUITE("planner") {
   }
 
   TEST_CASE(
+      "DeepEP's FP8 row padding in the experts is Megatron's and TE's version, said in a note and no flag") {
+    Plan p = make_plan("deepseek-v3", 8, 4096, 8);
+    p.experts.ep = 8;
+    p.experts.dispatch = Dispatch::kDedup;
+    p.stack = "megatron-core-deepep";
+    p.precision = Precision::kFp8;
+    const auto own = checked(p);
+    CHECK_FALSE(mentions(own.notes, "TEGroupedMLP's copies"));
+    p.experts.fp8_padding = Fp8Padding::kExperts;
+    const auto old = checked(p);
+    CHECK(mentions(old.notes, "TEGroupedMLP's copies, as Megatron-Core before the DeepEP permute padded"));
+    CHECK(old.flags == own.flags);
+  }
+
+  TEST_CASE(
       "DeepEP's fused index conversion asks for Megatron's experimental switch, and otherwise it is off") {
     Plan p = make_plan("deepseek-v3", 8, 4096, 8);
     p.experts.ep = 8;
