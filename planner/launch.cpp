@@ -450,10 +450,9 @@ class MegatronBuilder {
         note(
             "the plan prices FP8's row padding as TEGroupedMLP's copies, as Megatron-Core before the DeepEP "
             "permute padded (0.14 with Transformer Engine before 2.12): run a Megatron-LM and TE of that "
-            "age, or "
-            "predict the plan without experts.fp8_padding for later builds, whose --moe-permute-fusion pads "
-            "the "
-            "received rows");
+            "age, "
+            "or predict the plan without experts.fp8_padding for later builds, whose --moe-permute-fusion "
+            "pads the received rows");
       }
     }
     if (p_.experts.dispatch == Dispatch::kDedup && type != "flex") {
