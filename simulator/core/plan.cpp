@@ -392,6 +392,10 @@ double expected_alignment_pad(double mean, int align) {
   return total / mass;
 }
 
+double alignment_pad_rows(double rows, double groups, int align) {
+  return groups > 0 ? groups * expected_alignment_pad(rows / groups, align) : 0.0;
+}
+
 MlaDownProj stack_mla_down_proj(const StackProfile& stack) {
   if (stack.capabilities.mla_down_proj.empty()) return MlaDownProj::kGathered;
   const std::string& own = stack.capabilities.mla_down_proj.front();

@@ -231,6 +231,9 @@ Fp8Padding stack_fp8_padding(const StackProfile& stack);
 // the mean reaches align^2; more for means of a few rows (a count of 1 pads align - 1), toward 0 for means
 // well below 1 (most counts are 0 and pad nothing).
 double expected_alignment_pad(double mean, int align);
+// The rows `rows` spread evenly over `groups` counts (experts, or an expert's sources) gain by each count's
+// alignment: groups x expected_alignment_pad(rows / groups, align); 0 without groups.
+double alignment_pad_rows(double rows, double groups, int align);
 // The FP8 row alignment of the plan's recipe (Megatron get_fp8_align_size: 32 under MX scaling, else 16).
 int fp8_row_alignment(const Plan& plan);
 

@@ -164,10 +164,9 @@ LayerActivations megatron_layer(const ModelSpec& m, const Plan& p, const LayerSp
     // source before an alltoall exchange, else each local expert's received rows padded.
     const int align = fp8_row_alignment(p);
     if (pad == Fp8Padding::kRouter && p.experts.dispatch != Dispatch::kDedup) {
-      rows += d(etp) * experts * expected_alignment_pad(t * d(e.top_k) / experts, align);
+      rows += d(etp) * alignment_pad_rows(t * d(e.top_k), experts, align);
     } else if (pad != Fp8Padding::kNone) {
-      const double local = experts / d(p.experts.ep);
-      rows += local * expected_alignment_pad(rows / local, align);
+      rows += alignment_pad_rows(rows, experts / d(p.experts.ep), align);
     }
     const double f_r = d(e.expert_ffn) / d(etp);
     const bool whole = on(kRecomputeMoe);  // ML:699-717: the MoE layer re-runs from its input

@@ -1238,7 +1238,7 @@ int Builder::moe_dispatch_dedup(int r, double ep_rows, int64_t f_r, int64_t loca
 
 // The experts between the permute and the unpermute on a Megatron-Core stack (TEGroupedMLP). Under FP8 the
 // grouped GEMMs take each expert's rows in multiples of the recipe's alignment: where the rows arrive
-// unaligned, the padded rows (on average expected_alignment_pad per expert) run through the GEMMs and the
+// unaligned, the padded rows (alignment_pad_rows over the local experts) run through the GEMMs and the
 // activation. Where the experts pad them themselves (Fp8Padding::kExperts: TE's Fp8Padding and Fp8Unpadding,
 // fp8_padding.py / fp8_unpadding.py), the rows and the probs are copied into padded buffers by one
 // fused_multi_row_padding kernel each, and the output copied back by one cat of the per-expert slices;
@@ -1248,9 +1248,8 @@ int Builder::expert_mlp(int y, double ep_rows, int64_t f_r, int64_t local_expert
   const int64_t h = m_.hidden;
   const double dt = bytes_of(dt_);
   double rows = ep_rows;
-  if (fp8_pad_ != Fp8Padding::kNone && !router_padded && local_experts > 0) {
-    rows += d(local_experts) * expected_alignment_pad(ep_rows / d(local_experts), fp8_align_);
-  }
+  if (fp8_pad_ != Fp8Padding::kNone && !router_padded)
+    rows += alignment_pad_rows(ep_rows, d(local_experts), fp8_align_);
   const bool copies = fp8_pad_ == Fp8Padding::kExperts;
   if (copies) {
     y = record(mem(OpName::kFp8Pad, MemOp::kPermute, (ep_rows + rows) * (d(h) * dt + probs_bytes()),
@@ -1337,10 +1336,7 @@ int Builder::moe_fwd(int in) {
   // map before the exchange, so each rank receives about E x the expected pad of one source's count more
   // rows.
   const bool router_padded = fp8_pad_ == Fp8Padding::kRouter && p_.experts.dispatch != Dispatch::kDedup;
-  if (router_padded) {
-    const double per_source = d(t_ * k) * kept / d(e.num_experts);
-    rows += d(e.num_experts) * expected_alignment_pad(per_source, fp8_align_);
-  }
+  if (router_padded) rows += alignment_pad_rows(d(t_ * k) * kept, d(e.num_experts), fp8_align_);
   const bool fp8_dispatch = p_.compression.dispatch == DispatchPrecision::kFp8;
   const DType dispatch_dt = fp8_dispatch ? DType::kFp8 : dt_;
   const double dispatch_elt = fp8_dispatch ? bytes_of(DType::kFp8) * kFp8ScaleOverhead : dt;
