@@ -106,14 +106,20 @@ std::string describe(const Plan& p) {
   const char* disp = p.experts.dispatch == Dispatch::kAllToAll    ? "a2a"
                      : p.experts.dispatch == Dispatch::kAllGather ? "ag"
                                                                   : "dedup";
-  return fmt::format("tp{} sp{} cp{} | ep{} etp{} {} | pp{} v{} | dp{} mb{} z{} | {} | {} | {}{}{}",
+  // Where FP8 pads the experts' rows, when the plan names a way other than the stack's own.
+  const char* pad = p.experts.fp8_padding == Fp8Padding::kRouter       ? " rpad"
+                    : p.experts.fp8_padding == Fp8Padding::kExperts    ? " epad"
+                    : p.experts.fp8_padding == Fp8Padding::kDispatcher ? " dpad"
+                    : p.experts.fp8_padding == Fp8Padding::kNone       ? " nopad"
+                                                                       : "";
+  return fmt::format("tp{} sp{} cp{} | ep{} etp{} {} | pp{} v{} | dp{} mb{} z{} | {} | {} | {}{}{}{}",
                      p.attention.tp, p.attention.sp, p.attention.cp, p.experts.ep, p.experts.etp, disp,
                      p.pipeline.pp, p.pipeline.vpp, p.gpus > 0 ? p.dp() : 0, p.micro_batch, p.data.zero, rc,
                      ov, name_of(p.precision),
                      p.compression.grad_sync == GradSync::kBf16AllToAll        ? " g16"
                      : p.compression.grad_sync == GradSync::kBf16ReduceScatter ? " rs16"
                                                                                : "",
-                     p.compression.dispatch == DispatchPrecision::kFp8 ? " d8" : "");
+                     p.compression.dispatch == DispatchPrecision::kFp8 ? " d8" : "", pad);
 }
 
 bool tied_with_best(const Prediction& best, const Prediction& p) {
@@ -145,7 +151,9 @@ std::string layout_legend() {
          "exchanges pipelined with their GEMMs by Transformer Engine's userbuffers, --tp-comm-overlap)\n"
          "  | precision, then rs16 (gradients reduce-scattered in BF16), g16 (MegaScale-MoE's BF16 "
          "all-to-all "
-         "gradient sync), d8 (FP8 dispatch)";
+         "gradient sync), d8 (FP8 dispatch), rpad / epad / dpad / nopad (FP8 pads each expert's rows to "
+         "the GEMMs' alignment in the router, the experts or the dispatcher, or not at all, where the plan "
+         "names a way other than the stack's own)";
 }
 
 std::optional<nlohmann::json> plan_value(const Plan& plan, const std::string& key) {
@@ -209,6 +217,7 @@ class SmallList {
  public:
   void push_back(T v) { items_[size_++] = v; }
   bool empty() const { return size_ == 0; }
+  size_t size() const { return size_; }
   const T* begin() const { return items_.data(); }
   const T* end() const { return items_.data() + size_; }
 
@@ -278,50 +287,71 @@ int64_t for_each_plan(const ModelSpec& model, const HardwareProfile& hw, const S
                                 continue;
                               if (stack_has(cap.grad_sync, name_of(gs))) syncs.push_back(gs);
                             }
+                            // Where FP8 pads each expert's rows: the stack's own way (the plan leaves the
+                            // field out) and each other way it can run and the dispatcher allows. Under a
+                            // deduplicating dispatcher the router's padding pads the received map, the rows
+                            // the dispatcher's own padding pads (the lowering prices them alike): one of
+                            // them.
+                            SmallList<Fp8Padding, 4> paddings;
+                            paddings.push_back(Fp8Padding::kStack);
+                            if (prec == Precision::kFp8 && model.is_moe()) {
+                              for (size_t i = 1; i < cap.fp8_padding.size(); ++i) {
+                                const Fp8Padding f = fp8_padding_named(cap.fp8_padding[i]);
+                                if (f == Fp8Padding::kStack || paddings.size() == 4) continue;
+                                if (f == Fp8Padding::kRouter && disp == Dispatch::kAllGather) continue;
+                                if (f == Fp8Padding::kRouter && disp == Dispatch::kDedup &&
+                                    stack_has(cap.fp8_padding, name_of(Fp8Padding::kDispatcher)))
+                                  continue;
+                                paddings.push_back(f);
+                              }
+                            }
                             for (GradSync sync : syncs) {
-                              const int64_t at = index++;
-                              if (at % stride != offset) continue;
-                              Plan p;
-                              p.gpus = n;
-                              p.seq_len = job.seq_len;
-                              p.global_batch = job.global_batch;
-                              p.micro_batch = mb;
-                              p.attention = {tp, sp, cp};
-                              p.experts = {ep, etp, disp};
-                              p.pipeline.pp = pp;
-                              p.pipeline.vpp = vpp;
-                              p.pipeline.schedule = vpp > 1 ? Schedule::kInterleaved1F1B : Schedule::k1F1B;
-                              if (layers % (pp * vpp) != 0)
-                                p.pipeline.layers_per_stage = uneven_split(layers, pp * vpp);
-                              p.data.zero = zero;
-                              p.overlap = {stack.overlaps.inter_op.value, intra, stack.overlaps.dp_comm.value,
-                                           stack.overlaps.pp_comm.value};
-                              // Cross-micro-batch EP overlap where the stack has it and its rules allow it.
-                              p.overlap.cross_micro_batch =
-                                  stack.overlaps.cross_micro_batch.value && ep > 1 && (pp == 1 || vpp > 1) &&
-                                  rc != Recompute::kFull && disp != Dispatch::kAllGather &&
-                                  model.mtp_layers <= 1;
-                              // With it, Megatron's --delay-wgrad-compute: the weight gradients behind the
-                              // node that signals the backward exchange.
-                              p.overlap.delay_wgrad = p.overlap.cross_micro_batch;
-                              // TE's userbuffers under TP where the stack has them (MLA models run
-                              // without: the lowering's rule).
-                              p.overlap.tp_comm = stack.overlaps.tp_comm.value && tp > 1 &&
-                                                  model.attention.kind != AttentionKind::kMla;
-                              p.compression.grad_sync = sync;
-                              p.compression.dispatch = prec == Precision::kFp8 && ep > 1 &&
-                                                               stack_has(cap.dispatch_precision, "fp8")
-                                                           ? DispatchPrecision::kFp8
-                                                           : DispatchPrecision::kBf16;
-                              p.precision = prec;
-                              if (prec == Precision::kFp8 && !cap.fp8_recipes.empty() &&
-                                  !stack_has(cap.fp8_recipes, name_of(p.fp8_recipe)))
-                                p.fp8_recipe = cap.fp8_recipes.front() == "blockwise" ? Fp8Recipe::kBlockwise
-                                               : cap.fp8_recipes.front() == "delayed"
-                                                   ? Fp8Recipe::kDelayed
-                                                   : Fp8Recipe::kTensorwise;
-                              p.recompute = rc;
-                              visit(at, std::move(p));
+                              for (Fp8Padding padding : paddings) {
+                                const int64_t at = index++;
+                                if (at % stride != offset) continue;
+                                Plan p;
+                                p.gpus = n;
+                                p.seq_len = job.seq_len;
+                                p.global_batch = job.global_batch;
+                                p.micro_batch = mb;
+                                p.attention = {tp, sp, cp};
+                                p.experts = {ep, etp, disp};
+                                p.pipeline.pp = pp;
+                                p.pipeline.vpp = vpp;
+                                p.pipeline.schedule = vpp > 1 ? Schedule::kInterleaved1F1B : Schedule::k1F1B;
+                                if (layers % (pp * vpp) != 0)
+                                  p.pipeline.layers_per_stage = uneven_split(layers, pp * vpp);
+                                p.data.zero = zero;
+                                p.overlap = {stack.overlaps.inter_op.value, intra,
+                                             stack.overlaps.dp_comm.value, stack.overlaps.pp_comm.value};
+                                // Cross-micro-batch EP overlap where the stack has it and its rules allow it.
+                                p.overlap.cross_micro_batch =
+                                    stack.overlaps.cross_micro_batch.value && ep > 1 &&
+                                    (pp == 1 || vpp > 1) && rc != Recompute::kFull &&
+                                    disp != Dispatch::kAllGather && model.mtp_layers <= 1;
+                                // With it, Megatron's --delay-wgrad-compute: the weight gradients behind the
+                                // node that signals the backward exchange.
+                                p.overlap.delay_wgrad = p.overlap.cross_micro_batch;
+                                // TE's userbuffers under TP where the stack has them (MLA models run
+                                // without: the lowering's rule).
+                                p.overlap.tp_comm = stack.overlaps.tp_comm.value && tp > 1 &&
+                                                    model.attention.kind != AttentionKind::kMla;
+                                p.compression.grad_sync = sync;
+                                p.compression.dispatch = prec == Precision::kFp8 && ep > 1 &&
+                                                                 stack_has(cap.dispatch_precision, "fp8")
+                                                             ? DispatchPrecision::kFp8
+                                                             : DispatchPrecision::kBf16;
+                                p.precision = prec;
+                                if (prec == Precision::kFp8 && !cap.fp8_recipes.empty() &&
+                                    !stack_has(cap.fp8_recipes, name_of(p.fp8_recipe)))
+                                  p.fp8_recipe =
+                                      cap.fp8_recipes.front() == "blockwise" ? Fp8Recipe::kBlockwise
+                                      : cap.fp8_recipes.front() == "delayed" ? Fp8Recipe::kDelayed
+                                                                             : Fp8Recipe::kTensorwise;
+                                p.recompute = rc;
+                                p.experts.fp8_padding = padding;
+                                visit(at, std::move(p));
+                              }
                             }
                           }
                         }
@@ -397,7 +427,13 @@ class Screener {
  public:
   Screener(const ModelSpec& m, const HardwareProfile& hw, const StackProfile& st,
            const workload::RoutingDistribution& r, const LayerKindCounts& kinds)
-      : m_(m), hw_(hw), st_(st), routing_(r), kinds_(kinds), cm_(hw, st) {
+      : m_(m),
+        hw_(hw),
+        st_(st),
+        routing_(r),
+        kinds_(kinds),
+        cm_(hw, st),
+        lowering_(lowering_options(hw, st)) {
     cm_.record_extrapolations(false);
   }
 
@@ -536,17 +572,19 @@ class Screener {
   }
 
   const LayerTimes& layer_times(const Plan& p) {
-    const auto key = std::make_tuple(p.attention.tp, p.attention.sp, p.attention.cp, p.experts.ep,
-                                     p.experts.etp, static_cast<int>(p.experts.dispatch), p.micro_batch,
-                                     static_cast<int>(p.recompute), p.overlap.inter_op, p.overlap.intra_op,
-                                     static_cast<int>(p.precision) * 8 + static_cast<int>(p.fp8_recipe),
-                                     static_cast<int>(p.compression.dispatch), combined(p));
+    const auto key =
+        std::make_tuple(p.attention.tp, p.attention.sp, p.attention.cp, p.experts.ep, p.experts.etp,
+                        static_cast<int>(p.experts.dispatch), p.micro_batch, static_cast<int>(p.recompute),
+                        p.overlap.inter_op, p.overlap.intra_op,
+                        static_cast<int>(p.precision) * 8 + static_cast<int>(p.fp8_recipe),
+                        static_cast<int>(p.compression.dispatch), combined(p),
+                        static_cast<int>(p.experts.fp8_padding), wgrad_accum_bytes(p, lowering_));
     auto it = cache_.find(key);
     if (it != cache_.end()) return it->second;
     LayerTimes lt;
     // One pipeline stage, one micro-batch, no data-parallel ops.
     const Plan one = one_stage(p);
-    LoweringOptions lo = lowering_options(hw_, st_);
+    LoweringOptions lo = lowering_;
     lo.data_parallel = false;
     set_routing(lo, workload::plan_routing(m_, p, routing_));
     lo.embedding_and_head = false;
@@ -631,7 +669,7 @@ class Screener {
     one.global_batch = one.dp();
     one.recompute = Recompute::kNone;
     one.overlap.dp_comm = true;
-    LoweringOptions lo = lowering_options(hw_, st_);
+    LoweringOptions lo = lowering_;
     lo.embedding_and_head = false;
     // Adds the op's seconds and drag; `on` becomes its link when it is the longest collective so far.
     auto add = [&](double& seconds, double& drag, cost::Resource& on, double& longest, const Op& op) {
@@ -819,9 +857,10 @@ class Screener {
   const workload::RoutingDistribution& routing_;
   const LayerKindCounts& kinds_;
   cost::CostModel cm_;
-  std::unordered_map<
-      std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int, int64_t, int, bool, bool, int, int, bool>,
-      LayerTimes, KeyHash>
+  const LoweringOptions lowering_;  // the stack's (the runs set the routing and their parts on a copy)
+  std::unordered_map<std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int, int64_t, int, bool, bool,
+                                int, int, bool, int, int>,
+                     LayerTimes, KeyHash>
       cache_;
   std::unordered_map<std::tuple<int64_t, int64_t, int64_t, int>, std::vector<double>, KeyHash> shares_;
   cost::CostCache op_costs_{cm_};

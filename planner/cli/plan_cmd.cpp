@@ -394,8 +394,12 @@ Runner add_plan(CLI::App& app) {
                          o->threads);
     } else {
       const Prediction& best = r.plans[0].prediction;
-      fmt::print("{:>2}  {:<70} {:>8} {:>13} {:>7} {:>6} {:>6} {:>7} {:>7} {:>7} {:>7}\n", "#", "layout",
-                 "tok/s/GPU", "range", "vs #1", "MFU", "bf16", "step s", "mem GiB", "exp.com", "bubble");
+      // The layout column as wide as its longest entry, so the figures line up.
+      size_t width = 6;
+      for (const auto& rp : r.plans) width = std::max(width, planner::describe(rp.plan).size());
+      fmt::print("{:>2}  {:<{}} {:>8} {:>13} {:>7} {:>6} {:>6} {:>7} {:>7} {:>7} {:>7}\n", "#", "layout",
+                 width, "tok/s/GPU", "range", "vs #1", "MFU", "bf16", "step s", "mem GiB", "exp.com",
+                 "bubble");
       for (size_t i = 0; i < r.plans.size(); ++i) {
         const Prediction& p = r.plans[i].prediction;
         const double g = static_cast<double>(job.gpus);
@@ -404,9 +408,9 @@ Runner add_plan(CLI::App& app) {
                                    : fmt::format("{:+.1f}%{}", 100 * (p.tokens_per_s / best.tokens_per_s - 1),
                                                  planner::tied_with_best(best, p) ? "=" : "");
         fmt::print(
-            "{:>2}  {:<70} {:>8.0f} {:>13} {:>7} {:>5.1f}% {:>5.1f}% {:>7.3f} {:>7.1f} {:>7.3f} "
+            "{:>2}  {:<{}} {:>8.0f} {:>13} {:>7} {:>5.1f}% {:>5.1f}% {:>7.3f} {:>7.1f} {:>7.3f} "
             "{:>7.3f}{}{}\n",
-            i + 1, planner::describe(r.plans[i].plan), p.tokens_per_s_per_gpu,
+            i + 1, planner::describe(r.plans[i].plan), width, p.tokens_per_s_per_gpu,
             fmt::format("{:.0f}-{:.0f}", p.tokens_per_s_low / g, p.tokens_per_s_high / g), vs, 100 * p.mfu,
             100 * p.mfu_bf16, p.step_time_s, p.memory.total() / kGiB, exposed_comm(p), p.breakdown.bubble,
             p.memory.fits()

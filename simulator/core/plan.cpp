@@ -340,14 +340,18 @@ std::vector<Violation> validate_for_stack(const Plan& p, const StackProfile& sta
   return r.out;
 }
 
-Fp8Padding stack_fp8_padding(const StackProfile& stack) {
-  if (stack.capabilities.fp8_padding.empty()) return Fp8Padding::kNone;
-  const std::string& own = stack.capabilities.fp8_padding.front();
+Fp8Padding fp8_padding_named(const std::string& name) {
   for (Fp8Padding f :
        {Fp8Padding::kNone, Fp8Padding::kExperts, Fp8Padding::kDispatcher, Fp8Padding::kRouter}) {
-    if (own == name_of(f)) return f;
+    if (name == name_of(f)) return f;
   }
-  return Fp8Padding::kNone;
+  return Fp8Padding::kStack;
+}
+
+Fp8Padding stack_fp8_padding(const StackProfile& stack) {
+  if (stack.capabilities.fp8_padding.empty()) return Fp8Padding::kNone;
+  const Fp8Padding own = fp8_padding_named(stack.capabilities.fp8_padding.front());
+  return own == Fp8Padding::kStack ? Fp8Padding::kNone : own;
 }
 
 Fp8Padding fp8_padding_of(const Plan& plan, Fp8Padding stack_own) {

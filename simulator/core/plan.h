@@ -226,6 +226,8 @@ MlaDownProj mla_down_proj_of(const Plan& plan, MlaDownProj stack_own);
 Fp8Padding fp8_padding_of(const Plan& plan, const StackProfile& stack);
 Fp8Padding fp8_padding_of(const Plan& plan, Fp8Padding stack_own);
 Fp8Padding stack_fp8_padding(const StackProfile& stack);
+// The padding a stack's capabilities.fp8_padding entry names ("experts", ...); kStack for any other word.
+Fp8Padding fp8_padding_named(const std::string& name);
 // Rows an expert's FP8 alignment adds on average to a count drawn with mean `mean` (Poisson: each of many
 // tokens picks the expert independently, as balanced routing does): E[(-c) mod align]. (align - 1) / 2 once
 // the mean reaches align^2; more for means of a few rows (a count of 1 pads align - 1), toward 0 for means

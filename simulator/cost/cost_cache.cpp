@@ -45,7 +45,9 @@ uint64_t cost_fields_hash(const Op& op) {
            u(op.attn.qk_dim) | (u(op.attn.causal) << 32) | (u(op.attn.seq_q) << 33));
   h = fold(h, u(op.comm.group_size) | (u(op.comm.stride) << 32), bits(op.comm.bytes));
   h = fold(h, bits(op.comm.nic_bytes_scale), bits(op.aux_bytes));
-  h = fold(h, bits(op.comm.hot_factor), 0);
+  h = fold(h, bits(op.comm.hot_factor),
+           static_cast<uint64_t>(op.comm.dtype) | (static_cast<uint64_t>(op.comm.userbuffers) << 8));
+  h = fold(h, u(op.attn.batch) | (u(op.attn.heads) << 32), u(op.attn.v_dim) | (u(op.attn.kv_heads) << 32));
   return h;
 }
 

@@ -1527,11 +1527,8 @@ int32_t Builder::emit(const Op& proto, int16_t stage, int16_t chunk, int32_t lay
   op.layer = layer;
   op.micro_batch = mb;
   op.phase = phase;
-  // ZeRO-2/3 run as Megatron-FSDP, which Megatron-Core's guide (and `moeplan launch`) pairs with
-  // --no-gradient-accumulation-fusion: each weight gradient is then written once.
-  if (o_.wgrad_into_main_grad && p_.data.zero < 2 && op.part == GemmPart::kWgrad &&
-      (op.kind == OpKind::kGemm || op.kind == OpKind::kGroupedGemm))
-    op.accum_bytes = static_cast<uint8_t>(main_grad_bytes(p_));
+  if (op.part == GemmPart::kWgrad && (op.kind == OpKind::kGemm || op.kind == OpKind::kGroupedGemm))
+    op.accum_bytes = static_cast<uint8_t>(wgrad_accum_bytes(p_, o_));
   for (int32_t x : deps) dep(op.id, x);
   if (op.stream == Stream::kDpComm) last_dp_op_ = op.id;
   return op.id;
@@ -2464,6 +2461,13 @@ LoweringOptions lowering_options(const HardwareProfile& hw, const StackProfile& 
   o.mla_down_proj = stack_mla_down_proj(stack);
   o.fp8_padding = stack_fp8_padding(stack);
   return o;
+}
+
+int wgrad_accum_bytes(const Plan& plan, const LoweringOptions& options) {
+  // ZeRO-2/3 run as Megatron-FSDP, which Megatron-Core's guide (and `moeplan launch`) pairs with
+  // --no-gradient-accumulation-fusion: each weight gradient is then written once.
+  if (!options.wgrad_into_main_grad || plan.data.zero >= 2) return 0;
+  return static_cast<int>(main_grad_bytes(plan));
 }
 
 RouterKernels megatron_router_kernels(const MoeSpec& e, bool fused, bool partitioned) {

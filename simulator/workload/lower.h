@@ -70,6 +70,12 @@ LoweringOptions lowering_options(const HardwareProfile& hw, const StackProfile& 
 
 OpGraph lower(const ModelSpec& model, const Plan& plan, const LoweringOptions& options);
 
+// Bytes per element that a weight-gradient GEMM's epilogue reads and writes in the main gradient buffer under
+// `plan` (Op::accum_bytes): main_grad_bytes where the stack fuses gradient accumulation, except under
+// ZeRO-2/3 (Megatron-FSDP runs without it, `moeplan launch` says --no-gradient-accumulation-fusion); 0: the
+// GEMM writes its own output once. The only way the ZeRO stage and the gradient sync change a layer's ops.
+int wgrad_accum_bytes(const Plan& plan, const LoweringOptions& options);
+
 // How a plan runs on a stack, built in one place for predict() and moerun, so the graph moerun executes is
 // the graph the simulator prices: the plan with only the overlaps the stack achieves (with_stack_overlaps,
 // its notices), the stack's lowering facts, and the busiest EP rank's routing load under `routing`.

@@ -4,6 +4,7 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <map>
 #include <set>
 #include <string>
 
@@ -410,6 +411,133 @@ TEST_SUITE("planner.search") {
       }
       CHECK(gathers > 0);
       CHECK((combined > 0) == (mtp <= 1));
+    }
+  }
+
+  TEST_CASE("the search tries each way of padding FP8 expert rows that the stack runs") {
+    // Megatron-Core's alltoall and allgather dispatchers pad in the experts (TE's Fp8Padding, its own way)
+    // and can pad in the router (--moe-router-padding-for-quantization); on DeepEP it pads in the
+    // dispatcher's fused permute (its own way) and can pad in the experts, or in the router, which then pads
+    // the received map as the dispatcher does (priced alike, so not listed twice). FP8 plans of an MoE come
+    // in each distinct way (the stack's own as the plan's default); BF16 plans name none; router padding
+    // never meets the all-gather dispatcher (Megatron refuses it); every plan passes the stack's rules.
+    struct Case {
+      const char* stack;
+      std::set<Fp8Padding> named;  // the ways FP8 plans name besides the stack's own
+    };
+    for (const Case& c : {Case{"megatron-core-deepep", {Fp8Padding::kExperts}},
+                          Case{"megatron-core", {Fp8Padding::kRouter}}}) {
+      CAPTURE(c.stack);
+      Setup s("mixtral-8x7b");
+      s.stack = io::load_stack(c.stack).value();
+      planner::SearchSpace space = small_space();
+      space.recomputes = {Recompute::kSelective};
+      std::map<Fp8Padding, int> fp8_plans;
+      int bf16_plans = 0, fp8_gathers = 0;
+      for (const Plan& p : planner::enumerate_plans(s.model, s.hw, s.stack, {16, 4096, 32}, space)) {
+        CAPTURE(key_of(p));
+        CHECK(validate_for_stack(p, s.stack).empty());
+        CHECK(validate(p, s.model, s.hw).empty());
+        if (p.precision == Precision::kFp8) {
+          ++fp8_plans[p.experts.fp8_padding];
+          if (p.experts.dispatch == Dispatch::kAllGather) {
+            CHECK(p.experts.fp8_padding != Fp8Padding::kRouter);
+            fp8_gathers += p.experts.fp8_padding == Fp8Padding::kStack ? 1 : 0;
+          }
+        } else {
+          CHECK(p.experts.fp8_padding == Fp8Padding::kStack);
+          ++bf16_plans;
+        }
+      }
+      CHECK(bf16_plans > 0);
+      REQUIRE(fp8_plans[Fp8Padding::kStack] > 0);
+      std::set<Fp8Padding> named;
+      for (const auto& [way, n] : fp8_plans) {
+        if (way == Fp8Padding::kStack) continue;
+        named.insert(way);
+        // Each named way beside every plan of the stack's own, but router padding beside no all-gather plan.
+        CHECK(n == fp8_plans[Fp8Padding::kStack] - (way == Fp8Padding::kRouter ? fp8_gathers : 0));
+      }
+      CHECK(named == c.named);
+      CHECK((fp8_gathers > 0) == (std::string(c.stack) == "megatron-core"));
+    }
+  }
+
+  TEST_CASE("the screen prices each way of padding FP8 expert rows as the simulation does") {
+    // One layout in the three ways: each screened step within -15 % / +10 % of the simulated one, and the
+    // ways in the simulation's order wherever it tells them apart by 1 % or more.
+    Setup s("qwen3-30b-a3b");
+    s.stack = io::load_stack("megatron-core-deepep").value();
+    Plan base = tp2_plan(16, 64, 16);
+    base.attention = {1, 1, 1};
+    base.experts.dispatch = Dispatch::kDedup;
+    base.precision = Precision::kFp8;
+    const Fp8Padding ways[3] = {Fp8Padding::kStack, Fp8Padding::kExperts, Fp8Padding::kRouter};
+    double screen[3] = {0, 0, 0}, sim[3] = {0, 0, 0};
+    for (int i = 0; i < 3; ++i) {
+      Plan p = base;
+      p.experts.fp8_padding = ways[i];
+      CAPTURE(key_of(p));
+      REQUIRE(validate(p, s.model, s.hw).empty());
+      REQUIRE(validate_for_stack(p, s.stack).empty());
+      sim[i] = predict(s.model, p, s.hw, s.stack, s.routing, {.critical_path = false}).step_time_s;
+      screen[i] = planner::screen_step_time(s.model, p, s.hw, s.stack, s.routing);
+      CHECK(screen[i] / sim[i] > 0.85);
+      CHECK(screen[i] / sim[i] < 1.1);
+    }
+    CHECK(sim[1] != doctest::Approx(sim[0]).epsilon(1e-4));  // the experts' copies cost time
+    for (int i = 0; i < 3; ++i) {
+      for (int j = 0; j < 3; ++j) {
+        CAPTURE(i);
+        CAPTURE(j);
+        if (sim[i] < 0.99 * sim[j]) CHECK(screen[i] < screen[j]);
+      }
+    }
+  }
+
+  TEST_CASE("each plan's screened step within one search equals its screen alone") {
+    // The search screens every plan with one screener, which keeps layer times per layout and op costs per
+    // op; a plan must get what a screener of its own gives it, whatever was screened before. (Layer times
+    // keyed without the ZeRO stage or the gradient sync once gave ZeRO-2 and BF16-sync plans the numbers of
+    // the ZeRO-1 and FP32-sync plans screened before them, up to 8 % off; the op-cost key's fields are
+    // checked in the cost tests.)
+    struct Case {
+      const char* model;
+      const char* stack;
+      Precision precision;
+    };
+    for (const Case& c : {Case{"qwen3-30b-a3b", "megatron-core-deepep", Precision::kFp8},
+                          Case{"mixtral-8x7b", "megatron-core", Precision::kBf16},
+                          Case{"mixtral-8x7b", "moerun", Precision::kBf16}}) {
+      CAPTURE(c.model);
+      CAPTURE(c.stack);
+      Setup s(c.model);
+      s.stack = io::load_stack(c.stack).value();
+      planner::SearchSpace space;
+      space.micro_batches = {1, 2};
+      space.vpps = {1};
+      space.zero_stages = {1, 2};
+      space.recomputes = {Recompute::kSelective, Recompute::kSar};
+      space.precisions = {c.precision};
+      planner::SearchOptions opts;
+      opts.threads = 1;
+      opts.top = 1;
+      opts.finalists = 1;
+      opts.keep_screened = true;
+      const planner::SearchResult r =
+          planner::search(s.model, s.hw, s.stack, s.routing, {16, 4096, 64}, space, opts);
+      REQUIRE(r.screened_candidates.size() > 100);
+      std::set<Fp8Padding> paddings;
+      const size_t stride = r.screened_candidates.size() / 40;
+      for (size_t i = 0; i < r.screened_candidates.size(); i += stride) {
+        const planner::Candidate& x = r.screened_candidates[i];
+        CAPTURE(key_of(x.plan));
+        paddings.insert(x.plan.experts.fp8_padding);
+        CHECK(x.screen_step_s ==
+              doctest::Approx(planner::screen_step_time(s.model, x.plan, s.hw, s.stack, s.routing))
+                  .epsilon(1e-9));
+      }
+      if (c.precision == Precision::kFp8) CHECK(paddings.size() == 2);
     }
   }
 
