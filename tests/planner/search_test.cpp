@@ -231,6 +231,16 @@ int top_plans_extrapolated_exactly(const Setup& s, const planner::Job& job, size
 }
 
 // A space small enough to enumerate by brute force.
+// One thread, one finalist, every screened plan kept with its estimate (SearchResult::screened_candidates).
+planner::SearchOptions one_thread_keeping_screened() {
+  planner::SearchOptions opts;
+  opts.threads = 1;
+  opts.top = 1;
+  opts.finalists = 1;
+  opts.keep_screened = true;
+  return opts;
+}
+
 planner::SearchSpace small_space() {
   planner::SearchSpace space;
   space.micro_batches = {1, 2};
@@ -519,11 +529,7 @@ TEST_SUITE("planner.search") {
       space.zero_stages = {1, 2};
       space.recomputes = {Recompute::kSelective, Recompute::kSar};
       space.precisions = {c.precision};
-      planner::SearchOptions opts;
-      opts.threads = 1;
-      opts.top = 1;
-      opts.finalists = 1;
-      opts.keep_screened = true;
+      const planner::SearchOptions opts = one_thread_keeping_screened();
       const planner::SearchResult r =
           planner::search(s.model, s.hw, s.stack, s.routing, {16, 4096, 64}, space, opts);
       REQUIRE(r.screened_candidates.size() > 100);
@@ -544,11 +550,7 @@ TEST_SUITE("planner.search") {
   TEST_CASE("a plan rejected for memory really does not fit, and the kept ones do") {
     const Setup s("deepseek-moe-16b");
     const planner::Job job{8, 4096, 16};  // 16B parameters on one node: replicated experts do not fit
-    planner::SearchOptions opts;
-    opts.threads = 1;
-    opts.top = 1;
-    opts.finalists = 1;
-    opts.keep_screened = true;
+    const planner::SearchOptions opts = one_thread_keeping_screened();
     const planner::SearchResult r =
         planner::search(s.model, s.hw, s.stack, s.routing, job, small_space(), opts);
     REQUIRE(r.rejected.contains("memory: does not fit"));
