@@ -521,6 +521,7 @@ Result<Imported> import_megatron(const std::string& text, const ModelSpec& model
     Result<std::optional<std::string>> r = f.word("fp8-recipe");
     if (!r) return r.error();
     plan["fp8_recipe"] = r.value().value_or("delayed");
+    if (f.has("fp8-param-gather")) plan["data"]["fp8_param_gather"] = true;
   }
   if (f.has("cross-entropy-loss-fusion")) {
     Result<std::optional<std::string>> impl = f.word("cross-entropy-fusion-impl");

@@ -550,6 +550,8 @@ class MegatronBuilder {
     if (p_.precision == Precision::kFp8) {
       flag("--fp8-format", "e4m3");
       flag("--fp8-recipe", name_of(p_.fp8_recipe));
+      // FP8 parameters, gathered in FP8 (the plan's rules ask for the distributed optimizer or FSDP).
+      if (p_.data.fp8_param_gather) flag("--fp8-param-gather");
       // Where the experts' rows are padded to FP8's alignment: Megatron's default (no flag) pads them in
       // TEGroupedMLP, or in HybridEP's dispatch; the plan may pad in the router instead, which needs a
       // dispatcher other than allgather (TC:2641-2660; the plan's rules refuse it there).

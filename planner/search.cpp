@@ -112,14 +112,15 @@ std::string describe(const Plan& p) {
                     : p.experts.fp8_padding == Fp8Padding::kDispatcher ? " dpad"
                     : p.experts.fp8_padding == Fp8Padding::kNone       ? " nopad"
                                                                        : "";
-  return fmt::format("tp{} sp{} cp{} | ep{} etp{} {} | pp{} v{} | dp{} mb{} z{} | {} | {} | {}{}{}{}",
+  return fmt::format("tp{} sp{} cp{} | ep{} etp{} {} | pp{} v{} | dp{} mb{} z{} | {} | {} | {}{}{}{}{}",
                      p.attention.tp, p.attention.sp, p.attention.cp, p.experts.ep, p.experts.etp, disp,
                      p.pipeline.pp, p.pipeline.vpp, p.gpus > 0 ? p.dp() : 0, p.micro_batch, p.data.zero, rc,
                      ov, name_of(p.precision),
                      p.compression.grad_sync == GradSync::kBf16AllToAll        ? " g16"
                      : p.compression.grad_sync == GradSync::kBf16ReduceScatter ? " rs16"
                                                                                : "",
-                     p.compression.dispatch == DispatchPrecision::kFp8 ? " d8" : "", pad);
+                     p.compression.dispatch == DispatchPrecision::kFp8 ? " d8" : "", pad,
+                     p.data.fp8_param_gather ? " p8" : "");
 }
 
 bool tied_with_best(const Prediction& best, const Prediction& p) {
@@ -153,7 +154,8 @@ std::string layout_legend() {
          "all-to-all "
          "gradient sync), d8 (FP8 dispatch), rpad / epad / dpad / nopad (FP8 pads each expert's rows to "
          "the GEMMs' alignment in the router, the experts or the dispatcher, or not at all, where the plan "
-         "names a way other than the stack's own)";
+         "names a way other than the stack's own), p8 (FP8 parameters, all-gathered in FP8: "
+         "--fp8-param-gather)";
 }
 
 std::optional<nlohmann::json> plan_value(const Plan& plan, const std::string& key) {
@@ -171,6 +173,7 @@ std::vector<std::string> plan_keys() {
   all.overlap.delay_wgrad = true;
   all.experts.fused_index_conversion = true;
   all.experts.fp8_padding = Fp8Padding::kRouter;
+  all.data.fp8_param_gather = true;
   all.attention.mla_down_proj = MlaDownProj::kDuplicated;
   all.precision = Precision::kFp8;
   const nlohmann::json j = io::plan_to_json(all);
@@ -322,8 +325,15 @@ int64_t for_each_plan(const ModelSpec& model, const HardwareProfile& hw, const S
                                 if (layers % (pp * vpp) != 0)
                                   p.pipeline.layers_per_stage = uneven_split(layers, pp * vpp);
                                 p.data.zero = zero;
+                                // FP8 parameters where the stack gathers them: less memory and half the
+                                // parameter all-gather, nothing lost (the distributed optimizer's rule).
+                                p.data.fp8_param_gather = prec == Precision::kFp8 && zero >= 1 &&
+                                                          stack_has(cap.param_gather, "fp8");
+                                // Pipeline sends overlap only where there is a pipeline (a plan file and
+                                // `import` say the same of one stage).
                                 p.overlap = {stack.overlaps.inter_op.value, intra,
-                                             stack.overlaps.dp_comm.value, stack.overlaps.pp_comm.value};
+                                             stack.overlaps.dp_comm.value,
+                                             stack.overlaps.pp_comm.value && pp > 1};
                                 // Cross-micro-batch EP overlap where the stack has it and its rules allow it.
                                 p.overlap.cross_micro_batch =
                                     stack.overlaps.cross_micro_batch.value && ep > 1 &&
@@ -657,11 +667,12 @@ class Screener {
   }
 
   // Each layer's data-parallel ops, from the lowering of that layer alone with its data-parallel work on.
-  // They depend on the layout's groups, the ZeRO stage and the gradient sync only.
+  // They depend on the layout's groups, the ZeRO stage, the gradient sync and whether the parameters are FP8.
   const std::vector<LayerDp>& layer_dp(const Plan& p) {
     const auto key =
         std::make_tuple(p.attention.tp, p.attention.sp, p.attention.cp, p.experts.ep, p.experts.etp,
-                        p.pipeline.pp, p.data.zero, static_cast<int>(p.compression.grad_sync));
+                        p.pipeline.pp, p.data.zero, static_cast<int>(p.compression.grad_sync),
+                        p.precision == Precision::kFp8 && p.data.fp8_param_gather);
     auto it = dp_cache_.find(key);
     if (it != dp_cache_.end()) return it->second;
     Plan one = one_stage(p);
@@ -864,7 +875,7 @@ class Screener {
       cache_;
   std::unordered_map<std::tuple<int64_t, int64_t, int64_t, int>, std::vector<double>, KeyHash> shares_;
   cost::CostCache op_costs_{cm_};
-  std::unordered_map<std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int>,
+  std::unordered_map<std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int, bool>,
                      std::vector<LayerDp>, KeyHash>
       dp_cache_;
   std::unordered_map<std::tuple<const std::vector<LayerDp>*, int64_t, int64_t, std::vector<int64_t>>,

@@ -223,6 +223,15 @@ void check_rules(Rules& r, const Plan& p, const ModelSpec& m, const HardwareProf
   r.check(p.attention.mla_down_proj == MlaDownProj::kStack || att.kind == AttentionKind::kMla,
           "mla_down_proj_needs_mla", "attention.mla_down_proj names a layout of MLA's down projections, and ",
           m.name, " has no MLA attention");
+  if (p.data.fp8_param_gather) {
+    r.check(p.precision == Precision::kFp8, "fp8_param_gather_needs_fp8",
+            "data.fp8_param_gather keeps the GEMM weights in FP8, and the plan is not an FP8 plan");
+    // Megatron: --fp8-param-gather only with the distributed optimizer or FSDP (arguments.py:655-656 at
+    // core_v0.16.0).
+    r.check(p.data.zero >= 1, "fp8_param_gather_needs_sharding",
+            "data.fp8_param_gather needs the distributed optimizer (data.zero >= 1); Megatron refuses it at "
+            "zero 0");
+  }
   if (p.experts.fp8_padding != Fp8Padding::kStack) {
     r.check(
         p.precision == Precision::kFp8 && m.is_moe(), "fp8_padding_needs_fp8_moe",
@@ -337,6 +346,7 @@ std::vector<Violation> validate_for_stack(const Plan& p, const StackProfile& sta
           "attention.mla_down_proj");
   if (p.experts.fp8_padding != Fp8Padding::kStack)
     check(c.fp8_padding, name_of(p.experts.fp8_padding), "stack_fp8_padding", "experts.fp8_padding");
+  if (p.data.fp8_param_gather) check(c.param_gather, "fp8", "stack_param_gather", "parameters gathered in");
   return r.out;
 }
 

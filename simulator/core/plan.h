@@ -119,6 +119,11 @@ struct Plan {
 
   struct Data {
     int64_t zero = 1;  // 0..3 (1 = distributed optimizer)
+    // FP8 plans: the GEMM weights are FP8 tensors in a uint8 parameter buffer, all-gathered in FP8, and the
+    // optimizer casts its FP32 master shard to FP8 (Megatron --fp8-param-gather, TE's FP8 model init): no
+    // BF16 copy and no FP8 weight cache beside it, half the parameter all-gather's bytes, and the weight's
+    // transpose made after each gather (TE post_all_gather_processing) instead of the step's weight casts.
+    bool fp8_param_gather = false;
     bool operator==(const Data&) const = default;
   } data;
 

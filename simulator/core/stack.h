@@ -197,6 +197,8 @@ struct StackProfile {
     // Where FP8 plans pad each expert's rows to the FP8 alignment (plan experts.fp8_padding): the first is
     // what the stack does by default, the others what a plan may turn on.
     std::vector<std::string> fp8_padding;  // experts, dispatcher, router, none
+    // The dtypes a plan's parameters may be all-gathered in (plan data.fp8_param_gather: fp8).
+    std::vector<std::string> param_gather;  // bf16, fp8
     std::string source;
   } capabilities;
 

@@ -49,8 +49,8 @@ double fp8_saved_bytes(Fp8Recipe r) {
 // Bytes per GEMM weight of TE's FP8 weight workspaces, cached across the step's micro-batches
 // (transformer_engine.py:1338-1345, TE base.py:792-880): rowwise + columnwise (on Hopper the transpose,
 // float8_tensor_storage.py:285-312), 2 B for per-tensor recipes; blockwise adds an fp32 scale per 128x128
-// block of each, MXFP8 an e8m0 byte per 32. Not modelled: --fp8-param-gather (uint8 primary weights, 1 B
-// param buffer, transpose on demand), which would save 2 B per GEMM weight.
+// block of each, MXFP8 an e8m0 byte per 32. Under --fp8-param-gather (Plan::Data::fp8_param_gather) the
+// weights are FP8 themselves and only the scales remain beside them.
 double fp8_weight_cache_bytes(Fp8Recipe r) {
   switch (r) {
     case Fp8Recipe::kBlockwise:
@@ -605,8 +605,13 @@ void visit_stages(const ModelSpec& m, const Plan& p, const HardwareProfile& hw, 
     const double sharded_params = dense / replicas + experts / edp;
     b.weights = zero == 3 ? (sharded_params + 2.0 * largest_layer) * kParamBytes : params * kParamBytes;
     // FP8: TE's cached weight and transpose; moerun / MegaScale-MoE: one FP8 copy per GEMM weight
-    // (assumption, as before this model).
-    if (fp8) b.weights += gemm * (fused_stack(stack) ? 1.0 : fp8_weight_cache_bytes(p.fp8_recipe));
+    // (assumption, as before this model). With FP8 parameters (--fp8-param-gather) a GEMM weight is its FP8
+    // data (1 B in the uint8 parameter buffer) and the transpose made after each gather (1 B): the 2 B of
+    // the BF16 parameter it replaces, and no cache beside it; the recipe's scales remain.
+    if (fp8) {
+      const double cache = fused_stack(stack) ? 1.0 : fp8_weight_cache_bytes(p.fp8_recipe);
+      b.weights += gemm * (p.data.fp8_param_gather ? cache - 2.0 : cache);
+    }
     b.gradients = (zero >= 2 ? sharded_params : params) * grad_bytes;
     b.optimizer = (zero >= 1 ? sharded_params : params) * kOptimizerBytes;
 

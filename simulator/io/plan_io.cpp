@@ -127,8 +127,9 @@ Plan read_plan(const JsonNode& r) {
     }
   }
   if (auto d = r.optional_object("data")) {
-    d->only_keys({"zero"});
+    d->only_keys({"zero", "fp8_param_gather"});
     p.data.zero = d->integer_or("zero", 1, 0, 3);
+    p.data.fp8_param_gather = d->boolean_or("fp8_param_gather", false);
   }
   if (auto o = r.optional_object("overlap")) {
     o->only_keys(
@@ -224,6 +225,7 @@ json plan_to_json(const Plan& p) {
       {"pp", p.pipeline.pp}, {"vpp", p.pipeline.vpp}, {"schedule", name_of(p.pipeline.schedule)}};
   if (!p.pipeline.layers_per_stage.empty()) j["pipeline"]["layers_per_stage"] = p.pipeline.layers_per_stage;
   j["data"] = {{"zero", p.data.zero}};
+  if (p.data.fp8_param_gather) j["data"]["fp8_param_gather"] = true;
   j["overlap"] = {{"inter_op", p.overlap.inter_op},
                   {"intra_op", p.overlap.intra_op},
                   {"dp_comm", p.overlap.dp_comm},

@@ -646,15 +646,19 @@ class Builder {
     return emit(mem(OpName::kTpGradCopy, MemOp::kActivation, 2.0 * bytes, Stream::kCompute, tensors), stage,
                 0, -1, -1, Phase::kOptimizer, {reduced});
   }
-  // All-gathers of a layer's bf16 parameters from their replicas (ZeRO); returns the last op, -1 if none.
+  // All-gathers of a layer's parameters from their replicas (ZeRO): bf16, or FP8 under fp8_param_gather (a
+  // layer's GEMM weights; its norms, biases and router, BF16 in Megatron, are under 0.1 % of its
+  // parameters); returns the last op, -1 if none.
   int32_t emit_param_gather(int64_t layer, int16_t stage, int16_t chunk, int32_t mb, Phase phase,
                             Stream stream, int32_t after = -1) {
     const auto [dense, experts] = local_params(layer);
+    const bool fp8_params = p_.precision == Precision::kFp8 && p_.data.fp8_param_gather;
     int32_t last = -1;
     for (auto [params, group] :
          {std::pair{dense, CommGroup::kAttnReplica}, std::pair{experts, CommGroup::kExpertDp}}) {
       Op ag = base(OpName::kParamAg, OpKind::kCollective, stream);
-      ag.comm = comm(Collective::kAllGather, group, params * 2.0, DType::kBf16);
+      ag.comm = fp8_params ? comm(Collective::kAllGather, group, params * 1.0, DType::kFp8)
+                           : comm(Collective::kAllGather, group, params * 2.0, DType::kBf16);
       if (params <= 0 || ag.comm.group_size <= 1) continue;
       last = emit(ag, stage, chunk, static_cast<int32_t>(layer), mb, phase, {after});
     }
@@ -2238,7 +2242,9 @@ void Builder::emit_data_parallel(int16_t stage) {
 }
 
 // FP8: TE quantises each GEMM weight (and its transpose) once per step, at the first micro-batch, and caches
-// it (Megatron passes is_first_microbatch; grouped_linear.py quantize_weight).
+// it (Megatron passes is_first_microbatch; grouped_linear.py quantize_weight). With FP8 parameters
+// (fp8_param_gather) nothing is quantised in the forward: the transpose of each gathered weight is made
+// after its all-gather (Megatron's post_all_gather_processing: 1 B read, 1 B written per element).
 void Builder::emit_weight_casts(int16_t stage, const std::vector<int64_t>& stage_layers) {
   weight_cast_ = -1;
   if (p_.precision != Precision::kFp8) return;
@@ -2248,7 +2254,8 @@ void Builder::emit_weight_casts(int16_t stage, const std::vector<int64_t>& stage
     params += dense + experts;
   }
   if (params <= 0) return;
-  Op cast = mem(OpName::kWeightCast, MemOp::kCast, params * fp8_cast_bytes_per_element(p_.fp8_recipe));
+  const double bytes_per_element = p_.data.fp8_param_gather ? 2.0 : fp8_cast_bytes_per_element(p_.fp8_recipe);
+  Op cast = mem(OpName::kWeightCast, MemOp::kCast, params * bytes_per_element);
   cast.kernels =
       static_cast<uint16_t>(std::min<int64_t>(65535, 4 * static_cast<int64_t>(stage_layers.size())));
   weight_cast_ = emit(cast, stage, 0, -1, 0, Phase::kForward, {});

@@ -119,6 +119,12 @@ TEST_SUITE("import") {
       CHECK(padded.value().plan.at("experts").at("fp8_padding") == "router");
       CHECK(padded.value().unread.empty());
     }
+    CHECK_FALSE(p.at("data").contains("fp8_param_gather"));  // BF16 parameters
+    const auto fp8_params =
+        planner::import_megatron(text + " --use-distributed-optimizer --fp8-param-gather", model, {});
+    REQUIRE_MESSAGE(fp8_params, fp8_params.error().message);
+    CHECK(fp8_params.value().plan.at("data").at("fp8_param_gather") == true);
+    CHECK(fp8_params.value().unread.empty());
     const auto wrong = planner::import_megatron(text + " --hidden-size 1024", model, {});
     REQUIRE(!wrong);
     CHECK(wrong.error().message.find("--hidden-size 1024: the model mixtral-8x7b has 4096") !=

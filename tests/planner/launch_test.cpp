@@ -449,6 +449,9 @@ void check_megatron_rules(const Plan& p, const ModelSpec& m, const planner::Mega
   }
   if (f.has("--moe-router-padding-for-quantization"))
     CHECK((f.has("--fp8-format") && dispatcher != "allgather"));
+  // FP8 parameters (A:655-656 at core_v0.16.0): the distributed optimizer or FSDP.
+  if (f.has("--fp8-param-gather"))
+    CHECK((f.has("--fp8-format") && (f.has("--use-distributed-optimizer") || f.has("--use-megatron-fsdp"))));
 
   // Grouped GEMM (TC:1413-1414) and recompute (TC:1901-2025, A:1410-1428).
   if (f.has("--moe-use-grouped-tensor")) CHECK(f.has("--moe-grouped-gemm"));
@@ -638,6 +641,10 @@ TEST_SUITE("planner") {
     CHECK_FALSE(mentions(md.flags, "--moe-router-padding-for-quantization"));
     d.experts.fp8_padding = Fp8Padding::kRouter;
     CHECK(mentions(checked(d).flags, "--moe-router-padding-for-quantization"));
+    // FP8 parameters gathered in FP8 only where the plan says so.
+    CHECK_FALSE(mentions(md.flags, "--fp8-param-gather"));
+    d.data.fp8_param_gather = true;
+    CHECK(mentions(checked(d).flags, "--fp8-param-gather"));
 
     // MLA with MTP, an uneven split that first/last counts cannot express (a layout), selective recompute.
     Plan e = make_plan("deepseek-v3", 256, 4096, 512);

@@ -38,7 +38,8 @@ std::string key_of(const Plan& p) {
 // tp x sp within a node, cp only from 16k tokens, etp within a node, dispatch dedup only when the expert mesh
 // spans nodes and the stack has it, fused intra-op kernels only with sp or ep > 1 and when the stack has
 // them, FP8 dispatch exactly for FP8 plans with ep > 1, BF16 gradient all-to-all only when some gradient is
-// replicated, the stack's other overlaps, and the pipeline's uneven split when the layers do not divide.
+// replicated, the stack's other overlaps (pipeline overlap where there is a pipeline), and the pipeline's
+// uneven split when the layers do not divide.
 std::set<std::string> brute_force(const Setup& s, const planner::Job& job,
                                   const planner::SearchSpace& space) {
   std::set<std::string> out;
@@ -76,7 +77,8 @@ std::set<std::string> brute_force(const Setup& s, const planner::Job& job,
                                 p.pipeline.layers_per_stage = planner::uneven_split(layers, pp * vpp);
                               p.data.zero = zero;
                               p.overlap = {s.stack.overlaps.inter_op.value, intra,
-                                           s.stack.overlaps.dp_comm.value, s.stack.overlaps.pp_comm.value};
+                                           s.stack.overlaps.dp_comm.value,
+                                           s.stack.overlaps.pp_comm.value && pp > 1};
                               p.compression.grad_sync = sync;
                               p.compression.dispatch = prec == Precision::kFp8 && ep > 1
                                                            ? DispatchPrecision::kFp8
@@ -448,6 +450,8 @@ TEST_SUITE("planner.search") {
         CAPTURE(key_of(p));
         CHECK(validate_for_stack(p, s.stack).empty());
         CHECK(validate(p, s.model, s.hw).empty());
+        // FP8 parameters wherever Megatron can gather them (the distributed optimizer or FSDP).
+        CHECK(p.data.fp8_param_gather == (p.precision == Precision::kFp8 && p.data.zero >= 1));
         if (p.precision == Precision::kFp8) {
           ++fp8_plans[p.experts.fp8_padding];
           if (p.experts.dispatch == Dispatch::kAllGather) {

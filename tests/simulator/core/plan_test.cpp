@@ -95,6 +95,17 @@ TEST_SUITE("core") {
       f.plan.experts.fp8_padding = Fp8Padding::kExperts;
       CHECK_FALSE(f.breaks("fp8_router_padding_dispatch"));
     }
+    SUBCASE("FP8 parameters need an FP8 plan and the distributed optimizer (Megatron)") {
+      f.plan.data.fp8_param_gather = true;
+      CHECK(f.breaks("fp8_param_gather_needs_fp8"));  // a BF16 plan
+      f.plan.precision = Precision::kFp8;
+      CHECK_FALSE(f.breaks("fp8_param_gather_needs_fp8"));
+      CHECK_FALSE(f.breaks("fp8_param_gather_needs_sharding"));  // zero 1
+      f.plan.data.zero = 0;
+      CHECK(f.breaks("fp8_param_gather_needs_sharding"));
+      f.plan.data.zero = 3;  // Megatron-FSDP
+      CHECK_FALSE(f.breaks("fp8_param_gather_needs_sharding"));
+    }
     SUBCASE("experts divisible by ep") {
       f.plan.experts.ep = 16;
       CHECK(f.breaks("experts_divisible_by_ep"));
@@ -399,6 +410,16 @@ TEST_SUITE("core") {
       CHECK(fp8_padding_of(f.plan, io::load_stack("megatron-core-hybridep").value()) ==
             Fp8Padding::kDispatcher);
       CHECK(fp8_padding_of(f.plan, io::load_stack("moerun").value()) == Fp8Padding::kNone);
+    }
+    SUBCASE("FP8 parameters only where the stack gathers them") {
+      f.plan.precision = Precision::kFp8;
+      f.plan.data.fp8_param_gather = true;
+      CHECK(refused().empty());  // Megatron-Core: --fp8-param-gather
+      const auto v = validate_for_stack(f.plan, io::load_stack("moerun").value());
+      const auto it =
+          std::find_if(v.begin(), v.end(), [](const Violation& x) { return x.rule == "stack_param_gather"; });
+      REQUIRE(it != v.end());
+      CHECK(it->reason == "stack moerun cannot run parameters gathered in \"fp8\" (it has: bf16)");
     }
     SUBCASE("an unstated capability allows everything") {
       stack.capabilities = {};

@@ -377,6 +377,14 @@ TEST_SUITE("cost") {
     p.fp8_recipe = Fp8Recipe::kTensorwise;
     const double gemm = params - 2 * V * H - (L * (2 * H + H * E) + H);
     CHECK(cost::memory_per_gpu(m, p, hw, st, {{1}}, 1.0).weights == doctest::Approx(2 * params + 2 * gemm));
+    // FP8 parameters (--fp8-param-gather): a GEMM weight is its FP8 data and the transpose made after each
+    // gather, 1 + 1 B in place of the BF16 copy, with no cache beside it; the other parameters stay BF16.
+    // Blockwise scaling keeps its fp32 scales per 128x128 block of the data and of the transpose.
+    p.data.fp8_param_gather = true;
+    CHECK(cost::memory_per_gpu(m, p, hw, st, {{1}}, 1.0).weights == doctest::Approx(2 * params));
+    p.fp8_recipe = Fp8Recipe::kBlockwise;
+    CHECK(cost::memory_per_gpu(m, p, hw, st, {{1}}, 1.0).weights ==
+          doctest::Approx(2 * params + gemm * 2 * 4.0 / (128 * 128)));
   }
 
   TEST_CASE("ZeRO stages shard optimizer states, then gradients, then weights, by bytes per parameter") {

@@ -40,12 +40,14 @@ TEST_SUITE("io") {
     CHECK_FALSE(io::plan_to_json(p.value()).at("attention").contains("mla_down_proj"));
     CHECK(p.value().experts.fp8_padding == Fp8Padding::kStack);  // where the stack pads
     CHECK_FALSE(io::plan_to_json(p.value()).at("experts").contains("fp8_padding"));
+    CHECK_FALSE(p.value().data.fp8_param_gather);  // BF16 parameters
+    CHECK_FALSE(io::plan_to_json(p.value()).at("data").contains("fp8_param_gather"));
   }
 
   TEST_CASE("a plan survives writing and reading back") {
     auto p = parse(R"({"model": "m", "hardware": "h", "gpus": 1440, "seq_len": 8192, "global_batch": 720,
                        "attention": {"sp": 8, "mla_down_proj": "column_parallel"}, "experts": {"ep": 8, "dispatch": "all_gather", "fused_index_conversion": true, "fp8_padding": "experts"},
-                       "pipeline": {"pp": 15, "vpp": 2, "schedule": "interleaved_1f1b"},
+                       "pipeline": {"pp": 15, "vpp": 2, "schedule": "interleaved_1f1b"}, "data": {"zero": 1, "fp8_param_gather": true},
                        "overlap": {"inter_op": true, "intra_op": true}, "compression": {"grad_sync": "bf16_all_to_all"},
                        "precision": "fp8", "recompute": "sar",
                        "routing": {"distribution": "zipf:1.2", "capacity_factor": 1.25, "fused_router": false},
@@ -63,6 +65,7 @@ TEST_SUITE("io") {
     CHECK(back.value().attention.mla_down_proj == MlaDownProj::kColumnParallel);
     CHECK(j.at("attention").at("mla_down_proj") == "column_parallel");
     CHECK(back.value().experts.fp8_padding == Fp8Padding::kExperts);
+    CHECK(back.value().data.fp8_param_gather);
   }
 
   TEST_CASE("bad plan values are one-line errors") {

@@ -1902,17 +1902,27 @@ TEST_SUITE("workload") {
     CHECK(ops_named(b, OpName::kFp8AmaxAr).empty());
   }
 
+  // pp 2 over four Mixtral layers, ep 4 on four GPUs, in FP8 with `recipe`.
+  Plan two_stage_fp8_plan(Fp8Recipe recipe) {
+    Plan p = node_plan(4);
+    p.pipeline.pp = 2;
+    p.precision = Precision::kFp8;
+    p.fp8_recipe = recipe;
+    return p;
+  }
+  // A Mixtral layer's parameters on one rank of ep 4: the dense ones and a quarter of the routed experts.
+  double local_layer_params(const ModelSpec& m) {
+    const ParamBreakdown lp = layer_params(m, m.layers[0]);
+    return lp.total() - lp.routed_experts + lp.routed_experts / 4;
+  }
+
   TEST_CASE("FP8 weights are cast once per step on each stage, before the stage's first forward") {
     // pp 2 over four Mixtral layers, ep 4, two micro-batches, blockwise recipe: one weight_cast per stage of
     // its local parameters (dense + routed experts / ep) x (2 + 2 (1 + 4/128)) bytes, four kernels per layer.
     const ModelSpec m = mixtral(4);
-    Plan p = node_plan(4);
-    p.pipeline.pp = 2;
-    p.precision = Precision::kFp8;
-    p.fp8_recipe = Fp8Recipe::kBlockwise;
+    const Plan p = two_stage_fp8_plan(Fp8Recipe::kBlockwise);
     const OpGraph g = lower(m, p, stack_options("megatron-core"));
-    const ParamBreakdown lp = layer_params(m, m.layers[0]);
-    const double per_layer = lp.total() - lp.routed_experts + lp.routed_experts / 4;
+    const double per_layer = local_layer_params(m);
     std::vector<const Op*> casts;
     for (const Op& op : g.ops) {
       if (op.name == static_cast<uint16_t>(OpName::kWeightCast)) casts.push_back(&op);
@@ -1934,6 +1944,37 @@ TEST_SUITE("workload") {
       REQUIRE(first != nullptr);
       const auto deps = g.deps_of(*first);
       CHECK(std::find(deps.begin(), deps.end(), cast->id) != deps.end());
+    }
+  }
+
+  TEST_CASE("FP8 parameters are gathered in FP8, and their transposes replace the step's weight casts") {
+    // The same job in tensorwise FP8, with and without --fp8-param-gather: each parameter all-gather moves
+    // 1 B per parameter instead of 2; each stage's weight_cast reads and writes 1 B per local parameter
+    // (the transpose of the gathered FP8 weight) instead of current scaling's 6 B (amax, cast, transpose).
+    const ModelSpec m = mixtral(4);
+    Plan p = two_stage_fp8_plan(Fp8Recipe::kTensorwise);
+    const double per_layer = local_layer_params(m);
+    const OpGraph bf16_params = lower(m, p, stack_options("megatron-core"));
+    p.data.fp8_param_gather = true;
+    const OpGraph fp8_params = lower(m, p, stack_options("megatron-core"));
+    auto all_named = [](const OpGraph& g, OpName n) {
+      std::vector<const Op*> out;
+      for (const Op& op : g.ops)
+        if (op.name == static_cast<uint16_t>(n)) out.push_back(&op);
+      return out;
+    };
+    const auto casts = all_named(fp8_params, OpName::kWeightCast);
+    REQUIRE(casts.size() == 2);
+    for (const Op* cast : casts) CHECK(cast->hbm_bytes == doctest::Approx(2 * per_layer * 2.0));
+    for (const Op* cast : all_named(bf16_params, OpName::kWeightCast))
+      CHECK(cast->hbm_bytes == doctest::Approx(2 * per_layer * 6.0));
+    const auto gathers = all_named(fp8_params, OpName::kParamAg);
+    const auto bf16_gathers = all_named(bf16_params, OpName::kParamAg);
+    REQUIRE(!gathers.empty());
+    REQUIRE(gathers.size() == bf16_gathers.size());
+    for (size_t i = 0; i < gathers.size(); ++i) {
+      CHECK(gathers[i]->comm.bytes == doctest::Approx(bf16_gathers[i]->comm.bytes / 2));
+      CHECK(gathers[i]->comm.dtype == DType::kFp8);
     }
   }
 
