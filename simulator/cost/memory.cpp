@@ -609,8 +609,9 @@ void visit_stages(const ModelSpec& m, const Plan& p, const HardwareProfile& hw, 
     // data (1 B in the uint8 parameter buffer) and the transpose made after each gather (1 B): the 2 B of
     // the BF16 parameter it replaces, and no cache beside it; the recipe's scales remain.
     if (fp8) {
-      const double cache = fused_stack(stack) ? 1.0 : fp8_weight_cache_bytes(p.fp8_recipe);
-      b.weights += gemm * (p.data.fp8_param_gather ? cache - 2.0 : cache);
+      const bool fused = fused_stack(stack);
+      const double cache = fused ? 1.0 : fp8_weight_cache_bytes(p.fp8_recipe);
+      b.weights += gemm * (p.data.fp8_param_gather && !fused ? cache - 2.0 : cache);
     }
     b.gradients = (zero >= 2 ? sharded_params : params) * grad_bytes;
     b.optimizer = (zero >= 1 ? sharded_params : params) * kOptimizerBytes;

@@ -73,7 +73,8 @@ OpGraph lower(const ModelSpec& model, const Plan& plan, const LoweringOptions& o
 // Bytes per element that a weight-gradient GEMM's epilogue reads and writes in the main gradient buffer under
 // `plan` (Op::accum_bytes): main_grad_bytes where the stack fuses gradient accumulation, except under
 // ZeRO-2/3 (Megatron-FSDP runs without it, `moeplan launch` says --no-gradient-accumulation-fusion); 0: the
-// GEMM writes its own output once. The only way the ZeRO stage and the gradient sync change a layer's ops.
+// GEMM writes its own output once. Besides the data-parallel ops (gradient sync, ZeRO-3's gathers), the only
+// way the ZeRO stage and the gradient sync change a layer's ops.
 int wgrad_accum_bytes(const Plan& plan, const LoweringOptions& options);
 
 // How a plan runs on a stack, built in one place for predict() and moerun, so the graph moerun executes is
