@@ -671,8 +671,7 @@ class Screener {
   const std::vector<LayerDp>& layer_dp(const Plan& p) {
     const auto key =
         std::make_tuple(p.attention.tp, p.attention.sp, p.attention.cp, p.experts.ep, p.experts.etp,
-                        p.pipeline.pp, p.data.zero, static_cast<int>(p.compression.grad_sync),
-                        p.precision == Precision::kFp8 && p.data.fp8_param_gather);
+                        p.pipeline.pp, p.data.zero, static_cast<int>(p.compression.grad_sync), fp8_params(p));
     auto it = dp_cache_.find(key);
     if (it != dp_cache_.end()) return it->second;
     Plan one = one_stage(p);

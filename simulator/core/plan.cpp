@@ -53,6 +53,10 @@ std::string list_text(const std::vector<int64_t>& v) {
 
 }  // namespace
 
+bool fp8_params(const Plan& plan) {
+  return plan.precision == Precision::kFp8 && plan.data.fp8_param_gather;
+}
+
 double main_grad_bytes(const Plan& plan) {
   return plan.compression.grad_sync == GradSync::kBf16ReduceScatter ? 2.0 : 4.0;
 }

@@ -256,6 +256,9 @@ std::vector<int64_t> uneven_split(int64_t layers, int64_t chunks);
 // synchronisation reduces: fp32 unless gradients are reduced in BF16 (--grad-reduce-in-bf16); MegaScale-MoE's
 // BF16 all-to-all stages its copy in half of the fp32 buffer, so it keeps 4 B.
 double main_grad_bytes(const Plan& plan);
+// Whether the plan's GEMM weights are FP8 parameters (an FP8 plan with data.fp8_param_gather): what the
+// lowering's gathers and casts and the memory model read.
+bool fp8_params(const Plan& plan);
 
 // The dense peak MFU is measured against: the precision the plan computes in ("fp8" for FP8 plans when the
 // hardware profile has an FP8 peak), else "bf16".

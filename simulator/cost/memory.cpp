@@ -611,7 +611,7 @@ void visit_stages(const ModelSpec& m, const Plan& p, const HardwareProfile& hw, 
     if (fp8) {
       const bool fused = fused_stack(stack);
       const double cache = fused ? 1.0 : fp8_weight_cache_bytes(p.fp8_recipe);
-      b.weights += gemm * (p.data.fp8_param_gather && !fused ? cache - 2.0 : cache);
+      b.weights += gemm * (fp8_params(p) && !fused ? cache - 2.0 : cache);
     }
     b.gradients = (zero >= 2 ? sharded_params : params) * grad_bytes;
     b.optimizer = (zero >= 1 ? sharded_params : params) * kOptimizerBytes;

@@ -652,13 +652,13 @@ class Builder {
   int32_t emit_param_gather(int64_t layer, int16_t stage, int16_t chunk, int32_t mb, Phase phase,
                             Stream stream, int32_t after = -1) {
     const auto [dense, experts] = local_params(layer);
-    const bool fp8_params = p_.precision == Precision::kFp8 && p_.data.fp8_param_gather;
+    const bool fp8 = fp8_params(p_);
     int32_t last = -1;
     for (auto [params, group] :
          {std::pair{dense, CommGroup::kAttnReplica}, std::pair{experts, CommGroup::kExpertDp}}) {
       Op ag = base(OpName::kParamAg, OpKind::kCollective, stream);
-      ag.comm = fp8_params ? comm(Collective::kAllGather, group, params * 1.0, DType::kFp8)
-                           : comm(Collective::kAllGather, group, params * 2.0, DType::kBf16);
+      ag.comm = fp8 ? comm(Collective::kAllGather, group, params * 1.0, DType::kFp8)
+                    : comm(Collective::kAllGather, group, params * 2.0, DType::kBf16);
       if (params <= 0 || ag.comm.group_size <= 1) continue;
       last = emit(ag, stage, chunk, static_cast<int32_t>(layer), mb, phase, {after});
     }
@@ -2254,7 +2254,7 @@ void Builder::emit_weight_casts(int16_t stage, const std::vector<int64_t>& stage
     params += dense + experts;
   }
   if (params <= 0) return;
-  const double bytes_per_element = p_.data.fp8_param_gather ? 2.0 : fp8_cast_bytes_per_element(p_.fp8_recipe);
+  const double bytes_per_element = fp8_params(p_) ? 2.0 : fp8_cast_bytes_per_element(p_.fp8_recipe);
   Op cast = mem(OpName::kWeightCast, MemOp::kCast, params * bytes_per_element);
   cast.kernels =
       static_cast<uint16_t>(std::min<int64_t>(65535, 4 * static_cast<int64_t>(stage_layers.size())));

@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <numeric>
 #include <set>
@@ -824,39 +825,48 @@ TEST_SUITE("planner") {
     CHECK_FALSE(parse_flags(checked(p).flags).has("--moe-router-fusion"));
   }
 
+  // A plan priced as an older Megatron builds something: `older` turns that on; the launch says so in a note
+  // (`note`, which the plan as the stack builds it lacks: `absent`) and its flags stay the same.
+  void check_version_note(Plan p, const std::function<void(Plan&)>& older, const std::string& absent,
+                          const std::string& note) {
+    const auto own = checked(p);
+    CHECK_FALSE(mentions(own.notes, absent));
+    older(p);
+    const auto old = checked(p);
+    CHECK(mentions(old.notes, note));
+    CHECK(old.flags == own.flags);
+  }
+
   TEST_CASE("MLA's column-parallel down projections are Megatron's version, said in a note and no flag") {
     Plan p = make_plan("deepseek-v3", 8, 4096, 8);
     p.experts.ep = 8;
     p.attention.tp = 2;
-    const auto own = checked(p);
-    CHECK_FALSE(mentions(own.notes, "before 0.14"));
-    p.attention.mla_down_proj = MlaDownProj::kColumnParallel;
-    const auto old = checked(p);
-    CHECK(mentions(old.notes, "column-parallel, as Megatron-Core before 0.14 builds them"));
-    CHECK(old.flags == own.flags);
+    check_version_note(
+        p, [](Plan& q) { q.attention.mla_down_proj = MlaDownProj::kColumnParallel; }, "before 0.14",
+        "column-parallel, as Megatron-Core before 0.14 builds them");
+  }
+
+  // DeepSeek-V3 on one node of eight, EP 8, on Megatron-Core with DeepEP.
+  Plan deepep_v3_plan() {
+    Plan p = make_plan("deepseek-v3", 8, 4096, 8);
+    p.experts.ep = 8;
+    p.experts.dispatch = Dispatch::kDedup;
+    p.stack = "megatron-core-deepep";
+    return p;
   }
 
   TEST_CASE(
       "DeepEP's FP8 row padding in the experts is Megatron's and TE's version, said in a note and no flag") {
-    Plan p = make_plan("deepseek-v3", 8, 4096, 8);
-    p.experts.ep = 8;
-    p.experts.dispatch = Dispatch::kDedup;
-    p.stack = "megatron-core-deepep";
+    Plan p = deepep_v3_plan();
     p.precision = Precision::kFp8;
-    const auto own = checked(p);
-    CHECK_FALSE(mentions(own.notes, "TEGroupedMLP's copies"));
-    p.experts.fp8_padding = Fp8Padding::kExperts;
-    const auto old = checked(p);
-    CHECK(mentions(old.notes, "TEGroupedMLP's copies, as Megatron-Core before the DeepEP permute padded"));
-    CHECK(old.flags == own.flags);
+    check_version_note(
+        p, [](Plan& q) { q.experts.fp8_padding = Fp8Padding::kExperts; }, "TEGroupedMLP's copies",
+        "TEGroupedMLP's copies, as Megatron-Core before the DeepEP permute padded");
   }
 
   TEST_CASE(
       "DeepEP's fused index conversion asks for Megatron's experimental switch, and otherwise it is off") {
-    Plan p = make_plan("deepseek-v3", 8, 4096, 8);
-    p.experts.ep = 8;
-    p.experts.dispatch = Dispatch::kDedup;
-    p.stack = "megatron-core-deepep";
+    Plan p = deepep_v3_plan();
     CHECK_FALSE(parse_flags(checked(p).flags).has("--enable-experimental"));
     p.experts.fused_index_conversion = true;
     const Flags f = parse_flags(checked(p).flags);
