@@ -330,10 +330,10 @@ int64_t for_each_plan(const ModelSpec& model, const HardwareProfile& hw, const S
                                 p.data.fp8_param_gather = prec == Precision::kFp8 && zero >= 1 &&
                                                           stack_has(cap.param_gather, "fp8");
                                 // Pipeline sends overlap only where there is a pipeline (a plan file and
-                                // `import` say the same of one stage).
+                                // `import` say the same of one stage) and the stack overlaps them there.
                                 p.overlap = {stack.overlaps.inter_op.value, intra,
                                              stack.overlaps.dp_comm.value,
-                                             stack.overlaps.pp_comm.value && pp > 1};
+                                             stack_overlaps_pipeline_sends(stack, pp, vpp)};
                                 // Cross-micro-batch EP overlap where the stack has it and its rules allow it.
                                 p.overlap.cross_micro_batch =
                                     stack.overlaps.cross_micro_batch.value && ep > 1 &&

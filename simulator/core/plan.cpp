@@ -445,10 +445,24 @@ Plan with_stack_overlaps(const Plan& plan, const StackProfile& stack, std::vecto
   drop(p.overlap.intra_op, stack.overlaps.intra_op, "intra_op");
   drop(p.overlap.dp_comm, stack.overlaps.dp_comm, "dp_comm");
   drop(p.overlap.pp_comm, stack.overlaps.pp_comm, "pp_comm");
+  if (p.overlap.pp_comm && p.pipeline.pp > 1 &&
+      !stack_overlaps_pipeline_sends(stack, p.pipeline.pp, p.pipeline.vpp)) {
+    p.overlap.pp_comm = false;
+    if (notices) {
+      notices->push_back("overlap.pp_comm asked for, but stack " + stack.name +
+                         " overlaps pipeline sends only with a virtual pipeline (vpp > 1), so they run "
+                         "blocking on the compute stream: " +
+                         stack.overlaps.pp_comm_needs_vpp.source);
+    }
+  }
   drop(p.overlap.cross_micro_batch, stack.overlaps.cross_micro_batch, "cross_micro_batch");
   drop(p.overlap.tp_comm, stack.overlaps.tp_comm, "tp_comm");
   if (!p.overlap.cross_micro_batch) p.overlap.delay_wgrad = false;  // it lives inside the combined 1F1B
   return p;
+}
+
+bool stack_overlaps_pipeline_sends(const StackProfile& stack, int64_t pp, int64_t vpp) {
+  return stack.overlaps.pp_comm.value && pp > 1 && (!stack.overlaps.pp_comm_needs_vpp.value || vpp > 1);
 }
 
 const char* name_of(Dispatch d) {

@@ -247,6 +247,10 @@ int fp8_row_alignment(const Plan& plan);
 // The plan as the stack runs it: each overlap the plan asks for and the stack does not achieve is switched
 // off (it gets no credit), with one notice per overlap saying so.
 Plan with_stack_overlaps(const Plan& plan, const StackProfile& stack, std::vector<std::string>* notices);
+// Whether the stack overlaps pipeline sends with compute in a pipeline of `pp` stages and `vpp` virtual
+// stages per rank: never without a pipeline, and only with a virtual pipeline where the stack says so
+// (overlaps.pp_comm_needs_vpp).
+bool stack_overlaps_pipeline_sends(const StackProfile& stack, int64_t pp, int64_t vpp);
 
 // Layers per virtual stage when they do not divide evenly: the first and last chunks (which also hold the
 // embedding and the output layer + loss) take the smaller shares.

@@ -93,6 +93,7 @@ std::vector<const std::string*> StackProfile::number_sources() const {
                                          &overlaps.pp_comm.source,
                                          &overlaps.cross_micro_batch.source,
                                          &overlaps.tp_comm.source,
+                                         &overlaps.pp_comm_needs_vpp.source,
                                          &capabilities.source,
                                          &memory.reserve_bytes.source,
                                          &memory.reserve_bytes_high.source,

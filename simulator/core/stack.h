@@ -178,6 +178,9 @@ struct StackProfile {
     Stated<bool> inter_op, intra_op, dp_comm, pp_comm, cross_micro_batch;
     // Transformer Engine's userbuffers (Plan::Overlap::tp_comm); optional in a profile.
     Stated<bool> tp_comm{false, kNotStated};
+    // Pipeline sends overlap only with a virtual pipeline (vpp > 1): Megatron switches p2p overlap off
+    // without one and sends blocking. Optional in a profile (false: every schedule overlaps them).
+    Stated<bool> pp_comm_needs_vpp{false, kNotStated};
   } overlaps;  // which the stack achieves
 
   // Plan features the stack can run. A plan asking for one it lacks is refused with the reason (overlaps

@@ -275,10 +275,12 @@ Result<StackProfile> stack_from_json(const json& j, const std::string& label) {
       s.userbuffers_rs_speed = stated_number(root, "userbuffers_rs_speed", 0.1, 10.0);
 
     const JsonNode o = root.object("overlaps");
-    o.only_keys({"inter_op", "intra_op", "dp_comm", "pp_comm", "cross_micro_batch", "tp_comm"});
+    o.only_keys(
+        {"inter_op", "intra_op", "dp_comm", "pp_comm", "cross_micro_batch", "tp_comm", "pp_comm_needs_vpp"});
     s.overlaps = {stated_bool(o, "inter_op"), stated_bool(o, "intra_op"), stated_bool(o, "dp_comm"),
                   stated_bool(o, "pp_comm"), stated_bool(o, "cross_micro_batch")};
     if (o.has("tp_comm")) s.overlaps.tp_comm = stated_bool(o, "tp_comm");
+    if (o.has("pp_comm_needs_vpp")) s.overlaps.pp_comm_needs_vpp = stated_bool(o, "pp_comm_needs_vpp");
 
     const JsonNode c = root.object("capabilities");
     c.only_keys({"source", "dispatch", "recompute", "recompute_modules", "schedules", "precision",
@@ -404,6 +406,8 @@ nlohmann::ordered_json stack_to_json(const StackProfile& s) {
                      {"pp_comm", flag(s.overlaps.pp_comm)},
                      {"cross_micro_batch", flag(s.overlaps.cross_micro_batch)}};
   if (s.overlaps.tp_comm.source != kNotStated) j["overlaps"]["tp_comm"] = flag(s.overlaps.tp_comm);
+  if (s.overlaps.pp_comm_needs_vpp.source != kNotStated)
+    j["overlaps"]["pp_comm_needs_vpp"] = flag(s.overlaps.pp_comm_needs_vpp);
   const auto& c = s.capabilities;
   j["capabilities"] = oj{{"source", c.source},
                          {"dispatch", c.dispatch},

@@ -78,7 +78,8 @@ std::set<std::string> brute_force(const Setup& s, const planner::Job& job,
                               p.data.zero = zero;
                               p.overlap = {s.stack.overlaps.inter_op.value, intra,
                                            s.stack.overlaps.dp_comm.value,
-                                           s.stack.overlaps.pp_comm.value && pp > 1};
+                                           s.stack.overlaps.pp_comm.value && pp > 1 &&
+                                               (vpp > 1 || !s.stack.overlaps.pp_comm_needs_vpp.value)};
                               p.compression.grad_sync = sync;
                               p.compression.dispatch = prec == Precision::kFp8 && ep > 1
                                                            ? DispatchPrecision::kFp8
@@ -423,6 +424,33 @@ TEST_SUITE("planner.search") {
       }
       CHECK(gathers > 0);
       CHECK((combined > 0) == (mtp <= 1));
+    }
+  }
+
+  TEST_CASE(
+      "the search overlaps pipeline sends only where the stack does: Megatron with a virtual pipeline") {
+    // Megatron switches p2p overlap off without VPP; MegaScale-MoE overlaps them in 1F1B too. No plan the
+    // search hands Megatron-Core asks for an overlap its simulation would take away (or a launch could not
+    // express).
+    const planner::SearchSpace space = small_space();  // vpp 1 and 2
+    for (const char* stack_name : {"megatron-core", "megascale-moe"}) {
+      CAPTURE(stack_name);
+      Setup s("mixtral-8x7b");
+      s.stack = io::load_stack(stack_name).value();
+      const bool needs_vpp = std::string(stack_name) == "megatron-core";
+      int one_f_one_b = 0, interleaved = 0;
+      for (const Plan& p : planner::enumerate_plans(s.model, s.hw, s.stack, {16, 4096, 32}, space)) {
+        if (p.pipeline.pp == 1) {
+          CHECK_FALSE(p.overlap.pp_comm);
+          continue;
+        }
+        (p.pipeline.vpp > 1 ? interleaved : one_f_one_b) += 1;
+        CHECK(p.overlap.pp_comm == (p.pipeline.vpp > 1 || !needs_vpp));
+        std::vector<std::string> notices;
+        CHECK(with_stack_overlaps(p, s.stack, &notices).overlap.pp_comm == p.overlap.pp_comm);
+      }
+      CHECK(one_f_one_b > 0);
+      CHECK(interleaved > 0);
     }
   }
 

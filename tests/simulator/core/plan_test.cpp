@@ -430,10 +430,12 @@ TEST_SUITE("core") {
   }
 
   TEST_CASE("overlaps the stack lacks are switched off, each with a notice, and the others are kept") {
-    // Megatron-Core achieves DP and PP overlap and combined 1F1B, not MegaScale-MoE's inter- or
-    // intra-operator overlap; moerun has no combined 1F1B.
+    // Megatron-Core achieves DP and PP overlap (with a virtual pipeline) and combined 1F1B, not
+    // MegaScale-MoE's inter- or intra-operator overlap; moerun has no combined 1F1B.
     Fixture f;
     f.plan.overlap = {true, true, true, true, true, true};
+    f.plan.pipeline.vpp = 2;
+    f.plan.pipeline.schedule = Schedule::kInterleaved1F1B;
     const StackProfile megatron = io::load_stack("megatron-core").value();
     std::vector<std::string> notices;
     const Plan p = with_stack_overlaps(f.plan, megatron, &notices);
@@ -454,6 +456,36 @@ TEST_SUITE("core") {
     CHECK_FALSE(q.overlap.delay_wgrad);  // it lives inside the combined 1F1B
     REQUIRE(notices.size() == 1);
     CHECK(notices[0].find("overlap.cross_micro_batch") != std::string::npos);
+  }
+
+  TEST_CASE("Megatron overlaps pipeline sends only with a virtual pipeline, other stacks on every schedule") {
+    // Megatron sets overlap_p2p_comm False without VPP (arguments.py:583-590 at core_v0.16.0).
+    Fixture f;
+    REQUIRE(f.plan.pipeline.pp == 8);
+    f.plan.overlap.pp_comm = true;
+    const StackProfile megatron = io::load_stack("megatron-core").value();
+    CHECK(megatron.overlaps.pp_comm_needs_vpp.value);
+    std::vector<std::string> notices;
+    CHECK_FALSE(with_stack_overlaps(f.plan, megatron, &notices).overlap.pp_comm);
+    REQUIRE(notices.size() == 1);
+    CHECK(notices[0].rfind("overlap.pp_comm asked for, but stack megatron-core overlaps pipeline sends only "
+                           "with a virtual pipeline",
+                           0) == 0);
+    CHECK(notices[0].find("arguments.py:583-590") != std::string::npos);
+    CHECK_FALSE(stack_overlaps_pipeline_sends(megatron, 8, 1));
+    CHECK(stack_overlaps_pipeline_sends(megatron, 8, 2));
+    CHECK_FALSE(stack_overlaps_pipeline_sends(megatron, 1, 2));
+    for (const char* name : {"megatron-core-deepep", "megatron-core-hybridep"})
+      CHECK(io::load_stack(name).value().overlaps.pp_comm_needs_vpp.value);
+    // MegaScale-MoE overlaps them in 1F1B too; a profile without the key overlaps them everywhere.
+    const StackProfile megascale = io::load_stack("megascale-moe").value();
+    notices.clear();
+    CHECK(with_stack_overlaps(f.plan, megascale, &notices).overlap.pp_comm);
+    CHECK(notices.empty());
+    CHECK(stack_overlaps_pipeline_sends(megascale, 8, 1));
+    StackProfile without = megatron;
+    without.overlaps.pp_comm_needs_vpp = {false, kNotStated};
+    CHECK(stack_overlaps_pipeline_sends(without, 8, 1));
   }
 
   TEST_CASE("TE's userbuffers need tp > 1, and a stack without them gives them no credit, saying so") {
