@@ -116,6 +116,7 @@ std::vector<ExplainRow> explain(const ModelSpec& model, const Plan& plan, const 
          // Across micro-batches too: Megatron's combined 1F1B and its delayed weight gradients.
          p.overlap.cross_micro_batch = plan.overlap.cross_micro_batch;
          p.overlap.delay_wgrad = plan.overlap.delay_wgrad;
+         p.overlap.shared_experts = plan.overlap.shared_experts;
        }},
       {"+ intra-operator overlap",
        [&](Plan& p) {

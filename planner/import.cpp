@@ -501,6 +501,9 @@ Result<Imported> import_megatron(const std::string& text, const ModelSpec& model
                      {"pp_comm", pp_overlap}};
   if (f.has("overlap-moe-expert-parallel-comm")) plan["overlap"]["cross_micro_batch"] = true;
   if (f.has("delay-wgrad-compute")) plan["overlap"]["delay_wgrad"] = true;
+  // Inert without shared experts (Megatron builds no SharedExpertMLP then).
+  if (f.has("moe-shared-expert-overlap") && model.is_moe() && model.moe.num_shared_experts > 0)
+    plan["overlap"]["shared_experts"] = true;
   if (f.has("tp-comm-overlap") && tp.value() > 1) {
     plan["overlap"]["tp_comm"] = true;
     if (f.has("tp-comm-overlap-cfg")) {

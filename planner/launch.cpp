@@ -586,6 +586,16 @@ class MegatronBuilder {
       // parallelism, which the launch sets under TP).
       flag("--tp-comm-overlap");
     }
+    // The shared experts on their own stream beside the dispatch (TC:1820-1826: the alltoall or flex
+    // dispatcher; flex only since ebfa13852f, Megatron-Core 0.18).
+    if (p_.overlap.shared_experts) {
+      flag("--moe-shared-expert-overlap");
+      if (dispatcher() == "flex") {
+        note(
+            "--moe-shared-expert-overlap with the flex dispatcher needs Megatron-Core 0.18 or later "
+            "(ebfa13852f); earlier builds refuse it beside any dispatcher but alltoall");
+      }
+    }
     if (p_.compression.grad_sync == GradSync::kBf16AllToAll) {
       not_expressible(
           "BF16 gradient sync by all-to-all with a local FP32 reduce; the nearest, --grad-reduce-in-bf16, "
@@ -595,7 +605,8 @@ class MegatronBuilder {
 
     if (p_.overlap.inter_op) {
       // The nearest Megatron overlaps: EP all-to-all beside another micro-batch's compute (TC:3002-3072),
-      // else the shared experts beside the dispatch (TC:1813-1826).
+      // else the shared experts beside the dispatch (TC:1813-1826; with the alltoall dispatcher, where every
+      // Megatron-Core has it).
       const std::string type = dispatcher();
       const bool a2a_or_flex = type == "alltoall" || type == "flex";
       const bool moe_recompute =
@@ -609,13 +620,18 @@ class MegatronBuilder {
         instead =
             "--overlap-moe-expert-parallel-comm (the plan's cross-micro-batch overlap) overlaps the EP "
             "all-to-all with another micro-batch instead";
+      } else if (p_.overlap.shared_experts) {
+        // On already (above); Megatron refuses it beside combined 1F1B.
+        instead =
+            "--moe-shared-expert-overlap (the plan's overlap.shared_experts) overlaps only the shared "
+            "experts with the dispatch";
       } else if (ep_overlap) {
         flag("--overlap-moe-expert-parallel-comm");
         needs_max_connections_ = false;  // only a warning with it (A:1453-1479)
         instead =
             "--overlap-moe-expert-parallel-comm overlaps the EP all-to-all with another micro-batch "
             "instead";
-      } else if (m_.is_moe() && m_.moe.num_shared_experts > 0 && a2a_or_flex &&
+      } else if (m_.is_moe() && m_.moe.num_shared_experts > 0 && type == "alltoall" &&
                  !(p_.recompute == Recompute::kSelective &&
                    (p_.recompute_modules & kRecomputeSharedExperts))) {
         flag("--moe-shared-expert-overlap");

@@ -102,6 +102,7 @@ std::string describe(const Plan& p) {
   if (p.overlap.cross_micro_batch) ov = ov == "none" ? "xmb" : ov + "+xmb";
   if (p.overlap.delay_wgrad) ov += "+dw";
   if (p.overlap.tp_comm) ov = ov == "none" ? "ub" : ov + "+ub";
+  if (p.overlap.shared_experts) ov = ov == "none" ? "sh" : ov + "+sh";
   if (p.pipeline.schedule == Schedule::kDualPipeV) ov += " dualpipev";
   const char* disp = p.experts.dispatch == Dispatch::kAllToAll    ? "a2a"
                      : p.experts.dispatch == Dispatch::kAllGather ? "ag"
@@ -149,7 +150,9 @@ std::string layout_legend() {
          "  | overlap: inter (communication on its own streams), intra (fused GEMM + communication kernels), "
          "xmb (one micro-batch's expert communication behind another's compute, Megatron's combined 1F1B), "
          "+dw (with its weight gradients delayed past the exchanges, --delay-wgrad-compute), ub (TP "
-         "exchanges pipelined with their GEMMs by Transformer Engine's userbuffers, --tp-comm-overlap)\n"
+         "exchanges pipelined with their GEMMs by Transformer Engine's userbuffers, --tp-comm-overlap), sh "
+         "(the "
+         "shared experts on their own stream beside the dispatch, --moe-shared-expert-overlap)\n"
          "  | precision, then rs16 (gradients reduce-scattered in BF16), g16 (MegaScale-MoE's BF16 "
          "all-to-all "
          "gradient sync), d8 (FP8 dispatch), rpad / epad / dpad / nopad (FP8 pads each expert's rows to "
@@ -346,6 +349,15 @@ int64_t for_each_plan(const ModelSpec& model, const HardwareProfile& hw, const S
                                 // without: the lowering's rule).
                                 p.overlap.tp_comm = stack.overlaps.tp_comm.value && tp > 1 &&
                                                     model.attention.kind != AttentionKind::kMla;
+                                p.recompute = rc;
+                                // The shared experts beside the all-to-all dispatch where the stack runs
+                                // them so and its rules allow it (inter_op has them there already).
+                                p.overlap.shared_experts =
+                                    stack.overlaps.shared_experts.value && !p.overlap.inter_op &&
+                                    model.is_moe() && model.moe.num_shared_experts > 0 &&
+                                    disp == Dispatch::kAllToAll && !p.overlap.cross_micro_batch &&
+                                    !(rc == Recompute::kSelective &&
+                                      (p.recompute_modules & kRecomputeSharedExperts));
                                 p.compression.grad_sync = sync;
                                 p.compression.dispatch = prec == Precision::kFp8 && ep > 1 &&
                                                                  stack_has(cap.dispatch_precision, "fp8")
@@ -358,7 +370,6 @@ int64_t for_each_plan(const ModelSpec& model, const HardwareProfile& hw, const S
                                       cap.fp8_recipes.front() == "blockwise" ? Fp8Recipe::kBlockwise
                                       : cap.fp8_recipes.front() == "delayed" ? Fp8Recipe::kDelayed
                                                                              : Fp8Recipe::kTensorwise;
-                                p.recompute = rc;
                                 p.experts.fp8_padding = padding;
                                 visit(at, std::move(p));
                               }
@@ -585,7 +596,7 @@ class Screener {
     const auto key =
         std::make_tuple(p.attention.tp, p.attention.sp, p.attention.cp, p.experts.ep, p.experts.etp,
                         static_cast<int>(p.experts.dispatch), p.micro_batch, static_cast<int>(p.recompute),
-                        p.overlap.inter_op, p.overlap.intra_op,
+                        p.overlap.inter_op, p.overlap.intra_op, p.overlap.shared_experts, p.overlap.tp_comm,
                         static_cast<int>(p.precision) * 8 + static_cast<int>(p.fp8_recipe),
                         static_cast<int>(p.compression.dispatch), combined(p),
                         static_cast<int>(p.experts.fp8_padding), wgrad_accum_bytes(p, lowering_));
@@ -869,7 +880,7 @@ class Screener {
   cost::CostModel cm_;
   const LoweringOptions lowering_;  // the stack's (the runs set the routing and their parts on a copy)
   std::unordered_map<std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int, int64_t, int, bool, bool,
-                                int, int, bool, int, int>,
+                                bool, bool, int, int, bool, int, int>,
                      LayerTimes, KeyHash>
       cache_;
   std::unordered_map<std::tuple<int64_t, int64_t, int64_t, int>, std::vector<double>, KeyHash> shares_;

@@ -69,6 +69,8 @@ const char* name_of(Stream s) {
       return "pp_comm";
     case Stream::kTpComm:
       return "tp_comm";
+    case Stream::kShared:
+      return "shared";
   }
   return "?";
 }

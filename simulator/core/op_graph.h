@@ -36,9 +36,19 @@ enum class CommGroup : uint8_t { kNone, kTp, kSp, kCp, kEp, kEtp, kDp, kAttnRepl
 
 // Streams of one rank. Ops on a stream run in order; edges across streams are events. kTpComm: the tensor-
 // parallel exchanges a framework issues asynchronously beside its GEMMs (TE's column-parallel backward), on
-// the TP group's own NCCL stream, apart from the expert-parallel exchanges on kComm.
-enum class Stream : uint8_t { kCompute = 0, kComm = 1, kSide = 2, kDpComm = 3, kPpComm = 4, kTpComm = 5 };
-inline constexpr int kNumStreams = 6;
+// the TP group's own NCCL stream, apart from the expert-parallel exchanges on kComm. kShared: Megatron's
+// shared-expert stream (--moe-shared-expert-overlap), apart from kSide, where its device-to-host count copies
+// run.
+enum class Stream : uint8_t {
+  kCompute = 0,
+  kComm = 1,
+  kSide = 2,
+  kDpComm = 3,
+  kPpComm = 4,
+  kTpComm = 5,
+  kShared = 6
+};
+inline constexpr int kNumStreams = 7;
 
 // What a memory-bound op does (for the breakdown and the stack's efficiency).
 enum class MemOp : uint8_t {

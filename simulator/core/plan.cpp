@@ -283,6 +283,24 @@ void check_rules(Rules& r, const Plan& p, const ModelSpec& m, const HardwareProf
   r.check(!p.overlap.tp_comm || p.attention.tp > 1, "tp_comm_needs_tp",
           "overlap.tp_comm overlaps tensor-parallel exchanges and needs attention.tp > 1 (tp = ",
           p.attention.tp, ")");
+  // The shared experts beside the dispatch (Megatron's rules: TransformerConfig at core_v0.16.0).
+  if (p.overlap.shared_experts) {
+    r.check(m.is_moe() && m.moe.num_shared_experts > 0, "shared_experts_overlap_needs_shared_experts",
+            "overlap.shared_experts overlaps the shared experts with the dispatch, and ", m.name,
+            " has no shared experts");
+    r.check(p.experts.dispatch != Dispatch::kAllGather, "shared_experts_overlap_needs_a2a_dispatch",
+            "overlap.shared_experts needs the all-to-all or node-deduplicated dispatch (Megatron: "
+            "--moe-shared-expert-overlap with the alltoall dispatcher, transformer_config.py:1090-1095 at "
+            "core_v0.16.0, and the flex dispatcher since ebfa13852f, core_v0.18.0), not all_gather");
+    r.check(!p.overlap.cross_micro_batch, "shared_experts_overlap_not_cross_micro_batch",
+            "overlap.shared_experts cannot run with overlap.cross_micro_batch (Megatron: disable "
+            "--moe-shared-expert-overlap with --overlap-moe-expert-parallel-comm, "
+            "transformer_config.py:1886-1888)");
+    r.check(!(p.recompute == Recompute::kSelective && (p.recompute_modules & kRecomputeSharedExperts)),
+            "shared_experts_overlap_no_shared_recompute",
+            "overlap.shared_experts cannot run with the shared_experts recompute module "
+            "(transformer_config.py:1233-1239)");
+  }
   r.check(
       !p.overlap.delay_wgrad || p.overlap.cross_micro_batch, "delay_wgrad_needs_cross_micro_batch",
       "overlap.delay_wgrad delays weight gradients within the combined 1F1B and needs "
@@ -457,6 +475,7 @@ Plan with_stack_overlaps(const Plan& plan, const StackProfile& stack, std::vecto
   }
   drop(p.overlap.cross_micro_batch, stack.overlaps.cross_micro_batch, "cross_micro_batch");
   drop(p.overlap.tp_comm, stack.overlaps.tp_comm, "tp_comm");
+  drop(p.overlap.shared_experts, stack.overlaps.shared_experts, "shared_experts");
   if (!p.overlap.cross_micro_batch) p.overlap.delay_wgrad = false;  // it lives inside the combined 1F1B
   return p;
 }

@@ -145,6 +145,11 @@ struct Plan {
     // feeding the GEMM chunk by chunk, the row-parallel linears' reduce-scatter after each of the GEMM's row
     // chunks, the backward's exchanges beside the data- and weight-gradient GEMMs.
     bool tp_comm = false;
+    // The shared experts on their own stream beside the dispatch (Megatron --moe-shared-expert-overlap):
+    // their TP gather, FC1 and activation beside the dispatch all-to-all, FC2 and TP reduce-scatter beside
+    // the combine, without userbuffers (shared_experts.py). inter_op puts them there too, with every other
+    // exchange.
+    bool shared_experts = false;
     bool operator==(const Overlap&) const = default;
   } overlap;
 

@@ -94,6 +94,7 @@ std::vector<const std::string*> StackProfile::number_sources() const {
                                          &overlaps.cross_micro_batch.source,
                                          &overlaps.tp_comm.source,
                                          &overlaps.pp_comm_needs_vpp.source,
+                                         &overlaps.shared_experts.source,
                                          &capabilities.source,
                                          &memory.reserve_bytes.source,
                                          &memory.reserve_bytes_high.source,

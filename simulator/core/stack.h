@@ -181,6 +181,8 @@ struct StackProfile {
     // Pipeline sends overlap only with a virtual pipeline (vpp > 1): Megatron switches p2p overlap off
     // without one and sends blocking. Optional in a profile (false: every schedule overlaps them).
     Stated<bool> pp_comm_needs_vpp{false, kNotStated};
+    // The shared experts on their own stream beside the dispatch (Plan::Overlap::shared_experts); optional.
+    Stated<bool> shared_experts{false, kNotStated};
   } overlaps;  // which the stack achieves
 
   // Plan features the stack can run. A plan asking for one it lacks is refused with the reason (overlaps

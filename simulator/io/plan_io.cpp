@@ -132,8 +132,8 @@ Plan read_plan(const JsonNode& r) {
     p.data.fp8_param_gather = d->boolean_or("fp8_param_gather", false);
   }
   if (auto o = r.optional_object("overlap")) {
-    o->only_keys(
-        {"inter_op", "intra_op", "dp_comm", "pp_comm", "cross_micro_batch", "delay_wgrad", "tp_comm"});
+    o->only_keys({"inter_op", "intra_op", "dp_comm", "pp_comm", "cross_micro_batch", "delay_wgrad", "tp_comm",
+                  "shared_experts"});
     p.overlap.inter_op = o->boolean_or("inter_op", false);
     p.overlap.intra_op = o->boolean_or("intra_op", false);
     p.overlap.dp_comm = o->boolean_or("dp_comm", false);
@@ -141,6 +141,7 @@ Plan read_plan(const JsonNode& r) {
     p.overlap.cross_micro_batch = o->boolean_or("cross_micro_batch", false);
     p.overlap.delay_wgrad = o->boolean_or("delay_wgrad", false);
     p.overlap.tp_comm = o->boolean_or("tp_comm", false);
+    p.overlap.shared_experts = o->boolean_or("shared_experts", false);
   }
   if (auto c = r.optional_object("compression")) {
     c->only_keys({"grad_sync", "dispatch"});
@@ -233,6 +234,7 @@ json plan_to_json(const Plan& p) {
   if (p.overlap.cross_micro_batch) j["overlap"]["cross_micro_batch"] = true;
   if (p.overlap.delay_wgrad) j["overlap"]["delay_wgrad"] = true;
   if (p.overlap.tp_comm) j["overlap"]["tp_comm"] = true;
+  if (p.overlap.shared_experts) j["overlap"]["shared_experts"] = true;
   j["compression"] = {{"grad_sync", name_of(p.compression.grad_sync)},
                       {"dispatch", name_of(p.compression.dispatch)}};
   j["precision"] = name_of(p.precision);

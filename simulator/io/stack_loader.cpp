@@ -275,12 +275,13 @@ Result<StackProfile> stack_from_json(const json& j, const std::string& label) {
       s.userbuffers_rs_speed = stated_number(root, "userbuffers_rs_speed", 0.1, 10.0);
 
     const JsonNode o = root.object("overlaps");
-    o.only_keys(
-        {"inter_op", "intra_op", "dp_comm", "pp_comm", "cross_micro_batch", "tp_comm", "pp_comm_needs_vpp"});
+    o.only_keys({"inter_op", "intra_op", "dp_comm", "pp_comm", "cross_micro_batch", "tp_comm",
+                 "pp_comm_needs_vpp", "shared_experts"});
     s.overlaps = {stated_bool(o, "inter_op"), stated_bool(o, "intra_op"), stated_bool(o, "dp_comm"),
                   stated_bool(o, "pp_comm"), stated_bool(o, "cross_micro_batch")};
     if (o.has("tp_comm")) s.overlaps.tp_comm = stated_bool(o, "tp_comm");
     if (o.has("pp_comm_needs_vpp")) s.overlaps.pp_comm_needs_vpp = stated_bool(o, "pp_comm_needs_vpp");
+    if (o.has("shared_experts")) s.overlaps.shared_experts = stated_bool(o, "shared_experts");
 
     const JsonNode c = root.object("capabilities");
     c.only_keys({"source", "dispatch", "recompute", "recompute_modules", "schedules", "precision",
@@ -408,6 +409,8 @@ nlohmann::ordered_json stack_to_json(const StackProfile& s) {
   if (s.overlaps.tp_comm.source != kNotStated) j["overlaps"]["tp_comm"] = flag(s.overlaps.tp_comm);
   if (s.overlaps.pp_comm_needs_vpp.source != kNotStated)
     j["overlaps"]["pp_comm_needs_vpp"] = flag(s.overlaps.pp_comm_needs_vpp);
+  if (s.overlaps.shared_experts.source != kNotStated)
+    j["overlaps"]["shared_experts"] = flag(s.overlaps.shared_experts);
   const auto& c = s.capabilities;
   j["capabilities"] = oj{{"source", c.source},
                          {"dispatch", c.dispatch},

@@ -549,6 +549,7 @@ Prediction predict(const ModelSpec& model, const Plan& plan, const HardwareProfi
   target_overlap(run.overlap.pp_comm, stack.overlaps.pp_comm, "pp_comm");
   target_overlap(run.overlap.cross_micro_batch, stack.overlaps.cross_micro_batch, "cross_micro_batch");
   target_overlap(run.overlap.tp_comm, stack.overlaps.tp_comm, "tp_comm");
+  target_overlap(run.overlap.shared_experts, stack.overlaps.shared_experts, "shared_experts");
   r.provenance.hypothetical = !r.provenance.targets.empty();
   return r;
 }

@@ -141,7 +141,8 @@ class Builder {
     delay_wgrad_ = combined_ && p.overlap.delay_wgrad;
     schedule_ = p.pipeline.schedule;
     comm_stream_ = p.overlap.inter_op ? Stream::kComm : Stream::kCompute;
-    side_stream_ = p.overlap.inter_op ? Stream::kSide : Stream::kCompute;
+    shared_overlap_ = p.overlap.shared_experts && !p.overlap.inter_op;
+    side_stream_ = p.overlap.inter_op ? Stream::kSide : shared_overlap_ ? Stream::kShared : Stream::kCompute;
     dp_stream_ = p.overlap.dp_comm ? Stream::kDpComm : Stream::kCompute;
     megatron_ = o.dispatcher != DispatcherKind::kFused;
     mla_down_ = mla_down_proj_of(p, o.mla_down_proj);
@@ -374,6 +375,14 @@ class Builder {
   int recurrent_mixer_fwd(int in, MixerKind kind);
   int moe_fwd(int in);
   int moe_dispatch_megatron(int r, double rows, double ep_rows, int64_t f_r, int64_t local_experts);
+  // The shared experts in three parts: the TP gather, FC1 with the activation, FC2 with the TP
+  // reduce-scatter (Megatron's shared-expert overlap issues them around the dispatcher's exchanges).
+  int shared_gather(int x);
+  int shared_fc1(int y);
+  int shared_fc2(int y);
+  // Megatron's shared-expert overlap under the alltoall dispatcher: the shared experts' last recorded op
+  // while the dispatcher records FC1 after its dispatch exchange and FC2 after its combine; -1 otherwise.
+  int shared_pending_ = -1;
   int moe_dispatch_dedup(int r, double ep_rows, int64_t f_r, int64_t local_experts);
   int expert_act(int y, double ep_rows, int64_t f_r);
   int expert_mlp(int y, double ep_rows, int64_t f_r, int64_t local_experts, bool router_padded);
@@ -557,6 +566,9 @@ class Builder {
   std::vector<DeferredWgrad> delayed_;
   void emit_delayed(LayerPass& pass);
   Stream comm_stream_, side_stream_, dp_stream_;
+  // Megatron's shared-expert overlap (without inter_op): the shared experts on their own stream (kShared,
+  // apart from the count copies on kSide) with their exchanges and weight gradients.
+  bool shared_overlap_ = false;
   std::vector<int64_t> layers_, first_layer_;
 
   std::vector<LocalOp> layer_ops_;
@@ -1115,6 +1127,7 @@ int Builder::moe_dispatch_megatron(int r, double rows, double ep_rows, int64_t f
     // The probs all-to-all (the router dtype), beside the tokens.
     y = record(routed(coll(OpName::kProbsA2a, Collective::kAllToAll, CommGroup::kEp, rows * probs_bytes)),
                {y}, true);
+    if (shared_pending_ >= 0) shared_pending_ = shared_fc1(shared_pending_);
   }
   node_ = Node::kMlp;
   if (etp_ > 1 && !gather_mode) {
@@ -1148,7 +1161,51 @@ int Builder::moe_dispatch_megatron(int r, double rows, double ep_rows, int64_t f
   } else {
     y = record(routed(coll(OpName::kCombineA2a, Collective::kAllToAll, CommGroup::kEp, rows * d(h) * dt)),
                {y});
+    if (shared_pending_ >= 0) shared_pending_ = shared_fc2(shared_pending_);
   }
+  return y;
+}
+
+// Megatron's --moe-shared-expert-overlap runs the shared experts on their own CUDA stream with their TP
+// gather and reduce-scatter, and turns TE's userbuffers off for their linears (shared_experts.py:92-101,
+// 154-277 at core_v0.16.0); autograd runs their backward on that stream too.
+int Builder::shared_gather(int x) {
+  const uint16_t module = module_;
+  module_ = kRecomputeMoe | kRecomputeSharedExperts;
+  const Stream comm_stream = comm_stream_;
+  if (shared_overlap_) comm_stream_ = side_stream_;
+  const int y = tp_gather(x, OpName::kSharedAg, ub_ && !p_.overlap.shared_experts);
+  comm_stream_ = comm_stream;
+  module_ = module;
+  return y;
+}
+
+int Builder::shared_fc1(int y) {
+  const auto& e = m_.moe;
+  const int64_t fs = e.num_shared_experts * e.shared_expert_ffn / tp_, tg = t_ * tp_;
+  const uint16_t module = module_;
+  module_ = kRecomputeMoe | kRecomputeSharedExperts;
+  const bool ub = ub_ && !p_.overlap.shared_experts;
+  y = record(column_linear(gemm(OpName::kSharedFc13, tg, glu_ * fs, m_.hidden, side_stream_), ub), {y});
+  y = record(
+      walks(mem(OpName::kSharedAct, MemOp::kActivation, 3.0 * d(tg * fs) * bytes_of(dt_), side_stream_),
+            d(tg), fs),
+      {y}, true);
+  module_ = module;
+  return y;
+}
+
+int Builder::shared_fc2(int y) {
+  const auto& e = m_.moe;
+  const int64_t fs = e.num_shared_experts * e.shared_expert_ffn / tp_, tg = t_ * tp_;
+  const uint16_t module = module_;
+  module_ = kRecomputeMoe | kRecomputeSharedExperts;
+  const Stream comm_stream = comm_stream_;
+  if (shared_overlap_) comm_stream_ = side_stream_;
+  y = row_linear(gemm(OpName::kSharedFc2, tg, m_.hidden, fs, side_stream_), y, OpName::kSharedRs,
+                 ub_ && !p_.overlap.shared_experts);
+  comm_stream_ = comm_stream;
+  module_ = module;
   return y;
 }
 
@@ -1365,20 +1422,18 @@ int Builder::moe_fwd(int in) {
              {r});
   backward_as(r, routing_bytes, rk.backward);
 
-  // Shared experts: a dense FFN on the side stream, beside dispatch (MegaScale-MoE §4.1).
+  // Shared experts: a dense FFN on the side stream, beside dispatch (MegaScale-MoE §4.1). Megatron's
+  // --moe-shared-expert-overlap issues the gather before the permute, FC1 after the dispatch all-to-all and
+  // FC2 after the combine's (token_dispatcher.py:488, 519, 636-637 at 7094270c): the alltoall dispatcher
+  // records the last two in place.
   int shared = -1;
   if (e.num_shared_experts > 0) {
-    module_ = kRecomputeMoe | kRecomputeSharedExperts;
-    const int64_t fs = e.num_shared_experts * e.shared_expert_ffn / tp_;
-    const int64_t tg = t_ * tp_;
-    int y = tp_gather(x, OpName::kSharedAg, ub_);
-    y = record(column_linear(gemm(OpName::kSharedFc13, tg, glu_ * fs, h, side_stream_), ub_), {y});
-    y = record(
-        walks(mem(OpName::kSharedAct, MemOp::kActivation, 3.0 * d(tg * fs) * dt, side_stream_), d(tg), fs),
-        {y}, true);
-    y = row_linear(gemm(OpName::kSharedFc2, tg, h, fs, side_stream_), y, OpName::kSharedRs, ub_);
-    shared = y;
-    module_ = kRecomputeMoe;
+    const int y = shared_gather(x);
+    if (shared_overlap_ && megatron_ && p_.experts.dispatch == Dispatch::kAllToAll && !p_.overlap.intra_op) {
+      shared_pending_ = y;
+    } else {
+      shared = shared_fc2(shared_fc1(y));
+    }
   }
 
   const bool gather_mode = p_.experts.dispatch == Dispatch::kAllGather;
@@ -1462,6 +1517,10 @@ int Builder::moe_fwd(int in) {
                    {y});
       }
     }
+  }
+  if (shared_pending_ >= 0) {
+    shared = shared_pending_;
+    shared_pending_ = -1;
   }
   node_ = Node::kCombine;
   std::vector<int> ins{y};
@@ -1764,7 +1823,7 @@ void Builder::backward_node(LayerPass& pass, Node node) {
         wgrad.comm = {};
         wgrad.part = GemmPart::kWgrad;
         without_casts(wgrad);
-        wgrad.stream = Stream::kCompute;
+        wgrad.stream = shared_overlap_ && op.stream == side_stream_ ? side_stream_ : Stream::kCompute;
         if (deferring_) {
           deferring_->push_back({wgrad, pass.stage, pass.chunk, L, pass.mb, dgrad_id, input_ag});
         } else if (delay_wgrad_ && (node == Node::kMlp || node == Node::kPreDispatch)) {

@@ -91,6 +91,7 @@ TEST_SUITE("import") {
     // DeepEP's fused index conversion is Megatron's --enable-experimental (with the fused permute).
     CHECK(round_trip("qwen3-30b-a3b", "megatron-core-deepep", {32, 4096, 128}, true) >= 5);
     CHECK(round_trip("qwen3-30b-a3b", "megatron-core-hybridep", {32, 4096, 128}) >= 5);
+    CHECK(round_trip("deepseek-moe-16b", "megatron-core", {32, 4096, 128}) >= 5);  // shared experts
   }
 
   TEST_CASE("import reads Megatron's defaults and refuses a launch for another model") {
@@ -125,6 +126,18 @@ TEST_SUITE("import") {
     REQUIRE_MESSAGE(fp8_params, fp8_params.error().message);
     CHECK(fp8_params.value().plan.at("data").at("fp8_param_gather") == true);
     CHECK(fp8_params.value().unread.empty());
+    // --moe-shared-expert-overlap is inert without shared experts (Megatron builds no SharedExpertMLP): read,
+    // and left off; DeepSeek-MoE-16B's two shared experts take it.
+    const auto inert = planner::import_megatron(text + " --moe-shared-expert-overlap", model, {});
+    REQUIRE_MESSAGE(inert, inert.error().message);
+    CHECK_FALSE(inert.value().plan.at("overlap").contains("shared_experts"));
+    CHECK(inert.value().unread.empty());
+    const auto shared = planner::import_megatron(
+        "torchrun --nnodes 2 --nproc-per-node 8 pretrain_gpt.py --expert-model-parallel-size 8 "
+        "--seq-length 4096 --moe-token-dispatcher-type alltoall --moe-shared-expert-overlap",
+        io::load_model("deepseek-moe-16b").value(), {});
+    REQUIRE_MESSAGE(shared, shared.error().message);
+    CHECK(shared.value().plan.at("overlap").at("shared_experts") == true);
     const auto wrong = planner::import_megatron(text + " --hidden-size 1024", model, {});
     REQUIRE(!wrong);
     CHECK(wrong.error().message.find("--hidden-size 1024: the model mixtral-8x7b has 4096") !=

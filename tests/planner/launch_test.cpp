@@ -917,6 +917,27 @@ TEST_SUITE("planner") {
     CHECK_FALSE(f.has("--moe-shared-expert-overlap"));
   }
 
+  TEST_CASE("the shared-expert overlap is Megatron's --moe-shared-expert-overlap") {
+    Plan p = make_plan("deepseek-v3", 8, 4096, 32);
+    p.experts.ep = 8;
+    p.experts.dispatch = Dispatch::kAllToAll;
+    Flags f = parse_flags(checked(p).flags);
+    CHECK_FALSE(f.has("--moe-shared-expert-overlap"));
+    p.overlap.shared_experts = true;
+    const planner::MegatronArgs args = checked(p);
+    f = parse_flags(args.flags);
+    CHECK(f.has("--moe-shared-expert-overlap"));
+    CHECK(f.str("--moe-token-dispatcher-type") == "alltoall");
+    CHECK_FALSE(mentions(args.notes, "Megatron-Core 0.18"));
+    // The flex dispatcher takes it only from Megatron-Core 0.18 (ebfa13852f): the launch says so.
+    p.stack = "megatron-core-deepep";
+    p.experts.dispatch = Dispatch::kDedup;
+    const planner::MegatronArgs flex = checked(p);
+    CHECK(parse_flags(flex.flags).has("--moe-shared-expert-overlap"));
+    CHECK(mentions(flex.notes,
+                   "--moe-shared-expert-overlap with the flex dispatcher needs Megatron-Core 0.18"));
+  }
+
   TEST_CASE("TE's userbuffers are Megatron's --tp-comm-overlap, beside sequence parallelism") {
     Plan p = make_plan("mixtral-8x7b", 8, 4096, 32);
     p.attention.tp = 2;
@@ -931,8 +952,8 @@ TEST_SUITE("planner") {
 
   TEST_CASE("every legal mix of recompute, FP8 recipe and EP overlap keeps Megatron's rules") {
     // Each set of Megatron recompute modules, full recompute by both methods, BF16 and each FP8 recipe,
-    // with and without cross-micro-batch and inter-operator overlap, on a GQA and an MLA model with shared
-    // experts: every plan moeplan accepts gives arguments Megatron accepts.
+    // with and without cross-micro-batch, inter-operator and shared-expert overlap, on a GQA and an MLA model
+    // with shared experts: every plan moeplan accepts gives arguments Megatron accepts.
     int legal = 0;
     for (const char* name : {"mixtral-8x7b", "deepseek-v3"}) {
       const ModelSpec& m = model(name);
@@ -956,10 +977,11 @@ TEST_SUITE("planner") {
           p.fp8_recipe = precision == 1   ? Fp8Recipe::kDelayed
                          : precision == 2 ? Fp8Recipe::kTensorwise
                                           : Fp8Recipe::kBlockwise;
-          for (int overlap = 0; overlap < 8; ++overlap) {
+          for (int overlap = 0; overlap < 16; ++overlap) {
             p.overlap.cross_micro_batch = overlap & 1;
             p.overlap.inter_op = overlap & 2;
             p.overlap.delay_wgrad = overlap & 4;
+            p.overlap.shared_experts = overlap & 8;
             if (!validate(p, m, hw).empty()) continue;
             ++legal;
             CAPTURE(std::string(name));

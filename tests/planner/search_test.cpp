@@ -454,6 +454,35 @@ TEST_SUITE("planner.search") {
     }
   }
 
+  TEST_CASE(
+      "the search overlaps the shared experts with the all-to-all dispatch where Megatron's rules allow") {
+    // DeepSeek-MoE-16B has two shared experts: Megatron-Core runs them beside the alltoall dispatcher's
+    // exchanges unless combined 1F1B is on (or the all-gather dispatcher); MegaScale-MoE's inter-operator
+    // overlap has them on the side stream already, so the flag stays off there.
+    planner::SearchSpace space = small_space();
+    space.recomputes = {Recompute::kNone, Recompute::kSelective, Recompute::kFull};
+    for (const char* stack_name : {"megatron-core", "megascale-moe"}) {
+      CAPTURE(stack_name);
+      Setup s("deepseek-moe-16b");
+      s.stack = io::load_stack(stack_name).value();
+      const bool megatron = std::string(stack_name) == "megatron-core";
+      int on = 0, plans = 0;
+      for (const Plan& p : planner::enumerate_plans(s.model, s.hw, s.stack, {16, 4096, 32}, space)) {
+        ++plans;
+        const bool allowed =
+            p.experts.dispatch == Dispatch::kAllToAll && !p.overlap.cross_micro_batch &&
+            !(p.recompute == Recompute::kSelective && (p.recompute_modules & kRecomputeSharedExperts));
+        CHECK(p.overlap.shared_experts == (megatron && allowed));
+        for (const auto& v : validate(p, s.model, s.hw))
+          CHECK_MESSAGE(!v.rule.starts_with("shared_experts_overlap"), v.rule);
+        on += p.overlap.shared_experts ? 1 : 0;
+      }
+      CHECK(plans > 0);
+      CHECK((on > 0) == megatron);
+      CHECK(on < plans);
+    }
+  }
+
   TEST_CASE("the search tries each way of padding FP8 expert rows that the stack runs") {
     // Megatron-Core's alltoall and allgather dispatchers pad in the experts (TE's Fp8Padding, its own way)
     // and can pad in the router (--moe-router-padding-for-quantization); on DeepEP it pads in the
@@ -550,6 +579,7 @@ TEST_SUITE("planner.search") {
     };
     for (const Case& c : {Case{"qwen3-30b-a3b", "megatron-core-deepep", Precision::kFp8},
                           Case{"mixtral-8x7b", "megatron-core", Precision::kBf16},
+                          Case{"deepseek-moe-16b", "megatron-core", Precision::kBf16},  // shared experts
                           Case{"mixtral-8x7b", "moerun", Precision::kBf16}}) {
       CAPTURE(c.model);
       CAPTURE(c.stack);

@@ -488,6 +488,37 @@ TEST_SUITE("core") {
     CHECK(stack_overlaps_pipeline_sends(without, 8, 1));
   }
 
+  TEST_CASE("the shared-expert overlap follows Megatron's rules, and a stack without it runs them in line") {
+    Fixture f;
+    f.plan.overlap.shared_experts = true;
+    CHECK(f.breaks("shared_experts_overlap_needs_shared_experts"));  // Mixtral has none
+    f.model.moe.num_shared_experts = 1;
+    f.model.moe.shared_expert_ffn = 4096;
+    CHECK(f.rules().empty());
+    f.plan.experts.dispatch = Dispatch::kDedup;  // the flex dispatcher (Megatron-Core 0.18+)
+    CHECK(f.rules().empty());
+    f.plan.experts.dispatch = Dispatch::kAllGather;
+    CHECK(f.breaks("shared_experts_overlap_needs_a2a_dispatch"));
+    f.plan.experts.dispatch = Dispatch::kAllToAll;
+    f.plan.overlap.cross_micro_batch = true;
+    CHECK(f.breaks("shared_experts_overlap_not_cross_micro_batch"));
+    f.plan.overlap.cross_micro_batch = false;
+    f.plan.recompute = Recompute::kSelective;
+    f.plan.recompute_modules = kRecomputeSharedExperts;
+    CHECK(f.breaks("shared_experts_overlap_no_shared_recompute"));
+    f.plan.recompute_modules = kRecomputeMoeAct;
+    CHECK(f.rules().empty());
+
+    std::vector<std::string> notices;
+    CHECK(with_stack_overlaps(f.plan, io::load_stack("megatron-core").value(), &notices)
+              .overlap.shared_experts);
+    CHECK(notices.empty());
+    CHECK_FALSE(
+        with_stack_overlaps(f.plan, io::load_stack("moerun").value(), &notices).overlap.shared_experts);
+    REQUIRE(notices.size() == 1);
+    CHECK(notices[0].rfind("overlap.shared_experts asked for, but stack moerun does not achieve it", 0) == 0);
+  }
+
   TEST_CASE("TE's userbuffers need tp > 1, and a stack without them gives them no credit, saying so") {
     Fixture f;
     f.plan.overlap.tp_comm = true;

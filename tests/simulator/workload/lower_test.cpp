@@ -373,6 +373,55 @@ TEST_SUITE("workload") {
   }
 
   TEST_CASE(
+      "Megatron's shared-expert overlap: the shared experts on their own stream with their exchanges, issued "
+      "around the dispatcher's all-to-alls, without userbuffers") {
+    // Llama 4 Maverick cut to a dense layer and an MoE layer with one shared expert; TP 2 with TE's
+    // userbuffers, EP 8, the alltoall dispatcher (token_dispatcher.py:488, 519, 636-637 at 7094270c).
+    ModelSpec l4 = io::load_model("llama-4-maverick").value();
+    l4.layers.resize(2);
+    Plan q = node_plan(8);
+    q.attention.tp = 2;
+    q.global_batch = 4;
+    q.overlap.tp_comm = true;
+    q.overlap.shared_experts = true;
+    const LoweringOptions megatron = stack_options("megatron-core");
+    const OpGraph g = lower(l4, q, megatron);
+    const Op& ag = the_op(g, OpName::kSharedAg, 1);
+    const Op& fc1 = the_op(g, OpName::kSharedFc13, 1);
+    const Op& act = the_op(g, OpName::kSharedAct, 1);
+    const Op& fc2 = the_op(g, OpName::kSharedFc2, 1);
+    const Op& rs = the_op(g, OpName::kSharedRs, 1);
+    for (const Op* op : {&ag, &fc1, &act, &fc2, &rs}) {
+      CAPTURE(name_of_op(*op));
+      CHECK(op->stream == Stream::kShared);
+      CHECK_FALSE(op->comm.userbuffers);  // shared_experts.py:92-101
+    }
+    CHECK(fc1.kind == OpKind::kGemm);
+    CHECK(the_op(g, OpName::kFc13, 0).comm.userbuffers);  // the dense MLP keeps them
+    // Program order: the gather before the permute, FC1 after the dispatch exchanges, FC2 after the
+    // combine's.
+    CHECK(ag.id < the_op(g, OpName::kPermute, 1).id);
+    CHECK(fc1.id > the_op(g, OpName::kProbsA2a, 1).id);
+    CHECK(fc1.id < the_op(g, OpName::kExpertFc13, 1).id);
+    CHECK(fc2.id > the_op(g, OpName::kCombineA2a, 1).id);
+    CHECK(depends(g, the_op(g, OpName::kUnpermute, 1), rs));
+    // The count copy the host waits for keeps its own stream; the shared experts' weight gradients run on
+    // theirs (autograd's stream of the forward op).
+    CHECK(the_op(g, OpName::kDispatchSync, 1).stream == Stream::kSide);
+    CHECK(the_op(g, OpName::kSharedFc13, 1, Phase::kBackward, GemmPart::kWgrad).stream == Stream::kShared);
+    CHECK(the_op(g, OpName::kSharedFc2, 1, Phase::kBackward, GemmPart::kDgrad).stream == Stream::kShared);
+
+    // Without it: in line on the compute stream, before the dispatch, with userbuffers.
+    q.overlap.shared_experts = false;
+    const OpGraph inline_ = lower(l4, q, megatron);
+    CHECK(the_op(inline_, OpName::kSharedFc13, 1).stream == Stream::kCompute);
+    CHECK(the_op(inline_, OpName::kSharedFc13, 1).comm.userbuffers);
+    CHECK(the_op(inline_, OpName::kSharedFc2, 1).id < the_op(inline_, OpName::kDispatchA2a, 1).id);
+    CHECK(the_op(inline_, OpName::kSharedFc13, 1, Phase::kBackward, GemmPart::kWgrad).stream ==
+          Stream::kCompute);
+  }
+
+  TEST_CASE(
       "with inter-op overlap each layer's gradient sync waits for its shared-expert backward on the side "
       "stream") {
     // tiny-moe has one shared expert per MoE layer; with inter_op its GEMMs run on the side stream, which the
