@@ -175,8 +175,11 @@ LayerActivations megatron_layer(const ModelSpec& m, const Plan& p, const LayerSp
     // MU:1380-1384) and by the shared experts' fc1 (FP8: its own copy); the permute keeps only maps.
     // `layernorm` frees it (consumers keep the original); `moe` keeps it as the checkpoint's input.
     const bool ln = on(kRecomputeLayernorm);
+    // Under Megatron's shared-expert overlap the shared experts' fc1 has no parallel mode and keeps the input
+    // the shared stream gathered over TP, not the shard (shared_experts.py:92-101 at core_v0.16.0).
+    const bool gathered_shared_in = shared && p.overlap.shared_experts && tp > 1;
     r.mlp_norm = ln ? 0.0 : t * h * kBf16;
-    if (fp8 && shared && !ln) r.mlp_norm += t * h * g;
+    if (fp8 && shared && !ln && !gathered_shared_in) r.mlp_norm += t * h * g;
     if (!whole) {
       r.router = t * experts * (kRouterBytesPerTokenExpert + kPermuteMapBytesPerTokenExpert);
       if (p.experts.dispatch == Dispatch::kAllGather) {
@@ -193,6 +196,7 @@ LayerActivations megatron_layer(const ModelSpec& m, const Plan& p, const LayerSp
       if (shared) {
         const double fs_r = d(e.num_shared_experts * e.shared_expert_ffn) / d(tp);
         r.shared = tg * glu * fs_r * kBf16 + tg * fs_r * g;
+        if (gathered_shared_in) r.shared += tg * h * g;
       }
     }
   } else if (!on(kRecomputeMlp)) {

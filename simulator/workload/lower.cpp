@@ -1783,8 +1783,11 @@ void Builder::backward_node(LayerPass& pass, Node node) {
           op.kind = OpKind::kGemm;
           op.comm = {};
         }
+        // Not the shared experts' FC1 under Megatron's shared-expert overlap: its TE linear has no parallel
+        // mode there and keeps the gathered input (shared_experts.py:92-101 at core_v0.16.0).
+        const bool shared_linear = shared_overlap_ && op.stream == side_stream_;
         if (megatron_ && op.kind == OpKind::kGemm && lo.inputs.size() == 1 && lo.inputs[0] >= 0 &&
-            !ub_gather) {
+            !ub_gather && !shared_linear) {
           const auto src = static_cast<size_t>(lo.inputs[0]);
           const Op& in = ops[src].op;
           if (in.kind == OpKind::kCollective && in.comm.collective == Collective::kAllGather &&

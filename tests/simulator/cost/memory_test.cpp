@@ -306,6 +306,25 @@ TEST_SUITE("cost") {
     CHECK(saving(c.m, c.p, c.st, c.moe, kRecomputeSharedExperts) == doctest::Approx(c.tg * 3 * c.fs * 2));
   }
 
+  TEST_CASE(
+      "the shared-expert overlap keeps the shared experts' gathered input, and recomputing them frees it") {
+    // Megatron's shared FC1 has no parallel mode under --moe-shared-expert-overlap
+    // (shared_experts.py:92-101): it keeps the tg x h input the shared stream gathered, 2 B per element in
+    // BF16.
+    Dsv3 c;
+    const auto layer = [&](const Plan& p) {
+      return cost::layer_activations_under(c.m, p, c.st, c.moe, 1.0, Recompute::kNone, 0).total();
+    };
+    const double in_line = layer(c.p);
+    Plan overlapped = c.p;
+    overlapped.overlap.shared_experts = true;
+    CHECK(layer(overlapped) - in_line == doctest::Approx(c.tg * c.h * 2));
+    // The moe module recomputes the whole layer from its input either way.
+    CHECK(saving(c.m, overlapped, c.st, c.moe, kRecomputeMoe) -
+              saving(c.m, c.p, c.st, c.moe, kRecomputeMoe) ==
+          doctest::Approx(c.tg * c.h * 2));
+  }
+
   TEST_CASE("full recompute keeps one input per group of layers (uniform) or per leading layer (block)") {
     // Mixtral-8x7B, one stage of 32 layers, one micro-batch in flight, t = 4096, input t h 2 B. With W the
     // bytes one layer saves without recompute and H the head's (final norm, logits):

@@ -410,6 +410,18 @@ TEST_SUITE("workload") {
     CHECK(the_op(g, OpName::kDispatchSync, 1).stream == Stream::kSide);
     CHECK(the_op(g, OpName::kSharedFc13, 1, Phase::kBackward, GemmPart::kWgrad).stream == Stream::kShared);
     CHECK(the_op(g, OpName::kSharedFc2, 1, Phase::kBackward, GemmPart::kDgrad).stream == Stream::kShared);
+    // Its TE linears have no parallel mode there: FC1 keeps the gathered input, no re-gather for its weight
+    // gradient (the attention's and the dense MLP's linears still re-gather).
+    auto regathers = [](const OpGraph& graph) {
+      int n = 0;
+      for (const Op& op : graph.ops) {
+        n += op.layer == 1 && op.micro_batch == 0 && op.phase == Phase::kBackward &&
+                     op.name == static_cast<uint16_t>(OpName::kInputAg)
+                 ? 1
+                 : 0;
+      }
+      return n;
+    };
 
     // Without it: in line on the compute stream, before the dispatch, with userbuffers.
     q.overlap.shared_experts = false;
@@ -419,6 +431,12 @@ TEST_SUITE("workload") {
     CHECK(the_op(inline_, OpName::kSharedFc2, 1).id < the_op(inline_, OpName::kDispatchA2a, 1).id);
     CHECK(the_op(inline_, OpName::kSharedFc13, 1, Phase::kBackward, GemmPart::kWgrad).stream ==
           Stream::kCompute);
+    // Without userbuffers the in-line shared FC1 re-gathers its input for the weight gradient; the
+    // overlapped one does not.
+    q.overlap.tp_comm = false;
+    const int inline_regathers = regathers(lower(l4, q, megatron));
+    q.overlap.shared_experts = true;
+    CHECK(regathers(lower(l4, q, megatron)) == inline_regathers - 1);
   }
 
   TEST_CASE(
