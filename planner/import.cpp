@@ -546,6 +546,7 @@ Result<Imported> import_megatron(const std::string& text, const ModelSpec& model
   Result<std::optional<std::string>> capacity = f.word("moe-expert-capacity-factor");
   if (!capacity) return capacity.error();
   if (capacity.value()) plan["routing"]["capacity_factor"] = std::stod(*capacity.value());
+  if (f.has("moe-pad-expert-input-to-capacity")) plan["routing"]["pad_to_capacity"] = true;
 
   // Recompute.
   Result<std::optional<std::string>> granularity = f.word("recompute-granularity");

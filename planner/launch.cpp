@@ -483,6 +483,7 @@ class MegatronBuilder {
     if (p_.routing.capacity_factor) {
       flag("--moe-expert-capacity-factor", *p_.routing.capacity_factor);
       flag("--moe-token-drop-policy", "probs");
+      if (p_.routing.pad_to_capacity) flag("--moe-pad-expert-input-to-capacity");
     }
     const std::string& d = p_.routing.distribution;
     if (d == "uniform") {

@@ -283,6 +283,17 @@ void check_rules(Rules& r, const Plan& p, const ModelSpec& m, const HardwareProf
   r.check(!p.overlap.tp_comm || p.attention.tp > 1, "tp_comm_needs_tp",
           "overlap.tp_comm overlaps tensor-parallel exchanges and needs attention.tp > 1 (tp = ",
           p.attention.tp, ")");
+  // Padding each expert's input to its capacity (Megatron's rules: TransformerConfig at core_v0.16.0).
+  if (p.routing.pad_to_capacity) {
+    r.check(
+        p.routing.capacity_factor.has_value(), "pad_to_capacity_needs_capacity_factor",
+        "routing.pad_to_capacity pads each expert's rows to the capacity and needs routing.capacity_factor "
+        "(transformer_config.py:1131-1135)");
+    r.check(p.experts.dispatch == Dispatch::kAllToAll, "pad_to_capacity_needs_all_to_all",
+            "routing.pad_to_capacity is modelled for the all-to-all dispatch only (DeepEP refuses it, "
+            "transformer_config.py:1074-1081), not ",
+            name_of(p.experts.dispatch));
+  }
   // The shared experts beside the dispatch (Megatron's rules: TransformerConfig at core_v0.16.0).
   if (p.overlap.shared_experts) {
     r.check(m.is_moe() && m.moe.num_shared_experts > 0, "shared_experts_overlap_needs_shared_experts",
@@ -430,6 +441,12 @@ double expected_alignment_pad(double mean, int align) {
 
 double alignment_pad_rows(double rows, double groups, int align) {
   return groups > 0 ? groups * expected_alignment_pad(rows / groups, align) : 0.0;
+}
+
+double capacity_padded_rows_factor(const Plan& plan, double tokens, int64_t top_k, int64_t experts) {
+  const double a = tokens * static_cast<double>(top_k), e = static_cast<double>(experts);
+  if (!plan.routing.pad_to_capacity || !plan.routing.capacity_factor || a <= 0 || e <= 0) return 1.0;
+  return e * std::ceil(a / e * *plan.routing.capacity_factor) / a;
 }
 
 MlaDownProj stack_mla_down_proj(const StackProfile& stack) {

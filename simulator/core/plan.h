@@ -174,6 +174,10 @@ struct Plan {
     // The router's scores, top-k and aux-loss scores as fused kernels (Megatron's --moe-router-fusion, TE's
     // fused_topk_with_score_function); off, Megatron runs them as eager PyTorch ops (TC:944, default off).
     bool fused_router = true;
+    // With a capacity factor: every source rank sends each expert exactly its capacity of rows, the dropped
+    // ones replaced by padding (Megatron --moe-pad-expert-input-to-capacity): equal splits known on the host,
+    // so the alltoall dispatcher exchanges no counts and the host never waits for them.
+    bool pad_to_capacity = false;
     bool operator==(const Routing&) const = default;
   } routing;
 
@@ -246,6 +250,12 @@ double expected_alignment_pad(double mean, int align);
 // The rows `rows` spread evenly over `groups` counts (experts, or an expert's sources) gain by each count's
 // alignment: groups x expected_alignment_pad(rows / groups, align); 0 without groups.
 double alignment_pad_rows(double rows, double groups, int align);
+// Under routing.pad_to_capacity: the rows a rank's experts receive from `tokens` routed tokens per source
+// rank (top-k each), E x the capacity ceil(tokens k / E x capacity_factor) (Megatron get_capacity, one
+// capacity per expert and source); over tokens x k, the factor the expert rows scale by (1 for a capacity
+// factor of 1 where E divides tokens x k).
+double capacity_padded_rows_factor(const Plan& plan, double tokens, int64_t top_k, int64_t experts);
+
 // The FP8 row alignment of the plan's recipe (Megatron get_fp8_align_size: 32 under MX scaling, else 16).
 int fp8_row_alignment(const Plan& plan);
 

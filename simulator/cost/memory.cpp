@@ -159,7 +159,8 @@ LayerActivations megatron_layer(const ModelSpec& m, const Plan& p, const LayerSp
     const auto& e = m.moe;
     const int64_t etp = p.experts.etp;
     const double experts = d(e.num_experts);
-    double rows = t * d(e.top_k) * load * d(etp);  // after the ETP all-gather
+    double rows = t * d(e.top_k) * load * d(etp) *
+                  capacity_padded_rows_factor(p, t, e.top_k, e.num_experts);  // after the ETP all-gather
     // FP8's row alignment (as the lowering pads them): the router's padding of every expert's count on each
     // source before an alltoall exchange, else each local expert's received rows padded.
     const int align = fp8_row_alignment(p);

@@ -167,7 +167,7 @@ Plan read_plan(const JsonNode& r) {
   }
   read_recompute(r, p);
   if (auto rt = r.optional_object("routing")) {
-    rt->only_keys({"distribution", "capacity_factor", "fused_router"});
+    rt->only_keys({"distribution", "capacity_factor", "fused_router", "pad_to_capacity"});
     p.routing.distribution = rt->string_or("distribution", "uniform");
     const std::string& d = p.routing.distribution;
     if (d.starts_with("zipf:")) {
@@ -183,6 +183,7 @@ Plan read_plan(const JsonNode& r) {
     }
     if (rt->has("capacity_factor")) p.routing.capacity_factor = rt->number("capacity_factor", 1e-3, 1e3);
     p.routing.fused_router = rt->boolean_or("fused_router", true);
+    p.routing.pad_to_capacity = rt->boolean_or("pad_to_capacity", false);
   }
   return p;
 }
@@ -245,6 +246,7 @@ json plan_to_json(const Plan& p) {
       {"distribution", p.routing.distribution},
       {"capacity_factor", p.routing.capacity_factor ? json(*p.routing.capacity_factor) : json(nullptr)},
       {"fused_router", p.routing.fused_router}};
+  if (p.routing.pad_to_capacity) j["routing"]["pad_to_capacity"] = true;
   return j;
 }
 

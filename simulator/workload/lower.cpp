@@ -1109,19 +1109,26 @@ int Builder::moe_dispatch_megatron(int r, double rows, double ep_rows, int64_t f
                true);
   } else {
     // Counts of tokens per expert, all-gathered over ETP x EP (int64 per expert and rank); the host copies
-    // them before the permute (cuda_dtoh_point before_permutation_1) and waits before the all-to-all.
-    Op counts = coll(OpName::kDispatchCounts, Collective::kAllGather, CommGroup::kEp,
-                     8.0 * d(e.num_experts * ep_ * etp_));
-    counts.comm.group_size = static_cast<int32_t>(ep_ * etp_);
-    counts.comm.stride = 1;
-    counts.stream = Stream::kCompute;
-    const int c = record(counts, {r}, false, true);
+    // them before the permute (cuda_dtoh_point before_permutation_1) and waits before the all-to-all. Padded
+    // to capacity the splits are fixed: no counts, no copy, no wait (preprocess returns before them and
+    // _maybe_dtoh_and_synchronize skips drop_and_pad, token_dispatcher.py:348-371, 669-675 at 7094270c).
+    const bool padded = p_.routing.pad_to_capacity;
+    int c = r;
+    if (!padded) {
+      Op counts = coll(OpName::kDispatchCounts, Collective::kAllGather, CommGroup::kEp,
+                       8.0 * d(e.num_experts * ep_ * etp_));
+      counts.comm.group_size = static_cast<int32_t>(ep_ * etp_);
+      counts.comm.stride = 1;
+      counts.stream = Stream::kCompute;
+      c = record(counts, {r}, false, true);
+    }
     y = record(walks(mem(OpName::kPermute, MemOp::kPermute, 2.0 * d(t_ * k * h) * dt, Stream::kCompute, 2),
                      d(t_), h, k),
                {r}, true);
     node_ = Node::kDispatch;
-    const int sync =
-        o_.dispatcher_host_sync ? record(host_wait(8.0 * d(e.num_experts * ep_)), {c}, false, true) : c;
+    const int sync = o_.dispatcher_host_sync && !padded
+                         ? record(host_wait(8.0 * d(e.num_experts * ep_)), {c}, false, true)
+                         : c;
     y = record(routed(coll(OpName::kDispatchA2a, Collective::kAllToAll, CommGroup::kEp, rows * d(h) * dt)),
                {y, sync}, true);
     // The probs all-to-all (the router dtype), beside the tokens.
@@ -1391,8 +1398,11 @@ int Builder::moe_fwd(int in) {
   const int64_t f_r = e.expert_ffn / etp_;
   const bool decoder = spec_role_ == LayerRole::kDecoder;
   const double kept = 1.0 - (decoder ? o_.decoder_dropped_fraction : o_.dropped_fraction);
-  // Rows routed to the busiest rank of the EP group (the slowest rank decides).
-  double rows = d(t_ * k) * load_scale() * kept;
+  // Rows routed to the busiest rank of the EP group (the slowest rank decides); padded to capacity, every
+  // rank's experts receive exactly their capacity from each source.
+  double rows = p_.routing.pad_to_capacity
+                    ? d(t_ * k) * capacity_padded_rows_factor(p_, d(t_), k, e.num_experts)
+                    : d(t_ * k) * load_scale() * kept;
   // FP8 router padding under the alltoall dispatcher: each rank pads every expert's count in its own routing
   // map before the exchange, so each rank receives about E x the expected pad of one source's count more
   // rows.

@@ -491,8 +491,11 @@ PlanRouting plan_routing(const ModelSpec& model, const Plan& plan, const Routing
     scale = kept_mean > 0 ? std::max(1.0, load.busiest_rank_assignments / kept_mean) : 1.0;
   };
   load_of(plan.seq_len, r.load, r.scale);
+  // Padded to capacity, every source sends each expert exactly its capacity: no rank is busier.
+  if (plan.routing.pad_to_capacity) r.scale = 1.0;
   if (model.encoder_decoder()) {
     load_of(decoder_seq_len(plan.seq_len), r.decoder_load, r.decoder_scale);
+    if (plan.routing.pad_to_capacity) r.decoder_scale = 1.0;
   } else {
     r.decoder_load = r.load;
     r.decoder_scale = r.scale;

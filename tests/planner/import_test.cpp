@@ -138,6 +138,14 @@ TEST_SUITE("import") {
         io::load_model("deepseek-moe-16b").value(), {});
     REQUIRE_MESSAGE(shared, shared.error().message);
     CHECK(shared.value().plan.at("overlap").at("shared_experts") == true);
+    const auto padded =
+        planner::import_megatron(text +
+                                     " --moe-token-dispatcher-type alltoall --moe-expert-capacity-factor 1.0 "
+                                     "--moe-pad-expert-input-to-capacity",
+                                 model, {});
+    REQUIRE_MESSAGE(padded, padded.error().message);
+    CHECK(padded.value().plan.at("routing").at("pad_to_capacity") == true);
+    CHECK(padded.value().plan.at("routing").at("capacity_factor") == 1.0);
     const auto wrong = planner::import_megatron(text + " --hidden-size 1024", model, {});
     REQUIRE(!wrong);
     CHECK(wrong.error().message.find("--hidden-size 1024: the model mixtral-8x7b has 4096") !=

@@ -938,6 +938,19 @@ TEST_SUITE("planner") {
                    "--moe-shared-expert-overlap with the flex dispatcher needs Megatron-Core 0.18"));
   }
 
+  TEST_CASE(
+      "padding to capacity is Megatron's --moe-pad-expert-input-to-capacity beside the capacity factor") {
+    Plan p = make_plan("mixtral-8x7b", 8, 4096, 32);
+    p.experts.ep = 8;
+    p.routing.capacity_factor = 1.0;
+    Flags f = parse_flags(checked(p).flags);
+    CHECK(f.has("--moe-expert-capacity-factor"));
+    CHECK_FALSE(f.has("--moe-pad-expert-input-to-capacity"));
+    p.routing.pad_to_capacity = true;
+    f = parse_flags(checked(p).flags);
+    CHECK(f.has("--moe-pad-expert-input-to-capacity"));
+  }
+
   TEST_CASE("TE's userbuffers are Megatron's --tp-comm-overlap, beside sequence parallelism") {
     Plan p = make_plan("mixtral-8x7b", 8, 4096, 32);
     p.attention.tp = 2;

@@ -488,6 +488,19 @@ TEST_SUITE("core") {
     CHECK(stack_overlaps_pipeline_sends(without, 8, 1));
   }
 
+  TEST_CASE("padding to capacity needs a capacity factor and the all-to-all dispatch") {
+    Fixture f;
+    f.plan.routing.pad_to_capacity = true;
+    CHECK(f.breaks("pad_to_capacity_needs_capacity_factor"));
+    f.plan.routing.capacity_factor = 1.0;
+    REQUIRE(f.plan.experts.dispatch == Dispatch::kAllToAll);
+    CHECK(f.rules().empty());
+    f.plan.experts.dispatch = Dispatch::kAllGather;
+    CHECK(f.breaks("pad_to_capacity_needs_all_to_all"));
+    f.plan.experts.dispatch = Dispatch::kDedup;
+    CHECK(f.breaks("pad_to_capacity_needs_all_to_all"));
+  }
+
   TEST_CASE("the shared-expert overlap follows Megatron's rules, and a stack without it runs them in line") {
     Fixture f;
     f.plan.overlap.shared_experts = true;

@@ -325,6 +325,24 @@ TEST_SUITE("cost") {
           doctest::Approx(c.tg * c.h * 2));
   }
 
+  TEST_CASE("padded to capacity, the experts keep their capacity's rows") {
+    // DeepSeek-V3's t k = 16384 rows over 256 experts: capacity 64 x cf per expert and source. At cf 1.5,
+    // 96 per expert, 1.5x the rows the experts' tensors hold at cf 1 (FC1 input, FC1 output and probs, FC2
+    // input: rows (h 2 + 2 f 2 + 4 + f 2)).
+    Dsv3 c;
+    const auto layer = [&](const Plan& p) {
+      return cost::layer_activations_under(c.m, p, c.st, c.moe, 1.0, Recompute::kNone, 0).total();
+    };
+    Plan p = c.p;
+    p.routing.capacity_factor = 1.0;
+    p.routing.pad_to_capacity = true;
+    const double at_one = layer(p);
+    CHECK(at_one == doctest::Approx(layer(c.p)));  // E divides t k: exactly the dropless rows
+    p.routing.capacity_factor = 1.5;
+    CHECK(layer(p) - at_one ==
+          doctest::Approx(0.5 * c.rows * (c.h * 2 + 2 * c.f * 2 + 4 + c.f * 2)).epsilon(1e-6));
+  }
+
   TEST_CASE("full recompute keeps one input per group of layers (uniform) or per leading layer (block)") {
     // Mixtral-8x7B, one stage of 32 layers, one micro-batch in flight, t = 4096, input t h 2 B. With W the
     // bytes one layer saves without recompute and H the head's (final norm, logits):

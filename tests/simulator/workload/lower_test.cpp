@@ -528,6 +528,33 @@ TEST_SUITE("workload") {
     }
   }
 
+  TEST_CASE(
+      "padded to capacity, the alltoall dispatcher exchanges no counts, the host never waits, and each "
+      "expert gets its capacity") {
+    // One Mixtral-8x7B layer, t = 4096 tokens per rank, k = 2, E = 8, ep 4: capacity ceil(t k / E x cf) rows
+    // per expert and source (Megatron get_capacity), E of them per rank: t k at cf 1, 8 x 1127 at cf 1.1.
+    const double t = 4096, k = 2, e = 8, h = 4096;
+    for (double cf : {1.0, 1.1}) {
+      CAPTURE(cf);
+      Plan p = node_plan(4);
+      p.routing.capacity_factor = cf;
+      p.routing.pad_to_capacity = true;
+      const OpGraph g = lower(mixtral(1), p, stack_options("megatron-core"));
+      CHECK(ops_named(g, OpName::kDispatchCounts).empty());
+      for (const Op& op : g.ops) CHECK_FALSE(op.host_sync);
+      const double rows = e * std::ceil(t * k / e * cf);
+      CHECK(the_op(g, OpName::kDispatchA2a).comm.bytes == doctest::Approx(rows * h * 2));
+      CHECK(the_op(g, OpName::kExpertFc13).gemm.m == doctest::Approx(rows));  // the 2 local experts' rows
+      CHECK(capacity_padded_rows_factor(p, t, 2, 8) == doctest::Approx(rows / (t * k)));
+      // Without the padding the counts travel and the host waits for them.
+      p.routing.pad_to_capacity = false;
+      const OpGraph dropping = lower(mixtral(1), p, stack_options("megatron-core"));
+      CHECK(ops_named(dropping, OpName::kDispatchCounts).size() == 1);
+      CHECK(ops_named(dropping, OpName::kDispatchSync).size() == 1);
+      CHECK(capacity_padded_rows_factor(p, t, 2, 8) == 1.0);
+    }
+  }
+
   TEST_CASE("routed all-to-alls carry the busiest rank's load as their hot factor, other collectives none") {
     // Mixtral-8x7B, one layer on one node, ep 8, the busiest rank at 1.3x the mean: the token, probs and
     // combine all-to-alls (forward and backward) move 1.3x the uniform bytes and say so; Megatron's alltoall
