@@ -81,11 +81,39 @@ const nlohmann::json* json_at(const nlohmann::json& j, const std::string& key) {
   return cur->is_object() ? nullptr : cur;
 }
 
+// A plan with every field the plan file writes only when set (switches on, non-default choices), so that
+// each of them is a key; its JSON form.
+const nlohmann::json& every_field() {
+  static const nlohmann::json j = [] {
+    Plan all;
+    all.overlap.cross_micro_batch = true;
+    all.overlap.delay_wgrad = true;
+    all.overlap.tp_comm = true;
+    all.overlap.shared_experts = true;
+    all.experts.fused_index_conversion = true;
+    all.experts.fp8_padding = Fp8Padding::kRouter;
+    all.data.fp8_param_gather = true;
+    all.attention.mla_down_proj = MlaDownProj::kDuplicated;
+    all.precision = Precision::kFp8;
+    all.routing.pad_to_capacity = true;
+    return io::plan_to_json(all);
+  }();
+  return j;
+}
+
+// Value of a dotted key in the plan's JSON form; a switch the file leaves out when off is false.
+const nlohmann::json* value_at(const nlohmann::json& j, const std::string& key) {
+  static const nlohmann::json off = false;
+  if (const nlohmann::json* v = json_at(j, key)) return v;
+  const nlohmann::json* written = json_at(every_field(), key);
+  return written && written->is_boolean() ? &off : nullptr;
+}
+
 bool matches_fixed(const Plan& p, const SearchSpace& space) {
   if (space.fixed.empty()) return true;
   const nlohmann::json j = io::plan_to_json(p);
   for (const auto& [key, value] : space.fixed) {
-    const nlohmann::json* v = json_at(j, key);
+    const nlohmann::json* v = value_at(j, key);
     if (!v || *v != value) return false;
   }
   return true;
@@ -163,7 +191,7 @@ std::string layout_legend() {
 
 std::optional<nlohmann::json> plan_value(const Plan& plan, const std::string& key) {
   const nlohmann::json j = io::plan_to_json(plan);
-  const nlohmann::json* v = json_at(j, key);
+  const nlohmann::json* v = value_at(j, key);
   if (!v) return std::nullopt;
   return *v;
 }
@@ -171,15 +199,7 @@ std::optional<nlohmann::json> plan_value(const Plan& plan, const std::string& ke
 std::vector<std::string> plan_keys() {
   std::vector<std::string> out;
   // Fields the plan file writes only when set are keys too.
-  Plan all;
-  all.overlap.cross_micro_batch = true;
-  all.overlap.delay_wgrad = true;
-  all.experts.fused_index_conversion = true;
-  all.experts.fp8_padding = Fp8Padding::kRouter;
-  all.data.fp8_param_gather = true;
-  all.attention.mla_down_proj = MlaDownProj::kDuplicated;
-  all.precision = Precision::kFp8;
-  const nlohmann::json j = io::plan_to_json(all);
+  const nlohmann::json& j = every_field();
   for (auto it = j.begin(); it != j.end(); ++it) {
     if (it->is_object()) {
       for (auto jt = it->begin(); jt != it->end(); ++jt) out.push_back(it.key() + "." + jt.key());
@@ -212,7 +232,9 @@ Result<nlohmann::json> plan_key_value(const std::string& key, const std::string&
   set_plan_key(j, key, value);
   Result<Plan> check = io::plan_from_json(j, context);
   if (!check) return check.error();
-  return *plan_value(check.value(), key);
+  std::optional<nlohmann::json> read = plan_value(check.value(), key);
+  if (!read) return Error{context + ": " + key + " has no value in a plan"};
+  return *read;
 }
 
 namespace {

@@ -169,7 +169,8 @@ TEST_SUITE("cli") {
     REQUIRE(r.exit_code == 0);
     for (const char* k :
          {"experts.ep", "pipeline.vpp", "micro_batch", "overlap.cross_micro_batch", "fp8_recipe",
-          "routing.fused_router", "cross_entropy", "experts.fp8_padding", "attention.mla_down_proj"}) {
+          "routing.fused_router", "cross_entropy", "experts.fp8_padding", "attention.mla_down_proj",
+          "overlap.tp_comm", "overlap.shared_experts", "routing.pad_to_capacity"}) {
       CAPTURE(k);
       CHECK(r.out.find(std::string(k) + "\n") != std::string::npos);
     }
@@ -180,6 +181,15 @@ TEST_SUITE("cli") {
     const json j = plan_json("--fix micro_batch=8 --global-batch 64 --top 3");
     REQUIRE(!j.at("plans").empty());
     for (const auto& p : j.at("plans")) CHECK(p.at("plan").at("micro_batch") == 8);
+  }
+
+  TEST_CASE("--fix takes false for a switch the plan file leaves out when off") {
+    // overlap.cross_micro_batch is written only when on; false pins the plans without it (it used to read
+    // nothing and match no plan).
+    const json off = plan_json("--global-batch 32 --top 3 --fix overlap.cross_micro_batch=false");
+    REQUIRE(!off.at("plans").empty());
+    for (const auto& p : off.at("plans"))
+      CHECK_FALSE(p.at("plan").at("overlap").contains("cross_micro_batch"));
   }
 
   TEST_CASE("a --fix value no plan of the space has exits 2 naming the values the space has") {
