@@ -380,6 +380,7 @@ class Builder {
   int shared_gather(int x);
   int shared_fc1(int y);
   int shared_fc2(int y);
+  struct SharedPart;
   // Megatron's shared-expert overlap under the alltoall dispatcher: the shared experts' last recorded op
   // while the dispatcher records FC1 after its dispatch exchange and FC2 after its combine; -1 otherwise.
   int shared_pending_ = -1;
@@ -1175,45 +1176,52 @@ int Builder::moe_dispatch_megatron(int r, double rows, double ep_rows, int64_t f
 
 // Megatron's --moe-shared-expert-overlap runs the shared experts on their own CUDA stream with their TP
 // gather and reduce-scatter, and turns TE's userbuffers off for their linears (shared_experts.py:92-101,
-// 154-277 at core_v0.16.0); autograd runs their backward on that stream too.
+// 154-277 at core_v0.16.0); autograd runs their backward on that stream too. While a part records: the
+// shared experts' recompute modules, and their exchanges on their stream under that overlap.
+struct Builder::SharedPart {
+  Builder& b;
+  const uint16_t module;
+  const Stream comm_stream;
+  const bool ub;         // TE's userbuffers for their linears
+  const int64_t fs, tg;  // the shared FFN width per rank; the TP-gathered tokens
+  explicit SharedPart(Builder& builder)
+      : b(builder),
+        module(builder.module_),
+        comm_stream(builder.comm_stream_),
+        ub(builder.ub_ && !builder.p_.overlap.shared_experts),
+        fs(builder.m_.moe.num_shared_experts * builder.m_.moe.shared_expert_ffn / builder.tp_),
+        tg(builder.t_ * builder.tp_) {
+    b.module_ = kRecomputeMoe | kRecomputeSharedExperts;
+    if (b.shared_overlap_) b.comm_stream_ = b.side_stream_;
+  }
+  ~SharedPart() {
+    b.module_ = module;
+    b.comm_stream_ = comm_stream;
+  }
+  SharedPart(const SharedPart&) = delete;
+  SharedPart& operator=(const SharedPart&) = delete;
+};
+
 int Builder::shared_gather(int x) {
-  const uint16_t module = module_;
-  module_ = kRecomputeMoe | kRecomputeSharedExperts;
-  const Stream comm_stream = comm_stream_;
-  if (shared_overlap_) comm_stream_ = side_stream_;
-  const int y = tp_gather(x, OpName::kSharedAg, ub_ && !p_.overlap.shared_experts);
-  comm_stream_ = comm_stream;
-  module_ = module;
-  return y;
+  const SharedPart part(*this);
+  return tp_gather(x, OpName::kSharedAg, part.ub);
 }
 
 int Builder::shared_fc1(int y) {
-  const auto& e = m_.moe;
-  const int64_t fs = e.num_shared_experts * e.shared_expert_ffn / tp_, tg = t_ * tp_;
-  const uint16_t module = module_;
-  module_ = kRecomputeMoe | kRecomputeSharedExperts;
-  const bool ub = ub_ && !p_.overlap.shared_experts;
-  y = record(column_linear(gemm(OpName::kSharedFc13, tg, glu_ * fs, m_.hidden, side_stream_), ub), {y});
+  const SharedPart part(*this);
   y = record(
-      walks(mem(OpName::kSharedAct, MemOp::kActivation, 3.0 * d(tg * fs) * bytes_of(dt_), side_stream_),
-            d(tg), fs),
-      {y}, true);
-  module_ = module;
-  return y;
+      column_linear(gemm(OpName::kSharedFc13, part.tg, glu_ * part.fs, m_.hidden, side_stream_), part.ub),
+      {y});
+  return record(walks(mem(OpName::kSharedAct, MemOp::kActivation, 3.0 * d(part.tg * part.fs) * bytes_of(dt_),
+                          side_stream_),
+                      d(part.tg), part.fs),
+                {y}, true);
 }
 
 int Builder::shared_fc2(int y) {
-  const auto& e = m_.moe;
-  const int64_t fs = e.num_shared_experts * e.shared_expert_ffn / tp_, tg = t_ * tp_;
-  const uint16_t module = module_;
-  module_ = kRecomputeMoe | kRecomputeSharedExperts;
-  const Stream comm_stream = comm_stream_;
-  if (shared_overlap_) comm_stream_ = side_stream_;
-  y = row_linear(gemm(OpName::kSharedFc2, tg, m_.hidden, fs, side_stream_), y, OpName::kSharedRs,
-                 ub_ && !p_.overlap.shared_experts);
-  comm_stream_ = comm_stream;
-  module_ = module;
-  return y;
+  const SharedPart part(*this);
+  return row_linear(gemm(OpName::kSharedFc2, part.tg, m_.hidden, part.fs, side_stream_), y, OpName::kSharedRs,
+                    part.ub);
 }
 
 // The flex dispatcher on DeepEP or HybridEP: each token crosses RDMA once per destination node and NVLink

@@ -86,6 +86,13 @@ Plan make_plan(const std::string& model_name, int64_t gpus, int64_t seq, int64_t
   return p;
 }
 
+// Mixtral-8x7B on one node of 8 H100s, EP 8.
+Plan mixtral_ep8() {
+  Plan p = make_plan("mixtral-8x7b", 8, 4096, 32);
+  p.experts.ep = 8;
+  return p;
+}
+
 // The flags as a map: name -> values, with single quotes removed (shell words as emitted).
 struct Flags {
   std::map<std::string, std::vector<std::string>> values;
@@ -898,8 +905,7 @@ TEST_SUITE("planner") {
     // --overlap-moe-expert-parallel-comm, with --delay-wgrad-compute where the plan delays the weight
     // gradients (it needs the former: TC:3073-3077); never beside --moe-shared-expert-overlap (TC:3002-3072),
     // also when the plan asks for inter-operator overlap too and the model has shared experts (DeepSeek-V3).
-    Plan p = make_plan("mixtral-8x7b", 8, 4096, 32);
-    p.experts.ep = 8;
+    Plan p = mixtral_ep8();
     p.overlap.cross_micro_batch = true;
     Flags f = parse_flags(checked(p).flags);
     CHECK(f.has("--overlap-moe-expert-parallel-comm"));
@@ -940,8 +946,7 @@ TEST_SUITE("planner") {
 
   TEST_CASE(
       "padding to capacity is Megatron's --moe-pad-expert-input-to-capacity beside the capacity factor") {
-    Plan p = make_plan("mixtral-8x7b", 8, 4096, 32);
-    p.experts.ep = 8;
+    Plan p = mixtral_ep8();
     p.routing.capacity_factor = 1.0;
     Flags f = parse_flags(checked(p).flags);
     CHECK(f.has("--moe-expert-capacity-factor"));

@@ -157,6 +157,22 @@ Plan node_plan(int64_t ep, int64_t etp = 1) {
   return p;
 }
 
+// Llama 4 Maverick cut to a dense layer and an MoE layer with one shared expert.
+ModelSpec llama4_two_layers() {
+  ModelSpec m = io::load_model("llama-4-maverick").value();
+  m.layers.resize(2);
+  return m;
+}
+
+// One node, EP 8, TP 2 with TE's userbuffers, 4 sequences.
+Plan tp2_userbuffers_plan() {
+  Plan q = node_plan(8);
+  q.attention.tp = 2;
+  q.global_batch = 4;
+  q.overlap.tp_comm = true;
+  return q;
+}
+
 // DeepSeek-V3 cut to `dense` dense layers and `moe` MoE layers (h = 7168, MLA, 256 experts in 8 groups,
 // top-8 within the best 4 groups, one shared expert), without MTP unless asked.
 ModelSpec deepseek_v3(int64_t dense, int64_t moe, int64_t mtp = 0) {
@@ -377,12 +393,8 @@ TEST_SUITE("workload") {
       "around the dispatcher's all-to-alls, without userbuffers") {
     // Llama 4 Maverick cut to a dense layer and an MoE layer with one shared expert; TP 2 with TE's
     // userbuffers, EP 8, the alltoall dispatcher (token_dispatcher.py:488, 519, 636-637 at 7094270c).
-    ModelSpec l4 = io::load_model("llama-4-maverick").value();
-    l4.layers.resize(2);
-    Plan q = node_plan(8);
-    q.attention.tp = 2;
-    q.global_batch = 4;
-    q.overlap.tp_comm = true;
+    const ModelSpec l4 = llama4_two_layers();
+    Plan q = tp2_userbuffers_plan();
     q.overlap.shared_experts = true;
     const LoweringOptions megatron = stack_options("megatron-core");
     const OpGraph g = lower(l4, q, megatron);
@@ -1048,13 +1060,7 @@ TEST_SUITE("workload") {
 
     // The dense MLP's and the shared experts' linears alike (Llama 4 Maverick: a dense layer, then an MoE
     // layer with a shared expert).
-    ModelSpec l4 = io::load_model("llama-4-maverick").value();
-    l4.layers.resize(2);
-    Plan q = node_plan(8);
-    q.attention.tp = 2;
-    q.global_batch = 4;
-    q.overlap.tp_comm = true;
-    const OpGraph m = lower(l4, q, stack_options("megatron-core"));
+    const OpGraph m = lower(llama4_two_layers(), tp2_userbuffers_plan(), stack_options("megatron-core"));
     for (OpName n : {OpName::kFfnAg, OpName::kFfnRs, OpName::kSharedAg, OpName::kSharedRs}) {
       CAPTURE(static_cast<int>(n));
       CHECK(ops_named(m, n, -1).empty());
