@@ -108,12 +108,17 @@ void plan_settings(Out& out, const Plan& plan) {
                                layers.empty() ? "" : " · layers per virtual stage " + layers)},
       {"memory", fmt::format("ZeRO {} · recompute {} · precision {}", plan.data.zero, name_of(plan.recompute),
                              name_of(plan.precision))},
-      {"overlap", fmt::format("inter-op {} · intra-op {} · DP comm {} · PP comm {} · gradient sync {}",
-                              on(plan.overlap.inter_op), on(plan.overlap.intra_op), on(plan.overlap.dp_comm),
-                              on(plan.overlap.pp_comm), name_of(plan.compression.grad_sync))},
+      {"overlap",
+       fmt::format("inter-op {} · intra-op {} · DP comm {} · PP comm {} · across micro-batches {}{} · TE "
+                   "userbuffers {} · shared experts beside the dispatch {} · gradient sync {}",
+                   on(plan.overlap.inter_op), on(plan.overlap.intra_op), on(plan.overlap.dp_comm),
+                   on(plan.overlap.pp_comm), on(plan.overlap.cross_micro_batch),
+                   plan.overlap.delay_wgrad ? " (weight gradients delayed)" : "", on(plan.overlap.tp_comm),
+                   on(plan.overlap.shared_experts), name_of(plan.compression.grad_sync))},
       {"routing", fmt::format("{}{}", plan.routing.distribution,
                               plan.routing.capacity_factor
-                                  ? fmt::format(" · capacity factor {}", *plan.routing.capacity_factor)
+                                  ? fmt::format(" · capacity factor {}{}", *plan.routing.capacity_factor,
+                                                plan.routing.pad_to_capacity ? ", padded to capacity" : "")
                                   : std::string())},
   };
   emit(out, "<table class=\"settings\">\n");

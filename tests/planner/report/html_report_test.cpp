@@ -172,6 +172,21 @@ TEST_SUITE("report.html") {
     CHECK(html.find("<b>gpu") == std::string::npos);
   }
 
+  TEST_CASE("the settings table says which overlaps the plan turns on and how it routes") {
+    Simulated s("tiny-moe-ep2.json");
+    Plan plan = s.in.plan;
+    plan.overlap.cross_micro_batch = true;
+    plan.overlap.delay_wgrad = true;
+    plan.overlap.shared_experts = true;
+    plan.routing.capacity_factor = 1.0;
+    plan.routing.pad_to_capacity = true;
+    const std::string html = report::simulate_html(s.p, {plan, s.in.model, s.in.hardware, s.stack});
+    CHECK(html.find("across micro-batches on (weight gradients delayed)") != std::string::npos);
+    CHECK(html.find("TE userbuffers off") != std::string::npos);
+    CHECK(html.find("shared experts beside the dispatch on") != std::string::npos);
+    CHECK(html.find("capacity factor 1, padded to capacity") != std::string::npos);
+  }
+
   TEST_CASE("an illegal plan's page lists the rules it breaks and draws no chart") {
     Simulated s("tiny-moe-ep2.json");
     s.in.plan.attention.tp = 3;  // divides neither the heads nor the GPUs
