@@ -1801,8 +1801,9 @@ void Builder::backward_node(LayerPass& pass, Node node) {
           op.kind = OpKind::kGemm;
           op.comm = {};
         }
-        // Not the shared experts' FC1 under Megatron's shared-expert overlap: its TE linear has no parallel
-        // mode there and keeps the gathered input (shared_experts.py:92-101 at core_v0.16.0).
+        // A shared expert's linear under Megatron's shared-expert overlap: no parallel mode there, so FC1
+        // keeps the gathered input and needs no re-gather (shared_experts.py:92-101 at core_v0.16.0); its
+        // weight gradient runs on the shared stream.
         const bool shared_linear = shared_overlap_ && op.stream == side_stream_;
         if (megatron_ && op.kind == OpKind::kGemm && lo.inputs.size() == 1 && lo.inputs[0] >= 0 &&
             !ub_gather && !shared_linear) {
@@ -1844,7 +1845,7 @@ void Builder::backward_node(LayerPass& pass, Node node) {
         wgrad.comm = {};
         wgrad.part = GemmPart::kWgrad;
         without_casts(wgrad);
-        wgrad.stream = shared_overlap_ && op.stream == side_stream_ ? side_stream_ : Stream::kCompute;
+        wgrad.stream = shared_linear ? side_stream_ : Stream::kCompute;
         if (deferring_) {
           deferring_->push_back({wgrad, pass.stage, pass.chunk, L, pass.mb, dgrad_id, input_ag});
         } else if (delay_wgrad_ && (node == Node::kMlp || node == Node::kPreDispatch)) {
