@@ -569,6 +569,25 @@ Result<Imported> import_megatron(const std::string& text, const ModelSpec& model
     return Error{fmt::format("--recompute-granularity {}: expected selective or full", g)};
   }
 
+  // CUDA graphs: TE's per-layer graphs with their scopes (--cuda-graph-scope, renamed --cuda-graph-modules in
+  // Megatron-Core 0.18; none or "full": whole layers). The local implementation's graphs are not modelled.
+  Result<std::optional<std::string>> graph_impl = f.word("cuda-graph-impl");
+  if (!graph_impl) return graph_impl.error();
+  std::vector<std::string> scopes = f.list("cuda-graph-scope");
+  for (const std::string& s : f.list("cuda-graph-modules")) scopes.push_back(s);
+  const std::string gi = graph_impl.value().value_or("none");
+  f.has("te-rng-tracker");  // Megatron turns it on for CUDA graphs anyway; it changes no cost
+  if (gi == "transformer_engine") {
+    if (scopes.empty() || scopes == std::vector<std::string>{"full"}) scopes = {"layer"};
+    plan["cuda_graphs"] = scopes;
+  } else if (gi == "local") {
+    out.notes.push_back(
+        "--cuda-graph-impl local: Megatron's own CUDA graphs are not modelled; the plan runs without CUDA "
+        "graphs");
+  } else if (gi != "none") {
+    return Error{fmt::format("--cuda-graph-impl {}: expected none, local or transformer_engine", gi)};
+  }
+
   out.unread = f.unread();
   return out;
 }

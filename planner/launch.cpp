@@ -92,6 +92,7 @@ class MegatronBuilder {
     attention();
     experts();
     recompute();
+    cuda_graphs();
     precision();
     optimizer_and_overlap();
     data();
@@ -503,6 +504,26 @@ class MegatronBuilder {
           "or "
           "mxfp8, which Hopper lacks");
     }
+  }
+
+  // Per-layer CUDA graphs with TE's make_graphed_callables: the plan's scopes, none for whole layers (the
+  // default scope); Megatron turns TE's RNG tracker on for them (arguments.py:1240-1246 at core_v0.16.0), and
+  // TE's graphs with the caching allocator's expandable segments need NCCL_GRAPH_REGISTER=0 (ibid.
+  // 1247-1253, cuda_graphs.py TECudaGraphHelper).
+  void cuda_graphs() {
+    if (p_.cuda_graphs == 0) return;
+    flag("--cuda-graph-impl", "transformer_engine");
+    if (!(p_.cuda_graphs & kGraphLayer)) {
+      std::string line = "--cuda-graph-scope";
+      for (const std::string& s : cuda_graph_scope_names(p_.cuda_graphs)) line += " " + s;
+      out_.flags.push_back(line);
+    }
+    flag("--te-rng-tracker");
+    out_.env.push_back("NCCL_GRAPH_REGISTER=0");
+    note(
+        "Megatron-Core 0.18 and later name --cuda-graph-scope --cuda-graph-modules (the old name still "
+        "works, "
+        "with a deprecation warning: arguments.py at core_v0.18.0)");
   }
 
   // The plan's recompute as Megatron's flags: selective with exactly the plan's modules; full with its method

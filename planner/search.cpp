@@ -141,7 +141,7 @@ std::string describe(const Plan& p) {
                     : p.experts.fp8_padding == Fp8Padding::kDispatcher ? " dpad"
                     : p.experts.fp8_padding == Fp8Padding::kNone       ? " nopad"
                                                                        : "";
-  return fmt::format("tp{} sp{} cp{} | ep{} etp{} {} | pp{} v{} | dp{} mb{} z{} | {} | {} | {}{}{}{}{}",
+  return fmt::format("tp{} sp{} cp{} | ep{} etp{} {} | pp{} v{} | dp{} mb{} z{} | {} | {} | {}{}{}{}{}{}",
                      p.attention.tp, p.attention.sp, p.attention.cp, p.experts.ep, p.experts.etp, disp,
                      p.pipeline.pp, p.pipeline.vpp, p.gpus > 0 ? p.dp() : 0, p.micro_batch, p.data.zero, rc,
                      ov, name_of(p.precision),
@@ -149,7 +149,7 @@ std::string describe(const Plan& p) {
                      : p.compression.grad_sync == GradSync::kBf16ReduceScatter ? " rs16"
                                                                                : "",
                      p.compression.dispatch == DispatchPrecision::kFp8 ? " d8" : "", pad,
-                     p.data.fp8_param_gather ? " p8" : "");
+                     p.data.fp8_param_gather ? " p8" : "", p.cuda_graphs != 0 ? " cg" : "");
 }
 
 bool tied_with_best(const Prediction& best, const Prediction& p) {
@@ -186,7 +186,7 @@ std::string layout_legend() {
          "gradient sync), d8 (FP8 dispatch), rpad / epad / dpad / nopad (FP8 pads each expert's rows to "
          "the GEMMs' alignment in the router, the experts or the dispatcher, or not at all, where the plan "
          "names a way other than the stack's own), p8 (FP8 parameters, all-gathered in FP8: "
-         "--fp8-param-gather)";
+         "--fp8-param-gather), cg (per-layer CUDA graphs, the plan's cuda_graphs)";
 }
 
 std::optional<nlohmann::json> plan_value(const Plan& plan, const std::string& key) {

@@ -10,6 +10,7 @@
 #include <set>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "simulator/core/units.h"
 #include "simulator/io/plan_io.h"
@@ -108,6 +109,10 @@ void plan_settings(Out& out, const Plan& plan) {
                                layers.empty() ? "" : " · layers per virtual stage " + layers)},
       {"memory", fmt::format("ZeRO {} · recompute {} · precision {}", plan.data.zero, name_of(plan.recompute),
                              name_of(plan.precision))},
+      {"CUDA graphs",
+       plan.cuda_graphs == 0
+           ? std::string("none")
+           : fmt::format("per layer: {}", fmt::join(cuda_graph_scope_names(plan.cuda_graphs), ", "))},
       {"overlap",
        fmt::format("inter-op {} · intra-op {} · DP comm {} · PP comm {} · across micro-batches {}{} · TE "
                    "userbuffers {} · shared experts beside the dispatch {} · gradient sync {}",

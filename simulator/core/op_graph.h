@@ -121,6 +121,12 @@ struct Op {
   DType dtype = DType::kBf16;
   uint16_t kernels = 1;    // kernel launches the host issues for this op (an aggregate op counts several)
   bool host_sync = false;  // the host waits for this op to finish on the device before issuing the next
+  // Inside a CUDA graph the plan captures (Plan::cuda_graphs): issued by the graph's replay, not by the host
+  // one kernel at a time. The first op of each replay carries the replay's host calls and the copy of the
+  // graph's inputs into its static buffers (graph_copy_bytes, read and written; TE's Graphed.forward /
+  // backward copy_ each input or incoming gradient that is not already there).
+  bool graphed = false;
+  float graph_copy_bytes = 0;
   // Kernels around the main one that move aux_bytes (FP8 current scaling: amax, scale, cast), per group of
   // a grouped GEMM; each takes at least the stack's shortest kernel.
   uint8_t aux_kernels = 0;

@@ -76,7 +76,61 @@ std::vector<int64_t> uneven_split(int64_t layers, int64_t chunks) {
 namespace {
 
 RuleChecker::Facts facts_of(const ModelSpec& m) {
-  return {m.has_mixer(MixerKind::kLinearAttention), m.has_mixer(MixerKind::kMamba2), m.encoder_decoder()};
+  const bool dense_ffn =
+      std::any_of(m.layers.begin(), m.layers.end(), [](const LayerSpec& l) { return l.ffn && !l.moe; });
+  return {m.has_mixer(MixerKind::kLinearAttention), m.has_mixer(MixerKind::kMamba2), m.encoder_decoder(),
+          dense_ffn};
+}
+
+// Per-layer CUDA graphs, as Megatron-Core allows them (TransformerConfig.__post_init__ at core_v0.16.0,
+// transformer_config.py:1715-1820, and TransformerLayer's capture).
+void check_cuda_graphs(Rules& r, const Plan& p, const ModelSpec& m, const RuleChecker::Facts& facts) {
+  const uint8_t g = p.cuda_graphs;
+  const bool whole_layer = (g & kGraphLayer) != 0;
+  r.check((g & ~kAllCudaGraphScopes) == 0, "cuda_graphs_scopes", "cuda_graphs names an unknown scope");
+  r.check(!whole_layer || g == kGraphLayer, "cuda_graphs_layer_alone",
+          "cuda_graphs \"layer\" captures whole layers and takes no other scope (Megatron: the full scope "
+          "cannot be used with other scopes)");
+  r.check(!((g & kGraphMoe) && (g & kGraphMoeRouter)), "cuda_graphs_moe_or_router",
+          "cuda_graphs cannot hold both moe and moe_router (transformer_config.py:1743-1746)");
+  r.check(!(g & kGraphMoePreprocess) || (g & kGraphMoeRouter), "cuda_graphs_preprocess_needs_router",
+          "cuda_graphs moe_preprocess is captured with the router and needs moe_router "
+          "(transformer_config.py:1747-1750)");
+  r.check(!(g & (kGraphMoe | kGraphMoeRouter | kGraphMoePreprocess)) || m.is_moe(),
+          "cuda_graphs_moe_needs_moe", "cuda_graphs moe, moe_router and moe_preprocess need MoE layers (",
+          m.name, " has none)");
+  r.check(!(g & kGraphMlp) || facts.dense_ffn, "cuda_graphs_mlp_needs_dense_layers",
+          "cuda_graphs mlp captures the MLP of dense layers, and ", m.name,
+          " has none (transformer_config.py:1756-1763)");
+  r.check(!(g & kGraphMamba) || facts.mamba, "cuda_graphs_mamba_needs_mamba",
+          "cuda_graphs mamba captures Mamba mixers, and ", m.name, " has none");
+  // A whole MoE in a graph needs its shapes fixed: drop-and-pad (no counts copied to the host).
+  r.check(
+      !((g & kGraphMoe) || (whole_layer && m.is_moe())) || p.routing.pad_to_capacity,
+      "cuda_graphs_moe_needs_padding",
+      "cuda_graphs that capture the whole MoE (moe, or layer on an MoE model) need routing.pad_to_capacity "
+      "(Megatron: moe cuda graph is only supported with drop-padding MoE, transformer_config.py:1764-1771)");
+  // The all-to-all dispatcher's preprocess copies counts to the host under a capacity factor without
+  // padding, or with the router's FP8 padding (transformer_config.py:1772-1779).
+  r.check(!(g & kGraphMoePreprocess) || p.experts.dispatch != Dispatch::kAllToAll ||
+              p.routing.pad_to_capacity ||
+              (!p.routing.capacity_factor && p.experts.fp8_padding != Fp8Padding::kRouter),
+          "cuda_graphs_preprocess_host_copies",
+          "cuda_graphs moe_preprocess cannot capture the all-to-all dispatcher's preprocess under a capacity "
+          "factor without padding or with the router's FP8 padding: it copies counts to the host "
+          "(transformer_config.py:1772-1779)");
+  r.check(p.recompute != Recompute::kFull && p.recompute != Recompute::kSar, "cuda_graphs_no_full_recompute",
+          "cuda_graphs per layer cannot run with full recompute (Megatron: full recompute only with a whole-"
+          "iteration graph, which moeplan does not model)");
+  r.check(
+      !(p.recompute == Recompute::kSelective && (p.recompute_modules & kRecomputeMoe) &&
+        (g & kGraphMoeRouter)),
+      "cuda_graphs_moe_recompute_router",
+      "cuda_graphs moe_router cannot run with the moe recompute module (transformer_config.py:1788-1795)");
+  r.check(!(p.overlap.cross_micro_batch && (whole_layer || (g & kGraphMoe))), "cuda_graphs_cross_micro_batch",
+          "overlap.cross_micro_batch needs the dispatch outside the graphs: capture attn, moe_router and "
+          "moe_preprocess instead of the whole layer or MoE (transformer_layer.py _te_cuda_graph_replay: EP "
+          "overlap must be disabled when CUDA graph captures the whole MLP/MoE part)");
 }
 
 void check_rules(Rules& r, const Plan& p, const ModelSpec& m, const HardwareProfile& hw,
@@ -312,6 +366,7 @@ void check_rules(Rules& r, const Plan& p, const ModelSpec& m, const HardwareProf
             "overlap.shared_experts cannot run with the shared_experts recompute module "
             "(transformer_config.py:1233-1239)");
   }
+  if (p.cuda_graphs != 0) check_cuda_graphs(r, p, m, facts);
   r.check(
       !p.overlap.delay_wgrad || p.overlap.cross_micro_batch, "delay_wgrad_needs_cross_micro_batch",
       "overlap.delay_wgrad delays weight gradients within the combined 1F1B and needs "
@@ -380,6 +435,15 @@ std::vector<Violation> validate_for_stack(const Plan& p, const StackProfile& sta
   if (p.experts.fp8_padding != Fp8Padding::kStack)
     check(c.fp8_padding, name_of(p.experts.fp8_padding), "stack_fp8_padding", "experts.fp8_padding");
   if (p.data.fp8_param_gather) check(c.param_gather, "fp8", "stack_param_gather", "parameters gathered in");
+  // A stack lists the CUDA-graph scopes it captures; none listed, it captures none.
+  for (const std::string& s : cuda_graph_scope_names(p.cuda_graphs)) {
+    if (c.cuda_graph_scopes.empty()) {
+      r.check(false, "stack_cuda_graphs", "stack ", stack.name, " cannot run CUDA graphs of scope \"", s,
+              "\" (it captures none)");
+    } else {
+      check(c.cuda_graph_scopes, s, "stack_cuda_graphs", "CUDA graphs of scope");
+    }
+  }
   return r.out;
 }
 
@@ -626,6 +690,32 @@ const char* name_of(RecomputeModule m) {
       return "shared_experts";
   }
   return "?";
+}
+const char* name_of(CudaGraphScope s) {
+  switch (s) {
+    case kGraphLayer:
+      return "layer";
+    case kGraphAttn:
+      return "attn";
+    case kGraphMlp:
+      return "mlp";
+    case kGraphMoe:
+      return "moe";
+    case kGraphMoeRouter:
+      return "moe_router";
+    case kGraphMoePreprocess:
+      return "moe_preprocess";
+    case kGraphMamba:
+      return "mamba";
+  }
+  return "?";
+}
+std::vector<std::string> cuda_graph_scope_names(uint8_t scopes) {
+  std::vector<std::string> out;
+  for (unsigned bit = 1; bit & kAllCudaGraphScopes; bit <<= 1) {
+    if (scopes & bit) out.emplace_back(name_of(static_cast<CudaGraphScope>(bit)));
+  }
+  return out;
 }
 std::vector<std::string> recompute_module_names(uint16_t modules) {
   std::vector<std::string> out;

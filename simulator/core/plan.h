@@ -68,6 +68,23 @@ enum RecomputeModule : uint16_t {
 };
 inline constexpr uint16_t kAllRecomputeModules = 0x7f;
 
+// Parts of every layer Megatron-Core captures as CUDA graphs with Transformer Engine's
+// make_graphed_callables (--cuda-graph-impl transformer_engine --cuda-graph-scope ...), one graph per layer
+// and micro-batch each way: a replay issues the part's kernels in one launch, after copying its inputs into
+// the graph's static buffers (TE pytorch/graph.py Graphed.forward / backward). What each scope covers is
+// TransformerLayer._get_submodules_under_cudagraphs and _te_cuda_graph_capture (transformer_layer.py at
+// core_v0.16.0).
+enum CudaGraphScope : uint8_t {
+  kGraphLayer = 1u << 0,          // the whole layer (Megatron's empty scope list, formerly "full")
+  kGraphAttn = 1u << 1,           // the input norm and attention, to its residual add
+  kGraphMlp = 1u << 2,            // the MLP of dense layers
+  kGraphMoe = 1u << 3,            // the whole MoE, dispatch included (drop-and-pad only)
+  kGraphMoeRouter = 1u << 4,      // the pre-MLP norm, the router, the shared experts unless overlapped
+  kGraphMoePreprocess = 1u << 5,  // the dispatcher's preprocess (all-to-all: counts and the local permute)
+  kGraphMamba = 1u << 6,          // Mamba mixers
+};
+inline constexpr uint8_t kAllCudaGraphScopes = 0x7f;
+
 // The largest global batch, in sequences, that plans and jobs may ask for: 2^20, about 70x the largest
 // published MoE batch (DeepSeek-V3's 15,360 sequences of 4,096 tokens). Beyond it the number is almost
 // certainly tokens typed where sequences are expected, and the step would hold millions of micro-batches.
@@ -168,6 +185,9 @@ struct Plan {
   int64_t recompute_num_layers = 1;                              // full: layers per checkpoint (uniform) or
                                                                  // recomputed layers per chunk (block)
 
+  // The CudaGraphScope bits the plan captures (0: no CUDA graphs).
+  uint8_t cuda_graphs = 0;
+
   struct Routing {
     std::string distribution = "uniform";  // "uniform", "zipf:<s>", or a router-trace file
     std::optional<double> capacity_factor;
@@ -214,7 +234,7 @@ class RuleChecker {
   const char* first_broken_rule(const Plan& plan) const;
 
   struct Facts {
-    bool delta_net = false, mamba = false, encoder_decoder = false;
+    bool delta_net = false, mamba = false, encoder_decoder = false, dense_ffn = false;
   };
 
  private:
@@ -298,6 +318,9 @@ const char* name_of(Fp8Recipe r);
 // Megatron's module names, in flag order ("core_attn", "moe_act", ...).
 const char* name_of(RecomputeModule m);
 std::vector<std::string> recompute_module_names(uint16_t modules);
+// Megatron's scope names ("attn", "moe_router", ...; "layer" for the whole layer), in flag order.
+const char* name_of(CudaGraphScope s);
+std::vector<std::string> cuda_graph_scope_names(uint8_t scopes);
 
 // The virtual stage a (chunk, stage) pair runs: chunk * stages + stage, or under DualPipeV's V the stage on
 // the way down (chunk 0) and 2 stages - 1 - stage on the way back (chunk 1).

@@ -204,6 +204,9 @@ struct StackProfile {
     std::vector<std::string> fp8_padding;  // experts, dispatcher, router, none
     // The dtypes a plan's parameters may be all-gathered in (plan data.fp8_param_gather: fp8).
     std::vector<std::string> param_gather;  // bf16, fp8
+    // The parts of a layer a plan may capture as per-layer CUDA graphs (plan cuda_graphs): layer, attn, mlp,
+    // moe, moe_router, moe_preprocess, mamba; empty: none.
+    std::vector<std::string> cuda_graph_scopes;
     std::string source;
   } capabilities;
 

@@ -15,6 +15,12 @@ uint64_t bits(double x) {
   return b;
 }
 
+uint32_t float_bits(float x) {
+  uint32_t b;
+  std::memcpy(&b, &x, sizeof b);
+  return b;
+}
+
 }  // namespace
 
 uint64_t cost_fields_hash(const Op& op) {
@@ -34,8 +40,9 @@ uint64_t cost_fields_hash(const Op& op) {
                (static_cast<uint64_t>(op.part) << 16) | (static_cast<uint64_t>(op.phase) << 24) |
                (static_cast<uint64_t>(op.mem) << 32) | (static_cast<uint64_t>(op.name) << 40),
            static_cast<uint64_t>(op.kernels) | (static_cast<uint64_t>(op.host_sync) << 16) |
-               (static_cast<uint64_t>(op.comm.node_dedup) << 17) | (static_cast<uint64_t>(op.stream) << 24) |
-               (static_cast<uint64_t>(op.aux_kernels) << 32) | (static_cast<uint64_t>(op.accum_bytes) << 40) |
+               (static_cast<uint64_t>(op.comm.node_dedup) << 17) | (static_cast<uint64_t>(op.graphed) << 18) |
+               (static_cast<uint64_t>(op.stream) << 24) | (static_cast<uint64_t>(op.aux_kernels) << 32) |
+               (static_cast<uint64_t>(op.accum_bytes) << 40) |
                (static_cast<uint64_t>(op.comm.collective) << 48) |
                (static_cast<uint64_t>(op.comm.group) << 56));
   h = fold(h, bits(op.flops), bits(op.hbm_bytes));
@@ -46,7 +53,8 @@ uint64_t cost_fields_hash(const Op& op) {
   h = fold(h, u(op.comm.group_size) | (u(op.comm.stride) << 32), bits(op.comm.bytes));
   h = fold(h, bits(op.comm.nic_bytes_scale), bits(op.aux_bytes));
   h = fold(h, bits(op.comm.hot_factor),
-           static_cast<uint64_t>(op.comm.dtype) | (static_cast<uint64_t>(op.comm.userbuffers) << 8));
+           static_cast<uint64_t>(op.comm.dtype) | (static_cast<uint64_t>(op.comm.userbuffers) << 8) |
+               (static_cast<uint64_t>(float_bits(op.graph_copy_bytes)) << 32));
   h = fold(h, u(op.attn.batch) | (u(op.attn.heads) << 32), u(op.attn.v_dim) | (u(op.attn.kv_heads) << 32));
   return h;
 }

@@ -865,6 +865,21 @@ OpCost CostModel::cost(const Op& op) const {
       break;
     }
   }
+  // Inside a CUDA graph the replay issues the op's kernels, not the host one by one. The first op of a
+  // replay carries the host's two framework calls (the copy of the graph's inputs or incoming gradients
+  // into its static buffers, and the replay; TE pytorch/graph.py Graphed.forward / backward) and that copy,
+  // one memory-bound kernel.
+  if (op.graphed) {
+    r.host_seconds = 0;
+    if (op.graph_copy_bytes > 0) {
+      const Stated<double>& eff = stack_.memory_bound_efficiency_of(MemOp::kActivation, op.phase);
+      r.host_seconds = 2.0 * stack_.host_s_per_kernel.value;
+      r.seconds +=
+          static_cast<double>(op.graph_copy_bytes) / (hw_.gpu.hbm_bw_achieved_bytes_per_s.value * eff.value) +
+          min_kernel + stack_.launch_s_per_kernel.value;
+      r.basis = weaker(r.basis, eff.basis);
+    }
+  }
   // Launch gaps and the kernel floor price the op only where they are most of it (small kernels).
   if (launch + floor >= 0.5 * r.seconds) {
     r.basis = weaker(r.basis, weaker(stack_.launch_s_per_kernel.basis, stack_.min_kernel_s.basis));

@@ -1,6 +1,7 @@
 // Reading and writing plan files. Unknown keys are errors; absent sections take the defaults of core/plan.h.
 #include "simulator/io/plan_io.h"
 
+#include <algorithm>
 #include <filesystem>
 
 #include <fmt/format.h>
@@ -75,7 +76,7 @@ void read_recompute(const JsonNode& r, Plan& p) {
 Plan read_plan(const JsonNode& r) {
   r.only_keys({"model", "hardware", "stack", "gpus", "seq_len", "global_batch", "micro_batch", "attention",
                "experts", "pipeline", "data", "overlap", "compression", "precision", "fp8_recipe",
-               "recompute", "routing", "cross_entropy"});
+               "recompute", "routing", "cross_entropy", "cuda_graphs"});
   Plan p;
   p.model = r.string("model");
   p.hardware = r.string("hardware");
@@ -185,6 +186,23 @@ Plan read_plan(const JsonNode& r) {
     p.routing.fused_router = rt->boolean_or("fused_router", true);
     p.routing.pad_to_capacity = rt->boolean_or("pad_to_capacity", false);
   }
+  // "cuda_graphs": the scopes Megatron captures per layer, ["attn", "moe_router", ...] or ["layer"].
+  if (r.has("cuda_graphs")) {
+    const std::vector<std::string> known = cuda_graph_scope_names(kAllCudaGraphScopes);
+    for (const JsonNode& g : r.array("cuda_graphs")) {
+      if (!g.raw().is_string()) g.fail_here("a CUDA-graph scope name");
+      const auto name = g.raw().get<std::string>();
+      const auto at = std::find(known.begin(), known.end(), name);
+      if (at == known.end()) {
+        const std::string near = closest_match(name, known);
+        g.fail_here(fmt::format("one of layer, attn, mlp, moe, moe_router, moe_preprocess, mamba{}",
+                                near.empty() ? "" : fmt::format(" (did you mean \"{}\"?)", near)));
+      }
+      p.cuda_graphs |= static_cast<uint8_t>(1u << (at - known.begin()));
+    }
+    if (p.cuda_graphs == 0)
+      r.fail("cuda_graphs", "at least one scope (leave the key out for no CUDA graphs)");
+  }
   return p;
 }
 
@@ -247,6 +265,7 @@ json plan_to_json(const Plan& p) {
       {"capacity_factor", p.routing.capacity_factor ? json(*p.routing.capacity_factor) : json(nullptr)},
       {"fused_router", p.routing.fused_router}};
   if (p.routing.pad_to_capacity) j["routing"]["pad_to_capacity"] = true;
+  if (p.cuda_graphs != 0) j["cuda_graphs"] = cuda_graph_scope_names(p.cuda_graphs);
   return j;
 }
 

@@ -286,7 +286,7 @@ Result<StackProfile> stack_from_json(const json& j, const std::string& label) {
     const JsonNode c = root.object("capabilities");
     c.only_keys({"source", "dispatch", "recompute", "recompute_modules", "schedules", "precision",
                  "fp8_recipes", "grad_sync", "dispatch_precision", "mla_down_proj", "fp8_padding",
-                 "param_gather"});
+                 "param_gather", "cuda_graph_scopes"});
     auto& cap = s.capabilities;
     cap.source = source_of(c);
     cap.dispatch = string_list(c, "dispatch", {"all_to_all", "all_gather", "dedup"});
@@ -305,6 +305,10 @@ Result<StackProfile> stack_from_json(const json& j, const std::string& label) {
     cap.fp8_padding = string_list(c, "fp8_padding", {"experts", "dispatcher", "router", "none"});
     if (cap.fp8_padding.empty()) c.fail("fp8_padding", "at least one place, the stack's own first");
     cap.param_gather = string_list(c, "param_gather", {"bf16", "fp8"});
+    if (c.has("cuda_graph_scopes")) {
+      cap.cuda_graph_scopes = string_list(
+          c, "cuda_graph_scopes", {"layer", "attn", "mlp", "moe", "moe_router", "moe_preprocess", "mamba"});
+    }
 
     const JsonNode m = root.object("memory");
     m.only_keys({"reserve_GiB", "fragmentation"});
@@ -423,7 +427,8 @@ nlohmann::ordered_json stack_to_json(const StackProfile& s) {
                          {"dispatch_precision", c.dispatch_precision},
                          {"mla_down_proj", c.mla_down_proj},
                          {"fp8_padding", c.fp8_padding},
-                         {"param_gather", c.param_gather}};
+                         {"param_gather", c.param_gather},
+                         {"cuda_graph_scopes", c.cuda_graph_scopes}};
   j["memory"] = oj{{"reserve_GiB", range(s.memory.reserve_bytes, s.memory.reserve_bytes_high, kGiB)},
                    {"fragmentation", range(s.memory.fragmentation, s.memory.fragmentation_high, 1.0)}};
   return j;

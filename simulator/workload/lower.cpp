@@ -89,6 +89,7 @@ struct LocalOp {
   // of eager elementwise code); < 0: the backward mirrors the forward.
   double backward_bytes = -1;
   uint16_t backward_kernels = 0;
+  bool graphed = false;  // inside the plan's CUDA graph of the layer (Plan::cuda_graphs)
 };
 
 // A layer recipe: its forward ops, per op the ops consuming it, and the index range of each node.
@@ -96,6 +97,9 @@ struct Recipe {
   std::vector<LocalOp> ops;
   std::vector<std::vector<size_t>> consumers;
   std::array<std::pair<size_t, size_t>, kNodes> nodes{};  // [begin, end) per node
+  // Under CUDA graphs: the bytes a replay copies (read and written) into the graph's static buffers, the
+  // layer's input forward, the incoming gradients of the graph's outputs backward.
+  double graph_fwd_copy = 0, graph_bwd_copy = 0;
 };
 
 // The emission state of one (layer, micro-batch) pass, kept across its nodes.
@@ -188,7 +192,10 @@ class Builder {
   // ---- op constructors (ops of the layer being recorded) ----
   int record(Op op, std::vector<int> inputs, bool sar = false, bool forward_only = false) {
     if (o_.eager_framework) op.kernels = static_cast<uint16_t>(op.kernels + eager_extra_kernels(op));
+    // A host wait cannot be captured: it stays outside the graph (and splits it).
+    const bool graphed = graph_ && !op.host_sync;
     layer_ops_.push_back({std::move(op), std::move(inputs), sar, module_, node_, forward_only});
+    layer_ops_.back().graphed = graphed;
     return static_cast<int>(layer_ops_.size()) - 1;
   }
   // Recorded op `i`'s backward moves `bytes` in `kernels` kernels.
@@ -394,6 +401,8 @@ class Builder {
   double probs_bytes() const { return m_.moe.score == RouterScore::kSigmoid ? 4.0 : 2.0; }
   int dense_ffn_fwd(int in);
   void record_layer(int64_t layer);
+  void layer_graph_copies(const LayerSpec& l);
+  double graph_fwd_copy_ = 0, graph_bwd_copy_ = 0;  // of the layer just recorded (Recipe)
 
   // ---- emission into the graph ----
   int32_t emit(const Op& proto, int16_t stage, int16_t chunk, int32_t layer, int32_t mb, Phase phase,
@@ -575,6 +584,11 @@ class Builder {
   std::vector<LocalOp> layer_ops_;
   uint16_t module_ = 0;             // the recompute modules of the ops being recorded
   Node node_ = Node::kPreDispatch;  // the combined-1F1B node of the ops being recorded
+  bool graph_ = false;              // the ops being recorded are inside the plan's CUDA graph
+  // Emission under CUDA graphs: whether the ops being emitted are graphed, and per stage the replay the last
+  // emitted op belongs to ((layer, micro-batch, direction) packed; -1 after an op outside graphs).
+  bool graph_emit_ = false;
+  std::vector<int64_t> graph_open_;
   // Per distinct layer kind (MoE or dense, window, CLA): its recipe.
   std::vector<Recipe> recipes_;
   std::vector<int> recipe_of_layer_;
@@ -1114,6 +1128,11 @@ int Builder::moe_dispatch_megatron(int r, double rows, double ep_rows, int64_t f
     // to capacity the splits are fixed: no counts, no copy, no wait (preprocess returns before them and
     // _maybe_dtoh_and_synchronize skips drop_and_pad, token_dispatcher.py:348-371, 669-675 at 7094270c).
     const bool padded = p_.routing.pad_to_capacity;
+    // The preprocess (counts, their all-gather and the local permute) in the router's graph under
+    // moe_preprocess; the count copy then waits until after the graph (cuda_dtoh_point before_ep_alltoall,
+    // token_dispatcher.py:439-444 at core_v0.16.0).
+    const bool outer_graph = graph_;
+    if (p_.cuda_graphs & kGraphMoePreprocess) graph_ = true;
     int c = r;
     if (!padded) {
       Op counts = coll(OpName::kDispatchCounts, Collective::kAllGather, CommGroup::kEp,
@@ -1126,6 +1145,7 @@ int Builder::moe_dispatch_megatron(int r, double rows, double ep_rows, int64_t f
     y = record(walks(mem(OpName::kPermute, MemOp::kPermute, 2.0 * d(t_ * k * h) * dt, Stream::kCompute, 2),
                      d(t_), h, k),
                {r}, true);
+    graph_ = outer_graph;
     node_ = Node::kDispatch;
     const int sync = o_.dispatcher_host_sync && !padded
                          ? record(host_wait(8.0 * d(e.num_experts * ep_)), {c}, false, true)
@@ -1423,6 +1443,11 @@ int Builder::moe_fwd(int in) {
       o_.dispatcher == DispatcherKind::kDeepEp || o_.dispatcher == DispatcherKind::kHybridEp;
 
   node_ = Node::kPreDispatch;
+  // CUDA graphs: the whole MoE (layer, moe), or its pre-MLP norm and router (moe_router) with the shared
+  // experts where they are not overlapped, and the dispatcher's preprocess (moe_preprocess, recorded there).
+  const uint8_t cg = p_.cuda_graphs;
+  const bool moe_graphed = (cg & (kGraphLayer | kGraphMoe)) != 0;
+  graph_ = moe_graphed || (cg & kGraphMoeRouter);
   module_ = kRecomputeMoe | kRecomputeLayernorm;  // the pre-MLP norm is its own module in MoE layers
   const int x =
       record(walks(mem(OpName::kFfnNorm, MemOp::kNorm, 3.0 * d(t_ * h) * dt), d(t_), h), {in}, true);
@@ -1446,6 +1471,7 @@ int Builder::moe_fwd(int in) {
   // records the last two in place.
   int shared = -1;
   if (e.num_shared_experts > 0) {
+    graph_ = moe_graphed || ((cg & kGraphMoeRouter) && !p_.overlap.shared_experts);
     const int y = shared_gather(x);
     if (shared_overlap_ && megatron_ && p_.experts.dispatch == Dispatch::kAllToAll && !p_.overlap.intra_op) {
       shared_pending_ = y;
@@ -1454,6 +1480,7 @@ int Builder::moe_fwd(int in) {
     }
   }
 
+  graph_ = moe_graphed;
   const bool gather_mode = p_.experts.dispatch == Dispatch::kAllGather;
   const double ep_rows = rows * d(etp_);  // rows each expert GEMM sees after the ETP all-gather
   int y;
@@ -1563,6 +1590,10 @@ void Builder::record_layer(int64_t layer) {
   t_ = p_.micro_batch * seq_ / (tp_ * sp_ * cp_);
   causal_ = l.role != LayerRole::kEncoder;
   spec_role_ = l.role;
+  // CUDA graphs: the mixer's part of the layer's graph (attention, linear attention and cross-attention under
+  // attn, Mamba under mamba); the FFN's part is set where it records.
+  const uint8_t cg = p_.cuda_graphs;
+  graph_ = (cg & kGraphLayer) || (l.mixer == MixerKind::kMamba2 ? (cg & kGraphMamba) : (cg & kGraphAttn));
   int a = -1;
   switch (l.mixer) {
     case MixerKind::kAttention:
@@ -1580,9 +1611,12 @@ void Builder::record_layer(int64_t layer) {
     if (l.moe) {
       moe_fwd(a);
     } else {
+      graph_ = (cg & kGraphLayer) || (cg & kGraphMlp);
       dense_ffn_fwd(a);
     }
   }
+  graph_ = false;
+  layer_graph_copies(l);
   // Layer-specific attention: sliding windows and CLA (no K/V projection) change the attention ops' work. DSA
   // attends top_k keys per query: the key count of a top_k-token window.
   const int64_t window = m_.attention.indexer.heads > 0 ? m_.attention.indexer.top_k : l.window;
@@ -1599,10 +1633,51 @@ void Builder::record_layer(int64_t layer) {
   spec_role_ = LayerRole::kDecoderOnly;
 }
 
+// What a replay of the layer's graph copies into its static buffers: forward its input [t, h]; backward the
+// gradients of its outputs, the layer's (or the mixer's) output [t, h] where the graph ends there, or where
+// it ends inside the MoE (moe_router) the residual, the MoE's input and its probs (after the all-to-all
+// dispatcher's preprocess: the permuted rows [t k, h] and their probs [t k]; before: [t, h] and the probs
+// [t, E]), and the shared experts' output when they are in it (transformer_layer.py _te_cuda_graph_replay
+// at core_v0.16.0: the graph's outputs).
+void Builder::layer_graph_copies(const LayerSpec& l) {
+  graph_fwd_copy_ = graph_bwd_copy_ = 0;
+  if (std::none_of(layer_ops_.begin(), layer_ops_.end(), [](const LocalOp& lo) { return lo.graphed; }))
+    return;
+  const auto& e = m_.moe;
+  const double dt = bytes_of(dt_);
+  const double act = d(t_ * m_.hidden) * dt;
+  double out = act;
+  const uint8_t cg = p_.cuda_graphs;
+  if (l.ffn && l.moe && !(cg & (kGraphLayer | kGraphMoe)) && (cg & kGraphMoeRouter)) {
+    const bool permuted = (cg & kGraphMoePreprocess) && megatron_ && !p_.overlap.intra_op &&
+                          p_.experts.dispatch == Dispatch::kAllToAll;
+    out += permuted ? d(t_ * e.top_k) * (d(m_.hidden) * dt + probs_bytes())
+                    : act + d(t_ * e.num_experts) * probs_bytes();
+    if (e.num_shared_experts > 0 && !p_.overlap.shared_experts) out += act;
+  }
+  graph_fwd_copy_ = 2.0 * act;
+  graph_bwd_copy_ = 2.0 * out;
+}
+
 int32_t Builder::emit(const Op& proto, int16_t stage, int16_t chunk, int32_t layer, int32_t mb, Phase phase,
                       std::initializer_list<int32_t> deps) {
   Op& op = g_.ops.emplace_back(proto);
   op.id = static_cast<int32_t>(g_.ops.size() - 1);
+  if (graph_emit_) {
+    // A new replay where the stage's previous op was outside graphs or in another layer's, micro-batch's or
+    // direction's graph: the op carries the replay's input copy.
+    const bool fwd = phase == Phase::kForward;
+    const int64_t replay = ((int64_t{layer} + 1) * (g_.micro_batches + 1) + (mb + 1)) * 2 + (fwd ? 0 : 1);
+    int64_t& open = graph_open_[static_cast<size_t>(stage)];
+    op.graphed = true;
+    if (open != replay) {
+      const Recipe& rc = recipe_of(layer);
+      op.graph_copy_bytes = static_cast<float>(fwd ? rc.graph_fwd_copy : rc.graph_bwd_copy);
+      open = replay;
+    }
+  } else if (!graph_open_.empty()) {
+    graph_open_[static_cast<size_t>(stage)] = -1;
+  }
   op.stage = stage;
   op.chunk = chunk;
   op.layer = layer;
@@ -1662,7 +1737,9 @@ void Builder::forward_node(LayerPass& pass, Node node) {
     const LocalOp& lo = rc.ops[i];
     Op op = lo.op;
     op.stream = stream_of(lo);
+    graph_emit_ = lo.graphed;
     pass.ids[i] = emit(op, pass.stage, pass.chunk, L, pass.mb, Phase::kForward, {after});
+    graph_emit_ = false;
     if (lo.inputs.size() == 1 && lo.inputs[0] < 0) dep(pass.ids[i], pass.input);
     for (int in : lo.inputs) {
       if (in >= 0) dep(pass.ids[i], pass.ids[static_cast<size_t>(in)]);
@@ -1708,7 +1785,9 @@ void Builder::backward_node(LayerPass& pass, Node node) {
     if (pass.re[i] >= 0) return;
     Op op = ops[i].op;
     op.stream = stream_of(ops[i]);
+    graph_emit_ = ops[i].graphed;
     pass.re[i] = end = emit(op, pass.stage, pass.chunk, L, pass.mb, Phase::kRecompute, {after});
+    graph_emit_ = false;
     if (pass.first < 0) {
       pass.first = pass.re[i];
       dep(pass.first, pass.zero3_gather);
@@ -1741,6 +1820,9 @@ void Builder::backward_node(LayerPass& pass, Node node) {
     const LocalOp& lo = ops[ri];
     Op op = lo.op;
     op.stream = stream_of(lo);
+    // Every op this recorded op's backward emits (re-gathers, amax reductions, weight gradients) is in its
+    // graph when it is.
+    graph_emit_ = lo.graphed;
     const auto& consumers = rc.consumers[ri];
     if (lo.forward_only) {
       // Routing metadata and host waits have no backward; the gradient passes through to their producer.
@@ -1902,6 +1984,7 @@ void Builder::backward_node(LayerPass& pass, Node node) {
     pass.grad[ri] = emit_with(op);
     pass.last = pass.grad[ri];
   }
+  graph_emit_ = false;
   if (combined_ && end >= 0) pass.node_end = end;
 }
 
@@ -2365,6 +2448,8 @@ OpGraph Builder::build() {
       record_layer(static_cast<int64_t>(l));
       Recipe rc;
       rc.ops = layer_ops_;
+      rc.graph_fwd_copy = graph_fwd_copy_;
+      rc.graph_bwd_copy = graph_bwd_copy_;
       rc.consumers.resize(rc.ops.size());
       for (size_t i = 0; i < rc.ops.size(); ++i) {
         for (int in : rc.ops[i].inputs) {
@@ -2393,6 +2478,7 @@ OpGraph Builder::build() {
   task_first_.assign(tasks, -1);
   task_send_.assign(tasks, -1);
   layer_last_bwd_.assign(n_all, -1);
+  if (p_.cuda_graphs != 0) graph_open_.assign(static_cast<size_t>(pp_), -1);
   layer_last_side_bwd_.assign(n_all, -1);
   layer_first_fwd_.assign(n_all, -1);
   layer_param_gather_.assign(n_all, -1);

@@ -31,7 +31,7 @@ nlohmann::json comparable(Plan p) {
 
 // Top plans of a search, each launched for Megatron and imported back; returns how many round-tripped.
 int round_trip(const std::string& model_name, const std::string& stack_name, planner::Job job,
-               bool fused_index_conversion = false) {
+               bool fused_index_conversion = false, uint8_t cuda_graphs = 0) {
   const ModelSpec model = io::load_model(model_name).value();
   const HardwareProfile hw = io::load_hardware("h100-sxm").value();
   const StackProfile stack = io::load_stack(stack_name).value();
@@ -45,6 +45,8 @@ int round_trip(const std::string& model_name, const std::string& stack_name, pla
     rp.plan.hardware = "h100-sxm";
     rp.plan.stack = stack_name;
     rp.plan.experts.fused_index_conversion = fused_index_conversion;
+    rp.plan.cuda_graphs = cuda_graphs;
+    if (!validate(rp.plan, model, hw).empty()) continue;  // the graphs' rules refuse this plan
     const planner::MegatronArgs args = planner::megatron_args(rp.plan, model, hw);
     CAPTURE(planner::describe(rp.plan));
     CHECK_MESSAGE(args.not_expressible.empty(), args.not_expressible.front());
@@ -92,6 +94,36 @@ TEST_SUITE("import") {
     CHECK(round_trip("qwen3-30b-a3b", "megatron-core-deepep", {32, 4096, 128}, true) >= 5);
     CHECK(round_trip("qwen3-30b-a3b", "megatron-core-hybridep", {32, 4096, 128}) >= 5);
     CHECK(round_trip("deepseek-moe-16b", "megatron-core", {32, 4096, 128}) >= 5);  // shared experts
+  }
+
+  TEST_CASE("launch --for megatron then import gives the same plan (per-layer CUDA graphs)") {
+    const uint8_t router = kGraphAttn | kGraphMoeRouter | kGraphMoePreprocess;
+    CHECK(round_trip("mixtral-8x22b", "megatron-core", {128, 4096, 256}, false, router) >= 3);
+    CHECK(round_trip("qwen3-30b-a3b", "megatron-core-hybridep", {32, 4096, 128}, false, router) >= 3);
+    CHECK(round_trip("deepseek-moe-16b", "megatron-core", {32, 4096, 128}, false, kGraphAttn) >= 3);
+    // Megatron's forms: --cuda-graph-modules (0.18+) like --cuda-graph-scope; no scope or "full" is the
+    // whole layer; the local implementation is not modelled (a note, no graphs).
+    const ModelSpec model = io::load_model("mixtral-8x7b").value();
+    const std::string text =
+        "torchrun --nnodes 1 --nproc-per-node 8 pretrain_gpt.py --expert-model-parallel-size 8 --seq-length "
+        "4096 --moe-token-dispatcher-type alltoall";
+    for (const auto& [flags, want] :
+         {std::pair<std::string, nlohmann::json>{" --cuda-graph-impl transformer_engine --cuda-graph-modules "
+                                                 "attn moe_router",
+                                                 {"attn", "moe_router"}},
+          {" --cuda-graph-impl transformer_engine", {"layer"}},
+          {" --cuda-graph-impl transformer_engine --cuda-graph-scope full", {"layer"}}}) {
+      CAPTURE(flags);
+      const auto r = planner::import_megatron(text + flags, model, {});
+      REQUIRE_MESSAGE(r, r.error().message);
+      CHECK(r.value().plan.at("cuda_graphs") == want);
+      CHECK(r.value().unread.empty());
+    }
+    const auto local = planner::import_megatron(text + " --cuda-graph-impl local", model, {});
+    REQUIRE_MESSAGE(local, local.error().message);
+    CHECK_FALSE(local.value().plan.contains("cuda_graphs"));
+    CHECK(std::any_of(local.value().notes.begin(), local.value().notes.end(),
+                      [](const std::string& n) { return n.find("not modelled") != std::string::npos; }));
   }
 
   TEST_CASE("import reads Megatron's defaults and refuses a launch for another model") {

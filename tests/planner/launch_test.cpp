@@ -406,6 +406,22 @@ void check_megatron_rules(const Plan& p, const ModelSpec& m, const planner::Mega
   auto has_module = [&](const char* name) {
     return std::find(modules.begin(), modules.end(), name) != modules.end();
   };
+  // Per-layer CUDA graphs (TC:1715-1820 and arguments.py:1240-1253 at core_v0.16.0).
+  if (f.has("--cuda-graph-impl")) {
+    CHECK(f.str("--cuda-graph-impl") == "transformer_engine");
+    const auto scope = f.list("--cuda-graph-scope");
+    auto in_scope = [&](const char* s) { return std::find(scope.begin(), scope.end(), s) != scope.end(); };
+    CHECK_FALSE(in_scope("full_iteration"));
+    CHECK_FALSE((in_scope("moe") && in_scope("moe_router")));
+    if (in_scope("moe_preprocess")) CHECK(in_scope("moe_router"));
+    if (in_scope("moe") || (scope.empty() && experts > 0)) CHECK(f.has("--moe-pad-expert-input-to-capacity"));
+    if (in_scope("moe_preprocess") && dispatcher == "alltoall")
+      CHECK((!f.has("--moe-expert-capacity-factor") || f.has("--moe-pad-expert-input-to-capacity")));
+    if (in_scope("moe_router") && granularity == "selective") CHECK_FALSE(has_module("moe"));
+    CHECK(granularity != "full");
+    CHECK(f.has("--te-rng-tracker"));
+    CHECK(std::find(args.env.begin(), args.env.end(), "NCCL_GRAPH_REGISTER=0") != args.env.end());
+  }
   if (f.has("--overlap-moe-expert-parallel-comm")) {
     CHECK(ep > 1);
     CHECK((dispatcher == "alltoall" || dispatcher == "flex"));
@@ -954,6 +970,26 @@ TEST_SUITE("planner") {
     p.routing.pad_to_capacity = true;
     f = parse_flags(checked(p).flags);
     CHECK(f.has("--moe-pad-expert-input-to-capacity"));
+  }
+
+  TEST_CASE("per-layer CUDA graphs are Megatron's TE graphs with the plan's scopes and the RNG tracker") {
+    Plan p = mixtral_ep8();
+    Flags f = parse_flags(checked(p).flags);
+    CHECK_FALSE(f.has("--cuda-graph-impl"));
+    p.cuda_graphs = kGraphAttn | kGraphMoeRouter | kGraphMoePreprocess;
+    const planner::MegatronArgs a = checked(p);
+    f = parse_flags(a.flags);
+    CHECK(f.str("--cuda-graph-impl") == "transformer_engine");
+    CHECK(f.list("--cuda-graph-scope") == std::vector<std::string>{"attn", "moe_router", "moe_preprocess"});
+    CHECK(f.has("--te-rng-tracker"));
+    CHECK(std::find(a.env.begin(), a.env.end(), "NCCL_GRAPH_REGISTER=0") != a.env.end());
+    // Whole layers: Megatron's default scope, so no scope flag.
+    p.cuda_graphs = kGraphLayer;
+    p.routing.capacity_factor = 1.0;
+    p.routing.pad_to_capacity = true;
+    f = parse_flags(checked(p).flags);
+    CHECK(f.str("--cuda-graph-impl") == "transformer_engine");
+    CHECK_FALSE(f.has("--cuda-graph-scope"));
   }
 
   TEST_CASE("TE's userbuffers are Megatron's --tp-comm-overlap, beside sequence parallelism") {

@@ -3,6 +3,7 @@
 // published measurement and its source.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -108,5 +109,40 @@ TEST_SUITE("validation") {
     }
     CHECK(delayed >= 5);
     CHECK(userbuffers >= 1);
+  }
+
+  TEST_CASE("a case's plan captures CUDA graphs exactly where its launch says, with the same scopes") {
+    int graphed = 0;
+    for (const io::json& c : cases()) {
+      const std::string id = c.at("id").get<std::string>();
+      CAPTURE(id);
+      const auto plan = io::plan_from_json(c.at("plan"), id);
+      REQUIRE(plan.ok());
+      const io::json& stated = c.at("launch").at("cuda_graphs");
+      if (stated.is_null()) {
+        CHECK(plan.value().cuda_graphs == 0);
+        continue;
+      }
+      // "transformer_engine scope [moe_router, moe_preprocess]"
+      const std::string text = stated.get<std::string>();
+      REQUIRE(text.rfind("transformer_engine scope [", 0) == 0);
+      const size_t open = text.find('['), close = text.find(']');
+      REQUIRE(close != std::string::npos);
+      std::vector<std::string> scopes;
+      std::string list = text.substr(open + 1, close - open - 1);
+      for (size_t at = 0; at <= list.size();) {
+        const size_t comma = std::min(list.find(',', at), list.size());
+        std::string word = list.substr(at, comma - at);
+        word.erase(0, word.find_first_not_of(' '));
+        if (!word.empty()) scopes.push_back(word);
+        at = comma + 1;
+      }
+      std::vector<std::string> planned = cuda_graph_scope_names(plan.value().cuda_graphs);
+      std::sort(scopes.begin(), scopes.end());
+      std::sort(planned.begin(), planned.end());
+      CHECK(planned == scopes);
+      ++graphed;
+    }
+    CHECK(graphed >= 2);
   }
 }

@@ -185,6 +185,10 @@ TEST_SUITE("report.html") {
     CHECK(html.find("TE userbuffers off") != std::string::npos);
     CHECK(html.find("shared experts beside the dispatch on") != std::string::npos);
     CHECK(html.find("capacity factor 1, padded to capacity") != std::string::npos);
+    CHECK(html.find("<td>CUDA graphs</td><td>none</td>") != std::string::npos);
+    plan.cuda_graphs = kGraphAttn | kGraphMoeRouter;
+    const std::string graphed = report::simulate_html(s.p, {plan, s.in.model, s.in.hardware, s.stack});
+    CHECK(graphed.find("<td>CUDA graphs</td><td>per layer: attn, moe_router</td>") != std::string::npos);
   }
 
   TEST_CASE("an illegal plan's page lists the rules it breaks and draws no chart") {

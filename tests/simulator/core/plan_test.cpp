@@ -501,6 +501,81 @@ TEST_SUITE("core") {
     CHECK(f.breaks("pad_to_capacity_needs_all_to_all"));
   }
 
+  TEST_CASE("per-layer CUDA graphs follow Megatron's rules, and a stack without them refuses them") {
+    Fixture f;
+    f.plan.cuda_graphs = kGraphAttn | kGraphMoeRouter | kGraphMoePreprocess;
+    CHECK(f.rules().empty());
+    f.plan.cuda_graphs = kGraphLayer | kGraphAttn;
+    CHECK(f.breaks("cuda_graphs_layer_alone"));
+    f.plan.cuda_graphs = kGraphMoe | kGraphMoeRouter;
+    CHECK(f.breaks("cuda_graphs_moe_or_router"));
+    f.plan.cuda_graphs = kGraphMoePreprocess;
+    CHECK(f.breaks("cuda_graphs_preprocess_needs_router"));
+    f.plan.cuda_graphs = kGraphMlp;  // Mixtral's layers are all MoE
+    CHECK(f.breaks("cuda_graphs_mlp_needs_dense_layers"));
+    f.model.layers[0].moe = false;
+    CHECK(f.rules().empty());
+    f.plan.cuda_graphs = kGraphMamba;
+    CHECK(f.breaks("cuda_graphs_mamba_needs_mamba"));
+    // The whole MoE in a graph: drop-and-pad only.
+    for (uint8_t whole : {uint8_t{kGraphMoe}, uint8_t{kGraphLayer}}) {
+      CAPTURE(int{whole});
+      f.plan.cuda_graphs = whole;
+      CHECK(f.breaks("cuda_graphs_moe_needs_padding"));
+      f.plan.routing.capacity_factor = 1.0;
+      f.plan.routing.pad_to_capacity = true;
+      CHECK(f.rules().empty());
+      f.plan.overlap.cross_micro_batch = true;
+      f.plan.pipeline.vpp = 2;
+      f.plan.pipeline.schedule = Schedule::kInterleaved1F1B;
+      CHECK(f.breaks("cuda_graphs_cross_micro_batch"));
+      f.plan.overlap.cross_micro_batch = false;
+      f.plan.pipeline.vpp = 1;
+      f.plan.pipeline.schedule = Schedule::k1F1B;
+      f.plan.routing.pad_to_capacity = false;
+      f.plan.routing.capacity_factor.reset();
+    }
+    // The all-to-all dispatcher's preprocess copies counts to the host under a capacity factor without
+    // padding; the flex dispatcher's does not.
+    f.plan.cuda_graphs = kGraphMoeRouter | kGraphMoePreprocess;
+    f.plan.routing.capacity_factor = 1.25;
+    CHECK(f.breaks("cuda_graphs_preprocess_host_copies"));
+    f.plan.experts.dispatch = Dispatch::kDedup;
+    CHECK(f.rules().empty());
+    f.plan.experts.dispatch = Dispatch::kAllToAll;
+    f.plan.routing.capacity_factor.reset();
+    CHECK(f.rules().empty());
+    f.plan.recompute = Recompute::kFull;
+    CHECK(f.breaks("cuda_graphs_no_full_recompute"));
+    f.plan.recompute = Recompute::kSelective;
+    f.plan.recompute_modules = kRecomputeMoe;
+    CHECK(f.breaks("cuda_graphs_moe_recompute_router"));
+    f.plan.recompute_modules = kRecomputeMoeAct | kRecomputeLayernorm;
+    CHECK(f.rules().empty());
+
+    // Each reason names Megatron's source.
+    f.plan.cuda_graphs = kGraphMoePreprocess;
+    const auto v = validate(f.plan, f.model, f.hw);
+    REQUIRE_FALSE(v.empty());
+    CHECK(v[0].reason.find("transformer_config.py") != std::string::npos);
+
+    f.plan.cuda_graphs = kGraphAttn | kGraphMoeRouter;
+    f.plan.recompute = Recompute::kNone;
+    CHECK(validate_for_stack(f.plan, io::load_stack("megatron-core").value()).empty());
+    f.plan.experts.dispatch = Dispatch::kDedup;
+    for (const char* name : {"megatron-core-deepep", "megatron-core-hybridep"})
+      CHECK(validate_for_stack(f.plan, io::load_stack(name).value()).empty());
+    for (const char* name : {"moerun", "megascale-moe"}) {
+      f.plan.experts.dispatch = Dispatch::kAllToAll;
+      const auto refused = validate_for_stack(f.plan, io::load_stack(name).value());
+      REQUIRE(refused.size() == 2);  // attn and moe_router, each named
+      CHECK(refused[0].rule == "stack_cuda_graphs");
+      CHECK(refused[0].reason.find("\"attn\"") != std::string::npos);
+    }
+    CHECK(cuda_graph_scope_names(kAllCudaGraphScopes) ==
+          std::vector<std::string>{"layer", "attn", "mlp", "moe", "moe_router", "moe_preprocess", "mamba"});
+  }
+
   TEST_CASE("the shared-expert overlap follows Megatron's rules, and a stack without it runs them in line") {
     Fixture f;
     f.plan.overlap.shared_experts = true;

@@ -149,6 +149,35 @@ TEST_SUITE("io") {
     CHECK(io::plan_to_json(plain.value()).at("recompute") == "selective");
   }
 
+  TEST_CASE("cuda_graphs names Megatron's scopes, round-trips, and a bad one is a one-line error") {
+    auto p = parse(R"({"model": "m", "hardware": "h", "gpus": 8, "seq_len": 1, "global_batch": 1,
+                       "cuda_graphs": ["moe_router", "attn", "moe_preprocess"]})");
+    REQUIRE(p.ok());
+    CHECK(p.value().cuda_graphs == (kGraphAttn | kGraphMoeRouter | kGraphMoePreprocess));
+    const auto j = io::plan_to_json(p.value());
+    CHECK(j.at("cuda_graphs") == nlohmann::json::array({"attn", "moe_router", "moe_preprocess"}));
+    auto back = io::plan_from_json(j, "again.json");
+    REQUIRE(back.ok());
+    CHECK(back.value().cuda_graphs == p.value().cuda_graphs);
+    CHECK_FALSE(io::plan_to_json(parse(R"({"model": "m", "hardware": "h", "gpus": 8, "seq_len": 1,
+                                          "global_batch": 1})")
+                                     .value())
+                    .contains("cuda_graphs"));
+    const std::string bad =
+        parse(R"({"model": "m", "hardware": "h", "gpus": 8, "seq_len": 1, "global_batch": 1,
+                                       "cuda_graphs": ["attn", "moe_routr"]})")
+            .error()
+            .message;
+    CHECK(bad.find('\n') == std::string::npos);
+    CHECK_MESSAGE(bad.find("'cuda_graphs[1]'") != std::string::npos, bad);
+    CHECK_MESSAGE(bad.find("(did you mean \"moe_router\"?)") != std::string::npos, bad);
+    const std::string empty = parse(R"({"model": "m", "hardware": "h", "gpus": 8, "seq_len": 1,
+                                         "global_batch": 1, "cuda_graphs": []})")
+                                  .error()
+                                  .message;
+    CHECK_MESSAGE(empty.find("at least one scope") != std::string::npos, empty);
+  }
+
   TEST_CASE("a bad recompute module or a key of the other granularity is a one-line error") {
     const std::string bad =
         parse(R"({"model": "m", "hardware": "h", "gpus": 8, "seq_len": 1, "global_batch": 1,

@@ -567,6 +567,79 @@ TEST_SUITE("workload") {
     }
   }
 
+  TEST_CASE("under per-layer CUDA graphs the scopes' ops are graphed and each replay's first op copies") {
+    // Mixtral-8x7B, 2 layers, one node, TP 2, EP 8, 2 micro-batches, Megatron's all-to-all dispatcher with
+    // attn, moe_router and moe_preprocess graphed: attention, the pre-MLP norm, the router, the counts and
+    // the local permute are in the graph; the host's wait for the counts, the all-to-alls and the experts
+    // are not. One replay per layer, micro-batch and direction: forward it copies the layer input [t, h],
+    // backward the gradients of the residual, the permuted rows [t k, h] and their probs [t k].
+    Plan p = node_plan(8);
+    p.attention.tp = 2;
+    REQUIRE(p.num_micro_batches() == 2);
+    const OpGraph eager = lower(mixtral(2), p, stack_options("megatron-core"));
+    for (const Op& op : eager.ops) CHECK_FALSE(op.graphed);
+    p.cuda_graphs = kGraphAttn | kGraphMoeRouter | kGraphMoePreprocess;
+    const OpGraph g = lower(mixtral(2), p, stack_options("megatron-core"));
+    REQUIRE(g.ops.size() == eager.ops.size());  // graphs change who issues the ops, not the ops
+    const std::set<OpName> inside = {
+        OpName::kAttnAg,  OpName::kQkvProj, OpName::kAttnCore,   OpName::kOutProj,        OpName::kAttnRs,
+        OpName::kFfnNorm, OpName::kRouter,  OpName::kRouterTopk, OpName::kDispatchCounts, OpName::kPermute};
+    const std::set<OpName> outside = {OpName::kDispatchSync, OpName::kDispatchA2a, OpName::kProbsA2a,
+                                      OpName::kExpertFc13,   OpName::kExpertAct,   OpName::kExpertFc2,
+                                      OpName::kCombineA2a,   OpName::kEmbedding,   OpName::kLoss,
+                                      OpName::kGradRs};
+    int checked_in = 0, checked_out = 0;
+    const double t = 2048, h = 4096, k = 2;
+    std::map<std::tuple<int32_t, int32_t, bool>, int> replays;
+    for (const Op& op : g.ops) {
+      const auto name = static_cast<OpName>(op.name);
+      if (op.layer >= 0 && inside.count(name)) {
+        CHECK(op.graphed);
+        ++checked_in;
+      }
+      if (outside.count(name)) {
+        CHECK_FALSE(op.graphed);
+        ++checked_out;
+      }
+      if (op.host_sync) CHECK_FALSE(op.graphed);
+      CHECK((op.graph_copy_bytes == 0 || op.graphed));
+      if (op.graph_copy_bytes == 0) continue;
+      const bool fwd = op.phase == Phase::kForward;
+      ++replays[{op.layer, op.micro_batch, fwd}];
+      CHECK(op.graph_copy_bytes ==
+            doctest::Approx(fwd ? 2 * t * h * 2 : 2 * (t * h * 2 + t * k * (h * 2 + 2))).epsilon(1e-6));
+    }
+    CHECK(checked_in > 0);
+    CHECK(checked_out > 0);
+    CHECK(replays.size() == 2 * 2 * 2);
+    for (const auto& [key, n] : replays) CHECK(n == 1);
+    // The forward replay starts at the layer's first op (its input norm).
+    for (const Op& op : g.ops) {
+      if (op.phase == Phase::kForward && op.layer >= 0 && op.graph_copy_bytes > 0)
+        CHECK(static_cast<OpName>(op.name) == OpName::kAttnNorm);
+    }
+
+    // Whole layers, padded to capacity: every op of the layers (not their gradients' data-parallel
+    // reduction) in one replay each way.
+    p.cuda_graphs = kGraphLayer;
+    p.routing.capacity_factor = 1.0;
+    p.routing.pad_to_capacity = true;
+    const OpGraph whole = lower(mixtral(2), p, stack_options("megatron-core"));
+    int replay_ops = 0;
+    for (const Op& op : whole.ops) {
+      const auto name = static_cast<OpName>(op.name);
+      const bool data_parallel = name == OpName::kGradRs || name == OpName::kGradReduce ||
+                                 name == OpName::kParamAg || name == OpName::kGradCast;
+      if (op.layer >= 0 && !data_parallel) CHECK(op.graphed);
+      if (op.layer < 0) CHECK_FALSE(op.graphed);
+      if (op.graph_copy_bytes > 0) {
+        ++replay_ops;
+        CHECK(op.graph_copy_bytes == doctest::Approx(2 * t * h * 2).epsilon(1e-6));
+      }
+    }
+    CHECK(replay_ops == 2 * 2 * 2);
+  }
+
   TEST_CASE("routed all-to-alls carry the busiest rank's load as their hot factor, other collectives none") {
     // Mixtral-8x7B, one layer on one node, ep 8, the busiest rank at 1.3x the mean: the token, probs and
     // combine all-to-alls (forward and backward) move 1.3x the uniform bytes and say so; Megatron's alltoall
