@@ -399,6 +399,11 @@ class Builder {
   // Bytes per router prob: fp32 for sigmoid routers (Megatron-Bridge sets moe_router_dtype fp32 for
   // DeepSeek-V3), the activation dtype otherwise.
   double probs_bytes() const { return m_.moe.score == RouterScore::kSigmoid ? 4.0 : 2.0; }
+  // Megatron's shared-expert overlap beside the all-to-all dispatcher: their TP gather issued in the
+  // dispatcher's preprocess, FC1 after the dispatch, FC2 after the combine.
+  bool shared_gather_in_preprocess() const {
+    return shared_overlap_ && megatron_ && p_.experts.dispatch == Dispatch::kAllToAll && !p_.overlap.intra_op;
+  }
   int dense_ffn_fwd(int in);
   void record_layer(int64_t layer);
   void layer_graph_copies(const LayerSpec& l);
@@ -1471,9 +1476,13 @@ int Builder::moe_fwd(int in) {
   // records the last two in place.
   int shared = -1;
   if (e.num_shared_experts > 0) {
-    graph_ = moe_graphed || ((cg & kGraphMoeRouter) && !p_.overlap.shared_experts);
+    // In the router's graph unless overlapped (transformer_layer.py _get_submodules_under_cudagraphs);
+    // overlapped beside the all-to-all dispatcher, their gather is issued in its preprocess
+    // (token_dispatcher.py:626 at core_v0.16.0) and so is in that graph, its output one of the graph's.
+    graph_ = moe_graphed || ((cg & kGraphMoeRouter) && !p_.overlap.shared_experts) ||
+             (shared_gather_in_preprocess() && (cg & kGraphMoePreprocess));
     const int y = shared_gather(x);
-    if (shared_overlap_ && megatron_ && p_.experts.dispatch == Dispatch::kAllToAll && !p_.overlap.intra_op) {
+    if (shared_gather_in_preprocess()) {
       shared_pending_ = y;
     } else {
       shared = shared_fc2(shared_fc1(y));
@@ -1654,6 +1663,9 @@ void Builder::layer_graph_copies(const LayerSpec& l) {
     out += permuted ? d(t_ * e.top_k) * (d(m_.hidden) * dt + probs_bytes())
                     : act + d(t_ * e.num_experts) * probs_bytes();
     if (e.num_shared_experts > 0 && !p_.overlap.shared_experts) out += act;
+    // The shared experts' gathered input, cached by the preprocess for their FC1.
+    if (e.num_shared_experts > 0 && shared_gather_in_preprocess() && (cg & kGraphMoePreprocess))
+      out += act * d(tp_);
   }
   graph_fwd_copy_ = 2.0 * act;
   graph_bwd_copy_ = 2.0 * out;

@@ -619,6 +619,31 @@ TEST_SUITE("workload") {
         CHECK(static_cast<OpName>(op.name) == OpName::kAttnNorm);
     }
 
+    // Llama 4 Maverick's dense layer and MoE layer with a shared expert overlapped beside the dispatch:
+    // the dense MLP is outside (no mlp scope); the shared experts' gather is issued in the all-to-all
+    // dispatcher's preprocess and is in the graph, their GEMMs are not; still one replay each way.
+    {
+      Plan q = node_plan(8);
+      q.attention.tp = 2;
+      q.overlap.shared_experts = true;
+      q.cuda_graphs = kGraphAttn | kGraphMoeRouter | kGraphMoePreprocess;
+      const OpGraph sh = lower(llama4_two_layers(), q, stack_options("megatron-core"));
+      std::map<std::tuple<int32_t, int32_t, bool>, int> n;
+      int shared_gathers = 0;
+      for (const Op& op : sh.ops) {
+        if (op.graph_copy_bytes > 0) ++n[{op.layer, op.micro_batch, op.phase == Phase::kForward}];
+        const auto name = static_cast<OpName>(op.name);
+        if (op.layer == 1 && op.phase == Phase::kForward && name == OpName::kSharedAg) {
+          CHECK(op.graphed);
+          ++shared_gathers;
+        }
+        if (name == OpName::kSharedFc13 || name == OpName::kFc13) CHECK_FALSE(op.graphed);
+      }
+      CHECK(shared_gathers == 2);  // one per micro-batch
+      CHECK(n.size() == 2 * 2 * 2);
+      for (const auto& [key, count] : n) CHECK(count == 1);
+    }
+
     // Whole layers, padded to capacity: every op of the layers (not their gradients' data-parallel
     // reduction) in one replay each way.
     p.cuda_graphs = kGraphLayer;
@@ -638,6 +663,27 @@ TEST_SUITE("workload") {
       }
     }
     CHECK(replay_ops == 2 * 2 * 2);
+
+    // A host wait cannot be captured: GPT-OSS's clamped GLU, made eagerly with a synchronising copy on
+    // Megatron-Core, stays outside and splits each forward graph in two replays.
+    ModelSpec oss = io::load_model("gpt-oss-20b").value();
+    oss.layers.resize(2);
+    Plan q = node_plan(8);
+    q.routing.capacity_factor = 1.0;
+    q.routing.pad_to_capacity = true;
+    q.cuda_graphs = kGraphLayer;
+    const OpGraph split = lower(oss, q, stack_options("megatron-core"));
+    std::map<std::tuple<int32_t, int32_t, bool>, int> n;
+    int syncs = 0;
+    for (const Op& op : split.ops) {
+      if (op.graph_copy_bytes > 0) ++n[{op.layer, op.micro_batch, op.phase == Phase::kForward}];
+      if (op.host_sync && op.layer >= 0) {
+        CHECK_FALSE(op.graphed);
+        ++syncs;
+      }
+    }
+    REQUIRE(syncs == 2);  // one per layer, one micro-batch
+    for (const auto& [key, count] : n) CHECK(count == (std::get<2>(key) ? 2 : 1));
   }
 
   TEST_CASE("routed all-to-alls carry the busiest rank's load as their hot factor, other collectives none") {
