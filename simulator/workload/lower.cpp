@@ -1687,7 +1687,7 @@ int32_t Builder::emit(const Op& proto, int16_t stage, int16_t chunk, int32_t lay
       op.graph_copy_bytes = static_cast<float>(fwd ? rc.graph_fwd_copy : rc.graph_bwd_copy);
       open = replay;
     }
-  } else if (!graph_open_.empty()) {
+  } else if (!graph_open_.empty() && !proto.graphed) {
     graph_open_[static_cast<size_t>(stage)] = -1;
   }
   op.stage = stage;
@@ -1797,9 +1797,10 @@ void Builder::backward_node(LayerPass& pass, Node node) {
     if (pass.re[i] >= 0) return;
     Op op = ops[i].op;
     op.stream = stream_of(ops[i]);
-    graph_emit_ = ops[i].graphed;
+    // A graphed module's recompute runs inside its layer's backward graph: issued by that replay, which the
+    // node's first graphed backward op opens.
+    op.graphed = ops[i].graphed;
     pass.re[i] = end = emit(op, pass.stage, pass.chunk, L, pass.mb, Phase::kRecompute, {after});
-    graph_emit_ = false;
     if (pass.first < 0) {
       pass.first = pass.re[i];
       dep(pass.first, pass.zero3_gather);

@@ -644,6 +644,30 @@ TEST_SUITE("workload") {
       for (const auto& [key, count] : n) CHECK(count == 1);
     }
 
+    // A graphed module's recompute (the pre-MLP norm under `layernorm`) runs inside the backward graph:
+    // issued by its replay, which it neither opens nor splits.
+    {
+      Plan q = node_plan(8);
+      q.attention.tp = 2;
+      q.recompute = Recompute::kSelective;
+      q.recompute_modules = kRecomputeLayernorm;
+      q.cuda_graphs = kGraphMoeRouter;
+      const OpGraph re = lower(mixtral(2), q, stack_options("megatron-core"));
+      std::map<std::tuple<int32_t, int32_t, bool>, int> n;
+      int recomputed = 0;
+      for (const Op& op : re.ops) {
+        if (op.graph_copy_bytes > 0) ++n[{op.layer, op.micro_batch, op.phase == Phase::kForward}];
+        if (op.phase == Phase::kRecompute && static_cast<OpName>(op.name) == OpName::kFfnNorm) {
+          CHECK(op.graphed);
+          CHECK(op.graph_copy_bytes == 0);
+          ++recomputed;
+        }
+      }
+      CHECK(recomputed == 2 * 2);
+      CHECK(n.size() == 2 * 2 * 2);
+      for (const auto& [key, count] : n) CHECK(count == 1);
+    }
+
     // Whole layers, padded to capacity: every op of the layers (not their gradients' data-parallel
     // reduction) in one replay each way.
     p.cuda_graphs = kGraphLayer;
