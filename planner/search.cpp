@@ -152,6 +152,29 @@ std::string describe(const Plan& p) {
                      p.data.fp8_param_gather ? " p8" : "", p.cuda_graphs != 0 ? " cg" : "");
 }
 
+std::optional<Plan> graphed_variant(const Plan& plan, const ModelSpec& model, const HardwareProfile& hw,
+                                    const StackProfile& stack) {
+  if (plan.cuda_graphs != 0 || stack.capabilities.cuda_graph_scopes.empty()) return std::nullopt;
+  const RuleChecker::Facts facts = [&] {
+    RuleChecker::Facts f;
+    for (const LayerSpec& l : model.layers) {
+      f.mamba = f.mamba || l.mixer == MixerKind::kMamba2;
+      f.dense_ffn = f.dense_ffn || (l.ffn && !l.moe);
+    }
+    return f;
+  }();
+  const uint8_t common =
+      static_cast<uint8_t>(kGraphAttn | (facts.mamba ? kGraphMamba : 0) | (facts.dense_ffn ? kGraphMlp : 0));
+  const uint8_t moe = model.is_moe() ? static_cast<uint8_t>(kGraphMoeRouter | kGraphMoePreprocess) : 0;
+  for (const uint8_t extra : {moe, static_cast<uint8_t>(moe & kGraphMoeRouter), uint8_t{0}}) {
+    Plan graphed = plan;
+    graphed.cuda_graphs = static_cast<uint8_t>(common | extra);
+    if (validate(graphed, model, hw, false).empty() && validate_for_stack(graphed, stack, false).empty())
+      return graphed;
+  }
+  return std::nullopt;
+}
+
 bool tied_with_best(const Prediction& best, const Prediction& p) {
   return p.tokens_per_s_high >= best.tokens_per_s_low;
 }
@@ -1129,12 +1152,29 @@ SearchResult search(const ModelSpec& model, const HardwareProfile& hw, const Sta
   std::vector<RankedPlan> ranked(finalists);
   // Each finalist's step.
   const auto fit = cost::CostModel::fit_hardware(hw);
+  std::vector<uint8_t> graph_tried(finalists, 0), graph_kept(finalists, 0);
   parallel_for(finalists, threads, [&](size_t i) {
     ranked[i] = {best[i].plan, predict(model, best[i].plan, hw, stack, routing,
                                        {.critical_path = true, .hardware_fit = fit})};
     drop_graph(ranked[i].prediction);
+    // CUDA graphs remove only the host's issue time, so they can only shorten a step the host holds up.
+    const Prediction& eager = ranked[i].prediction;
+    if (options.graph_host_share <= 0 || !eager.violations.empty() ||
+        eager.breakdown.host_wait <= options.graph_host_share * eager.step_time_s)
+      return;
+    const std::optional<Plan> graphed = graphed_variant(best[i].plan, model, hw, stack);
+    if (!graphed) return;
+    graph_tried[i] = 1;
+    Prediction g = predict(model, *graphed, hw, stack, routing, {.critical_path = true, .hardware_fit = fit});
+    drop_graph(g);
+    if (g.violations.empty() && g.memory.fits() == eager.memory.fits() && g.step_time_s < eager.step_time_s) {
+      ranked[i] = {*graphed, std::move(g)};
+      graph_kept[i] = 1;
+    }
   });
   r.simulated = static_cast<int64_t>(finalists);
+  r.graph_tried = std::count(graph_tried.begin(), graph_tried.end(), uint8_t{1});
+  r.graph_kept = std::count(graph_kept.begin(), graph_kept.end(), uint8_t{1});
   std::stable_sort(ranked.begin(), ranked.end(), [](const RankedPlan& a, const RankedPlan& b) {
     const bool fa = a.prediction.memory.fits(), fb = b.prediction.memory.fits();
     if (fa != fb) return fa;

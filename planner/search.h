@@ -65,6 +65,9 @@ struct SearchResult {
   // estimate their thread kept (their data-parallel time was not worked out; they could not be kept).
   int64_t screened_to_bound = 0;
   int64_t simulated = 0;
+  // Finalists the host held up (its issue time left the GPU idle) simulated again with per-layer CUDA graphs,
+  // and of those, the ones the graphs made faster (their plan, with its cuda_graphs, replaces the first).
+  int64_t graph_tried = 0, graph_kept = 0;
   double elapsed_s = 0;
   // Wall seconds of the phases: enumeration, pruning and the screen (one pass), the finalists' full
   // simulation.
@@ -88,6 +91,9 @@ struct SearchOptions {
   // kept: a large job's graph takes hundreds of MB.
   bool keep_graphs = false;
   int threads = 2;
+  // A finalist whose GPU waits for the host longer than this share of its step is simulated again with the
+  // per-layer CUDA graphs its stack captures (graphed_variant); the faster of the two is kept. 0: never.
+  double graph_host_share = 0.01;
   bool keep_screened = false;
   // Stop after enumeration and the memory test (no screen, no simulation): counts, rejections and the
   // smallest memory need only.
@@ -113,6 +119,13 @@ using PlanVisitor = std::function<void(int64_t index, Plan&& plan)>;
 int64_t for_each_plan(const ModelSpec& model, const HardwareProfile& hw, const StackProfile& stack,
                       const Job& job, const SearchSpace& space, const PlanVisitor& visit, int64_t stride = 1,
                       int64_t offset = 0);
+
+// The plan with the per-layer CUDA graphs Megatron's recipes capture, where its stack captures them: attn,
+// moe_router and moe_preprocess (Megatron-Bridge's performance configs), mamba and mlp where the model has
+// such layers, dropping moe_preprocess, then moe_router, where a rule refuses them; nullopt where the stack
+// captures none, the plan already has graphs, or no such plan is legal.
+std::optional<Plan> graphed_variant(const Plan& plan, const ModelSpec& model, const HardwareProfile& hw,
+                                    const StackProfile& stack);
 
 // Every plan of the space for the job (legal or not), in for_each_plan's order.
 std::vector<Plan> enumerate_plans(const ModelSpec& model, const HardwareProfile& hw,

@@ -361,6 +361,8 @@ Runner add_plan(CLI::App& app) {
                             {"fitting", r.fitting},
                             {"screened", r.screened},
                             {"simulated", r.simulated},
+                            {"cuda_graphs_tried", r.graph_tried},
+                            {"cuda_graphs_kept", r.graph_kept},
                             {"hbm_capacity_bytes", r.capacity_bytes},
                             {"smallest_memory_need", smallest},
                             {"elapsed_s", r.elapsed_s}};
@@ -387,8 +389,16 @@ Runner add_plan(CLI::App& app) {
                hw.value().name, stack.value().name, stack.value().calibrated ? "" : ", uncalibrated",
                job.seq_len, job.global_batch);
     for (const auto& n : model_notes(model.value())) fmt::print("model: {}\n", n);
-    fmt::print("{} plans enumerated, {} legal, {} fit in memory, {} screened, {} simulated in {:.2f} s\n\n",
+    fmt::print("{} plans enumerated, {} legal, {} fit in memory, {} screened, {} simulated in {:.2f} s\n",
                r.enumerated, r.legal, r.fitting, r.screened, r.simulated, r.elapsed_s);
+    if (r.graph_tried > 0) {
+      fmt::print(
+          "{} of them held up by the host simulated again with per-layer CUDA graphs (layout cg), {} faster "
+          "so "
+          "(their memory priced as without graphs)\n",
+          r.graph_tried, r.graph_kept);
+    }
+    fmt::print("\n");
     if (r.plans.empty()) {
       print_nothing_fits(r, model.value(), hw.value(), stack.value(), routing.value(), job, space,
                          o->threads);

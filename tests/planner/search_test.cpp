@@ -736,6 +736,57 @@ TEST_SUITE("planner.search") {
     CHECK(all_tight[0].plan.gpus == 1);
     CHECK(all_tight[2].plan.gpus == 3);
   }
+
+  TEST_CASE("finalists the host holds up are simulated again with CUDA graphs, kept where faster") {
+    // Qwen3-30B-A3B on one node at 512 tokens, one sequence per micro-batch: the GPU waits for the host to
+    // issue attention's and the router's kernels. On Megatron-Core the search simulates each such finalist
+    // again with Megatron's graphs (attn, moe_router, moe_preprocess where legal) and keeps the faster; the
+    // kept plan is the graphed one, predicted the same alone. moerun captures no graphs: nothing is tried.
+    const ModelSpec model = io::load_model("qwen3-30b-a3b").value();
+    const HardwareProfile hw = io::load_hardware("h100-sxm").value();
+    const auto routing = workload::uniform_routing(model.moe.num_experts);
+    planner::SearchSpace space;
+    space.micro_batches = {1};
+    space.precisions = {Precision::kBf16};
+    const planner::Job job{8, 512, 64};
+    planner::SearchOptions opts;
+    opts.top = 4;
+    const StackProfile megatron = io::load_stack("megatron-core").value();
+    const auto r = planner::search(model, hw, megatron, routing, job, space, opts);
+    REQUIRE_FALSE(r.plans.empty());
+    CHECK(r.graph_tried > 0);
+    CHECK(r.graph_kept > 0);
+    CHECK(r.graph_kept <= r.graph_tried);
+    const Plan& best = r.plans.front().plan;
+    CHECK(best.cuda_graphs != 0);
+    CHECK((best.cuda_graphs & kGraphAttn) != 0);
+    CHECK(planner::describe(best).find(" cg") != std::string::npos);
+    Plan eager = best;
+    eager.cuda_graphs = 0;
+    const Prediction alone = predict(model, best, hw, megatron, routing);
+    const Prediction without = predict(model, eager, hw, megatron, routing);
+    CHECK(r.plans.front().prediction.step_time_s == doctest::Approx(alone.step_time_s).epsilon(1e-12));
+    CHECK(alone.step_time_s < without.step_time_s);
+    CHECK(without.breakdown.host_wait > opts.graph_host_share * without.step_time_s);
+    // Off, or on a stack that captures none: no plan has graphs.
+    opts.graph_host_share = 0;
+    const auto off = planner::search(model, hw, megatron, routing, job, space, opts);
+    CHECK(off.graph_tried == 0);
+    for (const auto& rp : off.plans) CHECK(rp.plan.cuda_graphs == 0);
+    opts.graph_host_share = 0.01;
+    const auto moerun =
+        planner::search(model, hw, io::load_stack("moerun").value(), routing, job, space, opts);
+    CHECK(moerun.graph_tried == 0);
+    for (const auto& rp : moerun.plans) CHECK(rp.plan.cuda_graphs == 0);
+    // The variant drops what a rule refuses: under the moe recompute module, no moe_router.
+    Plan moe_recompute = eager;
+    moe_recompute.recompute = Recompute::kSelective;
+    moe_recompute.recompute_modules = kRecomputeMoe;
+    const auto v = planner::graphed_variant(moe_recompute, model, hw, megatron);
+    REQUIRE(v);
+    CHECK(v->cuda_graphs == kGraphAttn);
+    CHECK_FALSE(planner::graphed_variant(best, model, hw, megatron));  // already graphed
+  }
 }
 
 // The screen prices combined 1F1B (overlap.cross_micro_batch: one micro-batch's expert-parallel
