@@ -1152,29 +1152,50 @@ SearchResult search(const ModelSpec& model, const HardwareProfile& hw, const Sta
   std::vector<RankedPlan> ranked(finalists);
   // Each finalist's step.
   const auto fit = cost::CostModel::fit_hardware(hw);
-  std::vector<uint8_t> graph_tried(finalists, 0), graph_kept(finalists, 0);
   parallel_for(finalists, threads, [&](size_t i) {
     ranked[i] = {best[i].plan, predict(model, best[i].plan, hw, stack, routing,
                                        {.critical_path = true, .hardware_fit = fit})};
     drop_graph(ranked[i].prediction);
-    // CUDA graphs remove only the host's issue time, so they can only shorten a step the host holds up.
-    const Prediction& eager = ranked[i].prediction;
-    if (options.graph_host_share <= 0 || !eager.violations.empty() ||
-        eager.breakdown.host_wait <= options.graph_host_share * eager.step_time_s)
-      return;
-    const std::optional<Plan> graphed = graphed_variant(best[i].plan, model, hw, stack);
-    if (!graphed) return;
-    graph_tried[i] = 1;
-    Prediction g = predict(model, *graphed, hw, stack, routing, {.critical_path = true, .hardware_fit = fit});
-    drop_graph(g);
-    if (g.violations.empty() && g.memory.fits() == eager.memory.fits() && g.step_time_s < eager.step_time_s) {
-      ranked[i] = {*graphed, std::move(g)};
-      graph_kept[i] = 1;
-    }
   });
   r.simulated = static_cast<int64_t>(finalists);
-  r.graph_tried = std::count(graph_tried.begin(), graph_tried.end(), uint8_t{1});
-  r.graph_kept = std::count(graph_kept.begin(), graph_kept.end(), uint8_t{1});
+  // CUDA graphs remove only the host's issue time: they can shorten a step by at most the time its GPU waits
+  // for the host. So a finalist is simulated again with them only where that wait is above the option's share
+  // of its step and the step without it would rank among the top (below the top-th fitting step so far).
+  if (options.graph_host_share > 0 && !stack.capabilities.cuda_graph_scopes.empty()) {
+    std::vector<double> fitting_steps;
+    for (const RankedPlan& rp : ranked) {
+      if (rp.prediction.violations.empty() && rp.prediction.memory.fits())
+        fitting_steps.push_back(rp.prediction.step_time_s);
+    }
+    std::sort(fitting_steps.begin(), fitting_steps.end());
+    const size_t top = static_cast<size_t>(std::max<int64_t>(1, options.top));
+    const double bar =
+        fitting_steps.size() >= top ? fitting_steps[top - 1] : std::numeric_limits<double>::infinity();
+    std::vector<size_t> tried;
+    for (size_t i = 0; i < finalists; ++i) {
+      const Prediction& eager = ranked[i].prediction;
+      if (eager.violations.empty() &&
+          eager.breakdown.host_wait > options.graph_host_share * eager.step_time_s &&
+          eager.step_time_s - eager.breakdown.host_wait < bar)
+        tried.push_back(i);
+    }
+    std::vector<uint8_t> kept(tried.size(), 0);
+    parallel_for(tried.size(), threads, [&](size_t j) {
+      RankedPlan& rp = ranked[tried[j]];
+      const std::optional<Plan> graphed = graphed_variant(rp.plan, model, hw, stack);
+      if (!graphed) return;
+      Prediction g =
+          predict(model, *graphed, hw, stack, routing, {.critical_path = true, .hardware_fit = fit});
+      drop_graph(g);
+      if (g.violations.empty() && g.memory.fits() == rp.prediction.memory.fits() &&
+          g.step_time_s < rp.prediction.step_time_s) {
+        rp = {*graphed, std::move(g)};
+        kept[j] = 1;
+      }
+    });
+    r.graph_tried = static_cast<int64_t>(tried.size());
+    r.graph_kept = std::count(kept.begin(), kept.end(), uint8_t{1});
+  }
   std::stable_sort(ranked.begin(), ranked.end(), [](const RankedPlan& a, const RankedPlan& b) {
     const bool fa = a.prediction.memory.fits(), fb = b.prediction.memory.fits();
     if (fa != fb) return fa;

@@ -91,8 +91,9 @@ struct SearchOptions {
   // kept: a large job's graph takes hundreds of MB.
   bool keep_graphs = false;
   int threads = 2;
-  // A finalist whose GPU waits for the host longer than this share of its step is simulated again with the
-  // per-layer CUDA graphs its stack captures (graphed_variant); the faster of the two is kept. 0: never.
+  // A finalist whose GPU waits for the host longer than this share of its step, and whose step less that
+  // wait would rank among the top, is simulated again with the per-layer CUDA graphs its stack captures
+  // (graphed_variant); the faster of the two is kept. 0: never.
   double graph_host_share = 0.01;
   bool keep_screened = false;
   // Stop after enumeration and the memory test (no screen, no simulation): counts, rejections and the
