@@ -521,9 +521,8 @@ class MegatronBuilder {
     flag("--te-rng-tracker");
     out_.env.push_back("NCCL_GRAPH_REGISTER=0");
     note(
-        "Megatron-Core 0.18 and later name --cuda-graph-scope --cuda-graph-modules (the old name still "
-        "works, "
-        "with a deprecation warning: arguments.py at core_v0.18.0)");
+        "Megatron-Core 0.18 and later call --cuda-graph-scope --cuda-graph-modules; the old name still works "
+        "there, with a deprecation warning (arguments.py at core_v0.18.0)");
   }
 
   // The plan's recompute as Megatron's flags: selective with exactly the plan's modules; full with its method

@@ -155,16 +155,10 @@ std::string describe(const Plan& p) {
 std::optional<Plan> graphed_variant(const Plan& plan, const ModelSpec& model, const HardwareProfile& hw,
                                     const StackProfile& stack) {
   if (plan.cuda_graphs != 0 || stack.capabilities.cuda_graph_scopes.empty()) return std::nullopt;
-  const RuleChecker::Facts facts = [&] {
-    RuleChecker::Facts f;
-    for (const LayerSpec& l : model.layers) {
-      f.mamba = f.mamba || l.mixer == MixerKind::kMamba2;
-      f.dense_ffn = f.dense_ffn || (l.ffn && !l.moe);
-    }
-    return f;
-  }();
-  const uint8_t common =
-      static_cast<uint8_t>(kGraphAttn | (facts.mamba ? kGraphMamba : 0) | (facts.dense_ffn ? kGraphMlp : 0));
+  const bool dense_ffn = std::any_of(model.layers.begin(), model.layers.end(),
+                                     [](const LayerSpec& l) { return l.ffn && !l.moe; });
+  const uint8_t common = static_cast<uint8_t>(
+      kGraphAttn | (model.has_mixer(MixerKind::kMamba2) ? kGraphMamba : 0) | (dense_ffn ? kGraphMlp : 0));
   const uint8_t moe = model.is_moe() ? static_cast<uint8_t>(kGraphMoeRouter | kGraphMoePreprocess) : 0;
   for (const uint8_t extra : {moe, static_cast<uint8_t>(moe & kGraphMoeRouter), uint8_t{0}}) {
     Plan graphed = plan;
@@ -1171,25 +1165,26 @@ SearchResult search(const ModelSpec& model, const HardwareProfile& hw, const Sta
     const size_t top = static_cast<size_t>(std::max<int64_t>(1, options.top));
     const double bar =
         fitting_steps.size() >= top ? fitting_steps[top - 1] : std::numeric_limits<double>::infinity();
-    std::vector<size_t> tried;
+    std::vector<std::pair<size_t, Plan>> tried;
     for (size_t i = 0; i < finalists; ++i) {
       const Prediction& eager = ranked[i].prediction;
-      if (eager.violations.empty() &&
-          eager.breakdown.host_wait > options.graph_host_share * eager.step_time_s &&
-          eager.step_time_s - eager.breakdown.host_wait < bar)
-        tried.push_back(i);
+      if (!eager.violations.empty() ||
+          eager.breakdown.host_wait <= options.graph_host_share * eager.step_time_s ||
+          eager.step_time_s - eager.breakdown.host_wait >= bar)
+        continue;
+      if (std::optional<Plan> graphed = graphed_variant(ranked[i].plan, model, hw, stack))
+        tried.emplace_back(i, std::move(*graphed));
     }
     std::vector<uint8_t> kept(tried.size(), 0);
     parallel_for(tried.size(), threads, [&](size_t j) {
-      RankedPlan& rp = ranked[tried[j]];
-      const std::optional<Plan> graphed = graphed_variant(rp.plan, model, hw, stack);
-      if (!graphed) return;
+      RankedPlan& rp = ranked[tried[j].first];
+      const Plan& graphed = tried[j].second;
       Prediction g =
-          predict(model, *graphed, hw, stack, routing, {.critical_path = true, .hardware_fit = fit});
+          predict(model, graphed, hw, stack, routing, {.critical_path = true, .hardware_fit = fit});
       drop_graph(g);
       if (g.violations.empty() && g.memory.fits() == rp.prediction.memory.fits() &&
           g.step_time_s < rp.prediction.step_time_s) {
-        rp = {*graphed, std::move(g)};
+        rp = {graphed, std::move(g)};
         kept[j] = 1;
       }
     });

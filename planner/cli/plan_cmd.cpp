@@ -393,9 +393,8 @@ Runner add_plan(CLI::App& app) {
                r.enumerated, r.legal, r.fitting, r.screened, r.simulated, r.elapsed_s);
     if (r.graph_tried > 0) {
       fmt::print(
-          "{} of them held up by the host simulated again with per-layer CUDA graphs (layout cg), {} faster "
-          "so "
-          "(their memory priced as without graphs)\n",
+          "{} of them held up by the host simulated again with per-layer CUDA graphs (layout cg): {} faster "
+          "with them (their memory priced as without)\n",
           r.graph_tried, r.graph_kept);
     }
     fmt::print("\n");
