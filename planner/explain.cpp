@@ -51,6 +51,7 @@ Plan explain_baseline(const ModelSpec& model, const Plan& plan, const HardwarePr
   Plan b = plan;
   b.overlap = {};
   b.compression = {};  // FP32 reduce-scatter gradient sync, BF16 dispatch
+  b.cuda_graphs = 0;   // the host issues every kernel
   b.recompute = plan.recompute == Recompute::kNone ? Recompute::kNone : Recompute::kFull;
   std::vector<std::string> notes;
 
@@ -126,6 +127,9 @@ std::vector<ExplainRow> explain(const ModelSpec& model, const Plan& plan, const 
        }},
       {"+ compression", [&](Plan& p) { p.compression = plan.compression; }},
       {"+ selective recompute", [&](Plan& p) { p.recompute = plan.recompute; }},
+      // Only where the plan captures CUDA graphs (a row of its own, after its recompute: their rules read
+      // it).
+      {"+ CUDA graphs", [&](Plan& p) { p.cuda_graphs = plan.cuda_graphs; }},
   };
 
   std::vector<ExplainRow> rows;
@@ -137,6 +141,7 @@ std::vector<ExplainRow> explain(const ModelSpec& model, const Plan& plan, const 
   // the baseline recomputes whole layers, the plan's recompute comes before the overlap rows, so that every
   // row runs (else rows 3-5 would all be illegal).
   constexpr size_t kRecomputeStep = 4;  // steps[4]: the plan's recompute
+  constexpr size_t kGraphsStep = 5;     // steps[5]: the plan's CUDA graphs
   std::vector<size_t> order = {0, 1, 2, 3, kRecomputeStep};
   std::string recompute_note;
   if (plan.overlap.cross_micro_batch && base.plan.recompute == Recompute::kFull &&
@@ -147,6 +152,7 @@ std::vector<ExplainRow> explain(const ModelSpec& model, const Plan& plan, const 
         "recompute";
   }
 
+  if (plan.cuda_graphs != 0) order.push_back(kGraphsStep);
   rows.push_back(std::move(base));
   for (size_t s : order) {
     const auto& [technique, apply] = steps[s];

@@ -207,6 +207,24 @@ TEST_SUITE("planner") {
     CHECK(plain[5].note.empty());
   }
 
+  TEST_CASE("a plan's CUDA graphs are a row of their own, after its recompute, every row legal") {
+    // The baseline recomputes whole layers, under which per-layer graphs are illegal: it runs without them,
+    // and the last row adds the plan's scopes; plans without graphs keep six rows.
+    Case c = combined_1f1b_case(Recompute::kSelective);
+    c.plan.cuda_graphs = kGraphAttn | kGraphMoeRouter | kGraphMoePreprocess;
+    REQUIRE(validate(c.plan, c.model, c.hw).empty());
+    const auto rows = c.explain();
+    REQUIRE(rows.size() == 7);
+    CHECK(rows.front().plan.cuda_graphs == 0);
+    CHECK(rows.back().technique == "+ CUDA graphs");
+    CHECK(rows.back().in_plan);
+    CHECK(changed_keys(rows[5].plan, rows[6].plan) == std::set<std::string>{"cuda_graphs"});
+    CHECK(io::plan_to_json(rows.back().plan) == io::plan_to_json(c.plan));
+    for (const auto& r : rows) CHECK_MESSAGE(r.valid(), r.technique << ": " << r.reason);
+    c.plan.cuda_graphs = 0;
+    CHECK(c.explain().size() == 6);
+  }
+
   TEST_CASE("a technique the plan does not use repeats the previous explain row") {
     const Case c;
     const auto rows = c.explain();
