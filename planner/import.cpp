@@ -297,6 +297,10 @@ Result<Imported> import_megatron(const std::string& text, const ModelSpec& model
     if (auto e = check_model(flag, expected)) return *e;
   }
   for (const char* flag : kModelFlags) f.has(flag);
+  // MTP is a training choice: Megatron trains none without --mtp-num-layers, whatever the config says.
+  Result<int64_t> mtp = f.integer("mtp-num-layers", 0, 0);
+  if (!mtp) return mtp.error();
+  if (mtp.value() != model.mtp_layers) plan["mtp_layers"] = mtp.value();
 
   // Parallelism.
   Result<int64_t> tp = f.integer("tensor-model-parallel-size", 1),

@@ -188,6 +188,11 @@ struct Plan {
   // The CudaGraphScope bits the plan captures (0: no CUDA graphs).
   uint8_t cuda_graphs = 0;
 
+  // Multi-token prediction layers the run trains (Megatron --mtp-num-layers), where they differ from the
+  // model config's (num_nextn_predict_layers; Qwen3-Next ships MTP weights its config does not count): a
+  // training choice, applied to the model as the plan file is loaded (io::load_plan).
+  std::optional<int64_t> mtp_layers;
+
   struct Routing {
     std::string distribution = "uniform";  // "uniform", "zipf:<s>", or a router-trace file
     std::optional<double> capacity_factor;

@@ -74,9 +74,10 @@ void read_recompute(const JsonNode& r, Plan& p) {
 }
 
 Plan read_plan(const JsonNode& r) {
-  r.only_keys({"model", "hardware", "stack", "gpus", "seq_len", "global_batch", "micro_batch", "attention",
-               "experts", "pipeline", "data", "overlap", "compression", "precision", "fp8_recipe",
-               "recompute", "routing", "cross_entropy", "cuda_graphs"});
+  r.only_keys({"model",        "hardware",    "stack",         "gpus",        "seq_len",
+               "global_batch", "micro_batch", "attention",     "experts",     "pipeline",
+               "data",         "overlap",     "compression",   "precision",   "fp8_recipe",
+               "recompute",    "routing",     "cross_entropy", "cuda_graphs", "mtp_layers"});
   Plan p;
   p.model = r.string("model");
   p.hardware = r.string("hardware");
@@ -186,6 +187,7 @@ Plan read_plan(const JsonNode& r) {
     p.routing.fused_router = rt->boolean_or("fused_router", true);
     p.routing.pad_to_capacity = rt->boolean_or("pad_to_capacity", false);
   }
+  if (r.has("mtp_layers")) p.mtp_layers = r.integer("mtp_layers", 0, 64);
   // "cuda_graphs": the scopes Megatron captures per layer, ["attn", "moe_router", ...] or ["layer"].
   if (r.has("cuda_graphs")) {
     const std::vector<std::string> known = cuda_graph_scope_names(kAllCudaGraphScopes);
@@ -266,6 +268,7 @@ json plan_to_json(const Plan& p) {
       {"fused_router", p.routing.fused_router}};
   if (p.routing.pad_to_capacity) j["routing"]["pad_to_capacity"] = true;
   if (p.cuda_graphs != 0) j["cuda_graphs"] = cuda_graph_scope_names(p.cuda_graphs);
+  if (p.mtp_layers) j["mtp_layers"] = *p.mtp_layers;
   return j;
 }
 
@@ -277,6 +280,7 @@ Result<LoadedPlan> load_plan(const std::string& path) {
   const std::string base = std::filesystem::path(path).parent_path().string();
   Result<ModelSpec> model = load_model(plan.value().model, base);
   if (!model) return Error{fmt::format("{} (model named by {})", model.error().message, path)};
+  if (plan.value().mtp_layers) model.value().mtp_layers = *plan.value().mtp_layers;
   Result<HardwareProfile> hw = load_hardware(plan.value().hardware, base);
   if (!hw) return Error{fmt::format("{} (hardware named by {})", hw.error().message, path)};
   return LoadedPlan{std::move(plan).value(), std::move(model).value(), std::move(hw).value(), path};

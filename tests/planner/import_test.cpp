@@ -119,6 +119,17 @@ TEST_SUITE("import") {
       CHECK(r.value().plan.at("cuda_graphs") == want);
       CHECK(r.value().unread.empty());
     }
+    // MTP is a training choice: --mtp-num-layers on a config that counts none, or none on one that has one.
+    const auto mtp = planner::import_megatron(text + " --mtp-num-layers 1", model, {});
+    REQUIRE_MESSAGE(mtp, mtp.error().message);
+    CHECK(mtp.value().plan.at("mtp_layers") == 1);
+    CHECK_FALSE(planner::import_megatron(text, model, {}).value().plan.contains("mtp_layers"));
+    const auto v3 = planner::import_megatron(
+        "torchrun --nnodes 8 --nproc-per-node 8 pretrain_gpt.py --expert-model-parallel-size 64 --seq-length "
+        "4096 --moe-token-dispatcher-type alltoall",
+        io::load_model("deepseek-v3").value(), {});
+    REQUIRE_MESSAGE(v3, v3.error().message);
+    CHECK(v3.value().plan.at("mtp_layers") == 0);
     const auto local = planner::import_megatron(text + " --cuda-graph-impl local", model, {});
     REQUIRE_MESSAGE(local, local.error().message);
     CHECK_FALSE(local.value().plan.contains("cuda_graphs"));

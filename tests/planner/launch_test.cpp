@@ -992,6 +992,14 @@ TEST_SUITE("planner") {
     CHECK_FALSE(f.has("--cuda-graph-scope"));
   }
 
+  TEST_CASE("a plan's mtp_layers is Megatron's --mtp-num-layers, whatever the model config counts") {
+    Plan p = mixtral_ep8();
+    CHECK_FALSE(parse_flags(checked(p).flags).has("--mtp-num-layers"));
+    p.mtp_layers = 1;
+    const Flags f = parse_flags(checked(p).flags);
+    CHECK(f.num("--mtp-num-layers", 0) == 1);
+  }
+
   TEST_CASE("TE's userbuffers are Megatron's --tp-comm-overlap, beside sequence parallelism") {
     Plan p = make_plan("mixtral-8x7b", 8, 4096, 32);
     p.attention.tp = 2;

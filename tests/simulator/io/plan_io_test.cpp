@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <fstream>
 
+#include "simulator/io/model_loader.h"
 #include "simulator/io/plan_io.h"
 
 using namespace moeplan;
@@ -176,6 +177,36 @@ TEST_SUITE("io") {
                                   .error()
                                   .message;
     CHECK_MESSAGE(empty.find("at least one scope") != std::string::npos, empty);
+  }
+
+  TEST_CASE("mtp_layers is the plan's training choice, round-trips, and loading the plan applies it") {
+    auto p = parse(R"({"model": "m", "hardware": "h", "gpus": 8, "seq_len": 1, "global_batch": 1,
+                       "mtp_layers": 1})");
+    REQUIRE(p.ok());
+    REQUIRE(p.value().mtp_layers);
+    CHECK(*p.value().mtp_layers == 1);
+    CHECK(io::plan_to_json(p.value()).at("mtp_layers") == 1);
+    CHECK_FALSE(io::plan_to_json(parse(R"({"model": "m", "hardware": "h", "gpus": 8, "seq_len": 1,
+                                          "global_batch": 1})")
+                                     .value())
+                    .contains("mtp_layers"));
+    const std::string bad = parse(R"({"model": "m", "hardware": "h", "gpus": 8, "seq_len": 1,
+                                       "global_batch": 1, "mtp_layers": -1})")
+                                .error()
+                                .message;
+    CHECK_MESSAGE(bad.find("'mtp_layers'") != std::string::npos, bad);
+    // Qwen3-Next's config counts no MTP layer; a plan that trains one loads the model with it.
+    const std::string path = "/tmp/moeplan_plan_io_mtp_" + std::to_string(::getpid()) + ".json";
+    {
+      std::ofstream f(path);
+      f << R"({"model": "qwen3-next-80b-a3b", "hardware": "h100-sxm", "gpus": 8, "seq_len": 4096,
+               "global_batch": 8, "mtp_layers": 1})";
+    }
+    const auto loaded = io::load_plan(path);
+    REQUIRE_MESSAGE(loaded.ok(), (loaded.ok() ? "" : loaded.error().message));
+    CHECK(loaded.value().model.mtp_layers == 1);
+    CHECK(io::load_model("qwen3-next-80b-a3b").value().mtp_layers == 0);
+    std::remove(path.c_str());
   }
 
   TEST_CASE("a bad recompute module or a key of the other granularity is a one-line error") {

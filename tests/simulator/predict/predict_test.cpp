@@ -303,6 +303,25 @@ TEST_SUITE("predict") {
     }
   }
 
+  TEST_CASE("a plan's mtp_layers trains that many MTP layers whatever the model config counts") {
+    // Four Mixtral-8x7B layers: a plan with one MTP layer predicts as the model with one; zero on a model
+    // with one predicts as the model without.
+    const MegatronCase c;
+    ModelSpec with = c.model;
+    with.mtp_layers = 1;
+    Plan p = c.plan;
+    p.mtp_layers = 1;
+    const auto routing = workload::uniform_routing(c.model.moe.num_experts);
+    const Prediction by_plan = predict(c.model, p, c.hw, c.stack, routing);
+    const Prediction by_model = predict(with, c.plan, c.hw, c.stack, routing);
+    REQUIRE(by_plan.violations.empty());
+    CHECK(by_plan.step_time_s == doctest::Approx(by_model.step_time_s).epsilon(1e-12));
+    CHECK(by_plan.step_time_s > c.run().step_time_s);
+    p.mtp_layers = 0;
+    CHECK(predict(with, p, c.hw, c.stack, routing).step_time_s ==
+          doctest::Approx(c.run().step_time_s).epsilon(1e-12));
+  }
+
   TEST_CASE("a prediction says what priced its routed all-to-alls under skewed routing") {
     // Mixtral-8x7B on 32 H100s, ep 8, zipf routing: the busiest EP rank draws more than the mean, so the
     // plain exchanges carry a hot factor. The built-in profile has no hot-receiver table: the report says
