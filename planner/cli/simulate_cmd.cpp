@@ -5,6 +5,7 @@
 #include <optional>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "planner/cli/cli_common.h"
 #include "planner/report/html_report.h"
@@ -70,6 +71,13 @@ void print_text(const Prediction& p, const ReportContext& ctx) {
         "is {})\n",
         b.host_wait, name_of(ctx.stack.host_s_per_kernel.basis));
   fmt::print("  optimizer                  {:9.4f}\n", b.optimizer);
+  if (ctx.plan.cuda_graphs != 0) {
+    fmt::print(
+        "CUDA graphs per layer ({}): their kernels issued by one replay per layer, micro-batch and "
+        "direction, "
+        "each two host calls and a copy of the graph's inputs\n",
+        fmt::join(cuda_graph_scope_names(ctx.plan.cuda_graphs), ", "));
+  }
   if (p.routing.mean_rank_assignments > 0) {
     fmt::print("routing: busiest EP rank gets {:.3f}x the mean; {:.2f}% of assignments dropped\n",
                p.routing.imbalance(), 100 * p.routing.dropped_fraction);

@@ -148,6 +148,28 @@ TEST_SUITE("cli") {
     CHECK(shown >= 1);
   }
 
+  TEST_CASE("a plan's CUDA graphs are named under the breakdown, and the plan file keeps them") {
+    TempDir dir("moeplan_simulate_graphs");
+    json plan =
+        json::parse(slurp(fs::path(MOEPLAN_SOURCE_DIR) / "planner/examples/mixtral-8x22b-128xh100.json"));
+    plan["stack"] = "megatron-core";
+    plan["model"] = "mixtral-8x22b";
+    plan["hardware"] = "h100-sxm";
+    const Run eager_run = [&] {
+      std::ofstream(dir.file("eager.json")) << plan.dump();
+      return run_cli("simulate --no-assumptions " + dir.file("eager.json"));
+    }();
+    plan["cuda_graphs"] = {"attn", "moe_router"};
+    std::ofstream(dir.file("graphed.json")) << plan.dump();
+    const Run text = run_cli("simulate --no-assumptions " + dir.file("graphed.json"));
+    const Run js = run_cli("simulate --no-assumptions --json " + dir.file("graphed.json"));
+    REQUIRE_MESSAGE(text.exit_code == 0, text.err);
+    REQUIRE(eager_run.exit_code == 0);
+    CHECK(text.out.find("CUDA graphs per layer (attn, moe_router)") != std::string::npos);
+    CHECK(eager_run.out.find("CUDA graphs") == std::string::npos);
+    CHECK(json::parse(js.out).at("plan").at("cuda_graphs") == json::array({"attn", "moe_router"}));
+  }
+
   TEST_CASE("simulate gives the step over the unmeasured numbers, and --no-assumptions skips it") {
     const std::string plan = "planner/examples/mixtral-8x22b-128xh100.json";
     const Run text = run_cli("simulate " + plan);
