@@ -119,6 +119,18 @@ TEST_SUITE("import") {
       CHECK(r.value().plan.at("cuda_graphs") == want);
       CHECK(r.value().unread.empty());
     }
+    const auto local = planner::import_megatron(text + " --cuda-graph-impl local", model, {});
+    REQUIRE_MESSAGE(local, local.error().message);
+    CHECK_FALSE(local.value().plan.contains("cuda_graphs"));
+    CHECK(std::any_of(local.value().notes.begin(), local.value().notes.end(),
+                      [](const std::string& n) { return n.find("not modelled") != std::string::npos; }));
+  }
+
+  TEST_CASE("import reads --mtp-num-layers as the plan's mtp_layers where it differs from the config") {
+    const ModelSpec model = io::load_model("mixtral-8x7b").value();
+    const std::string text =
+        "torchrun --nnodes 1 --nproc-per-node 8 pretrain_gpt.py --expert-model-parallel-size 8 --seq-length "
+        "4096 --moe-token-dispatcher-type alltoall";
     // MTP is a training choice: --mtp-num-layers on a config that counts none, or none on one that has one.
     const auto mtp = planner::import_megatron(text + " --mtp-num-layers 1", model, {});
     REQUIRE_MESSAGE(mtp, mtp.error().message);
@@ -130,11 +142,6 @@ TEST_SUITE("import") {
         io::load_model("deepseek-v3").value(), {});
     REQUIRE_MESSAGE(v3, v3.error().message);
     CHECK(v3.value().plan.at("mtp_layers") == 0);
-    const auto local = planner::import_megatron(text + " --cuda-graph-impl local", model, {});
-    REQUIRE_MESSAGE(local, local.error().message);
-    CHECK_FALSE(local.value().plan.contains("cuda_graphs"));
-    CHECK(std::any_of(local.value().notes.begin(), local.value().notes.end(),
-                      [](const std::string& n) { return n.find("not modelled") != std::string::npos; }));
   }
 
   TEST_CASE("import reads Megatron's defaults and refuses a launch for another model") {
