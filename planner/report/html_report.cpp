@@ -448,9 +448,13 @@ std::string plan_html(const PlanSearchPage& page, const HtmlOptions& options) {
   header(out, title,
          fmt::format(
              "{} stack · sequence {} · global batch {} · {} plans enumerated, {} legal, {} fit, {} screened, "
-             "{} simulated in {:.2f} s",
+             "{} simulated in {:.2f} s{}",
              page.stack.name, page.job.seq_len, page.job.global_batch, r.enumerated, r.legal, r.fitting,
-             r.screened, r.simulated, r.elapsed_s));
+             r.screened, r.simulated, r.elapsed_s,
+             r.graph_tried > 0 ? fmt::format(" ({} held up by the host simulated again with CUDA graphs, {} "
+                                             "faster with them)",
+                                             r.graph_tried, r.graph_kept)
+                               : std::string()));
   if (r.plans.empty()) {
     emit(out, "<section><h2><span class=\"badge bad\">no plan fits</span></h2></section>\n");
   } else {

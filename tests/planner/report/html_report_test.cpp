@@ -232,6 +232,14 @@ TEST_SUITE("report.html") {
     const auto c = cards(html);
     REQUIRE(c.contains("tokens_per_s"));
     CHECK(c.at("tokens_per_s") == json(r.plans[0].prediction.tokens_per_s));
+    // moerun captures no CUDA graphs: the header says nothing of them; a search that tried them says so.
+    CHECK(html.find("held up by the host") == std::string::npos);
+    planner::SearchResult tried = r;
+    tried.graph_tried = 3;
+    tried.graph_kept = 2;
+    const std::string with = report::plan_html({tried, job, model, hw, stack, &r.plans[0].prediction});
+    CHECK(with.find("(3 held up by the host simulated again with CUDA graphs, 2 faster with them)") !=
+          std::string::npos);
   }
 }
 
