@@ -836,11 +836,8 @@ std::string slurm_script(const Plan& plan, const ModelSpec& model, const Hardwar
 }
 
 MegatronArgs megatron_args(const Plan& plan, const ModelSpec& model, const HardwareProfile& /*hw*/) {
-  if (plan.mtp_layers && *plan.mtp_layers != model.mtp_layers) {
-    ModelSpec trained = model;  // the MTP layers the plan trains
-    trained.mtp_layers = *plan.mtp_layers;
-    return MegatronBuilder(plan, trained).build();
-  }
+  if (const std::optional<ModelSpec> trained = trained_model(model, plan))
+    return MegatronBuilder(plan, *trained).build();
   return MegatronBuilder(plan, model).build();
 }
 

@@ -155,10 +155,9 @@ std::string describe(const Plan& p) {
 std::optional<Plan> graphed_variant(const Plan& plan, const ModelSpec& model, const HardwareProfile& hw,
                                     const StackProfile& stack) {
   if (plan.cuda_graphs != 0 || stack.capabilities.cuda_graph_scopes.empty()) return std::nullopt;
-  const bool dense_ffn = std::any_of(model.layers.begin(), model.layers.end(),
-                                     [](const LayerSpec& l) { return l.ffn && !l.moe; });
-  const uint8_t common = static_cast<uint8_t>(
-      kGraphAttn | (model.has_mixer(MixerKind::kMamba2) ? kGraphMamba : 0) | (dense_ffn ? kGraphMlp : 0));
+  const RuleChecker::Facts facts = rule_facts(model);
+  const uint8_t common =
+      static_cast<uint8_t>(kGraphAttn | (facts.mamba ? kGraphMamba : 0) | (facts.dense_ffn ? kGraphMlp : 0));
   const uint8_t moe = model.is_moe() ? static_cast<uint8_t>(kGraphMoeRouter | kGraphMoePreprocess) : 0;
   for (const uint8_t extra : {moe, static_cast<uint8_t>(moe & kGraphMoeRouter), uint8_t{0}}) {
     Plan graphed = plan;

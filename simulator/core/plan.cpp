@@ -73,14 +73,21 @@ std::vector<int64_t> uneven_split(int64_t layers, int64_t chunks) {
   return out;
 }
 
-namespace {
-
-RuleChecker::Facts facts_of(const ModelSpec& m) {
+RuleChecker::Facts rule_facts(const ModelSpec& m) {
   const bool dense_ffn =
       std::any_of(m.layers.begin(), m.layers.end(), [](const LayerSpec& l) { return l.ffn && !l.moe; });
   return {m.has_mixer(MixerKind::kLinearAttention), m.has_mixer(MixerKind::kMamba2), m.encoder_decoder(),
           dense_ffn};
 }
+
+std::optional<ModelSpec> trained_model(const ModelSpec& model, const Plan& plan) {
+  if (!plan.mtp_layers || *plan.mtp_layers == model.mtp_layers) return std::nullopt;
+  ModelSpec trained = model;
+  trained.mtp_layers = *plan.mtp_layers;
+  return trained;
+}
+
+namespace {
 
 // Per-layer CUDA graphs, as Megatron-Core allows them (TransformerConfig.__post_init__ at core_v0.16.0,
 // transformer_config.py:1715-1820, and TransformerLayer's capture).
@@ -384,7 +391,7 @@ void check_rules(Rules& r, const Plan& p, const ModelSpec& m, const HardwareProf
 
 std::vector<Violation> validate(const Plan& p, const ModelSpec& m, const HardwareProfile& hw, bool reasons) {
   Rules r(reasons ? Rules::Keep::kReasons : Rules::Keep::kNames);
-  check_rules(r, p, m, hw, facts_of(m));
+  check_rules(r, p, m, hw, rule_facts(m));
   return r.out;
 }
 
@@ -393,7 +400,7 @@ const char* first_broken_rule(const Plan& p, const ModelSpec& m, const HardwareP
 }
 
 RuleChecker::RuleChecker(const ModelSpec& model, const HardwareProfile& hw)
-    : model_(model), hw_(hw), facts_(facts_of(model)) {}
+    : model_(model), hw_(hw), facts_(rule_facts(model)) {}
 
 const char* RuleChecker::first_broken_rule(const Plan& p) const {
   Rules r(Rules::Keep::kFirst);

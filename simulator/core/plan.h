@@ -248,6 +248,13 @@ class RuleChecker {
   Facts facts_;
 };
 
+// What the rules read of a model (RuleChecker's facts), found in one pass over its layers.
+RuleChecker::Facts rule_facts(const ModelSpec& model);
+
+// The model as the plan trains it: with the plan's mtp_layers where it names a count other than the model
+// config's; nullopt where the model stands as it is.
+std::optional<ModelSpec> trained_model(const ModelSpec& model, const Plan& plan);
+
 // Every plan feature the stack cannot run (its capabilities): dispatch, recompute granularity and modules,
 // schedule, precision and FP8 recipe, gradient synchronisation, dispatch precision, MLA's down-projection
 // layout and where FP8 pads the experts' rows, where the plan names them. Overlaps are not here.

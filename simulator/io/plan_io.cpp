@@ -280,7 +280,8 @@ Result<LoadedPlan> load_plan(const std::string& path) {
   const std::string base = std::filesystem::path(path).parent_path().string();
   Result<ModelSpec> model = load_model(plan.value().model, base);
   if (!model) return Error{fmt::format("{} (model named by {})", model.error().message, path)};
-  if (plan.value().mtp_layers) model.value().mtp_layers = *plan.value().mtp_layers;
+  if (std::optional<ModelSpec> trained = trained_model(model.value(), plan.value()))
+    model.value() = std::move(*trained);
   Result<HardwareProfile> hw = load_hardware(plan.value().hardware, base);
   if (!hw) return Error{fmt::format("{} (hardware named by {})", hw.error().message, path)};
   return LoadedPlan{std::move(plan).value(), std::move(model).value(), std::move(hw).value(), path};

@@ -449,11 +449,8 @@ Prediction predict(const ModelSpec& model, const Plan& plan, const HardwareProfi
                    const StackProfile& stack, const workload::RoutingDistribution& routing,
                    const PredictOptions& options) {
   // The MTP layers the plan trains, where it names them (io::load_plan applies them too).
-  if (plan.mtp_layers && *plan.mtp_layers != model.mtp_layers) {
-    ModelSpec trained = model;
-    trained.mtp_layers = *plan.mtp_layers;
-    return predict(trained, plan, hw, stack, routing, options);
-  }
+  if (const std::optional<ModelSpec> trained = trained_model(model, plan))
+    return predict(*trained, plan, hw, stack, routing, options);
   Prediction r;
   r.violations = validate(plan, model, hw);
   for (Violation& v : validate_for_stack(plan, stack)) r.violations.push_back(std::move(v));
