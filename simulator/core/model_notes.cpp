@@ -18,10 +18,13 @@ std::vector<std::string> model_notes(const ModelSpec& m) {
   if (m.has_mixer(MixerKind::kLinearAttention)) {
     const auto& g = m.linear_attention;
     line(
-        "Gated DeltaNet layers: in/out projections priced as GEMMs (measured tables); the chunked delta-rule "
-        "scan priced as memory-bound over its q/k/v/gate inputs, output and per-chunk ",
+        "Gated DeltaNet layers: in/out projections priced as GEMMs (measured tables); on the Megatron-Core "
+        "stacks the chunked delta-rule scan as FLA's kernels run it, their bytes (derived from FLA's source) "
+        "or their chain over the chunks (recurrent_scan.chunk_us, derived from FLA's H100 times), whichever "
+        "is longer, with Megatron's layout copies, l2norm and gate kernels around it; on other stacks "
+        "memory-bound over its q/k/v/gate inputs, output and per-chunk ",
         g.value_heads, "x", g.key_head_dim, "x", g.value_head_dim,
-        " fp32 states (assumed: no calibrated kernel), its FLOPs (chunk ", g.chunk,
+        " fp32 states (assumed: no calibrated kernel); its FLOPs (chunk ", g.chunk,
         ", derived) counted for MFU; context parallelism is refused for these layers");
   }
   if (m.has_mixer(MixerKind::kMamba2)) {

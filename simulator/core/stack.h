@@ -173,6 +173,10 @@ struct StackProfile {
   // GEMM's chunk runs TE's own kernel on 16 SMs, priced as the profile's NCCL reduce-scatter of the chunk's
   // bytes divided by this. 1 where a stack does not state it.
   Stated<double> userbuffers_rs_speed{1.0, kNotStated};
+  // FLA's chunked gated delta rule (Gated DeltaNet under Megatron-Core): the time one chain of its recurrence
+  // takes per chunk, for the scan ops whose walked shape states chunks, chains and passes (lower.cpp). Not
+  // stated (0): the scan is priced by its bytes alone.
+  Stated<double> recurrent_scan_chunk_s{0.0, kNotStated};
 
   struct Overlaps {
     Stated<bool> inter_op, intra_op, dp_comm, pp_comm, cross_micro_batch;

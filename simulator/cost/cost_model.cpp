@@ -793,7 +793,20 @@ OpCost CostModel::cost(const Op& op) const {
     case OpKind::kMemoryBound:
     case OpKind::kOptimizer: {
       const Stated<double>& eff = stack_.memory_bound_efficiency_of(op.mem, op.phase);
-      r.seconds = op.hbm_bytes / (hw_.gpu.hbm_bw_achieved_bytes_per_s.value * eff.value) + floor + launch;
+      const double bytes_s = op.hbm_bytes / (hw_.gpu.hbm_bw_achieved_bytes_per_s.value * eff.value);
+      r.seconds = bytes_s + floor + launch;
+      // A recurrent scan whose lowering states its chains (FLA's chunked delta rule): each chain walks the
+      // chunks one after another, so the scan takes at least its chunks times the stack's time per chunk, per
+      // kernel that walks them and per wave of chains over the SMs; its bytes stream meanwhile.
+      if (static_cast<OpName>(op.name) == OpName::kMixerScan && op.gemm.m > 0 && op.gemm.k > 0 &&
+          stack_.recurrent_scan_chunk_s.source != kNotStated) {
+        const double waves = std::ceil(d(std::max<int64_t>(1, op.gemm.n)) / d(hw_.gpu.sm_count.value));
+        const double chain = d(op.gemm.k) * d(op.gemm.m) * waves * stack_.recurrent_scan_chunk_s.value;
+        if (chain > bytes_s) {
+          r.seconds = chain + floor + launch;
+          r.basis = weaker(r.basis, stack_.recurrent_scan_chunk_s.basis);
+        }
+      }
       // HybridEP's dispatch set-up (routing-map all-gather, preprocessing, the wait for counts) as its
       // benchmark measures it beyond the dispatch kernel, per node count of the exchange.
       if (static_cast<OpName>(op.name) == OpName::kDispatchPreprocess &&

@@ -164,6 +164,7 @@ Result<StackProfile> stack_from_json(const json& j, const std::string& label) {
                     "overlap_compute_efficiency",
                     "fused_gemm_efficiency",
                     "userbuffers_rs_speed",
+                    "recurrent_scan",
                     "overlaps",
                     "capabilities",
                     "memory"});
@@ -273,6 +274,10 @@ Result<StackProfile> stack_from_json(const json& j, const std::string& label) {
       s.fused_gemm_efficiency = stated_fraction(root, "fused_gemm_efficiency", Interval::kEfficiency);
     if (root.has("userbuffers_rs_speed"))
       s.userbuffers_rs_speed = stated_number(root, "userbuffers_rs_speed", 0.1, 10.0);
+    if (auto rs = root.optional_object("recurrent_scan")) {
+      rs->only_keys({"chunk_us"});
+      s.recurrent_scan_chunk_s = stated_number(*rs, "chunk_us", 0.01, 1e3, kMicro);
+    }
 
     const JsonNode o = root.object("overlaps");
     o.only_keys({"inter_op", "intra_op", "dp_comm", "pp_comm", "cross_micro_batch", "tp_comm",
@@ -405,6 +410,8 @@ nlohmann::ordered_json stack_to_json(const StackProfile& s) {
     j["fused_gemm_efficiency"] = num(s.fused_gemm_efficiency, 1.0);
   if (s.userbuffers_rs_speed.source != kNotStated)
     j["userbuffers_rs_speed"] = num(s.userbuffers_rs_speed, 1.0);
+  if (s.recurrent_scan_chunk_s.source != kNotStated)
+    j["recurrent_scan"] = oj{{"chunk_us", num(s.recurrent_scan_chunk_s, kMicro)}};
   j["overlaps"] = oj{{"inter_op", flag(s.overlaps.inter_op)},
                      {"intra_op", flag(s.overlaps.intra_op)},
                      {"dp_comm", flag(s.overlaps.dp_comm)},

@@ -104,6 +104,14 @@ struct Ranged {
   }
 };
 
+// The stack with the numbers that price nothing of `model` left unstated: the recurrent scan's chain time
+// where the model has no Gated DeltaNet layer.
+StackProfile priced_for(const StackProfile& stack, const ModelSpec& model) {
+  StackProfile own = stack;
+  if (!model.has_mixer(MixerKind::kLinearAttention)) own.recurrent_scan_chunk_s = {0.0, kNotStated};
+  return own;
+}
+
 }  // namespace
 
 AssumptionRange assumption_range(const ModelSpec& model, const Plan& plan, const HardwareProfile& hw,
@@ -112,8 +120,8 @@ AssumptionRange assumption_range(const ModelSpec& model, const Plan& plan, const
   AssumptionRange out;
   out.step_time_s = out.fastest_s = out.slowest_s = step_time_s;
   // A number that prices nothing the plan runs is left out: the userbuffers' reduce-scatter speed of a plan
-  // without them, the FP8 sustained rate of a BF16 plan.
-  StackProfile own = stack;
+  // without them, the FP8 sustained rate of a BF16 plan, the scan's chain time of a model without its layers.
+  StackProfile own = priced_for(stack, model);
   if (!plan.overlap.tp_comm) own.userbuffers_rs_speed = {1.0, kNotStated};
   const Ranged ranged(own, hw, plan.precision == Precision::kFp8);
   for (size_t j = 0; j < ranged.numbers.size(); ++j) {
@@ -184,7 +192,8 @@ AssumptionRanking ranking_over_assumptions(const ModelSpec& model, const std::ve
   for (size_t p = 1; p < plans.size(); ++p) {
     (steps[p] < steps[0] ? out.faster_as_given : counted).push_back(p);
   }
-  const Ranged ranged(stack, hw, std::any_of(plans.begin(), plans.end(), [](const Plan& p) {
+  const StackProfile own = priced_for(stack, model);
+  const Ranged ranged(own, hw, std::any_of(plans.begin(), plans.end(), [](const Plan& p) {
                         return p.precision == Precision::kFp8;
                       }));
   const auto& ends = ranged.ends;

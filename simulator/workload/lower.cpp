@@ -72,6 +72,35 @@ int fp8_quantize_kernels(Fp8Recipe r) {
 // The Megatron combined-1F1B sub-layer nodes (model_chunk_schedule_plan.py): what runs before the dispatch
 // on the compute stream, the dispatch exchange, the experts, and the combine exchange.
 enum class Node : uint8_t { kPreDispatch, kDispatch, kMlp, kCombine };
+// FLA's chunked gated delta rule (fla/ops/gated_delta_rule/chunk.py), the scan Megatron-Core's Gated DeltaNet
+// calls: HBM bytes per token and value head, from the tensors each of its Triton kernels reads and writes
+// (bf16 q, k, v, w, u, v_new and outputs; fp32 g, A before solve_tril, bf16 after it; the chunk states h
+// [chunks, heads, dk, dv] in bf16 as k.new_empty allocates them), dk, dv head dims, c the chunk. q and k
+// arrive repeated to the value heads (gated_delta_net.py repeat_interleave). Forward, six kernels:
+// chunk_local_cumsum (g: 4 + 4), chunk_scaled_dot_kkt (k, beta, g -> A: 2dk + 6 + 4c), solve_tril (A -> bf16:
+// 4c + 2c), recompute_w_u (k, v, beta, g, A -> w, u: 4dk + 4dv + 2c + 6), chunk_gated_delta_rule_fwd_h (k, w,
+// u, g -> v_new, h: 4dk + 4dv + 4 + 2 dk dv / c), chunk_fwd_o (q, k, v_new, h, g -> o: 4dk + 4dv + 2 dk dv /
+// c + 4).
+double fla_scan_forward_bytes(double dk, double dv, double c) {
+  return 14.0 * dk + 12.0 * dv + 12.0 * c + 4.0 * dk * dv / c + 30.0;
+}
+constexpr int kFlaScanForwardKernels = 6;
+// Backward, nine kernels (chunk_gated_delta_rule_bwd): recompute_w_u and fwd_h again (as above),
+// chunk_bwd_dv_local (q, k, do, g -> dv: 4dk + 4dv + 4), chunk_gated_delta_rule_bwd_dhu (q, k, w, do, dv, g
+// -> dh, dv2: 6dk + 6dv
+// + 2 dk dv / c + 4), chunk_bwd_dqkwg (q, k, w, v_new, h, dh, dv, do, g -> dq, dk, dw, dg: 12dk + 6dv + 4 dk
+// dv / c + 8), prepare_wy_repr_bwd (k, v, beta, g, A, dw, du -> dk2, dv, db, dg2: 6dk + 6dv + 2c + 12),
+// dk.add_(dk2) (6dk), dg.add_(dg2) (12) and the reverse chunk_local_cumsum of dg (8).
+double fla_scan_backward_bytes(double dk, double dv, double c) {
+  return 42.0 * dk + 30.0 * dv + 4.0 * c + 8.0 * dk * dv / c + 60.0;
+}
+constexpr int kFlaScanBackwardKernels = 9;
+// The scan's kernels that walk the chunks one after another (fwd_h forward; fwd_h again and bwd_dhu
+// backward).
+constexpr int kFlaScanForwardChains = 1;
+constexpr int kFlaScanBackwardChains = 2;
+constexpr int64_t kFlaValueBlock = 64;  // BV of the chain kernels (their autotuned 32 or 64; 64 on Hopper)
+
 constexpr int kNodes = 4;
 
 // One op of a layer's forward pass with the local indices of its inputs, replayed for backward and recompute.
@@ -1059,17 +1088,70 @@ int Builder::recurrent_mixer_fwd(int in, MixerKind kind) {
   x = tp_gather(x, OpName::kAttnAg, ub);
   const int64_t tg = t_ * tp_;
   int y = record(column_linear(linear_after_norm(gemm(OpName::kMixerInProj, tg, in_w, h)), ub), {x});
+  // Megatron-Core's Gated DeltaNet as gated_delta_net.py runs it (forward, lines 301-400 at bbc762d5): eager
+  // PyTorch around FLA's kernels. Its layout copies, l2norm and gate math are kernels of their own.
+  const bool fla = gdn && o_.eager_framework;
+  if (fla) {
+    // qkv.transpose(1, 2).contiguous(): the conv channels to [b, d, s] for causal_conv1d.
+    y = record(mem(OpName::kMixerLayout, MemOp::kActivation, 2.0 * d(tg * conv_w) * dt), {y}, true);
+  }
   y = record(mem(OpName::kMixerConv, MemOp::kActivation, 2.0 * d(tg * conv_w) * dt), {y}, true);
   if (sp_ > 1)
     y = record(coll(OpName::kMixerA2a, Collective::kAllToAll, CommGroup::kSp, d(tg * in_w) * dt), {y}, true);
   // After the all-to-all: the whole sequence (ta = tg * sp tokens) for heads_r / sp heads.
   const double ta = d(tg * sp_);
-  const double states =
-      2.0 * d(p_.micro_batch) * std::ceil(d(p_.seq_len) / d(chunk)) * d(heads_r) * d(dk * dv) * 4.0 / d(sp_);
-  Op scan =
-      mem(OpName::kMixerScan, MemOp::kActivation, ta * d(conv_w + gates_w + out_w) / d(sp_) * dt + states);
-  scan.flops = ta * d(heads_r) / d(sp_) * chunked_scan_flops(dk, dv, chunk);
+  const double heads_a = d(heads_r) / d(sp_);
+  if (fla) {
+    // The conv output back to [b, s, d] and split: q, k (their .contiguous() before l2norm) and v copied,
+    // the gate, beta and alpha slices of the in-projection copied (.contiguous()), q and k repeated to the
+    // value heads (repeat_interleave: read once, written value_heads / key_heads times) where there are more
+    // value heads; with more than one sequence per micro-batch, the norm's output transposed back as well.
+    const double qk = d(g.key_heads * g.key_head_dim / tp_) / d(sp_);
+    const double r = d(g.value_heads / std::max<int64_t>(1, g.key_heads));
+    const bool repeat = g.value_heads > g.key_heads;
+    const bool batched = p_.micro_batch > 1;
+    const double per_token = 2.0 * d(conv_w + out_w + gates_w) / d(sp_) +
+                             (repeat ? 2.0 * (1.0 + r) * qk : 0.0) +
+                             (batched ? 2.0 * d(out_w) / d(sp_) : 0.0);
+    y = record(mem(OpName::kMixerLayout, MemOp::kActivation, ta * per_token * dt, Stream::kCompute,
+                   4 + 2 + (repeat ? 2 : 0) + (batched ? 1 : 0)),
+               {y}, true);
+    // FLA's l2norm of q and k (fla/modules/l2norm.py): reads x, writes y, one kernel each; backward reads
+    // x, y's rstd and dy and writes dx.
+    const int n =
+        record(mem(OpName::kMixerQkNorm, MemOp::kNorm, 4.0 * ta * qk * dt, Stream::kCompute, 2), {y}, true);
+    backward_as(n, 6.0 * ta * qk * dt, 2);
+    // g = -A_log.exp() * softplus(alpha.float() + dt_bias) in fp32 and beta.sigmoid(), per token and value
+    // head: exp and neg of A_log, the cast, the add, softplus, the product and the sigmoid, seven kernels
+    // (2 + 4, 4 + 4, 4 + 4, 4 + 4, 2 + 2 bytes). Their autograd adds the reductions of A_log's and dt_bias's
+    // gradients over the tokens: nine kernels.
+    const int gt = record(
+        mem(OpName::kMixerGates, MemOp::kActivation, 34.0 * ta * heads_a, Stream::kCompute, 7), {n}, true);
+    backward_as(gt, 50.0 * ta * heads_a, 9);
+    y = gt;
+  }
+  const double chunks = std::ceil(d(p_.seq_len) / d(chunk));
+  Op scan;
+  if (fla) {
+    // FLA's chunked gated delta rule: its bytes per token and value head (fla_scan_forward_bytes); its
+    // recurrence over the chunks is one chain per (sequence, head, 64-wide value block) that the cost model
+    // times with the stack's recurrent_scan.chunk_us: the walked shape holds the chunks (m), the chains
+    // (n) and the kernels that walk them one chunk after another (k).
+    scan = mem(OpName::kMixerScan, MemOp::kActivation,
+               ta * heads_a * fla_scan_forward_bytes(d(dk), d(dv), d(chunk)), Stream::kCompute,
+               kFlaScanForwardKernels);
+    scan.gemm = {static_cast<int64_t>(chunks),
+                 p_.micro_batch * (heads_r / sp_) * ((dv + kFlaValueBlock - 1) / kFlaValueBlock),
+                 kFlaScanForwardChains, 1};
+  } else {
+    const double states = 2.0 * d(p_.micro_batch) * chunks * d(heads_r) * d(dk * dv) * 4.0 / d(sp_);
+    scan =
+        mem(OpName::kMixerScan, MemOp::kActivation, ta * d(conv_w + gates_w + out_w) / d(sp_) * dt + states);
+  }
+  scan.flops = ta * heads_a * chunked_scan_flops(dk, dv, chunk);
   y = record(scan, {y}, true);
+  if (fla)
+    backward_as(y, ta * heads_a * fla_scan_backward_bytes(d(dk), d(dv), d(chunk)), kFlaScanBackwardKernels);
   y = record(mem(OpName::kMixerNorm, MemOp::kNorm, 3.0 * ta * d(out_w) / d(sp_) * dt), {y}, true);
   if (sp_ > 1) {
     y = record(coll(OpName::kMixerOutA2a, Collective::kAllToAll, CommGroup::kSp, d(tg * out_w) * dt), {y},
@@ -1992,6 +2074,9 @@ void Builder::backward_node(LayerPass& pass, Node node) {
           op.hbm_bytes = lo.backward_bytes;
           op.kernels = lo.backward_kernels;
         }
+        // FLA's scan walks its chunks twice backward (fwd_h recomputed, then bwd_dhu).
+        if (static_cast<OpName>(op.name) == OpName::kMixerScan && op.gemm.k > 0)
+          op.gemm.k = kFlaScanBackwardChains;
         break;
     }
     pass.grad[ri] = emit_with(op);

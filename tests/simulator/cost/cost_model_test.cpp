@@ -633,6 +633,52 @@ TEST_SUITE("cost") {
     CHECK(std::abs(ms(MemOp::kGlu, Phase::kBackward, 10 * act, 1) / (4.22 - 0.18) - 1) < 0.05);
   }
 
+  TEST_CASE("FLA's chunked delta rule as lowered matches its H100 forward times within 8 percent") {
+    // FI3866 (the Megatron stacks' sources): FLA's chunk_gated_delta_rule forward on an H100, 8 value heads
+    // of 128, one sequence of 2,048 to 65,536 tokens: 0.086, 0.144, 0.259, 0.508, 0.997, 1.954 ms. The op as
+    // the lowering states it (lower_test.cpp): 5,150 bytes per token and value head in six kernels, the
+    // chunks of 64, 16 chains (8 heads x 2 value blocks), walked once.
+    const HardwareProfile hw = io::load_hardware("h100-sxm").value();
+    const cost::CostModel cm(hw, io::load_stack("megatron-core").value());
+    auto scan = [](double tokens, Phase phase) {
+      Op op;
+      op.kind = OpKind::kMemoryBound;
+      op.mem = MemOp::kActivation;
+      op.name = static_cast<uint16_t>(OpName::kMixerScan);
+      op.phase = phase;
+      op.kernels = 6;
+      op.hbm_bytes = tokens * 8 * 5150.0;
+      op.gemm = {static_cast<int64_t>(tokens / 64), 16, 1, 1};
+      return op;
+    };
+    const double tokens[] = {2048, 4096, 8192, 16384, 32768, 65536};
+    const double measured_ms[] = {0.086, 0.144, 0.259, 0.508, 0.997, 1.954};
+    for (size_t i = 0; i < 6; ++i) {
+      CAPTURE(tokens[i]);
+      CHECK(std::abs(cm.cost(scan(tokens[i], Phase::kForward)).seconds * 1e3 / measured_ms[i] - 1) < 0.08);
+    }
+    // Its bytes alone would be 30 % short at 65,536 tokens: the chain over the chunks is what takes the time.
+    const double bytes_ms =
+        scan(65536, Phase::kForward).hbm_bytes / (hw.gpu.hbm_bw_achieved_bytes_per_s.value * 0.64) * 1e3;
+    CHECK(bytes_ms < 0.75 * 1.954);
+    // Two walks backward take twice the chain; chains beyond the SMs run in waves.
+    Op twice = scan(65536, Phase::kBackward);
+    twice.gemm.k = 2;
+    const double fixed = 6 * (4.0 + 1.3) * 1e-6;
+    CHECK(cm.cost(twice).seconds - fixed ==
+          doctest::Approx(2 * (cm.cost(scan(65536, Phase::kForward)).seconds - fixed)));
+    Op wide = scan(65536, Phase::kForward);
+    wide.gemm.n = 133;
+    wide.hbm_bytes = 1;
+    CHECK(cm.cost(wide).seconds - fixed == doctest::Approx(2 * 1024 * 1.88e-6));
+    // A stack that states no chain time prices the scan by its bytes.
+    const cost::CostModel plain(hw, io::load_stack("moerun").value());
+    Op bytes_only = scan(65536, Phase::kForward);
+    bytes_only.gemm = {};
+    CHECK(plain.cost(scan(65536, Phase::kForward)).seconds ==
+          doctest::Approx(plain.cost(bytes_only).seconds));
+  }
+
   TEST_CASE("FP8 quantisation kernels add their bytes and a fixed time each, and host launches") {
     // Megatron-Core on H100: 4 us per kernel, 1.3 us launch gap, 25 us host per kernel, 10 us host per local
     // expert launch, memory-bound work at 0.64 of achieved HBM. A current-scaling GEMM quantises its input in

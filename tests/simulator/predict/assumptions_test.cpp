@@ -141,6 +141,27 @@ TEST_SUITE("predict") {
     CHECK(r.effects[0].unit == 1e-6);
   }
 
+  TEST_CASE("the recurrent scan's chain time is varied only where the model has Gated DeltaNet layers") {
+    const Job job;
+    for (const AssumptionEffect& e : job.range(job.stack).effects) CHECK(e.path != "recurrent_scan.chunk_us");
+    ModelSpec qn = io::load_model("qwen3-next-80b-a3b").value();
+    qn.layers.resize(4);
+    Plan p;
+    p.gpus = 8;
+    p.seq_len = 4096;
+    p.global_batch = 8;
+    p.experts.ep = 8;
+    const auto routing = workload::uniform_routing(qn.moe.num_experts);
+    const Prediction base = predict(qn, p, job.hw, job.stack, routing);
+    REQUIRE(base.violations.empty());
+    const AssumptionRange r = assumption_range(qn, p, job.hw, job.stack, routing, base.step_time_s, 1);
+    const AssumptionEffect& e = effect(r, "recurrent_scan.chunk_us");
+    CHECK(e.low == doctest::Approx(1.25e-6));
+    CHECK(e.high == doctest::Approx(2.8e-6));
+    CHECK(e.step_at_low <= base.step_time_s);
+    CHECK(e.step_at_high >= base.step_time_s);
+  }
+
   TEST_CASE("threads change nothing") {
     const Job job;
     const AssumptionRange a = job.range(job.stack, 1), b = job.range(job.stack, 3);

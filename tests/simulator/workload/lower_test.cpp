@@ -2222,6 +2222,51 @@ TEST_SUITE("workload") {
   }
 
   TEST_CASE(
+      "Megatron-Core's Gated DeltaNet lowers its layout copies, l2norm and gate kernels around FLA's scan") {
+    // Qwen3-Next layer 0 at tp 2 on megatron-core: 4096 tokens, per rank 8 key and 16 value heads of 128,
+    // conv channels 4096, value width 2048, beta and alpha 32 (gated_delta_net.py at bbc762d5).
+    ModelSpec qn = io::load_model("qwen3-next-80b-a3b").value();
+    qn.layers = {qn.layers[0]};
+    Plan p = node_plan(8);
+    p.attention.tp = 2;
+    p.experts.ep = 4;
+    const OpGraph g = lower(qn, p, stack_options("megatron-core"));
+    const double t = 4096, dt = 2;
+    // The copy of the conv channels to [b, d, s] before the conv, then q, k, v, the gate, beta and alpha
+    // copied and q and k (1024 wide each) repeated to the 16 value heads (read once, written twice).
+    const auto layout = ops_named(g, OpName::kMixerLayout);
+    REQUIRE(layout.size() == 2);
+    CHECK(layout[0]->hbm_bytes == doctest::Approx(2 * t * 4096 * dt));
+    CHECK(layout[0]->kernels == 1);
+    CHECK(layout[1]->hbm_bytes == doctest::Approx(t * (2.0 * (4096 + 2048 + 32) + 2 * (1 + 2) * 1024) * dt));
+    CHECK(layout[1]->kernels == 8);
+    // FLA's l2norm of q and k: read and written forward, three tensors read and one written backward.
+    CHECK(the_op(g, OpName::kMixerQkNorm).hbm_bytes == doctest::Approx(4 * t * 1024 * dt));
+    CHECK(the_op(g, OpName::kMixerQkNorm, 0, Phase::kBackward).hbm_bytes ==
+          doctest::Approx(6 * t * 1024 * dt));
+    CHECK(the_op(g, OpName::kMixerGates).kernels == 7);
+    CHECK(the_op(g, OpName::kMixerGates, 0, Phase::kBackward).kernels == 9);
+    // The scan: per token and value head 14 dk + 12 dv + 12 c + 4 dk dv / c + 30 bytes forward in six
+    // kernels, 42 dk + 30 dv + 4 c + 8 dk dv / c + 60 backward in nine; 64 chunks walked by 16 heads x 2
+    // value blocks of chains, once forward and twice backward.
+    const Op& fwd = the_op(g, OpName::kMixerScan);
+    CHECK(fwd.hbm_bytes == doctest::Approx(t * 16 * (14 * 128 + 12 * 128 + 12 * 64 + 4 * 256 + 30)));
+    CHECK(fwd.kernels == 6);
+    CHECK(fwd.gemm.m == 64);
+    CHECK(fwd.gemm.n == 32);
+    CHECK(fwd.gemm.k == 1);
+    const Op& bwd = the_op(g, OpName::kMixerScan, 0, Phase::kBackward);
+    CHECK(bwd.hbm_bytes == doctest::Approx(t * 16 * (42 * 128 + 30 * 128 + 4 * 64 + 8 * 256 + 60)));
+    CHECK(bwd.kernels == 9);
+    CHECK(bwd.gemm.k == 2);
+    // moerun runs none of Megatron's eager kernels: its scan keeps the plain byte count and no chains.
+    const OpGraph m = lower(qn, p, stack_options("moerun"));
+    CHECK(ops_named(m, OpName::kMixerLayout).empty());
+    CHECK(ops_named(m, OpName::kMixerQkNorm).empty());
+    CHECK(the_op(m, OpName::kMixerScan).gemm.k == 0);
+  }
+
+  TEST_CASE(
       "recurrent mixers lower to GEMM projections around a memory-bound scan, and FFN-only blocks to the "
       "FFN") {
     // Qwen3-Next layers 0 (Gated DeltaNet) and 3 (gated attention), tp 2, t = 4096 tokens per micro-batch.
