@@ -963,6 +963,16 @@ int Builder::attention_fwd(int in, bool position_bias) {
     att = record(core, ready);
     module_ = 0;
   }
+  // Qwen3-Next's output gate, x * sigmoid(gate) on the core's output (attention.py
+  // _torch_compiled_output_gate at bbc762d5, one compiled kernel): reads the output and the gate, writes the
+  // product; its backward reads both and the incoming gradient and writes both gradients.
+  if (a.output_gate) {
+    const double elements = d(ta) * d(heads_a) * d(v);
+    att = record(
+        walks(mem(OpName::kAttnOutputGate, MemOp::kActivation, 3.0 * elements * dt), d(ta), heads_a * v),
+        {att});
+    backward_as(att, 5.0 * elements * dt, 1);
+  }
 
   int out;
   if (sp_ > 1) {

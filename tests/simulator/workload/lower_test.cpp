@@ -2293,8 +2293,14 @@ TEST_SUITE("workload") {
     CHECK(ops_named(g, OpName::kAttnCore).empty());
     CHECK(ops_named(g, OpName::kAttnCore, 1).size() == 1);
     CHECK(ops_named(g, OpName::kMixerScan, 1).empty());
-    // The gated attention layer's q projection is twice as wide (the output gate).
+    // The gated attention layer's q projection is twice as wide (the output gate), and the gate multiplies
+    // the core's output of its 8 heads of 256 per rank: read with the gate, written (backward: three tensors
+    // read, two written).
     CHECK(the_op(g, OpName::kQkvProj, 1).gemm.n == (16 * 256 * 2 + 2 * 2 * 256) / 2);
+    CHECK(the_op(g, OpName::kAttnOutputGate, 1).hbm_bytes == doctest::Approx(3.0 * 4096 * 8 * 256 * 2));
+    CHECK(the_op(g, OpName::kAttnOutputGate, 1, Phase::kBackward).hbm_bytes ==
+          doctest::Approx(5.0 * 4096 * 8 * 256 * 2));
+    CHECK(ops_named(g, OpName::kAttnOutputGate, 0).empty());
     // Nemotron-H: a Mamba-2 block has no FFN ops, an 'E' block no attention ops, and its experts' FC1 is one
     // matrix wide (squared ReLU).
     ModelSpec nh = io::load_model("nemotron-3-nano-30b-a3b").value();
