@@ -372,8 +372,15 @@ double hybridep_buffer_bytes(double tokens, double hidden, int64_t ranks, int64_
 // its norm output, the in-projection and conv outputs [tg, (in_width + conv_channels) / tp], the scan output
 // and the gated norm output [tg, 2 out_width / tp] in bf16, and its fp32 chunk states
 // [b, s / chunk, heads / tp, dk, dv] (derived from the kernels' inputs and outputs; no trace checks it).
+// Under Megatron-Core (`eager`: eager PyTorch around FLA, gated_delta_net.py at bbc762d5) a Gated DeltaNet
+// saves what its autograd keeps instead: the conv's input (causal_conv1d_fn saves x), FLA's l2norm outputs of
+// q and k, the scan's q and k repeated to the value heads and v, per value head g (fp32), beta and A (its 64
+// columns in bf16 after solve_tril) and the gate math's fp32 softplus input and product operand, the gated
+// norm's input and gate and the out-projection's input; the in-projection's output is only copied from and
+// is freed, and FLA recomputes the chunk states in backward (ChunkGatedDeltaRuleFunction saves q, k, v, g,
+// beta, A).
 namespace {
-LayerActivations reshape_blocks(const ModelSpec& m, const Plan& p, const LayerSpec& layer,
+LayerActivations reshape_blocks(const ModelSpec& m, const Plan& p, const LayerSpec& layer, bool eager,
                                 LayerActivations r) {
   if (layer.mixer != MixerKind::kAttention) {
     r.attn_norm = r.mla_latent = r.qkv = r.core_attn = 0.0;
@@ -391,8 +398,17 @@ LayerActivations reshape_blocks(const ModelSpec& m, const Plan& p, const LayerSp
     const double dk = d(gdn ? g.key_head_dim : s.state_size), dv = d(gdn ? g.value_head_dim : s.head_dim);
     const double chunks = std::ceil(d(p.seq_len) / d(gdn ? g.chunk : s.chunk));
     r.attn_norm = t * d(m.hidden) * kBf16;
-    r.qkv = tg * (in_w + conv) / tp * kBf16;
-    r.core_attn = tg * 2.0 * out_w / tp * kBf16 + d(p.micro_batch) * chunks * heads * dk * dv * kFp32;
+    if (gdn && eager) {
+      // q and k repeated to the value heads are tensors of their own only where there are more value heads.
+      const double qk = d(g.key_dim()) / tp;
+      const double repeated = g.value_heads > g.key_heads ? 2.0 * heads * dk : 0.0;
+      r.qkv = tg * ((conv / tp + 2.0 * qk + repeated + heads * dv) * kBf16 +
+                    heads * (kFp32 + kBf16 + d(g.chunk) * kBf16 + 2.0 * kFp32));
+      r.core_attn = tg * 3.0 * out_w / tp * kBf16;
+    } else {
+      r.qkv = tg * (in_w + conv) / tp * kBf16;
+      r.core_attn = tg * 2.0 * out_w / tp * kBf16 + d(p.micro_batch) * chunks * heads * dk * dv * kFp32;
+    }
   }
   if (!layer.ffn) {
     r.mlp_residual = r.mlp_norm = r.router = r.expert_fc1_in = r.expert_fc1_out = r.expert_fc2_in = r.shared =
@@ -411,7 +427,8 @@ LayerActivations layer_activations_under(const ModelSpec& m, const Plan& p, cons
     plain.ffn = true;
     if (recompute == Recompute::kFull)
       return layer_activations_under(m, p, stack, plain, expert_load_scale, recompute, modules);
-    return reshape_blocks(m, p, layer,
+    const bool eager = stack.dispatcher.kind.value != DispatcherKind::kFused;
+    return reshape_blocks(m, p, layer, eager,
                           layer_activations_under(m, p, stack, plain, expert_load_scale, recompute, modules));
   }
   switch (recompute) {

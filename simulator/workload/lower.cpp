@@ -86,11 +86,10 @@ double fla_scan_forward_bytes(double dk, double dv, double c) {
 }
 constexpr int kFlaScanForwardKernels = 6;
 // Backward, nine kernels (chunk_gated_delta_rule_bwd): recompute_w_u and fwd_h again (as above),
-// chunk_bwd_dv_local (q, k, do, g -> dv: 4dk + 4dv + 4), chunk_gated_delta_rule_bwd_dhu (q, k, w, do, dv, g
-// -> dh, dv2: 6dk + 6dv
-// + 2 dk dv / c + 4), chunk_bwd_dqkwg (q, k, w, v_new, h, dh, dv, do, g -> dq, dk, dw, dg: 12dk + 6dv + 4 dk
-// dv / c + 8), prepare_wy_repr_bwd (k, v, beta, g, A, dw, du -> dk2, dv, db, dg2: 6dk + 6dv + 2c + 12),
-// dk.add_(dk2) (6dk), dg.add_(dg2) (12) and the reverse chunk_local_cumsum of dg (8).
+// chunk_bwd_dv_local (q, k, do, g -> dv: 4dk + 4dv + 4), chunk_gated_delta_rule_bwd_dhu (q, k, w, do, dv,
+// g -> dh, dv2: 6dk + 6dv + 2 dk dv / c + 4), chunk_bwd_dqkwg (q, k, w, v_new, h, dh, dv, do, g -> dq, dk,
+// dw, dg: 12dk + 6dv + 4 dk dv / c + 8), prepare_wy_repr_bwd (k, v, beta, g, A, dw, du -> dk2, dv, db, dg2:
+// 6dk + 6dv + 2c + 12), dk.add_(dk2) (6dk), dg.add_(dg2) (12) and the reverse chunk_local_cumsum of dg (8).
 double fla_scan_backward_bytes(double dk, double dv, double c) {
   return 42.0 * dk + 30.0 * dv + 4.0 * c + 8.0 * dk * dv / c + 60.0;
 }

@@ -175,6 +175,33 @@ TEST_SUITE("cost") {
     CHECK(compared == 3 * 4 * 3 * 2 * 4 * 3 * 2);
   }
 
+  TEST_CASE("a Gated DeltaNet saves under Megatron-Core what its autograd keeps, and no chunk states") {
+    // Qwen3-Next layer 0 at tp 2, 4096 tokens: per rank conv channels 4096, 8 key and 16 value heads of 128.
+    const ModelSpec qn = io::load_model("qwen3-next-80b-a3b").value();
+    Plan p;
+    p.gpus = 8;
+    p.seq_len = 4096;
+    p.global_batch = 4;
+    p.attention.tp = 2;
+    p.experts.ep = 4;
+    const LayerSpec& gdn = qn.layers[0];
+    REQUIRE(gdn.mixer == MixerKind::kLinearAttention);
+    const double t = 4096;
+    const cost::LayerActivations mc =
+        cost::layer_activations(qn, p, io::load_stack("megatron-core").value(), gdn, 1.0);
+    // The conv's input, l2norm's q and k (1024 each), q and k repeated to 16 heads and v (2048 each), and per
+    // value head g and two fp32 gate operands, beta and A's 64 bf16 columns; the gated norm's input and gate
+    // and the out-projection's input (2048 each).
+    CHECK(mc.qkv ==
+          doctest::Approx(t * ((4096 + 2 * 1024 + 2 * 2048 + 2048) * 2.0 + 16 * (4 + 2 + 128 + 8))));
+    CHECK(mc.core_attn == doctest::Approx(t * 3 * 2048 * 2.0));
+    // moerun keeps the in-projection and conv outputs, two value-width tensors and fp32 chunk states.
+    const cost::LayerActivations mr =
+        cost::layer_activations(qn, p, io::load_stack("moerun").value(), gdn, 1.0);
+    CHECK(mr.qkv == doctest::Approx(t * (2 * 2048 + 2 * 4096 + 64 + 2 * 2048 + 4096) / 2 * 2.0));
+    CHECK(mr.core_attn == doctest::Approx(t * 2 * 2048 * 2.0 + 64.0 * 16 * 128 * 128 * 4));
+  }
+
   TEST_CASE("activation memory per MoE layer matches MegaScale-MoE's full and SAR formulas") {
     // Internal-352B on MegaScale-MoE's stack under SP = EP = n = 8 with all-gather dispatch, b = 1, s = 8192:
     // k = 3, f = 14336/4096, m = 4. In bf16 elements (bytes / 2), units of b s h / n:
