@@ -143,6 +143,13 @@ LayerActivations megatron_layer(const ModelSpec& m, const Plan& p, const LayerSp
   const double out = tg * d(heads_r) * v;
   const double softmax_stats = tg * d(heads_r) * kFp32;
   r.core_attn = on(kRecomputeCoreAttn) ? out * g : out * kBf16 + softmax_stats + (fp8 ? out * g : 0.0);
+  // Qwen3-Next's output gate (attention.py _torch_compiled_output_gate at bbc762d5): the gate is a split of
+  // the mixed QKV output, which the saved v keeps alive, and the out-projection saves the gated product, a
+  // tensor of its own beside attention's saved output (under FP8 its copy is the one counted above).
+  if (a.output_gate && a.kind != AttentionKind::kMla) {
+    r.qkv += tg * d(heads_r) * d(a.head_dim) * kBf16;
+    if (!on(kRecomputeCoreAttn) && !fp8) r.core_attn += out * kBf16;
+  }
   r.mlp_residual = t * h * kBf16 + t * kFp32;  // the MLP block's norm input and rsigma
   if (layer.role == LayerRole::kDecoder) {
     // Cross-attention, saved as self-attention's: its block input and rsigma, the q projection's norm

@@ -200,6 +200,17 @@ TEST_SUITE("cost") {
         cost::layer_activations(qn, p, io::load_stack("moerun").value(), gdn, 1.0);
     CHECK(mr.qkv == doctest::Approx(t * (2 * 2048 + 2 * 4096 + 64 + 2 * 2048 + 4096) / 2 * 2.0));
     CHECK(mr.core_attn == doctest::Approx(t * 2 * 2048 * 2.0 + 64.0 * 16 * 128 * 128 * 4));
+    // Its gated attention layer keeps the gate (a split of the mixed QKV output the saved v holds) and the
+    // gated product the out-projection saves: 8 heads of 256 per rank, each in bf16.
+    const StackProfile mcs = io::load_stack("megatron-core").value();
+    const LayerSpec& attn = qn.layers[3];
+    REQUIRE(attn.mixer == MixerKind::kAttention);
+    ModelSpec ungated = qn;
+    ungated.attention.output_gate = false;
+    const cost::LayerActivations with = cost::layer_activations(qn, p, mcs, attn, 1.0);
+    const cost::LayerActivations without = cost::layer_activations(ungated, p, mcs, attn, 1.0);
+    CHECK(with.qkv - without.qkv == doctest::Approx(t * 8 * 256 * 2.0));
+    CHECK(with.core_attn - without.core_attn == doctest::Approx(t * 8 * 256 * 2.0));
   }
 
   TEST_CASE("activation memory per MoE layer matches MegaScale-MoE's full and SAR formulas") {
