@@ -292,6 +292,11 @@ class MegatronBuilder {
     } else if (m_.position == PositionKind::kRope) {
       note("the model's config states no rope_theta: Megatron's default --rotary-base 10000 applies");
     }
+    // RoPE on part of each head (Megatron's --rotary-percent) and zero-centred norm weights
+    // (--apply-layernorm-1p: layernorm_zero_centered_gamma, which TE's RMSNorm honours too).
+    if (m_.position == PositionKind::kRope && m_.rotary_fraction < 1.0)
+      flag("--rotary-percent", fmt::format("{:g}", m_.rotary_fraction));
+    if (m_.norm_zero_centered) flag("--apply-layernorm-1p");
     if (m_.norm_eps > 0) {
       flag("--norm-epsilon", fmt::format("{:g}", m_.norm_eps));
     } else {
@@ -354,7 +359,7 @@ class MegatronBuilder {
       not_expressible(
           fmt::format("cross-layer attention (one K/V projection per {} layers)", a.kv_share_layers));
     }
-    if (a.output_gate) not_expressible("the gated attention output (Qwen3-Next)");
+    if (a.output_gate) flag("--attention-output-gate");
     if (a.indexer.heads > 0)
       not_expressible("DSA sparse attention and its lightning indexer (DeepSeek-V3.2)");
     if (m_.encoder_decoder()) {
@@ -363,11 +368,42 @@ class MegatronBuilder {
           "examples/t5/pretrain_t5.py builds T5 blocks with dense MLPs only (megatron/core/models/T5/"
           "t5_spec.py), so its sparse layers have no flags");
     }
-    if (m_.has_mixer(MixerKind::kLinearAttention))
-      not_expressible("Gated DeltaNet (linear attention) layers (Qwen3-Next)");
+    if (m_.has_mixer(MixerKind::kLinearAttention)) gated_delta_net();
     if (m_.has_mixer(MixerKind::kMamba2) || m_.has_mixer(MixerKind::kNone))
       not_expressible("the Mamba-2 / attention / MoE block pattern (Nemotron-H's hybrid_override_pattern)");
     sliding_windows();
+  }
+
+  // Gated DeltaNet layers (Qwen3-Next): TransformerConfig's experimental_attention_variant and linear_*
+  // fields as flags (ArgumentGroupFactory, arguments.py:2373 and transformer_config.py:301-382 at d98e8a64;
+  // the same fields from core_v0.16.0 on) and --linear-attention-freq (arguments.py:3579): an int N for N - 1
+  // linear layers then one softmax-attention layer, repeated, else the per-layer list (1: linear attention).
+  void gated_delta_net() {
+    const LinearAttentionSpec& g = m_.linear_attention;
+    flag("--experimental-attention-variant", "gated_delta_net");
+    std::vector<int> pattern;
+    for (const LayerSpec& l : m_.layers) pattern.push_back(l.mixer == MixerKind::kLinearAttention ? 1 : 0);
+    const auto n = static_cast<int64_t>(pattern.size());
+    int64_t period = 0;
+    for (int64_t k = 2; k <= n && period == 0; ++k) {
+      if (n % k != 0) continue;
+      bool fits = true;
+      for (int64_t i = 0; i < n && fits; ++i)
+        fits = pattern[static_cast<size_t>(i)] == ((i + 1) % k != 0 ? 1 : 0);
+      if (fits) period = k;
+    }
+    std::string list = "[";
+    for (size_t i = 0; i < pattern.size(); ++i) list += (i ? "," : "") + std::to_string(pattern[i]);
+    flag("--linear-attention-freq", period > 0 ? std::to_string(period) : list + "]");
+    flag("--linear-conv-kernel-dim", g.conv_kernel);
+    flag("--linear-key-head-dim", g.key_head_dim);
+    flag("--linear-value-head-dim", g.value_head_dim);
+    flag("--linear-num-key-heads", g.key_heads);
+    flag("--linear-num-value-heads", g.value_heads);
+    note(
+        "--experimental-attention-variant gated_delta_net as Megatron-Core 0.16 to 0.19 name it (this commit "
+        "takes it as a deprecated alias of gdn); the development branch of late 2025 that the ModelZoo's "
+        "Qwen3-Next runs used spelled it --linear-attention-type gated_delta_net");
   }
 
   // One window size for the windowed layers, full attention elsewhere: layer numbers (1-based) that are a

@@ -204,6 +204,11 @@ struct ModelSpec {
   double rope_theta = 0;
   double norm_eps = 0;
   std::string rope_scaling;
+  // The share of each head's dims that RoPE rotates (the config's partial_rotary_factor; 1 when absent), and
+  // norms whose weight is centred on zero (x_hat * (1 + w): Qwen3-Next's Qwen3NextRMSNorm in transformers'
+  // modeling_qwen3_next.py).
+  double rotary_fraction = 1.0;
+  bool norm_zero_centered = false;
 
   int64_t num_layers() const { return static_cast<int64_t>(layers.size()); }
   int64_t num_moe_layers() const {

@@ -253,6 +253,7 @@ void read_launch_constants(const JsonNode& c, ModelSpec& m) {
       }
     }
   }
+  if (c.has("partial_rotary_factor")) m.rotary_fraction = c.number("partial_rotary_factor", 1e-3, 1);
   for (const char* key :
        {"rms_norm_eps", "layer_norm_epsilon", "norm_eps", "layer_norm_eps", "norm_epsilon"}) {
     if (c.has(key)) {
@@ -572,6 +573,7 @@ ModelSpec from_hf(const JsonNode& root, const std::string& name) {
 
   m.layers = layer_layout(c, family, n_layers, true);
   if (family == "qwen3_next") {
+    m.norm_zero_centered = true;  // Qwen3NextRMSNorm: x_hat * (1 + weight), the weight initialised to zero
     qwen3_next_mixers(c, m.layers);
     auto& g = m.linear_attention;
     g.key_heads = c.integer("linear_num_key_heads", 1, kMaxHeads);

@@ -709,6 +709,34 @@ TEST_SUITE("planner") {
     const auto mh = checked(h);
     CHECK(mentions(mh.not_expressible, "cross-layer attention"));
     CHECK_FALSE(mentions(mh.flags, "--untie-embeddings-and-output-weights"));
+
+    // Qwen3-Next: Gated DeltaNet layers (three of every four), the gated attention output, RoPE on a
+    // quarter of each head, zero-centred norms, the shared expert's gate: all expressible.
+    Plan q = make_plan("qwen3-next-80b-a3b", 32, 4096, 64);
+    q.experts.ep = 32;
+    const auto mq = checked(q);
+    CHECK(mq.not_expressible.empty());
+    for (const char* f :
+         {"--experimental-attention-variant gated_delta_net", "--linear-attention-freq 4",
+          "--linear-conv-kernel-dim 4", "--linear-key-head-dim 128", "--linear-value-head-dim 128",
+          "--linear-num-key-heads 16", "--linear-num-value-heads 32", "--attention-output-gate",
+          "--rotary-percent 0.25", "--apply-layernorm-1p", "--moe-shared-expert-gate"}) {
+      CAPTURE(f);
+      CHECK(mentions(mq.flags, f));
+    }
+    // A pattern that is not N - 1 linear layers then one attention layer goes as the per-layer list.
+    ModelSpec odd = model("qwen3-next-80b-a3b");
+    odd.layers.resize(8);
+    std::swap(odd.layers[0].mixer, odd.layers[3].mixer);
+    const auto mo =
+        planner::megatron_args(make_plan("qwen3-next-80b-a3b", 32, 4096, 64), odd, hardware("h100-sxm"));
+    CHECK(mentions(mo.flags, "--linear-attention-freq '[0,1,1,1,1,1,1,0]'"));
+    // Models without them get none of these flags.
+    for (const char* f : {"--experimental-attention-variant", "--attention-output-gate", "--rotary-percent",
+                          "--apply-layernorm-1p"}) {
+      CAPTURE(f);
+      CHECK_FALSE(mentions(mh.flags, f));
+    }
   }
 
   TEST_CASE("Ulysses SP maps to Megatron's a2a context parallelism") {
