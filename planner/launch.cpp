@@ -381,20 +381,18 @@ class MegatronBuilder {
   void gated_delta_net() {
     const LinearAttentionSpec& g = m_.linear_attention;
     flag("--experimental-attention-variant", "gated_delta_net");
-    std::vector<int> pattern;
-    for (const LayerSpec& l : m_.layers) pattern.push_back(l.mixer == MixerKind::kLinearAttention ? 1 : 0);
-    const auto n = static_cast<int64_t>(pattern.size());
-    int64_t period = 0;
-    for (int64_t k = 2; k <= n && period == 0; ++k) {
-      if (n % k != 0) continue;
-      bool fits = true;
-      for (int64_t i = 0; i < n && fits; ++i)
-        fits = pattern[static_cast<size_t>(i)] == ((i + 1) % k != 0 ? 1 : 0);
-      if (fits) period = k;
+    std::vector<int> linear, attention;
+    for (const LayerSpec& l : m_.layers) {
+      linear.push_back(l.mixer == MixerKind::kLinearAttention ? 1 : 0);
+      attention.push_back(1 - linear.back());
     }
-    std::string list = "[";
-    for (size_t i = 0; i < pattern.size(); ++i) list += (i ? "," : "") + std::to_string(pattern[i]);
-    flag("--linear-attention-freq", period > 0 ? std::to_string(period) : list + "]");
+    if (const int64_t n = integer_frequency(attention, 1); n > 1) {
+      flag("--linear-attention-freq", n);
+    } else {
+      std::string list = "[";
+      for (size_t i = 0; i < linear.size(); ++i) list += (i ? "," : "") + std::to_string(linear[i]);
+      flag("--linear-attention-freq", list + "]");
+    }
     flag("--linear-conv-kernel-dim", g.conv_kernel);
     flag("--linear-key-head-dim", g.key_head_dim);
     flag("--linear-value-head-dim", g.value_head_dim);

@@ -434,8 +434,7 @@ LayerActivations layer_activations_under(const ModelSpec& m, const Plan& p, cons
     plain.ffn = true;
     if (recompute == Recompute::kFull)
       return layer_activations_under(m, p, stack, plain, expert_load_scale, recompute, modules);
-    const bool eager = stack.dispatcher.kind.value != DispatcherKind::kFused;
-    return reshape_blocks(m, p, layer, eager,
+    return reshape_blocks(m, p, layer, !fused_stack(stack),
                           layer_activations_under(m, p, stack, plain, expert_load_scale, recompute, modules));
   }
   switch (recompute) {

@@ -178,12 +178,8 @@ TEST_SUITE("cost") {
   TEST_CASE("a Gated DeltaNet saves under Megatron-Core what its autograd keeps, and no chunk states") {
     // Qwen3-Next layer 0 at tp 2, 4096 tokens: per rank conv channels 4096, 8 key and 16 value heads of 128.
     const ModelSpec qn = io::load_model("qwen3-next-80b-a3b").value();
-    Plan p;
-    p.gpus = 8;
-    p.seq_len = 4096;
-    p.global_batch = 4;
+    Plan p = one_node_plan(4);
     p.attention.tp = 2;
-    p.experts.ep = 4;
     const LayerSpec& gdn = qn.layers[0];
     REQUIRE(gdn.mixer == MixerKind::kLinearAttention);
     const double t = 4096;
