@@ -30,10 +30,12 @@ std::vector<std::string> model_notes(const ModelSpec& m) {
   if (m.has_mixer(MixerKind::kMamba2)) {
     const auto& s = m.mamba;
     line(
-        "Mamba-2 layers: in/out projections priced as GEMMs (measured tables); the SSD scan priced as "
-        "memory-bound over its x/B/C/dt inputs, output and per-chunk ",
+        "Mamba-2 layers: in/out projections priced as GEMMs (measured tables); on the Megatron-Core stacks "
+        "the SSD scan and conv as mamba_ssm's and causal_conv1d's kernels run them, memory-bound over the "
+        "bytes each kernel moves (derived from their source; the rate assumed: no measured kernel); on other "
+        "stacks memory-bound over its x/B/C/dt inputs, output and per-chunk ",
         s.heads, "x", s.state_size, "x", s.head_dim,
-        " fp32 states (assumed: no calibrated kernel), its FLOPs (chunk ", s.chunk,
+        " fp32 states (assumed: no calibrated kernel); its FLOPs (chunk ", s.chunk,
         ", derived) counted for MFU; context parallelism is refused for these layers");
   }
   if (m.attention.indexer.heads > 0) {

@@ -385,7 +385,8 @@ double hybridep_buffer_bytes(double tokens, double hidden, int64_t ranks, int64_
 // columns in bf16 after solve_tril) and the gate math's fp32 softplus input and product operand, the gated
 // norm's input and gate and the out-projection's input; the in-projection's output is only copied from and
 // is freed, and FLA recomputes the chunk states in backward (ChunkGatedDeltaRuleFunction saves q, k, v, g,
-// beta, A).
+// beta, A). A Mamba-2 mixer under Megatron-Core saves what mamba_ssm's MambaSplitConv1dScanCombinedFn keeps
+// (zxBCdt and the ungated scan output) and its gated norm's and out-projection's inputs.
 namespace {
 LayerActivations reshape_blocks(const ModelSpec& m, const Plan& p, const LayerSpec& layer, bool eager,
                                 LayerActivations r) {
@@ -412,6 +413,12 @@ LayerActivations reshape_blocks(const ModelSpec& m, const Plan& p, const LayerSp
       r.qkv = tg * ((conv / tp + 2.0 * qk + repeated + heads * dv) * kBf16 +
                     heads * (kFp32 + kBf16 + d(g.chunk) * kBf16 + 2.0 * kFp32));
       r.core_attn = tg * 3.0 * out_w / tp * kBf16;
+    } else if (eager) {
+      // Mamba-2 under Megatron-Core: mamba_split_conv1d_scan_combined saves zxBCdt and the scan's output
+      // before its gate (out_x); the conv output and the chunk states are recomputed in backward. The gated
+      // RMSNorm saves its input and fp32 rstd per group, the out-projection its input.
+      r.qkv = tg * in_w / tp * kBf16;
+      r.core_attn = tg * (3.0 * out_w / tp * kBf16 + d(s.groups) / tp * kFp32);
     } else {
       r.qkv = tg * (in_w + conv) / tp * kBf16;
       r.core_attn = tg * 2.0 * out_w / tp * kBf16 + d(p.micro_batch) * chunks * heads * dk * dv * kFp32;

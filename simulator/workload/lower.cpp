@@ -99,6 +99,40 @@ constexpr int kFlaScanBackwardKernels = 9;
 constexpr int kFlaScanForwardChains = 1;
 constexpr int kFlaScanBackwardChains = 2;
 constexpr int64_t kFlaValueBlock = 64;  // BV of the chain kernels (their autotuned 32 or 64; 64 on Hopper)
+// Mamba-2's SSD scan as Megatron-Core trains it (ssm/mamba_mixer.py _ssm_training at core_v0.16-0.19 and
+// d98e8a64: mamba_ssm's mamba_split_conv1d_scan_combined, ops/triton/ssd_combined.py at e9594ce): HBM bytes
+// per token for h heads of head dim p, g groups of state n, chunks of c tokens (rank-local heads and groups),
+// from the tensors each Triton kernel reads and writes: bf16 x, z, B, C, dt and outputs, fp32 dt and
+// dA_cumsum [heads, chunks, c], fp32 CB [groups, chunks, c, c], chunk states [chunks, heads, p, n] fp32 from
+// _chunk_state_fwd and bf16 after _state_passing_fwd (no state_dtype: C's dtype). A tensor is counted once
+// per kernel that touches it (a group's B, C and CB shared by its heads come from L2). Forward, five
+// kernels: _chunk_cumsum_fwd (dt -> dt, dA_cumsum: 2h + 8h), _chunk_state_fwd (B, x, dt, dA_cumsum ->
+// states: 2gn + 2hp + 8h + 4hpn / c), _state_passing_fwd (4hpn / c -> 2hpn / c), _bmm_chunk_fwd (C, B -> CB:
+// 4gn + 4gc), _chunk_scan_fwd (CB, x, z, dt, dA_cumsum, C, states -> out, out_x: 4gc + 8hp + 8h + 2gn +
+// 2hpn / c). Megatron's A = -exp(A_log) before it adds two kernels (A_log, dt_bias and D are kept in fp32, so
+// their .float() copies nothing).
+double ssd_scan_forward_bytes(double h, double p, double g, double n, double c) {
+  return 10.0 * h * p + 12.0 * h * p * n / c + 8.0 * g * n + 8.0 * g * c + 26.0 * h;
+}
+constexpr int kSsdForwardKernels = 5 + 2;
+// Backward (MambaSplitConv1dScanCombinedFn.backward -> _mamba_chunk_scan_combined_bwd): dt cloned (4h), the
+// forward's cumsum, bmm and chunk-state kernels again and _state_passing_fwd with fp32 output (8hpn / c),
+// _chunk_scan_bwd_dz (x, z, out_x, dout -> dz, dout_x: 12hp), _chunk_scan_bwd_dstates (C, dA, dout ->
+// fp32 dstates: 2gn + 4h + 2hp + 4hpn / c), _state_passing_bwd (fp32 states and dstates -> bf16 both: 12hpn
+// / c), _chunk_scan_chunk_state_bwd_dx (x, dt, dA, B, CB, dout, dstates -> dx, fp32 ddt: 6hp + 12h + 2gn +
+// 4gc + 2hpn / c), _chunk_state_bwd_db and _chunk_scan_bwd_dC (each x or dout, dt, dA, dstates or states, B
+// or C -> fp32 dB or dC and ddA, then the sum over splits: 2hp + 2hpn / c + 14gn + 24h and + 8h), the dCB
+// kernel and its sum (4hp + 12gc + 8h), two _bmm_chunk_bwd (C or B, dCB, fp32 residual -> bf16: 8gn + 4gc
+// each), the reverse cumsum as flip, cumsum, flip (24h), _chunk_scan_bwd_ddAcs_stable and its sum (4hp + 4gc
+// + 12h + hc / 4), two adds of ddA (24h) and _chunk_cumsum_bwd (12h). With one split over the heads of a
+// group (nheads_per_program reaches heads / groups when batch x chunks x heads >= SMs x heads / groups).
+double ssd_scan_backward_bytes(double h, double p, double g, double n, double c) {
+  return 34.0 * h * p + 34.0 * h * p * n / c + 54.0 * g * n + 32.0 * g * c + 150.0 * h + h * c / 4.0;
+}
+// Counted from the wrappers: the 18 kernels above, their reductions over splits and tiles, the zero-fills
+// of Triton's init_to_zero and of the dA / dt_bias workspaces and their sums (40), and the backward of
+// A = -exp(A_log) (2).
+constexpr int kSsdBackwardKernels = 42;
 
 constexpr int kNodes = 4;
 
@@ -1104,7 +1138,16 @@ int Builder::recurrent_mixer_fwd(int in, MixerKind kind) {
     // qkv.transpose(1, 2).contiguous(): the conv channels to [b, d, s] for causal_conv1d.
     y = record(mem(OpName::kMixerLayout, MemOp::kActivation, 2.0 * d(tg * conv_w) * dt), {y}, true);
   }
+  // Megatron's Mamba mixer under mamba_split_conv1d_scan_combined: zxBCdt to [b, s, d] (.contiguous() copies
+  // only with more than one sequence per micro-batch), causal_conv1d over the channel-last x, B, C; its
+  // backward runs the conv forward again and causal_conv1d's backward (reads x and dx_conv, writes dx) with
+  // the fp32 zero-filled weight and bias gradients.
+  const bool ssd = !gdn && o_.eager_framework;
+  const bool batched = p_.micro_batch > 1;
+  if (ssd && batched)
+    y = record(mem(OpName::kMixerLayout, MemOp::kActivation, 2.0 * d(tg * in_w) * dt), {y}, true);
   y = record(mem(OpName::kMixerConv, MemOp::kActivation, 2.0 * d(tg * conv_w) * dt), {y}, true);
+  if (ssd) backward_as(y, 5.0 * d(tg * conv_w) * dt, 2 + 1 + (sm.conv_bias ? 1 : 0));
   if (sp_ > 1)
     y = record(coll(OpName::kMixerA2a, Collective::kAllToAll, CommGroup::kSp, d(tg * in_w) * dt), {y}, true);
   // After the all-to-all: the whole sequence (ta = tg * sp tokens) for heads_r / sp heads.
@@ -1118,7 +1161,6 @@ int Builder::recurrent_mixer_fwd(int in, MixerKind kind) {
     const double qk = d(g.key_heads * g.key_head_dim / tp_) / d(sp_);
     const double r = d(g.value_heads / std::max<int64_t>(1, g.key_heads));
     const bool repeat = g.value_heads > g.key_heads;
-    const bool batched = p_.micro_batch > 1;
     const double per_token = 2.0 * d(conv_w + out_w + gates_w) / d(sp_) +
                              (repeat ? 2.0 * (1.0 + r) * qk : 0.0) +
                              (batched ? 2.0 * d(out_w) / d(sp_) : 0.0);
@@ -1152,6 +1194,14 @@ int Builder::recurrent_mixer_fwd(int in, MixerKind kind) {
     scan.gemm = {static_cast<int64_t>(chunks),
                  p_.micro_batch * (heads_r / sp_) * ((dv + kFlaValueBlock - 1) / kFlaValueBlock),
                  kFlaScanForwardChains, 1};
+  } else if (ssd) {
+    // mamba_ssm's SSD kernels (ssd_scan_forward_bytes) over the rank's heads and groups after the
+    // all-to-all; no chain term: its one walk over the chunks (_state_passing_fwd) reads and writes a
+    // state per step with no matmul.
+    const double groups_a = d(sm.groups / tp_) / d(sp_);
+    scan = mem(OpName::kMixerScan, MemOp::kActivation,
+               ta * ssd_scan_forward_bytes(heads_a, d(dv), groups_a, d(dk), d(chunk)), Stream::kCompute,
+               kSsdForwardKernels);
   } else {
     const double states = 2.0 * d(p_.micro_batch) * chunks * d(heads_r) * d(dk * dv) * 4.0 / d(sp_);
     scan =
@@ -1161,6 +1211,14 @@ int Builder::recurrent_mixer_fwd(int in, MixerKind kind) {
   y = record(scan, {y}, true);
   if (fla)
     backward_as(y, ta * heads_a * fla_scan_backward_bytes(d(dk), d(dv), d(chunk)), kFlaScanBackwardKernels);
+  if (ssd) {
+    const double groups_a = d(sm.groups / tp_) / d(sp_);
+    backward_as(y, ta * ssd_scan_backward_bytes(heads_a, d(dv), groups_a, d(dk), d(chunk)),
+                kSsdBackwardKernels);
+    // y back to [s, b, d] (rearrange(...).contiguous(): a copy only with more than one sequence).
+    if (batched)
+      y = record(mem(OpName::kMixerLayout, MemOp::kActivation, 2.0 * ta * d(out_w) / d(sp_) * dt), {y}, true);
+  }
   y = record(mem(OpName::kMixerNorm, MemOp::kNorm, 3.0 * ta * d(out_w) / d(sp_) * dt), {y}, true);
   if (sp_ > 1) {
     y = record(coll(OpName::kMixerOutA2a, Collective::kAllToAll, CommGroup::kSp, d(tg * out_w) * dt), {y},

@@ -209,6 +209,27 @@ TEST_SUITE("cost") {
     CHECK(with.core_attn - without.core_attn == doctest::Approx(t * 8 * 256 * 2.0));
   }
 
+  TEST_CASE("a Mamba-2 mixer saves under Megatron-Core what mamba_ssm's combined function keeps") {
+    // Nemotron-3 Nano layer 0 at tp 2, 4096 tokens: per rank in-projection 10304 / 2, inner 2048, 4 groups.
+    const ModelSpec nh = io::load_model("nemotron-3-nano-30b-a3b").value();
+    Plan p = one_node_plan(4);
+    p.attention.tp = 2;
+    const LayerSpec& mamba = nh.layers[0];
+    REQUIRE(mamba.mixer == MixerKind::kMamba2);
+    const double t = 4096;
+    const cost::LayerActivations mc =
+        cost::layer_activations(nh, p, io::load_stack("megatron-core").value(), mamba, 1.0);
+    // zxBCdt; the ungated scan output, the gated norm's input and the out-projection's input, and the
+    // norm's fp32 rstd per group. No conv output, no chunk states.
+    CHECK(mc.qkv == doctest::Approx(t * (2 * 4096 + 2 * 8 * 128 + 64) / 2 * 2.0));
+    CHECK(mc.core_attn == doctest::Approx(t * (3 * 2048 * 2.0 + 4 * 4.0)));
+    // moerun keeps the in-projection and conv outputs, two inner-width tensors and fp32 chunk states.
+    const cost::LayerActivations mr =
+        cost::layer_activations(nh, p, io::load_stack("moerun").value(), mamba, 1.0);
+    CHECK(mr.qkv == doctest::Approx(t * (10304 + 4096 + 2 * 8 * 128) / 2 * 2.0));
+    CHECK(mr.core_attn == doctest::Approx(t * 2 * 2048 * 2.0 + 32.0 * 32 * 128 * 64 * 4));
+  }
+
   TEST_CASE("activation memory per MoE layer matches MegaScale-MoE's full and SAR formulas") {
     // Internal-352B on MegaScale-MoE's stack under SP = EP = n = 8 with all-gather dispatch, b = 1, s = 8192:
     // k = 3, f = 14336/4096, m = 4. In bf16 elements (bytes / 2), units of b s h / n:

@@ -2266,6 +2266,50 @@ TEST_SUITE("workload") {
     CHECK(the_op(m, OpName::kMixerScan).gemm.k == 0);
   }
 
+  TEST_CASE("Megatron-Core's Mamba-2 mixer lowers mamba_ssm's SSD kernels and causal_conv1d's backward") {
+    // Nemotron-3 Nano layer 0 (Mamba-2) at tp 2 on megatron-core: 4096 tokens, per rank 32 heads of 64,
+    // 4 groups of state 128, chunks of 128, conv channels (4096 + 2 x 8 x 128) / 2 = 3072.
+    ModelSpec nh = io::load_model("nemotron-3-nano-30b-a3b").value();
+    nh.layers = {nh.layers[0]};
+    REQUIRE(nh.layers[0].mixer == MixerKind::kMamba2);
+    Plan p = node_plan(8);
+    p.attention.tp = 2;
+    const OpGraph g = lower(nh, p, stack_options("megatron-core"));
+    const double t = 4096, dt = 2, h = 32, hd = 64, grp = 4, n = 128, c = 128;
+    // Forward: 10 hp + 12 hpn / c + 8 gn + 8 gc + 26 h bytes per token in the five SSD kernels and the two
+    // of A = -exp(A_log); backward 34 hp + 34 hpn / c + 54 gn + 32 gc + 150 h + hc / 4 in 42.
+    const Op& fwd = the_op(g, OpName::kMixerScan);
+    CHECK(fwd.hbm_bytes ==
+          doctest::Approx(t * (10 * h * hd + 12 * h * hd * n / c + 8 * grp * n + 8 * grp * c + 26 * h)));
+    CHECK(fwd.kernels == 7);
+    CHECK(fwd.gemm.k == 0);
+    const Op& bwd = the_op(g, OpName::kMixerScan, 0, Phase::kBackward);
+    CHECK(bwd.hbm_bytes == doctest::Approx(t * (34 * h * hd + 34 * h * hd * n / c + 54 * grp * n +
+                                                32 * grp * c + 150 * h + h * c / 4)));
+    CHECK(bwd.kernels == 42);
+    // The conv: read and written forward; backward its forward again (2) and causal_conv1d's backward
+    // reading x and the output gradient and writing dx (3), with the weight and bias gradients zero-filled.
+    CHECK(the_op(g, OpName::kMixerConv).hbm_bytes == doctest::Approx(2 * t * 3072 * dt));
+    const Op& conv_bwd = the_op(g, OpName::kMixerConv, 0, Phase::kBackward);
+    CHECK(conv_bwd.hbm_bytes == doctest::Approx(5 * t * 3072 * dt));
+    CHECK(conv_bwd.kernels == 4);
+    // One sequence per micro-batch: Megatron's rearranges are views. Two sequences: zxBCdt and y copied.
+    CHECK(ops_named(g, OpName::kMixerLayout).empty());
+    Plan two = p;
+    two.micro_batch = 2;
+    two.global_batch = 16;
+    const auto copies = ops_named(lower(nh, two, stack_options("megatron-core")), OpName::kMixerLayout);
+    REQUIRE(copies.size() == 2);
+    CHECK(copies[0]->hbm_bytes == doctest::Approx(2 * 2 * t * (2 * 4096 + 2 * 8 * 128 + 64) / 2 * dt));
+    CHECK(copies[1]->hbm_bytes == doctest::Approx(2 * 2 * t * 2048 * dt));
+    // moerun runs none of mamba_ssm's kernels: its scan keeps the inputs, output and fp32 states once.
+    const OpGraph m = lower(nh, p, stack_options("moerun"));
+    CHECK(the_op(m, OpName::kMixerScan).hbm_bytes ==
+          doctest::Approx(t * (3072 + 32 + 2048) * dt + 2.0 * 32 * 32 * 128 * 64 * 4));
+    CHECK(the_op(m, OpName::kMixerScan, 0, Phase::kBackward).hbm_bytes ==
+          doctest::Approx(the_op(m, OpName::kMixerScan).hbm_bytes));
+  }
+
   TEST_CASE(
       "recurrent mixers lower to GEMM projections around a memory-bound scan, and FFN-only blocks to the "
       "FFN") {
