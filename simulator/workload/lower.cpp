@@ -1182,6 +1182,7 @@ int Builder::recurrent_mixer_fwd(int in, MixerKind kind) {
     y = gt;
   }
   const double chunks = std::ceil(d(p_.seq_len) / d(chunk));
+  const double groups_a = d(sm.groups / tp_) / d(sp_);  // Mamba-2's B / C groups after the all-to-all
   Op scan;
   if (fla) {
     // FLA's chunked gated delta rule: its bytes per token and value head (fla_scan_forward_bytes); its
@@ -1198,7 +1199,6 @@ int Builder::recurrent_mixer_fwd(int in, MixerKind kind) {
     // mamba_ssm's SSD kernels (ssd_scan_forward_bytes) over the rank's heads and groups after the
     // all-to-all; no chain term: its one walk over the chunks (_state_passing_fwd) reads and writes a
     // state per step with no matmul.
-    const double groups_a = d(sm.groups / tp_) / d(sp_);
     scan = mem(OpName::kMixerScan, MemOp::kActivation,
                ta * ssd_scan_forward_bytes(heads_a, d(dv), groups_a, d(dk), d(chunk)), Stream::kCompute,
                kSsdForwardKernels);
@@ -1212,7 +1212,6 @@ int Builder::recurrent_mixer_fwd(int in, MixerKind kind) {
   if (fla)
     backward_as(y, ta * heads_a * fla_scan_backward_bytes(d(dk), d(dv), d(chunk)), kFlaScanBackwardKernels);
   if (ssd) {
-    const double groups_a = d(sm.groups / tp_) / d(sp_);
     backward_as(y, ta * ssd_scan_backward_bytes(heads_a, d(dv), groups_a, d(dk), d(chunk)),
                 kSsdBackwardKernels);
     // y back to [s, b, d] (rearrange(...).contiguous(): a copy only with more than one sequence).
