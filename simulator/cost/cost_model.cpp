@@ -387,63 +387,81 @@ double CostModel::grouped_gemm_seconds(const GemmShape& s, DType dtype, double* 
 }
 
 // Attention time = FLOPs / rate, the rate interpolated from the profile's flash-attention tables in log(seq)
-// and linearly in head dim. A causal backward without its own table scales the non-causal backward by the
-// forward's causal / non-causal ratio at the same length.
+// and linearly in head dim. The rate comes from one kernel's tables: the stack's own kernel where the profile
+// measured it, else FA3, else any other, in that order, so a table that exists for one kernel only does not
+// price another. Within a kernel, a causal backward without its own table at the op's head dim (none, or
+// only at other head dims) scales the non-causal backward by the forward's causal / non-causal ratio at the
+// same length; a table at other head dims is clamped to only where that derivation is impossible.
 double CostModel::attention_seconds(const Op& op, double* rel_error) const {
   const bool fwd = op.phase != Phase::kBackward;
   const auto& a = op.attn;
-  auto rate = [&](const char* dir, bool causal, int64_t hd, double seq) -> double {
-    // The stack's attention kernel where the profile measured it, else FA3, else any.
-    const std::string want = name_of(stack_.attention_kernel.value);
-    auto rank = [&](const AttentionTable& t) { return t.impl == want ? 2 : t.impl == "fa3" ? 1 : 0; };
-    const AttentionTable* best = nullptr;
+  const std::string want = name_of(stack_.attention_kernel.value);
+  std::vector<std::string> kernels = {want};
+  if (want != "fa3") kernels.emplace_back("fa3");
+  for (const auto& t : hw_.calibration.attention) {
+    if (std::find(kernels.begin(), kernels.end(), t.impl) == kernels.end()) kernels.push_back(t.impl);
+  }
+  auto table = [&](const std::string& impl, const char* dir, bool causal,
+                   int64_t hd) -> const AttentionTable* {
     for (const auto& t : hw_.calibration.attention) {
-      if (t.direction != dir || t.causal != causal || t.head_dim != hd || t.dtype != "bf16") continue;
-      if (!best || rank(t) > rank(*best)) best = &t;
+      if (t.impl == impl && t.direction == dir && t.causal == causal && t.head_dim == hd && t.dtype == "bf16")
+        return &t;
     }
-    if (!best) return 0;
-    if (best->impl != want) {
-      note("attention {} {}causal hd{}: no {} measurement in the profile; {} used", dir, causal ? "" : "non-",
-           hd, want, best->impl);
-    }
+    return nullptr;
+  };
+  auto rate = [&](const AttentionTable& t, double seq) -> double {
     std::vector<std::pair<double, double>> pts;
-    for (const auto& [s, r] : best->points) pts.emplace_back(d(s), r);
+    for (const auto& [s, r] : t.points) pts.emplace_back(d(s), r);
     if (seq < pts.front().first || seq > pts.back().first) {
       note("attention at {:.0f} keys outside the measured {:.0f}-{:.0f}", seq, pts.front().first,
            pts.back().first);
     }
     return interpolate(pts, seq, true);
   };
-  auto rate_hd = [&](const char* dir, bool causal, double seq) -> double {
+  // One kernel's rate at the op's head dim, interpolated between the head dims it was measured at (0: no
+  // table for this direction and mask); `inside`: the head dim lies within them (else the nearest is used).
+  auto rate_hd = [&](const std::string& impl, const char* dir, bool causal, double seq,
+                     bool* inside) -> double {
     std::vector<int64_t> dims;
     for (const auto& t : hw_.calibration.attention) {
-      if (t.direction == dir && t.causal == causal && t.dtype == "bf16") dims.push_back(t.head_dim);
+      if (t.impl == impl && t.direction == dir && t.causal == causal && t.dtype == "bf16")
+        dims.push_back(t.head_dim);
     }
     if (dims.empty()) return 0;
     std::sort(dims.begin(), dims.end());
     dims.erase(std::unique(dims.begin(), dims.end()), dims.end());
     const int64_t hd = a.qk_dim;
-    if (hd <= dims.front()) return rate(dir, causal, dims.front(), seq);
-    if (hd >= dims.back()) return rate(dir, causal, dims.back(), seq);
+    if (inside) *inside = hd >= dims.front() && hd <= dims.back();
+    if (hd <= dims.front()) return rate(*table(impl, dir, causal, dims.front()), seq);
+    if (hd >= dims.back()) return rate(*table(impl, dir, causal, dims.back()), seq);
     auto hi = std::lower_bound(dims.begin(), dims.end(), hd);
-    if (*hi == hd) return rate(dir, causal, hd, seq);
+    if (*hi == hd) return rate(*table(impl, dir, causal, hd), seq);
     auto lo = hi - 1;
     const double w = d(hd - *lo) / d(*hi - *lo);
-    return rate(dir, causal, *lo, seq) * (1 - w) + rate(dir, causal, *hi, seq) * w;
+    return rate(*table(impl, dir, causal, *lo), seq) * (1 - w) +
+           rate(*table(impl, dir, causal, *hi), seq) * w;
   };
   // The rate of a call with `keys` keys per query (a window caps them).
   auto rate_of = [&](bool causal, double keys) -> double {
-    double r = rate_hd(fwd ? "fwd" : "bwd", causal, keys);
-    if (r <= 0 && !fwd) {
-      const double nc = rate_hd("bwd", false, keys), cf = rate_hd("fwd", true, keys),
-                   nf = rate_hd("fwd", false, keys);
-      if (nc > 0 && cf > 0 && nf > 0) r = nc * cf / nf;
+    const char* dir = fwd ? "fwd" : "bwd";
+    for (const std::string& impl : kernels) {
+      bool inside = false;
+      double r = rate_hd(impl, dir, causal, keys, &inside);
+      if ((r <= 0 || !inside) && !fwd && causal) {
+        const double nc = rate_hd(impl, "bwd", false, keys, nullptr),
+                     cf = rate_hd(impl, "fwd", true, keys, nullptr),
+                     nf = rate_hd(impl, "fwd", false, keys, nullptr);
+        if (nc > 0 && cf > 0 && nf > 0) r = nc * cf / nf;
+      }
+      if (r <= 0) continue;
+      if (impl != want) {
+        note("attention {} {}causal hd{}: no {} measurement in the profile; {} used", dir,
+             causal ? "" : "non-", a.qk_dim, want, impl);
+      }
+      return r;
     }
-    if (r <= 0) {
-      r = hw_.gpu.peak_flops_per_s.at("bf16").value * 0.5;
-      note("attention: no flash-attention table in the profile; 50% of the BF16 peak assumed");
-    }
-    return r;
+    note("attention: no flash-attention table in the profile; 50% of the BF16 peak assumed");
+    return hw_.gpu.peak_flops_per_s.at("bf16").value * 0.5;
   };
   auto keys_of = [](int64_t seq_kv, int64_t window) {
     return d(window > 0 ? std::min(window, seq_kv) : seq_kv);

@@ -502,6 +502,49 @@ TEST_SUITE("cost") {
     }
   }
 
+  TEST_CASE("attention is priced from one kernel's tables: a table only one kernel has prices no other") {
+    // The H100 profile plus two cuDNN-only tables: a causal forward at head dim 192 (600 TFLOP/s at every
+    // length) and a causal backward at head dim 128 (300 TFLOP/s), 4096 keys.
+    const HardwareProfile plain = io::load_hardware("h100-sxm").value();
+    HardwareProfile hw = plain;
+    auto flat = [](const char* dir, int64_t hd, double tflops) {
+      AttentionTable t;
+      t.dtype = "bf16";
+      t.direction = dir;
+      t.head_dim = hd;
+      t.causal = true;
+      t.impl = "cudnn";
+      t.points = {{512, tflops * 1e12}, {32768, tflops * 1e12}};
+      return t;
+    };
+    hw.calibration.attention.push_back(flat("fwd", 192, 600));
+    hw.calibration.attention.push_back(flat("bwd", 128, 300));
+    const double sustained = hw.gpu.sustained_rate.at("bf16").value;
+    auto seconds = [](const HardwareProfile& h, AttentionKernel kernel, Phase phase, int32_t hd) {
+      StackProfile stack = io::load_stack("megatron-core").value();
+      stack.attention_kernel.value = kernel;
+      const cost::CostModel cm(h, stack);
+      Op op;
+      op.kind = OpKind::kAttention;
+      op.phase = phase;
+      op.attn = {1, 4096, 4096, 32, hd, hd, 0, true};
+      op.flops = 1e12;
+      return cm.attention_seconds(op, nullptr);
+    };
+    // FA3 is priced as without them: its forward at 192 between its own 128 and 256 rows, its causal
+    // backward derived from its own tables.
+    CHECK(seconds(hw, AttentionKernel::kFa3, Phase::kForward, 192) ==
+          rel(seconds(plain, AttentionKernel::kFa3, Phase::kForward, 192)));
+    CHECK(seconds(hw, AttentionKernel::kFa3, Phase::kBackward, 128) ==
+          rel(seconds(plain, AttentionKernel::kFa3, Phase::kBackward, 128)));
+    // cuDNN takes its own tables at the head dims they hold...
+    CHECK(seconds(hw, AttentionKernel::kCudnn, Phase::kForward, 192) == rel(1e12 / (600e12 * sustained)));
+    CHECK(seconds(hw, AttentionKernel::kCudnn, Phase::kBackward, 128) == rel(1e12 / (300e12 * sustained)));
+    // ...and at head dim 64, below its causal backward's one head dim, derives that backward at 64 as before.
+    CHECK(seconds(hw, AttentionKernel::kCudnn, Phase::kBackward, 64) ==
+          rel(seconds(plain, AttentionKernel::kCudnn, Phase::kBackward, 64)));
+  }
+
   TEST_CASE("the stack's attention kernel picks its row of the profile's attention tables") {
     // H100 profile, causal forward, head dim 128, 4096 keys: cuDNN 591 (cuDNN 9.19 on an H200), FA3 579, FA2
     // 319 TFLOPS, at the profile's sustained BF16 rate of those burst-timed tables. A kernel the profile
