@@ -248,7 +248,7 @@ TEST_SUITE("calibrate") {
       // And what was regenerated is a valid profile that still holds every table.
       auto hw = io::load_hardware((root / "hwprofiles" / (std::string(name) + ".json")).string());
       REQUIRE(hw.ok());
-      CHECK(hw.value().calibration.attention.size() == 24);
+      CHECK(hw.value().calibration.attention.size() == 25);
     }
   }
 }

@@ -480,12 +480,17 @@ TEST_SUITE("cost") {
   // ---- attention kernel, kernel floor ----
 
   TEST_CASE("a causal backward derived from the cuDNN tables is within 5 % of cuDNN 9.19's measured one") {
-    // The profiles hold no causal backward table: the cost model derives it as the non-causal backward x the
+    // Where a kernel has no causal backward table, the cost model derives it as the non-causal backward x the
     // forward's causal / non-causal ratio. cudnn-frontend's H200 run of cuDNN 9.19.1 (results/
-    // h200_919_only_cudnn/llama3.1_20260227_034703.csv, the source of the head-dim-128 cuDNN tables) also
-    // timed the causal backward: 370, 474, 541, 579 and 581 TFLOP/s at 2048-32768 keys. The derivation from
-    // that run's other three tables gives 385, 493, 554, 587 and 568.
-    const HardwareProfile hw = io::load_hardware("h100-sxm").value();
+    // h200_919_only_cudnn/llama3.1_20260227_034703.csv, the source of the head-dim-128 cuDNN tables) timed
+    // the causal backward too (the profile's table): 370, 474, 541, 579 and 581 TFLOP/s at 2048-32768 keys.
+    // Without that table, the derivation from the run's other three tables gives 385, 493, 554, 587 and 568.
+    HardwareProfile hw = io::load_hardware("h100-sxm").value();
+    const size_t tables = hw.calibration.attention.size();
+    std::erase_if(hw.calibration.attention, [](const AttentionTable& t) {
+      return t.impl == "cudnn" && t.direction == "bwd" && t.causal && t.head_dim == 128;
+    });
+    REQUIRE(hw.calibration.attention.size() == tables - 1);
     const double sustained = hw.gpu.sustained_rate.at("bf16").value;
     const cost::CostModel cm(hw, io::load_stack("megatron-core").value());
     const std::pair<int32_t, double> measured[] = {
@@ -503,23 +508,28 @@ TEST_SUITE("cost") {
   }
 
   TEST_CASE("attention is priced from one kernel's tables: a table only one kernel has prices no other") {
-    // The H100 profile plus two cuDNN-only tables: a causal forward at head dim 192 (600 TFLOP/s at every
-    // length) and a causal backward at head dim 128 (300 TFLOP/s), 4096 keys.
+    // The H100 profile, whose cuDNN alone has a causal backward table (head dim 128), plus a cuDNN-only
+    // causal forward at head dim 192 (600 TFLOP/s at every length); 4096 keys, where every table has a point.
     const HardwareProfile plain = io::load_hardware("h100-sxm").value();
     HardwareProfile hw = plain;
-    auto flat = [](const char* dir, int64_t hd, double tflops) {
-      AttentionTable t;
-      t.dtype = "bf16";
-      t.direction = dir;
-      t.head_dim = hd;
-      t.causal = true;
-      t.impl = "cudnn";
-      t.points = {{512, tflops * 1e12}, {32768, tflops * 1e12}};
-      return t;
-    };
-    hw.calibration.attention.push_back(flat("fwd", 192, 600));
-    hw.calibration.attention.push_back(flat("bwd", 128, 300));
+    AttentionTable extra;
+    extra.dtype = "bf16";
+    extra.direction = "fwd";
+    extra.head_dim = 192;
+    extra.causal = true;
+    extra.impl = "cudnn";
+    extra.points = {{512, 600e12}, {32768, 600e12}};
+    hw.calibration.attention.push_back(extra);
     const double sustained = hw.gpu.sustained_rate.at("bf16").value;
+    auto at_4096 = [&](const char* impl, const char* dir, bool causal, int64_t hd) {
+      for (const AttentionTable& t : plain.calibration.attention) {
+        if (t.impl == impl && t.direction == dir && t.causal == causal && t.head_dim == hd)
+          for (const auto& [keys, rate] : t.points)
+            if (keys == 4096) return rate;
+      }
+      FAIL("no table point");
+      return 0.0;
+    };
     auto seconds = [](const HardwareProfile& h, AttentionKernel kernel, Phase phase, int32_t hd) {
       StackProfile stack = io::load_stack("megatron-core").value();
       stack.attention_kernel.value = kernel;
@@ -531,18 +541,22 @@ TEST_SUITE("cost") {
       op.flops = 1e12;
       return cm.attention_seconds(op, nullptr);
     };
-    // FA3 is priced as without them: its forward at 192 between its own 128 and 256 rows, its causal
-    // backward derived from its own tables.
+    // FA3 is priced from its own tables: its forward at 192 as without the cuDNN row there, its causal
+    // backward at 128 derived from its non-causal backward and forward ratio, not cuDNN's table.
     CHECK(seconds(hw, AttentionKernel::kFa3, Phase::kForward, 192) ==
           rel(seconds(plain, AttentionKernel::kFa3, Phase::kForward, 192)));
-    CHECK(seconds(hw, AttentionKernel::kFa3, Phase::kBackward, 128) ==
-          rel(seconds(plain, AttentionKernel::kFa3, Phase::kBackward, 128)));
+    const double fa3_derived = at_4096("fa3", "bwd", false, 128) * at_4096("fa3", "fwd", true, 128) /
+                               at_4096("fa3", "fwd", false, 128);
+    CHECK(seconds(hw, AttentionKernel::kFa3, Phase::kBackward, 128) == rel(1e12 / (fa3_derived * sustained)));
     // cuDNN takes its own tables at the head dims they hold...
     CHECK(seconds(hw, AttentionKernel::kCudnn, Phase::kForward, 192) == rel(1e12 / (600e12 * sustained)));
-    CHECK(seconds(hw, AttentionKernel::kCudnn, Phase::kBackward, 128) == rel(1e12 / (300e12 * sustained)));
-    // ...and at head dim 64, below its causal backward's one head dim, derives that backward at 64 as before.
+    CHECK(seconds(hw, AttentionKernel::kCudnn, Phase::kBackward, 128) ==
+          rel(1e12 / (at_4096("cudnn", "bwd", true, 128) * sustained)));
+    // ...and at head dim 64, below its causal backward's one head dim, derives that backward at 64.
+    const double cudnn_derived_64 = at_4096("cudnn", "bwd", false, 64) * at_4096("cudnn", "fwd", true, 64) /
+                                    at_4096("cudnn", "fwd", false, 64);
     CHECK(seconds(hw, AttentionKernel::kCudnn, Phase::kBackward, 64) ==
-          rel(seconds(plain, AttentionKernel::kCudnn, Phase::kBackward, 64)));
+          rel(1e12 / (cudnn_derived_64 * sustained)));
   }
 
   TEST_CASE("the stack's attention kernel picks its row of the profile's attention tables") {
