@@ -391,7 +391,7 @@ double CostModel::grouped_gemm_seconds(const GemmShape& s, DType dtype, double* 
 // measured it, else FA3, else any other, in that order, so a table that exists for one kernel only does not
 // price another. Within a kernel, a causal backward without its own table at the op's head dim (none, or
 // only at other head dims) scales the non-causal backward by the forward's causal / non-causal ratio at the
-// same length; a table at other head dims is clamped to only where that derivation is impossible.
+// same length; the nearest head dim's causal-backward table is used only where that derivation is impossible.
 double CostModel::attention_seconds(const Op& op, double* rel_error) const {
   const bool fwd = op.phase != Phase::kBackward;
   const auto& a = op.attn;
