@@ -27,6 +27,18 @@ Plan one_node_plan(int64_t ep) {
   return p;
 }
 
+// The recurrent-mixer tests' plan: one node, ep 4, tp 2 (4096 tokens per rank's micro-batch).
+Plan tp2_node_plan() {
+  Plan p = one_node_plan(4);
+  p.attention.tp = 2;
+  return p;
+}
+
+// One layer's activations under tp2_node_plan() on a stack.
+cost::LayerActivations tp2_activations(const ModelSpec& m, const LayerSpec& layer, const char* stack) {
+  return cost::layer_activations(m, tp2_node_plan(), io::load_stack(stack).value(), layer, 1.0);
+}
+
 Plan sp_ep_plan() {
   Plan p;
   p.gpus = 8;
@@ -178,13 +190,10 @@ TEST_SUITE("cost") {
   TEST_CASE("a Gated DeltaNet saves under Megatron-Core what its autograd keeps, and no chunk states") {
     // Qwen3-Next layer 0 at tp 2, 4096 tokens: per rank conv channels 4096, 8 key and 16 value heads of 128.
     const ModelSpec qn = io::load_model("qwen3-next-80b-a3b").value();
-    Plan p = one_node_plan(4);
-    p.attention.tp = 2;
     const LayerSpec& gdn = qn.layers[0];
     REQUIRE(gdn.mixer == MixerKind::kLinearAttention);
     const double t = 4096;
-    const cost::LayerActivations mc =
-        cost::layer_activations(qn, p, io::load_stack("megatron-core").value(), gdn, 1.0);
+    const cost::LayerActivations mc = tp2_activations(qn, gdn, "megatron-core");
     // The conv's input, l2norm's q and k (1024 each), q and k repeated to 16 heads and v (2048 each), and per
     // value head g and two fp32 gate operands, beta and A's 64 bf16 columns; the gated norm's input and gate
     // and the out-projection's input (2048 each).
@@ -192,19 +201,17 @@ TEST_SUITE("cost") {
           doctest::Approx(t * ((4096 + 2 * 1024 + 2 * 2048 + 2048) * 2.0 + 16 * (4 + 2 + 128 + 8))));
     CHECK(mc.core_attn == doctest::Approx(t * 3 * 2048 * 2.0));
     // moerun keeps the in-projection and conv outputs, two value-width tensors and fp32 chunk states.
-    const cost::LayerActivations mr =
-        cost::layer_activations(qn, p, io::load_stack("moerun").value(), gdn, 1.0);
+    const cost::LayerActivations mr = tp2_activations(qn, gdn, "moerun");
     CHECK(mr.qkv == doctest::Approx(t * (2 * 2048 + 2 * 4096 + 64 + 2 * 2048 + 4096) / 2 * 2.0));
     CHECK(mr.core_attn == doctest::Approx(t * 2 * 2048 * 2.0 + 64.0 * 16 * 128 * 128 * 4));
     // Its gated attention layer keeps the gate (a split of the mixed QKV output the saved v holds) and the
     // gated product the out-projection saves: 8 heads of 256 per rank, each in bf16.
-    const StackProfile mcs = io::load_stack("megatron-core").value();
     const LayerSpec& attn = qn.layers[3];
     REQUIRE(attn.mixer == MixerKind::kAttention);
     ModelSpec ungated = qn;
     ungated.attention.output_gate = false;
-    const cost::LayerActivations with = cost::layer_activations(qn, p, mcs, attn, 1.0);
-    const cost::LayerActivations without = cost::layer_activations(ungated, p, mcs, attn, 1.0);
+    const cost::LayerActivations with = tp2_activations(qn, attn, "megatron-core");
+    const cost::LayerActivations without = tp2_activations(ungated, attn, "megatron-core");
     CHECK(with.qkv - without.qkv == doctest::Approx(t * 8 * 256 * 2.0));
     CHECK(with.core_attn - without.core_attn == doctest::Approx(t * 8 * 256 * 2.0));
   }
@@ -212,20 +219,16 @@ TEST_SUITE("cost") {
   TEST_CASE("a Mamba-2 mixer saves under Megatron-Core what mamba_ssm's combined function keeps") {
     // Nemotron-3 Nano layer 0 at tp 2, 4096 tokens: per rank in-projection 10304 / 2, inner 2048, 4 groups.
     const ModelSpec nh = io::load_model("nemotron-3-nano-30b-a3b").value();
-    Plan p = one_node_plan(4);
-    p.attention.tp = 2;
     const LayerSpec& mamba = nh.layers[0];
     REQUIRE(mamba.mixer == MixerKind::kMamba2);
     const double t = 4096;
-    const cost::LayerActivations mc =
-        cost::layer_activations(nh, p, io::load_stack("megatron-core").value(), mamba, 1.0);
+    const cost::LayerActivations mc = tp2_activations(nh, mamba, "megatron-core");
     // zxBCdt; the ungated scan output, the gated norm's input and the out-projection's input, and the
     // norm's fp32 rstd per group. No conv output, no chunk states.
     CHECK(mc.qkv == doctest::Approx(t * (2 * 4096 + 2 * 8 * 128 + 64) / 2 * 2.0));
     CHECK(mc.core_attn == doctest::Approx(t * (3 * 2048 * 2.0 + 4 * 4.0)));
     // moerun keeps the in-projection and conv outputs, two inner-width tensors and fp32 chunk states.
-    const cost::LayerActivations mr =
-        cost::layer_activations(nh, p, io::load_stack("moerun").value(), mamba, 1.0);
+    const cost::LayerActivations mr = tp2_activations(nh, mamba, "moerun");
     CHECK(mr.qkv == doctest::Approx(t * (10304 + 4096 + 2 * 8 * 128) / 2 * 2.0));
     CHECK(mr.core_attn == doctest::Approx(t * 2 * 2048 * 2.0 + 32.0 * 32 * 128 * 64 * 4));
   }
