@@ -1195,7 +1195,20 @@ SearchResult search(const ModelSpec& model, const HardwareProfile& hw, const Sta
     if (fa != fb) return fa;
     return a.prediction.step_time_s < b.prediction.step_time_s;
   });
-  ranked.resize(std::min(ranked.size(), static_cast<size_t>(options.top)));
+  const size_t listed = std::min(ranked.size(), static_cast<size_t>(options.top));
+  if (options.prefer_memory_margin && !ranked.empty()) {
+    prefer_memory_margin_among_ties(ranked);
+    for (size_t i = listed; i < ranked.size(); ++i) {
+      const Prediction& p = ranked[i].prediction;
+      if (!p.memory.fits() || p.step_time_s >= ranked.front().prediction.step_time_s) continue;
+      ++r.faster_tight_unlisted;
+      if (!r.fastest_tight_unlisted || p.step_time_s < r.fastest_tight_unlisted->prediction.step_time_s) {
+        r.fastest_tight_unlisted = ranked[i];
+        r.fastest_tight_rank = static_cast<int64_t>(i + 1);
+      }
+    }
+  }
+  ranked.resize(listed);
   r.simulate_s = seconds_since(t_simulate);
   if (options.keep_graphs) {
     // Again for the few kept, with their graphs (deterministic: the same numbers).

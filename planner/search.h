@@ -68,6 +68,12 @@ struct SearchResult {
   // Finalists the host held up (its issue time left the GPU idle) simulated again with per-layer CUDA graphs,
   // and of those, the ones the graphs made faster (their plan, with its cuda_graphs, replaces the first).
   int64_t graph_tried = 0, graph_kept = 0;
+  // With SearchOptions::prefer_memory_margin: finalists faster than the listed #1 that were ranked after the
+  // plans with memory margin and fell past `top` (tight ones, tied with it), the fastest of them and its
+  // place in the whole ranking (1-based: `--top` that lists it).
+  int64_t faster_tight_unlisted = 0;
+  std::optional<RankedPlan> fastest_tight_unlisted;
+  int64_t fastest_tight_rank = 0;
   double elapsed_s = 0;
   // Wall seconds of the phases: enumeration, pruning and the screen (one pass), the finalists' full
   // simulation.
@@ -96,6 +102,10 @@ struct SearchOptions {
   // (graphed_variant); the faster of the two is kept. 0: never.
   double graph_host_share = 0.01;
   bool keep_screened = false;
+  // Among the plans tied with #1, those whose memory range fits wholly first
+  // (prefer_memory_margin_among_ties), over every finalist before the list is cut to `top`: a tied plan with
+  // margin is listed even where `top` tight plans are faster. false: by step time alone.
+  bool prefer_memory_margin = false;
   // Stop after enumeration and the memory test (no screen, no simulation): counts, rejections and the
   // smallest memory need only.
   bool fit_only = false;
@@ -157,7 +167,8 @@ bool tied_with_best(const Prediction& best, const Prediction& p);
 // `ranked` sorted fitting plans first, fastest first: among the leading plans tied with #1 (plans the model
 // cannot order), those whose memory range fits wholly move ahead of tight ones (the high end of their memory
 // range does not fit), keeping their order otherwise. A user then starts from a plan with memory margin.
-// `plan` applies it to the plans it lists; search() itself ranks by step time alone.
+// search() applies it to all its finalists with SearchOptions::prefer_memory_margin (`plan` and `sweep` set
+// it); otherwise it ranks by step time alone.
 void prefer_memory_margin_among_ties(std::vector<RankedPlan>& ranked);
 
 // What each field of `describe` means, a few lines for the end of a table.

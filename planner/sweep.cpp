@@ -323,6 +323,7 @@ SweepRow sweep_row(const SweepCase& base, const std::string& key, const nlohmann
   }
   SearchOptions so = options.search;
   so.top = 1;
+  so.prefer_memory_margin = true;  // the plan `plan` ranks #1
   SearchResult r = search(c.model, c.hw, c.stack, routing.value(), c.job, c.space, so);
   if (r.plans.empty()) {
     row.reason = no_plan_reason(r, c.space);

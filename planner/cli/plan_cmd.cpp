@@ -232,6 +232,7 @@ Runner add_plan(CLI::App& app) {
     opts.top = o->top;
     opts.threads = o->threads;
     opts.keep_graphs = !o->out_dir.empty();
+    opts.prefer_memory_margin = true;
     const bool tty = isatty(STDERR_FILENO) && !o->json;
     if (tty) {
       opts.progress = [](int64_t enumerated) {
@@ -245,7 +246,6 @@ Runner add_plan(CLI::App& app) {
       // The pins left nothing to search: say which one, with the values the search has for it.
       return bad_input(planner::explain_unmatched_fix(model.value(), hw.value(), stack.value(), job, space));
     }
-    planner::prefer_memory_margin_among_ties(r.plans);
     for (auto& rp : r.plans) {
       rp.plan.model = o->model;
       rp.plan.hardware = o->hardware;
@@ -363,6 +363,7 @@ Runner add_plan(CLI::App& app) {
                             {"simulated", r.simulated},
                             {"cuda_graphs_tried", r.graph_tried},
                             {"cuda_graphs_kept", r.graph_kept},
+                            {"faster_tight_unlisted", r.faster_tight_unlisted},
                             {"hbm_capacity_bytes", r.capacity_bytes},
                             {"smallest_memory_need", smallest},
                             {"elapsed_s", r.elapsed_s}};
@@ -436,6 +437,17 @@ Runner add_plan(CLI::App& app) {
           "overlaps #1's,\nso the model cannot tell the two apart ({} of the {} listed, #1 included); among "
           "such ties, plans\nwhose memory range fits wholly come before tight ones.\n",
           tied, r.plans.size());
+      if (r.fastest_tight_unlisted) {
+        const Prediction& p = r.fastest_tight_unlisted->prediction;
+        fmt::print(
+            "{} faster plan{} tied with #1 but tight {} not listed; the fastest, at #{} (--top {} lists it): "
+            "{}, {:.0f} tok/s/GPU ({:+.1f}%), {:.1f}-{:.1f} GiB.\n",
+            r.faster_tight_unlisted, r.faster_tight_unlisted == 1 ? "" : "s",
+            r.faster_tight_unlisted == 1 ? "is" : "are", r.fastest_tight_rank, r.fastest_tight_rank,
+            planner::describe(r.fastest_tight_unlisted->plan), p.tokens_per_s_per_gpu,
+            100 * (p.tokens_per_s / best.tokens_per_s - 1), p.memory.total_low() / kGiB,
+            p.memory.total_high() / kGiB);
+      }
       fmt::print(
           "MFU: model FLOPs (no recompute) / (step time x GPUs x the dense peak of the plan's precision: FP8 "
           "for\nFP8 plans); bf16: the same against the dense BF16 peak. exp.com: communication seconds per "

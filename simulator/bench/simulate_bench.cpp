@@ -3,7 +3,8 @@
 // their step times differ, for the reference cases and for growing GPU and micro-batch counts; peak
 // memory. `fitted_ms` is predict() with the hardware profile's cost-model fit (a few ms) done once
 // beforehand, as the planner prices its finalists. Usage: moeplan_simulate_bench [repeats=5 [threads=1]] |
-// --million [repeats [threads]]. `threads` is predict()'s for the periodic steady state's runs; the whole
+// --million [repeats [threads]] | --loop 352b|dsv3 [repeats [threads]] (one case's predict() alone, for
+// a profiler). `threads` is predict()'s for the periodic steady state's runs; the whole
 // step runs on one.
 #include <sys/resource.h>
 
@@ -152,10 +153,11 @@ Plan deepseek_v3(int64_t global_batch) {
 
 // `moeplan_simulate_bench [repeats=5 [threads]]`: the table; `moeplan_simulate_bench --million [repeats]`:
 // only the global batch of 1,048,576 sequences as simulate predicts it, so that the peak RSS printed is
-// that case's alone.
+// that case's alone; `--loop 352b|dsv3 [repeats]`: that case's predict() alone, medians.
 int main(int argc, char** argv) {
   const bool million = argc > 1 && std::strcmp(argv[1], "--million") == 0;
-  const int arg = million ? 2 : 1;
+  const bool loop = argc > 1 && std::strcmp(argv[1], "--loop") == 0;
+  const int arg = million ? 2 : loop ? 3 : 1;
   const int repeats = argc > arg ? std::max(1, std::atoi(argv[arg])) : 5;
   g_threads = argc > arg + 1 ? std::max(1, std::atoi(argv[arg + 1])) : 1;
   fmt::print("threads for the periodic runs: {}\n", g_threads);
@@ -166,6 +168,26 @@ int main(int argc, char** argv) {
   const StackProfile deepep = io::load_stack("megatron-core-deepep").value();
   const ModelSpec m352 = io::load_model("internal-352b").value();
   const ModelSpec v3 = io::load_model("deepseek-v3").value();
+  if (loop) {
+    // A profiling aid: predict() of one case `repeats` times with the hardware fit shared, nothing else, so
+    // that `perf record` sees only the periodic steady state's path.
+    const bool dsv3 = argc > 2 && std::strcmp(argv[2], "dsv3") == 0;
+    const int n = repeats;
+    const ModelSpec& m = dsv3 ? v3 : m352;
+    const Plan p = dsv3 ? deepseek_v3(122880) : internal_352b(1440, 720);
+    const StackProfile& st = dsv3 ? deepep : moerun;
+    const auto fit = cost::CostModel::fit_hardware(h800);
+    std::vector<double> times;
+    for (int i = 0; i < n; ++i) {
+      double sec = 0;
+      predict_once(m, p, h800, st, false, sec, fit);
+      times.push_back(sec);
+    }
+    std::sort(times.begin(), times.end());
+    fmt::print("{}: {} runs, median {:.2f} ms, least {:.2f} ms\n", dsv3 ? "dsv3 gb122880" : "352b 1440 GPUs",
+               n, 1e3 * times[times.size() / 2], 1e3 * times.front());
+    return 0;
+  }
   header();
   if (million) {
     row("DeepSeek-V3 16384 GPUs gb1048576 (deepep)",

@@ -737,6 +737,58 @@ TEST_SUITE("planner.search") {
     CHECK(all_tight[2].plan.gpus == 3);
   }
 
+  TEST_CASE(
+      "plans with memory margin tied with #1 are preferred over every finalist before the list is cut") {
+    // The default job of `moeplan plan` (Mixtral-8x22B on 128 H100s, Megatron-Core): its fastest finalists
+    // are tight (the high end of their memory range does not fit), and plans with margin tie with them.
+    // Cut to the top 5 first and reordered after (as `plan` did before), the list held only tight plans.
+    Setup s("mixtral-8x22b");
+    s.stack = io::load_stack("megatron-core").value();
+    const planner::Job job{128, 4096, 256};
+    planner::SearchOptions opts;
+    opts.finalists = 32;
+    opts.top = 32;
+    const planner::SearchResult all = planner::search(s.model, s.hw, s.stack, s.routing, job, {}, opts);
+    REQUIRE(all.plans.size() == 32);
+    // The case this test is about: a tight plan first by step time, a plan with margin tied with it.
+    REQUIRE(all.plans.front().prediction.memory.tight());
+    const bool margin_tied =
+        std::any_of(all.plans.begin(), all.plans.end(), [&](const planner::RankedPlan& r) {
+          return !r.prediction.memory.tight() && r.prediction.memory.fits() &&
+                 planner::tied_with_best(all.plans.front().prediction, r.prediction);
+        });
+    REQUIRE(margin_tied);
+    std::vector<planner::RankedPlan> expected = all.plans;
+    planner::prefer_memory_margin_among_ties(expected);
+
+    opts.top = 5;
+    opts.prefer_memory_margin = true;
+    const planner::SearchResult cut = planner::search(s.model, s.hw, s.stack, s.routing, job, {}, opts);
+    REQUIRE(cut.plans.size() == 5);
+    for (size_t i = 0; i < 5; ++i) {
+      CAPTURE(i);
+      CHECK(key_of(cut.plans[i].plan) == key_of(expected[i].plan));
+    }
+    CHECK_FALSE(cut.plans.front().prediction.memory.tight());
+    // The faster tight plans the cut left out are counted, and the fastest named with its place.
+    int64_t faster = 0;
+    for (size_t i = 5; i < expected.size(); ++i) {
+      faster += expected[i].prediction.memory.fits() &&
+                expected[i].prediction.step_time_s < cut.plans.front().prediction.step_time_s;
+    }
+    CHECK(faster > 0);
+    CHECK(cut.faster_tight_unlisted == faster);
+    REQUIRE(cut.fastest_tight_unlisted);
+    CHECK(key_of(cut.fastest_tight_unlisted->plan) == key_of(all.plans.front().plan));
+    CHECK(key_of(expected[static_cast<size_t>(cut.fastest_tight_rank - 1)].plan) ==
+          key_of(all.plans.front().plan));
+    // Without the option the search ranks by step time alone.
+    opts.prefer_memory_margin = false;
+    const planner::SearchResult plain = planner::search(s.model, s.hw, s.stack, s.routing, job, {}, opts);
+    CHECK(key_of(plain.plans.front().plan) == key_of(all.plans.front().plan));
+    CHECK(plain.faster_tight_unlisted == 0);
+  }
+
   TEST_CASE("finalists the host holds up are simulated again with CUDA graphs, kept where faster") {
     // Qwen3-30B-A3B on one node at 512 tokens, one sequence per micro-batch: the GPU waits for the host to
     // issue attention's and the router's kernels. On Megatron-Core the search simulates each such finalist

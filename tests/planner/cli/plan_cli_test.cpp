@@ -57,13 +57,48 @@ TEST_SUITE("cli") {
     }
     CAPTURE(faster);
     CHECK((r.out.find("faster than #1 as given") != std::string::npos) == !faster.empty());
-    // A tight plan shows its memory range: the low end fits the 79.65 GiB, the high end does not, and the
-    // "mem GiB" column (the middle) lies between them.
+    // Among the rows tied with #1, those with memory margin come first, chosen from every finalist: no tight
+    // tied row before a tied row with margin. The default job's fastest finalists are tight and tie with
+    // plans that fit wholly, so the list starts with those, and a line says how many faster tight plans were
+    // left out, naming the fastest with the --top that lists it.
+    const std::regex tied_row(R"(^\s*(\d+)\s+tp\d.*(best|%=).*$)");
+    bool tight_seen = false;
+    int tied_rows = 0;
+    std::istringstream table(r.out);
+    for (std::string line; std::getline(table, line);) {
+      if (!std::regex_match(line, tied_row)) continue;
+      CAPTURE(line);
+      ++tied_rows;
+      const bool tight = line.find("(tight") != std::string::npos;
+      CHECK_FALSE((tight_seen && !tight));
+      tight_seen = tight_seen || tight;
+    }
+    CHECK(tied_rows > 0);
+    const std::regex unlisted(
+        R"((\d+) faster plans? tied with #1 but tight (is|are) not listed; the fastest, at #(\d+) )"
+        R"(\(--top (\d+) lists it\): (tp\d[^,]*),)");
+    std::smatch u;
+    REQUIRE(std::regex_search(r.out, u, unlisted));
+    CHECK(std::stoi(u[1].str()) > 0);
+    CHECK(u[3].str() == u[4].str());
+    CHECK(std::stoi(u[3].str()) > 5);
+    // Listed with that --top: the named plan at that place, tight. A tight plan shows its memory range: the
+    // low end fits the 79.65 GiB, the high end does not, and the "mem GiB" column (the middle) lies between.
+    const Run longer = run_cli("plan --no-assumptions --top " + u[4].str());
+    REQUIRE_MESSAGE(longer.exit_code == 0, longer.err);
+    const std::regex numbered(R"(^\s*)" + u[3].str() + R"(\s+(tp\d.*\S)\s+\d+\s+\d+-\d+\s)");
     const std::regex tight(R"(\s(\d+\.\d)\s+\S+\s+\S+\s+\(tight: (\d+\.\d)-(\d+\.\d) GiB\))");
     int tight_rows = 0;
-    std::istringstream rows(r.out);
+    bool named_listed = false;
+    std::istringstream rows(longer.out);
     for (std::string line; std::getline(rows, line);) {
       std::smatch m;
+      if (std::regex_search(line, m, numbered)) {
+        CAPTURE(line);
+        named_listed = true;
+        CHECK(m[1].str() == u[5].str());
+        CHECK(line.find("(tight") != std::string::npos);
+      }
       if (!std::regex_search(line, m, tight)) continue;
       CAPTURE(line);
       ++tight_rows;
@@ -73,11 +108,13 @@ TEST_SUITE("cli") {
       CHECK(low <= mid);
       CHECK(mid <= high);
     }
-    // Every "(tight" in the table carries its range (the default job has some).
-    size_t labels = 0;
-    for (size_t at = r.out.find("(tight"); at != std::string::npos; at = r.out.find("(tight", at + 1))
-      ++labels;
+    CHECK(named_listed);
     CHECK(tight_rows > 0);
+    // Every "(tight" in the table carries its range.
+    size_t labels = 0;
+    for (size_t at = longer.out.find("(tight"); at != std::string::npos;
+         at = longer.out.find("(tight", at + 1))
+      ++labels;
     CHECK(static_cast<size_t>(tight_rows) == labels);
     if (!faster.empty())
       CHECK(r.out.find(faster + (faster.find(',') == std::string::npos ? " is" : " are") +
