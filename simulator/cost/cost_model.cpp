@@ -579,10 +579,13 @@ double CostModel::inter_node_seconds(const CommSpec& c, const Placement& p, doub
     if (rel_error) *rel_error = std::max(err, intra_err);
     return net_lat * d(k - 1) + std::max(off_node / (nic * eff), t_nvlink);
   }
-  // Measured inter-node curve of this collective (nearest rank count in log), else the hierarchical model.
+  // Measured inter-node curve of this collective (nearest rank count in log) with as many ranks per node as
+  // the group (a curve over whole nodes says nothing of a group with one rank per node, whose ranks each have
+  // their own NIC only), else the hierarchical model.
   const Curve* best = nullptr;
   for (const auto& cv : fit_->curves) {
     if (cv.collective != c.collective || cv.scope != Scope::kInterNode) continue;
+    if (cv.nodes <= 0 || cv.ranks != cv.nodes * g) continue;
     if (!best || std::abs(std::log(d(cv.ranks) / d(n))) < std::abs(std::log(d(best->ranks) / d(n))))
       best = &cv;
   }

@@ -676,6 +676,13 @@ class Builder {
   // overlap), which the layer's gradient sync must also wait for; -1 when the side stream is not used.
   std::vector<int32_t> layer_last_side_bwd_;
   std::vector<int32_t> layer_param_gather_;
+  // The parameters outside the layers on Megatron stacks: the embedding (with virtual stage 0), the output
+  // layer and final norm (with the last), and an MTP module's copy of the embedding (beside the output layer
+  // on another stage, untied). Per part: the op after which its gradient is complete (the last micro-batch's
+  // backward; ZeRO >= 2: each micro-batch's), its first forward and its parameter gather, -1 where none.
+  enum VocabPart { kVocabEmbedding, kVocabHead, kVocabMtpEmbedding, kVocabParts };
+  std::array<int32_t, kVocabParts> vocab_last_bwd_{-1, -1, -1}, vocab_first_fwd_{-1, -1, -1},
+      vocab_gather_{-1, -1, -1};
   int32_t last_dp_op_ = -1;   // last op on the current stage's DP stream
   int32_t weight_cast_ = -1;  // the stage's FP8 weight cast (first forward waits for it)
 
@@ -686,6 +693,36 @@ class Builder {
     // An MTP module adds its projection [2h -> h] and three norms to its decoder layer.
     const double mtp_extra = layer >= n_main_ ? 2.0 * d(m_.hidden) * d(m_.hidden) + 3.0 * d(m_.hidden) : 0.0;
     return {(lp.total() - lp.routed_experts + mtp_extra) / d(tp_), lp.routed_experts / d(ep_ * etp_)};
+  }
+  // The rank's parameters of a part outside the layers on `stage` (0 where the stage does not hold it, or on
+  // stacks other than Megatron's, whose executor keeps them whole and syncs them itself): a vocabulary shard
+  // [vocab / tp, h] (VocabParallelEmbedding, the column-parallel output layer), the output layer with the
+  // final norm, none when tied to an embedding on the same stage; the MTP stage's own embedding when the
+  // output layer is untied and the embedding is elsewhere (gpt_model.py:173), as the memory model counts
+  // them.
+  double vocab_params(int part, int64_t stage) const {
+    if (!megatron_ || !o_.embedding_and_head) return 0.0;
+    const int64_t first = stage_of_virtual(0), last = stage_of_virtual(pp_ * vpp_ - 1);
+    const double table = d(m_.vocab) * d(m_.hidden) / d(tp_);
+    switch (part) {
+      case kVocabEmbedding:
+        return stage == first ? table : 0.0;
+      case kVocabHead:
+        if (stage != last) return 0.0;
+        return (m_.tied_embeddings && first == last ? 0.0 : table) + d(m_.hidden);
+      default:
+        return stage == last && first != last && mtp_ > 0 && !m_.tied_embeddings ? table : 0.0;
+    }
+  }
+  // A part's first forward op on the stage (its gathered parameters must be there first).
+  void first_forward(int part, int32_t op) {
+    if (vocab_first_fwd_[static_cast<size_t>(part)] < 0) vocab_first_fwd_[static_cast<size_t>(part)] = op;
+  }
+  // A part's gradient is complete after `op` when `mb` is the step's last micro-batch (ZeRO >= 2: after
+  // each).
+  void gradient_done(int part, int32_t mb, int32_t op) {
+    if (mb == p_.num_micro_batches() - 1 || p_.data.zero >= 2)
+      vocab_last_bwd_[static_cast<size_t>(part)] = op;
   }
   // A layer's parameters that Megatron keeps whole on every TP rank and whose gradients it all-reduces over
   // TP once per step: those marked sequence_parallel (the norms, the router: router.py, TE's norms; MLA's
@@ -739,6 +776,33 @@ class Builder {
     const int32_t reduced = emit(ar, stage, 0, -1, -1, Phase::kOptimizer, {flat});
     return emit(mem(OpName::kTpGradCopy, MemOp::kActivation, 2.0 * bytes, Stream::kCompute, tensors), stage,
                 0, -1, -1, Phase::kOptimizer, {reduced});
+  }
+  // The all-gather of a part outside the layers (vocab_params) from its replicas (ZeRO): BF16 (Megatron keeps
+  // the embedding and output layer in BF16 under FP8 parameters too); -1 if none.
+  int32_t emit_vocab_gather(int part, int16_t stage, Phase phase, Stream stream, int32_t after = -1) {
+    const double params = vocab_params(part, stage);
+    Op ag = base(OpName::kParamAg, OpKind::kCollective, stream);
+    ag.comm = comm(Collective::kAllGather, CommGroup::kAttnReplica, params * 2.0, DType::kBf16);
+    if (params <= 0 || ag.comm.group_size <= 1) return -1;
+    return emit(ag, stage, 0, -1, -1, phase, {after});
+  }
+  // Megatron's all-reduce of the word embedding's gradient between the first and the last pipeline stage
+  // when the last holds a copy of it (tied output layer, or an MTP module's embedding:
+  // finalize_model_grads.py _allreduce_word_embedding_grads at d98e8a64, after the TP-replicated
+  // gradients), the whole [vocab / tp, h] gradient in the gradient buffer's dtype over the two ranks, on the
+  // compute stream before the optimizer step. Returns the last op (`after` where there is none).
+  int32_t emit_embedding_grad_sync(int16_t stage, int32_t after) {
+    const int64_t first = stage_of_virtual(0), last = stage_of_virtual(pp_ * vpp_ - 1);
+    if (!megatron_ || !o_.embedding_and_head || first == last || (stage != first && stage != last))
+      return after;
+    if (!m_.tied_embeddings && mtp_ == 0) return after;
+    const DType grads =
+        p_.compression.grad_sync == GradSync::kBf16ReduceScatter ? DType::kBf16 : DType::kFp32;
+    Op ar = coll(OpName::kEmbedGradAr, Collective::kAllReduce, CommGroup::kPp,
+                 d(m_.vocab) * d(m_.hidden) / d(tp_) * bytes_of(grads), grads);
+    ar.comm.stride = static_cast<int32_t>((last - first) * (p_.gpus / pp_));
+    ar.stream = Stream::kCompute;
+    return emit(ar, stage, 0, -1, -1, Phase::kOptimizer, {after});
   }
   // All-gathers of a layer's parameters from their replicas (ZeRO): bf16, or FP8 under fp8_param_gather (a
   // layer's GEMM weights; its norms, biases and router, BF16 in Megatron, are under 0.1 % of its
@@ -2197,6 +2261,7 @@ Builder::TaskState Builder::task_begin(int16_t stage, const PipelineTask& task) 
     if (ts.v == 0 && o_.embedding_and_head) {
       ts.track(emit(embedding_op(OpName::kEmbedding, embedded_tokens()), stage, task.chunk, -1, mb,
                     Phase::kForward, {weight_cast_}));
+      first_forward(kVocabEmbedding, ts.cur);
       if (megatron_tp())
         ts.track(emit(embed_exchange(embedded_tokens(), true), stage, task.chunk, -1, mb, Phase::kForward,
                       {ts.cur}));
@@ -2211,6 +2276,7 @@ Builder::TaskState Builder::task_begin(int16_t stage, const PipelineTask& task) 
     ts.track(emit(walks(mem(OpName::kFinalNorm, MemOp::kNorm, 4.0 * d(embedded_tokens() * h) * dt),
                         d(embedded_tokens()), h),
                   stage, task.chunk, -1, mb, Phase::kBackward, {dgrad}));
+    gradient_done(kVocabHead, mb, ts.cur);  // after the output layer's weight gradient on the same stream
   }
   return ts;
 }
@@ -2319,6 +2385,7 @@ void Builder::task_end(TaskState& ts) {
       Op head = gemm(OpName::kLmHead, tg, m_.vocab / tp_, h);
       in_bf16(head);  // Megatron keeps the output layer in BF16
       ts.track(emit(head, stage, task.chunk, -1, mb, Phase::kForward, {ts.cur}));
+      first_forward(kVocabHead, ts.cur);
       const int32_t main_input = ts.cur;
       ts.track(emit(loss_op(OpName::kLoss, true, tg), stage, task.chunk, -1, mb, Phase::kForward, {ts.cur}));
       ts.track(loss_reductions(ts, ts.cur, tg));
@@ -2335,6 +2402,7 @@ void Builder::task_end(TaskState& ts) {
                     {ts.cur}));
     ts.track(emit(embedding_op(OpName::kEmbedding, embedded_tokens()), stage, task.chunk, -1, mb,
                   Phase::kBackward, {ts.cur}));
+    gradient_done(kVocabEmbedding, mb, ts.cur);
   }
   task_first_[task_index(mb, ts.v, task.forward)] = ts.first;
   // Send the activation (forward) or its gradient (backward) to the neighbouring virtual stage; DualPipeV's
@@ -2383,6 +2451,7 @@ void Builder::emit_mtp(TaskState& ts) {
     for (int64_t j = 0; j < mtp_; ++j) {
       const int32_t trunk = ts.cur;
       int32_t emb = emit(embedding_op(OpName::kMtpEmbedding, t_), stage, chunk, -1, mb, Phase::kForward, {});
+      first_forward(kVocabMtpEmbedding, emb);
       if (megatron_tp()) emb = emit(embed_exchange(t_, true), stage, chunk, -1, mb, Phase::kForward, {emb});
       ts.track(emit(norms, stage, chunk, -1, mb, Phase::kForward, {trunk, emb}));
       if (megatron_) ts.track(emit(cat, stage, chunk, -1, mb, Phase::kForward, {ts.cur}));
@@ -2439,7 +2508,9 @@ void Builder::emit_mtp(TaskState& ts) {
     // trunk's path.
     int32_t emb = ts.cur;
     if (megatron_tp()) emb = emit(embed_exchange(t_, false), stage, chunk, -1, mb, Phase::kBackward, {emb});
-    emit(embedding_op(OpName::kMtpEmbedding, t_), stage, chunk, -1, mb, Phase::kBackward, {emb});
+    gradient_done(
+        kVocabMtpEmbedding, mb,
+        emit(embedding_op(OpName::kMtpEmbedding, t_), stage, chunk, -1, mb, Phase::kBackward, {emb}));
   }
 }
 
@@ -2567,6 +2638,21 @@ void Builder::emit_data_parallel(int16_t stage) {
       }
     }
   }
+  // The parts outside the layers, in the gradient buffer as any parameter (DDP buckets): reduced over the
+  // attention replicas like the layers' dense parameters (the BF16 all-to-all sync is MegaScale-MoE's for
+  // its layers; these take the reduce-scatter).
+  for (int part = kVocabParts; part-- > 0;) {
+    const int32_t after = vocab_last_bwd_[static_cast<size_t>(part)];
+    if (after < 0) continue;
+    vocab_last_bwd_[static_cast<size_t>(part)] = -1;
+    const double params = vocab_params(part, stage);
+    Op rs = base(OpName::kGradRs, OpKind::kCollective, dp_stream_);
+    rs.comm =
+        comm(p_.data.zero == 0 ? Collective::kAllReduce : Collective::kReduceScatter, CommGroup::kAttnReplica,
+             params * grad_bytes, grad_bytes == 2.0 ? DType::kBf16 : DType::kFp32);
+    if (params <= 0 || rs.comm.group_size <= 1) continue;
+    emit(rs, stage, 0, -1, -1, Phase::kBackward, {after});
+  }
 }
 
 // FP8: TE quantises each GEMM weight (and its transpose) once per step, at the first micro-batch, and caches
@@ -2650,6 +2736,9 @@ OpGraph Builder::build() {
   for (int16_t stage = 0; stage < pp_; ++stage) {
     last_dp_op_ = -1;
     std::fill(layer_first_fwd_.begin(), layer_first_fwd_.end(), -1);
+    vocab_last_bwd_.fill(-1);
+    vocab_first_fwd_.fill(-1);
+    vocab_gather_.fill(-1);
     std::vector<int64_t> stage_layers;
     for (int16_t c = 0; c < vpp_; ++c) {
       const int64_t v = vstage(c, stage);
@@ -2665,6 +2754,9 @@ OpGraph Builder::build() {
     // by layer ahead of their first forward (Megatron overlaps this all-gather with the forward pass).
     const bool prefetch = (p_.data.zero == 1 || p_.data.zero == 2) && p_.overlap.dp_comm && o_.data_parallel;
     if (prefetch) {
+      for (int part = 0; part < kVocabParts; ++part)
+        vocab_gather_[static_cast<size_t>(part)] =
+            emit_vocab_gather(part, stage, Phase::kForward, Stream::kDpComm);
       for (int64_t l : stage_layers) {
         layer_param_gather_[static_cast<size_t>(l)] =
             emit_param_gather(l, stage, 0, -1, Phase::kForward, Stream::kDpComm);
@@ -2693,6 +2785,8 @@ OpGraph Builder::build() {
       for (int64_t l : stage_layers) {
         dep(layer_first_fwd_[static_cast<size_t>(l)], layer_param_gather_[static_cast<size_t>(l)]);
       }
+      for (int part = 0; part < kVocabParts; ++part)
+        dep(vocab_first_fwd_[static_cast<size_t>(part)], vocab_gather_[static_cast<size_t>(part)]);
     }
     if (!o_.data_parallel) continue;
     // Optimizer step over this rank's shard, once every gradient of the stage is synchronised.
@@ -2701,11 +2795,16 @@ OpGraph Builder::build() {
       const auto [dense, experts] = local_params(l);
       shard += p_.data.zero == 0 ? dense + experts : dense / d(sp_ * cp_ * dp_) + experts / d(edp_);
     }
+    for (int part = 0; part < kVocabParts; ++part) {
+      const double params = vocab_params(part, stage);
+      shard += p_.data.zero == 0 ? params : params / d(sp_ * cp_ * dp_);
+    }
     int32_t ready = g_.ops.back().id;
     if (megatron_tp()) {
       const bool last = stage == stage_of_virtual(pp_ * vpp_ - 1);
       ready = emit_tp_replicated_grad_sync(stage, stage_layers, last, ready);
     }
+    ready = emit_embedding_grad_sync(stage, ready);
     Op opt = base(OpName::kOptimizerStep, OpKind::kOptimizer, Stream::kCompute);
     opt.hbm_bytes = shard * kAdamStepBytesPerParam;
     opt.flops = shard * 12.0;
@@ -2715,6 +2814,8 @@ OpGraph Builder::build() {
     if (!prefetch && (p_.data.zero == 1 || p_.data.zero == 2)) {
       for (int64_t l : stage_layers)
         emit_param_gather(l, stage, 0, -1, Phase::kOptimizer, Stream::kCompute, o);
+      for (int part = 0; part < kVocabParts; ++part)
+        emit_vocab_gather(part, stage, Phase::kOptimizer, Stream::kCompute, o);
     }
   }
 

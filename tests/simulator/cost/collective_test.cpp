@@ -129,6 +129,25 @@ TEST_SUITE("cost") {
     }
   }
 
+  TEST_CASE("an all-reduce over one rank per node runs at that rank's NIC, not at a whole-node curve") {
+    // H100 profile: its inter-node all-reduce curves are over whole nodes (8 ranks per node). A group with
+    // one rank on each of two nodes (stride 8: Megatron's embedding group between pipeline stages, a DP
+    // group under tp 8) moves 2 (n-1)/n = 1 x its bytes through each rank's own 47 GB/s NIC: the ring's
+    // closed form, the hierarchical model with g = 1. Over whole nodes the measured curve still prices it,
+    // far faster.
+    const auto p = load("h100-sxm");
+    const cost::CostModel cm(p.hw, p.stack);
+    const double bytes = 1.0 * kGiB;
+    const double nic = p.hw.scale_out.nic_bw_achieved_bytes_per_s.value;
+    const double lat = 2.0 * p.hw.scale_out.net_latency_s.value;
+    const double t = cm.collective_seconds(spec(Collective::kAllReduce, 2, 8, bytes), nullptr, nullptr);
+    CHECK(t == doctest::Approx(lat + bytes / nic).scale(0));
+    const double t4 = cm.collective_seconds(spec(Collective::kAllReduce, 4, 8, bytes), nullptr, nullptr);
+    CHECK(t4 == doctest::Approx(3.0 * lat + bytes * 1.5 / nic).scale(0));
+    const double whole = cm.collective_seconds(spec(Collective::kAllReduce, 32, 1, bytes), nullptr, nullptr);
+    CHECK(whole < t / 3);
+  }
+
   TEST_CASE("H800's NVLink makes intra-node collectives slower than H100's") {
     const auto a = load("h100-sxm"), b = load("h800-sxm");
     const cost::CostModel ca(a.hw, a.stack), cb(b.hw, b.stack);

@@ -901,6 +901,105 @@ TEST_SUITE("workload") {
           lower(deepseek_v3(1, 0), one_own, stack_options("megatron-core")).ops.size());
   }
 
+  TEST_CASE(
+      "Megatron syncs the embedding's and output layer's gradients as any parameter's, the MTP copy's across "
+      "the end stages") {
+    // Mixtral-8x7B cut to two layers (vocabulary 32000, h 4096, untied), 16 GPUs: tp 2, pp 2 (a layer per
+    // stage), 4 attention replicas, ZeRO-1 with overlapped DP communication, two micro-batches per rank. A
+    // rank holds a vocabulary shard of 32000 / 2 x 4096 of the embedding (stage 0) and of the output layer
+    // (stage 1, with the final norm's 4096).
+    const ModelSpec m = mixtral(2);
+    Plan p;
+    p.gpus = 16;
+    p.seq_len = 4096;
+    p.global_batch = 8;
+    p.attention.tp = 2;
+    p.experts.ep = 8;
+    p.pipeline.pp = 2;
+    p.data.zero = 1;
+    p.overlap.dp_comm = true;
+    const double table = 32000.0 / 2 * 4096;
+    auto outside = [](const OpGraph& g, OpName n, int stage) {
+      std::vector<const Op*> out;
+      for (const Op& op : g.ops) {
+        if (op.name == static_cast<uint16_t>(n) && op.layer == -1 && op.stage == stage) out.push_back(&op);
+      }
+      return out;
+    };
+    auto last_backward = [](const OpGraph& g, OpName n) -> const Op& {
+      const Op* last = nullptr;
+      for (const Op& op : g.ops) {
+        if (op.name == static_cast<uint16_t>(n) && op.phase == Phase::kBackward) last = &op;
+      }
+      REQUIRE(last != nullptr);
+      return *last;
+    };
+    const OpGraph g = lower(m, p, stack_options("megatron-core"));
+    const auto rs0 = outside(g, OpName::kGradRs, 0), rs1 = outside(g, OpName::kGradRs, 1);
+    REQUIRE(rs0.size() == 1);
+    REQUIRE(rs1.size() == 1);
+    for (const Op* rs : {rs0[0], rs1[0]}) {
+      CHECK(rs->comm.collective == Collective::kReduceScatter);
+      CHECK(rs->comm.group == CommGroup::kAttnReplica);
+      CHECK(rs->comm.group_size == 4);
+      CHECK(rs->stream == Stream::kDpComm);
+    }
+    CHECK(rs0[0]->comm.bytes == rel(4.0 * table));           // fp32 main gradients
+    CHECK(rs1[0]->comm.bytes == rel(4.0 * (table + 4096)));  // with the final norm
+    // Each waits for its part's last backward: the last micro-batch's embedding, its final norm (after the
+    // output layer's weight gradient on the same stream).
+    const Op& emb_bwd = last_backward(g, OpName::kEmbedding);
+    CHECK(emb_bwd.micro_batch == 1);
+    CHECK(depends(g, *rs0[0], emb_bwd));
+    CHECK(depends(g, *rs1[0], last_backward(g, OpName::kFinalNorm)));
+    // ZeRO-1 gathers them ahead of their first forward, in BF16.
+    const auto ag0 = outside(g, OpName::kParamAg, 0), ag1 = outside(g, OpName::kParamAg, 1);
+    REQUIRE(ag0.size() == 1);
+    REQUIRE(ag1.size() == 1);
+    CHECK(ag0[0]->comm.bytes == rel(2.0 * table));
+    CHECK(ag1[0]->comm.bytes == rel(2.0 * (table + 4096)));
+    CHECK(depends(g, the_end_op(g, OpName::kEmbedding), *ag0[0]));
+    CHECK(depends(g, the_end_op(g, OpName::kLmHead), *ag1[0]));
+    // The optimizer steps their shards too (a quarter each), beside the layers' (moerun's executor keeps
+    // them whole and syncs them itself: nothing lowered there).
+    const OpGraph mr = lower(m, p, stack_options("moerun"));
+    for (int stage : {0, 1}) {
+      CAPTURE(stage);
+      CHECK(outside(mr, OpName::kGradRs, stage).empty());
+      const double extra = (stage == 0 ? table : table + 4096) / 4.0 * kAdamStepBytesPerParam;
+      CHECK(outside(g, OpName::kOptimizerStep, stage).front()->hbm_bytes -
+                outside(mr, OpName::kOptimizerStep, stage).front()->hbm_bytes ==
+            rel(extra));
+    }
+    // Untied and without MTP the end stages share nothing: no all-reduce between them.
+    CHECK(outside(g, OpName::kEmbedGradAr, 0).empty());
+    CHECK(outside(g, OpName::kEmbedGradAr, 1).empty());
+
+    // With an MTP module the last stage holds its own copy of the embedding (synced over the replicas too),
+    // and finalize_model_grads all-reduces the copy's and the embedding's gradients between the two stages
+    // (ranks 8 apart), on the compute stream, before the optimizer step.
+    ModelSpec with_mtp = m;
+    with_mtp.mtp_layers = 1;
+    const OpGraph t = lower(with_mtp, p, stack_options("megatron-core"));
+    CHECK(outside(t, OpName::kGradRs, 1).size() == 2);
+    for (int stage : {0, 1}) {
+      CAPTURE(stage);
+      const auto ar = outside(t, OpName::kEmbedGradAr, stage);
+      REQUIRE(ar.size() == 1);
+      CHECK(ar[0]->comm.collective == Collective::kAllReduce);
+      CHECK(ar[0]->comm.group_size == 2);
+      CHECK(ar[0]->comm.stride == 8);
+      CHECK(ar[0]->comm.bytes == rel(4.0 * table));
+      CHECK(ar[0]->stream == Stream::kCompute);
+      CHECK(depends(t, *outside(t, OpName::kOptimizerStep, stage).front(), *ar[0]));
+    }
+    // One stage holding both ends has nothing to all-reduce.
+    Plan one = p;
+    one.gpus = 8;
+    one.pipeline.pp = 1;
+    CHECK(outside(lower(with_mtp, one, stack_options("megatron-core")), OpName::kEmbedGradAr, 0).empty());
+  }
+
   TEST_CASE("Megatron all-reduces over TP the gradients every TP rank holds whole, before the optimizer") {
     // DeepSeek-V3, one MoE layer, tp 2, pp 1: the two norms and the router (marked sequence_parallel), the
     // q and kv latent norms (1536 + 512), MLA's duplicated down projections (7168 x (1536 + 512 + 64)) and
@@ -2215,10 +2314,19 @@ TEST_SUITE("workload") {
     const auto bf16_gathers = all_named(bf16_params, OpName::kParamAg);
     REQUIRE(!gathers.empty());
     REQUIRE(gathers.size() == bf16_gathers.size());
+    int outside = 0;
     for (size_t i = 0; i < gathers.size(); ++i) {
+      if (gathers[i]->layer < 0) {
+        // The embedding and output layer are not TE modules: their parameters stay BF16.
+        ++outside;
+        CHECK(gathers[i]->comm.bytes == doctest::Approx(bf16_gathers[i]->comm.bytes));
+        CHECK(gathers[i]->comm.dtype == DType::kBf16);
+        continue;
+      }
       CHECK(gathers[i]->comm.bytes == doctest::Approx(bf16_gathers[i]->comm.bytes / 2));
       CHECK(gathers[i]->comm.dtype == DType::kFp8);
     }
+    CHECK(outside == 2);
   }
 
   TEST_CASE(
