@@ -2403,6 +2403,8 @@ void Builder::task_end(TaskState& ts) {
     ts.track(emit(embedding_op(OpName::kEmbedding, embedded_tokens()), stage, task.chunk, -1, mb,
                   Phase::kBackward, {ts.cur}));
     gradient_done(kVocabEmbedding, mb, ts.cur);
+    // ZeRO >= 2 syncs after each layer's backward (backward_done); the embedding's comes after the last.
+    if (p_.data.zero >= 2 && o_.data_parallel) emit_data_parallel(stage);
   }
   task_first_[task_index(mb, ts.v, task.forward)] = ts.first;
   // Send the activation (forward) or its gradient (backward) to the neighbouring virtual stage; DualPipeV's

@@ -180,18 +180,21 @@ TEST_SUITE("predict") {
       "a ranking's first plan is overtaken where another plan's step becomes shorter, by the margin there") {
     const Job job;
     // ZeRO-2 runs as Megatron-FSDP without gradient-accumulation fusion: its weight gradients are written
-    // once, so the main-gradient epilogue that the ZeRO-1 plan pays is not its cost. A little slower as
-    // given, it overtakes where that epilogue hides nothing.
+    // once, so the main-gradient epilogue that the ZeRO-1 plan pays is not its cost. With its gradients
+    // reduce-scattered in BF16 it is a little faster as given; the ZeRO-1 plan overtakes it where that
+    // epilogue hides more than the measured share (the high end of its range).
     Plan zero2 = job.plan;
     zero2.data.zero = 2;
-    const double step1 = job.step(job.stack), step2 = job.step_on(zero2);
+    zero2.compression.grad_sync = GradSync::kBf16ReduceScatter;
+    const Plan& zero1 = job.plan;
+    const double step1 = job.step_on(zero2), step2 = job.step(job.stack);
     REQUIRE(step2 > step1);
     const auto routing = workload::uniform_routing(job.model.moe.num_experts);
     const AssumptionRanking r =
-        ranking_over_assumptions(job.model, {job.plan, zero2}, {step1, step2}, job.hw, job.stack, routing, 2);
+        ranking_over_assumptions(job.model, {zero2, zero1}, {step1, step2}, job.hw, job.stack, routing, 2);
     CHECK(r.ends >= 10);
     CHECK(r.faster_as_given.empty());
-    bool at_no_overlap = false;
+    bool at_more_overlap = false;
     for (const RankOvertake& t : r.overtakes) {
       CAPTURE(t.path);
       CHECK(t.plan == 1);
@@ -199,15 +202,16 @@ TEST_SUITE("predict") {
       for (const StackProfile::Number& n : s.numbers()) {
         if (n.path == t.path) n.number->value = t.at;
       }
-      CHECK(t.faster == doctest::Approx(1.0 - job.step_on(zero2, s) / job.step(s)).epsilon(1e-12));
-      at_no_overlap = at_no_overlap || (t.path == "wgrad_accumulation.epilogue_overlap" && t.at == 0.0);
+      CHECK(t.faster == doctest::Approx(1.0 - job.step(s) / job.step_on(zero2, s)).epsilon(1e-12));
+      at_more_overlap = at_more_overlap || (t.path == "wgrad_accumulation.epilogue_overlap" &&
+                                            t.at > job.stack.wgrad_accumulation.epilogue_overlap.value);
     }
-    CHECK(at_no_overlap);
+    CHECK(at_more_overlap);
 
     // Listed the other way round, the second plan is faster as given: the ranking put it there for another
     // reason (memory), so it is named and not counted, and nothing overtakes.
     const AssumptionRanking back =
-        ranking_over_assumptions(job.model, {zero2, job.plan}, {step2, step1}, job.hw, job.stack, routing, 2);
+        ranking_over_assumptions(job.model, {zero1, zero2}, {step2, step1}, job.hw, job.stack, routing, 2);
     CHECK(back.faster_as_given == std::vector<size_t>{1});
     CHECK(back.overtakes.empty());
 
@@ -217,7 +221,7 @@ TEST_SUITE("predict") {
     const double step3 = job.step_on(etp1);
     REQUIRE(step3 < step1);
     const AssumptionRanking three = ranking_over_assumptions(
-        job.model, {job.plan, zero2, etp1}, {step1, step2, step3}, job.hw, job.stack, routing, 2);
+        job.model, {zero2, zero1, etp1}, {step1, step2, step3}, job.hw, job.stack, routing, 2);
     CHECK(three.faster_as_given == std::vector<size_t>{2});
     REQUIRE(three.overtakes.size() == r.overtakes.size());
     for (size_t i = 0; i < r.overtakes.size(); ++i) {

@@ -971,6 +971,13 @@ TEST_SUITE("workload") {
                 outside(mr, OpName::kOptimizerStep, stage).front()->hbm_bytes ==
             rel(extra));
     }
+    // ZeRO-2 reduce-scatters every micro-batch's gradients: the embedding's twice, after each backward.
+    Plan z2 = p;
+    z2.data.zero = 2;
+    const OpGraph g2 = lower(m, z2, stack_options("megatron-core"));
+    CHECK(outside(g2, OpName::kGradRs, 0).size() == 2);
+    CHECK(outside(g2, OpName::kGradRs, 1).size() == 2);
+    CHECK(depends(g2, *outside(g2, OpName::kGradRs, 0).back(), last_backward(g2, OpName::kEmbedding)));
     // Untied and without MTP the end stages share nothing: no all-reduce between them.
     CHECK(outside(g, OpName::kEmbedGradAr, 0).empty());
     CHECK(outside(g, OpName::kEmbedGradAr, 1).empty());
