@@ -478,8 +478,21 @@ struct StageDp {
 struct StageShapes {
   std::vector<std::vector<int64_t>> layers;                     // each stage's layers, in model order
   std::vector<std::vector<std::pair<int64_t, int64_t>>> kinds;  // each stage's: (a layer of a kind, how many)
-  std::vector<double> sync, gather, sync_drag, gather_drag;     // sums over the stage's layers
+  std::vector<double> sync, gather, sync_drag, gather_drag;     // sums over the stage's layers (and below)
   std::vector<double> optimizer;                                // the optimizer step over the stage's shard
+  // The parts outside the layers (OutsideDp), in the sums above too: the syncs the data-parallel stream runs
+  // before the layers' (the output layer's, the MTP embedding's) and after them (the embedding's), and the
+  // gathers it runs before the layers'.
+  std::vector<double> sync_before, sync_after, gather_first;
+};
+
+// A stage's data-parallel work for the parameters outside the layers (the embedding with the first virtual
+// stage, the output layer with the last, an MTP module's embedding copy), as the lowering emits it.
+struct OutsideDp {
+  double sync_before = 0, sync_after = 0, sync_drag = 0;
+  double gather = 0, gather_drag = 0;
+  double optimizer_bytes = 0, optimizer_flops = 0;  // their share of the optimizer step
+  double before_optimizer = 0;  // seconds on the compute stream before the step (the embedding's all-reduce)
 };
 
 class Screener {
@@ -767,6 +780,85 @@ class Screener {
     return dp_cache_.emplace(key, std::move(out)).first->second;
   }
 
+  // Each stage's data-parallel work for the parameters outside the layers, from the lowering of the whole
+  // pipeline with one layer of the first kind per virtual stage and one micro-batch: the ops of layer -1
+  // (their gradient syncs, gathers and the embedding's all-reduce between the end stages) and what they add
+  // to each stage's optimizer step beyond its layers'.
+  const std::vector<OutsideDp>& outside_dp(const Plan& p) {
+    const auto key = std::make_tuple(p.attention.tp, p.attention.sp, p.attention.cp, p.pipeline.pp,
+                                     p.gpus_per_stage(), static_cast<int>(p.pipeline.schedule), p.data.zero,
+                                     static_cast<int>(p.compression.grad_sync), fp8_params(p));
+    auto it = outside_cache_.find(key);
+    if (it != outside_cache_.end()) return it->second;
+    const int64_t pp = p.pipeline.pp;
+    std::vector<OutsideDp> out(static_cast<size_t>(pp));
+    const Schedule sched = p.pipeline.schedule;
+    if (lowering_.dispatcher == DispatcherKind::kFused ||
+        (sched != Schedule::k1F1B && sched != Schedule::kInterleaved1F1B)) {
+      // moerun's stack lowers none (its executor syncs these tables inside the optimizer op); DualPipe's ends
+      // share a rank: not lowered here (the search does not enumerate it).
+      return outside_cache_.emplace(key, std::move(out)).first->second;
+    }
+    // At most two stages of one layer each (the first holds the embedding, the last the output layer, the
+    // stages between neither), with the plan's GPUs per stage; the last of them stands for stage pp - 1. The
+    // layers' experts do not matter here (all local); their optimizer work is taken away by lowering the same
+    // without the embedding and output layer.
+    const int64_t ends = std::min<int64_t>(pp, 2);
+    Plan one = p;
+    one.gpus = p.gpus_per_stage() * ends;
+    one.pipeline = {};
+    one.pipeline.pp = ends;
+    one.pipeline.layers_per_stage.assign(static_cast<size_t>(ends), 1);
+    one.experts = {};
+    one.micro_batch = 1;
+    one.global_batch = one.dp();
+    one.recompute = Recompute::kNone;
+    one.overlap.dp_comm = true;
+    ModelSpec each = m_;
+    each.layers.assign(static_cast<size_t>(ends), m_.layers.front());
+    const OpGraph g = lower(each, one, lowering_);
+    LoweringOptions layers_only = lowering_;
+    layers_only.embedding_and_head = false;
+    for (const Op& op : lower(each, one, layers_only).ops) {
+      if (static_cast<OpName>(op.name) != OpName::kOptimizerStep) continue;
+      OutsideDp& o = out[op.stage == 0 ? 0 : static_cast<size_t>(pp - 1)];
+      o.optimizer_bytes -= op.hbm_bytes;
+      o.optimizer_flops -= op.flops;
+    }
+    for (const Op& op : g.ops) {
+      OutsideDp& o = out[op.stage == 0 ? 0 : static_cast<size_t>(pp - 1)];
+      if (static_cast<OpName>(op.name) == OpName::kOptimizerStep) {
+        o.optimizer_bytes += op.hbm_bytes;
+        o.optimizer_flops += op.flops;
+      }
+      if (op.layer != -1) continue;
+      const cost::OpCost c = cm_.cost(op);
+      const double drag = c.seconds * (1.0 - engine::compute_share_beside_comm(
+                                                 c.sm_fraction, st_.overlap_compute_efficiency.value));
+      switch (static_cast<OpName>(op.name)) {
+        case OpName::kGradRs: {
+          // The embedding's waits for the embedding's backward, the last of the stage's backward.
+          bool after = false;
+          for (int32_t dep : g.deps_of(op))
+            after = after || static_cast<OpName>(g.ops[static_cast<size_t>(dep)].name) == OpName::kEmbedding;
+          (after ? o.sync_after : o.sync_before) += c.seconds;
+          o.sync_drag += drag;
+          break;
+        }
+        case OpName::kParamAg:
+          o.gather += c.seconds;
+          o.gather_drag += drag;
+          break;
+        case OpName::kEmbedGradAr:
+          o.before_optimizer += c.seconds;
+          break;
+        default:
+          break;
+      }
+    }
+    return outside_cache_.emplace(key, std::move(out)).first->second;
+  }
+
   // A stage's data-parallel time, as the lowering orders it on the in-order data-parallel stream.
   // - ZeRO-0/1: after the last micro-batch's backward, each layer's gradient synchronisation; ZeRO-1 then
   //   gathers the updated parameters.
@@ -803,6 +895,8 @@ class Screener {
           }
         }
         const LayerDp* syncing = nullptr;  // the layer whose synchronisation the stream runs
+        // The output layer's (and an MTP copy's) gradients are complete before the layers' backward.
+        if (shapes.sync_before[stage] > 0) stream = std::max(stream, compute) + shapes.sync_before[stage];
         for (auto l = layers.rbegin(); l != layers.rend(); ++l) {
           const auto i = static_cast<size_t>(*l);
           if (zero == 3) compute = std::max(compute, stream += dp[i].gather);
@@ -820,6 +914,8 @@ class Screener {
           stream = std::max(stream, compute) + dp[i].sync;
           syncing = &dp[i];
         }
+        if (shapes.sync_after[stage] > 0)  // the embedding's, after its backward
+          stream = std::max(stream, compute) + shapes.sync_after[stage];
         if (mb == 0) after_first = compute, stream_after_first = stream;
       }
       // ZeRO-2/3: the second micro-batch is the steady one; its compute slows beside the stream's work, for
@@ -837,7 +933,8 @@ class Screener {
       if (zero == 1 || zero == 2) {
         // The next step's first forward waits for each layer's gathered parameters, and its transfers share
         // the gathers' link while the stream still gathers the layers after it.
-        double forward = 0, gathered = 0, alone = 0;
+        // The parts outside the layers are gathered first (the embedding's before the first forward).
+        double forward = 0, gathered = shapes.gather_first[stage], alone = 0;
         for (int64_t l : layers) {
           const auto i = static_cast<size_t>(l);
           gathered += dp[i].gather;
@@ -863,6 +960,7 @@ class Screener {
     auto it = shapes_.find(key);
     if (it != shapes_.end()) return it->second;
     const std::vector<int64_t> chunks = layers_per_virtual_stage(m_, p);
+    const std::vector<OutsideDp>& outside = outside_dp(p);
     StageShapes out;
     out.layers.resize(static_cast<size_t>(pp));
     std::vector<std::vector<int64_t>> counts(static_cast<size_t>(pp),
@@ -892,11 +990,17 @@ class Screener {
         opt.hbm_bytes += layer.optimizer.hbm_bytes;
         opt.flops += layer.optimizer.flops;
       }
-      out.sync.push_back(sync);
-      out.gather.push_back(gather);
-      out.sync_drag.push_back(sync_drag);
-      out.gather_drag.push_back(gather_drag);
-      out.optimizer.push_back(layers.empty() ? 0.0 : cm_.cost(opt).seconds);
+      const OutsideDp& o = outside[out.sync.size()];
+      out.sync.push_back(sync + o.sync_before + o.sync_after);
+      out.gather.push_back(gather + o.gather);
+      out.sync_drag.push_back(sync_drag + o.sync_drag);
+      out.gather_drag.push_back(gather_drag + o.gather_drag);
+      out.sync_before.push_back(o.sync_before);
+      out.sync_after.push_back(o.sync_after);
+      out.gather_first.push_back(o.gather);
+      opt.hbm_bytes += o.optimizer_bytes;
+      opt.flops += o.optimizer_flops;
+      out.optimizer.push_back((layers.empty() ? 0.0 : cm_.cost(opt).seconds) + o.before_optimizer);
     }
     return shapes_.emplace(std::move(key), std::move(out)).first->second;
   }
@@ -926,6 +1030,9 @@ class Screener {
   std::unordered_map<std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int, bool>,
                      std::vector<LayerDp>, KeyHash>
       dp_cache_;
+  std::unordered_map<std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int, int64_t, int, bool>,
+                     std::vector<OutsideDp>, KeyHash>
+      outside_cache_;
   std::unordered_map<std::tuple<const std::vector<LayerDp>*, int64_t, int64_t, std::vector<int64_t>>,
                      StageShapes, KeyHash>
       shapes_;
