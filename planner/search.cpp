@@ -780,10 +780,9 @@ class Screener {
     return dp_cache_.emplace(key, std::move(out)).first->second;
   }
 
-  // Each stage's data-parallel work for the parameters outside the layers, from the lowering of the whole
-  // pipeline with one layer of the first kind per virtual stage and one micro-batch: the ops of layer -1
-  // (their gradient syncs, gathers and the embedding's all-reduce between the end stages) and what they add
-  // to each stage's optimizer step beyond its layers'.
+  // Each stage's data-parallel work for the parameters outside the layers, from the lowering of the
+  // pipeline's end stages (below) with one micro-batch: the ops of layer -1 (their gradient syncs, gathers
+  // and the embedding's all-reduce between the end stages) and what they add to each stage's optimizer step.
   const std::vector<OutsideDp>& outside_dp(const Plan& p) {
     const auto key = std::make_tuple(p.attention.tp, p.attention.sp, p.attention.cp, p.pipeline.pp,
                                      p.gpus_per_stage(), static_cast<int>(p.pipeline.schedule), p.data.zero,

@@ -367,6 +367,14 @@ Runner add_plan(CLI::App& app) {
                             {"hbm_capacity_bytes", r.capacity_bytes},
                             {"smallest_memory_need", smallest},
                             {"elapsed_s", r.elapsed_s}};
+      if (r.fastest_tight_unlisted) {
+        const Prediction& p = r.fastest_tight_unlisted->prediction;
+        out["fastest_tight_unlisted"] = {
+            {"rank", r.fastest_tight_rank},
+            {"layout", planner::describe(r.fastest_tight_unlisted->plan)},
+            {"tokens_per_s_per_gpu", p.tokens_per_s_per_gpu},
+            {"memory_per_gpu_bytes_range", {p.memory.total_low(), p.memory.total_high()}}};
+      }
       if (const auto notes = model_notes(model.value()); !notes.empty()) out["model_notes"] = notes;
       if (assumed) {
         out["assumptions"] = assumptions_json(*assumed, r.plans[0].prediction.tokens_per_step, job.gpus);

@@ -82,6 +82,16 @@ TEST_SUITE("cli") {
     CHECK(std::stoi(u[1].str()) > 0);
     CHECK(u[3].str() == u[4].str());
     CHECK(std::stoi(u[3].str()) > 5);
+    // --json says the same.
+    const Run as_json = run_cli("plan --no-assumptions --json");
+    REQUIRE_MESSAGE(as_json.exit_code == 0, as_json.err);
+    const json j = json::parse(as_json.out);
+    CHECK(j.at("faster_tight_unlisted").get<int>() == std::stoi(u[1].str()));
+    const json& fastest = j.at("fastest_tight_unlisted");
+    CHECK(fastest.at("rank").get<int>() == std::stoi(u[3].str()));
+    CHECK(fastest.at("layout").get<std::string>() == u[5].str());
+    CHECK(fastest.at("memory_per_gpu_bytes_range")[1].get<double>() >
+          j.at("hbm_capacity_bytes").get<double>());
     // Listed with that --top: the named plan at that place, tight. A tight plan shows its memory range: the
     // low end fits the 79.65 GiB, the high end does not, and the "mem GiB" column (the middle) lies between.
     const Run longer = run_cli("plan --no-assumptions --top " + u[4].str());
