@@ -728,6 +728,12 @@ class Screener {
     return out;
   }
 
+  // The compute time a collective costs the work beside it: its seconds at the share of the SMs it takes.
+  double drag_of(const cost::OpCost& c) const {
+    return c.seconds *
+           (1.0 - engine::compute_share_beside_comm(c.sm_fraction, st_.overlap_compute_efficiency.value));
+  }
+
   // Each layer's data-parallel ops, from the lowering of that layer alone with its data-parallel work on.
   // They depend on the layout's groups, the ZeRO stage, the gradient sync and whether the parameters are FP8.
   const std::vector<LayerDp>& layer_dp(const Plan& p) {
@@ -748,8 +754,7 @@ class Screener {
       const cost::OpCost c = cm_.cost(op);
       seconds += c.seconds;
       if (op.kind != OpKind::kCollective) return;
-      drag += c.seconds *
-              (1.0 - engine::compute_share_beside_comm(c.sm_fraction, st_.overlap_compute_efficiency.value));
+      drag += drag_of(c);
       if (c.seconds > longest) longest = c.seconds, on = c.resource;
     };
     std::vector<LayerDp> out = per_layer_kind([&](const LayerSpec& s) {
@@ -832,14 +837,14 @@ class Screener {
       }
       if (op.layer != -1) continue;
       const cost::OpCost c = cm_.cost(op);
-      const double drag = c.seconds * (1.0 - engine::compute_share_beside_comm(
-                                                 c.sm_fraction, st_.overlap_compute_efficiency.value));
+      const double drag = drag_of(c);
       switch (static_cast<OpName>(op.name)) {
         case OpName::kGradRs: {
           // The embedding's waits for the embedding's backward, the last of the stage's backward.
-          bool after = false;
-          for (int32_t dep : g.deps_of(op))
-            after = after || static_cast<OpName>(g.ops[static_cast<size_t>(dep)].name) == OpName::kEmbedding;
+          const auto deps = g.deps_of(op);
+          const bool after = std::any_of(deps.begin(), deps.end(), [&](int32_t dep) {
+            return static_cast<OpName>(g.ops[static_cast<size_t>(dep)].name) == OpName::kEmbedding;
+          });
           (after ? o.sync_after : o.sync_before) += c.seconds;
           o.sync_drag += drag;
           break;

@@ -702,7 +702,7 @@ class Builder {
   // them.
   double vocab_params(int part, int64_t stage) const {
     if (!megatron_ || !o_.embedding_and_head) return 0.0;
-    const int64_t first = stage_of_virtual(0), last = stage_of_virtual(pp_ * vpp_ - 1);
+    const auto [first, last] = end_stages();
     const double table = d(m_.vocab) * d(m_.hidden) / d(tp_);
     switch (part) {
       case kVocabEmbedding:
@@ -713,6 +713,14 @@ class Builder {
       default:
         return stage == last && first != last && mtp_ > 0 && !m_.tied_embeddings ? table : 0.0;
     }
+  }
+  // The main-gradient buffer's dtype: fp32, or bf16 under --grad-reduce-in-bf16.
+  DType grad_buffer_dtype() const {
+    return p_.compression.grad_sync == GradSync::kBf16ReduceScatter ? DType::kBf16 : DType::kFp32;
+  }
+  // The first and last pipeline stage: where the embedding and the output layer run.
+  std::pair<int64_t, int64_t> end_stages() const {
+    return {stage_of_virtual(0), stage_of_virtual(pp_ * vpp_ - 1)};
   }
   // A part's first forward op on the stage (its gathered parameters must be there first).
   void first_forward(int part, int32_t op) {
@@ -766,8 +774,7 @@ class Builder {
       tensors += t;
     }
     // The gradient buffer holds fp32, or bf16 under --grad-reduce-in-bf16.
-    const DType grads =
-        p_.compression.grad_sync == GradSync::kBf16ReduceScatter ? DType::kBf16 : DType::kFp32;
+    const DType grads = grad_buffer_dtype();
     const double bytes = params * bytes_of(grads);
     const int32_t flat = emit(mem(OpName::kTpGradCopy, MemOp::kActivation, 2.0 * bytes), stage, 0, -1, -1,
                               Phase::kOptimizer, {after, last_dp_op_});
@@ -792,12 +799,11 @@ class Builder {
   // gradients), the whole [vocab / tp, h] gradient in the gradient buffer's dtype over the two ranks, on the
   // compute stream before the optimizer step. Returns the last op (`after` where there is none).
   int32_t emit_embedding_grad_sync(int16_t stage, int32_t after) {
-    const int64_t first = stage_of_virtual(0), last = stage_of_virtual(pp_ * vpp_ - 1);
+    const auto [first, last] = end_stages();
     if (!megatron_ || !o_.embedding_and_head || first == last || (stage != first && stage != last))
       return after;
     if (!m_.tied_embeddings && mtp_ == 0) return after;
-    const DType grads =
-        p_.compression.grad_sync == GradSync::kBf16ReduceScatter ? DType::kBf16 : DType::kFp32;
+    const DType grads = grad_buffer_dtype();
     Op ar = coll(OpName::kEmbedGradAr, Collective::kAllReduce, CommGroup::kPp,
                  d(m_.vocab) * d(m_.hidden) / d(tp_) * bytes_of(grads), grads);
     ar.comm.stride = static_cast<int32_t>((last - first) * (p_.gpus / pp_));
@@ -2608,7 +2614,15 @@ void Builder::emit_pair(int16_t stage, const PipelineTask& fwd, const PipelineTa
 // optimizer step, and (ZeRO >= 1) the parameter all-gather.
 void Builder::emit_data_parallel(int16_t stage) {
   const bool bf16_a2a = p_.compression.grad_sync == GradSync::kBf16AllToAll;
-  const double grad_bytes = main_grad_bytes(p_);
+  // The reduction of `params` gradients over `group`: all-reduced without ZeRO, else reduce-scattered, in the
+  // main-gradient buffer's bytes.
+  auto grad_reduce = [&](double params, CommGroup group) {
+    const double grad_bytes = main_grad_bytes(p_);
+    Op rs = base(OpName::kGradRs, OpKind::kCollective, dp_stream_);
+    rs.comm = comm(p_.data.zero == 0 ? Collective::kAllReduce : Collective::kReduceScatter, group,
+                   params * grad_bytes, grad_bytes == 2.0 ? DType::kBf16 : DType::kFp32);
+    return rs;
+  };
   // Last layer first: the order in which backward finishes layers, so that the in-order DP stream starts
   // each layer's synchronisation as soon as its gradients are complete.
   for (size_t l = layer_last_bwd_.size(); l-- > 0;) {
@@ -2633,10 +2647,7 @@ void Builder::emit_data_parallel(int16_t stage) {
                  dp_stream_),
              stage, 0, L, -1, Phase::kBackward, {x});
       } else {
-        Op rs = base(OpName::kGradRs, OpKind::kCollective, dp_stream_);
-        rs.comm = comm(p_.data.zero == 0 ? Collective::kAllReduce : Collective::kReduceScatter, group,
-                       params * grad_bytes, grad_bytes == 2.0 ? DType::kBf16 : DType::kFp32);
-        emit(rs, stage, 0, L, -1, Phase::kBackward, {after, side});
+        emit(grad_reduce(params, group), stage, 0, L, -1, Phase::kBackward, {after, side});
       }
     }
   }
@@ -2648,10 +2659,7 @@ void Builder::emit_data_parallel(int16_t stage) {
     if (after < 0) continue;
     vocab_last_bwd_[static_cast<size_t>(part)] = -1;
     const double params = vocab_params(part, stage);
-    Op rs = base(OpName::kGradRs, OpKind::kCollective, dp_stream_);
-    rs.comm =
-        comm(p_.data.zero == 0 ? Collective::kAllReduce : Collective::kReduceScatter, CommGroup::kAttnReplica,
-             params * grad_bytes, grad_bytes == 2.0 ? DType::kBf16 : DType::kFp32);
+    const Op rs = grad_reduce(params, CommGroup::kAttnReplica);
     if (params <= 0 || rs.comm.group_size <= 1) continue;
     emit(rs, stage, 0, -1, -1, Phase::kBackward, {after});
   }

@@ -161,6 +161,13 @@ Plan tp2_plan(int64_t gpus, int64_t global_batch, int64_t ep) {
   return p;
 }
 
+// A plan's screened step over its simulated one (the plan must be legal).
+double screen_over_sim(const Setup& s, const Plan& p) {
+  REQUIRE(validate(p, s.model, s.hw, false).empty());
+  const double sim = predict(s.model, p, s.hw, s.stack, s.routing, {.critical_path = false}).step_time_s;
+  return planner::screen_step_time(s.model, p, s.hw, s.stack, s.routing) / sim;
+}
+
 // The screen against the full simulation of one layout under every ZeRO stage, gradient synchronisation
 // and data-parallel overlap (and pipelines of 1 and 2 stages): each screened step within -12 % / +10 % of
 // the simulated one, and every pair of variants that the simulation tells apart by 10 % or more in the same
@@ -689,12 +696,9 @@ TEST_SUITE("planner.search") {
           p.pipeline.pp = pp;
           p.data.zero = zero;
           p.overlap = {true, false, overlap, true};
-          REQUIRE(validate(p, s.model, s.hw, false).empty());
-          const double sim =
-              predict(s.model, p, s.hw, s.stack, s.routing, {.critical_path = false}).step_time_s;
-          const double screen = planner::screen_step_time(s.model, p, s.hw, s.stack, s.routing);
-          CHECK(screen / sim > 0.92);
-          CHECK(screen / sim < 1.05);
+          const double ratio = screen_over_sim(s, p);
+          CHECK(ratio > 0.92);
+          CHECK(ratio < 1.05);
         }
       }
     }
@@ -715,12 +719,9 @@ TEST_SUITE("planner.search") {
         Plan p = tp2_plan(256, 256, ep);
         p.overlap = {false, false, true, true, false};
         p.data.zero = zero;
-        REQUIRE(validate(p, s.model, s.hw, false).empty());
-        const double sim =
-            predict(s.model, p, s.hw, s.stack, s.routing, {.critical_path = false}).step_time_s;
-        const double screen = planner::screen_step_time(s.model, p, s.hw, s.stack, s.routing);
-        CHECK(screen / sim > 0.93);
-        CHECK(screen / sim < 1.05);
+        const double ratio = screen_over_sim(s, p);
+        CHECK(ratio > 0.93);
+        CHECK(ratio < 1.05);
       }
     }
   }

@@ -157,6 +157,18 @@ Plan node_plan(int64_t ep, int64_t etp = 1) {
   return p;
 }
 
+// 16 GPUs: tp 2, ep 8, two pipeline stages (4 attention replicas each), 4096 tokens per sequence.
+Plan tp2_pp2_plan(int64_t global_batch) {
+  Plan p;
+  p.gpus = 16;
+  p.seq_len = 4096;
+  p.global_batch = global_batch;
+  p.attention.tp = 2;
+  p.experts.ep = 8;
+  p.pipeline.pp = 2;
+  return p;
+}
+
 // Llama 4 Maverick cut to a dense layer and an MoE layer with one shared expert.
 ModelSpec llama4_two_layers() {
   ModelSpec m = io::load_model("llama-4-maverick").value();
@@ -321,13 +333,7 @@ TEST_SUITE("workload") {
 
   TEST_CASE("every forward collective has a backward transpose and every GEMM a dgrad and a wgrad") {
     const ModelSpec m = io::load_model("mixtral-8x7b").value();
-    Plan p;
-    p.gpus = 16;
-    p.seq_len = 4096;
-    p.global_batch = 16;
-    p.attention.tp = 2;
-    p.experts.ep = 8;
-    p.pipeline.pp = 2;
+    const Plan p = tp2_pp2_plan(16);
     const OpGraph g = lower(m, p, {});
     int fwd_gemm = 0, dgrad = 0, wgrad = 0, fwd_coll = 0, bwd_coll = 0;
     for (const Op& op : g.ops) {
@@ -909,13 +915,7 @@ TEST_SUITE("workload") {
     // rank holds a vocabulary shard of 32000 / 2 x 4096 of the embedding (stage 0) and of the output layer
     // (stage 1, with the final norm's 4096).
     const ModelSpec m = mixtral(2);
-    Plan p;
-    p.gpus = 16;
-    p.seq_len = 4096;
-    p.global_batch = 8;
-    p.attention.tp = 2;
-    p.experts.ep = 8;
-    p.pipeline.pp = 2;
+    Plan p = tp2_pp2_plan(8);
     p.data.zero = 1;
     p.overlap.dp_comm = true;
     const double table = 32000.0 / 2 * 4096;
