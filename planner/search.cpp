@@ -482,8 +482,8 @@ struct StageShapes {
   std::vector<double> optimizer;                                // the optimizer step over the stage's shard
   // The parts outside the layers (OutsideDp), in the sums above too: the syncs the data-parallel stream runs
   // before the layers' (the output layer's, the MTP embedding's) and after them (the embedding's), and the
-  // gathers it runs before the layers'.
-  std::vector<double> sync_before, sync_after, gather_first;
+  // gathers it runs before the layers' (once a step, under ZeRO-3 too), with their drag.
+  std::vector<double> sync_before, sync_after, gather_first, gather_first_drag;
 };
 
 // A stage's data-parallel work for the parameters outside the layers (the embedding with the first virtual
@@ -880,11 +880,14 @@ class Screener {
     const std::vector<int64_t>& layers = shapes.layers[stage];
     const double sync = shapes.sync[stage], gather = shapes.gather[stage];
     const double sync_drag = shapes.sync_drag[stage], gather_drag = shapes.gather_drag[stage];
+    // ZeRO-3 gathers the layers' parameters twice per micro-batch; the parts outside the layers once a step.
+    const double first = shapes.gather_first[stage];
+    const double per_pass = gather - first, per_pass_drag = gather_drag - shapes.gather_first_drag[stage];
     double work = 0;
     for (int64_t l : layers) work += lt.layer[static_cast<size_t>(l)];
     if (!p.overlap.dp_comm) {
-      if (zero >= 2) out.per_micro_batch = sync + (zero == 3 ? 2.0 * gather : 0.0);
-      out.tail = (zero < 2 ? sync : 0.0) + (zero == 1 || zero == 2 ? gather : 0.0);
+      if (zero >= 2) out.per_micro_batch = sync + (zero == 3 ? 2.0 * per_pass : 0.0);
+      out.tail = (zero < 2 ? sync : 0.0) + (zero == 1 || zero == 2 ? gather : zero == 3 ? first : 0.0);
     } else {
       // compute: when the stage's compute stream is free; stream: when the data-parallel stream is
       double compute = 0, stream = 0, after_first = 0, stream_after_first = 0;
@@ -925,12 +928,15 @@ class Screener {
       // ZeRO-2/3: the second micro-batch is the steady one; its compute slows beside the stream's work, for
       // as much of it as it overlaps. The stream may fall behind the compute by more each micro-batch.
       if (zero >= 2) {
-        const double busy = sync + (zero == 3 ? 2.0 * gather : 0.0);
-        const double drag = sync_drag + (zero == 3 ? 2.0 * gather_drag : 0.0);
+        const double busy = sync + (zero == 3 ? 2.0 * per_pass : 0.0);
+        const double drag = sync_drag + (zero == 3 ? 2.0 * per_pass_drag : 0.0);
         const double cycle = compute - after_first + (busy > 0 ? drag * std::min(1.0, work / busy) : 0.0);
         const double stream_cycle = stream - stream_after_first, m = d(p.num_micro_batches() - 1);
         out.per_micro_batch = cycle - work;
         out.tail = std::max(0.0, stream_after_first + m * stream_cycle - (after_first + m * cycle));
+        // The first micro-batch takes its own walk, not the steady one: no syncs queue ahead of its gathers.
+        // The data-parallel time stays >= 0 (each walk holds the stage's work), so the bound above holds.
+        out.tail += after_first - (compute - after_first);
       } else {
         out.tail = stream - (compute - contention);  // the pace holds the backward without it
       }
@@ -950,6 +956,8 @@ class Screener {
           alone += lt.forward[i];
         }
         out.tail += forward - alone;
+      } else if (zero == 3) {
+        out.tail += first;  // the layers' first gathers queue behind them on the data-parallel stream
       }
     }
     out.tail += shapes.optimizer[stage];
@@ -1002,6 +1010,7 @@ class Screener {
       out.sync_before.push_back(o.sync_before);
       out.sync_after.push_back(o.sync_after);
       out.gather_first.push_back(o.gather);
+      out.gather_first_drag.push_back(o.gather_drag);
       opt.hbm_bytes += o.optimizer_bytes;
       opt.flops += o.optimizer_flops;
       out.optimizer.push_back((layers.empty() ? 0.0 : cm_.cost(opt).seconds) + o.before_optimizer);

@@ -638,7 +638,12 @@ void visit_stages(const ModelSpec& m, const Plan& p, const HardwareProfile& hw, 
 
     const int64_t zero = p.data.zero;
     const double sharded_params = dense / replicas + experts / edp;
-    b.weights = zero == 3 ? (sharded_params + 2.0 * largest_layer) * kParamBytes : params * kParamBytes;
+    // ZeRO-3 keeps the parameter shards and two layers gathered (the one running and the one prefetched). On
+    // the Megatron stacks (Megatron-FSDP) the embedding and output layer stay gathered all step: they are
+    // not in an FSDP unit (lower.cpp, the stage's gathers).
+    const double whole_vocab = zero == 3 && !fused_stack(stack) ? embeddings - embeddings / replicas : 0.0;
+    b.weights =
+        zero == 3 ? (sharded_params + whole_vocab + 2.0 * largest_layer) * kParamBytes : params * kParamBytes;
     // FP8: TE's cached weight and transpose; moerun / MegaScale-MoE: one FP8 copy per GEMM weight
     // (assumption, as before this model). With FP8 parameters (--fp8-param-gather) a GEMM weight is its FP8
     // data (1 B in the uint8 parameter buffer) and the transpose made after each gather (1 B): the 2 B of

@@ -2761,12 +2761,21 @@ OpGraph Builder::build() {
       }
     }
     // ZeRO-1/2 with overlapped DP communication: parameters updated by the previous step are gathered layer
-    // by layer ahead of their first forward (Megatron overlaps this all-gather with the forward pass).
-    const bool prefetch = (p_.data.zero == 1 || p_.data.zero == 2) && p_.overlap.dp_comm && o_.data_parallel;
-    if (prefetch) {
+    // by layer ahead of their first forward (Megatron overlaps this all-gather with the forward pass). The
+    // parts outside the layers are gathered so under ZeRO-3 too: Megatron-FSDP shards only its units (the
+    // decoder layers, mcore_fsdp_adapter.py:171) per pass; the embedding and output layer are the root's
+    // parameters, gathered once after the step and kept (no post-forward release outside units, their
+    // buckets PRESERVED across micro-batches: megatron_fsdp.py:1089-1101, param_and_grad_buffer.py:4339-4371
+    // at d98e8a64).
+    const bool overlapped = p_.overlap.dp_comm && o_.data_parallel;
+    const bool prefetch = (p_.data.zero == 1 || p_.data.zero == 2) && overlapped;
+    const bool prefetch_vocab = p_.data.zero >= 1 && overlapped;
+    if (prefetch_vocab) {
       for (int part = 0; part < kVocabParts; ++part)
         vocab_gather_[static_cast<size_t>(part)] =
             emit_vocab_gather(part, stage, Phase::kForward, Stream::kDpComm);
+    }
+    if (prefetch) {
       for (int64_t l : stage_layers) {
         layer_param_gather_[static_cast<size_t>(l)] =
             emit_param_gather(l, stage, 0, -1, Phase::kForward, Stream::kDpComm);
@@ -2795,6 +2804,8 @@ OpGraph Builder::build() {
       for (int64_t l : stage_layers) {
         dep(layer_first_fwd_[static_cast<size_t>(l)], layer_param_gather_[static_cast<size_t>(l)]);
       }
+    }
+    if (prefetch_vocab) {
       for (int part = 0; part < kVocabParts; ++part)
         dep(vocab_first_fwd_[static_cast<size_t>(part)], vocab_gather_[static_cast<size_t>(part)]);
     }
@@ -2824,6 +2835,8 @@ OpGraph Builder::build() {
     if (!prefetch && (p_.data.zero == 1 || p_.data.zero == 2)) {
       for (int64_t l : stage_layers)
         emit_param_gather(l, stage, 0, -1, Phase::kOptimizer, Stream::kCompute, o);
+    }
+    if (!prefetch_vocab && p_.data.zero >= 1) {
       for (int part = 0; part < kVocabParts; ++part)
         emit_vocab_gather(part, stage, Phase::kOptimizer, Stream::kCompute, o);
     }

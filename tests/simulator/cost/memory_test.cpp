@@ -504,6 +504,10 @@ TEST_SUITE("cost") {
     CHECK(z2.gradients == doctest::Approx(4 * (dense / 8 + experts)));
     CHECK(z3.weights < z2.weights);
     CHECK(z3.optimizer == doctest::Approx(z2.optimizer));
+    // Megatron-FSDP keeps the embedding and the output layer (32000 x 4096 each, untied) gathered all step
+    // (they are in no FSDP unit); moerun's stack shards them as any parameter.
+    const auto z3_moerun = cost::memory_per_gpu(m, p, hw, io::load_stack("moerun").value(), {{1}}, 1.0);
+    CHECK(z3.weights - z3_moerun.weights == doctest::Approx(2.0 * 2 * 32000 * 4096 * 7 / 8));
   }
 
   TEST_CASE("1F1B keeps more micro-batches in flight on early stages") {

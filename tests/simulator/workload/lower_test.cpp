@@ -978,6 +978,29 @@ TEST_SUITE("workload") {
     CHECK(outside(g2, OpName::kGradRs, 0).size() == 2);
     CHECK(outside(g2, OpName::kGradRs, 1).size() == 2);
     CHECK(depends(g2, *outside(g2, OpName::kGradRs, 0).back(), last_backward(g2, OpName::kEmbedding)));
+    // ZeRO-3 (Megatron-FSDP) gathers the layers' parameters per pass, but the embedding and the output layer
+    // are not in an FSDP unit: gathered once a step, ahead of their first forward, as under ZeRO-1/2 (they
+    // were not gathered at all).
+    Plan z3 = p;
+    z3.data.zero = 3;
+    const OpGraph g3 = lower(m, z3, stack_options("megatron-core"));
+    REQUIRE(outside(g3, OpName::kParamAg, 0).size() == 1);
+    REQUIRE(outside(g3, OpName::kParamAg, 1).size() == 1);
+    CHECK(outside(g3, OpName::kParamAg, 0).front()->stream == Stream::kDpComm);
+    CHECK(depends(g3, the_end_op(g3, OpName::kEmbedding), *outside(g3, OpName::kParamAg, 0).front()));
+    CHECK(depends(g3, the_end_op(g3, OpName::kLmHead), *outside(g3, OpName::kParamAg, 1).front()));
+    int64_t layer_gathers = 0;
+    for (const Op& op : g3.ops)
+      layer_gathers += op.name == static_cast<uint16_t>(OpName::kParamAg) && op.layer >= 0;
+    // Per layer, micro-batch and pass, the dense parameters (the experts have no replica: ep 8 on a stage's
+    // 8 GPUs).
+    CHECK(layer_gathers == 2 * 2 * 2);
+    // Not overlapped, after the optimizer step on the compute stream.
+    z3.overlap.dp_comm = false;
+    const OpGraph g3s = lower(m, z3, stack_options("megatron-core"));
+    REQUIRE(outside(g3s, OpName::kParamAg, 1).size() == 1);
+    CHECK(outside(g3s, OpName::kParamAg, 1).front()->phase == Phase::kOptimizer);
+    CHECK(outside(g3s, OpName::kParamAg, 1).front()->stream == Stream::kCompute);
     // Untied and without MTP the end stages share nothing: no all-reduce between them.
     CHECK(outside(g, OpName::kEmbedGradAr, 0).empty());
     CHECK(outside(g, OpName::kEmbedGradAr, 1).empty());
