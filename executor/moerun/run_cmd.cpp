@@ -472,7 +472,9 @@ int run_plan(const RunOptions& o, int rank, int world) {
           {"rule",
            "memory-bound ops whose lowering states their tensor run the project's kernels at that shape "
            "(RMSNorm, SwiGLU, RoPE, the fused cross-entropy, the router's forward, the token permute and "
-           "unpermute); the others, and the optimizer, copy their bytes device to device"}};
+           "unpermute), and the optimizer the project's Adam step over the shard's parameters (fp32 master "
+           "weights, gradients and moments, the bf16 weight copy); the others copy their bytes device to "
+           "device"}};
       report["cuda_fp8_gemms"] = {
           {"ops_per_step",
            static_cast<double>(gpu_runner->fp8_gemm_ops()) / static_cast<double>(o.warmup + o.steps)},

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <cmath>
 #include <cstdio>
 #include <map>
 #include <optional>
@@ -17,6 +18,7 @@
 
 #include "executor/comm/nccl_communicator.h"
 #include "executor/comm/symmetric_memory.h"
+#include "executor/kernels/cuda/adam.h"
 #include "executor/kernels/cuda/attention.h"
 #include "executor/kernels/cuda/check.h"
 #include "executor/kernels/cuda/cross_entropy.h"
@@ -32,6 +34,7 @@
 #include "executor/runtime/fused_ops.h"
 #include "executor/runtime/replay_runner.h"
 #include "simulator/core/attention_calls.h"
+#include "simulator/core/model_stats.h"
 #include "simulator/core/status.h"
 
 namespace moeplan::executor {
@@ -170,7 +173,8 @@ struct CudaReplayRunner::Impl {
   Mode mode = Mode::kEnqueue;
   std::vector<Lane> lanes;
   std::atomic<double> bytes{0}, high_water{0};
-  std::atomic<int64_t> kernel_ops{0};  // memory-bound ops run on their own kernel (memory_kernel), all steps
+  std::atomic<int64_t> kernel_ops{0};  // memory-bound and optimizer ops run on their own kernel, all steps
+  std::atomic<int64_t> adam_steps{0};  // optimizer ops run (optimizer): the Adam step counter
   std::atomic<int64_t> fp8_ops{0};     // GEMM ops run in FP8 with their input cast (fp8_gemm), all steps
   // kEnqueue: each op's start and end events by op id (made at construction for the ops this rank runs, so
   // the lanes' threads only read the map), and the step's start event on the compute stream.
@@ -706,6 +710,22 @@ struct CudaReplayRunner::Impl {
     }
   }
 
+  // The optimizer step as the project's Adam kernel over the shard's parameters (the op's bytes over
+  // kAdamStepBytesPerParam): fp32 master weights, main gradients and moments and the bf16 weight copy, each
+  // in a scratch slot of the shard's real size, kept from step to step as the state is. False for an empty
+  // shard.
+  bool optimizer(const Op& op, Lane& l) {
+    const auto n = static_cast<int64_t>(std::llround(op.hbm_bytes / kAdamStepBytesPerParam));
+    if (n <= 0) return false;
+    const size_t f32 = sz(n) * 4;
+    const int64_t step = adam_steps.fetch_add(1) + 1;
+    cuda::adam_step(static_cast<float*>(slot(l, 0, f32)), static_cast<const float*>(slot(l, 1, f32)),
+                    static_cast<float*>(slot(l, 2, f32)), static_cast<float*>(slot(l, 3, f32)),
+                    static_cast<__nv_bfloat16*>(slot(l, 4, sz(n) * 2)), n,
+                    cuda::adam_coefficients(1e-4, 0.9, 0.95, 1e-8, 0.1, step), l.stream);
+    return true;
+  }
+
   // A device copy that moves `hbm_bytes` (reads and writes half each), between scratch slots `first` and
   // first + 1.
   void copy(double hbm_bytes, Lane& l, size_t first = 0) {
@@ -816,6 +836,10 @@ void CudaReplayRunner::run(const Op& op) {
       // Drawn routing: an op over the experts' rows moves the bytes of the rows this rank received.
       const std::optional<double> scale = I.draws ? I.draws->row_scale(op) : std::nullopt;
       if (op.kind == OpKind::kMemoryBound && !scale && I.memory_kernel(op, l)) {
+        I.kernel_ops.fetch_add(1);
+        break;
+      }
+      if (op.kind == OpKind::kOptimizer && !scale && I.optimizer(op, l)) {
         I.kernel_ops.fetch_add(1);
         break;
       }

@@ -80,7 +80,7 @@ class CudaReplayRunner final : public OpRunner {
   void draw_routing(RoutingDrawSpec spec);
   RoutingDraws::Stats routing_stats() const;
 
-  // Memory-bound ops run on their own kernel rather than a copy, over all steps so far.
+  // Memory-bound and optimizer ops run on their own kernel rather than a copy, over all steps so far.
   int64_t kernel_memory_ops() const;
   // FP8 forward and data-gradient GEMM ops run as e4m3 with their input cast, all steps so far (the rest of
   // an FP8 plan's GEMMs, weight gradients included, run in bf16).

@@ -1,5 +1,6 @@
 # Memory-bound CUDA kernels of moerun (issue 6): RMSNorm, SwiGLU, RoPE, router, permute / un-permute, FP8
-# quantize / dequantize, cross-entropy; and their bandwidth benchmark. Included by CMakeLists.txt here.
+# quantize / dequantize, cross-entropy, the Adam step; and their bandwidth benchmark. Included by
+# CMakeLists.txt here.
 add_library(moerun_cuda_memory STATIC
   ${CMAKE_CURRENT_LIST_DIR}/norm.cu
   ${CMAKE_CURRENT_LIST_DIR}/swiglu.cu
@@ -7,7 +8,8 @@ add_library(moerun_cuda_memory STATIC
   ${CMAKE_CURRENT_LIST_DIR}/router.cu
   ${CMAKE_CURRENT_LIST_DIR}/permute.cu
   ${CMAKE_CURRENT_LIST_DIR}/fp8.cu
-  ${CMAKE_CURRENT_LIST_DIR}/cross_entropy.cu)
+  ${CMAKE_CURRENT_LIST_DIR}/cross_entropy.cu
+  ${CMAKE_CURRENT_LIST_DIR}/adam.cu)
 target_link_libraries(moerun_cuda_memory PUBLIC moerun_cuda_common)
 moeplan_warnings(moerun_cuda_memory)
 target_link_libraries(moerun_cuda_kernels INTERFACE moerun_cuda_memory)

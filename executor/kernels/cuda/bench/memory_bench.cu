@@ -15,11 +15,13 @@
 #include <vector>
 
 #include "executor/comm/wire_format.h"
+#include "executor/kernels/cpu/adam.h"
 #include "executor/kernels/cpu/moe.h"
 #include "executor/kernels/cpu/norm.h"
 #include "executor/kernels/cpu/rope.h"
 #include "executor/kernels/cpu/swiglu.h"
 #include "executor/kernels/cpu/vocab.h"
+#include "executor/kernels/cuda/adam.h"
 #include "executor/kernels/cuda/bench/bench_util.h"
 #include "executor/kernels/cuda/check.h"
 #include "executor/kernels/cuda/cross_entropy.h"
@@ -445,6 +447,36 @@ void bench_cross_entropy() {
   report("cross-entropy bwd", shape, 4.0 * static_cast<double>(n) + 12.0 * t, bwd);
 }
 
+// The optimizer's Adam step over 64 Mi parameters (a shard of that size: 1.1 GiB of state), 30 bytes per
+// parameter as the lowering's optimizer op counts them; its first values checked against the CPU kernel.
+void bench_adam() {
+  const int64_t n = int64_t{1} << 26;
+  const size_t un = static_cast<size_t>(n);
+  auto master = random_buffer<float>(un, 40), grad = random_buffer<float>(un, 41, 0.1f);
+  auto m = random_buffer<float>(un, 42, 0.01f), v = random_buffer<float>(un, 43, 0.01f);
+  // v must be >= 0: squares of the random values.
+  {
+    std::vector<float> h = fetch(v.data(), 0, n);
+    for (float& x : h) x *= x;
+    MOERUN_CUDA_CHECK(cudaMemcpy(v.data(), h.data(), h.size() * sizeof(float), cudaMemcpyHostToDevice));
+  }
+  DeviceBuffer<Bf16> weight(un);
+  const int64_t k = 4096 + 3;  // checked values: whole vectors and three of the next
+  std::vector<float> p0 = fetch(master.data(), 0, k), g0 = fetch(grad.data(), 0, k),
+                     m0 = fetch(m.data(), 0, k), v0 = fetch(v.data(), 0, k);
+  const cpu::AdamConfig cfg{.lr = 1e-3, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1};
+  const AdamCoefficients c = adam_coefficients(cfg.lr, cfg.beta1, cfg.beta2, cfg.eps, cfg.weight_decay, 5);
+  adam_step(master.data(), grad.data(), m.data(), v.data(), weight.data(), n, c, nullptr);
+  cpu::adam_step<float>(p0, g0, m0, v0, 5, cfg);
+  check_fp32("adam master", fetch(master.data(), 0, k), p0.data(), static_cast<size_t>(k));
+  check_fp32("adam m", fetch(m.data(), 0, k), m0.data(), static_cast<size_t>(k));
+  check_fp32("adam v", fetch(v.data(), 0, k), v0.data(), static_cast<size_t>(k));
+  check("adam bf16 weight", fetch(weight.data(), 0, k), p0.data(), static_cast<size_t>(k), 1.0 / 256,
+        1.0 / 32768);
+  report("adam step", "67108864 params", 30.0 * static_cast<double>(n),
+         [&] { adam_step(master.data(), grad.data(), m.data(), v.data(), weight.data(), n, c, nullptr); });
+}
+
 }  // namespace
 }  // namespace moeplan::cuda
 
@@ -467,6 +499,7 @@ int main() {
   mc::bench_permute();
   mc::bench_fp8();
   mc::bench_cross_entropy();
+  mc::bench_adam();
   MOERUN_CUDA_CHECK(cudaDeviceSynchronize());
   if (mc::g_failed > 0) {
     std::printf("memory bench: %d checks FAILED\n", mc::g_failed);
