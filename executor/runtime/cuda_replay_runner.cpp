@@ -712,16 +712,17 @@ struct CudaReplayRunner::Impl {
 
   // The optimizer step as the project's Adam kernel over the shard's parameters (the op's bytes over
   // kAdamStepBytesPerParam): fp32 master weights, main gradients and moments and the bf16 weight copy, each
-  // in a scratch slot of the shard's real size, kept from step to step as the state is. False for an empty
-  // shard.
+  // of the shard's real size in scratch slots of their own (from kOptimizerSlot: no other op writes them),
+  // kept from step to step as the state is. False for an empty shard.
+  static constexpr size_t kOptimizerSlot = 16;  // above every other op's slots (0-8)
   bool optimizer(const Op& op, Lane& l) {
     const auto n = static_cast<int64_t>(std::llround(op.hbm_bytes / kAdamStepBytesPerParam));
     if (n <= 0) return false;
     const size_t f32 = sz(n) * 4;
+    auto state = [&](size_t i) { return static_cast<float*>(slot(l, kOptimizerSlot + i, f32)); };
     const int64_t step = adam_steps.fetch_add(1) + 1;
-    cuda::adam_step(static_cast<float*>(slot(l, 0, f32)), static_cast<const float*>(slot(l, 1, f32)),
-                    static_cast<float*>(slot(l, 2, f32)), static_cast<float*>(slot(l, 3, f32)),
-                    static_cast<__nv_bfloat16*>(slot(l, 4, sz(n) * 2)), n,
+    cuda::adam_step(state(0), state(1), state(2), state(3),
+                    static_cast<__nv_bfloat16*>(slot(l, kOptimizerSlot + 4, sz(n) * 2)), n,
                     cuda::adam_coefficients(1e-4, 0.9, 0.95, 1e-8, 0.1, step), l.stream);
     return true;
   }
