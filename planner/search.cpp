@@ -902,11 +902,22 @@ class Screener {
           }
         }
         const LayerDp* syncing = nullptr;  // the layer whose synchronisation the stream runs
-        // The output layer's (and an MTP copy's) gradients are complete before the layers' backward.
-        if (shapes.sync_before[stage] > 0) stream = std::max(stream, compute) + shapes.sync_before[stage];
+        // The output layer's (and an MTP copy's) gradients are complete before the layers' backward; under
+        // ZeRO-3 the stream has the first layer's gather for its backward ahead of their synchronisation
+        // (the lowering emits it before the layer's backward, the synchronisation after).
+        const double head_ready = compute;
+        bool head_pending = shapes.sync_before[stage] > 0;
+        auto sync_head = [&] {
+          stream = std::max(stream, head_ready) + shapes.sync_before[stage];
+          head_pending = false;
+        };
+        if (head_pending && zero < 3) sync_head();
         for (auto l = layers.rbegin(); l != layers.rend(); ++l) {
           const auto i = static_cast<size_t>(*l);
-          if (zero == 3) compute = std::max(compute, stream += dp[i].gather);
+          if (zero == 3) {
+            compute = std::max(compute, stream += dp[i].gather);
+            if (head_pending) sync_head();
+          }
           const double backward = lt.layer[i] - lt.forward[i];
           // The backward's own transfers on the link the synchronisation holds share it for as long as the
           // stream is busy beside them, each at half rate; both take that much longer.
@@ -921,6 +932,7 @@ class Screener {
           stream = std::max(stream, compute) + dp[i].sync;
           syncing = &dp[i];
         }
+        if (head_pending) sync_head();
         if (shapes.sync_after[stage] > 0)  // the embedding's, after its backward
           stream = std::max(stream, compute) + shapes.sync_after[stage];
         if (mb == 0) after_first = compute, stream_after_first = stream;
@@ -935,8 +947,13 @@ class Screener {
         out.per_micro_batch = cycle - work;
         out.tail = std::max(0.0, stream_after_first + m * stream_cycle - (after_first + m * cycle));
         // The first micro-batch takes its own walk, not the steady one: no syncs queue ahead of its gathers.
-        // The data-parallel time stays >= 0 (each walk holds the stage's work), so the bound above holds.
+        // And the last one's synchronisations that run after its backward slow no compute: that part of the
+        // drag goes (as much of it as one micro-batch's work could hold). The data-parallel time stays >= 0
+        // (each walk holds the stage's work, each micro-batch's share holds its drag), so the bound above
+        // holds.
         out.tail += after_first - (compute - after_first);
+        const double after_last = std::min(work, std::max(0.0, stream_after_first - after_first));
+        if (busy > 0) out.tail -= drag * std::min(1.0, after_last / busy);
       } else {
         out.tail = stream - (compute - contention);  // the pace holds the backward without it
       }

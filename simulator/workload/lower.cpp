@@ -2623,13 +2623,8 @@ void Builder::emit_data_parallel(int16_t stage) {
                    params * grad_bytes, grad_bytes == 2.0 ? DType::kBf16 : DType::kFp32);
     return rs;
   };
-  // Last layer first: the order in which backward finishes layers, so that the in-order DP stream starts
-  // each layer's synchronisation as soon as its gradients are complete.
-  for (size_t l = layer_last_bwd_.size(); l-- > 0;) {
-    const int32_t after = layer_last_bwd_[l];
-    if (after < 0) continue;
-    const int32_t side = layer_last_side_bwd_[l];
-    layer_last_bwd_[l] = -1;
+  // One layer's synchronisation, after `after` (and the side stream's last backward op of the layer).
+  auto sync_layer = [&](size_t l, int32_t after, int32_t side) {
     const auto [dense, experts] = local_params(static_cast<int64_t>(l));
     for (auto [params, group] :
          {std::pair{dense, CommGroup::kAttnReplica}, std::pair{experts, CommGroup::kExpertDp}}) {
@@ -2650,18 +2645,45 @@ void Builder::emit_data_parallel(int16_t stage) {
         emit(grad_reduce(params, group), stage, 0, L, -1, Phase::kBackward, {after, side});
       }
     }
-  }
+  };
   // The parts outside the layers, in the gradient buffer as any parameter (DDP buckets): reduced over the
   // attention replicas like the layers' dense parameters (the BF16 all-to-all sync is MegaScale-MoE's for
   // its layers; these take the reduce-scatter).
-  for (int part = kVocabParts; part-- > 0;) {
-    const int32_t after = vocab_last_bwd_[static_cast<size_t>(part)];
-    if (after < 0) continue;
-    vocab_last_bwd_[static_cast<size_t>(part)] = -1;
+  auto sync_vocab = [&](int part, int32_t after) {
     const double params = vocab_params(part, stage);
     const Op rs = grad_reduce(params, CommGroup::kAttnReplica);
-    if (params <= 0 || rs.comm.group_size <= 1) continue;
+    if (params <= 0 || rs.comm.group_size <= 1) return;
     emit(rs, stage, 0, -1, -1, Phase::kBackward, {after});
+  };
+  // In the order the backward completes their gradients (the op after which each is complete, by id:
+  // program order), so that the in-order DP stream starts each synchronisation as soon as it can: the output
+  // layer's (and an MTP copy's) before the layers' of its pass, the layers last first, the embedding's last.
+  // Megatron's DDP buckets fill in that order too: reversed parameter order, the output layer's first
+  // (distributed/param_and_grad_buffer.py:1236 at d98e8a64).
+  struct Pending {
+    int32_t after;
+    int part;  // -1: layer `index`
+    size_t index;
+  };
+  std::vector<Pending> pending;
+  for (size_t l = layer_last_bwd_.size(); l-- > 0;) {
+    if (layer_last_bwd_[l] >= 0) pending.push_back({layer_last_bwd_[l], -1, l});
+  }
+  for (int part = kVocabParts; part-- > 0;) {
+    if (vocab_last_bwd_[static_cast<size_t>(part)] >= 0)
+      pending.push_back({vocab_last_bwd_[static_cast<size_t>(part)], part, 0});
+  }
+  std::stable_sort(pending.begin(), pending.end(),
+                   [](const Pending& a, const Pending& b) { return a.after < b.after; });
+  for (const Pending& x : pending) {
+    if (x.part < 0) {
+      const int32_t side = layer_last_side_bwd_[x.index];
+      layer_last_bwd_[x.index] = -1;
+      sync_layer(x.index, x.after, side);
+    } else {
+      vocab_last_bwd_[static_cast<size_t>(x.part)] = -1;
+      sync_vocab(x.part, x.after);
+    }
   }
 }
 

@@ -680,12 +680,14 @@ TEST_SUITE("planner.search") {
     // Qwen3-30B-A3B cut to four layers on 16 H100s (two nodes), tp 2, one sequence per rank: its two
     // vocabulary tables (151,936 x 2048, a shard of each per TP rank) hold more parameters than the layers'
     // dense parts, so their gradient sync, gathers and optimizer share are much of the data-parallel time.
-    // The screen takes them from the lowering (each stage's ops of layer -1): 0.93-1.03 of the simulated
+    // The screen takes them from the lowering (each stage's ops of layer -1): 0.94-1.02 of the simulated
     // step on every ZeRO stage, overlapped or not, on one and two stages, one micro-batch or four, where it
     // was 0.81-0.91 without them. Under ZeRO-3 they are gathered once a step (Megatron-FSDP keeps them, not
-    // being in a unit) while the layers are gathered per pass; and the first micro-batch is screened as it
-    // runs, with no synchronisation queued ahead of its gathers (ZeRO-3 overlapped on one stage and one
-    // micro-batch was 1.12 of the simulated step when it was taken for a steady one).
+    // being in a unit) while the layers are gathered per pass, and the first layer's backward gather runs
+    // ahead of the output layer's synchronisation; the first micro-batch is screened as it runs, with no
+    // synchronisation queued ahead of its gathers, and the last one's synchronisations after its backward
+    // slow no compute (ZeRO-3 overlapped on one stage and one micro-batch was 1.12 of the simulated step
+    // when it was taken for a steady one).
     Setup s("qwen3-30b-a3b");
     s.model.layers.resize(4);
     s.stack = io::load_stack("megatron-core").value();

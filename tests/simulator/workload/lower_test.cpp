@@ -978,6 +978,32 @@ TEST_SUITE("workload") {
     CHECK(outside(g2, OpName::kGradRs, 0).size() == 2);
     CHECK(outside(g2, OpName::kGradRs, 1).size() == 2);
     CHECK(depends(g2, *outside(g2, OpName::kGradRs, 0).back(), last_backward(g2, OpName::kEmbedding)));
+    // On one stage the data-parallel stream takes them in the order the backward completes them, as
+    // Megatron's buckets (reversed parameter order) do: the output layer's before the layers' (the last layer
+    // first), the embedding's last; each the only one of its kind here.
+    for (int64_t zero : {1, 2}) {
+      CAPTURE(zero);
+      Plan one = p;
+      one.pipeline.pp = 1;
+      one.global_batch = 16;  // two micro-batches on each of the 8 attention replicas
+      one.data.zero = zero;
+      const OpGraph g1 = lower(m, one, stack_options("megatron-core"));
+      std::vector<int32_t> order;  // the syncs in stream (id) order: their layer, -1 for the tables
+      std::vector<double> bytes;
+      for (const Op& op : g1.ops) {
+        // The dense parameters' (the experts' go over their own replicas).
+        if (op.name != static_cast<uint16_t>(OpName::kGradRs) || op.comm.group != CommGroup::kAttnReplica)
+          continue;
+        order.push_back(op.layer);
+        bytes.push_back(op.comm.bytes);
+      }
+      REQUIRE(order.size() == (zero == 1 ? 4u : 8u));  // ZeRO-2: each of the two micro-batches'
+      order.erase(order.begin(), order.end() - 4);
+      bytes.erase(bytes.begin(), bytes.end() - 4);
+      CHECK(order == std::vector<int32_t>{-1, 1, 0, -1});
+      CHECK(bytes.front() == rel(4.0 * (table + 4096)));  // the output layer with the final norm
+      CHECK(bytes.back() == rel(4.0 * table));            // the embedding
+    }
     // ZeRO-3 (Megatron-FSDP) gathers the layers' parameters per pass, but the embedding and the output layer
     // are not in an FSDP unit: gathered once a step, ahead of their first forward, as under ZeRO-1/2 (they
     // were not gathered at all).
