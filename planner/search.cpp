@@ -911,13 +911,10 @@ class Screener {
           stream = std::max(stream, head_ready) + shapes.sync_before[stage];
           head_pending = false;
         };
-        if (head_pending && zero < 3) sync_head();
         for (auto l = layers.rbegin(); l != layers.rend(); ++l) {
           const auto i = static_cast<size_t>(*l);
-          if (zero == 3) {
-            compute = std::max(compute, stream += dp[i].gather);
-            if (head_pending) sync_head();
-          }
+          if (zero == 3) compute = std::max(compute, stream += dp[i].gather);
+          if (head_pending) sync_head();
           const double backward = lt.layer[i] - lt.forward[i];
           // The backward's own transfers on the link the synchronisation holds share it for as long as the
           // stream is busy beside them, each at half rate; both take that much longer.

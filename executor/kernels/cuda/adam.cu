@@ -11,12 +11,11 @@ namespace {
 
 constexpr int kThreads = 256;
 
-__device__ __forceinline__ float adam_one(float& p, float g, float& m, float& v, const AdamCoefficients& c) {
+__device__ __forceinline__ void adam_one(float& p, float g, float& m, float& v, const AdamCoefficients& c) {
   m = c.b1 * m + c.one_b1 * g;
   v = c.b2 * v + c.one_b2 * g * g;
   const float update = (m * c.inv_c1) / (sqrtf(v * c.inv_c2) + c.eps) + c.wd * p;
   p -= c.lr * update;
-  return p;
 }
 
 __global__ void adam_kernel(float* __restrict__ master, const float* __restrict__ grad, float* __restrict__ m,
