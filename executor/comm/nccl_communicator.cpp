@@ -64,6 +64,7 @@ Result<std::unique_ptr<NcclCommunicator>> NcclCommunicator::split(int color, int
   ncclComm_t comm = nullptr;
   if (const ncclResult_t r = ncclCommSplit(comm_, color, key, &comm, nullptr); r != ncclSuccess)
     return Error{fmt::format("{}: {}", name, nccl_error("ncclCommSplit", r))};
+  if (comm == nullptr) return std::unique_ptr<NcclCommunicator>();  // NCCL_SPLIT_NOCOLOR
   return std::unique_ptr<NcclCommunicator>(new NcclCommunicator(comm, std::move(name)));
 }
 

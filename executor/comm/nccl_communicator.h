@@ -26,7 +26,7 @@ class NcclCommunicator final : public DeviceCommunicator {
   NcclCommunicator& operator=(const NcclCommunicator&) = delete;
 
   // ncclCommSplit: collective over this communicator; ranks with the same color form one group, ordered by
-  // key.
+  // key. A rank whose color is NCCL_SPLIT_NOCOLOR joins no group and gets nullptr.
   Result<std::unique_ptr<NcclCommunicator>> split(int color, int key, std::string name);
   // Empty while healthy; else NCCL's asynchronous error (ncclCommGetAsyncError).
   std::string async_error() const;

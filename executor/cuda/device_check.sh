@@ -17,6 +17,8 @@
 #      FP8, blockwise: dense GEMMs as e4m3 after the quantiser, weight gradients as e4m3 into fp32); then
 #      `moerun bench --backend cuda` into calibration tables and `moeplan calibrate --sources` of them
 #      (gpu-bench/, gpu-bench.log);
+#   5. where two GPUs answer, the 2-rank NCCL tests (groups, pipeline links) and device_plan_pp2.json (two
+#      pipeline stages) on the CUDA replay with its comparison (run-pp2/);
 # and prints a short table last. Before the build it runs executor/cuda/torch_kernels_bench.py where PyTorch
 # is installed. Logs go to $OUT (the lent machine's return folder) or ./device_check_out: 22 files
 # (gpu.txt, clocks.csv, torch_kernels.csv, build.log, tests.log, cublaslt.log, bench.log, compare.txt, run/,
@@ -66,7 +68,7 @@ gpu_targets=(moeplan_gpu_tests moerun_cuda_memory_tests moerun_cuda_gemm_tests m
 targets=("${gpu_targets[@]}")
 if [[ $full == ON ]]; then
   mode=(-DMOEPLAN_GPU_ONLY=OFF)
-  targets+=(moerun moeplan)
+  targets+=(moerun moeplan moerun_nccl_mpi_tests)
 fi
 configure() {
   cmake -S . -B "$build" -G Ninja "$@" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a-real \
@@ -197,6 +199,33 @@ if [[ $full == ON && -x $build/executor/moerun/moerun && -x $build/planner/moepl
     compare_lines+=("moerun bench --backend cuda: $(grep -m1 '^moerun bench' "$out/gpu-bench.log")")
   else
     compare_lines+=("moerun bench --backend cuda + calibrate FAILED (see gpu-bench.log): $(tail -3 "$out/gpu-bench.log" | tr '\n' ' ')")
+  fi
+  # Where two GPUs answer (NCCL refuses two ranks on one GPU): the plan's NCCL groups and the pipeline's
+  # directed links on two ranks, then the two-stage plan on the CUDA replay (its sends over their links, each
+  # source stage's receives on their own stream) and its comparison (run-pp2/). Never run before this check.
+  if (($(nvidia-smi -L | grep -c '^GPU') >= 2)); then
+    mpirun2=(mpirun -n 2)
+    [[ $(id -u) == 0 ]] && mpirun2+=(--allow-run-as-root)
+    exe=$(find "$build" -name moerun_nccl_mpi_tests -type f -perm -u+x | head -1)
+    if [[ -n $exe ]]; then
+      log "moerun_nccl_mpi_tests on 2 ranks"
+      echo "==== moerun_nccl_mpi_tests (2 ranks)" >>"$out/tests.log"
+      timeout -k 10 120 "${mpirun2[@]}" "$exe" >>"$out/tests.log" 2>&1
+      summary+=("moerun_nccl_mpi_tests (2 ranks): exit $?")
+    fi
+    log "moerun run --backend cuda executor/cuda/device_plan_pp2.json (2 ranks)"
+    echo "==== device_plan_pp2" >>"$out/compare.txt"
+    if timeout -k 10 180 "${mpirun2[@]}" "$build/executor/moerun/moerun" run executor/cuda/device_plan_pp2.json \
+        --backend cuda --steps 5 --warmup 2 --out "$out/run-pp2" >>"$out/compare.txt" 2>&1 &&
+      "$build/planner/moeplan" simulate executor/cuda/device_plan_pp2.json --json >"$prefix_root/pred-pp2.json" \
+        2>>"$out/compare.txt" &&
+      "$build/planner/moeplan" compare "$prefix_root/pred-pp2.json" "$out/run-pp2/report.json" >>"$out/compare.txt" 2>&1; then
+      compare_lines+=("device_plan_pp2 (2 GPUs): $(grep 'end-to-end error' "$out/compare.txt" | tail -1)")
+    else
+      compare_lines+=("device_plan_pp2 (2 GPUs): moerun run --backend cuda + compare FAILED (see compare.txt)")
+    fi
+  else
+    compare_lines+=("device_plan_pp2 and the 2-rank NCCL tests: not run (one GPU; NCCL needs one per rank)")
   fi
 fi
 

@@ -324,7 +324,8 @@ int run_plan(const RunOptions& o, int rank, int world) {
   // The GPU backend: NCCL communicators of the same groups (MPI carries the unique id), the CUDA replay.
   CudaReplayRunner* gpu_runner = nullptr;
   if (on_gpu) {
-    Result<NcclGroups> made_nccl = make_nccl_groups(groups.layout(), MPI_COMM_WORLD);
+    const std::vector<std::pair<int, int>> links = pipeline_links(graph);
+    Result<NcclGroups> made_nccl = make_nccl_groups(groups.layout(), MPI_COMM_WORLD, links);
     if (!made_nccl) return bad_input(rank, made_nccl.error().message);
     nccl.emplace(std::move(made_nccl.value()));
     const DeviceGroupLookup device_lookup = [&nccl](CommGroup g) -> DeviceCommunicator* {
@@ -332,10 +333,14 @@ int run_plan(const RunOptions& o, int rank, int world) {
       NcclCommunicator& c = nccl->of(g);
       return c.size() > 1 ? &c : nullptr;
     };
+    const PipelineLinkLookup link_lookup = [&nccl, &graph](const Op& send) -> DeviceCommunicator* {
+      return nccl->link(send.stage, pipeline_peer_stage(graph, send));
+    };
     auto r = std::make_unique<CudaReplayRunner>(device_lookup, graph.ops,
                                                 o.host_sync    ? CudaReplayRunner::Mode::kHostSync
                                                 : o.cuda_graph ? CudaReplayRunner::Mode::kGraph
-                                                               : CudaReplayRunner::Mode::kEnqueue);
+                                                               : CudaReplayRunner::Mode::kEnqueue,
+                                                link_lookup);
     gpu_runner = r.get();
     runner_ptr = std::move(r);
   }

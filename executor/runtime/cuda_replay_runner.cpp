@@ -114,7 +114,6 @@ struct GroupMemory {
 }  // namespace
 
 std::string cuda_unsupported(const Plan& plan, const ModelSpec& model) {
-  if (plan.pipeline.pp > 1) return "pipeline parallelism (pp > 1) on the CUDA backend";
   // Its attention replays as square causal self-attention.
   if (model.encoder_decoder()) return "an encoder-decoder model (bidirectional and cross-attention)";
   if (plan.overlap.intra_op) {
@@ -168,10 +167,33 @@ struct Lane {
   DeviceBuffer<float> unit_scale;                      // 1.0f: the FP8 GEMMs' per-tensor scales
 };
 
+static void open_lane(Lane& l) {
+  MOERUN_CUDA_CHECK(cudaStreamCreateWithFlags(&l.stream, cudaStreamNonBlocking));
+  MOERUN_CUDA_CHECK(cudaEventCreate(&l.before));
+  MOERUN_CUDA_CHECK(cudaEventCreate(&l.after));
+}
+
+// Kernel objects and buffers first (after the stream has drained), then the events and the stream.
+static void close_lane(Lane& l) {
+  const cudaStream_t s = l.stream;
+  const cudaEvent_t before = l.before, after = l.after;
+  cudaStreamSynchronize(s);
+  l = Lane{};
+  cudaEventDestroy(before);
+  cudaEventDestroy(after);
+  cudaStreamDestroy(s);
+}
+
 struct CudaReplayRunner::Impl {
   DeviceGroupLookup groups;
+  PipelineLinkLookup links;
   Mode mode = Mode::kEnqueue;
   std::vector<Lane> lanes;
+  // Pipeline receives: a lane per sending stage (made at construction, so that the lanes' threads only read
+  // the map), and each receive's events by its send's op id (timing pair; under capture, its internal end).
+  std::map<int, Lane> receive_lanes;
+  std::map<int32_t, std::pair<cudaEvent_t, cudaEvent_t>> receive_events;
+  std::map<int32_t, cudaEvent_t> receive_dep_events;
   std::atomic<double> bytes{0}, high_water{0};
   std::atomic<int64_t> kernel_ops{0};  // memory-bound and optimizer ops run on their own kernel, all steps
   std::atomic<int64_t> adam_steps{0};  // optimizer ops run (optimizer): the Adam step counter
@@ -203,12 +225,26 @@ struct CudaReplayRunner::Impl {
   std::vector<int32_t> draw_rows;
   DeviceBuffer<int32_t> draw_rows_device;
 
-  explicit Impl(DeviceGroupLookup gr) : groups(std::move(gr)), lanes(sz(kNumStreams)) {
-    for (Lane& l : lanes) {
-      MOERUN_CUDA_CHECK(cudaStreamCreateWithFlags(&l.stream, cudaStreamNonBlocking));
-      MOERUN_CUDA_CHECK(cudaEventCreate(&l.before));
-      MOERUN_CUDA_CHECK(cudaEventCreate(&l.after));
-    }
+  Impl(DeviceGroupLookup gr, PipelineLinkLookup li)
+      : groups(std::move(gr)), links(std::move(li)), lanes(sz(kNumStreams)) {
+    for (Lane& l : lanes) open_lane(l);
+  }
+
+  // Every lane a capture forks and joins: the op-graph streams' (the compute stream first), then the
+  // receives'.
+  std::vector<Lane*> all_lanes() {
+    std::vector<Lane*> out;
+    for (Lane& l : lanes) out.push_back(&l);
+    for (auto& [stage, l] : receive_lanes) out.push_back(&l);
+    return out;
+  }
+
+  // The link a pipeline send goes over, from either end.
+  DeviceCommunicator* link(const Op& send) {
+    DeviceCommunicator* c = links ? links(send) : nullptr;
+    if (c == nullptr || c->size() != 2)
+      refuse(send, "a pipeline message without the two-rank NCCL communicator of its link");
+    return c;
   }
 
   int group_ranks(CommGroup g) {
@@ -267,24 +303,19 @@ struct CudaReplayRunner::Impl {
     }
   }
   ~Impl() {
-    for (auto& [id, ev] : op_events) {
-      cudaEventDestroy(ev.first);
-      cudaEventDestroy(ev.second);
+    for (auto* events : {&op_events, &receive_events}) {
+      for (auto& [id, ev] : *events) {
+        cudaEventDestroy(ev.first);
+        cudaEventDestroy(ev.second);
+      }
     }
+    for (auto& [id, ev] : receive_dep_events) cudaEventDestroy(ev);
     if (step_start != nullptr) cudaEventDestroy(step_start);
     if (graph_exec != nullptr) cudaGraphExecDestroy(graph_exec);
     for (auto& [id, ev] : dep_events) cudaEventDestroy(ev);
     if (fork != nullptr) cudaEventDestroy(fork);
     for (cudaEvent_t ev : joins) cudaEventDestroy(ev);
-    for (Lane& l : lanes) {
-      const cudaStream_t s = l.stream;
-      const cudaEvent_t before = l.before, after = l.after;
-      cudaStreamSynchronize(s);
-      l = Lane{};  // kernel objects and buffers first, then the events and the stream
-      cudaEventDestroy(before);
-      cudaEventDestroy(after);
-      cudaStreamDestroy(s);
-    }
+    for (Lane* l : all_lanes()) close_lane(*l);
   }
 
   void count(double delta) {
@@ -750,7 +781,16 @@ struct CudaReplayRunner::Impl {
     return l.unit_scale.data();
   }
 
+  // A pipeline send: the message (comm.bytes of comm.dtype) to the link's other rank, from the lane's slot 0.
+  void send(const Op& op, Lane& l) {
+    DeviceCommunicator* c = link(op);
+    const int64_t values = comm_values(op.comm, 1);
+    c->send(slot(l, 0, sz(values) * static_cast<size_t>(bytes_of(op.comm.dtype))), sz(values), op.comm.dtype,
+            1 - c->rank(), l.stream);
+  }
+
   void collective(const Op& op, Lane& l) {
+    if (op.kind == OpKind::kSendRecv) return send(op, l);
     DeviceCommunicator* c = groups(op.comm.group);
     if (c == nullptr) return;  // a group of one rank moves nothing
     const int size = c->size();
@@ -783,32 +823,46 @@ struct CudaReplayRunner::Impl {
         break;
       }
       case Collective::kSendRecv:
-        refuse(op, "pipeline sends (cuda_unsupported refuses pp > 1)");
+        refuse(op, "a send collective outside a pipeline send op");
     }
   }
 };
 
-CudaReplayRunner::CudaReplayRunner(DeviceGroupLookup groups, std::span<const Op> ops, Mode mode)
-    : impl_(std::make_unique<Impl>(std::move(groups))) {
-  impl_->mode = mode;
-  impl_->graph_ops = ops;
-  impl_->prepare_fused(ops);
-  if (mode == Mode::kHostSync) return;
-  MOERUN_CUDA_CHECK(cudaEventCreate(&impl_->step_start));
+CudaReplayRunner::CudaReplayRunner(DeviceGroupLookup groups, std::span<const Op> ops, Mode mode,
+                                   PipelineLinkLookup links)
+    : impl_(std::make_unique<Impl>(std::move(groups), std::move(links))) {
+  Impl& I = *impl_;
+  I.mode = mode;
+  I.graph_ops = ops;
+  I.prepare_fused(ops);
   for (const Op& op : ops) {
+    if (op.kind == OpKind::kSendRecv && !I.receive_lanes.contains(op.stage))
+      open_lane(I.receive_lanes[op.stage]);
+  }
+  if (mode == Mode::kHostSync) return;
+  auto timing_pair = [] {
     std::pair<cudaEvent_t, cudaEvent_t> ev{};
     MOERUN_CUDA_CHECK(cudaEventCreate(&ev.first));
     MOERUN_CUDA_CHECK(cudaEventCreate(&ev.second));
-    impl_->op_events.emplace(op.id, ev);
+    return ev;
+  };
+  auto internal = [] {
+    cudaEvent_t ev = nullptr;
+    MOERUN_CUDA_CHECK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+    return ev;
+  };
+  MOERUN_CUDA_CHECK(cudaEventCreate(&I.step_start));
+  for (const Op& op : ops) {
+    I.op_events.emplace(op.id, timing_pair());
+    if (op.kind == OpKind::kSendRecv) I.receive_events.emplace(op.id, timing_pair());
   }
   if (mode != Mode::kGraph) return;
   for (const Op& op : ops) {
-    cudaEvent_t ev = nullptr;
-    MOERUN_CUDA_CHECK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
-    impl_->dep_events.emplace(op.id, ev);
+    I.dep_events.emplace(op.id, internal());
+    if (op.kind == OpKind::kSendRecv) I.receive_dep_events.emplace(op.id, internal());
   }
-  MOERUN_CUDA_CHECK(cudaEventCreateWithFlags(&impl_->fork, cudaEventDisableTiming));
-  impl_->joins.resize(impl_->lanes.size());
+  I.fork = internal();
+  I.joins.resize(I.all_lanes().size());
   for (cudaEvent_t& ev : impl_->joins)
     MOERUN_CUDA_CHECK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
 }
@@ -894,6 +948,14 @@ void CudaReplayRunner::after(const Op& op, const Op& dep) {
   MOERUN_CUDA_CHECK(cudaStreamWaitEvent(l.stream, done, 0));
 }
 
+void CudaReplayRunner::after_receive(const Op& op, const Op& send) {
+  const Impl& I = *impl_;
+  const Lane& l = I.lanes[static_cast<size_t>(op.stream)];
+  const cudaEvent_t done =
+      I.capturing ? I.receive_dep_events.at(send.id) : I.receive_events.at(send.id).second;
+  MOERUN_CUDA_CHECK(cudaStreamWaitEvent(l.stream, done, 0));
+}
+
 // The step's start: on the compute stream, which every other stream's first op follows on the host. kGraph:
 // the second step begins the capture on the compute stream, the other streams joining it through the fork
 // event (their later work is captured, not run); later steps launch the graph.
@@ -910,8 +972,8 @@ void CudaReplayRunner::begin_step() {
     // Relaxed: a lane thread may still grow a scratch buffer (cudaMalloc) while another captures.
     MOERUN_CUDA_CHECK(cudaStreamBeginCapture(origin, cudaStreamCaptureModeRelaxed));
     MOERUN_CUDA_CHECK(cudaEventRecord(I.fork, origin));
-    for (size_t i = 1; i < I.lanes.size(); ++i)
-      MOERUN_CUDA_CHECK(cudaStreamWaitEvent(I.lanes[i].stream, I.fork, 0));
+    const std::vector<Lane*> all = I.all_lanes();
+    for (size_t i = 1; i < all.size(); ++i) MOERUN_CUDA_CHECK(cudaStreamWaitEvent(all[i]->stream, I.fork, 0));
     I.capturing = true;
     return;
   }
@@ -923,9 +985,10 @@ void CudaReplayRunner::begin_step() {
 void CudaReplayRunner::end_step() {
   Impl& I = *impl_;
   const cudaStream_t origin = I.lanes[0].stream;
+  const std::vector<Lane*> all = I.all_lanes();
   if (I.capturing) {
-    for (size_t i = 1; i < I.lanes.size(); ++i) {
-      MOERUN_CUDA_CHECK(cudaEventRecord(I.joins[i], I.lanes[i].stream));
+    for (size_t i = 1; i < all.size(); ++i) {
+      MOERUN_CUDA_CHECK(cudaEventRecord(I.joins[i], all[i]->stream));
       MOERUN_CUDA_CHECK(cudaStreamWaitEvent(origin, I.joins[i], 0));
     }
     cudaGraph_t graph = nullptr;
@@ -936,7 +999,7 @@ void CudaReplayRunner::end_step() {
     MOERUN_CUDA_CHECK(cudaEventRecord(I.step_start, origin));
     MOERUN_CUDA_CHECK(cudaGraphLaunch(I.graph_exec, origin));
   }
-  for (const Lane& l : I.lanes) MOERUN_CUDA_CHECK(cudaStreamSynchronize(l.stream));
+  for (const Lane* l : all) MOERUN_CUDA_CHECK(cudaStreamSynchronize(l->stream));
 }
 
 OpTiming CudaReplayRunner::interval(const Op& op) const {
@@ -947,8 +1010,22 @@ OpTiming CudaReplayRunner::interval(const Op& op) const {
   return {static_cast<double>(start_ms) * 1e-3, static_cast<double>(end_ms) * 1e-3};
 }
 
+// The receive of `send`'s message on the sending stage's receive lane, into its slot 0 (receives have no
+// dependencies: enqueued at once, they run in the sender's order). kHostSync: returns once it has arrived.
 void CudaReplayRunner::receive(const Op& send) {
-  refuse(send, "pipeline receives (cuda_unsupported refuses pp > 1)");
+  Impl& I = *impl_;
+  Lane& l = I.receive_lanes.at(send.stage);
+  DeviceCommunicator* c = I.link(send);
+  const bool enqueue = I.mode != Mode::kHostSync;
+  const auto [ev_begin, ev_end] = enqueue ? I.receive_events.at(send.id) : std::pair{l.before, l.after};
+  const unsigned record_flags = I.capturing ? cudaEventRecordExternal : cudaEventRecordDefault;
+  MOERUN_CUDA_CHECK(cudaEventRecordWithFlags(ev_begin, l.stream, record_flags));
+  const int64_t values = comm_values(send.comm, 1);
+  c->recv(I.slot(l, 0, sz(values) * static_cast<size_t>(bytes_of(send.comm.dtype))), sz(values),
+          send.comm.dtype, 1 - c->rank(), l.stream);
+  MOERUN_CUDA_CHECK(cudaEventRecordWithFlags(ev_end, l.stream, record_flags));
+  if (I.capturing) MOERUN_CUDA_CHECK(cudaEventRecord(I.receive_dep_events.at(send.id), l.stream));
+  if (!enqueue) MOERUN_CUDA_CHECK(cudaStreamSynchronize(l.stream));
 }
 
 void CudaReplayRunner::draw_routing(RoutingDrawSpec spec) {

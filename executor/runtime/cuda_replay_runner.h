@@ -14,6 +14,10 @@
 //     every other memory-bound op, those over drawn expert rows and the optimizer: a device-to-device copy
 //     moving hbm_bytes (half read, half written);
 //   collectives: NCCL over the group's DeviceCommunicator with comm.bytes of comm.dtype;
+//   pipeline sends and receives: NCCL's send and receive of comm.bytes over the two-rank communicator of
+//     the send's directed link (nccl_groups.h), the sends on the pipeline stream, each source stage's
+//     receives on a CUDA stream of their own, enqueued at once in the sender's order; an op that needs a
+//     received message waits on the device for its receive;
 //   fused GEMM + collective: the fused kernel of its kind (kernels/cuda/fused/fused_gemm_comm.h) at the op's
 //     GEMM shape, its rows spread evenly over experts and ranks, on the group's NCCL symmetric memory (made
 //     at construction; groups of at most 8 ranks in one NVLink domain); bf16 rows even when the plan
@@ -30,8 +34,8 @@
 // the graph's event record nodes), which is instantiated and launched; later steps launch the graph
 // (replays_step), with no host work per op. The graph holds every argument as captured, so a plan whose
 // shapes or counts change between steps (routing drawn over more than one EP rank) and the fused kernels
-// (their signal epochs are host arguments) must not use it; moerun refuses them. Refuses pipeline parallelism
-// (NCCL sends and receives from two host threads on one communicator are not safe; cuda_unsupported says so).
+// (their signal epochs are host arguments) must not use it; moerun refuses them. The receive streams join the
+// capture as the other streams do.
 #pragma once
 
 #include <functional>
@@ -49,17 +53,22 @@ namespace moeplan::executor {
 
 // This rank's NCCL communicator of a group kind; nullptr when the group has one rank.
 using DeviceGroupLookup = std::function<DeviceCommunicator*(CommGroup)>;
+// The two-rank communicator of the directed pipeline link a send goes over (its sender is rank 0, its
+// receiver rank 1), on both of its ranks; nullptr where there is none.
+using PipelineLinkLookup = std::function<DeviceCommunicator*(const Op& send)>;
 
 // Empty when the CUDA replay runner can execute `plan` of `model`, else one phrase naming what it cannot do.
 std::string cuda_unsupported(const Plan& plan, const ModelSpec& model);
 
 class CudaReplayRunner final : public OpRunner {
  public:
-  // Uses the current CUDA device. Creates one CUDA stream per op-graph stream. `ops` are the ops this rank
-  // will run: their fused ops' groups get symmetric memory here, collectively (every rank of a group must
-  // construct its runner), and a fused op the kernels cannot run aborts here, naming the op.
+  // Uses the current CUDA device. Creates one CUDA stream per op-graph stream, and one per stage that sends
+  // pipeline messages. `ops` are the graph's ops (this rank runs its stage's): their fused ops' groups get
+  // symmetric memory here, collectively (every rank of a group must construct its runner), and a fused op
+  // the kernels cannot run aborts here, naming the op. `links` is needed with pipeline parallelism.
   enum class Mode { kEnqueue, kHostSync, kGraph };
-  CudaReplayRunner(DeviceGroupLookup groups, std::span<const Op> ops, Mode mode = Mode::kEnqueue);
+  CudaReplayRunner(DeviceGroupLookup groups, std::span<const Op> ops, Mode mode = Mode::kEnqueue,
+                   PipelineLinkLookup links = {});
   ~CudaReplayRunner() override;
 
   void run(const Op& op) override;
@@ -68,6 +77,7 @@ class CudaReplayRunner final : public OpRunner {
   bool enqueues() const override;
   bool replays_step() const override;
   void after(const Op& op, const Op& dep) override;
+  void after_receive(const Op& op, const Op& send) override;
   void begin_step() override;
   void end_step() override;
   OpTiming interval(const Op& op) const override;

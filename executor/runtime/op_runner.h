@@ -40,6 +40,12 @@ class OpRunner {
     (void)op;
     (void)dep;
   }
+  // As after(), for a dependency on the receive of the neighbouring stage's `send` (which receive() has
+  // enqueued).
+  virtual void after_receive(const Op& op, const Op& send) {
+    (void)op;
+    (void)send;
+  }
   virtual void begin_step() {}
   virtual void end_step() {}
   virtual OpTiming interval(const Op& op) const {

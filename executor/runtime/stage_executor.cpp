@@ -72,7 +72,12 @@ StepTiming StageExecutor::run_step() {
       if (enqueues && !task.receive) {
         for (int32_t d : task.deps) {
           const StageTask& dep = schedule_.tasks[static_cast<size_t>(d)];
-          if (!dep.receive) runner_.after(op, graph_.ops[static_cast<size_t>(dep.op)]);
+          const Op& dep_op = graph_.ops[static_cast<size_t>(dep.op)];
+          if (dep.receive) {
+            runner_.after_receive(op, dep_op);
+          } else {
+            runner_.after(op, dep_op);
+          }
         }
       }
       if (watchdog_ != nullptr) {

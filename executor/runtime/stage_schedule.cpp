@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <map>
+#include <set>
 
 namespace moeplan::executor {
 
@@ -88,6 +89,14 @@ int pipeline_peer_stage(const OpGraph& graph, const Op& send) {
 int pipeline_tag(const OpGraph& graph, const Op& send) {
   const int64_t mb = send.micro_batch, chunks = graph.chunks_per_stage;
   return static_cast<int>((mb * chunks + send.chunk) * 2 + (send.phase == Phase::kForward ? 0 : 1));
+}
+
+std::vector<std::pair<int, int>> pipeline_links(const OpGraph& graph) {
+  std::set<std::pair<int, int>> links;
+  for (const Op& op : graph.ops) {
+    if (op.kind == OpKind::kSendRecv) links.emplace(op.stage, pipeline_peer_stage(graph, op));
+  }
+  return {links.begin(), links.end()};
 }
 
 }  // namespace moeplan::executor

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "simulator/core/op_graph.h"
@@ -34,5 +35,12 @@ StageSchedule schedule_stage(const OpGraph& graph, int stage);
 // the tag is unique per (micro-batch, sender chunk, direction) between two stages.
 int pipeline_peer_stage(const OpGraph& graph, const Op& send);
 int pipeline_tag(const OpGraph& graph, const Op& send);
+
+// The graph's directed pipeline links, (sending stage, receiving stage) for each pair of stages a send goes
+// between, sorted. Every rank derives the same list from the same graph: the GPU backend makes one NCCL
+// communicator per link from it, in this order, so that each communicator is used by one host thread on each
+// of its two ranks (the sender's pipeline lane, the receiver's lane for that source stage) and carries one
+// direction only, its sends and receives issued in the same order on both sides.
+std::vector<std::pair<int, int>> pipeline_links(const OpGraph& graph);
 
 }  // namespace moeplan::executor

@@ -330,22 +330,26 @@ TEST_SUITE("moerun") {
   }
 
   // Here (no driver) and in CI, and with builds without CUDA, --backend cuda must fail cleanly before any
-  // step; with a GPU per rank it runs and says so in the report.
+  // step; with a GPU per rank it runs and says so in the report. The pipelined plan too: the CUDA replay
+  // takes pipeline parallelism (it no longer exits 3 before looking for a device).
   TEST_CASE("--backend cuda runs on a GPU per rank, or exits 2 with one line and writes nothing") {
-    const fs::path plan = write_plan("cuda", false), out = temp("cuda_out");
-    const Run r = mpirun(
-        2, "run '" + plan.string() + "' --backend cuda --steps 1 --warmup 0 --out '" + out.string() + "'");
-    if (r.exit_code == 0) {
-      const auto j = nlohmann::json::parse(slurp(out / "report.json"));
-      CHECK(j["backend"] == "cuda");
-    } else {
-      CHECK(r.exit_code == 2);
-      CHECK_MESSAGE(moerun_lines(r.err) == 1, r.err);
-      CHECK(r.err.rfind("moerun: ", 0) == 0);
-      check_no_output(out);
+    for (const bool pipeline : {false, true}) {
+      CAPTURE(pipeline);
+      const fs::path plan = write_plan(pipeline ? "cuda_pp" : "cuda", pipeline), out = temp("cuda_out");
+      const Run r = mpirun(
+          2, "run '" + plan.string() + "' --backend cuda --steps 1 --warmup 0 --out '" + out.string() + "'");
+      if (r.exit_code == 0) {
+        const auto j = nlohmann::json::parse(slurp(out / "report.json"));
+        CHECK(j["backend"] == "cuda");
+      } else {
+        CHECK_MESSAGE(r.exit_code == 2, r.err);
+        CHECK_MESSAGE(moerun_lines(r.err) == 1, r.err);
+        CHECK(r.err.rfind("moerun: ", 0) == 0);
+        check_no_output(out);
+      }
+      fs::remove_all(out);
+      fs::remove(plan);
     }
-    fs::remove_all(out);
-    fs::remove(plan);
   }
 
   // Without a GPU per rank (here and in CI) or without CUDA, the GPU bench fails before making its folder;

@@ -10,15 +10,18 @@ namespace moeplan::executor {
 
 TEST_SUITE("executor_runtime") {
   TEST_CASE(
-      "the CUDA replay refuses pipeline parallelism, fused kernels beyond one NVLink domain and "
-      "encoder-decoders") {
+      "the CUDA replay refuses fused kernels beyond one NVLink domain and encoder-decoders, and takes "
+      "pipeline parallelism") {
     Plan p;
     ModelSpec model;
     auto cuda_unsupported = [&](const Plan& plan) { return executor::cuda_unsupported(plan, model); };
     CHECK(cuda_unsupported(p).empty());
     p.pipeline.pp = 2;
-    CHECK(cuda_unsupported(p).find("pipeline") != std::string::npos);
-    p.pipeline.pp = 1;
+    CHECK(cuda_unsupported(p).empty());
+    p.pipeline.vpp = 2;
+    p.pipeline.schedule = Schedule::kInterleaved1F1B;
+    CHECK(cuda_unsupported(p).empty());
+    p.pipeline = {};
 
     // Ulysses sp and EP groups of up to 8 ranks fuse; 16 do not, unless intra-operator overlap is off.
     p.overlap.intra_op = true;

@@ -70,6 +70,12 @@ class QueueRunner final : public OpRunner {
     told[static_cast<size_t>(op.id)].insert(dep.id);
     if (dep.stream != op.stream) waits_[static_cast<size_t>(op.id)].push_back(dep.id);
   }
+  // A receive's wait: named like any dependency (by the neighbour's send), counted apart.
+  void after_receive(const Op& op, const Op& send) override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    told[static_cast<size_t>(op.id)].insert(send.id);
+    ++receive_waits;
+  }
   void run(const Op& op) override {
     std::lock_guard<std::mutex> lock(mutex_);
     // Every dependency was named before the op was queued.
@@ -109,6 +115,7 @@ class QueueRunner final : public OpRunner {
 
   std::vector<std::string> log;
   std::map<size_t, std::set<int32_t>> told;
+  int receive_waits = 0;
 
  private:
   const OpGraph& graph_;
@@ -225,6 +232,24 @@ TEST_SUITE("executor_runtime") {
     REQUIRE(compute.size() == 1);
     REQUIRE(comm.size() == 1);
     CHECK(*compute.begin() != *comm.begin());
+  }
+
+  TEST_CASE("an enqueuing runner hears of each pipeline receive before the op that consumes it") {
+    const RunInputs in = test::load_tiny("exec_pp2_queue", test::tiny_plan(2, test::kPp2Vpp2, 256, 8));
+    const OpGraph& g = in.graph;
+    for (int stage = 0; stage < 2; ++stage) {
+      const StageSchedule s = schedule_stage(g, stage);
+      QueueRunner runner(g);  // its run() checks that every dependency, a receive's too, was named first
+      StageExecutor ex(g, s, runner, 0);
+      ex.run_step();
+      int foreign = 0;
+      for (const Op& op : g.ops) {
+        if (op.stage != stage) continue;
+        for (int32_t d : g.deps_of(op)) foreign += g.ops[static_cast<size_t>(d)].stage != stage;
+      }
+      CHECK(runner.receive_waits == foreign);
+      CHECK(foreign > 0);
+    }
   }
 
   TEST_CASE("a pipeline stage runs its receives and waits for them before the ops that consume them") {
