@@ -354,10 +354,7 @@ struct CudaReplayRunner::Impl {
       m = op.gemm.k;
       k = op.gemm.m;
     }
-    // 128-value blocks (DeepSeek-V3's recipe, the moerun stack's) where the row splits into them, else one
-    // scale per row (held in registers: up to 16,384 values). The two move the same bytes.
-    const bool rowwise = k % 128 != 0;
-    if (m % 16 != 0 || n % 16 != 0 || k % 16 != 0 || (op.aux_bytes > 0 && rowwise && k > 16384)) return false;
+    if (m % 16 != 0 || n % 16 != 0 || k % 16 != 0 || (op.aux_bytes > 0 && !fp8_castable(k))) return false;
     // Kept under its own key beside the bf16 GEMMs, even when cuBLASLt refuses it (asked each time).
     auto& g =
         l.gemms[{static_cast<int>(cuda::GemmOp::kDgrad) | kFp8GemmKey | (wgrad ? kFp8WgradKey : 0), m, n, k}];
@@ -371,22 +368,34 @@ struct CudaReplayRunner::Impl {
       }
     }
     if (!g->can_implement().empty()) return false;
-    auto* q = static_cast<__nv_fp8_e4m3*>(slot(l, 0, sz(m * k)));
-    if (op.aux_bytes > 0) {
-      const auto* x = static_cast<const __nv_bfloat16*>(slot(l, 3, sz(m * k) * 2));
-      auto* scales = static_cast<float*>(slot(l, 4, sz(m * (rowwise ? 1 : k / 128)) * 4));
-      if (rowwise) {
-        cuda::fp8_quantize_rowwise(x, q, scales, m, k, l.stream);
-      } else {
-        cuda::fp8_quantize_blockwise(x, q, scales, m, k, l.stream);
-      }
-      copy(op.aux_bytes - static_cast<double>(m * k) * 3.0 - static_cast<double>(m) * 4.0, l, 5);
-    }
+    __nv_fp8_e4m3* q = fp8_input(l, m, k, op.aux_bytes);
     const float* one = unit_scale(l);
     g->run({q, slot(l, 1, sz(n * k)), slot(l, 2, sz(m * n) * (wgrad ? 4 : 2)), one, one},
            l.gemm_workspace.data(), l.stream);
     fp8_ops.fetch_add(1);
     return true;
+  }
+
+  // 128-value blocks (DeepSeek-V3's recipe, the moerun stack's) where a row of k values splits into them,
+  // else one scale per row (held in registers: up to 16,384 values). The two move the same bytes.
+  static bool fp8_castable(int64_t k) { return k % 128 == 0 || k <= 16384; }
+
+  // An FP8 GEMM's A operand [m, k] in slot 0: with `aux_bytes` (the recipe's quantise, amax and transpose
+  // traffic) the project's e4m3 quantiser over a bf16 [m, k] (slot 3, scales in slot 4) plus a copy of the
+  // rest of those bytes; without, the operand as it lies (its cast was counted elsewhere).
+  __nv_fp8_e4m3* fp8_input(Lane& l, int64_t m, int64_t k, double aux_bytes) {
+    auto* q = static_cast<__nv_fp8_e4m3*>(slot(l, 0, sz(m * k)));
+    if (aux_bytes <= 0) return q;
+    const bool rowwise = k % 128 != 0;
+    const auto* x = static_cast<const __nv_bfloat16*>(slot(l, 3, sz(m * k) * 2));
+    auto* scales = static_cast<float*>(slot(l, 4, sz(m * (rowwise ? 1 : k / 128)) * 4));
+    if (rowwise) {
+      cuda::fp8_quantize_rowwise(x, q, scales, m, k, l.stream);
+    } else {
+      cuda::fp8_quantize_blockwise(x, q, scales, m, k, l.stream);
+    }
+    copy(aux_bytes - static_cast<double>(m * k) * 3.0 - static_cast<double>(m) * 4.0, l, 5);
+    return q;
   }
 
   void gemm(const Op& op, Lane& l) {
@@ -435,9 +444,16 @@ struct CudaReplayRunner::Impl {
     const cuda::ExpertGemmOp kind = op.part == GemmPart::kDgrad   ? cuda::ExpertGemmOp::kDgrad
                                     : op.part == GemmPart::kWgrad ? cuda::ExpertGemmOp::kWgrad
                                                                   : cuda::ExpertGemmOp::kForward;
-    Lane::Grouped& g = l.grouped[{static_cast<int>(kind), e, in, out, drawn >= 0 ? int64_t{-1} : per}];
+    // FP8 forward and data gradient: e4m3 operands after the quantiser over the rows this rank runs (the
+    // weight gradient stays bf16: its K is each expert's row count, which FP8's 16-byte TMA rows would need
+    // padded to 16, as Megatron's --moe-router-padding-for-fp8 does).
+    const int64_t depth = kind == cuda::ExpertGemmOp::kDgrad ? out : in;  // A's columns
+    const bool fp8 = op.dtype == DType::kFp8 && kind != cuda::ExpertGemmOp::kWgrad && in % 16 == 0 &&
+                     out % 16 == 0 && (op.aux_bytes <= 0 || fp8_castable(depth));
+    Lane::Grouped& g = l.grouped[{static_cast<int>(kind) | (fp8 ? kFp8GemmKey : 0), e, in, out,
+                                  drawn >= 0 ? int64_t{-1} : per}];
     if (!g.kernel) {
-      g.kernel = std::make_unique<cuda::GroupedGemm>(cuda::GroupedGemmProblem{kind, e, in, out});
+      g.kernel = std::make_unique<cuda::GroupedGemm>(cuda::GroupedGemmProblem{kind, e, in, out, fp8});
       if (const std::string why = g.kernel->can_implement(); !why.empty()) refuse(op, why);
       g.workspace = DeviceBuffer<char>(g.kernel->workspace_size());
       if (drawn < 0) {
@@ -450,6 +466,18 @@ struct CudaReplayRunner::Impl {
       g.kernel->initialize(g.workspace.data(), l.stream);
     }
     const int32_t* counts = drawn >= 0 ? draw_rows_device.data() + drawn * e : g.counts.data();
+    if (fp8) {
+      // The cast's bytes scale with the rows drawn; the weights are their cached e4m3 copy (transposed for
+      // the forward, grouped_gemm.h), 1 byte per value.
+      const double cast =
+          op.aux_bytes * static_cast<double>(rows) / static_cast<double>(std::max<int64_t>(1, op.gemm.m));
+      const __nv_fp8_e4m3* a = fp8_input(l, rows, depth, cast);
+      const int64_t width = kind == cuda::ExpertGemmOp::kDgrad ? in : out;
+      g.kernel->run({counts, a, slot(l, 1, sz(e * in * out)), slot(l, 2, sz(rows * width) * 2), rows},
+                    l.stream);
+      fp8_ops.fetch_add(1);
+      return;
+    }
     // Forward: x [rows, in], w [E, in, out] -> y [rows, out]; dgrad: dy [rows, out], w -> dx [rows, in];
     // wgrad: x [rows, in], dy [rows, out] -> dw [E, in, out] fp32.
     const size_t w = sz(e * in * out) * 2;

@@ -4,7 +4,8 @@
 //   GEMM: cuBLASLt bf16 (executor/kernels/cuda/gemm.h) in the op's part: forward [m, k] x [k, n], dgrad
 //     [m, n] x [k, n]^T, wgrad [m, k]^T x [m, n] into fp32 (the main-grad buffer);
 //   grouped GEMM: CUTLASS's grouped kernel (grouped_gemm.h) over `groups` experts of ceil(m / groups) rows
-//     each, or each local expert's drawn rows (draw_routing), the counts in device memory;
+//     each, or each local expert's drawn rows (draw_routing), the counts in device memory; an FP8 op's
+//     forward and data gradient in e4m3 after the quantiser over its rows (weight gradients in bf16);
 //   attention: cuDNN flash attention (attention.h), forward or backward, for each call that does the op's
 //     work (attention_calls): the op's heads and kv heads (GQA), qk and v dims (MLA), window and
 //     causality; context parallelism's local part as a causal square of the rank's queries, its remote part
@@ -92,8 +93,8 @@ class CudaReplayRunner final : public OpRunner {
 
   // Memory-bound and optimizer ops run on their own kernel rather than a copy, over all steps so far.
   int64_t kernel_memory_ops() const;
-  // FP8 forward and data-gradient GEMM ops run as e4m3 with their input cast, all steps so far (the rest of
-  // an FP8 plan's GEMMs, weight gradients included, run in bf16).
+  // FP8 GEMM ops run as e4m3, all steps so far: dense ones (weight gradients too) and the grouped expert
+  // GEMMs' forward and data gradient (expert weight gradients run in bf16).
   int64_t fp8_gemm_ops() const;
   // Device bytes this runner holds now and at most (scratch buffers, workspaces, kernel objects).
   double device_bytes() const;

@@ -9,7 +9,11 @@
 //   kDgrad:   M = m_e, N = in,  K = out; A = dy_e [m_e, out] K-major; B(n, k) = W_e[n, k]: K-major
 //   kWgrad:   M = in,  N = out, K = m_e; A(i, t) = x_e[t, i]: M-major; B(j, t) = dy_e[t, j]: N-major
 // wgrad's reduction dimension is the expert's token count, so it too is just a per-group K in the device
-// shapes.
+// shapes. FP8 (e4m3 A and B, forward and dgrad): Hopper's FP8 wgmma reads both operands K-major, so the
+// forward's B is the expert's transposed weight Wt_e [out, in] (B(n, k) = Wt_e[n, k]: K-major), the layout of
+// the dgrad kernel; dgrad's operands are K-major already. Both accumulate in fp32 with promotion (CUTLASS's
+// FP8 mainloop adds the tensor cores' limited-precision partial sums into fp32 registers every few k-blocks,
+// as cuBLASLt does by default and DeepSeek-V3's recipe does) and write bf16.
 #include "executor/kernels/cuda/grouped_gemm.h"
 
 #include <cuda_bf16.h>
@@ -39,23 +43,31 @@ namespace {
 using ProblemShape = cutlass::gemm::GroupProblemShape<cute::Shape<int, int, int>>;  // (M, N, K) per group
 using GroupShape = ProblemShape::UnderlyingProblemShape;
 using Bf16 = cutlass::bfloat16_t;
+using E4m3 = cutlass::float_e4m3_t;
 
 // The setup kernel is one block of kSetupThreads threads with kExpertsPerThread experts each.
 constexpr int kSetupThreads = 256, kExpertsPerThread = 4;
 constexpr int kMaxExperts = kSetupThreads * kExpertsPerThread;
 
-// 128x256x64 tiles under the cooperative schedule (two consumer warpgroups, 64x256 each, the widest wgmma N)
-// and 2x1 clusters that multicast each B tile to both CTAs. Chosen, not tuned: gemm_bench measures it against
-// cuBLASLt. Zero-filled TMA loads and clipped TMA stores handle every ragged edge.
-using TileShape = cute::Shape<cute::_128, cute::_256, cute::_64>;
+// 128x256x64 tiles under the cooperative schedule (two consumer warpgroups, 64x256 each, the widest wgmma
+// N; FP8: 128x128x128, the same 128 bytes of K per stage, as its promoted accumulation holds a second set of
+// accumulators and 64x256 of each would spill registers) and 2x1 clusters that multicast each B tile to both
+// CTAs. Chosen, not tuned: gemm_bench measures it against cuBLASLt. Zero-filled TMA loads and
+// clipped TMA stores handle every ragged edge.
 using ClusterShape = cute::Shape<cute::_2, cute::_1, cute::_1>;
 
-template <class LayoutA_, class LayoutB_, class ElementC_, class ElementD_>
+template <class LayoutA_, class LayoutB_, class ElementC_, class ElementD_, class ElementAB = Bf16>
 struct ExpertKernel {
   using LayoutA = LayoutA_;
   using LayoutB = LayoutB_;
+  using ElementA = ElementAB;
   using ElementC = ElementC_;  // void: no source (D = A B); else D = A B + C with C aliasing D
   using ElementD = ElementD_;
+  static constexpr bool kFp8 = std::is_same_v<ElementAB, E4m3>;
+  static constexpr int kAlignAB = 128 / cutlass::sizeof_bits<ElementAB>::value;
+  using TileShape = cute::conditional_t<kFp8, cute::Shape<cute::_128, cute::_128, cute::_128>,
+                                        cute::Shape<cute::_128, cute::_256, cute::_64>>;
+
   static constexpr int kAlignD = 128 / cutlass::sizeof_bits<ElementD>::value;  // 16-byte TMA rows
   static constexpr int kAlignC =
       cute::is_void_v<ElementC> ? kAlignD : 128 / cutlass::sizeof_bits<ElementC>::value;
@@ -67,8 +79,8 @@ struct ExpertKernel {
       cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative,
       cutlass::epilogue::fusion::LinearCombination<ElementD, float, ElementC, float>>::CollectiveOp;
   using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
-      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Bf16, LayoutA*, 8, Bf16, LayoutB*, 8, float,
-      TileShape, ClusterShape,
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, ElementAB, LayoutA*, kAlignAB, ElementAB, LayoutB*,
+      kAlignAB, float, TileShape, ClusterShape,
       cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
           sizeof(typename Epilogue::SharedStorage))>,
       cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative>::CollectiveOp;
@@ -85,6 +97,8 @@ struct ExpertKernel {
 using ForwardKernel = ExpertKernel<cutlass::layout::RowMajor, cutlass::layout::RowMajor, void, Bf16>;
 using DgradKernel = ExpertKernel<cutlass::layout::RowMajor, cutlass::layout::ColumnMajor, void, Bf16>;
 using WgradKernel = ExpertKernel<cutlass::layout::ColumnMajor, cutlass::layout::RowMajor, float, float>;
+// FP8 forward and dgrad share one kernel (both K-major; see the top of the file).
+using Fp8Kernel = ExpertKernel<cutlass::layout::RowMajor, cutlass::layout::ColumnMajor, void, Bf16, E4m3>;
 
 // Packed stride of a [rows, cols] operand whose contiguous mode is the one CUTLASS's stride type fixes to _1:
 // (cols, _1, _0) for a row-contiguous stride type, (_1, rows, _0) for a column-contiguous one.
@@ -103,8 +117,8 @@ __device__ Stride packed_stride(int64_t rows, int64_t cols) {
 template <class K>
 struct GroupArrays {
   GroupShape* shapes;
-  const Bf16** ptr_a;
-  const Bf16** ptr_b;
+  const typename K::ElementA** ptr_a;
+  const typename K::ElementA** ptr_b;
   const typename K::NonVoidC** ptr_c;
   typename K::ElementD** ptr_d;
   typename K::StrideA* stride_a;
@@ -137,8 +151,8 @@ GroupArrays<K> carve_group_arrays(void* workspace, int e) {
   };
   GroupArrays<K> g{};
   g.shapes = reinterpret_cast<GroupShape*>(take(n * sizeof(GroupShape)));
-  g.ptr_a = reinterpret_cast<const Bf16**>(take(n * sizeof(void*)));
-  g.ptr_b = reinterpret_cast<const Bf16**>(take(n * sizeof(void*)));
+  g.ptr_a = reinterpret_cast<const typename K::ElementA**>(take(n * sizeof(void*)));
+  g.ptr_b = reinterpret_cast<const typename K::ElementA**>(take(n * sizeof(void*)));
   g.ptr_c = reinterpret_cast<const typename K::NonVoidC**>(take(n * sizeof(void*)));
   g.ptr_d = reinterpret_cast<typename K::ElementD**>(take(n * sizeof(void*)));
   g.stride_a = reinterpret_cast<typename K::StrideA*>(take(n * sizeof(typename K::StrideA)));
@@ -155,8 +169,8 @@ GroupArrays<K> carve_group_arrays(void* workspace, int e) {
 template <class K, ExpertGemmOp kOp>
 __device__ void write_expert_args(const GroupArrays<K>& g, const GroupedGemmOperands& ops, int e, int64_t m,
                                   int64_t offset, int64_t in, int64_t out) {
-  const auto* a = static_cast<const Bf16*>(ops.a);
-  const auto* b = static_cast<const Bf16*>(ops.b);
+  const auto* a = static_cast<const typename K::ElementA*>(ops.a);
+  const auto* b = static_cast<const typename K::ElementA*>(ops.b);
   auto* d = static_cast<typename K::ElementD*>(ops.d);
   const int64_t weight = static_cast<int64_t>(e) * in * out;
   const int mi = static_cast<int>(m), ini = static_cast<int>(in), outi = static_cast<int>(out);
@@ -311,6 +325,13 @@ struct ExpertGemmImpl final : GroupedGemm::Impl {
 };
 
 std::unique_ptr<GroupedGemm::Impl> make_impl(const GroupedGemmProblem& p) {
+  if (p.fp8) {
+    // FP8 is forward and dgrad only (can_implement says so); a wgrad problem keeps a bf16 kernel object.
+    if (p.op == ExpertGemmOp::kForward)
+      return std::make_unique<ExpertGemmImpl<Fp8Kernel, ExpertGemmOp::kForward>>(p);
+    if (p.op == ExpertGemmOp::kDgrad)
+      return std::make_unique<ExpertGemmImpl<Fp8Kernel, ExpertGemmOp::kDgrad>>(p);
+  }
   switch (p.op) {
     case ExpertGemmOp::kForward:
       return std::make_unique<ExpertGemmImpl<ForwardKernel, ExpertGemmOp::kForward>>(p);
@@ -346,6 +367,9 @@ std::string GroupedGemm::can_implement() const {
   if (p.num_experts < 1 || p.num_experts > kMaxExperts) return "1 <= experts <= 1024";
   if (p.in <= 0 || p.out <= 0 || p.in % 8 != 0 || p.out % 8 != 0)
     return "in and out must be positive multiples of 8 (16-byte TMA rows)";
+  if (p.fp8 && p.op == ExpertGemmOp::kWgrad) return "the FP8 grouped GEMM is forward and data gradient only";
+  if (p.fp8 && (p.in % 16 != 0 || p.out % 16 != 0))
+    return "FP8: in and out must be multiples of 16 (16-byte TMA rows of e4m3)";
   if (p.in > (int64_t{1} << 30) || p.out > (int64_t{1} << 30))
     return "in and out must fit CUTLASS's int shapes";
   int device = 0, sm_count = 0;

@@ -29,6 +29,12 @@ struct GroupedGemmProblem {
   ExpertGemmOp op = ExpertGemmOp::kForward;
   int num_experts = 0;
   int64_t in = 0, out = 0;  // an expert's weight is [in, out]
+  // FP8 (kForward and kDgrad only; in and out multiples of 16): a and b are e4m3 (__nv_fp8_e4m3), d bf16,
+  // unscaled (a scale of 1: the caller's quantiser scales the values). Hopper's FP8 tensor cores read both
+  // operands K-major, so kForward's b is each expert's weight transposed, wt [E, out, in] (Wt_e at
+  // b + e in out), as Transformer Engine keeps a transposed FP8 copy of each weight; kDgrad's b is w as in
+  // bf16.
+  bool fp8 = false;
 };
 
 // Device pointers for one run; `counts` [E] int32 holds m_e (>= 0). a, b, d per the op above (d is

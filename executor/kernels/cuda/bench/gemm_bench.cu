@@ -4,7 +4,9 @@
 // 7168]; 8 local experts) with 512..4096 tokens per expert, uniform and skewed routing. Each grouped row is
 // judged against a single dense cuBLASLt GEMM of the same total rows (issue #6: >= 70% at >= 2048 tokens per
 // expert). Every timed kernel's result is checked once first: sampled entries against a CPU dot product
-// (dense), the whole output against per-expert cuBLASLt GEMMs (grouped).
+// (dense), the whole output against per-expert cuBLASLt GEMMs (grouped). Last, the FP8 grouped expert GEMM
+// (forward with transposed weights, dgrad) at the same shapes, checked against per-expert cuBLASLt FP8 GEMMs
+// and judged against the bf16 grouped GEMM of the same op and rows (its speed-up is the ratio).
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
 
@@ -350,6 +352,78 @@ void bench_grouped(ExpertGemmOp op, const ExpertShape& shape, const std::vector<
   bench::print_result("gemm", label, shape_str, ms, tflops, dense_rates[key], "TFLOP/s", target);
 }
 
+// The FP8 grouped GEMM (e4m3 A and B, unscaled; bf16 D) of one op, uniform routing: checked against
+// per-expert cuBLASLt FP8 GEMMs (TN, unit scales) on the same operands, timed, printed against the bf16
+// grouped GEMM of the same op and rows timed here.
+void bench_grouped_fp8(ExpertGemmOp op, const ExpertShape& shape, int64_t per_expert, bool& all_ok) {
+  constexpr int experts = 8;
+  const int64_t rows = per_expert * experts, in = shape.in, out = shape.out;
+  const bool fwd = op == ExpertGemmOp::kForward;
+  const int64_t depth = fwd ? in : out, width = fwd ? out : in;  // A [rows, depth], D [rows, width]
+  const auto urows = static_cast<size_t>(rows), uw = static_cast<size_t>(experts * in * out);
+  DeviceBuffer<Fp8> a8(urows * static_cast<size_t>(depth)), b8(uw);
+  DeviceBuffer<Bf16> a16(a8.size()), b16(uw);
+  fill(a8, 31);
+  fill(b8, 32);
+  fill(a16, 31);
+  fill(b16, 32);
+  DeviceBuffer<Bf16> d(urows * static_cast<size_t>(width)), ref(d.size());
+  MOERUN_CUDA_CHECK(cudaMemset(d.data(), 0xff, d.bytes()));  // NaN
+  const std::vector<int32_t> counts32(experts, static_cast<int32_t>(per_expert));
+  DeviceBuffer<int32_t> dcounts(experts);
+  dcounts.upload(counts32.data(), experts);
+  const char* op_name = fwd ? "fwd" : "dgrad";
+  const std::string label = std::string("grouped_fp8_") + op_name;
+  const std::string shape_str = std::string(shape.name) + " 8x" + std::to_string(per_expert) + " uniform in" +
+                                std::to_string(in) + " out" + std::to_string(out);
+  GroupedGemm g({op, experts, in, out, true}), g16({op, experts, in, out});
+  for (const GroupedGemm* k : {&g, &g16}) {
+    if (const std::string why = k->can_implement(); !why.empty()) {
+      std::printf("%s %s not run: %s\n", label.c_str(), shape_str.c_str(), why.c_str());
+      all_ok = false;
+      return;
+    }
+  }
+  DeviceBuffer<char> ws(g.workspace_size()), ws16(g16.workspace_size());
+  g.initialize(ws.data(), nullptr);
+  g16.initialize(ws16.data(), nullptr);
+  const GroupedGemmOperands ops{dcounts.data(), a8.data(), b8.data(), d.data(), rows};
+  g.run(ops, nullptr);
+  MOERUN_CUDA_CHECK(cudaGetLastError());
+  // Reference: expert e's C [m, width] = A_e [m, depth] B_e^T with B_e [width, depth] at b + e in out (the
+  // forward's transposed weight, or dgrad's weight as it lies), cuBLASLt's FP8 TN GEMM with unit scales.
+  DeviceBuffer<float> one(1);
+  const float unit = 1.0f;
+  one.upload(&unit, 1);
+  DeviceBuffer<char> ws_ref(kWorkspaceBytes);
+  const Gemm ref_gemm({GemmOp::kDgrad, per_expert, width, depth, GemmType::kE4m3, GemmType::kBf16, false});
+  if (!ref_gemm.can_implement().empty()) {
+    std::printf("reference FP8 GEMM not run: %s\n", ref_gemm.can_implement().c_str());
+    all_ok = false;
+    return;
+  }
+  for (int e = 0; e < experts; ++e) {
+    const int64_t off = e * per_expert;
+    ref_gemm.run({a8.data() + off * depth, b8.data() + static_cast<int64_t>(e) * in * out,
+                  ref.data() + off * width, one.data(), one.data()},
+                 ws_ref.data(), nullptr);
+  }
+  MOERUN_CUDA_CHECK(cudaDeviceSynchronize());
+  if (const unsigned long long bad = count_mismatches(d.data(), ref.data(), d.size()); bad != 0) {
+    std::printf("CHECK FAILED: %s %s: %llu of %zu entries differ from per-expert cuBLASLt FP8\n",
+                label.c_str(), shape_str.c_str(), bad, d.size());
+    all_ok = false;
+    return;
+  }
+  const GroupedGemmProblem gp{op, experts, in, out, true};
+  const double ms = bench::median_ms([&](cudaStream_t s) { g.run(ops, s); });
+  const GroupedGemmOperands ops16{dcounts.data(), a16.data(), b16.data(), d.data(), rows};
+  const double ms16 = bench::median_ms([&](cudaStream_t s) { g16.run(ops16, s); });
+  const double flops = grouped_gemm_flops(gp, rows);
+  bench::print_result("gemm", label, shape_str, ms, flops / (ms * 1e-3) / 1e12, flops / (ms16 * 1e-3) / 1e12,
+                      "TFLOP/s", 0);
+}
+
 }  // namespace
 }  // namespace moeplan::cuda
 
@@ -400,6 +474,12 @@ int main() {
   all_ok &= f8.ok;
   bench::print_result("gemm", "cublaslt_fp8_tn", dims(8192, 8192, 8192), f8.ms, f8.tflops, f8.tflops,
                       "TFLOP/s", 0);
+
+  // FP8 grouped expert GEMMs, against the bf16 grouped GEMM of the same op and rows.
+  for (const ExpertShape& shape : shapes)
+    for (int64_t per_expert : {1024, 4096})
+      for (ExpertGemmOp op : {ExpertGemmOp::kForward, ExpertGemmOp::kDgrad})
+        bench_grouped_fp8(op, shape, per_expert, all_ok);
 
   if (!all_ok) {
     std::printf("gemm bench: some results FAILED their checks (see CHECK FAILED lines)\n");

@@ -207,6 +207,11 @@ TEST_SUITE("gemm") {
   TEST_CASE("grouped GEMMs whose rows are not 16-byte multiples are refused with a reason") {
     const GroupedGemm g({ExpertGemmOp::kForward, 4, 100, 256});
     CHECK(g.can_implement().find("multiples of 8") != std::string::npos);
+    // FP8: 1-byte values, so 16-value rows; forward and data gradient only.
+    const GroupedGemm fp8({ExpertGemmOp::kForward, 4, 200, 256, true});
+    CHECK(fp8.can_implement().find("multiples of 16") != std::string::npos);
+    const GroupedGemm wgrad({ExpertGemmOp::kWgrad, 4, 256, 256, true});
+    CHECK(wgrad.can_implement().find("forward and data gradient only") != std::string::npos);
   }
 }
 
@@ -235,8 +240,9 @@ ExpertSetup upload_counts(const std::vector<int64_t>& counts) {
 }
 
 // Builds, initialises and runs one grouped GEMM over kCounts, then synchronises.
-void run_grouped(ExpertGemmOp op, const GroupedGemmOperands& ops) {
-  GroupedGemm g({op, static_cast<int>(kCounts.size()), kExpIn, kExpOut});
+void run_grouped(ExpertGemmOp op, const GroupedGemmOperands& ops, int64_t in = kExpIn, int64_t out = kExpOut,
+                 bool fp8 = false) {
+  GroupedGemm g({op, static_cast<int>(kCounts.size()), in, out, fp8});
   REQUIRE_MESSAGE(g.can_implement().empty(), g.can_implement());
   DeviceBuffer<char> ws(g.workspace_size());
   g.initialize(ws.data(), nullptr);
@@ -253,9 +259,64 @@ void check_untouched_tail(const MatD& got, int64_t rows) {
   CHECK_MESSAGE(written == 0, "rows past the experts' rows were written");
 }
 
+// Each value rounded to e4m3 (unscaled: the inputs lie well inside its range), in row-major order, and the
+// matrix of the rounded values.
+MatD to_e4m3(const MatD& x, std::vector<__nv_fp8_e4m3>& q) {
+  MatD deq(x.rows(), x.cols());
+  q.resize(static_cast<size_t>(x.size()));
+  for (int64_t i = 0; i < x.rows(); ++i)
+    for (int64_t j = 0; j < x.cols(); ++j) {
+      const __nv_fp8_e4m3 v(static_cast<float>(x(i, j)));
+      q[static_cast<size_t>(i * x.cols() + j)] = v;
+      deq(i, j) = static_cast<double>(static_cast<float>(v));
+    }
+  return deq;
+}
+
+DeviceBuffer<__nv_fp8_e4m3> upload_e4m3(const std::vector<__nv_fp8_e4m3>& q) {
+  DeviceBuffer<__nv_fp8_e4m3> d(q.size());
+  d.upload(q.data(), q.size());
+  return d;
+}
+
 }  // namespace
 
 TEST_SUITE("gpu") {
+  TEST_CASE(
+      "FP8 grouped expert GEMM forward (transposed weights) and dgrad match the CPU on e4m3-rounded inputs") {
+    MOERUN_SKIP_WITHOUT_DEVICE();
+    // in = 208, out = 336: multiples of 16 (16-byte e4m3 rows), of neither the output tile nor the 128-deep
+    // K tile. The reference multiplies the rounded values in double; fp8 tolerance as the dense test's.
+    constexpr int64_t in = 208, out = 336;
+    ExpertSetup s = upload_counts(kCounts);
+    const int64_t cap = s.rows + kSpareRows, experts = static_cast<int64_t>(kCounts.size());
+    std::vector<__nv_fp8_e4m3> qx, qw, qdy;
+    const MatD x = to_e4m3(random_bf16(cap, in, 41) * 4.0, qx);
+    const MatD w = to_e4m3(random_bf16(experts * in, out, 42) * 0.5, qw);
+    const MatD dy = to_e4m3(random_bf16(cap, out, 43) * 4.0, qdy);
+    // The forward reads each expert's weight transposed: wt [E, out, in].
+    std::vector<__nv_fp8_e4m3> qwt(qw.size());
+    for (int64_t e = 0; e < experts; ++e)
+      for (int64_t k = 0; k < in; ++k)
+        for (int64_t n = 0; n < out; ++n)
+          qwt[static_cast<size_t>((e * out + n) * in + k)] = qw[static_cast<size_t>((e * in + k) * out + n)];
+    auto dx = upload_e4m3(qx), dwt = upload_e4m3(qwt), dw = upload_e4m3(qw), d_dy = upload_e4m3(qdy);
+
+    // Runs one op into a poisoned [cap, width] output and checks it against `ref` on the experts' rows.
+    auto check = [&](ExpertGemmOp op, const void* a, const void* b, int64_t width, const MatD& ref,
+                     const char* what) {
+      auto d = nan_bf16(cap, width);
+      run_grouped(op, {s.counts.data(), a, b, d.data(), cap}, in, out, true);
+      const MatD got = download_bf16(d, cap, width);
+      check_ladder(got.topRows(s.rows), ref, round_bf16(ref), 3.0, 1e-3, what);
+      check_untouched_tail(got, s.rows);
+    };
+    check(ExpertGemmOp::kForward, dx.data(), dwt.data(), out,
+          executor::cpu::expert_gemm_forward<double>(x.topRows(s.rows), w, kCounts), "fp8 grouped forward");
+    check(ExpertGemmOp::kDgrad, d_dy.data(), dw.data(), in,
+          executor::cpu::expert_gemm_dgrad<double>(dy.topRows(s.rows), w, kCounts), "fp8 grouped dgrad");
+  }
+
   TEST_CASE("grouped expert GEMM forward matches the CPU expert_gemm_forward, empty experts included") {
     MOERUN_SKIP_WITHOUT_DEVICE();
     ExpertSetup s = upload_counts(kCounts);
