@@ -336,7 +336,7 @@ int run_plan(const RunOptions& o, int rank, int world) {
     const PipelineLinkLookup link_lookup = [&nccl, &graph](const Op& send) -> DeviceCommunicator* {
       return nccl->link(send.stage, pipeline_peer_stage(graph, send));
     };
-    auto r = std::make_unique<CudaReplayRunner>(device_lookup, graph.ops,
+    auto r = std::make_unique<CudaReplayRunner>(device_lookup, graph.ops, stage,
                                                 o.host_sync    ? CudaReplayRunner::Mode::kHostSync
                                                 : o.cuda_graph ? CudaReplayRunner::Mode::kGraph
                                                                : CudaReplayRunner::Mode::kEnqueue,
@@ -480,6 +480,17 @@ int run_plan(const RunOptions& o, int rank, int world) {
            "unpermute), and the optimizer the project's Adam step over the shard's parameters (fp32 master "
            "weights, gradients and moments, the bf16 weight copy); the others copy their bytes device to "
            "device"}};
+      const std::array<double, 3> params = gpu_runner->parameter_bytes();
+      report["cuda_parameters"] = {
+          {"weight_bytes", params[0]},
+          {"main_grad_bytes", params[1]},
+          {"fp8_weight_bytes", params[2]},
+          {"rule",
+           "each GEMM reads its weight and accumulates its weight gradient at the weight's own place in the "
+           "stage's real-sized parameter buffers (bf16 weights, fp32 main gradients, e4m3 copies for FP8 "
+           "GEMMs), which the optimizer steps; activations and other operands use scratch buffers each "
+           "stream reuses, so the device high-water holds the parameters, gradients and optimizer state "
+           "but not the activations a training step keeps"}};
       report["cuda_fp8_gemms"] = {
           {"ops_per_step",
            static_cast<double>(gpu_runner->fp8_gemm_ops()) / static_cast<double>(o.warmup + o.steps)},

@@ -32,6 +32,7 @@
 #include "executor/kernels/cuda/router.h"
 #include "executor/kernels/cuda/swiglu.h"
 #include "executor/runtime/fused_ops.h"
+#include "executor/runtime/param_layout.h"
 #include "executor/runtime/replay_runner.h"
 #include "simulator/core/attention_calls.h"
 #include "simulator/core/model_stats.h"
@@ -194,6 +195,11 @@ struct CudaReplayRunner::Impl {
   std::map<int, Lane> receive_lanes;
   std::map<int32_t, std::pair<cudaEvent_t, cudaEvent_t>> receive_events;
   std::map<int32_t, cudaEvent_t> receive_dep_events;
+  // The stage's parameters at their real size (param_layout.h), made at construction: bf16 weights, their
+  // fp32 main gradients (the weight-gradient GEMMs accumulate into them; the optimizer steps them) and, where
+  // the stage has FP8 GEMMs, the weights' e4m3 copies.
+  ParamLayout params;
+  DeviceBuffer<char> weights, grads, fp8_weights;
   std::atomic<double> bytes{0}, high_water{0};
   std::atomic<int64_t> kernel_ops{0};  // memory-bound and optimizer ops run on their own kernel, all steps
   std::atomic<int64_t> adam_steps{0};  // optimizer ops run (optimizer): the Adam step counter
@@ -370,8 +376,12 @@ struct CudaReplayRunner::Impl {
     if (!g->can_implement().empty()) return false;
     __nv_fp8_e4m3* q = fp8_input(l, m, k, op.aux_bytes);
     const float* one = unit_scale(l);
-    g->run({q, slot(l, 1, sz(n * k)), slot(l, 2, sz(m * n) * (wgrad ? 4 : 2)), one, one},
-           l.gemm_workspace.data(), l.stream);
+    // B is the weight's e4m3 copy (forward, dgrad) or the incoming gradient's (wgrad, which accumulates into
+    // the weight's main gradient).
+    const ParamSlice* w = params.of(op);
+    void* b = w != nullptr && !wgrad ? fp8_weight(*w) : slot(l, 1, sz(n * k));
+    void* c = w != nullptr && wgrad ? grad(*w) : slot(l, 2, sz(m * n) * (wgrad ? 4 : 2));
+    g->run({q, b, c, one, one}, l.gemm_workspace.data(), l.stream);
     fp8_ops.fetch_add(1);
     return true;
   }
@@ -424,10 +434,14 @@ struct CudaReplayRunner::Impl {
         l.gemm_workspace = DeviceBuffer<char>(g->workspace_size());
       }
     }
-    // A [m, k] or [k, m], B [k, n] or [n, k]: both m k and k n elements; C [m, n].
+    // A [m, k] or [k, m], B [k, n] or [n, k]: both m k and k n elements; C [m, n]. The weight (forward and
+    // dgrad's B) and the weight gradient (wgrad's C) at their place in the parameter buffers.
     const size_t c_bytes = sz(p.m * p.n) * (p.output == cuda::GemmType::kF32 ? 4 : 2);
-    g->run({slot(l, 0, sz(p.m * p.k) * 2), slot(l, 1, sz(p.k * p.n) * 2), slot(l, 2, c_bytes)},
-           l.gemm_workspace.data(), l.stream);
+    const ParamSlice* w = params.of(op);
+    const bool wgrad = op.part == GemmPart::kWgrad;
+    void* b = w != nullptr && !wgrad ? weight(*w) : slot(l, 1, sz(p.k * p.n) * 2);
+    void* c = w != nullptr && wgrad ? grad(*w) : slot(l, 2, c_bytes);
+    g->run({slot(l, 0, sz(p.m * p.k) * 2), b, c}, l.gemm_workspace.data(), l.stream);
   }
 
   void grouped(const Op& op, Lane& l) {
@@ -473,25 +487,30 @@ struct CudaReplayRunner::Impl {
           op.aux_bytes * static_cast<double>(rows) / static_cast<double>(std::max<int64_t>(1, op.gemm.m));
       const __nv_fp8_e4m3* a = fp8_input(l, rows, depth, cast);
       const int64_t width = kind == cuda::ExpertGemmOp::kDgrad ? in : out;
-      g.kernel->run({counts, a, slot(l, 1, sz(e * in * out)), slot(l, 2, sz(rows * width) * 2), rows},
+      const ParamSlice* ws = params.of(op);
+      g.kernel->run({counts, a, ws != nullptr ? fp8_weight(*ws) : slot(l, 1, sz(e * in * out)),
+                     slot(l, 2, sz(rows * width) * 2), rows},
                     l.stream);
       fp8_ops.fetch_add(1);
       return;
     }
     // Forward: x [rows, in], w [E, in, out] -> y [rows, out]; dgrad: dy [rows, out], w -> dx [rows, in];
     // wgrad: x [rows, in], dy [rows, out] -> dw [E, in, out] fp32.
+    // The experts' weights and their gradient at their place in the parameter buffers.
     const size_t w = sz(e * in * out) * 2;
+    const ParamSlice* ws = params.of(op);
+    void* weight_in = ws != nullptr ? weight(*ws) : slot(l, 1, w);
     cuda::GroupedGemmOperands ops;
     switch (kind) {
       case cuda::ExpertGemmOp::kForward:
-        ops = {counts, slot(l, 0, sz(rows * in) * 2), slot(l, 1, w), slot(l, 2, sz(rows * out) * 2), rows};
+        ops = {counts, slot(l, 0, sz(rows * in) * 2), weight_in, slot(l, 2, sz(rows * out) * 2), rows};
         break;
       case cuda::ExpertGemmOp::kDgrad:
-        ops = {counts, slot(l, 0, sz(rows * out) * 2), slot(l, 1, w), slot(l, 2, sz(rows * in) * 2), rows};
+        ops = {counts, slot(l, 0, sz(rows * out) * 2), weight_in, slot(l, 2, sz(rows * in) * 2), rows};
         break;
       case cuda::ExpertGemmOp::kWgrad:
-        ops = {counts, slot(l, 0, sz(rows * in) * 2), slot(l, 1, sz(rows * out) * 2), slot(l, 2, w * 2),
-               rows};
+        ops = {counts, slot(l, 0, sz(rows * in) * 2), slot(l, 1, sz(rows * out) * 2),
+               ws != nullptr ? grad(*ws) : slot(l, 2, w * 2), rows};
         break;
     }
     g.kernel->run(ops, l.stream);
@@ -770,20 +789,51 @@ struct CudaReplayRunner::Impl {
   }
 
   // The optimizer step as the project's Adam kernel over the shard's parameters (the op's bytes over
-  // kAdamStepBytesPerParam): fp32 master weights, main gradients and moments and the bf16 weight copy, each
-  // of the shard's real size in scratch slots of their own (from kOptimizerSlot: no other op writes them),
-  // kept from step to step as the state is. False for an empty shard.
+  // kAdamStepBytesPerParam): its fp32 master weights and moments in scratch slots of their own (from
+  // kOptimizerSlot: no other op writes them), kept from step to step as the state is, and the shard's main
+  // gradients and bf16 weights in the parameter buffers (the first n of them: which shard a rank steps
+  // changes no byte count; the buffers are made at least n long). False for an empty shard.
   static constexpr size_t kOptimizerSlot = 16;  // above every other op's slots (0-8)
   bool optimizer(const Op& op, Lane& l) {
-    const auto n = static_cast<int64_t>(std::llround(op.hbm_bytes / kAdamStepBytesPerParam));
+    const int64_t n = shard_params(op);
     if (n <= 0) return false;
     const size_t f32 = sz(n) * 4;
     auto state = [&](size_t i) { return static_cast<float*>(slot(l, kOptimizerSlot + i, f32)); };
     const int64_t step = adam_steps.fetch_add(1) + 1;
-    cuda::adam_step(state(0), state(1), state(2), state(3),
-                    static_cast<__nv_bfloat16*>(slot(l, kOptimizerSlot + 4, sz(n) * 2)), n,
+    cuda::adam_step(state(0), reinterpret_cast<float*>(grads.data()), state(1), state(2),
+                    reinterpret_cast<__nv_bfloat16*>(weights.data()), n,
                     cuda::adam_coefficients(1e-4, 0.9, 0.95, 1e-8, 0.1, step), l.stream);
     return true;
+  }
+  static int64_t shard_params(const Op& op) {
+    return static_cast<int64_t>(std::llround(op.hbm_bytes / kAdamStepBytesPerParam));
+  }
+
+  // A weight's place in the parameter buffers.
+  void* weight(const ParamSlice& s) { return weights.data() + s.offset * 2; }
+  void* grad(const ParamSlice& s) { return grads.data() + s.offset * 4; }
+  void* fp8_weight(const ParamSlice& s) { return fp8_weights.data() + s.offset; }
+
+  // The stage's parameter buffers, long enough for its weights and for its largest optimizer shard, filled
+  // as fresh scratch memory is (0x3C: finite, nonzero).
+  void make_params(std::span<const Op> ops, int stage) {
+    params = param_layout(ops, stage);
+    int64_t n = params.elements;
+    bool fp8 = false;
+    for (const Op& op : ops) {
+      if (op.stage != stage) continue;
+      if (op.kind == OpKind::kOptimizer) n = std::max(n, shard_params(op));
+      fp8 = fp8 || (op.dtype == DType::kFp8 && has_weight(op));
+    }
+    if (n <= 0) return;
+    auto make = [&](DeviceBuffer<char>& b, size_t size) {
+      b = DeviceBuffer<char>(size);
+      count(static_cast<double>(size));
+      MOERUN_CUDA_CHECK(cudaMemset(b.data(), 0x3C, size));
+    };
+    make(weights, sz(n) * 2);
+    make(grads, sz(n) * 4);
+    if (fp8) make(fp8_weights, sz(params.elements));
   }
 
   // A device copy that moves `hbm_bytes` (reads and writes half each), between scratch slots `first` and
@@ -856,13 +906,14 @@ struct CudaReplayRunner::Impl {
   }
 };
 
-CudaReplayRunner::CudaReplayRunner(DeviceGroupLookup groups, std::span<const Op> ops, Mode mode,
+CudaReplayRunner::CudaReplayRunner(DeviceGroupLookup groups, std::span<const Op> ops, int stage, Mode mode,
                                    PipelineLinkLookup links)
     : impl_(std::make_unique<Impl>(std::move(groups), std::move(links))) {
   Impl& I = *impl_;
   I.mode = mode;
   I.graph_ops = ops;
   I.prepare_fused(ops);
+  I.make_params(ops, stage);
   for (const Op& op : ops) {
     if (op.kind == OpKind::kSendRecv && !I.receive_lanes.contains(op.stage))
       open_lane(I.receive_lanes[op.stage]);
@@ -1095,6 +1146,12 @@ int64_t CudaReplayRunner::fp8_gemm_ops() const {
 
 double CudaReplayRunner::device_bytes() const {
   return impl_->bytes.load();
+}
+
+std::array<double, 3> CudaReplayRunner::parameter_bytes() const {
+  const Impl& I = *impl_;
+  return {static_cast<double>(I.weights.size()), static_cast<double>(I.grads.size()),
+          static_cast<double>(I.fp8_weights.size())};
 }
 
 double CudaReplayRunner::device_high_water_bytes() const {

@@ -2,7 +2,9 @@
 // shape with the CUDA backend's kernels, so the measured op times of `moerun run --backend cuda` compare with
 // the simulator's predictions op by op, as the CPU replay runner's do on CPUs:
 //   GEMM: cuBLASLt bf16 (executor/kernels/cuda/gemm.h) in the op's part: forward [m, k] x [k, n], dgrad
-//     [m, n] x [k, n]^T, wgrad [m, k]^T x [m, n] into fp32 (the main-grad buffer);
+//     [m, n] x [k, n]^T, wgrad [m, k]^T x [m, n] into fp32 (the main-grad buffer); each weight and its main
+//     gradient at its own place in the stage's real-sized parameter buffers (param_layout.h), activations
+//     and other operands in scratch buffers the lane reuses;
 //   grouped GEMM: CUTLASS's grouped kernel (grouped_gemm.h) over `groups` experts of ceil(m / groups) rows
 //     each, or each local expert's drawn rows (draw_routing), the counts in device memory; an FP8 op's
 //     forward and data gradient in e4m3 after the quantiser over its rows (weight gradients in bf16);
@@ -39,6 +41,7 @@
 // capture as the other streams do.
 #pragma once
 
+#include <array>
 #include <functional>
 #include <memory>
 #include <span>
@@ -64,11 +67,12 @@ std::string cuda_unsupported(const Plan& plan, const ModelSpec& model);
 class CudaReplayRunner final : public OpRunner {
  public:
   // Uses the current CUDA device. Creates one CUDA stream per op-graph stream, and one per stage that sends
-  // pipeline messages. `ops` are the graph's ops (this rank runs its stage's): their fused ops' groups get
-  // symmetric memory here, collectively (every rank of a group must construct its runner), and a fused op
-  // the kernels cannot run aborts here, naming the op. `links` is needed with pipeline parallelism.
+  // pipeline messages. `ops` are the graph's ops (this rank runs those of `stage`): their fused ops' groups
+  // get symmetric memory here, collectively (every rank of a group must construct its runner), and a fused
+  // op the kernels cannot run aborts here, naming the op; the stage's parameter buffers are made here too.
+  // `links` is needed with pipeline parallelism.
   enum class Mode { kEnqueue, kHostSync, kGraph };
-  CudaReplayRunner(DeviceGroupLookup groups, std::span<const Op> ops, Mode mode = Mode::kEnqueue,
+  CudaReplayRunner(DeviceGroupLookup groups, std::span<const Op> ops, int stage, Mode mode = Mode::kEnqueue,
                    PipelineLinkLookup links = {});
   ~CudaReplayRunner() override;
 
@@ -96,6 +100,8 @@ class CudaReplayRunner final : public OpRunner {
   // FP8 GEMM ops run as e4m3, all steps so far: dense ones (weight gradients too) and the grouped expert
   // GEMMs' forward and data gradient (expert weight gradients run in bf16).
   int64_t fp8_gemm_ops() const;
+  // The stage's parameter buffers' bytes: bf16 weights, fp32 main gradients, e4m3 weight copies.
+  std::array<double, 3> parameter_bytes() const;
   // Device bytes this runner holds now and at most (scratch buffers, workspaces, kernel objects).
   double device_bytes() const;
   double device_high_water_bytes() const;
