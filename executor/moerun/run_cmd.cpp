@@ -497,12 +497,9 @@ int run_plan(const RunOptions& o, int rank, int world) {
           {"rule",
            "an FP8 plan's dense GEMMs run as cuBLASLt e4m3 GEMMs (TN, per-tensor scales; weight gradients "
            "into the fp32 main gradient) and its grouped expert GEMMs' forward and data gradient as "
-           "CUTLASS's "
-           "e4m3 grouped GEMM, each after the project's quantiser over its input (128-value blocks) and a "
-           "copy "
-           "of the rest of the recipe's cast bytes; expert weight gradients and shapes the kernels refuse "
-           "run "
-           "in bf16"}};
+           "CUTLASS's e4m3 grouped GEMM, each after the project's quantiser over its input (128-value "
+           "blocks) and a copy of the rest of the recipe's cast bytes; expert weight gradients and shapes "
+           "the kernels refuse run in bf16"}};
     }
 #endif
     if (train) report["losses"] = losses;

@@ -914,9 +914,12 @@ CudaReplayRunner::CudaReplayRunner(DeviceGroupLookup groups, std::span<const Op>
   I.graph_ops = ops;
   I.prepare_fused(ops);
   I.make_params(ops, stage);
+  // This stage's ops get events; another stage's sends, a receive lane per sending stage and the receive's
+  // events (the sends this stage receives are among them).
+  auto mine = [stage](const Op& op) { return op.stage == stage; };
+  auto received = [stage](const Op& op) { return op.kind == OpKind::kSendRecv && op.stage != stage; };
   for (const Op& op : ops) {
-    if (op.kind == OpKind::kSendRecv && !I.receive_lanes.contains(op.stage))
-      open_lane(I.receive_lanes[op.stage]);
+    if (received(op) && !I.receive_lanes.contains(op.stage)) open_lane(I.receive_lanes[op.stage]);
   }
   if (mode == Mode::kHostSync) return;
   auto timing_pair = [] {
@@ -932,13 +935,13 @@ CudaReplayRunner::CudaReplayRunner(DeviceGroupLookup groups, std::span<const Op>
   };
   MOERUN_CUDA_CHECK(cudaEventCreate(&I.step_start));
   for (const Op& op : ops) {
-    I.op_events.emplace(op.id, timing_pair());
-    if (op.kind == OpKind::kSendRecv) I.receive_events.emplace(op.id, timing_pair());
+    if (mine(op)) I.op_events.emplace(op.id, timing_pair());
+    if (received(op)) I.receive_events.emplace(op.id, timing_pair());
   }
   if (mode != Mode::kGraph) return;
   for (const Op& op : ops) {
-    I.dep_events.emplace(op.id, internal());
-    if (op.kind == OpKind::kSendRecv) I.receive_dep_events.emplace(op.id, internal());
+    if (mine(op)) I.dep_events.emplace(op.id, internal());
+    if (received(op)) I.receive_dep_events.emplace(op.id, internal());
   }
   I.fork = internal();
   I.joins.resize(I.all_lanes().size());
