@@ -111,6 +111,24 @@ TEST_SUITE("cli") {
     }
   }
 
+  // The plans executor/cuda/device_check.sh replays and compares on a lent GPU: a broken one would only show
+  // there, after device time is spent.
+  TEST_CASE("every plan the device check replays simulates as a legal plan that fits") {
+    int plans = 0;
+    for (const auto& e : fs::directory_iterator(fs::path(MOEPLAN_SOURCE_DIR) / "executor/cuda")) {
+      const std::string name = e.path().filename().string();
+      if (name.rfind("device_plan", 0) != 0 || e.path().extension() != ".json") continue;
+      CAPTURE(name);
+      ++plans;
+      const Run r = run_cli("simulate executor/cuda/" + name + " --json");
+      REQUIRE_MESSAGE(r.exit_code == 0, r.err);
+      const json j = json::parse(r.out);
+      CHECK(j.at("valid") == true);
+      CHECK(j.at("memory").at("fits") == true);
+    }
+    CHECK(plans >= 4);  // unfused, fused, FP8 and two-stage plans
+  }
+
   TEST_CASE("simulate's MFU names its peak: the plan's precision, and BF16's beside an FP8 one") {
     const Run bf16 = run_cli("simulate planner/examples/mixtral-8x22b-128xh100.json");
     REQUIRE(bf16.exit_code == 0);
