@@ -52,8 +52,8 @@ constexpr int kMaxExperts = kSetupThreads * kExpertsPerThread;
 // 128x256x64 tiles under the cooperative schedule (two consumer warpgroups, 64x256 each, the widest wgmma
 // N; FP8: 128x128x128, the same 128 bytes of K per stage, as its promoted accumulation holds a second set of
 // accumulators and 64x256 of each would spill registers) and 2x1 clusters that multicast each B tile to both
-// CTAs. Chosen, not tuned: gemm_bench measures it against cuBLASLt. Zero-filled TMA loads and
-// clipped TMA stores handle every ragged edge.
+// CTAs. Chosen, not tuned: gemm_bench measures it against cuBLASLt. Zero-filled TMA loads and clipped TMA
+// stores handle every ragged edge.
 using ClusterShape = cute::Shape<cute::_2, cute::_1, cute::_1>;
 
 template <class LayoutA_, class LayoutB_, class ElementC_, class ElementD_, class ElementAB = Bf16>
