@@ -23,7 +23,8 @@
 # is installed. Logs go to $OUT (the lent machine's return folder) or ./device_check_out: 22 files
 # (gpu.txt, clocks.csv, torch_kernels.csv, build.log, tests.log, cublaslt.log, bench.log, compare.txt, run/,
 # run-sustained/, run-fused/, run-host-sync/, run-lowered/, run-graph/ and run-fp8/ report.json and
-# trace.json), more than a lent machine returns, so point OUT elsewhere and pack them.
+# trace.json; with two GPUs also run-pp2/'s), more than a lent machine returns, so point OUT elsewhere and
+# pack them.
 # Usage (repo root): executor/cuda/pack_device_deps.sh here, then on the device (carry .devdeps):
 #   OUT=/tmp/dc executor/cuda/device_check.sh | tee $OUT/summary.txt; tar czf $OUT/dc.tgz -C /tmp dc
 set -uo pipefail
