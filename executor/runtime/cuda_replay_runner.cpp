@@ -190,11 +190,12 @@ struct CudaReplayRunner::Impl {
   PipelineLinkLookup links;
   Mode mode = Mode::kEnqueue;
   std::vector<Lane> lanes;
-  // Pipeline receives: a lane per sending stage (made at construction, so that the lanes' threads only read
-  // the map), and each receive's events by its send's op id (timing pair; under capture, its internal end).
+  // Pipeline receives: a lane per stage that sends to this one (made at construction, so that the lanes'
+  // threads only read the map), and each receive's end by its send's op id, which the ops that consume the
+  // message wait on (no timing: the trace has no receive ops; a plain record, so under capture it is the
+  // graph's dependency edge).
   std::map<int, Lane> receive_lanes;
-  std::map<int32_t, std::pair<cudaEvent_t, cudaEvent_t>> receive_events;
-  std::map<int32_t, cudaEvent_t> receive_dep_events;
+  std::map<int32_t, cudaEvent_t> receive_done;
   // The stage's parameters at their real size (param_layout.h), made at construction: bf16 weights, their
   // fp32 main gradients (the weight-gradient GEMMs accumulate into them; the optimizer steps them) and, where
   // the stage has FP8 GEMMs, the weights' e4m3 copies.
@@ -309,13 +310,11 @@ struct CudaReplayRunner::Impl {
     }
   }
   ~Impl() {
-    for (auto* events : {&op_events, &receive_events}) {
-      for (auto& [id, ev] : *events) {
-        cudaEventDestroy(ev.first);
-        cudaEventDestroy(ev.second);
-      }
+    for (auto& [id, ev] : op_events) {
+      cudaEventDestroy(ev.first);
+      cudaEventDestroy(ev.second);
     }
-    for (auto& [id, ev] : receive_dep_events) cudaEventDestroy(ev);
+    for (auto& [id, ev] : receive_done) cudaEventDestroy(ev);
     if (step_start != nullptr) cudaEventDestroy(step_start);
     if (graph_exec != nullptr) cudaGraphExecDestroy(graph_exec);
     for (auto& [id, ev] : dep_events) cudaEventDestroy(ev);
@@ -914,39 +913,36 @@ CudaReplayRunner::CudaReplayRunner(DeviceGroupLookup groups, std::span<const Op>
   I.graph_ops = ops;
   I.prepare_fused(ops);
   I.make_params(ops, stage);
-  // This stage's ops get events; another stage's sends, a receive lane per sending stage and the receive's
-  // events (the sends this stage receives are among them).
-  auto mine = [stage](const Op& op) { return op.stage == stage; };
-  auto received = [stage](const Op& op) { return op.kind == OpKind::kSendRecv && op.stage != stage; };
-  for (const Op& op : ops) {
-    if (received(op) && !I.receive_lanes.contains(op.stage)) open_lane(I.receive_lanes[op.stage]);
-  }
-  if (mode == Mode::kHostSync) return;
-  auto timing_pair = [] {
-    std::pair<cudaEvent_t, cudaEvent_t> ev{};
-    MOERUN_CUDA_CHECK(cudaEventCreate(&ev.first));
-    MOERUN_CUDA_CHECK(cudaEventCreate(&ev.second));
-    return ev;
+  // This stage's ops get events; the sends it receives (those whose link has this rank at an end and
+  // another stage as sender), a receive lane per sending stage and an end event each.
+  auto received = [&I, stage](const Op& op) {
+    return op.kind == OpKind::kSendRecv && op.stage != stage && I.links && I.links(op) != nullptr;
   };
   auto internal = [] {
     cudaEvent_t ev = nullptr;
     MOERUN_CUDA_CHECK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
     return ev;
   };
+  const bool enqueue = mode != Mode::kHostSync;
+  for (const Op& op : ops) {
+    if (!received(op)) continue;
+    if (!I.receive_lanes.contains(op.stage)) open_lane(I.receive_lanes[op.stage]);
+    if (enqueue) I.receive_done.emplace(op.id, internal());
+  }
+  if (!enqueue) return;
   MOERUN_CUDA_CHECK(cudaEventCreate(&I.step_start));
   for (const Op& op : ops) {
-    if (mine(op)) I.op_events.emplace(op.id, timing_pair());
-    if (received(op)) I.receive_events.emplace(op.id, timing_pair());
+    if (op.stage != stage) continue;
+    std::pair<cudaEvent_t, cudaEvent_t> ev{};
+    MOERUN_CUDA_CHECK(cudaEventCreate(&ev.first));
+    MOERUN_CUDA_CHECK(cudaEventCreate(&ev.second));
+    I.op_events.emplace(op.id, ev);
+    if (mode == Mode::kGraph) I.dep_events.emplace(op.id, internal());
   }
   if (mode != Mode::kGraph) return;
-  for (const Op& op : ops) {
-    if (mine(op)) I.dep_events.emplace(op.id, internal());
-    if (received(op)) I.receive_dep_events.emplace(op.id, internal());
-  }
   I.fork = internal();
   I.joins.resize(I.all_lanes().size());
-  for (cudaEvent_t& ev : impl_->joins)
-    MOERUN_CUDA_CHECK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+  for (cudaEvent_t& ev : I.joins) ev = internal();
 }
 
 CudaReplayRunner::~CudaReplayRunner() = default;
@@ -1033,9 +1029,7 @@ void CudaReplayRunner::after(const Op& op, const Op& dep) {
 void CudaReplayRunner::after_receive(const Op& op, const Op& send) {
   const Impl& I = *impl_;
   const Lane& l = I.lanes[static_cast<size_t>(op.stream)];
-  const cudaEvent_t done =
-      I.capturing ? I.receive_dep_events.at(send.id) : I.receive_events.at(send.id).second;
-  MOERUN_CUDA_CHECK(cudaStreamWaitEvent(l.stream, done, 0));
+  MOERUN_CUDA_CHECK(cudaStreamWaitEvent(l.stream, I.receive_done.at(send.id), 0));
 }
 
 // The step's start: on the compute stream, which every other stream's first op follows on the host. kGraph:
@@ -1098,16 +1092,14 @@ void CudaReplayRunner::receive(const Op& send) {
   Impl& I = *impl_;
   Lane& l = I.receive_lanes.at(send.stage);
   DeviceCommunicator* c = I.link(send);
-  const bool enqueue = I.mode != Mode::kHostSync;
-  const auto [ev_begin, ev_end] = enqueue ? I.receive_events.at(send.id) : std::pair{l.before, l.after};
-  const unsigned record_flags = I.capturing ? cudaEventRecordExternal : cudaEventRecordDefault;
-  MOERUN_CUDA_CHECK(cudaEventRecordWithFlags(ev_begin, l.stream, record_flags));
   const int64_t values = comm_values(send.comm, 1);
   c->recv(I.slot(l, 0, sz(values) * static_cast<size_t>(bytes_of(send.comm.dtype))), sz(values),
           send.comm.dtype, 1 - c->rank(), l.stream);
-  MOERUN_CUDA_CHECK(cudaEventRecordWithFlags(ev_end, l.stream, record_flags));
-  if (I.capturing) MOERUN_CUDA_CHECK(cudaEventRecord(I.receive_dep_events.at(send.id), l.stream));
-  if (!enqueue) MOERUN_CUDA_CHECK(cudaStreamSynchronize(l.stream));
+  if (I.mode == Mode::kHostSync) {
+    MOERUN_CUDA_CHECK(cudaStreamSynchronize(l.stream));
+  } else {
+    MOERUN_CUDA_CHECK(cudaEventRecord(I.receive_done.at(send.id), l.stream));
+  }
 }
 
 void CudaReplayRunner::draw_routing(RoutingDrawSpec spec) {

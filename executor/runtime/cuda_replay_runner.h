@@ -67,10 +67,10 @@ std::string cuda_unsupported(const Plan& plan, const ModelSpec& model);
 class CudaReplayRunner final : public OpRunner {
  public:
   // Uses the current CUDA device. Creates one CUDA stream per op-graph stream, and one per stage that sends
-  // pipeline messages. `ops` are the graph's ops (this rank runs those of `stage`): their fused ops' groups
-  // get symmetric memory here, collectively (every rank of a group must construct its runner), and a fused
-  // op the kernels cannot run aborts here, naming the op; the stage's parameter buffers are made here too.
-  // `links` is needed with pipeline parallelism.
+  // `stage` pipeline messages (over a link `links` has). `ops` are the graph's ops (this rank runs those of
+  // `stage`): their fused ops' groups get symmetric memory here, collectively (every rank of a group must
+  // construct its runner), and a fused op the kernels cannot run aborts here, naming the op; the stage's
+  // parameter buffers are made here too. `links` is needed with pipeline parallelism.
   enum class Mode { kEnqueue, kHostSync, kGraph };
   CudaReplayRunner(DeviceGroupLookup groups, std::span<const Op> ops, int stage, Mode mode = Mode::kEnqueue,
                    PipelineLinkLookup links = {});
