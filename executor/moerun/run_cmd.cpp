@@ -488,9 +488,19 @@ int run_plan(const RunOptions& o, int rank, int world) {
           {"rule",
            "each GEMM reads its weight and accumulates its weight gradient at the weight's own place in the "
            "stage's real-sized parameter buffers (bf16 weights, fp32 main gradients, e4m3 copies for FP8 "
-           "GEMMs), which the optimizer steps; activations and other operands use scratch buffers each "
-           "stream reuses, so the device high-water holds the parameters, gradients and optimizer state "
-           "but not the activations a training step keeps"}};
+           "GEMMs), which the optimizer steps"}};
+      const std::array<double, 2> acts = gpu_runner->activation_stashes();
+      report["cuda_activations"] = {
+          {"stash_bytes", acts[0]},
+          {"stashes", acts[1]},
+          {"rule",
+           "each forward GEMM's input (bf16, or e4m3 for an FP8 dense GEMM) and each attention's q, k, v, "
+           "output and softmax statistics lie in their micro-batch's stash, which the weight-gradient GEMM "
+           "and the attention backward read; a stage holds a stash per micro-batch of each chunk in "
+           "flight (forward run, backward not), reused as micro-batches finish. Norms, activation "
+           "functions, routing and permutes keep theirs in scratch buffers each stream reuses, and "
+           "recomputed forwards keep nothing, so the device high-water holds the parameters, gradients, "
+           "optimizer state and a lower bound of the activations a training step keeps"}};
       report["cuda_fp8_gemms"] = {
           {"ops_per_step",
            static_cast<double>(gpu_runner->fp8_gemm_ops()) / static_cast<double>(o.warmup + o.steps)},

@@ -31,6 +31,7 @@
 #include "executor/kernels/cuda/rope.h"
 #include "executor/kernels/cuda/router.h"
 #include "executor/kernels/cuda/swiglu.h"
+#include "executor/runtime/activation_layout.h"
 #include "executor/runtime/fused_ops.h"
 #include "executor/runtime/param_layout.h"
 #include "executor/runtime/replay_runner.h"
@@ -201,6 +202,11 @@ struct CudaReplayRunner::Impl {
   // the stage has FP8 GEMMs, the weights' e4m3 copies.
   ParamLayout params;
   DeviceBuffer<char> weights, grads, fp8_weights;
+  // The stage's saved activations at their real size (activation_layout.h), made at construction: each
+  // forward GEMM's input and each attention's q, k, v, o and statistics in its micro-batch's stash, read
+  // back by the weight-gradient GEMM and the attention backward of that micro-batch.
+  ActivationLayout acts;
+  DeviceBuffer<char> activations;
   std::atomic<double> bytes{0}, high_water{0};
   std::atomic<int64_t> kernel_ops{0};  // memory-bound and optimizer ops run on their own kernel, all steps
   std::atomic<int64_t> adam_steps{0};  // optimizer ops run (optimizer): the Adam step counter
@@ -373,7 +379,8 @@ struct CudaReplayRunner::Impl {
       }
     }
     if (!g->can_implement().empty()) return false;
-    __nv_fp8_e4m3* q = fp8_input(l, m, k, op.aux_bytes);
+    // The forward casts its input into its stash; the weight gradient reads that e4m3 copy there.
+    __nv_fp8_e4m3* q = fp8_input(l, m, k, op.aux_bytes, saved(op, sz(m * k)));
     const float* one = unit_scale(l);
     // B is the weight's e4m3 copy (forward, dgrad) or the incoming gradient's (wgrad, which accumulates into
     // the weight's main gradient).
@@ -389,14 +396,16 @@ struct CudaReplayRunner::Impl {
   // else one scale per row (held in registers: up to 16,384 values). The two move the same bytes.
   static bool fp8_castable(int64_t k) { return k % 128 == 0 || k <= 16384; }
 
-  // An FP8 GEMM's A operand [m, k] in slot 0: with `aux_bytes` (the recipe's quantise, amax and transpose
-  // traffic) the project's e4m3 quantiser over a bf16 [m, k] (slot 3, scales in slot 4) plus a copy of the
-  // rest of those bytes; without, the operand as it lies (its cast was counted elsewhere).
-  __nv_fp8_e4m3* fp8_input(Lane& l, int64_t m, int64_t k, double aux_bytes) {
-    auto* q = static_cast<__nv_fp8_e4m3*>(slot(l, 0, sz(m * k)));
+  // An FP8 GEMM's A operand [m, k] at `to` (slot 0 where null): with `aux_bytes` (the recipe's quantise, amax
+  // and transpose traffic) the project's e4m3 quantiser over a bf16 [m, k] at `from` (slot 3 where null;
+  // scales in slot 4) plus a copy of the rest of those bytes; without, the operand as it lies (its cast was
+  // counted elsewhere).
+  __nv_fp8_e4m3* fp8_input(Lane& l, int64_t m, int64_t k, double aux_bytes, void* to = nullptr,
+                           const void* from = nullptr) {
+    auto* q = static_cast<__nv_fp8_e4m3*>(to != nullptr ? to : slot(l, 0, sz(m * k)));
     if (aux_bytes <= 0) return q;
     const bool rowwise = k % 128 != 0;
-    const auto* x = static_cast<const __nv_bfloat16*>(slot(l, 3, sz(m * k) * 2));
+    const auto* x = static_cast<const __nv_bfloat16*>(from != nullptr ? from : slot(l, 3, sz(m * k) * 2));
     auto* scales = static_cast<float*>(slot(l, 4, sz(m * (rowwise ? 1 : k / 128)) * 4));
     if (rowwise) {
       cuda::fp8_quantize_rowwise(x, q, scales, m, k, l.stream);
@@ -440,7 +449,9 @@ struct CudaReplayRunner::Impl {
     const bool wgrad = op.part == GemmPart::kWgrad;
     void* b = w != nullptr && !wgrad ? weight(*w) : slot(l, 1, sz(p.k * p.n) * 2);
     void* c = w != nullptr && wgrad ? grad(*w) : slot(l, 2, c_bytes);
-    g->run({slot(l, 0, sz(p.m * p.k) * 2), b, c}, l.gemm_workspace.data(), l.stream);
+    // A: the forward's input X, or the weight gradient's X^T, in the micro-batch's stash.
+    void* a = saved(op, sz(p.m * p.k) * 2);
+    g->run({a != nullptr ? a : slot(l, 0, sz(p.m * p.k) * 2), b, c}, l.gemm_workspace.data(), l.stream);
   }
 
   void grouped(const Op& op, Lane& l) {
@@ -484,7 +495,7 @@ struct CudaReplayRunner::Impl {
       // the forward, grouped_gemm.h), 1 byte per value.
       const double cast =
           op.aux_bytes * static_cast<double>(rows) / static_cast<double>(std::max<int64_t>(1, op.gemm.m));
-      const __nv_fp8_e4m3* a = fp8_input(l, rows, depth, cast);
+      const __nv_fp8_e4m3* a = fp8_input(l, rows, depth, cast, nullptr, saved(op, sz(rows * depth) * 2));
       const int64_t width = kind == cuda::ExpertGemmOp::kDgrad ? in : out;
       const ParamSlice* ws = params.of(op);
       g.kernel->run({counts, a, ws != nullptr ? fp8_weight(*ws) : slot(l, 1, sz(e * in * out)),
@@ -499,17 +510,21 @@ struct CudaReplayRunner::Impl {
     const size_t w = sz(e * in * out) * 2;
     const ParamSlice* ws = params.of(op);
     void* weight_in = ws != nullptr ? weight(*ws) : slot(l, 1, w);
+    // The forward's input rows in the micro-batch's stash, which the weight gradient reads back (scratch
+    // where the rows drawn this step outgrow it).
+    void* x = saved(op, sz(rows * in) * 2);
+    if (x == nullptr) x = slot(l, 0, sz(rows * in) * 2);
     cuda::GroupedGemmOperands ops;
     switch (kind) {
       case cuda::ExpertGemmOp::kForward:
-        ops = {counts, slot(l, 0, sz(rows * in) * 2), weight_in, slot(l, 2, sz(rows * out) * 2), rows};
+        ops = {counts, x, weight_in, slot(l, 2, sz(rows * out) * 2), rows};
         break;
       case cuda::ExpertGemmOp::kDgrad:
         ops = {counts, slot(l, 0, sz(rows * out) * 2), weight_in, slot(l, 2, sz(rows * in) * 2), rows};
         break;
       case cuda::ExpertGemmOp::kWgrad:
-        ops = {counts, slot(l, 0, sz(rows * in) * 2), slot(l, 1, sz(rows * out) * 2),
-               ws != nullptr ? grad(*ws) : slot(l, 2, w * 2), rows};
+        ops = {counts, x, slot(l, 1, sz(rows * out) * 2), ws != nullptr ? grad(*ws) : slot(l, 2, w * 2),
+               rows};
         break;
     }
     g.kernel->run(ops, l.stream);
@@ -622,7 +637,10 @@ struct CudaReplayRunner::Impl {
   // cuDNN's flash attention for each call that does the op's work (attention_calls: GQA's kv
   // heads, MLA's v_dim, windows, context parallelism's local and remote parts at their key counts).
   void attention(const Op& op, Lane& l) {
+    // Each call's q, k, v, o and statistics in turn in the micro-batch's stash (scratch where it has none).
+    char* stash = static_cast<char*>(saved(op, sz(attention_saved_bytes(op))));
     for (const AttentionCall& c : attention_calls(op)) {
+      const std::array<int64_t, 5> part = attention_saved_parts(c);
       if (!l.cudnn) l.cudnn = std::make_unique<cuda::CudnnHandle>();
       auto& f = l.attention[{c.batch, c.seq_q, c.seq_kv, c.heads, c.kv_heads, c.qk_dim, c.v_dim, c.window,
                              c.causal ? 1 : 0}];
@@ -644,11 +662,18 @@ struct CudaReplayRunner::Impl {
       const cuda::AttentionShape& s = f->shape();
       const size_t qb = sz(s.q_elems()) * 2, ob = sz(s.o_elems()) * 2, kb = sz(s.k_elems()) * 2;
       const size_t vb = sz(s.v_elems()) * 2, st = sz(s.stats_elems()) * 4;
-      auto* q = static_cast<cuda::bf16*>(slot(l, 0, qb));
-      auto* k = static_cast<cuda::bf16*>(slot(l, 1, kb));
-      auto* v = static_cast<cuda::bf16*>(slot(l, 2, vb));
-      auto* o = static_cast<cuda::bf16*>(slot(l, 3, ob));
-      auto* stats = static_cast<float*>(slot(l, 4, st));
+      const std::array<size_t, 5> need{qb, kb, vb, ob, st};
+      std::array<void*, 5> at{};
+      for (size_t i = 0; i < at.size(); ++i) {
+        const bool fits = stash != nullptr && need[i] <= sz(part[i]);
+        at[i] = fits ? stash : slot(l, i, need[i]);
+        if (stash != nullptr) stash += part[i];
+      }
+      auto* q = static_cast<cuda::bf16*>(at[0]);
+      auto* k = static_cast<cuda::bf16*>(at[1]);
+      auto* v = static_cast<cuda::bf16*>(at[2]);
+      auto* o = static_cast<cuda::bf16*>(at[3]);
+      auto* stats = static_cast<float*>(at[4]);
       if (op.phase == Phase::kBackward) {
         auto* d_o = static_cast<cuda::bf16*>(slot(l, 5, ob));
         f->backward(q, k, v, o, d_o, stats, static_cast<cuda::bf16*>(slot(l, 6, qb)),
@@ -701,9 +726,12 @@ struct CudaReplayRunner::Impl {
       case OpName::kFinalNorm:
       case OpName::kQkNorm: {
         if (cols % 8 != 0 || cols > 16384) return false;
-        const __nv_bfloat16* x = bf16(0, elems);
+        // The input and the inverse RMS in the micro-batch's stash, where the backward reads them.
+        const std::array<int64_t, 2> part = norm_saved_parts(rows, cols);
+        auto* stash = static_cast<char*>(saved(op, sz(part[0] + part[1])));
+        const auto* x = stash != nullptr ? reinterpret_cast<const __nv_bfloat16*>(stash) : bf16(0, elems);
         const __nv_bfloat16* gamma = bf16(1, sz(cols));
-        float* inv_rms = f32(3, sz(rows));
+        float* inv_rms = stash != nullptr ? reinterpret_cast<float*>(stash + part[0]) : f32(3, sz(rows));
         if (fwd) {
           cuda::rmsnorm_forward(x, gamma, bf16(2, elems), inv_rms, rows, cols, 1e-6f, l.stream);
         } else {
@@ -717,7 +745,8 @@ struct CudaReplayRunner::Impl {
       case OpName::kSharedAct:
       case OpName::kExpertAct: {
         if (op.mem != MemOp::kGlu || cols % 8 != 0) return false;
-        const __nv_bfloat16* in = bf16(0, 2 * elems);
+        const void* stash = saved(op, 4 * elems);  // the input, where the backward reads it
+        const auto* in = stash != nullptr ? static_cast<const __nv_bfloat16*>(stash) : bf16(0, 2 * elems);
         if (fwd) {
           cuda::swiglu_forward(in, bf16(1, elems), rows, cols, l.stream);
         } else {
@@ -815,6 +844,23 @@ struct CudaReplayRunner::Impl {
 
   // The stage's parameter buffers, long enough for its weights and for its largest optimizer shard, filled
   // as fresh scratch memory is (0x3C: finite, nonzero).
+  // The stage's activation stashes (every op may read them, so made before any lane runs).
+  void make_activations(std::span<const Op> ops, int stage) {
+    acts = activation_layout(ops, stage);
+    if (acts.bytes <= 0) return;
+    activations = DeviceBuffer<char>(sz(acts.bytes));
+    count(static_cast<double>(acts.bytes));
+    MOERUN_CUDA_CHECK(cudaMemset(activations.data(), 0x3C, sz(acts.bytes)));
+  }
+
+  // Where `op`'s saved tensors of `need` bytes lie in its micro-batch's stash, or nullptr where it keeps or
+  // reads none there or they outgrow its slice (drawn rows, a GEMM run in another precision).
+  void* saved(const Op& op, size_t need) {
+    const int64_t at = acts.offset_of(op);
+    if (at < 0 || need > sz(acts.bytes_of(op))) return nullptr;
+    return activations.data() + at;
+  }
+
   void make_params(std::span<const Op> ops, int stage) {
     params = param_layout(ops, stage);
     int64_t n = params.elements;
@@ -913,6 +959,7 @@ CudaReplayRunner::CudaReplayRunner(DeviceGroupLookup groups, std::span<const Op>
   I.graph_ops = ops;
   I.prepare_fused(ops);
   I.make_params(ops, stage);
+  I.make_activations(ops, stage);
   // This stage's ops get events; the sends it receives (those whose link has this rank at an end and
   // another stage as sender), a receive lane per sending stage and an end event each.
   auto received = [&I, stage](const Op& op) {
@@ -1141,6 +1188,12 @@ int64_t CudaReplayRunner::fp8_gemm_ops() const {
 
 double CudaReplayRunner::device_bytes() const {
   return impl_->bytes.load();
+}
+
+std::array<double, 2> CudaReplayRunner::activation_stashes() const {
+  int64_t stashes = 0;
+  for (const int64_t n : impl_->acts.stashes) stashes += n;
+  return {static_cast<double>(impl_->acts.bytes), static_cast<double>(stashes)};
 }
 
 std::array<double, 3> CudaReplayRunner::parameter_bytes() const {

@@ -3,15 +3,18 @@
 // the simulator's predictions op by op, as the CPU replay runner's do on CPUs:
 //   GEMM: cuBLASLt bf16 (executor/kernels/cuda/gemm.h) in the op's part: forward [m, k] x [k, n], dgrad
 //     [m, n] x [k, n]^T, wgrad [m, k]^T x [m, n] into fp32 (the main-grad buffer); each weight and its main
-//     gradient at its own place in the stage's real-sized parameter buffers (param_layout.h), activations
-//     and other operands in scratch buffers the lane reuses;
+//     gradient at its own place in the stage's real-sized parameter buffers (param_layout.h), the forward's
+//     input in its micro-batch's activation stash where the weight gradient reads it back
+//     (activation_layout.h), other operands in scratch buffers the lane reuses;
 //   grouped GEMM: CUTLASS's grouped kernel (grouped_gemm.h) over `groups` experts of ceil(m / groups) rows
 //     each, or each local expert's drawn rows (draw_routing), the counts in device memory; an FP8 op's
-//     forward and data gradient in e4m3 after the quantiser over its rows (weight gradients in bf16);
+//     forward and data gradient in e4m3 after the quantiser over its rows (weight gradients in bf16); the
+//     forward's input rows in the activation stash, as for dense GEMMs;
 //   attention: cuDNN flash attention (attention.h), forward or backward, for each call that does the op's
 //     work (attention_calls): the op's heads and kv heads (GQA), qk and v dims (MLA), window and
 //     causality; context parallelism's local part as a causal square of the rank's queries, its remote part
-//     as a full block over the keys that make the op's FLOPs;
+//     as a full block over the keys that make the op's FLOPs; q, k, v, o and the statistics in the
+//     micro-batch's activation stash, the gradients in scratch buffers;
 //   memory-bound ops whose lowering states the tensor they walk (op_graph.h): the project's kernel at that
 //     shape where one exists (RMSNorm, SwiGLU, RoPE, moerun's fused cross-entropy, the router's forward);
 //     every other memory-bound op, those over drawn expert rows and the optimizer: a device-to-device copy
@@ -102,6 +105,8 @@ class CudaReplayRunner final : public OpRunner {
   int64_t fp8_gemm_ops() const;
   // The stage's parameter buffers' bytes: bf16 weights, fp32 main gradients, e4m3 weight copies.
   std::array<double, 3> parameter_bytes() const;
+  // The stage's activation stashes (activation_layout.h): their bytes, and how many its chunks hold.
+  std::array<double, 2> activation_stashes() const;
   // Device bytes this runner holds now and at most (scratch buffers, workspaces, kernel objects).
   double device_bytes() const;
   double device_high_water_bytes() const;
