@@ -347,6 +347,39 @@ std::vector<Contributor> contributors(const StepReport& p, const StepReport& m) 
   return out;
 }
 
+double MemoryComparison::allocated_error() const {
+  return relative_error(predicted_allocated, measured_bytes);
+}
+
+namespace {
+
+// The memory part of a comparison, where the prediction states its per-GPU bytes (and reserve) and the
+// measurement its high-water mark.
+std::optional<MemoryComparison> memory_comparison(const json& p, const json& m) {
+  const json* pm = p.contains("memory") && p["memory"].is_object() ? &p["memory"] : nullptr;
+  const json* mm = m.contains("memory") && m["memory"].is_object() ? &m["memory"] : nullptr;
+  if (pm == nullptr || mm == nullptr) return std::nullopt;
+  const double predicted = number_or(*pm, "per_gpu_bytes", -1);
+  const double measured = number_or(*mm, "measured_high_water_bytes", -1);
+  if (predicted <= 0 || measured <= 0) return std::nullopt;
+  MemoryComparison c;
+  c.predicted_bytes = c.predicted_low = c.predicted_high = predicted;
+  if (const auto r = pm->find("per_gpu_bytes_range");
+      r != pm->end() && r->is_array() && r->size() == 2 && (*r)[0].is_number() && (*r)[1].is_number()) {
+    c.predicted_low = (*r)[0].get<double>();
+    c.predicted_high = (*r)[1].get<double>();
+  }
+  const double reserve = pm->contains("components") && (*pm)["components"].is_object()
+                             ? number_or((*pm)["components"], "reserve", 0)
+                             : 0.0;
+  c.predicted_allocated = predicted - reserve;
+  c.measured_bytes = measured;
+  if (const auto src = mm->find("source"); src != mm->end() && src->is_string()) c.measured_source = *src;
+  return c;
+}
+
+}  // namespace
+
 Result<ReportComparison> compare_reports(const StepReport& p, const StepReport& m) {
   const std::string mismatch = plan_mismatch(p, m);
   if (!mismatch.empty())
@@ -383,6 +416,7 @@ Result<ReportComparison> compare_reports(const StepReport& p, const StepReport& 
   });
   c.contributors = contributors(p, m);
   c.end_to_end_error = relative_error(p.step_s, m.step_s);
+  c.memory = memory_comparison(p.j, m.j);
   return c;
 }
 
@@ -429,6 +463,21 @@ json report_comparison_json(const ReportComparison& c) {
   for (const auto& [k, r] : c.only_measured) mo_only.push_back(key_json(k, r));
   j["only_in_predicted"] = op_only;
   j["only_in_measured"] = mo_only;
+  if (c.memory) {
+    const MemoryComparison& x = *c.memory;
+    j["memory"] = {
+        {"predicted_per_gpu_bytes", x.predicted_bytes},
+        {"predicted_per_gpu_bytes_range", {x.predicted_low, x.predicted_high}},
+        {"predicted_allocated_bytes", x.predicted_allocated},
+        {"measured_high_water_bytes", x.measured_bytes},
+        {"measured_source", x.measured_source},
+        {"allocated_error", x.allocated_error()},
+        {"rule",
+         "(predicted allocations - measured high-water) / measured high-water; the predicted "
+         "allocations are the busiest stage's weights, gradients, optimizer state, activations and "
+         "communication buffers, without the stack's reserve (CUDA context, libraries, "
+         "fragmentation), which a GPU replay's high-water does not hold"}};
+  }
   return j;
 }
 
@@ -439,8 +488,20 @@ std::string report_comparison_text(const ReportComparison& c, int top) {
                  c.predicted_step_rule);
   fmt::format_to(out, "measured  {} : step {:.4f} s ({})\n", c.measured_path, c.measured_step_s,
                  c.measured_step_rule);
-  fmt::format_to(out, "end-to-end error of step time: {:+.1f}% ((predicted - measured) / measured)\n\n",
+  fmt::format_to(out, "end-to-end error of step time: {:+.1f}% ((predicted - measured) / measured)\n",
                  100 * c.end_to_end_error);
+  if (c.memory) {
+    const MemoryComparison& x = *c.memory;
+    constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+    fmt::format_to(out,
+                   "memory per GPU: measured {:.2f} GiB ({}); predicted {:.2f} GiB allocated + {:.2f} GiB "
+                   "reserve = {:.2f} GiB (range {:.2f}-{:.2f}); allocations {:+.1f}% of the measured\n",
+                   x.measured_bytes / kGiB, x.measured_source.empty() ? "high-water" : x.measured_source,
+                   x.predicted_allocated / kGiB, (x.predicted_bytes - x.predicted_allocated) / kGiB,
+                   x.predicted_bytes / kGiB, x.predicted_low / kGiB, x.predicted_high / kGiB,
+                   100 * x.allocated_error());
+  }
+  fmt::format_to(out, "\n");
   fmt::format_to(out, "{:<28} {:>12} {:>12} {:>8}   (seconds per step, all stages, joined ops)\n", "category",
                  "predicted", "measured", "error");
   for (const CategoryTotals& v : c.categories)

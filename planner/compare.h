@@ -80,6 +80,18 @@ struct CategoryTotals {
   double predicted_s = 0, measured_s = 0;  // seconds per step of the joined ops, all stages
 };
 
+// Memory per GPU, where both reports state it: the prediction's busiest stage (its allocations and the
+// stack's reserve) against the measured high-water mark (moerun's report: on GPUs the device memory the
+// replay allocated, no CUDA context or library handles; on CPUs the resident set). The allocations compare
+// with a GPU replay's high-water; the reserve is what a framework adds around them.
+struct MemoryComparison {
+  double predicted_bytes = 0, predicted_low = 0, predicted_high = 0;  // allocations + reserve, and range
+  double predicted_allocated = 0;  // weights, gradients, optimizer, activations, communication buffers
+  double measured_bytes = 0;
+  std::string measured_source;
+  double allocated_error() const;  // relative_error(predicted_allocated, measured_bytes)
+};
+
 struct ReportComparison {
   std::string predicted_path, measured_path;
   double predicted_step_s = 0, measured_step_s = 0;
@@ -88,7 +100,8 @@ struct ReportComparison {
   std::vector<CategoryTotals> categories;  // by name
   std::vector<JoinedOp> ops;               // largest |predicted - measured| first
   std::vector<std::pair<OpKey, OpRow>> only_predicted, only_measured;
-  std::vector<Contributor> contributors;  // largest |delta_s| first; they add up to the step-time difference
+  std::vector<Contributor> contributors;   // largest |delta_s| first; they add up to the step-time difference
+  std::optional<MemoryComparison> memory;  // absent where a report states no memory
 };
 
 // The step-time difference split so that the parts add up to it exactly. With B a report's breakdown of its

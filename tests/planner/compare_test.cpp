@@ -346,4 +346,42 @@ TEST_SUITE("planner/compare") {
     REQUIRE_FALSE(other);
     CHECK(other.error().message == "pred.json and meas.json are reports of different plans: gpus 2 vs 4");
   }
+
+  TEST_CASE("memory compares the predicted allocations, without the reserve, with the measured high-water") {
+    constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+    json pj = predicted_json(), mj = predicted_json();
+    const auto compared = [&] {
+      const auto c =
+          compare_reports(step_report(pj, "pred.json").value(), step_report(mj, "meas.json").value());
+      REQUIRE_MESSAGE(c, c.error().message);
+      return c.value();
+    };
+    // Neither side states memory: no comparison, and the text has no memory line.
+    CHECK(!compared().memory);
+    CHECK(report_comparison_text(compared(), 5).find("memory per GPU") == std::string::npos);
+    // 45 GiB allocated + 5 GiB reserve predicted, 40 GiB measured: the allocations are 12.5 % over.
+    pj["memory"] = {{"per_gpu_bytes", 50 * kGiB},
+                    {"per_gpu_bytes_range", {48 * kGiB, 53 * kGiB}},
+                    {"components", {{"weights", 20 * kGiB}, {"reserve", 5 * kGiB}}}};
+    CHECK(!compared().memory);  // the measurement states none yet
+    mj["memory"] = {{"per_gpu_bytes", 40 * kGiB},
+                    {"measured_high_water_bytes", 40 * kGiB},
+                    {"source", "device high-water"}};
+    const ReportComparison c = compared();
+    REQUIRE(c.memory);
+    CHECK(c.memory->predicted_allocated == doctest::Approx(45 * kGiB));
+    CHECK(c.memory->predicted_low == doctest::Approx(48 * kGiB));
+    CHECK(c.memory->allocated_error() == doctest::Approx(0.125));
+    const json j = report_comparison_json(c);
+    CHECK(j["memory"]["allocated_error"].get<double>() == doctest::Approx(0.125));
+    CHECK(j["memory"]["measured_high_water_bytes"].get<double>() == doctest::Approx(40 * kGiB));
+    const std::string text = report_comparison_text(c, 5);
+    CAPTURE(text);
+    CHECK(text.find("memory per GPU: measured 40.00 GiB (device high-water); predicted 45.00 GiB allocated + "
+                    "5.00 GiB reserve = 50.00 GiB (range 48.00-53.00); allocations +12.5% of the measured") !=
+          std::string::npos);
+    // A prediction without its components compares its whole per-GPU figure.
+    pj["memory"].erase("components");
+    CHECK(compared().memory->allocated_error() == doctest::Approx(0.25));
+  }
 }
