@@ -56,7 +56,10 @@ std::map<std::pair<int, int>, Use> uses(const OpGraph& g, const ActivationLayout
 
 TEST_SUITE("executor_runtime") {
   TEST_CASE("activation stashes rotate: one per micro-batch in flight, never shared by two live ones") {
-    for (const std::string fields : {test::kPp2, test::kPp2Vpp2}) {
+    const std::string dualpipev =
+        "\"attention\": {\"tp\": 1, \"sp\": 1, \"cp\": 1}, \"experts\": {\"ep\": 1, \"etp\": 1}, "
+        "\"pipeline\": {\"pp\": 2, \"vpp\": 2, \"schedule\": \"dualpipev\"}";
+    for (const std::string& fields : {std::string(test::kPp2), std::string(test::kPp2Vpp2), dualpipev}) {
       CAPTURE(fields);
       const RunInputs in = test::load_tiny("acts_pp2", test::tiny_plan(2, fields, 256, 8));
       const OpGraph& g = in.graph;
