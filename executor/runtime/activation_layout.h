@@ -9,9 +9,10 @@
 //   - attention: q, k, v, the output and the softmax statistics of each of its calls (attention_calls);
 //   - RMSNorm: its input [rows, cols] (bf16) and the inverse RMS of each row (fp32);
 //   - SwiGLU: its input [rows, 2 cols] (bf16).
-// Routing, permutes, RoPE, the loss and the ops that run as copies keep theirs in scratch: the stash is a
-// lower bound on the activations autograd keeps. A forward the stage recomputes keeps nothing across the
-// pipeline.
+// Routing, permutes, RoPE, the loss and the ops that run as copies keep theirs in scratch. One tensor is kept
+// twice: the attention's output, which the output projection saves as its input (autograd holds it once).
+// So the stash is not an exact count of what training keeps; a test holds it within the memory model's
+// activations. A forward the stage recomputes keeps nothing across the pipeline.
 // A stage holds, per chunk, as many stashes as it has micro-batches of that chunk whose first stashing
 // forward has run and whose last reading backward has not, in graph order (the order its lanes issue); a
 // micro-batch takes the lowest stash free when its first stashing forward runs, so stashes rotate.
