@@ -494,13 +494,14 @@ int run_plan(const RunOptions& o, int rank, int world) {
           {"stash_bytes", acts[0]},
           {"stashes", acts[1]},
           {"rule",
-           "each forward GEMM's input (bf16, or e4m3 for an FP8 dense GEMM) and each attention's q, k, v, "
-           "output and softmax statistics lie in their micro-batch's stash, which the weight-gradient GEMM "
-           "and the attention backward read; a stage holds a stash per micro-batch of each chunk in "
-           "flight (forward run, backward not), reused as micro-batches finish. Norms, activation "
-           "functions, routing and permutes keep theirs in scratch buffers each stream reuses, and "
-           "recomputed forwards keep nothing, so the device high-water holds the parameters, gradients, "
-           "optimizer state and a lower bound of the activations a training step keeps"}};
+           "each forward GEMM's input (bf16, or e4m3 for an FP8 dense GEMM), each attention's q, k, v, "
+           "output and softmax statistics, each RMSNorm's input and inverse RMS and each SwiGLU's input lie "
+           "in their micro-batch's stash, which the backward of that micro-batch reads; a stage holds a "
+           "stash per micro-batch of each chunk in flight (forward run, backward not), reused as "
+           "micro-batches finish. Routing, permutes, RoPE and the loss keep theirs in scratch buffers each "
+           "stream reuses, the attention's output is stashed twice (as the output projection's input too) "
+           "and recomputed forwards keep nothing, so the device high-water holds the parameters, "
+           "gradients, optimizer state and those activations"}};
       report["cuda_fp8_gemms"] = {
           {"ops_per_step",
            static_cast<double>(gpu_runner->fp8_gemm_ops()) / static_cast<double>(o.warmup + o.steps)},
