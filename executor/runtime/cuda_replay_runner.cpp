@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdio>
 #include <map>
+#include <mutex>
 #include <optional>
 #include <span>
 #include <tuple>
@@ -234,6 +235,16 @@ struct CudaReplayRunner::Impl {
   // each drawn (layer, micro-batch) ([draw index][local expert]), on the host and in device memory (copied
   // before the step's clock starts; the grouped GEMMs read them there).
   std::span<const Op> graph_ops;
+  int own_stage = 0;  // the stage this rank runs
+  // The sizing pass (size_buffers, before the first step): every op of the stage once, in graph order, on
+  // this thread, with no communication, so that each scratch buffer, workspace and kernel object exists
+  // before any NCCL kernel is in flight (cudaMalloc and cudaFree synchronise the device; behind a receive
+  // that waits for a peer whose own host thread is in such a call, both ranks would hang). `sizing` is set
+  // during the pass and `sized` after it; a buffer that must grow later (drawn routing) is made
+  // stream-ordered and the one it replaces is dropped at the next step's start.
+  bool sizing = false, sized = false;
+  std::mutex retired_mutex;
+  std::vector<DeviceBuffer<char>> retired;
   std::optional<RoutingDraws> draws;
   std::vector<int32_t> draw_rows;
   DeviceBuffer<int32_t> draw_rows_device;
@@ -343,7 +354,15 @@ struct CudaReplayRunner::Impl {
     DeviceBuffer<char>& b = l.slots[i];
     if (b.size() < n) {
       count(-static_cast<double>(b.size()));
-      b = DeviceBuffer<char>(n);
+      if (sized) {
+        {
+          const std::lock_guard<std::mutex> lock(retired_mutex);
+          retired.push_back(std::move(b));
+        }
+        b = DeviceBuffer<char>::stream_ordered(n, l.stream);
+      } else {
+        b = DeviceBuffer<char>(n);
+      }
       count(static_cast<double>(n));
       MOERUN_CUDA_CHECK(cudaMemsetAsync(b.data(), 0x3C, n, l.stream));
     }
@@ -512,8 +531,8 @@ struct CudaReplayRunner::Impl {
     void* weight_in = ws != nullptr ? weight(*ws) : slot(l, 1, w);
     // The forward's input rows in the micro-batch's stash, which the weight gradient reads back (scratch
     // where the rows drawn this step outgrow it).
-    void* x = saved(op, sz(rows * in) * 2);
-    if (x == nullptr) x = slot(l, 0, sz(rows * in) * 2);
+    void* x = kind == cuda::ExpertGemmOp::kDgrad ? nullptr : saved(op, sz(rows * in) * 2);
+    if (x == nullptr && kind != cuda::ExpertGemmOp::kDgrad) x = slot(l, 0, sz(rows * in) * 2);
     cuda::GroupedGemmOperands ops;
     switch (kind) {
       case cuda::ExpertGemmOp::kForward:
@@ -587,7 +606,7 @@ struct CudaReplayRunner::Impl {
         o.gathered = bf(slot(l, 0, sz(s.m * s.depth) * 2));
         o.w = bf(slot(l, 1, sz(s.depth * s.width) * 2 * sz(s.experts)));
         o.y = bf(slot(l, 2, sz(s.m * s.width) * 2));
-        f.gather_grouped->run(std::span(&o, 1), l.stream);
+        if (!sizing) f.gather_grouped->run(std::span(&o, 1), l.stream);
         break;
       }
       case FusedKind::kGroupedScatter: {
@@ -606,7 +625,7 @@ struct CudaReplayRunner::Impl {
         o.y = bf(slot(l, 2, sz(s.m * s.width) * 2));
         o.gates = static_cast<const float*>(slot(l, 3, sz(s.m) * 4));
         o.out = bf(slot(l, 4, sz(s.m * s.width) * 2));
-        f.grouped_scatter->run(std::span(&o, 1), l.stream);
+        if (!sizing) f.grouped_scatter->run(std::span(&o, 1), l.stream);
         break;
       }
       case FusedKind::kGemmA2a: {
@@ -617,7 +636,7 @@ struct CudaReplayRunner::Impl {
         o.x = bf(slot(l, 0, sz(s.m * s.depth) * 2));
         o.w = bf(slot(l, 1, sz(s.depth * s.width) * 2));
         o.staged = bf(slot(l, 2, sz(s.m * s.width) * 2));
-        f.gemm_a2a->run(std::span(&o, 1), l.stream);
+        if (!sizing) f.gemm_a2a->run(std::span(&o, 1), l.stream);
         break;
       }
       case FusedKind::kA2aGemm: {
@@ -628,7 +647,7 @@ struct CudaReplayRunner::Impl {
         o.gathered = bf(slot(l, 0, sz(s.m * s.depth) * 2));
         o.w = bf(slot(l, 1, sz(s.depth * s.width) * 2));
         o.y = bf(slot(l, 2, sz(s.m * s.width) * 2));
-        f.a2a_gemm->run(std::span(&o, 1), l.stream);
+        if (!sizing) f.a2a_gemm->run(std::span(&o, 1), l.stream);
         break;
       }
     }
@@ -861,6 +880,8 @@ struct CudaReplayRunner::Impl {
     return activations.data() + at;
   }
 
+  void draw_step();  // this step's routing draw, its rows per local expert copied to the device
+
   void make_params(std::span<const Op> ops, int stage) {
     params = param_layout(ops, stage);
     int64_t n = params.elements;
@@ -908,8 +929,73 @@ struct CudaReplayRunner::Impl {
   void send(const Op& op, Lane& l) {
     DeviceCommunicator* c = link(op);
     const int64_t values = comm_values(op.comm, 1);
-    c->send(slot(l, 0, sz(values) * static_cast<size_t>(bytes_of(op.comm.dtype))), sz(values), op.comm.dtype,
-            1 - c->rank(), l.stream);
+    void* buf = slot(l, 0, sz(values) * static_cast<size_t>(bytes_of(op.comm.dtype)));
+    if (!sizing) c->send(buf, sz(values), op.comm.dtype, 1 - c->rank(), l.stream);
+  }
+
+  // The op's work on its lane's stream (run() puts its timing events around it).
+  void work(const Op& op, Lane& l) {
+    switch (op.kind) {
+      case OpKind::kGemm:
+      case OpKind::kGroupedGemm:
+        gemm(op, l);
+        break;
+      case OpKind::kAttention:
+        attention(op, l);
+        break;
+      case OpKind::kMemoryBound:
+      case OpKind::kOptimizer: {
+        // Drawn routing: an op over the experts' rows moves the bytes of the rows this rank received.
+        const std::optional<double> scale = draws ? draws->row_scale(op) : std::nullopt;
+        if (op.kind == OpKind::kMemoryBound && !scale && memory_kernel(op, l)) {
+          kernel_ops.fetch_add(1);
+          break;
+        }
+        if (op.kind == OpKind::kOptimizer && !scale && optimizer(op, l)) {
+          kernel_ops.fetch_add(1);
+          break;
+        }
+        copy(op.hbm_bytes * scale.value_or(1.0), l);
+        break;
+      }
+      case OpKind::kCollective:
+      case OpKind::kSendRecv:
+        collective(op, l);
+        break;
+      case OpKind::kFusedGemmComm:
+        // TE's userbuffers pipeline (a Megatron plan's overlap.tp_comm) is not one of moerun's kernels: its
+        // GEMM, then its exchange, as the CPU replay runs it.
+        if (op.comm.userbuffers) {
+          gemm(op, l);
+          collective(op, l);
+        } else {
+          fused(op, l);
+        }
+        break;
+    }
+  }
+
+  // The sizing pass (see `sizing`): every op of the stage, and every receive of another stage's message, at
+  // this step's shapes and draws, then the device drained. The ops' counters stay as they were.
+  void size_buffers() {
+    const int64_t kernels = kernel_ops.load(), fp8 = fp8_ops.load(), adam = adam_steps.load();
+    sizing = true;
+    for (const Op& op : graph_ops) {
+      if (op.stage == own_stage) {
+        work(op, lanes[static_cast<size_t>(op.stream)]);
+      } else if (op.kind == OpKind::kSendRecv && receive_lanes.contains(op.stage) && links &&
+                 links(op) != nullptr) {
+        slot(receive_lanes.at(op.stage), 0,
+             sz(comm_values(op.comm, 1)) * static_cast<size_t>(bytes_of(op.comm.dtype)));
+      }
+    }
+    MOERUN_CUDA_CHECK(cudaGetLastError());
+    MOERUN_CUDA_CHECK(cudaDeviceSynchronize());
+    sizing = false;
+    sized = true;
+    kernel_ops.store(kernels);
+    fp8_ops.store(fp8);
+    adam_steps.store(adam);
   }
 
   void collective(const Op& op, Lane& l) {
@@ -922,6 +1008,14 @@ struct CudaReplayRunner::Impl {
     void* buf = slot(l, 0, sz(values) * eb);
     void* out = slot(l, 1, sz(values) * eb);
     DType t = op.comm.dtype;
+    if (sizing) {
+      // Drawn routing's exchange of this step: its buffers too.
+      if (const auto x = draws ? draws->exchange(op, comm_values(op.comm, 1)) : std::nullopt) {
+        slot(l, 0, sz(std::max<int64_t>(1, x->send_total)) * eb);
+        slot(l, 1, sz(std::max<int64_t>(1, x->recv_total)) * eb);
+      }
+      return;
+    }
     switch (op.comm.collective) {
       case Collective::kAllReduce:
         if (t == DType::kFp8) t = DType::kBf16;  // nothing reduces fp8
@@ -957,6 +1051,7 @@ CudaReplayRunner::CudaReplayRunner(DeviceGroupLookup groups, std::span<const Op>
   Impl& I = *impl_;
   I.mode = mode;
   I.graph_ops = ops;
+  I.own_stage = stage;
   I.prepare_fused(ops);
   I.make_params(ops, stage);
   I.make_activations(ops, stage);
@@ -1003,44 +1098,7 @@ void CudaReplayRunner::run(const Op& op) {
   // time the graph runs; a plain record would only order the capture's streams.
   const unsigned record_flags = I.capturing ? cudaEventRecordExternal : cudaEventRecordDefault;
   MOERUN_CUDA_CHECK(cudaEventRecordWithFlags(ev_begin, l.stream, record_flags));
-  switch (op.kind) {
-    case OpKind::kGemm:
-    case OpKind::kGroupedGemm:
-      I.gemm(op, l);
-      break;
-    case OpKind::kAttention:
-      I.attention(op, l);
-      break;
-    case OpKind::kMemoryBound:
-    case OpKind::kOptimizer: {
-      // Drawn routing: an op over the experts' rows moves the bytes of the rows this rank received.
-      const std::optional<double> scale = I.draws ? I.draws->row_scale(op) : std::nullopt;
-      if (op.kind == OpKind::kMemoryBound && !scale && I.memory_kernel(op, l)) {
-        I.kernel_ops.fetch_add(1);
-        break;
-      }
-      if (op.kind == OpKind::kOptimizer && !scale && I.optimizer(op, l)) {
-        I.kernel_ops.fetch_add(1);
-        break;
-      }
-      I.copy(op.hbm_bytes * scale.value_or(1.0), l);
-      break;
-    }
-    case OpKind::kCollective:
-    case OpKind::kSendRecv:
-      I.collective(op, l);
-      break;
-    case OpKind::kFusedGemmComm:
-      // TE's userbuffers pipeline (a Megatron plan's overlap.tp_comm) is not one of moerun's kernels: its
-      // GEMM, then its exchange, as the CPU replay runs it.
-      if (op.comm.userbuffers) {
-        I.gemm(op, l);
-        I.collective(op, l);
-      } else {
-        I.fused(op, l);
-      }
-      break;
-  }
+  I.work(op, l);
   MOERUN_CUDA_CHECK(cudaGetLastError());
   MOERUN_CUDA_CHECK(cudaEventRecordWithFlags(ev_end, l.stream, record_flags));
   if (I.capturing) MOERUN_CUDA_CHECK(cudaEventRecord(I.dep_events.at(op.id), l.stream));
@@ -1092,7 +1150,8 @@ void CudaReplayRunner::begin_step() {
     return;
   }
   if (I.mode == Mode::kGraph && I.steps_begun == 2) {
-    // Relaxed: a lane thread may still grow a scratch buffer (cudaMalloc) while another captures.
+    // Relaxed: the lanes' threads enqueue while the compute stream captures (their buffers exist since the
+    // sizing pass, so none is allocated under capture).
     MOERUN_CUDA_CHECK(cudaStreamBeginCapture(origin, cudaStreamCaptureModeRelaxed));
     MOERUN_CUDA_CHECK(cudaEventRecord(I.fork, origin));
     const std::vector<Lane*> all = I.all_lanes();
@@ -1157,21 +1216,28 @@ void CudaReplayRunner::draw_routing(RoutingDrawSpec spec) {
 // ended: end_step or the per-op waits), before the step's clock starts.
 void CudaReplayRunner::prepare_step() {
   Impl& I = *impl_;
-  if (!I.draws) return;
-  RoutingDraws& r = *I.draws;
+  // No kernel of this rank is in flight here (the last step ended with a host wait): a safe point to free the
+  // buffers drawn routing outgrew, and, before the first step, to make every buffer (size_buffers).
+  I.retired.clear();
+  if (I.draws) I.draw_step();
+  if (!I.sized) I.size_buffers();
+}
+
+void CudaReplayRunner::Impl::draw_step() {
+  RoutingDraws& r = *draws;
   r.draw_step();
   const int64_t e = r.local_experts();
-  I.draw_rows.assign(sz(std::max<int64_t>(1, r.keys() * e)), 0);
+  draw_rows.assign(sz(std::max<int64_t>(1, r.keys() * e)), 0);
   for (int64_t i = 0; i < r.keys(); ++i) {
     for (int64_t g = 0; g < e; ++g)
-      I.draw_rows[sz(i * e + g)] = static_cast<int32_t>(r.draw(i).expert_rows(r.spec().ep_rank, g));
+      draw_rows[sz(i * e + g)] = static_cast<int32_t>(r.draw(i).expert_rows(r.spec().ep_rank, g));
   }
-  if (I.draw_rows_device.size() < I.draw_rows.size()) {
-    I.count(static_cast<double>((I.draw_rows.size() - I.draw_rows_device.size()) * sizeof(int32_t)));
-    I.draw_rows_device = DeviceBuffer<int32_t>(I.draw_rows.size());
+  if (draw_rows_device.size() < draw_rows.size()) {
+    count(static_cast<double>((draw_rows.size() - draw_rows_device.size()) * sizeof(int32_t)));
+    draw_rows_device = DeviceBuffer<int32_t>(draw_rows.size());
   }
-  MOERUN_CUDA_CHECK(cudaMemcpy(I.draw_rows_device.data(), I.draw_rows.data(),
-                               I.draw_rows.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
+  MOERUN_CUDA_CHECK(cudaMemcpy(draw_rows_device.data(), draw_rows.data(), draw_rows.size() * sizeof(int32_t),
+                               cudaMemcpyHostToDevice));
 }
 
 RoutingDraws::Stats CudaReplayRunner::routing_stats() const {

@@ -42,6 +42,12 @@
 // shapes or counts change between steps (routing drawn over more than one EP rank) and the fused kernels
 // (their signal epochs are host arguments) must not use it; moerun refuses them. The receive streams join the
 // capture as the other streams do.
+// Before the first step (prepare_step) a sizing pass runs every op of the stage once on the calling thread,
+// with no communication, so that every scratch buffer, workspace and kernel object exists before any NCCL
+// kernel is in flight: cudaMalloc and cudaFree synchronise the device, and a rank whose host waits there
+// behind a receive from a peer that waits the same way would hang both. A buffer that drawn routing makes
+// grow later is allocated stream-ordered (cudaMallocAsync) and the one it replaces freed at the next step's
+// start.
 #pragma once
 
 #include <array>

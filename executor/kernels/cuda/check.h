@@ -57,6 +57,15 @@ class DeviceBuffer {
   explicit DeviceBuffer(size_t n) : n_(n) {
     if (n_ > 0) MOERUN_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&p_), n_ * sizeof(T)));
   }
+  // Stream-ordered (cudaMallocAsync on `stream`): no implicit device synchronisation, so it may be made while
+  // kernels that wait on other GPUs (NCCL's) are in flight. Freed as any other (cudaFree, which does
+  // synchronise the device: drop it where no such kernel is pending).
+  static DeviceBuffer stream_ordered(size_t n, cudaStream_t stream) {
+    DeviceBuffer b;
+    b.n_ = n;
+    if (n > 0) MOERUN_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&b.p_), n * sizeof(T), stream));
+    return b;
+  }
   DeviceBuffer(const DeviceBuffer&) = delete;
   DeviceBuffer& operator=(const DeviceBuffer&) = delete;
   DeviceBuffer(DeviceBuffer&& o) noexcept : p_(std::exchange(o.p_, nullptr)), n_(std::exchange(o.n_, 0)) {}
