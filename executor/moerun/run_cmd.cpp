@@ -336,7 +336,7 @@ int run_plan(const RunOptions& o, int rank, int world) {
     const PipelineLinkLookup link_lookup = [&nccl, &graph](const Op& send) -> DeviceCommunicator* {
       return nccl->link(send.stage, pipeline_peer_stage(graph, send));
     };
-    auto r = std::make_unique<CudaReplayRunner>(device_lookup, graph.ops, stage,
+    auto r = std::make_unique<CudaReplayRunner>(device_lookup, graph, stage,
                                                 o.host_sync    ? CudaReplayRunner::Mode::kHostSync
                                                 : o.cuda_graph ? CudaReplayRunner::Mode::kGraph
                                                                : CudaReplayRunner::Mode::kEnqueue,
@@ -498,10 +498,11 @@ int run_plan(const RunOptions& o, int rank, int world) {
            "output and softmax statistics, each RMSNorm's input and inverse RMS and each SwiGLU's input lie "
            "in their micro-batch's stash, which the backward of that micro-batch reads; a stage holds a "
            "stash per micro-batch of each chunk in flight (forward run, backward not), reused as "
-           "micro-batches finish. Routing, permutes, RoPE and the loss keep theirs in scratch buffers each "
-           "stream reuses, the attention's output is stashed twice (as the output projection's input too) "
-           "and recomputed forwards keep nothing, so the device high-water holds the parameters, "
-           "gradients, optimizer state and those activations"}};
+           "micro-batches finish. A tensor two forwards keep is kept once: a norm, SwiGLU or bf16 GEMM "
+           "writes its output where the forward reading it keeps it, and the output projection reads the "
+           "attention's output in the attention's place. Routing, permutes, RoPE and the loss keep theirs "
+           "in scratch buffers each stream reuses and recomputed forwards keep nothing, so the device "
+           "high-water holds the parameters, gradients, optimizer state and those activations"}};
       report["cuda_fp8_gemms"] = {
           {"ops_per_step",
            static_cast<double>(gpu_runner->fp8_gemm_ops()) / static_cast<double>(o.warmup + o.steps)},

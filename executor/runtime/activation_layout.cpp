@@ -93,25 +93,76 @@ bool reads_saved(const Op& op) {
          is_glu(op);
 }
 
-int64_t ActivationLayout::offset_of(const Op& op) const {
-  if (saved_bytes(op) <= 0 && !reads_saved(op)) return -1;
-  const auto slice = slices.find(key_of(op));
+namespace {
+
+// What a forward op writes that a stashed consumer reads as it is (bf16): a norm's or SwiGLU's output, a bf16
+// GEMM's output, the output of an attention of one call (its o part); 0 for any other op.
+int64_t output_bytes(const Op& op) {
+  if (op.phase != Phase::kForward || op.micro_batch < 0) return 0;
+  if (is_norm(op) || is_glu(op)) return aligned(op.gemm.m * op.gemm.n * 2);
+  if (is_gemm(op) && op.part == GemmPart::kNone && op.dtype != DType::kFp8) {
+    const int64_t rows =
+        op.gemm.groups > 1 ? (op.gemm.m + op.gemm.groups - 1) / op.gemm.groups * op.gemm.groups : op.gemm.m;
+    return aligned(rows * op.gemm.n * 2);
+  }
+  if (op.kind == OpKind::kAttention) {
+    const std::vector<AttentionCall> calls = attention_calls(op);
+    return calls.size() == 1 ? attention_saved_parts(calls.front())[3] : 0;
+  }
+  return 0;
+}
+
+// What a stashed forward keeps that its producer's output is, as written: a bf16 GEMM's input X, SwiGLU's
+// input; 0 for any other op (an FP8 GEMM keeps its e4m3 cast, a norm its inverse RMS beside the input).
+int64_t input_bytes(const Op& op) {
+  if (is_gemm(op) && op.part == GemmPart::kNone && op.dtype != DType::kFp8) return saved_bytes(op);
+  return is_glu(op) ? saved_bytes(op) : 0;
+}
+
+}  // namespace
+
+int64_t ActivationLayout::place(const Key& key, int32_t micro_batch) const {
+  Key owner = key;
+  int64_t delta = 0;
+  if (const auto a = aliases.find(key); a != aliases.end()) {
+    owner = a->second.owner;
+    delta = a->second.delta;
+  }
+  const auto slice = slices.find(owner);
   if (slice == slices.end()) return -1;
   const int16_t chunk = slice->second.chunk;
-  const auto stash = stash_of.find({chunk, op.micro_batch});
+  const auto stash = stash_of.find({chunk, micro_batch});
   if (stash == stash_of.end()) return -1;
   const auto c = static_cast<size_t>(chunk);
-  return chunk_base[c] + stash->second * stash_bytes[c] + slice->second.offset;
+  return chunk_base[c] + stash->second * stash_bytes[c] + slice->second.offset + delta;
+}
+
+int64_t ActivationLayout::offset_of(const Op& op) const {
+  if (saved_bytes(op) <= 0 && !reads_saved(op)) return -1;
+  return place(key_of(op), op.micro_batch);
 }
 
 int64_t ActivationLayout::bytes_of(const Op& op) const {
-  return offset_of(op) < 0 ? 0 : slices.at(key_of(op)).bytes;
+  if (offset_of(op) < 0) return 0;
+  const auto a = aliases.find(key_of(op));
+  return a != aliases.end() ? a->second.bytes : slices.at(key_of(op)).bytes;
 }
 
-ActivationLayout activation_layout(std::span<const Op> ops, int stage) {
+int64_t ActivationLayout::output_offset(const Op& op) const {
+  const auto o = outputs.find(key_of(op));
+  return op.phase != Phase::kForward || o == outputs.end() ? -1 : place(o->second, op.micro_batch);
+}
+
+int64_t ActivationLayout::output_bytes_of(const Op& op) const {
+  return output_offset(op) < 0 ? 0 : slices.at(outputs.at(key_of(op))).bytes;
+}
+
+ActivationLayout activation_layout(const OpGraph& graph, int stage) {
+  using Key = ActivationLayout::Key;
+  const std::span<const Op> ops = graph.ops;
   ActivationLayout out;
   // Forwards the stage recomputes keep nothing across the pipeline.
-  std::set<std::pair<int32_t, uint16_t>> recomputed;
+  std::set<Key> recomputed;
   int16_t chunks = 0;
   for (const Op& op : ops) {
     if (op.stage != stage) continue;
@@ -125,6 +176,37 @@ ActivationLayout activation_layout(std::span<const Op> ops, int stage) {
     s.chunk = op.chunk;
     s.bytes = std::max(s.bytes, b);
   }
+  // One tensor, one place: a stashed forward whose producer (a forward op of the same micro-batch that it
+  // depends on directly) writes what it keeps as it is shares that tensor. Consumers of an attention read its
+  // o in the attention's slice; any other producer writes into its first such consumer's slice, and its
+  // other consumers read there. Each relation is read off its first micro-batch (every micro-batch lowers
+  // alike).
+  std::set<Key> seen;
+  for (const Op& c : ops) {
+    const Key ck = key_of(c);
+    if (c.stage != stage || c.phase != Phase::kForward || !out.slices.contains(ck) || !seen.insert(ck).second)
+      continue;
+    const int64_t in = input_bytes(c);
+    if (in <= 0) continue;
+    for (const int32_t d : graph.deps_of(c)) {
+      const Op& p = ops[static_cast<size_t>(d)];
+      const Key pk = key_of(p);
+      if (p.stage != stage || p.micro_batch != c.micro_batch || recomputed.contains(pk) ||
+          output_bytes(p) != in)
+        continue;
+      if (p.kind == OpKind::kAttention) {
+        if (!out.slices.contains(pk)) continue;
+        const std::array<int64_t, 5> part = attention_saved_parts(attention_calls(p).front());
+        out.aliases[ck] = {pk, part[0] + part[1] + part[2], in};
+      } else if (const auto o = out.outputs.find(pk); o != out.outputs.end()) {
+        out.aliases[ck] = {o->second, 0, in};
+      } else {
+        out.outputs[pk] = ck;
+      }
+      break;
+    }
+  }
+  for (const auto& [key, alias] : out.aliases) out.slices.erase(key);
   out.stash_bytes.assign(static_cast<size_t>(chunks), 0);
   for (auto& [key, s] : out.slices) {
     int64_t& end = out.stash_bytes[static_cast<size_t>(s.chunk)];
@@ -133,13 +215,22 @@ ActivationLayout activation_layout(std::span<const Op> ops, int stage) {
   }
   // Each micro-batch's span in graph order: from its first stashing forward to its last op that stashes or
   // reads; then the lowest free stash of its chunk from the start of its span to the end.
+  auto chunk_of = [&out](const Key& k) {
+    const auto a = out.aliases.find(k);
+    const auto sl = out.slices.find(a != out.aliases.end() ? a->second.owner : k);
+    return sl == out.slices.end() ? int16_t{-1} : sl->second.chunk;
+  };
   std::map<std::pair<int16_t, int32_t>, std::pair<size_t, size_t>> span;
   for (size_t i = 0; i < ops.size(); ++i) {
     const Op& op = ops[i];
-    if (op.stage != stage || !out.slices.contains(key_of(op))) continue;
-    const bool stashes = saved_bytes(op) > 0;
-    if (!stashes && !reads_saved(op)) continue;
-    const std::pair<int16_t, int32_t> mb{out.slices.at(key_of(op)).chunk, op.micro_batch};
+    if (op.stage != stage) continue;
+    // A producer writing into a consumer's place, a forward keeping its tensors, a backward reading them.
+    const auto o = op.phase == Phase::kForward ? out.outputs.find(key_of(op)) : out.outputs.end();
+    const bool writes = o != out.outputs.end();
+    const int16_t chunk = writes ? chunk_of(o->second) : chunk_of(key_of(op));
+    const bool stashes = writes || saved_bytes(op) > 0;
+    if (chunk < 0 || (!stashes && !reads_saved(op))) continue;
+    const std::pair<int16_t, int32_t> mb{chunk, op.micro_batch};
     const auto [it, fresh] = span.try_emplace(mb, i, i);
     if (fresh && !stashes) span.erase(it);  // a read before any write: nothing of it was stashed here
     if (!fresh) it->second.second = i;

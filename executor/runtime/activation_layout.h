@@ -9,10 +9,12 @@
 //   - attention: q, k, v, the output and the softmax statistics of each of its calls (attention_calls);
 //   - RMSNorm: its input [rows, cols] (bf16) and the inverse RMS of each row (fp32);
 //   - SwiGLU: its input [rows, 2 cols] (bf16).
-// Routing, permutes, RoPE, the loss and the ops that run as copies keep theirs in scratch. One tensor is kept
-// twice: the attention's output, which the output projection saves as its input (autograd holds it once).
-// So the stash is not an exact count of what training keeps; a test holds it within the memory model's
-// activations. A forward the stage recomputes keeps nothing across the pipeline.
+// Routing, permutes, RoPE, the loss and the ops that run as copies keep theirs in scratch. A tensor two
+// forwards keep is kept once, as autograd holds it: where a forward keeps what the forward it depends on
+// directly wrote as it is (a GEMM's input from a norm, SwiGLU or attention; SwiGLU's input from a bf16
+// GEMM), that producer writes its output into the consumer's slice (an attention's o already lies in its
+// own), and the producer's other such consumers read it there; a test holds the stash within the memory
+// model's activations. A forward the stage recomputes keeps nothing across the pipeline.
 // A stage holds, per chunk, as many stashes as it has micro-batches of that chunk whose first stashing
 // forward has run and whose last reading backward has not, in graph order (the order its lanes issue); a
 // micro-batch takes the lowest stash free when its first stashing forward runs, so stashes rotate.
@@ -37,10 +39,20 @@ struct SavedSlice {
 };
 
 struct ActivationLayout {
-  std::map<std::pair<int32_t, uint16_t>, SavedSlice> slices;  // by (layer, op name) of the forward
-  std::vector<int64_t> stash_bytes;                           // per chunk: one micro-batch's saved tensors
-  std::vector<int64_t> stashes;                               // per chunk: stashes the stage holds
-  std::vector<int64_t> chunk_base;  // per chunk: where its stashes start in the buffer
+  using Key = std::pair<int32_t, uint16_t>;  // (layer, op name)
+  // A forward that keeps a tensor another forward of its micro-batch keeps: where it lies in that one's
+  // slice.
+  struct Alias {
+    Key owner;
+    int64_t delta = 0;  // bytes into the owner's slice
+    int64_t bytes = 0;
+  };
+  std::map<Key, SavedSlice> slices;  // by the forward's key: the tensors it alone keeps
+  std::map<Key, Alias> aliases;      // forwards that share another's tensor (no slice of their own)
+  std::map<Key, Key> outputs;        // producers that write their output into a consumer's slice
+  std::vector<int64_t> stash_bytes;  // per chunk: one micro-batch's saved tensors
+  std::vector<int64_t> stashes;      // per chunk: stashes the stage holds
+  std::vector<int64_t> chunk_base;   // per chunk: where its stashes start in the buffer
   std::map<std::pair<int16_t, int32_t>, int32_t> stash_of;  // (chunk, micro-batch) -> stash index
   int64_t bytes = 0;                                        // the buffer: every chunk's stashes
 
@@ -49,6 +61,12 @@ struct ActivationLayout {
   int64_t offset_of(const Op& op) const;
   // That slice's bytes (0 where offset_of is -1).
   int64_t bytes_of(const Op& op) const;
+  // Where a forward writes its output, in its micro-batch's stash (the slice of the consumer that keeps it),
+  // or -1 where it writes elsewhere; and those bytes.
+  int64_t output_offset(const Op& op) const;
+  int64_t output_bytes_of(const Op& op) const;
+  // Where the tensors of a forward `key` of `micro_batch` lie (its alias resolved), or -1.
+  int64_t place(const Key& key, int32_t micro_batch) const;
 };
 
 // The bytes of an attention call's saved tensors in the order the replay lays them out: q, k, v, o (bf16)
@@ -69,7 +87,7 @@ int64_t saved_bytes(const Op& op);
 // SwiGLU backward.
 bool reads_saved(const Op& op);
 
-// The stashes of `stage`'s ops.
-ActivationLayout activation_layout(std::span<const Op> ops, int stage);
+// The stashes of `stage`'s ops of `graph`.
+ActivationLayout activation_layout(const OpGraph& graph, int stage);
 
 }  // namespace moeplan::executor

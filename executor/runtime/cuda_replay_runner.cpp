@@ -467,7 +467,8 @@ struct CudaReplayRunner::Impl {
     const ParamSlice* w = params.of(op);
     const bool wgrad = op.part == GemmPart::kWgrad;
     void* b = w != nullptr && !wgrad ? weight(*w) : slot(l, 1, sz(p.k * p.n) * 2);
-    void* c = w != nullptr && wgrad ? grad(*w) : slot(l, 2, c_bytes);
+    void* c = w != nullptr && wgrad ? grad(*w) : produced(op, c_bytes);
+    if (c == nullptr) c = slot(l, 2, c_bytes);
     // A: the forward's input X, or the weight gradient's X^T, in the micro-batch's stash.
     void* a = saved(op, sz(p.m * p.k) * 2);
     g->run({a != nullptr ? a : slot(l, 0, sz(p.m * p.k) * 2), b, c}, l.gemm_workspace.data(), l.stream);
@@ -535,9 +536,11 @@ struct CudaReplayRunner::Impl {
     if (x == nullptr && kind != cuda::ExpertGemmOp::kDgrad) x = slot(l, 0, sz(rows * in) * 2);
     cuda::GroupedGemmOperands ops;
     switch (kind) {
-      case cuda::ExpertGemmOp::kForward:
-        ops = {counts, x, weight_in, slot(l, 2, sz(rows * out) * 2), rows};
+      case cuda::ExpertGemmOp::kForward: {
+        void* y = produced(op, sz(rows * out) * 2);
+        ops = {counts, x, weight_in, y != nullptr ? y : slot(l, 2, sz(rows * out) * 2), rows};
         break;
+      }
       case cuda::ExpertGemmOp::kDgrad:
         ops = {counts, slot(l, 0, sz(rows * out) * 2), weight_in, slot(l, 2, sz(rows * in) * 2), rows};
         break;
@@ -752,7 +755,9 @@ struct CudaReplayRunner::Impl {
         const __nv_bfloat16* gamma = bf16(1, sz(cols));
         float* inv_rms = stash != nullptr ? reinterpret_cast<float*>(stash + part[0]) : f32(3, sz(rows));
         if (fwd) {
-          cuda::rmsnorm_forward(x, gamma, bf16(2, elems), inv_rms, rows, cols, 1e-6f, l.stream);
+          void* y = produced(op, elems * 2);  // the output, where its consumer keeps it
+          cuda::rmsnorm_forward(x, gamma, y != nullptr ? static_cast<__nv_bfloat16*>(y) : bf16(2, elems),
+                                inv_rms, rows, cols, 1e-6f, l.stream);
         } else {
           void* ws = slot(l, 7, cuda::rmsnorm_backward_workspace_bytes(rows, cols));
           cuda::rmsnorm_backward(x, gamma, inv_rms, bf16(4, elems), bf16(5, elems), f32(6, sz(cols)), ws,
@@ -767,7 +772,9 @@ struct CudaReplayRunner::Impl {
         const void* stash = saved(op, 4 * elems);  // the input, where the backward reads it
         const auto* in = stash != nullptr ? static_cast<const __nv_bfloat16*>(stash) : bf16(0, 2 * elems);
         if (fwd) {
-          cuda::swiglu_forward(in, bf16(1, elems), rows, cols, l.stream);
+          void* y = produced(op, elems * 2);  // the output, where its consumer keeps it
+          cuda::swiglu_forward(in, y != nullptr ? static_cast<__nv_bfloat16*>(y) : bf16(1, elems), rows, cols,
+                               l.stream);
         } else {
           cuda::swiglu_backward(in, bf16(2, elems), bf16(3, 2 * elems), rows, cols, l.stream);
         }
@@ -864,8 +871,8 @@ struct CudaReplayRunner::Impl {
   // The stage's parameter buffers, long enough for its weights and for its largest optimizer shard, filled
   // as fresh scratch memory is (0x3C: finite, nonzero).
   // The stage's activation stashes (every op may read them, so made before any lane runs).
-  void make_activations(std::span<const Op> ops, int stage) {
-    acts = activation_layout(ops, stage);
+  void make_activations(const OpGraph& graph, int stage) {
+    acts = activation_layout(graph, stage);
     if (acts.bytes <= 0) return;
     activations = DeviceBuffer<char>(sz(acts.bytes));
     count(static_cast<double>(acts.bytes));
@@ -877,6 +884,14 @@ struct CudaReplayRunner::Impl {
   void* saved(const Op& op, size_t need) {
     const int64_t at = acts.offset_of(op);
     if (at < 0 || need > sz(acts.bytes_of(op))) return nullptr;
+    return activations.data() + at;
+  }
+
+  // Where a forward writes its output of `need` bytes in its micro-batch's stash (the consumer that keeps
+  // it), or nullptr where it writes to scratch.
+  void* produced(const Op& op, size_t need) {
+    const int64_t at = acts.output_offset(op);
+    if (at < 0 || need > sz(acts.output_bytes_of(op))) return nullptr;
     return activations.data() + at;
   }
 
@@ -1045,16 +1060,17 @@ struct CudaReplayRunner::Impl {
   }
 };
 
-CudaReplayRunner::CudaReplayRunner(DeviceGroupLookup groups, std::span<const Op> ops, int stage, Mode mode,
+CudaReplayRunner::CudaReplayRunner(DeviceGroupLookup groups, const OpGraph& graph, int stage, Mode mode,
                                    PipelineLinkLookup links)
     : impl_(std::make_unique<Impl>(std::move(groups), std::move(links))) {
   Impl& I = *impl_;
+  const std::span<const Op> ops = graph.ops;
   I.mode = mode;
   I.graph_ops = ops;
   I.own_stage = stage;
   I.prepare_fused(ops);
   I.make_params(ops, stage);
-  I.make_activations(ops, stage);
+  I.make_activations(graph, stage);
   // This stage's ops get events; the sends it receives (those whose link has this rank at an end and
   // another stage as sender), a receive lane per sending stage and an end event each.
   auto received = [&I, stage](const Op& op) {

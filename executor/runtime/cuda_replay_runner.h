@@ -4,8 +4,9 @@
 //   GEMM: cuBLASLt bf16 (executor/kernels/cuda/gemm.h) in the op's part: forward [m, k] x [k, n], dgrad
 //     [m, n] x [k, n]^T, wgrad [m, k]^T x [m, n] into fp32 (the main-grad buffer); each weight and its main
 //     gradient at its own place in the stage's real-sized parameter buffers (param_layout.h), the forward's
-//     input in its micro-batch's activation stash where the weight gradient reads it back
-//     (activation_layout.h), other operands in scratch buffers the lane reuses;
+//     input in its micro-batch's activation stash where the weight gradient reads it back, and a bf16
+//     forward's output where the forward reading it keeps it (activation_layout.h), other operands in
+//     scratch buffers the lane reuses;
 //   grouped GEMM: CUTLASS's grouped kernel (grouped_gemm.h) over `groups` experts of ceil(m / groups) rows
 //     each, or each local expert's drawn rows (draw_routing), the counts in device memory; an FP8 op's
 //     forward and data gradient in e4m3 after the quantiser over its rows (weight gradients in bf16); the
@@ -76,12 +77,12 @@ std::string cuda_unsupported(const Plan& plan, const ModelSpec& model);
 class CudaReplayRunner final : public OpRunner {
  public:
   // Uses the current CUDA device. Creates one CUDA stream per op-graph stream, and one per stage that sends
-  // `stage` pipeline messages (over a link `links` has). `ops` are the graph's ops (this rank runs those of
-  // `stage`): their fused ops' groups get symmetric memory here, collectively (every rank of a group must
+  // `stage` pipeline messages (over a link `links` has). `graph` outlives the runner; this rank runs the ops
+  // of `stage`: their fused ops' groups get symmetric memory here, collectively (every rank of a group must
   // construct its runner), and a fused op the kernels cannot run aborts here, naming the op; the stage's
   // parameter buffers are made here too. `links` is needed with pipeline parallelism.
   enum class Mode { kEnqueue, kHostSync, kGraph };
-  CudaReplayRunner(DeviceGroupLookup groups, std::span<const Op> ops, int stage, Mode mode = Mode::kEnqueue,
+  CudaReplayRunner(DeviceGroupLookup groups, const OpGraph& graph, int stage, Mode mode = Mode::kEnqueue,
                    PipelineLinkLookup links = {});
   ~CudaReplayRunner() override;
 

@@ -41,9 +41,13 @@ std::map<std::pair<int, int>, Use> uses(const OpGraph& g, const ActivationLayout
   std::map<std::pair<int, int>, Use> out;
   for (size_t i = 0; i < g.ops.size(); ++i) {
     const Op& op = g.ops[i];
-    if (op.stage != stage || l.offset_of(op) < 0) continue;
-    const int chunk = l.slices.at({op.layer, op.name}).chunk;
-    const int64_t within = l.offset_of(op) - l.chunk_base[static_cast<size_t>(chunk)];
+    const int64_t at = l.offset_of(op) >= 0 ? l.offset_of(op) : l.output_offset(op);
+    if (op.stage != stage || at < 0) continue;
+    int chunk = 0;  // the chunk whose stashes hold `at`
+    while (static_cast<size_t>(chunk + 1) < l.chunk_base.size() &&
+           l.chunk_base[static_cast<size_t>(chunk + 1)] <= at)
+      ++chunk;
+    const int64_t within = at - l.chunk_base[static_cast<size_t>(chunk)];
     const int64_t stash = within / l.stash_bytes[static_cast<size_t>(chunk)];
     auto [it, fresh] = out.try_emplace({chunk, op.micro_batch}, Use{stash, i, i});
     CHECK(it->second.stash == stash);  // one stash per micro-batch
@@ -66,7 +70,7 @@ TEST_SUITE("executor_runtime") {
       const Plan& p = in.loaded.plan;
       for (int stage = 0; stage < 2; ++stage) {
         CAPTURE(stage);
-        const ActivationLayout l = activation_layout(g.ops, stage);
+        const ActivationLayout l = activation_layout(g, stage);
         // As many stashes per chunk as the schedule holds micro-batches of it in flight.
         CHECK(l.stashes == most_in_flight(p, stage));
         const auto u = uses(g, l, stage);
@@ -87,7 +91,7 @@ TEST_SUITE("executor_runtime") {
   TEST_CASE("each backward reads what its forward stashed: GEMM inputs, attention, norm and SwiGLU tensors") {
     const RunInputs in = test::load_tiny("acts_pp2_sizes", test::tiny_plan(2, test::kPp2, 256, 8));
     const OpGraph& g = in.graph;
-    const ActivationLayout l = activation_layout(g.ops, 0);
+    const ActivationLayout l = activation_layout(g, 0);
     // Slices are disjoint, in their chunk's stash, 256-byte aligned.
     std::vector<int64_t> end(l.stash_bytes.size(), 0);
     for (const auto& [key, s] : l.slices) {
@@ -149,12 +153,63 @@ TEST_SUITE("executor_runtime") {
     CHECK(forwards == backwards);
   }
 
+  TEST_CASE("a tensor two forwards keep is kept once: producers write into their consumer's place") {
+    Result<RunInputs> in =
+        load_run_inputs(std::string(MOEPLAN_SOURCE_DIR) + "/executor/cuda/device_plan.json");
+    REQUIRE(in);
+    const OpGraph& g = in.value().graph;
+    const ActivationLayout l = activation_layout(g, 0);
+    // Layer 1, micro-batch 0, forward: each op by name.
+    std::map<std::string, const Op*> at;
+    for (const Op& op : g.ops) {
+      if (op.layer == 1 && op.micro_batch == 0 && op.phase == Phase::kForward) at[kOpNames[op.name]] = &op;
+    }
+    for (const char* name : {"attn_norm", "qkv_proj", "attn_core", "out_proj", "ffn_norm", "router",
+                             "shared_fc13", "expert_fc13", "expert_act", "expert_fc2"})
+      REQUIRE_MESSAGE(at.contains(name), name);
+    // The attention's output is the output projection's input: in the attention's slice, after q, k and v.
+    const std::vector<AttentionCall> calls = attention_calls(*at["attn_core"]);
+    REQUIRE(calls.size() == 1);
+    const std::array<int64_t, 5> part = attention_saved_parts(calls.front());
+    CHECK(l.offset_of(*at["out_proj"]) == l.offset_of(*at["attn_core"]) + part[0] + part[1] + part[2]);
+    // Norms write their output where the GEMMs reading it keep it; the router and the shared experts keep
+    // the pre-MLP norm's output once.
+    CHECK(l.output_offset(*at["attn_norm"]) == l.offset_of(*at["qkv_proj"]));
+    CHECK(l.output_offset(*at["ffn_norm"]) == l.offset_of(*at["router"]));
+    CHECK(l.offset_of(*at["shared_fc13"]) == l.offset_of(*at["router"]));
+    // The experts' first GEMM writes SwiGLU's input in its place, SwiGLU the second GEMM's.
+    CHECK(l.output_offset(*at["expert_fc13"]) == l.offset_of(*at["expert_act"]));
+    CHECK(l.output_offset(*at["expert_act"]) == l.offset_of(*at["expert_fc2"]));
+    CHECK(l.output_bytes_of(*at["expert_act"]) >= at["expert_act"]->gemm.m * at["expert_act"]->gemm.n * 2);
+    // Ops that share no tensor have places of their own.
+    CHECK(l.offset_of(*at["qkv_proj"]) != l.offset_of(*at["router"]));
+    CHECK(l.output_offset(*at["qkv_proj"]) < 0);  // its output goes to RoPE, which keeps nothing here
+    // Every write into another's place is where a forward of the same micro-batch that depends on it reads.
+    for (const Op& p : g.ops) {
+      if (p.stage != 0 || l.output_offset(p) < 0) continue;
+      bool read = false;
+      for (const Op& c : g.ops) {
+        if (c.micro_batch != p.micro_batch || c.phase != Phase::kForward ||
+            l.offset_of(c) != l.output_offset(p))
+          continue;
+        for (const int32_t d : g.deps_of(c)) read = read || d == p.id;
+      }
+      CHECK_MESSAGE(read, kOpNames[p.name]);
+    }
+    // The stash is smaller than every stashing forward's tensors summed.
+    int64_t each = 0;
+    for (const Op& op : g.ops) {
+      if (op.stage == 0 && op.micro_batch == 0) each += saved_bytes(op);
+    }
+    CHECK(l.bytes < each);
+  }
+
   TEST_CASE("recomputed forwards keep nothing in the stashes") {
     const std::string plan =
         test::tiny_plan(2, std::string(test::kPp2) + ", \"recompute\": \"full\"", 256, 8);
     const RunInputs in = test::load_tiny("acts_recompute", plan);
     const OpGraph& g = in.graph;
-    const ActivationLayout l = activation_layout(g.ops, 0);
+    const ActivationLayout l = activation_layout(g, 0);
     std::set<std::pair<int32_t, uint16_t>> recomputed;
     for (const Op& op : g.ops) {
       if (op.stage == 0 && op.phase == Phase::kRecompute) recomputed.insert({op.layer, op.name});
@@ -163,7 +218,7 @@ TEST_SUITE("executor_runtime") {
     for (const auto& key : recomputed) CHECK(!l.slices.contains(key));
     // Without recompute the same stage stashes more.
     const RunInputs plain = test::load_tiny("acts_plain", test::tiny_plan(2, test::kPp2, 256, 8));
-    CHECK(activation_layout(plain.graph.ops, 0).bytes > l.bytes);
+    CHECK(activation_layout(plain.graph, 0).bytes > l.bytes);
   }
 
   TEST_CASE("the stashes hold no more than the memory model's activations of the stage that needs most") {
@@ -183,7 +238,7 @@ TEST_SUITE("executor_runtime") {
       REQUIRE(stack);
       const cost::MemoryBreakdown m =
           predict_memory(in.loaded.model, in.loaded.plan, in.loaded.hardware, stack.value(), in.routing);
-      const ActivationLayout l = activation_layout(in.graph.ops, static_cast<int>(m.stage));
+      const ActivationLayout l = activation_layout(in.graph, static_cast<int>(m.stage));
       CAPTURE(l.bytes);
       CAPTURE(m.activations);
       CHECK(l.bytes > 0);
