@@ -204,8 +204,9 @@ struct CudaReplayRunner::Impl {
   ParamLayout params;
   DeviceBuffer<char> weights, grads, fp8_weights;
   // The stage's saved activations at their real size (activation_layout.h), made at construction: each
-  // forward GEMM's input and each attention's q, k, v, o and statistics in its micro-batch's stash, read
-  // back by the weight-gradient GEMM and the attention backward of that micro-batch.
+  // forward GEMM's input, each attention's q, k, v, o and statistics, each RMSNorm's input and inverse RMS
+  // and each SwiGLU's input in its micro-batch's stash, read back by the backward of that micro-batch; a
+  // tensor two forwards keep lies there once, written there by its producer.
   ActivationLayout acts;
   DeviceBuffer<char> activations;
   std::atomic<double> bytes{0}, high_water{0};
