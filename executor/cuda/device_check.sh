@@ -182,6 +182,7 @@ if [[ $full == ON && -x $build/executor/moerun/moerun && -x $build/planner/moepl
       "$build/planner/moeplan" compare "$prefix_root/pred-$plan.json" "$out/$dir/report.json" >"$prefix_root/cmp.txt" 2>&1; then
       cat "$prefix_root/cmp.txt" >>"$out/compare.txt"
       compare_lines+=("$run: $(grep -m1 'end-to-end error' "$prefix_root/cmp.txt")")
+      compare_lines+=("$run: $(grep -m1 '^memory per GPU' "$prefix_root/cmp.txt" | cut -c1-200)")
     else
       [[ -f $prefix_root/cmp.txt ]] && cat "$prefix_root/cmp.txt" >>"$out/compare.txt"
       compare_lines+=("$run: moerun run --backend cuda + compare FAILED (see compare.txt): $(tail -3 "$out/compare.txt" | tr '\n' ' ')")
