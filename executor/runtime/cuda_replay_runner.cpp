@@ -237,6 +237,10 @@ struct CudaReplayRunner::Impl {
   // before the step's clock starts; the grouped GEMMs read them there).
   std::span<const Op> graph_ops;
   int own_stage = 0;  // the stage this rank runs
+  // The device current at construction: the stage executor's lane threads are new threads, whose current
+  // device is device 0 until they set it (bind_device), and a kernel must launch into a stream of the
+  // current device.
+  int device = 0;
   // The sizing pass (size_buffers, before the first step): every op of the stage once, in graph order, on
   // this thread, with no communication, so that each scratch buffer, workspace and kernel object exists
   // before any NCCL kernel is in flight (cudaMalloc and cudaFree synchronise the device; behind a receive
@@ -1069,6 +1073,7 @@ CudaReplayRunner::CudaReplayRunner(DeviceGroupLookup groups, const OpGraph& grap
   I.mode = mode;
   I.graph_ops = ops;
   I.own_stage = stage;
+  MOERUN_CUDA_CHECK(cudaGetDevice(&I.device));
   I.prepare_fused(ops);
   I.make_params(ops, stage);
   I.make_activations(graph, stage);
@@ -1106,8 +1111,22 @@ CudaReplayRunner::CudaReplayRunner(DeviceGroupLookup groups, const OpGraph& grap
 
 CudaReplayRunner::~CudaReplayRunner() = default;
 
+namespace {
+
+// The calling thread's current device, set once per thread (lane threads start on device 0).
+thread_local int t_bound_device = -1;
+
+void bind_device(int device) {
+  if (t_bound_device == device) return;
+  MOERUN_CUDA_CHECK(cudaSetDevice(device));
+  t_bound_device = device;
+}
+
+}  // namespace
+
 void CudaReplayRunner::run(const Op& op) {
   Impl& I = *impl_;
+  bind_device(I.device);
   Lane& l = I.lanes[static_cast<size_t>(op.stream)];
   const bool enqueue = I.mode != Mode::kHostSync;
   const auto [ev_begin, ev_end] = enqueue ? I.op_events.at(op.id) : std::pair{l.before, l.after};
@@ -1143,6 +1162,7 @@ bool CudaReplayRunner::replays_step() const {
 void CudaReplayRunner::after(const Op& op, const Op& dep) {
   if (dep.stream == op.stream) return;
   const Impl& I = *impl_;
+  bind_device(I.device);
   const Lane& l = I.lanes[static_cast<size_t>(op.stream)];
   const cudaEvent_t done = I.capturing ? I.dep_events.at(dep.id) : I.op_events.at(dep.id).second;
   MOERUN_CUDA_CHECK(cudaStreamWaitEvent(l.stream, done, 0));
@@ -1150,6 +1170,7 @@ void CudaReplayRunner::after(const Op& op, const Op& dep) {
 
 void CudaReplayRunner::after_receive(const Op& op, const Op& send) {
   const Impl& I = *impl_;
+  bind_device(I.device);
   const Lane& l = I.lanes[static_cast<size_t>(op.stream)];
   MOERUN_CUDA_CHECK(cudaStreamWaitEvent(l.stream, I.receive_done.at(send.id), 0));
 }
@@ -1213,6 +1234,7 @@ OpTiming CudaReplayRunner::interval(const Op& op) const {
 // dependencies: enqueued at once, they run in the sender's order). kHostSync: returns once it has arrived.
 void CudaReplayRunner::receive(const Op& send) {
   Impl& I = *impl_;
+  bind_device(I.device);
   Lane& l = I.receive_lanes.at(send.stage);
   DeviceCommunicator* c = I.link(send);
   const int64_t values = comm_values(send.comm, 1);

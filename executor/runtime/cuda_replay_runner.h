@@ -43,6 +43,9 @@
 // shapes or counts change between steps (routing drawn over more than one EP rank) and the fused kernels
 // (their signal epochs are host arguments) must not use it; moerun refuses them. The receive streams join the
 // capture as the other streams do.
+// run(), receive(), after() and after_receive() come from the stage executor's lane threads, new threads
+// whose current device is device 0: each first makes the runner's device (current at construction) current
+// on its thread, as a kernel must launch into a stream of the current device.
 // Before the first step (prepare_step) a sizing pass runs every op of the stage once on the calling thread,
 // with no communication, so that every scratch buffer, workspace and kernel object exists before any NCCL
 // kernel is in flight: cudaMalloc and cudaFree synchronise the device, and a rank whose host waits there

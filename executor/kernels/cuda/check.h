@@ -58,8 +58,8 @@ class DeviceBuffer {
     if (n_ > 0) MOERUN_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&p_), n_ * sizeof(T)));
   }
   // Stream-ordered (cudaMallocAsync on `stream`): no implicit device synchronisation, so it may be made while
-  // kernels that wait on other GPUs (NCCL's) are in flight. Freed as any other (cudaFree, which does
-  // synchronise the device: drop it where no such kernel is pending).
+  // kernels that wait on other GPUs (NCCL's) are in flight. Freed with cudaFree as any other: drop it where
+  // no such kernel is pending.
   static DeviceBuffer stream_ordered(size_t n, cudaStream_t stream) {
     DeviceBuffer b;
     b.n_ = n;
