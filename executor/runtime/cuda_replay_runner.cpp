@@ -358,14 +358,14 @@ struct CudaReplayRunner::Impl {
     if (l.slots.size() <= i) l.slots.resize(i + 1);
     DeviceBuffer<char>& b = l.slots[i];
     if (b.size() < n) {
-      count(-static_cast<double>(b.size()));
       if (sized) {
-        {
+        {  // still allocated, and counted, until the next step's start frees it
           const std::lock_guard<std::mutex> lock(retired_mutex);
           retired.push_back(std::move(b));
         }
         b = DeviceBuffer<char>::stream_ordered(n, l.stream);
       } else {
+        count(-static_cast<double>(b.size()));
         b = DeviceBuffer<char>(n);
       }
       count(static_cast<double>(n));
@@ -1257,6 +1257,7 @@ void CudaReplayRunner::prepare_step() {
   Impl& I = *impl_;
   // No kernel of this rank is in flight here (the last step ended with a host wait): a safe point to free the
   // buffers drawn routing outgrew, and, before the first step, to make every buffer (size_buffers).
+  for (const DeviceBuffer<char>& b : I.retired) I.count(-static_cast<double>(b.size()));
   I.retired.clear();
   if (I.draws) I.draw_step();
   if (!I.sized) I.size_buffers();
