@@ -12,6 +12,7 @@
 
 #include <fmt/format.h>
 
+#include "simulator/core/units.h"
 #include "simulator/io/json_reader.h"
 
 namespace moeplan::planner {
@@ -492,7 +493,6 @@ std::string report_comparison_text(const ReportComparison& c, int top) {
                  100 * c.end_to_end_error);
   if (c.memory) {
     const MemoryComparison& x = *c.memory;
-    constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
     fmt::format_to(out,
                    "memory per GPU: measured {:.2f} GiB ({}); predicted {:.2f} GiB allocated + {:.2f} GiB "
                    "reserve = {:.2f} GiB (range {:.2f}-{:.2f}); allocations {:+.1f}% of the measured\n",

@@ -24,9 +24,15 @@ std::pair<int32_t, uint16_t> key_of(const Op& op) {
   return {op.layer, op.name};
 }
 
-// RMSNorm (its backward reads the input and the inverse RMS per row) and SwiGLU (its backward reads the
-// input [rows, 2 cols]), where the lowering states the tensor they walk.
-bool is_norm(const Op& op) {
+// A GEMM forward's rows as the replay runs them: a grouped GEMM's rounded up to whole experts.
+int64_t gemm_rows(const Op& op) {
+  const int64_t g = op.gemm.groups;
+  return g > 1 ? (op.gemm.m + g - 1) / g * g : op.gemm.m;
+}
+
+}  // namespace
+
+bool is_rmsnorm(const Op& op) {
   if (op.kind != OpKind::kMemoryBound || op.gemm.m <= 0 || op.gemm.n <= 0) return false;
   switch (static_cast<OpName>(op.name)) {
     case OpName::kAttnNorm:
@@ -40,14 +46,12 @@ bool is_norm(const Op& op) {
   }
 }
 
-bool is_glu(const Op& op) {
+bool is_swiglu(const Op& op) {
   if (op.kind != OpKind::kMemoryBound || op.mem != MemOp::kGlu || op.gemm.m <= 0 || op.gemm.n <= 0)
     return false;
   const auto name = static_cast<OpName>(op.name);
   return name == OpName::kAct || name == OpName::kSharedAct || name == OpName::kExpertAct;
 }
-
-}  // namespace
 
 std::array<int64_t, 5> attention_saved_parts(const AttentionCall& c) {
   const int64_t kv_heads = c.kv_heads > 0 ? c.kv_heads : c.heads;
@@ -73,24 +77,21 @@ int64_t attention_saved_bytes(const Op& op) {
 int64_t saved_bytes(const Op& op) {
   if (op.phase != Phase::kForward || op.micro_batch < 0) return 0;
   if (is_gemm(op) && op.part == GemmPart::kNone) {
-    if (op.gemm.groups > 1) {
-      const int64_t per = (op.gemm.m + op.gemm.groups - 1) / op.gemm.groups;
-      return aligned(per * op.gemm.groups * op.gemm.k * 2);
-    }
-    return aligned(op.gemm.m * op.gemm.k * (op.dtype == DType::kFp8 ? 1 : 2));
+    // Grouped GEMMs keep bf16 rows (the replay's expert weight gradients are bf16).
+    return aligned(gemm_rows(op) * op.gemm.k * (op.dtype == DType::kFp8 && op.gemm.groups <= 1 ? 1 : 2));
   }
-  if (is_norm(op)) {
+  if (is_rmsnorm(op)) {
     const std::array<int64_t, 2> part = norm_saved_parts(op.gemm.m, op.gemm.n);
     return part[0] + part[1];
   }
-  if (is_glu(op)) return aligned(op.gemm.m * op.gemm.n * 4);
+  if (is_swiglu(op)) return aligned(op.gemm.m * op.gemm.n * 4);
   return op.kind == OpKind::kAttention ? attention_saved_bytes(op) : 0;
 }
 
 bool reads_saved(const Op& op) {
   if (op.phase != Phase::kBackward || op.micro_batch < 0) return false;
-  return (is_gemm(op) && op.part == GemmPart::kWgrad) || op.kind == OpKind::kAttention || is_norm(op) ||
-         is_glu(op);
+  return (is_gemm(op) && op.part == GemmPart::kWgrad) || op.kind == OpKind::kAttention || is_rmsnorm(op) ||
+         is_swiglu(op);
 }
 
 namespace {
@@ -99,12 +100,9 @@ namespace {
 // GEMM's output, the output of an attention of one call (its o part); 0 for any other op.
 int64_t output_bytes(const Op& op) {
   if (op.phase != Phase::kForward || op.micro_batch < 0) return 0;
-  if (is_norm(op) || is_glu(op)) return aligned(op.gemm.m * op.gemm.n * 2);
-  if (is_gemm(op) && op.part == GemmPart::kNone && op.dtype != DType::kFp8) {
-    const int64_t rows =
-        op.gemm.groups > 1 ? (op.gemm.m + op.gemm.groups - 1) / op.gemm.groups * op.gemm.groups : op.gemm.m;
-    return aligned(rows * op.gemm.n * 2);
-  }
+  if (is_rmsnorm(op) || is_swiglu(op)) return aligned(op.gemm.m * op.gemm.n * 2);
+  if (is_gemm(op) && op.part == GemmPart::kNone && op.dtype != DType::kFp8)
+    return aligned(gemm_rows(op) * op.gemm.n * 2);
   if (op.kind == OpKind::kAttention) {
     const std::vector<AttentionCall> calls = attention_calls(op);
     return calls.size() == 1 ? attention_saved_parts(calls.front())[3] : 0;
@@ -116,7 +114,7 @@ int64_t output_bytes(const Op& op) {
 // input; 0 for any other op (an FP8 GEMM keeps its e4m3 cast, a norm its inverse RMS beside the input).
 int64_t input_bytes(const Op& op) {
   if (is_gemm(op) && op.part == GemmPart::kNone && op.dtype != DType::kFp8) return saved_bytes(op);
-  return is_glu(op) ? saved_bytes(op) : 0;
+  return is_swiglu(op) ? saved_bytes(op) : 0;
 }
 
 }  // namespace

@@ -69,6 +69,11 @@ struct ActivationLayout {
   int64_t place(const Key& key, int32_t micro_batch) const;
 };
 
+// The ops the replay runs on the project's RMSNorm and SwiGLU kernels: a memory-bound op of a norm's name, an
+// activation op of SwiGLU's (MemOp::kGlu), each with the tensor it walks stated ([rows, cols] in gemm.m, n).
+bool is_rmsnorm(const Op& op);
+bool is_swiglu(const Op& op);
+
 // The bytes of an attention call's saved tensors in the order the replay lays them out: q, k, v, o (bf16)
 // and the softmax statistics (fp32, one per query and head), each rounded up to 256 bytes.
 std::array<int64_t, 5> attention_saved_parts(const AttentionCall& c);

@@ -746,45 +746,39 @@ struct CudaReplayRunner::Impl {
     const size_t elems = sz(rows * cols);
     auto bf16 = [&](size_t i, size_t n) { return static_cast<__nv_bfloat16*>(slot(l, i, n * 2)); };
     auto f32 = [&](size_t i, size_t n) { return static_cast<float*>(slot(l, i, n * 4)); };
+    if (is_rmsnorm(op)) {
+      if (cols % 8 != 0 || cols > 16384) return false;
+      // The input and the inverse RMS in the micro-batch's stash, where the backward reads them.
+      const std::array<int64_t, 2> part = norm_saved_parts(rows, cols);
+      auto* stash = static_cast<char*>(saved(op, sz(part[0] + part[1])));
+      const auto* x = stash != nullptr ? reinterpret_cast<const __nv_bfloat16*>(stash) : bf16(0, elems);
+      const __nv_bfloat16* gamma = bf16(1, sz(cols));
+      float* inv_rms = stash != nullptr ? reinterpret_cast<float*>(stash + part[0]) : f32(3, sz(rows));
+      if (fwd) {
+        void* y = produced(op, elems * 2);  // the output, where its consumer keeps it
+        cuda::rmsnorm_forward(x, gamma, y != nullptr ? static_cast<__nv_bfloat16*>(y) : bf16(2, elems),
+                              inv_rms, rows, cols, 1e-6f, l.stream);
+      } else {
+        void* ws = slot(l, 7, cuda::rmsnorm_backward_workspace_bytes(rows, cols));
+        cuda::rmsnorm_backward(x, gamma, inv_rms, bf16(4, elems), bf16(5, elems), f32(6, sz(cols)), ws, rows,
+                               cols, l.stream);
+      }
+      return true;
+    }
+    if (is_swiglu(op)) {
+      if (cols % 8 != 0) return false;
+      const void* stash = saved(op, 4 * elems);  // the input, where the backward reads it
+      const auto* in = stash != nullptr ? static_cast<const __nv_bfloat16*>(stash) : bf16(0, 2 * elems);
+      if (fwd) {
+        void* y = produced(op, elems * 2);  // the output, where its consumer keeps it
+        cuda::swiglu_forward(in, y != nullptr ? static_cast<__nv_bfloat16*>(y) : bf16(1, elems), rows, cols,
+                             l.stream);
+      } else {
+        cuda::swiglu_backward(in, bf16(2, elems), bf16(3, 2 * elems), rows, cols, l.stream);
+      }
+      return true;
+    }
     switch (static_cast<OpName>(op.name)) {
-      case OpName::kAttnNorm:
-      case OpName::kFfnNorm:
-      case OpName::kCrossNorm:
-      case OpName::kFinalNorm:
-      case OpName::kQkNorm: {
-        if (cols % 8 != 0 || cols > 16384) return false;
-        // The input and the inverse RMS in the micro-batch's stash, where the backward reads them.
-        const std::array<int64_t, 2> part = norm_saved_parts(rows, cols);
-        auto* stash = static_cast<char*>(saved(op, sz(part[0] + part[1])));
-        const auto* x = stash != nullptr ? reinterpret_cast<const __nv_bfloat16*>(stash) : bf16(0, elems);
-        const __nv_bfloat16* gamma = bf16(1, sz(cols));
-        float* inv_rms = stash != nullptr ? reinterpret_cast<float*>(stash + part[0]) : f32(3, sz(rows));
-        if (fwd) {
-          void* y = produced(op, elems * 2);  // the output, where its consumer keeps it
-          cuda::rmsnorm_forward(x, gamma, y != nullptr ? static_cast<__nv_bfloat16*>(y) : bf16(2, elems),
-                                inv_rms, rows, cols, 1e-6f, l.stream);
-        } else {
-          void* ws = slot(l, 7, cuda::rmsnorm_backward_workspace_bytes(rows, cols));
-          cuda::rmsnorm_backward(x, gamma, inv_rms, bf16(4, elems), bf16(5, elems), f32(6, sz(cols)), ws,
-                                 rows, cols, l.stream);
-        }
-        return true;
-      }
-      case OpName::kAct:
-      case OpName::kSharedAct:
-      case OpName::kExpertAct: {
-        if (op.mem != MemOp::kGlu || cols % 8 != 0) return false;
-        const void* stash = saved(op, 4 * elems);  // the input, where the backward reads it
-        const auto* in = stash != nullptr ? static_cast<const __nv_bfloat16*>(stash) : bf16(0, 2 * elems);
-        if (fwd) {
-          void* y = produced(op, elems * 2);  // the output, where its consumer keeps it
-          cuda::swiglu_forward(in, y != nullptr ? static_cast<__nv_bfloat16*>(y) : bf16(1, elems), rows, cols,
-                               l.stream);
-        } else {
-          cuda::swiglu_backward(in, bf16(2, elems), bf16(3, 2 * elems), rows, cols, l.stream);
-        }
-        return true;
-      }
       case OpName::kRope: {
         if (inner <= 0 || inner % 16 != 0 || inner > 512 || cols % 8 != 0 || cols % inner != 0) return false;
         const int64_t* pos = iota(l.positions, l, rows);
@@ -945,12 +939,22 @@ struct CudaReplayRunner::Impl {
     return l.unit_scale.data();
   }
 
-  // A pipeline send: the message (comm.bytes of comm.dtype) to the link's other rank, from the lane's slot 0.
+  // A pipeline message (comm.bytes of comm.dtype): its values, and the lane's slot 0 that holds it.
+  std::pair<void*, size_t> message(const Op& send, Lane& l) {
+    const auto values = sz(comm_values(send.comm, 1));
+    return {slot(l, 0, values * static_cast<size_t>(bytes_of(send.comm.dtype))), values};
+  }
+
+  // Whether this rank receives `op`: another stage's pipeline send over a link this rank is at the end of.
+  bool received_here(const Op& op) const {
+    return op.kind == OpKind::kSendRecv && op.stage != own_stage && links && links(op) != nullptr;
+  }
+
+  // A pipeline send: the message to the link's other rank.
   void send(const Op& op, Lane& l) {
     DeviceCommunicator* c = link(op);
-    const int64_t values = comm_values(op.comm, 1);
-    void* buf = slot(l, 0, sz(values) * static_cast<size_t>(bytes_of(op.comm.dtype)));
-    if (!sizing) c->send(buf, sz(values), op.comm.dtype, 1 - c->rank(), l.stream);
+    const auto [buf, values] = message(op, l);
+    if (!sizing) c->send(buf, values, op.comm.dtype, 1 - c->rank(), l.stream);
   }
 
   // The op's work on its lane's stream (run() puts its timing events around it).
@@ -1003,10 +1007,8 @@ struct CudaReplayRunner::Impl {
     for (const Op& op : graph_ops) {
       if (op.stage == own_stage) {
         work(op, lanes[static_cast<size_t>(op.stream)]);
-      } else if (op.kind == OpKind::kSendRecv && receive_lanes.contains(op.stage) && links &&
-                 links(op) != nullptr) {
-        slot(receive_lanes.at(op.stage), 0,
-             sz(comm_values(op.comm, 1)) * static_cast<size_t>(bytes_of(op.comm.dtype)));
+      } else if (received_here(op)) {
+        message(op, receive_lanes.at(op.stage));
       }
     }
     MOERUN_CUDA_CHECK(cudaGetLastError());
@@ -1025,17 +1027,14 @@ struct CudaReplayRunner::Impl {
     const int size = c->size();
     const int64_t values = comm_values(op.comm, size);
     const size_t eb = static_cast<size_t>(bytes_of(op.comm.dtype));
-    void* buf = slot(l, 0, sz(values) * eb);
-    void* out = slot(l, 1, sz(values) * eb);
+    // Drawn routing: the values this rank sends each peer and receives from it in an all-to-all.
+    const auto x = op.comm.collective == Collective::kAllToAll && draws
+                       ? draws->exchange(op, comm_values(op.comm, 1))
+                       : std::nullopt;
+    void* buf = slot(l, 0, sz(x ? std::max<int64_t>(1, x->send_total) : values) * eb);
+    void* out = slot(l, 1, sz(x ? std::max<int64_t>(1, x->recv_total) : values) * eb);
+    if (sizing) return;
     DType t = op.comm.dtype;
-    if (sizing) {
-      // Drawn routing's exchange of this step: its buffers too.
-      if (const auto x = draws ? draws->exchange(op, comm_values(op.comm, 1)) : std::nullopt) {
-        slot(l, 0, sz(std::max<int64_t>(1, x->send_total)) * eb);
-        slot(l, 1, sz(std::max<int64_t>(1, x->recv_total)) * eb);
-      }
-      return;
-    }
     switch (op.comm.collective) {
       case Collective::kAllReduce:
         if (t == DType::kFp8) t = DType::kBf16;  // nothing reduces fp8
@@ -1049,10 +1048,8 @@ struct CudaReplayRunner::Impl {
         c->reduce_scatter(buf, out, sz(values / size), t, l.stream);
         break;
       case Collective::kAllToAll: {
-        if (const auto x = draws ? draws->exchange(op, comm_values(op.comm, 1)) : std::nullopt) {
-          // Drawn routing: the values this rank sends each peer and receives from it.
-          c->all_to_all_v(slot(l, 0, sz(std::max<int64_t>(1, x->send_total)) * eb), x->send,
-                          slot(l, 1, sz(std::max<int64_t>(1, x->recv_total)) * eb), x->recv, t, l.stream);
+        if (x) {
+          c->all_to_all_v(buf, x->send, out, x->recv, t, l.stream);
           break;
         }
         const std::vector<int64_t> counts(sz(size), values / size);
@@ -1079,9 +1076,6 @@ CudaReplayRunner::CudaReplayRunner(DeviceGroupLookup groups, const OpGraph& grap
   I.make_activations(graph, stage);
   // This stage's ops get events; the sends it receives (those whose link has this rank at an end and
   // another stage as sender), a receive lane per sending stage and an end event each.
-  auto received = [&I, stage](const Op& op) {
-    return op.kind == OpKind::kSendRecv && op.stage != stage && I.links && I.links(op) != nullptr;
-  };
   auto internal = [] {
     cudaEvent_t ev = nullptr;
     MOERUN_CUDA_CHECK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
@@ -1089,7 +1083,7 @@ CudaReplayRunner::CudaReplayRunner(DeviceGroupLookup groups, const OpGraph& grap
   };
   const bool enqueue = mode != Mode::kHostSync;
   for (const Op& op : ops) {
-    if (!received(op)) continue;
+    if (!I.received_here(op)) continue;
     if (!I.receive_lanes.contains(op.stage)) open_lane(I.receive_lanes[op.stage]);
     if (enqueue) I.receive_done.emplace(op.id, internal());
   }
@@ -1237,9 +1231,8 @@ void CudaReplayRunner::receive(const Op& send) {
   bind_device(I.device);
   Lane& l = I.receive_lanes.at(send.stage);
   DeviceCommunicator* c = I.link(send);
-  const int64_t values = comm_values(send.comm, 1);
-  c->recv(I.slot(l, 0, sz(values) * static_cast<size_t>(bytes_of(send.comm.dtype))), sz(values),
-          send.comm.dtype, 1 - c->rank(), l.stream);
+  const auto [buf, values] = I.message(send, l);
+  c->recv(buf, values, send.comm.dtype, 1 - c->rank(), l.stream);
   if (I.mode == Mode::kHostSync) {
     MOERUN_CUDA_CHECK(cudaStreamSynchronize(l.stream));
   } else {

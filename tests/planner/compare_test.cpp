@@ -13,6 +13,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "simulator/core/units.h"
+
 namespace {
 
 using namespace moeplan;
@@ -348,7 +350,6 @@ TEST_SUITE("planner/compare") {
   }
 
   TEST_CASE("memory compares the predicted allocations, without the reserve, with the measured high-water") {
-    constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
     json pj = predicted_json(), mj = predicted_json();
     const auto compared = [&] {
       const auto c =
