@@ -39,6 +39,7 @@ bool is_rmsnorm(const Op& op) {
     case OpName::kFfnNorm:
     case OpName::kCrossNorm:
     case OpName::kFinalNorm:
+    case OpName::kMtpFinalNorm:
     case OpName::kQkNorm:
       return true;
     default:

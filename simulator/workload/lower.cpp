@@ -2439,7 +2439,7 @@ void Builder::emit_mtp(TaskState& ts) {
   Op proj = gemm(OpName::kMtpProj, tg, h / tp_, 2 * h);
   Op head = gemm(OpName::kMtpLmHead, tg, m_.vocab / tp_, h);
   in_bf16(head);
-  Op final_norm = walks(mem(OpName::kFinalNorm, MemOp::kNorm, 3.0 * d(t_ * h) * dt), d(t_), h);
+  Op final_norm = walks(mem(OpName::kMtpFinalNorm, MemOp::kNorm, 3.0 * d(t_ * h) * dt), d(t_), h);
   // Megatron under TP (transformer/multi_token_prediction.py:459-468 at 1e057005): eh_proj is TE's
   // column-parallel linear, so under sequence parallelism it all-gathers its [t, 2h] input; its [tg, h / tp]
   // output is all-gathered along the hidden dim and split back to the sequence shard. Backward: the split's

@@ -204,6 +204,40 @@ TEST_SUITE("executor_runtime") {
     CHECK(l.bytes < each);
   }
 
+  TEST_CASE("an MTP module's saved tensors have places of their own, apart from the main model's") {
+    // tiny-moe with one MTP module on the last of two stages: every forward of a micro-batch that keeps a
+    // tensor has a key of its own (two forwards under one key would write one slice), the main model's final
+    // norm and the MTP module's included, and each one's backward reads its own forward's place.
+    const std::string plan = test::tiny_plan(2, std::string(test::kPp2) + ", \"mtp_layers\": 1", 256, 8);
+    const RunInputs in = test::load_tiny("acts_mtp", plan);
+    const OpGraph& g = in.graph;
+    const ActivationLayout l = activation_layout(g, 1);
+    std::map<ActivationLayout::Key, int> saving;  // forwards of micro-batch 0 keeping a tensor, by key
+    std::map<uint16_t, int64_t> norm_at;          // micro-batch 0's final norms' places, by name
+    for (const Op& op : g.ops) {
+      if (op.stage != 1 || op.micro_batch != 0 || saved_bytes(op) <= 0) continue;
+      ++saving[{op.layer, op.name}];
+      const auto name = static_cast<OpName>(op.name);
+      if (name == OpName::kFinalNorm || name == OpName::kMtpFinalNorm) norm_at[op.name] = l.offset_of(op);
+    }
+    REQUIRE(!saving.empty());
+    for (const auto& [key, n] : saving) {
+      CAPTURE(key.first);
+      CAPTURE(kOpNames[key.second]);
+      CHECK(n == 1);
+    }
+    REQUIRE(norm_at.size() == 2);
+    CHECK(norm_at.begin()->second >= 0);
+    CHECK(norm_at.begin()->second != std::next(norm_at.begin())->second);
+    for (const Op& op : g.ops) {
+      const auto name = static_cast<OpName>(op.name);
+      if (op.stage != 1 || op.micro_batch != 0 || !reads_saved(op) ||
+          (name != OpName::kFinalNorm && name != OpName::kMtpFinalNorm))
+        continue;
+      CHECK(l.offset_of(op) == norm_at.at(op.name));
+    }
+  }
+
   TEST_CASE("recomputed forwards keep nothing in the stashes") {
     const std::string plan =
         test::tiny_plan(2, std::string(test::kPp2) + ", \"recompute\": \"full\"", 256, 8);
