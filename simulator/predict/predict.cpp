@@ -221,12 +221,13 @@ class Pricing {
   // Each op's cost, from the cache where an equal op was priced before (one caller at a time).
   void price(Run& r) {
     const OpGraph& g = r.graph();
-    r.costs.resize(g.ops.size());
+    // Appended in id order (ops are stored by id), each written once.
+    r.costs.clear();
+    r.costs.reserve(g.ops.size());
     for (const Op& op : g.ops) {
-      auto& c = r.costs[static_cast<size_t>(op.id)];
-      c = op.kind == OpKind::kSendRecv && !paths_.empty()
-              ? send_cost(op, g.num_stages)
-              : cache_.cost(op, r.cost_keys()[static_cast<size_t>(op.id)]);
+      r.costs.push_back(op.kind == OpKind::kSendRecv && !paths_.empty()
+                            ? send_cost(op, g.num_stages)
+                            : cache_.cost(op, r.cost_keys()[static_cast<size_t>(op.id)]));
     }
   }
 
@@ -355,19 +356,22 @@ std::optional<StepFigures> extrapolate_step(const ModelSpec& model, const Plan& 
     sim.why_full = "the plan at fewer micro-batches is not legal";
     return std::nullopt;
   }
-  // Runs at `from`, from + d, ... lowered and timed on up to options.threads threads; pricing shares the
-  // cost cache, so it runs on this one.
+  // Runs at `from`, from + d, ... each lowered, priced and timed on one of up to options.threads threads.
+  // Pricing shares the cost cache, so one run prices at a time, beside the others' lowering and timing (an
+  // op's cost does not depend on which run priced it first).
   auto simulate_runs = [&](int64_t from, size_t n) {
     std::vector<Run> out(n);
+    std::mutex pricing_mutex;
     parallel_for(n, options.threads, [&](size_t i) {
       out[i].lower_from(model, with_micro_batches(run, from + static_cast<int64_t>(i) * d), lo,
                         options.lowerings.get());
+      {
+        const std::lock_guard<std::mutex> lock(pricing_mutex);
+        pricing.price(out[i]);
+      }
+      pricing.time(out[i]);
     });
-    for (Run& r : out) {
-      pricing.price(r);
-      sim.simulated_ops += static_cast<int64_t>(r.graph().ops.size());
-    }
-    parallel_for(n, options.threads, [&](size_t i) { pricing.time(out[i]); });
+    for (const Run& r : out) sim.simulated_ops += static_cast<int64_t>(r.graph().ops.size());
     return out;
   };
   std::deque<Run> runs;
