@@ -119,6 +119,10 @@ struct GroupMemory {
 std::string cuda_unsupported(const Plan& plan, const ModelSpec& model) {
   // Its attention replays as square causal self-attention.
   if (model.encoder_decoder()) return "an encoder-decoder model (bidirectional and cross-attention)";
+  // The ops of an MTP module outside its decoder layer (its norms, projection and final norm) have no layer
+  // of their own, so two modules' would share their places in the activation stash (activation_layout.h).
+  if (const int64_t mtp = plan.mtp_layers.value_or(model.mtp_layers); mtp > 1)
+    return fmt::format("{} MTP modules (the replay keeps the saved tensors of one)", mtp);
   if (plan.overlap.intra_op) {
     // The lowering fuses Ulysses' all-to-alls (sp > 1) and, without ETP, the experts' dispatch and combine.
     const int64_t sp = plan.attention.sp, ep = plan.experts.etp == 1 ? plan.experts.ep : 1;

@@ -10,8 +10,8 @@ namespace moeplan::executor {
 
 TEST_SUITE("executor_runtime") {
   TEST_CASE(
-      "the CUDA replay refuses fused kernels beyond one NVLink domain and encoder-decoders, and takes "
-      "pipeline parallelism") {
+      "the CUDA replay refuses fused kernels beyond one NVLink domain, encoder-decoders and more than one MTP "
+      "module, and takes pipeline parallelism") {
     Plan p;
     ModelSpec model;
     auto cuda_unsupported = [&](const Plan& plan) { return executor::cuda_unsupported(plan, model); };
@@ -38,6 +38,16 @@ TEST_SUITE("executor_runtime") {
     p.experts.etp = 1;
     p.overlap.intra_op = false;
     CHECK(cuda_unsupported(p).empty());
+
+    // One MTP module replays; two would share their norms' and projection's places in the stash.
+    model.mtp_layers = 1;
+    CHECK(cuda_unsupported(p).empty());
+    p.mtp_layers = 2;
+    CHECK(cuda_unsupported(p).find("2 MTP modules") != std::string::npos);
+    p.mtp_layers = 1;
+    CHECK(cuda_unsupported(p).empty());
+    model.mtp_layers = 0;
+    p.mtp_layers.reset();
 
     // An encoder-decoder's attention would replay as square causal self-attention.
     model.layers = {LayerSpec{.role = LayerRole::kEncoder}, LayerSpec{.role = LayerRole::kDecoder}};
