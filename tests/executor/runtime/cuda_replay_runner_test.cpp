@@ -10,7 +10,8 @@ namespace moeplan::executor {
 
 TEST_SUITE("executor_runtime") {
   TEST_CASE(
-      "the CUDA replay refuses fused kernels beyond one NVLink domain, encoder-decoders and more than one MTP "
+      "the CUDA replay refuses fused kernels beyond one NVLink domain, encoder-decoders and more than one "
+      "MTP "
       "module, and takes pipeline parallelism") {
     Plan p;
     ModelSpec model;

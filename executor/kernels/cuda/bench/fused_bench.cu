@@ -1,9 +1,10 @@
-// Benchmark of the fused GEMM + communication kernels (fused/fused_gemm_comm.h) with 1, 2, 4 and 8 virtual
-// ranks on one GPU, at MoE and Ulysses shapes per rank. The reference rate is the library GEMM alone on one
-// rank's shape (CUTLASS's grouped GEMM, cuBLASLt's dense GEMM): the ratio is what the fused kernel keeps of
-// the unfused compute rate while it also moves its data. With virtual ranks the "communication" is copies
-// within this GPU's memory, so these figures measure the kernels' tile pipeline and main loop, not NVLink.
-// Correctness is the tests' job (tests/executor/kernels/cuda/fused_test.cpp); inputs here are hashed values.
+// Benchmark of the fused GEMM + communication kernels (fused/fused_gemm_comm.h, fused/push_gemm_combine.h)
+// with 1, 2, 4 and 8 virtual ranks on one GPU, at MoE and Ulysses shapes per rank. The reference rate is the
+// library GEMM alone on one rank's shape (CUTLASS's grouped GEMM, cuBLASLt's dense GEMM): the ratio is what
+// the fused kernel keeps of the unfused compute rate while it also moves its data. With virtual ranks the
+// "communication" is copies within this GPU's memory, so these figures measure the kernels' tile pipeline and
+// main loop, not NVLink. Correctness is the tests' job (tests/executor/kernels/cuda/fused_test.cpp); inputs
+// here are hashed values.
 #include <cuda_bf16.h>
 
 #include <cstdint>
@@ -14,6 +15,7 @@
 #include "executor/kernels/cuda/bench/bench_util.h"
 #include "executor/kernels/cuda/check.h"
 #include "executor/kernels/cuda/fused/fused_gemm_comm.h"
+#include "executor/kernels/cuda/fused/push_gemm_combine.h"
 #include "executor/kernels/cuda/gemm.h"
 #include "executor/kernels/cuda/grouped_gemm.h"
 
@@ -200,6 +202,62 @@ void grouped_gemm_reduce_scatter(double ref_ms) {
   }
 }
 
+// The same shapes on the CUTLASS push GEMM + combine (fused/push_gemm_combine.h): balanced counts (each
+// expert's rows evenly from every token owner), each (token, choice) at its own receive row.
+void push_gemm_combine(double ref_ms) {
+  for (int R : kVirtualRanks) {
+    fused::PushGemmCombineArgs args;
+    args.ranks = R;
+    args.virtual_ranks = R;
+    args.experts = kExperts;
+    args.in = kFfn;
+    args.hidden = kHidden;
+    args.rows = kRows;
+    args.tokens = kTokens;
+    args.top_k = kTopK;
+    if (const std::string why = fused::can_implement(args); !why.empty()) {
+      std::printf("CUTLASS push GEMM + combine, %d ranks: cannot run: %s\n", R, why.c_str());
+      continue;
+    }
+    fused::VirtualSignals sig(R);
+    std::vector<int32_t> counts(static_cast<size_t>(R * R * kExperts),
+                                static_cast<int32_t>(kRows / kExperts / R));
+    std::vector<int32_t> slots(static_cast<size_t>(kTokens * kTopK));
+    for (size_t i = 0; i < slots.size(); ++i) slots[i] = static_cast<int32_t>(i);
+    const DeviceBuffer<int32_t> dcounts = upload(counts), drecv_row = upload(slots);
+    std::vector<DeviceBuffer<Bf16>> h, w, recv, out;
+    std::vector<DeviceBuffer<float>> gates;
+    std::vector<fused::PushGemmCombineOperands> ops(static_cast<size_t>(R));
+    for (int r = 0; r < R; ++r) {
+      h.push_back(hashed(kRows * kFfn, 30 + r));
+      w.push_back(hashed(kExperts * kFfn * kHidden, 40 + r));
+      recv.emplace_back(static_cast<size_t>(kTokens * kTopK * kHidden));
+      out.emplace_back(static_cast<size_t>(kTokens * kHidden));
+      gates.push_back(upload(std::vector<float>(static_cast<size_t>(kTokens * kTopK), 0.125f)));
+    }
+    for (int r = 0; r < R; ++r) {
+      auto& o = ops[static_cast<size_t>(r)];
+      o.rank = r;
+      for (int p = 0; p < R; ++p) {
+        o.recv[p] = recv[static_cast<size_t>(p)].data();
+        o.signals[p] = sig.of(p);
+      }
+      o.counts = dcounts.data();
+      o.recv_row = drecv_row.data();
+      o.h = h[static_cast<size_t>(r)].data();
+      o.w = w[static_cast<size_t>(r)].data();
+      o.gates = gates[static_cast<size_t>(r)].data();
+      o.out = out[static_cast<size_t>(r)].data();
+    }
+    fused::PushGemmCombine k(args);
+    DeviceBuffer<char> ws(k.workspace_size());
+    k.initialize(ws.data(), nullptr);
+    const double ms = bench::median_ms([&](cudaStream_t s) { k.run(ops, s); }, 2, 5);
+    report("CUTLASS push GEMM + combine", R, "rows 32768 x 1408 -> 2048, top-8 combine", ms,
+           2.0 * kRows * kFfn * kHidden, ref_ms);
+  }
+}
+
 // ---- Ulysses: hidden 4096, QKV 3 x 4096 columns, 4096 tokens per rank ----------------------------------
 constexpr int64_t kSeq = 4096, kModel = 4096, kQkv = 3 * 4096;
 
@@ -293,6 +351,7 @@ int main() {
   }
   all_gather_grouped_gemm(grouped_library_ms(kHidden, 2 * kFfn));
   grouped_gemm_reduce_scatter(grouped_library_ms(kFfn, kHidden));
+  push_gemm_combine(grouped_library_ms(kFfn, kHidden));
   gemm_all_to_all(dense_library_ms(kSeq, kQkv, kModel));
   all_to_all_gemm(dense_library_ms(kSeq, kModel, kModel));
   return 0;

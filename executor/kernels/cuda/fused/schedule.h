@@ -129,6 +129,31 @@ MOERUN_HD int64_t row_tiles_touching(int64_t begin, int64_t end) {
   return begin >= end ? 0 : (end - 1) / kTileM - begin / kTileM + 1;
 }
 
+// The push GEMM's layouts (push_gemm_combine.h). `counts` [R][R][E] is the group's routing: counts[q][r][e]
+// rows of token owner r's tokens at expert owner q's local expert e. An expert owner keeps its rows expert by
+// expert, each expert's rows by token owner; a token owner receives its rows as blocks in (expert owner,
+// local expert) order.
+MOERUN_HD int64_t push_count(const int32_t* counts, int ranks, int experts, int q, int r, int e) {
+  return counts[(int64_t{q} * ranks + r) * experts + e];
+}
+// The first row of the block (local expert e, token owner r) among expert owner q's rows.
+MOERUN_HD int64_t push_source_row(const int32_t* counts, int ranks, int experts, int q, int r, int e) {
+  int64_t row = 0;
+  for (int e2 = 0; e2 < e; ++e2)
+    for (int r2 = 0; r2 < ranks; ++r2) row += push_count(counts, ranks, experts, q, r2, e2);
+  for (int r2 = 0; r2 < r; ++r2) row += push_count(counts, ranks, experts, q, r2, e);
+  return row;
+}
+// The first row, in token owner r's receive buffer, of the block expert owner q's local expert e sends it;
+// with q = ranks (and e = 0), the rows r receives in all.
+MOERUN_HD int64_t push_receive_row(const int32_t* counts, int ranks, int experts, int r, int q, int e) {
+  int64_t row = 0;
+  for (int q2 = 0; q2 < q; ++q2)
+    for (int e2 = 0; e2 < experts; ++e2) row += push_count(counts, ranks, experts, q2, r, e2);
+  for (int e2 = 0; e2 < e; ++e2) row += push_count(counts, ranks, experts, q, r, e2);
+  return row;
+}
+
 // Slots of a rank's signal array (uint32, in symmetric memory: peers write them). ready[p]: rank p may
 // proceed (its input is written, or its receive buffer is free); done[p]: rank p has finished with this rank
 // (read its input, or written its output). Values only grow: a run with epoch n waits for n (or n times the

@@ -32,6 +32,7 @@
 #include "executor/kernels/cpu/moe.h"
 #include "executor/kernels/cuda/check.h"
 #include "executor/kernels/cuda/fused/fused_gemm_comm.h"
+#include "executor/kernels/cuda/fused/push_gemm_combine.h"
 #include "tests/executor/kernels/cuda/bf16_ladder.h"
 
 namespace moeplan::cuda::fused {
@@ -318,6 +319,131 @@ TEST_SUITE("gpu") {
   }
 
   TEST_CASE(
+      "the CUTLASS push GEMM + combine equals expert GEMM then scatter and combine on 1, 2, 4 and 8 virtual "
+      "ranks") {
+    MOERUN_SKIP_WITHOUT_DEVICE();
+    constexpr int64_t kTokens = 96, kIn = 136, kHidden = 264;
+    constexpr int kExperts = 3;
+    for (int R : kRanks) {
+      INFO("ranks " << R);
+      const Routing routing = route(R, kExperts, kTokens);
+      const int64_t cap = kTokens * R * kTopK;
+      // The group's counts [expert owner q][token owner r][expert e] and each token owner's receive rows.
+      std::vector<int32_t> counts(static_cast<size_t>(R * R * kExperts), 0);
+      auto count = [&](int q, int r, int e) -> int32_t& {
+        return counts[static_cast<size_t>((q * R + r) * kExperts + e)];
+      };
+      for (int q = 0; q < R; ++q) {
+        size_t i = 0;
+        for (int e = 0; e < kExperts; ++e)
+          for (int32_t k = 0; k < routing.counts[static_cast<size_t>(q)][static_cast<size_t>(e)]; ++k, ++i)
+            ++count(q, routing.rows[static_cast<size_t>(q)][i].src_rank, e);
+      }
+      std::vector<std::vector<int32_t>> recv_row(
+          static_cast<size_t>(R), std::vector<int32_t>(static_cast<size_t>(kTokens * kTopK), -1));
+      for (int q = 0; q < R; ++q) {
+        size_t i = 0;
+        for (int e = 0; e < kExperts; ++e) {
+          std::vector<int64_t> next(static_cast<size_t>(R));
+          for (int r = 0; r < R; ++r)
+            next[static_cast<size_t>(r)] = push_receive_row(counts.data(), R, kExperts, r, q, e);
+          for (int32_t k = 0; k < routing.counts[static_cast<size_t>(q)][static_cast<size_t>(e)]; ++k, ++i) {
+            const auto& row = routing.rows[static_cast<size_t>(q)][i];
+            recv_row[static_cast<size_t>(row.src_rank)][static_cast<size_t>(row.token * kTopK + row.choice)] =
+                static_cast<int32_t>(next[static_cast<size_t>(row.src_rank)]++);
+          }
+        }
+      }
+      for (const auto& rows : recv_row)
+        for (int32_t x : rows) REQUIRE(x >= 0);  // every (token, choice) has its row
+      std::vector<MatD> h, w, gates, y;
+      std::vector<DeviceBuffer<Bf16>> dh, dw, drecv, dout;
+      std::vector<DeviceBuffer<float>> dgates;
+      std::vector<DeviceBuffer<int32_t>> drecv_row;
+      const DeviceBuffer<int32_t> dcounts = upload(counts);
+      for (int r = 0; r < R; ++r) {
+        const int64_t n = static_cast<int64_t>(routing.rows[static_cast<size_t>(r)].size());
+        h.push_back(random_bf16(n, kIn, 1300 + r));
+        w.push_back(random_bf16(kExperts * kIn, kHidden, 1400 + r));
+        y.push_back(executor::cpu::expert_gemm_forward<double>(h.back(), w.back(),
+                                                               routing.counts64[static_cast<size_t>(r)]));
+        MatD g(kTokens, kTopK);
+        std::vector<float> gf;
+        for (int64_t t = 0; t < kTokens; ++t)
+          for (int j = 0; j < kTopK; ++j) {
+            g(t, j) = static_cast<double>(
+                static_cast<float>(0.25 + 0.5 * std::abs(executor::cpu::init_normal(1500 + r, 1, t, j))));
+            gf.push_back(static_cast<float>(g(t, j)));
+          }
+        gates.push_back(g);
+        dh.push_back(upload_bf16(h.back()));
+        dw.push_back(upload_bf16(w.back()));
+        drecv.emplace_back(static_cast<size_t>(kTokens * kTopK * kHidden));
+        dout.emplace_back(static_cast<size_t>(kTokens * kHidden));
+        dgates.push_back(upload(gf));
+        drecv_row.push_back(upload(recv_row[static_cast<size_t>(r)]));
+      }
+      // Reference per token owner: out[t] = sum_j gate(t, j) y_owner[row of (t, j)]; naive rounds the expert
+      // rows (the GEMM writes them in bf16) and the output, as the kernels do.
+      std::vector<MatD> ref(static_cast<size_t>(R), MatD::Zero(kTokens, kHidden)), naive = ref;
+      for (int o = 0; o < R; ++o) {
+        const auto& rows = routing.rows[static_cast<size_t>(o)];
+        for (size_t i = 0; i < rows.size(); ++i) {
+          const auto& row = rows[i];
+          const double g = gates[static_cast<size_t>(row.src_rank)](row.token, row.choice);
+          ref[static_cast<size_t>(row.src_rank)].row(row.token) +=
+              g * y[static_cast<size_t>(o)].row(static_cast<int64_t>(i));
+          naive[static_cast<size_t>(row.src_rank)].row(row.token) +=
+              g * round_bf16(y[static_cast<size_t>(o)].row(static_cast<int64_t>(i)));
+        }
+      }
+      VirtualSignals sig(R);
+      PushGemmCombineArgs args;
+      args.ranks = R;
+      args.virtual_ranks = R;
+      args.experts = kExperts;
+      args.in = kIn;
+      args.hidden = kHidden;
+      args.rows = cap;
+      args.tokens = kTokens;
+      args.top_k = kTopK;
+      REQUIRE_MESSAGE(can_implement(args).empty(), can_implement(args));
+      PushGemmCombine k(args);
+      DeviceBuffer<char> ws(k.workspace_size());
+      k.initialize(ws.data(), nullptr);
+      std::vector<PushGemmCombineOperands> ops(static_cast<size_t>(R));
+      for (int r = 0; r < R; ++r) {
+        auto& o = ops[static_cast<size_t>(r)];
+        o.rank = r;
+        for (int p = 0; p < R; ++p) {
+          o.recv[p] = drecv[static_cast<size_t>(p)].data();
+          o.signals[p] = sig.of(p);
+        }
+        o.counts = dcounts.data();
+        o.recv_row = drecv_row[static_cast<size_t>(r)].data();
+        o.h = dh[static_cast<size_t>(r)].data();
+        o.w = dw[static_cast<size_t>(r)].data();
+        o.gates = dgates[static_cast<size_t>(r)].data();
+        o.out = dout[static_cast<size_t>(r)].data();
+      }
+      for (int run = 0; run < kRuns; ++run) {
+        INFO("run " << run);
+        for (int r = 0; r < R; ++r) {
+          poison(drecv[static_cast<size_t>(r)].data(), drecv[static_cast<size_t>(r)].size());
+          poison(dout[static_cast<size_t>(r)].data(), dout[static_cast<size_t>(r)].size());
+        }
+        MOERUN_CUDA_CHECK(cudaDeviceSynchronize());
+        k.run(ops, nullptr);
+        finish("push GEMM, virtual ranks");
+        for (int q = 0; q < R; ++q)
+          check_ladder(download_bf16(dout[static_cast<size_t>(q)].data(), kTokens, kHidden),
+                       ref[static_cast<size_t>(q)], round_bf16(naive[static_cast<size_t>(q)]),
+                       "combined output of rank " + std::to_string(q));
+      }
+    }
+  }
+
+  TEST_CASE(
       "fused GEMM + all-to-all equals the QKV GEMM then the Ulysses all-to-all on 1, 2, 4 and 8 virtual "
       "ranks") {
     MOERUN_SKIP_WITHOUT_DEVICE();
@@ -488,6 +614,44 @@ TEST_SUITE("gpu") {
       check_ladder(download_bf16(out, kTokens, kCols), ref, round_bf16(ref), "symmetric window");
     }
   }
+}
+
+TEST_CASE("the CUTLASS push GEMM refuses the shapes it cannot run with a reason, with or without a device") {
+  PushGemmCombineArgs a;
+  a.ranks = 4;
+  a.virtual_ranks = 4;
+  a.experts = 8;
+  a.in = 1408;
+  a.hidden = 2048;
+  a.rows = 32768;
+  a.tokens = 4096;
+  a.top_k = 8;
+  // A valid shape: empty here only with an sm_90 device; otherwise the device is the reason.
+  const std::string valid = can_implement(a);
+  if (!valid.empty()) CHECK(valid.find("multiple") == std::string::npos);
+  auto refused = [&](PushGemmCombineArgs b, const char* why) {
+    const std::string got = can_implement(b);
+    CAPTURE(got);
+    CHECK(got.find(why) != std::string::npos);
+  };
+  PushGemmCombineArgs b = a;
+  b.in = 1404;
+  refused(b, "multiples of 8");
+  b = a;
+  b.ranks = 9;
+  b.virtual_ranks = 1;
+  refused(b, "ranks <= 8");
+  b = a;
+  b.virtual_ranks = 2;
+  refused(b, "virtual_ranks");
+  b = a;
+  b.experts = 129;
+  b.ranks = 8;
+  b.virtual_ranks = 1;
+  refused(b, "1024 groups");
+  b = a;
+  b.top_k = 0;
+  refused(b, "positive");
 }
 
 }  // namespace moeplan::cuda::fused
