@@ -1,7 +1,7 @@
 // The CUTLASS 4.2 SM90 pointer-array grouped GEMM kernels moerun builds on (CUTLASS's example 57 with the
 // problem shapes on the device only) and the per-group argument arrays they read from a workspace: the
 // experts' GEMMs (grouped_gemm.cu) and the grouped GEMM that pushes its rows into peers' buffers
-// (fused/push_gemm_combine.cu). Included by sm_90a .cu files only.
+// (fused/push_gemm.cu). Included by sm_90a .cu files only.
 #pragma once
 
 #include <cuda_runtime.h>

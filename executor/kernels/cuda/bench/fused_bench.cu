@@ -1,4 +1,4 @@
-// Benchmark of the fused GEMM + communication kernels (fused/fused_gemm_comm.h, fused/push_gemm_combine.h)
+// Benchmark of the fused GEMM + communication kernels (fused/fused_gemm_comm.h, fused/push_gemm.h)
 // with 1, 2, 4 and 8 virtual ranks on one GPU, at MoE and Ulysses shapes per rank. The reference rate is the
 // library GEMM alone on one rank's shape (CUTLASS's grouped GEMM, cuBLASLt's dense GEMM): the ratio is what
 // the fused kernel keeps of the unfused compute rate while it also moves its data. With virtual ranks the
@@ -15,7 +15,7 @@
 #include "executor/kernels/cuda/bench/bench_util.h"
 #include "executor/kernels/cuda/check.h"
 #include "executor/kernels/cuda/fused/fused_gemm_comm.h"
-#include "executor/kernels/cuda/fused/push_gemm_combine.h"
+#include "executor/kernels/cuda/fused/push_gemm.h"
 #include "executor/kernels/cuda/gemm.h"
 #include "executor/kernels/cuda/grouped_gemm.h"
 
@@ -202,7 +202,7 @@ void grouped_gemm_reduce_scatter(double ref_ms) {
   }
 }
 
-// The same shapes on the CUTLASS push GEMM + combine (fused/push_gemm_combine.h): balanced counts (each
+// The same shapes on the CUTLASS push GEMM + combine (fused/push_gemm.h): balanced counts (each
 // expert's rows evenly from every token owner), each (token, choice) at its own receive row.
 void push_gemm_combine(double ref_ms) {
   for (int R : kVirtualRanks) {
@@ -300,6 +300,46 @@ void gemm_all_to_all(double ref_ms) {
   }
 }
 
+// The same shape on the CUTLASS push GEMM + all-to-all (fused/push_gemm.h).
+void push_gemm_all_to_all(double ref_ms) {
+  for (int R : kVirtualRanks) {
+    fused::PushGemmAllToAllArgs args;
+    args.ranks = R;
+    args.virtual_ranks = R;
+    args.tokens = kSeq;
+    args.hidden = kModel;
+    args.cols_per_rank = kQkv / R;
+    if (const std::string why = fused::can_implement(args); !why.empty()) {
+      std::printf("CUTLASS push GEMM + all-to-all, %d ranks: cannot run: %s\n", R, why.c_str());
+      continue;
+    }
+    fused::VirtualSignals sig(R);
+    auto w = hashed(kModel * kQkv, 50);
+    std::vector<DeviceBuffer<Bf16>> x, out;
+    std::vector<fused::PushGemmAllToAllOperands> ops(static_cast<size_t>(R));
+    for (int r = 0; r < R; ++r) {
+      x.push_back(hashed(kSeq * kModel, 60 + r));
+      out.emplace_back(static_cast<size_t>(kSeq * kQkv));
+    }
+    for (int r = 0; r < R; ++r) {
+      auto& o = ops[static_cast<size_t>(r)];
+      o.rank = r;
+      o.x = x[static_cast<size_t>(r)].data();
+      o.w = w.data();
+      for (int p = 0; p < R; ++p) {
+        o.out[p] = out[static_cast<size_t>(p)].data();
+        o.signals[p] = sig.of(p);
+      }
+    }
+    fused::PushGemmAllToAll k(args);
+    DeviceBuffer<char> ws(k.workspace_size());
+    k.initialize(ws.data(), nullptr);
+    const double ms = bench::median_ms([&](cudaStream_t s) { k.run(ops, s); }, 2, 5);
+    report("CUTLASS push GEMM + all-to-all", R, "4096 x 4096 -> 12288 (QKV)", ms, 2.0 * kSeq * kModel * kQkv,
+           ref_ms);
+  }
+}
+
 void all_to_all_gemm(double ref_ms) {
   for (int R : kVirtualRanks) {
     fused::AllToAllGemmArgs args;
@@ -353,6 +393,7 @@ int main() {
   grouped_gemm_reduce_scatter(grouped_library_ms(kFfn, kHidden));
   push_gemm_combine(grouped_library_ms(kFfn, kHidden));
   gemm_all_to_all(dense_library_ms(kSeq, kQkv, kModel));
+  push_gemm_all_to_all(dense_library_ms(kSeq, kQkv, kModel));
   all_to_all_gemm(dense_library_ms(kSeq, kModel, kModel));
   return 0;
 }

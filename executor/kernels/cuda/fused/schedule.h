@@ -129,7 +129,7 @@ MOERUN_HD int64_t row_tiles_touching(int64_t begin, int64_t end) {
   return begin >= end ? 0 : (end - 1) / kTileM - begin / kTileM + 1;
 }
 
-// The push GEMM's layouts (push_gemm_combine.h). `counts` [R][R][E] is the group's routing: counts[q][r][e]
+// The push GEMM's layouts (push_gemm.h). `counts` [R][R][E] is the group's routing: counts[q][r][e]
 // rows of token owner r's tokens at expert owner q's local expert e. An expert owner keeps its rows expert by
 // expert, each expert's rows by token owner; a token owner receives its rows as blocks in (expert owner,
 // local expert) order.

@@ -32,7 +32,7 @@
 #include "executor/kernels/cpu/moe.h"
 #include "executor/kernels/cuda/check.h"
 #include "executor/kernels/cuda/fused/fused_gemm_comm.h"
-#include "executor/kernels/cuda/fused/push_gemm_combine.h"
+#include "executor/kernels/cuda/fused/push_gemm.h"
 #include "tests/executor/kernels/cuda/bf16_ladder.h"
 
 namespace moeplan::cuda::fused {
@@ -502,6 +502,63 @@ TEST_SUITE("gpu") {
   }
 
   TEST_CASE(
+      "the CUTLASS push GEMM + all-to-all equals the QKV GEMM then the Ulysses all-to-all on 1, 2, 4 and 8 "
+      "virtual ranks") {
+    MOERUN_SKIP_WITHOUT_DEVICE();
+    constexpr int64_t kTokens = 200, kHidden = 264, kCols = 72;  // ragged rows and column blocks
+    for (int R : kRanks) {
+      INFO("ranks " << R);
+      const int64_t n = R * kCols;
+      const MatD w = random_bf16(kHidden, n, 1600);
+      auto dw = upload_bf16(w);
+      std::vector<MatD> x;
+      std::vector<DeviceBuffer<Bf16>> dx, dout;
+      for (int r = 0; r < R; ++r) {
+        x.push_back(random_bf16(kTokens, kHidden, 1700 + r));
+        dx.push_back(upload_bf16(x.back()));
+        dout.emplace_back(static_cast<size_t>(R * kTokens * kCols));
+      }
+      VirtualSignals sig(R);
+      PushGemmAllToAllArgs args;
+      args.ranks = R;
+      args.virtual_ranks = R;
+      args.tokens = kTokens;
+      args.hidden = kHidden;
+      args.cols_per_rank = kCols;
+      REQUIRE_MESSAGE(can_implement(args).empty(), can_implement(args));
+      PushGemmAllToAll k(args);
+      DeviceBuffer<char> ws(k.workspace_size());
+      k.initialize(ws.data(), nullptr);
+      std::vector<PushGemmAllToAllOperands> ops(static_cast<size_t>(R));
+      for (int r = 0; r < R; ++r) {
+        auto& o = ops[static_cast<size_t>(r)];
+        o.rank = r;
+        o.x = dx[static_cast<size_t>(r)].data();
+        o.w = dw.data();
+        for (int p = 0; p < R; ++p) {
+          o.out[p] = dout[static_cast<size_t>(p)].data();
+          o.signals[p] = sig.of(p);
+        }
+      }
+      for (int run = 0; run < kRuns; ++run) {
+        INFO("run " << run);
+        for (int r = 0; r < R; ++r)
+          poison(dout[static_cast<size_t>(r)].data(), dout[static_cast<size_t>(r)].size());
+        MOERUN_CUDA_CHECK(cudaDeviceSynchronize());
+        k.run(ops, nullptr);
+        finish("push GEMM + all-to-all, virtual ranks");
+        for (int p = 0; p < R; ++p) {
+          MatD ref(R * kTokens, kCols);
+          for (int q = 0; q < R; ++q)
+            ref.middleRows(q * kTokens, kTokens) = x[static_cast<size_t>(q)] * w.middleCols(p * kCols, kCols);
+          check_ladder(download_bf16(dout[static_cast<size_t>(p)].data(), R * kTokens, kCols), ref,
+                       round_bf16(ref), "heads of rank " + std::to_string(p));
+        }
+      }
+    }
+  }
+
+  TEST_CASE(
       "fused all-to-all + GEMM equals the Ulysses all-to-all then the output GEMM on 1, 2, 4 and 8 virtual "
       "ranks") {
     MOERUN_SKIP_WITHOUT_DEVICE();
@@ -616,7 +673,8 @@ TEST_SUITE("gpu") {
   }
 }
 
-TEST_CASE("the CUTLASS push GEMM refuses the shapes it cannot run with a reason, with or without a device") {
+TEST_CASE(
+    "the CUTLASS push GEMMs refuse the shapes they cannot run with a reason, with or without a device") {
   PushGemmCombineArgs a;
   a.ranks = 4;
   a.virtual_ranks = 4;
@@ -652,6 +710,19 @@ TEST_CASE("the CUTLASS push GEMM refuses the shapes it cannot run with a reason,
   b = a;
   b.top_k = 0;
   refused(b, "positive");
+  PushGemmAllToAllArgs u;
+  u.ranks = 4;
+  u.virtual_ranks = 4;
+  u.tokens = 4096;
+  u.hidden = 4096;
+  u.cols_per_rank = 3072;
+  if (const std::string got = can_implement(u); !got.empty())
+    CHECK(got.find("multiple") == std::string::npos);
+  u.cols_per_rank = 3070;
+  CHECK(can_implement(u).find("multiples of 8") != std::string::npos);
+  u.cols_per_rank = 3072;
+  u.ranks = 0;
+  CHECK(can_implement(u).find("ranks <= 8") != std::string::npos);
 }
 
 }  // namespace moeplan::cuda::fused
