@@ -212,20 +212,6 @@ std::unique_ptr<GroupedGemm::Impl> make_impl(const GroupedGemmProblem& p) {
   std::abort();
 }
 
-// The current device and its SM count, or why there is none usable.
-std::string current_device(int& device, int& sm_count) {
-  if (std::string why = device_unavailable(); !why.empty()) return why;
-  MOERUN_CUDA_CHECK(cudaGetDevice(&device));
-  int major = 0, minor = 0;
-  MOERUN_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-  MOERUN_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
-  MOERUN_CUDA_CHECK(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, device));
-  if (major != 9 || minor != 0)
-    return "the grouped GEMM is built for sm_90a (Hopper) only; this device is sm_" + std::to_string(major) +
-           std::to_string(minor);
-  return {};
-}
-
 }  // namespace
 
 GroupedGemm::GroupedGemm(const GroupedGemmProblem& problem) : problem_(problem), impl_(make_impl(problem)) {}
@@ -242,13 +228,13 @@ std::string GroupedGemm::can_implement() const {
   if (p.in > (int64_t{1} << 30) || p.out > (int64_t{1} << 30))
     return "in and out must fit CUTLASS's int shapes";
   int device = 0, sm_count = 0;
-  if (std::string why = current_device(device, sm_count); !why.empty()) return why;
+  if (std::string why = sm90_device("the grouped GEMM", device, sm_count); !why.empty()) return why;
   return impl_->kernel_image();
 }
 
 size_t GroupedGemm::workspace_size() const {
   int device = 0, sm_count = 0;
-  if (std::string why = current_device(device, sm_count); !why.empty()) {
+  if (std::string why = sm90_device("the grouped GEMM", device, sm_count); !why.empty()) {
     std::fprintf(stderr, "moerun: GroupedGemm::workspace_size: %s\n", why.c_str());
     std::abort();
   }
@@ -266,7 +252,7 @@ void GroupedGemm::initialize(void* workspace, cudaStream_t stream) {
     std::abort();
   }
   int device = 0, sm_count = 0;
-  current_device(device, sm_count);
+  sm90_device("the grouped GEMM", device, sm_count);
   impl_->initialize(workspace, device, sm_count, stream);
 }
 

@@ -8,6 +8,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <type_traits>
 
 #include "cute/tensor.hpp"
@@ -18,6 +19,7 @@
 #include "cutlass/gemm/dispatch_policy.hpp"
 #include "cutlass/gemm/group_array_problem_shape.hpp"
 #include "cutlass/gemm/kernel/gemm_universal.hpp"
+#include "executor/kernels/cuda/check.h"
 
 #if !defined(CUTLASS_ARCH_MMA_MODIFIABLE_TMA_SM90_SUPPORTED)
 #error "the SM90 grouped GEMM needs CUDA >= 12.3 (device-side TMA descriptor updates)"
@@ -141,6 +143,20 @@ GroupArrays<K> carve_group_arrays(void* workspace, int e) {
   g.stride_c = reinterpret_cast<typename K::StrideC*>(take(n * sizeof(typename K::StrideC)));
   g.stride_d = reinterpret_cast<typename K::StrideD*>(take(n * sizeof(typename K::StrideD)));
   return g;
+}
+
+// The current device and its SM count, or why `what` (built for sm_90a alone) cannot run on it.
+inline std::string sm90_device(const char* what, int& device, int& sm_count) {
+  if (std::string why = device_unavailable(); !why.empty()) return why;
+  MOERUN_CUDA_CHECK(cudaGetDevice(&device));
+  int major = 0, minor = 0;
+  MOERUN_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  MOERUN_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+  MOERUN_CUDA_CHECK(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, device));
+  if (major != 9 || minor != 0)
+    return std::string(what) + " is built for sm_90a (Hopper) only; this device is sm_" +
+           std::to_string(major) + std::to_string(minor);
+  return {};
 }
 
 inline const char* status_name(cutlass::Status s) {

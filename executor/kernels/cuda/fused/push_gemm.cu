@@ -176,25 +176,11 @@ __global__ void __launch_bounds__(kCombineThreads) combine_kernel(const __grid_c
   }
 }
 
-// The current device and its SM count, or why there is none these kernels run on.
-std::string current_device(int& device, int& sm_count) {
-  if (std::string why = device_unavailable(); !why.empty()) return why;
-  MOERUN_CUDA_CHECK(cudaGetDevice(&device));
-  int major = 0, minor = 0;
-  MOERUN_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-  MOERUN_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
-  MOERUN_CUDA_CHECK(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, device));
-  if (major != 9 || minor != 0)
-    return "the push GEMMs are built for sm_90a (Hopper) only; this device is sm_" + std::to_string(major) +
-           std::to_string(minor);
-  return {};
-}
-
 // The device, then the sm_90a images of the CUTLASS kernel and of `setup`.
 template <class Setup>
 std::string device_and_images(Setup setup) {
   int device = 0, sm_count = 0;
-  if (std::string why = current_device(device, sm_count); !why.empty()) return why;
+  if (std::string why = gd::sm90_device("the push GEMMs", device, sm_count); !why.empty()) return why;
   auto image = [](auto kernel) -> std::string {
     cudaFuncAttributes attr{};
     if (const cudaError_t err = cudaFuncGetAttributes(&attr, kernel); err != cudaSuccess) {
@@ -258,7 +244,7 @@ struct PushGemmCombine::Impl {
   }
 
   size_t workspace_size(int virtual_ranks, int n_groups) {
-    current_device(device, sm_count);
+    gd::sm90_device("the push GEMMs", device, sm_count);
     groups = n_groups;
     return static_cast<size_t>(virtual_ranks) * per_rank_bytes();
   }
@@ -266,7 +252,7 @@ struct PushGemmCombine::Impl {
   void initialize(void* workspace, int virtual_ranks, int n_groups, cudaStream_t stream) {
     if (reinterpret_cast<uintptr_t>(workspace) % gd::kAlign != 0)
       fail("push GEMM initialize", "the workspace must be 256-byte aligned");
-    current_device(device, sm_count);
+    gd::sm90_device("the push GEMMs", device, sm_count);
     groups = n_groups;
     const size_t per_rank = per_rank_bytes();
     gemms.clear();

@@ -128,6 +128,51 @@ Routing route(int ranks, int experts, int64_t tokens) {
 constexpr int kRanks[] = {1, 2, 4, 8};
 constexpr int kRuns = 2;  // the second run reuses the signal arrays with the next epoch
 
+// The experts' second GEMM and the combine of `routing`, on the CPU: each expert owner's rows h and weights
+// w (seeds `seed` + rank and `seed` + 100 + rank), its expert rows y = h_e W_e, each token owner's gates
+// (seed + 200 + rank, as doubles and as the floats the GPU reads), and each token owner's output
+// out[t] = sum_j gate(t, j) y_owner[row of (t, j)]: `ref` exact, `naive` with the rows and the output rounded
+// to bf16 as the kernels round them.
+struct CombineCase {
+  std::vector<MatD> h, w, y, gates, ref, naive;
+  std::vector<std::vector<float>> gate_values;
+};
+CombineCase combine_case(const Routing& routing, int ranks, int experts, int64_t tokens, int64_t in,
+                         int64_t hidden, uint64_t seed) {
+  CombineCase c;
+  for (int r = 0; r < ranks; ++r) {
+    const int64_t n = static_cast<int64_t>(routing.rows[static_cast<size_t>(r)].size());
+    c.h.push_back(random_bf16(n, in, seed + r));
+    c.w.push_back(random_bf16(experts * in, hidden, seed + 100 + r));
+    c.y.push_back(executor::cpu::expert_gemm_forward<double>(c.h.back(), c.w.back(),
+                                                             routing.counts64[static_cast<size_t>(r)]));
+    MatD g(tokens, kTopK);
+    std::vector<float> gf;
+    for (int64_t t = 0; t < tokens; ++t)
+      for (int j = 0; j < kTopK; ++j) {
+        g(t, j) = static_cast<double>(
+            static_cast<float>(0.25 + 0.5 * std::abs(executor::cpu::init_normal(seed + 200 + r, 1, t, j))));
+        gf.push_back(static_cast<float>(g(t, j)));
+      }
+    c.gates.push_back(g);
+    c.gate_values.push_back(gf);
+  }
+  c.ref.assign(static_cast<size_t>(ranks), MatD::Zero(tokens, hidden));
+  c.naive = c.ref;
+  for (int o = 0; o < ranks; ++o) {
+    const auto& rows = routing.rows[static_cast<size_t>(o)];
+    for (size_t i = 0; i < rows.size(); ++i) {
+      const auto& row = rows[i];
+      const double g = c.gates[static_cast<size_t>(row.src_rank)](row.token, row.choice);
+      const auto y_row = c.y[static_cast<size_t>(o)].row(static_cast<int64_t>(i));
+      c.ref[static_cast<size_t>(row.src_rank)].row(row.token) += g * y_row;
+      c.naive[static_cast<size_t>(row.src_rank)].row(row.token) += g * round_bf16(y_row);
+    }
+  }
+  for (MatD& m : c.naive) m = round_bf16(m);
+  return c;
+}
+
 }  // namespace
 
 TEST_SUITE("gpu") {
@@ -221,32 +266,17 @@ TEST_SUITE("gpu") {
       INFO("ranks " << R);
       const Routing routing = route(R, kExperts, kTokens);
       const int64_t cap = kTokens * R * kTopK;
-      std::vector<MatD> h, w, gates, y;
+      const CombineCase c = combine_case(routing, R, kExperts, kTokens, kIn, kHidden, 300);
       std::vector<DeviceBuffer<Bf16>> dh, dw, dy, drecv, dout;
       std::vector<DeviceBuffer<float>> dgates;
       std::vector<DeviceBuffer<int32_t>> dcounts, ddst_rank, ddst_slot;
       for (int r = 0; r < R; ++r) {
-        const int64_t n = static_cast<int64_t>(routing.rows[static_cast<size_t>(r)].size());
-        h.push_back(random_bf16(n, kIn, 300 + r));
-        w.push_back(random_bf16(kExperts * kIn, kHidden, 400 + r));
-        y.push_back(executor::cpu::expert_gemm_forward<double>(h.back(), w.back(),
-                                                               routing.counts64[static_cast<size_t>(r)]));
-        MatD g(kTokens, kTopK);
-        for (int64_t t = 0; t < kTokens; ++t)
-          for (int j = 0; j < kTopK; ++j)
-            g(t, j) = static_cast<double>(
-                static_cast<float>(0.25 + 0.5 * std::abs(executor::cpu::init_normal(500 + r, 1, t, j))));
-        gates.push_back(g);
-        std::vector<float> gf;
-        for (int64_t t = 0; t < kTokens; ++t)
-          for (int j = 0; j < kTopK; ++j) gf.push_back(static_cast<float>(g(t, j)));
-        MatD hp = h.back();
-        dh.push_back(upload_bf16(hp));
-        dw.push_back(upload_bf16(w.back()));
+        dh.push_back(upload_bf16(c.h[static_cast<size_t>(r)]));
+        dw.push_back(upload_bf16(c.w[static_cast<size_t>(r)]));
         dy.emplace_back(static_cast<size_t>(cap * kHidden));
         drecv.emplace_back(static_cast<size_t>(kTokens * kTopK * kHidden));
         dout.emplace_back(static_cast<size_t>(kTokens * kHidden));
-        dgates.push_back(upload(gf));
+        dgates.push_back(upload(c.gate_values[static_cast<size_t>(r)]));
         std::vector<int32_t> dr, ds;
         for (const auto& row : routing.rows[static_cast<size_t>(r)]) {
           dr.push_back(row.src_rank);
@@ -255,20 +285,6 @@ TEST_SUITE("gpu") {
         dcounts.push_back(upload(routing.counts[static_cast<size_t>(r)]));
         ddst_rank.push_back(upload(dr));
         ddst_slot.push_back(upload(ds));
-      }
-      // Reference per token rank q: out[t] = sum_j gate(t, j) y_owner[row of (q, t, j)]; naive rounds the
-      // expert rows and the output to bf16, as the kernel does.
-      std::vector<MatD> ref(static_cast<size_t>(R), MatD::Zero(kTokens, kHidden)), naive = ref;
-      for (int o = 0; o < R; ++o) {
-        const auto& rows = routing.rows[static_cast<size_t>(o)];
-        for (size_t i = 0; i < rows.size(); ++i) {
-          const auto& row = rows[i];
-          const double g = gates[static_cast<size_t>(row.src_rank)](row.token, row.choice);
-          ref[static_cast<size_t>(row.src_rank)].row(row.token) +=
-              g * y[static_cast<size_t>(o)].row(static_cast<int64_t>(i));
-          naive[static_cast<size_t>(row.src_rank)].row(row.token) +=
-              g * round_bf16(y[static_cast<size_t>(o)].row(static_cast<int64_t>(i)));
-        }
       }
       VirtualSignals sig(R);
       GroupedGemmReduceScatterArgs args;
@@ -312,7 +328,7 @@ TEST_SUITE("gpu") {
         finish("virtual ranks");
         for (int q = 0; q < R; ++q)
           check_ladder(download_bf16(dout[static_cast<size_t>(q)].data(), kTokens, kHidden),
-                       ref[static_cast<size_t>(q)], round_bf16(naive[static_cast<size_t>(q)]),
+                       c.ref[static_cast<size_t>(q)], c.naive[static_cast<size_t>(q)],
                        "combined output of rank " + std::to_string(q));
       }
     }
@@ -356,46 +372,18 @@ TEST_SUITE("gpu") {
       }
       for (const auto& rows : recv_row)
         for (int32_t x : rows) REQUIRE(x >= 0);  // every (token, choice) has its row
-      std::vector<MatD> h, w, gates, y;
+      const CombineCase c = combine_case(routing, R, kExperts, kTokens, kIn, kHidden, 1300);
       std::vector<DeviceBuffer<Bf16>> dh, dw, drecv, dout;
       std::vector<DeviceBuffer<float>> dgates;
       std::vector<DeviceBuffer<int32_t>> drecv_row;
       const DeviceBuffer<int32_t> dcounts = upload(counts);
       for (int r = 0; r < R; ++r) {
-        const int64_t n = static_cast<int64_t>(routing.rows[static_cast<size_t>(r)].size());
-        h.push_back(random_bf16(n, kIn, 1300 + r));
-        w.push_back(random_bf16(kExperts * kIn, kHidden, 1400 + r));
-        y.push_back(executor::cpu::expert_gemm_forward<double>(h.back(), w.back(),
-                                                               routing.counts64[static_cast<size_t>(r)]));
-        MatD g(kTokens, kTopK);
-        std::vector<float> gf;
-        for (int64_t t = 0; t < kTokens; ++t)
-          for (int j = 0; j < kTopK; ++j) {
-            g(t, j) = static_cast<double>(
-                static_cast<float>(0.25 + 0.5 * std::abs(executor::cpu::init_normal(1500 + r, 1, t, j))));
-            gf.push_back(static_cast<float>(g(t, j)));
-          }
-        gates.push_back(g);
-        dh.push_back(upload_bf16(h.back()));
-        dw.push_back(upload_bf16(w.back()));
+        dh.push_back(upload_bf16(c.h[static_cast<size_t>(r)]));
+        dw.push_back(upload_bf16(c.w[static_cast<size_t>(r)]));
         drecv.emplace_back(static_cast<size_t>(kTokens * kTopK * kHidden));
         dout.emplace_back(static_cast<size_t>(kTokens * kHidden));
-        dgates.push_back(upload(gf));
+        dgates.push_back(upload(c.gate_values[static_cast<size_t>(r)]));
         drecv_row.push_back(upload(recv_row[static_cast<size_t>(r)]));
-      }
-      // Reference per token owner: out[t] = sum_j gate(t, j) y_owner[row of (t, j)]; naive rounds the expert
-      // rows (the GEMM writes them in bf16) and the output, as the kernels do.
-      std::vector<MatD> ref(static_cast<size_t>(R), MatD::Zero(kTokens, kHidden)), naive = ref;
-      for (int o = 0; o < R; ++o) {
-        const auto& rows = routing.rows[static_cast<size_t>(o)];
-        for (size_t i = 0; i < rows.size(); ++i) {
-          const auto& row = rows[i];
-          const double g = gates[static_cast<size_t>(row.src_rank)](row.token, row.choice);
-          ref[static_cast<size_t>(row.src_rank)].row(row.token) +=
-              g * y[static_cast<size_t>(o)].row(static_cast<int64_t>(i));
-          naive[static_cast<size_t>(row.src_rank)].row(row.token) +=
-              g * round_bf16(y[static_cast<size_t>(o)].row(static_cast<int64_t>(i)));
-        }
       }
       VirtualSignals sig(R);
       PushGemmCombineArgs args;
@@ -437,7 +425,7 @@ TEST_SUITE("gpu") {
         finish("push GEMM, virtual ranks");
         for (int q = 0; q < R; ++q)
           check_ladder(download_bf16(dout[static_cast<size_t>(q)].data(), kTokens, kHidden),
-                       ref[static_cast<size_t>(q)], round_bf16(naive[static_cast<size_t>(q)]),
+                       c.ref[static_cast<size_t>(q)], c.naive[static_cast<size_t>(q)],
                        "combined output of rank " + std::to_string(q));
       }
     }
