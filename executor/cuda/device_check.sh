@@ -3,15 +3,15 @@
 # but none of our Debian packages and no network, it:
 #   1. builds the project with the header-only dependencies carried in .devdeps/prefix.tar.gz
 #      (pack_device_deps.sh) - the full build when an MPI compiler is there, else the GPU-only build;
-#   2. runs every GPU test binary (kernels against the CPU kernels; the fused kernels with 1, 2, 4 and 8
-#      virtual ranks; NCCL on one rank, and its symmetric memory where NCCL gives a one-rank group one:
+#   2. runs every GPU test binary (kernels against the CPU kernels; the fused kernels, wmma and CUTLASS push,
+#      with 1, 2, 4 and 8 virtual ranks; NCCL on one rank, and its symmetric memory where NCCL gives a one-rank group one:
 #      2.28.7 on);
 #   3. runs the four kernel benchmarks (RESULT rows with the issue's targets);
 #   4. with the full build: `moerun run --backend cuda` of executor/cuda/device_plan.json on the GPU, the
 #      prediction of the same plan on the matching profile (h200-sxm), and `moeplan compare`; the same plan
 #      again after about 45 s of its own steps (the sustained clocks of a long run); then the same
 #      for device_plan_fused.json (intra-operator overlap: the experts' GEMMs on the fused kernels, one rank),
-#      and for device_plan.json with --host-sync (the host waits for each op), with --routing lowered
+#      with its wmma kernels and with the CUTLASS push kernels (--fused-kernels cutlass), and for device_plan.json with --host-sync (the host waits for each op), with --routing lowered
 #      (every expert runs the graph's rows; by default each step's routing is drawn from the plan's) and
 #      with --cuda-graph (the step captured once and replayed), and device_plan_fp8.json (the same plan in
 #      FP8, blockwise: dense GEMMs as e4m3 after the quantiser, weight gradients as e4m3 into fp32); then
@@ -20,9 +20,9 @@
 #   5. where two GPUs answer, the 2-rank NCCL tests (groups, pipeline links) and device_plan_pp2.json (two
 #      pipeline stages) on the CUDA replay with its comparison (run-pp2/);
 # and prints a short table last. Before the build it runs executor/cuda/torch_kernels_bench.py where PyTorch
-# is installed. Logs go to $OUT (the lent machine's return folder) or ./device_check_out: 22 files
+# is installed. Logs go to $OUT (the lent machine's return folder) or ./device_check_out: 24 files
 # (gpu.txt, clocks.csv, torch_kernels.csv, build.log, tests.log, cublaslt.log, bench.log, compare.txt, run/,
-# run-sustained/, run-fused/, run-host-sync/, run-lowered/, run-graph/ and run-fp8/ report.json and
+# run-sustained/, run-fused/, run-fused-cutlass/, run-host-sync/, run-lowered/, run-graph/ and run-fp8/ report.json and
 # trace.json; with two GPUs also run-pp2/'s), more than a lent machine returns, so point OUT elsewhere and
 # pack them.
 # Usage (repo root): executor/cuda/pack_device_deps.sh here, then on the device (carry .devdeps):
@@ -160,17 +160,20 @@ if [[ $full == ON && -x $build/executor/moerun/moerun && -x $build/planner/moepl
   # waiting for each op (--host-sync) and with every expert running the graph's rows (--routing lowered).
   # The unfused plan again after about 45 s of its own steps (:sustained, --warmup 150): the step at the
   # clocks a long run holds, against the prediction at the profile's sustained rate (clocks.csv has both
-  # runs' clocks). Then the unfused plan's step captured as a CUDA graph (--cuda-graph: never run before this check). Last,
+  # runs' clocks). The fused plan also on the CUTLASS push kernels (--fused-kernels cutlass: its grouped GEMM +
+  # reduce-scatter ops; never run before this check), against the prediction that prices the wmma kernels.
+  # Then the unfused plan's step captured as a CUDA graph (--cuda-graph: never run before this check). Last,
   # the unfused plan in FP8 (blockwise recipe): its dense GEMMs as e4m3 after the quantiser, their weight
   # gradients as e4m3 accumulated into fp32 (never run).
-  for run in device_plan device_plan:sustained device_plan_fused device_plan:host-sync device_plan:lowered \
-    device_plan:graph device_plan_fp8; do
+  for run in device_plan device_plan:sustained device_plan_fused device_plan_fused:cutlass device_plan:host-sync \
+    device_plan:lowered device_plan:graph device_plan_fp8; do
     plan=${run%%:*} dir=run extra=()
     [[ $plan == device_plan_fused ]] && dir=run-fused
     [[ $plan == device_plan_fp8 ]] && dir=run-fp8
     [[ $run == *:host-sync ]] && dir=run-host-sync extra=(--host-sync)
     [[ $run == *:lowered ]] && dir=run-lowered extra=(--routing lowered)
     [[ $run == *:graph ]] && dir=run-graph extra=(--cuda-graph)
+    [[ $run == *:cutlass ]] && dir=run-fused-cutlass extra=(--fused-kernels cutlass)
     steps=(--steps 5 --warmup 2)
     [[ $run == *:sustained ]] && dir=run-sustained steps=(--steps 20 --warmup 150)
     log "moerun run --backend cuda executor/cuda/$plan.json ${extra[*]}"

@@ -54,7 +54,8 @@ struct RunOptions {
   double watchdog_s = 120;
   bool host_sync = false;  // cuda: the host waits for each op (its time then excludes queueing behind others)
   bool cuda_graph = false;  // cuda: the step captured as a CUDA graph in the second step, replayed after
-  std::string routing = "drawn";  // replay: "drawn" from the plan's distribution each step, or "lowered"
+  std::string fused_kernels = "wmma";  // cuda: the fused ops' kernels, "wmma" or "cutlass" (push kernels)
+  std::string routing = "drawn";       // replay: "drawn" from the plan's distribution each step, or "lowered"
   uint64_t routing_seed = 1;
 };
 
@@ -111,6 +112,12 @@ RoutingSetup setup_routing(const RunOptions& o, const RunInputs& in, const RankL
        "routing model's expected value that the prediction uses (expert_load_scale)"}};
   out.spec = spec;
   return out;
+}
+
+// Whether the graph has fused GEMM + communication ops that run on moerun's fused kernels.
+bool plan_has_fused_ops(const OpGraph& g) {
+  return std::any_of(g.ops.begin(), g.ops.end(),
+                     [](const Op& op) { return op.kind == OpKind::kFusedGemmComm && !op.comm.userbuffers; });
 }
 
 // Flattened [start, end] pairs of `ops` for the ops of `stage` (in graph order).
@@ -227,6 +234,7 @@ int run_plan(const RunOptions& o, int rank, int world) {
   if (o.host_sync && !on_gpu) return bad_input(rank, "--host-sync needs --backend cuda");
   if (o.cuda_graph && !on_gpu) return bad_input(rank, "--cuda-graph needs --backend cuda");
   if (o.cuda_graph && o.host_sync) return bad_input(rank, "--cuda-graph and --host-sync exclude each other");
+  if (o.fused_kernels != "wmma" && !on_gpu) return bad_input(rank, "--fused-kernels needs --backend cuda");
   if (o.cuda_graph && o.warmup < 2)
     return bad_input(rank,
                      "--cuda-graph needs --warmup 2 or more (the first step makes the kernels, the second is "
@@ -340,7 +348,10 @@ int run_plan(const RunOptions& o, int rank, int world) {
                                                 o.host_sync    ? CudaReplayRunner::Mode::kHostSync
                                                 : o.cuda_graph ? CudaReplayRunner::Mode::kGraph
                                                                : CudaReplayRunner::Mode::kEnqueue,
-                                                link_lookup);
+                                                link_lookup,
+                                                o.fused_kernels == "cutlass"
+                                                    ? CudaReplayRunner::FusedKernels::kCutlassPush
+                                                    : CudaReplayRunner::FusedKernels::kWmma);
     gpu_runner = r.get();
     runner_ptr = std::move(r);
   }
@@ -468,6 +479,12 @@ int run_plan(const RunOptions& o, int rank, int world) {
           o.host_sync    ? "host-sync: the host waits for each op"
           : o.cuda_graph ? "graph: the second step captured as a CUDA graph, launched once per step after"
                          : "enqueued: one host wait per step";
+    if (on_gpu && plan_has_fused_ops(in.graph))
+      report["cuda_fused_kernels"] =
+          o.fused_kernels == "cutlass"
+              ? "cutlass: the CUTLASS push kernels for grouped GEMM + reduce-scatter and GEMM + all-to-all, "
+                "the wmma tile kernels for the others"
+              : "wmma: the fused tile kernels (fused_gemm_comm.h)";
 #if MOERUN_WITH_CUDA
     if (gpu_runner != nullptr) {
       // Rank 0's count; every rank of a stage runs the same ops.
@@ -594,6 +611,13 @@ Runner add_run(CLI::App& app) {
                "With --backend cuda: capture the second step as a CUDA graph and launch it once per later "
                "step (no host work per op; needs --warmup 2 or more; not with fused kernels; routing is "
                "drawn only on one EP rank)");
+  app.add_option(
+         "--fused-kernels", o->fused_kernels,
+         "With --backend cuda: the fused GEMM + communication ops' kernels: wmma (the tile kernels the "
+         "moerun stack is priced from) or cutlass (CUTLASS's grouped kernel with the peers' buffers as "
+         "its outputs, for grouped GEMM + reduce-scatter and GEMM + all-to-all)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"wmma", "cutlass"}));
   app.add_option("--dump-params", o->dump_params,
                  "With --runner train: write every parameter tensor after the last step to this file "
                  "(format in executor/runtime/train_runner.h)");

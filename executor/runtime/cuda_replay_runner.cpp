@@ -25,6 +25,7 @@
 #include "executor/kernels/cuda/cross_entropy.h"
 #include "executor/kernels/cuda/fp8.h"
 #include "executor/kernels/cuda/fused/fused_gemm_comm.h"
+#include "executor/kernels/cuda/fused/push_gemm.h"
 #include "executor/kernels/cuda/gemm.h"
 #include "executor/kernels/cuda/grouped_gemm.h"
 #include "executor/kernels/cuda/norm.h"
@@ -75,16 +76,30 @@ cuda::fused::AllToAllGemmArgs a2a_gemm_args(const FusedShape& s) {
   return {this_process_of(s.ranks), s.m, s.depth / s.ranks, s.width};
 }
 
-// Empty when the fused kernel can run the shape here, else why not.
-std::string fused_unsupported(const FusedShape& s) {
+// The CUTLASS push kernels at the same shapes: every rank's m receive slots one token each (top-1).
+cuda::fused::PushGemmCombineArgs push_combine_args(const FusedShape& s) {
+  return {s.ranks, 1, s.experts, s.depth, s.width, s.m, s.m, 1};
+}
+cuda::fused::PushGemmAllToAllArgs push_a2a_args(const FusedShape& s) {
+  return {s.ranks, 1, s.m, s.depth, s.width / s.ranks};
+}
+// The kinds that have a CUTLASS push kernel (their GEMM produces what the peers need).
+bool has_push_kernel(FusedKind k) {
+  return k == FusedKind::kGroupedScatter || k == FusedKind::kGemmA2a;
+}
+
+// Empty when the fused kernel (the push kernel where `push`) can run the shape here, else why not.
+std::string fused_unsupported(const FusedShape& s, bool push) {
   switch (s.kind) {
     case FusedKind::kGatherGrouped:
       return cuda::fused::can_implement(gather_grouped_args(s));
     case FusedKind::kGroupedScatter:
-      return cuda::fused::can_implement(grouped_scatter_args(s));
+      return push ? cuda::fused::can_implement(push_combine_args(s))
+                  : cuda::fused::can_implement(grouped_scatter_args(s));
     case FusedKind::kGemmA2a:
       if (s.width % s.ranks != 0) return "the GEMM's width does not split evenly over the group's ranks";
-      return cuda::fused::can_implement(gemm_a2a_args(s));
+      return push ? cuda::fused::can_implement(push_a2a_args(s))
+                  : cuda::fused::can_implement(gemm_a2a_args(s));
     case FusedKind::kA2aGemm:
       if (s.depth % s.ranks != 0) return "the GEMM's depth does not split evenly over the group's ranks";
       return cuda::fused::can_implement(a2a_gemm_args(s));
@@ -162,6 +177,8 @@ struct Lane {
     std::unique_ptr<cuda::fused::GroupedGemmReduceScatter> grouped_scatter;
     std::unique_ptr<cuda::fused::GemmAllToAll> gemm_a2a;
     std::unique_ptr<cuda::fused::AllToAllGemm> a2a_gemm;
+    std::unique_ptr<cuda::fused::PushGemmCombine> push_combine;
+    std::unique_ptr<cuda::fused::PushGemmAllToAll> push_a2a;
     DeviceBuffer<char> workspace;
     DeviceBuffer<int32_t> counts, map_rank, map_row;  // uniform routing: counts and the row map
   };
@@ -195,6 +212,7 @@ struct CudaReplayRunner::Impl {
   DeviceGroupLookup groups;
   PipelineLinkLookup links;
   Mode mode = Mode::kEnqueue;
+  FusedKernels fused_kernels = FusedKernels::kWmma;
   std::vector<Lane> lanes;
   // Pipeline receives: a lane per stage that sends to this one (made at construction, so that the lanes'
   // threads only read the map), and each receive's end by its send's op id, which the ops that consume the
@@ -280,6 +298,11 @@ struct CudaReplayRunner::Impl {
     return c;
   }
 
+  // Whether ops of this fused kind run the CUTLASS push kernel.
+  bool push_kernel(FusedKind k) const {
+    return fused_kernels == FusedKernels::kCutlassPush && has_push_kernel(k);
+  }
+
   int group_ranks(CommGroup g) {
     DeviceCommunicator* c = groups(g);
     return c == nullptr ? 1 : c->size();
@@ -303,7 +326,7 @@ struct CudaReplayRunner::Impl {
         refuse(op, fmt::format("fused kernels span at most {} ranks (one NVLink domain); the group has {}",
                                cuda::fused::kMaxRanks, ranks));
       const FusedShape s = fused_shape(op, ranks);
-      if (const std::string why = fused_unsupported(s); !why.empty()) refuse(op, why);
+      if (const std::string why = fused_unsupported(s, push_kernel(s.kind)); !why.empty()) refuse(op, why);
       GroupMemory& mem = fused_memory[g];
       mem.ranks = ranks;
       mem.data_bytes = std::max(mem.data_bytes, s.symmetric_bytes());
@@ -595,6 +618,24 @@ struct CudaReplayRunner::Impl {
       f.map_rank = upload(rank_of);
       f.map_row = upload(row_of);
     };
+    // The push combine's counts [R][R][E] (each rank's m / experts rows per expert, spread over the token
+    // owners with the remainder rotated by owner, so every rank receives at most m rows) and each slot's
+    // receive row (slot t at row t).
+    auto push_routing = [&] {
+      const int R = s.ranks, E = s.experts;
+      const int64_t c = s.m / E;
+      std::vector<int32_t> counts(sz(int64_t{R} * R * E)), rows(sz(s.m));
+      for (int q = 0; q < R; ++q)
+        for (int r = 0; r < R; ++r)
+          for (int e = 0; e < E; ++e)
+            counts[sz((int64_t{q} * R + r) * E + e)] =
+                static_cast<int32_t>(c / R + ((r - q + R) % R < c % R ? 1 : 0));
+      for (int64_t t = 0; t < s.m; ++t) rows[sz(t)] = static_cast<int32_t>(t);
+      f.counts = DeviceBuffer<int32_t>(counts.size());
+      f.counts.upload(counts.data(), counts.size());
+      f.map_row = DeviceBuffer<int32_t>(std::max<size_t>(rows.size(), 1));
+      if (!rows.empty()) f.map_row.upload(rows.data(), rows.size());
+    };
     auto bf = [](void* p) { return static_cast<cuda::fused::Bf16*>(p); };
     // Each peer's data region and this kernel's signal array in it.
     auto peers = [&](auto& data, uint32_t*(&signals)[cuda::fused::kMaxRanks]) {
@@ -622,6 +663,23 @@ struct CudaReplayRunner::Impl {
         break;
       }
       case FusedKind::kGroupedScatter: {
+        if (push_kernel(s.kind)) {
+          if (fresh) {
+            init(f.push_combine, push_combine_args(s));
+            push_routing();
+          }
+          cuda::fused::PushGemmCombineOperands o;
+          o.rank = mem.rank;
+          peers(o.recv, o.signals);
+          o.counts = f.counts.data();
+          o.recv_row = f.map_row.data();
+          o.h = bf(slot(l, 0, sz(s.m * s.depth) * 2));
+          o.w = bf(slot(l, 1, sz(s.depth * s.width) * 2 * sz(s.experts)));
+          o.gates = static_cast<const float*>(slot(l, 3, sz(s.m) * 4));
+          o.out = bf(slot(l, 4, sz(s.m * s.width) * 2));
+          if (!sizing) f.push_combine->run(std::span(&o, 1), l.stream);
+          break;
+        }
         if (fresh) {
           init(f.grouped_scatter, grouped_scatter_args(s));
           routing();
@@ -641,6 +699,16 @@ struct CudaReplayRunner::Impl {
         break;
       }
       case FusedKind::kGemmA2a: {
+        if (push_kernel(s.kind)) {
+          if (fresh) init(f.push_a2a, push_a2a_args(s));
+          cuda::fused::PushGemmAllToAllOperands o;
+          o.rank = mem.rank;
+          peers(o.out, o.signals);
+          o.x = bf(slot(l, 0, sz(s.m * s.depth) * 2));
+          o.w = bf(slot(l, 1, sz(s.depth * s.width) * 2));
+          if (!sizing) f.push_a2a->run(std::span(&o, 1), l.stream);
+          break;
+        }
         if (fresh) init(f.gemm_a2a, gemm_a2a_args(s));
         cuda::fused::GemmAllToAllOperands o;
         o.rank = mem.rank;
@@ -1067,11 +1135,12 @@ struct CudaReplayRunner::Impl {
 };
 
 CudaReplayRunner::CudaReplayRunner(DeviceGroupLookup groups, const OpGraph& graph, int stage, Mode mode,
-                                   PipelineLinkLookup links)
+                                   PipelineLinkLookup links, FusedKernels fused_kernels)
     : impl_(std::make_unique<Impl>(std::move(groups), std::move(links))) {
   Impl& I = *impl_;
   const std::span<const Op> ops = graph.ops;
   I.mode = mode;
+  I.fused_kernels = fused_kernels;
   I.graph_ops = ops;
   I.own_stage = stage;
   MOERUN_CUDA_CHECK(cudaGetDevice(&I.device));

@@ -382,13 +382,16 @@ TEST_SUITE("moerun") {
     fs::remove(plan);
   }
 
-  TEST_CASE("--cuda-graph without --backend cuda, or without two warm-up steps, exits 2 with one line") {
+  TEST_CASE(
+      "--cuda-graph or --fused-kernels without --backend cuda, or --cuda-graph without two warm-up steps, "
+      "exits 2 with one line") {
     const fs::path plan = write_plan("cuda_graph", false), out = temp("cuda_graph_out");
     struct Case {
       std::string args, says;
     };
     for (const Case& c :
          {Case{"--cuda-graph --warmup 2", "--cuda-graph needs --backend cuda"},
+          Case{"--fused-kernels cutlass --warmup 1", "--fused-kernels needs --backend cuda"},
           Case{"--backend cuda --cuda-graph --host-sync --warmup 2", "--cuda-graph and --host-sync exclude"},
           Case{"--backend cuda --cuda-graph --warmup 1", "--cuda-graph needs --warmup 2 or more"}}) {
       const Run r =
