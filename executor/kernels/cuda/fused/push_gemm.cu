@@ -148,16 +148,14 @@ struct CombineLaunch {
   PushGemmCombineOperands ops[kMaxRanks];
   int ranks = 0;
   int64_t tokens = 0, top_k = 0, hidden = 0;
-  uint32_t epoch = 0;
 };
 
-// Virtual rank blockIdx.y: once every peer's rows are in its receive buffer, out[t] = sum_j gates[t, j]
-// recv[recv_row[t top_k + j]], 8 columns per thread, in fp32, rounded to bf16 once.
+// Virtual rank blockIdx.y (after a wait kernel has seen every peer's rows in its receive buffer): out[t] =
+// sum_j gates[t, j] recv[recv_row[t top_k + j]], 8 columns per thread, in fp32, rounded to bf16 once. Its
+// CTAs do not spin: a grid of spinning CTAs could hold the SMs an NCCL kernel on another stream needs to
+// let a peer get to its signal.
 __global__ void __launch_bounds__(kCombineThreads) combine_kernel(const __grid_constant__ CombineLaunch L) {
   const PushGemmCombineOperands& o = L.ops[blockIdx.y];
-  if (threadIdx.x == 0)
-    for (int p = 0; p < L.ranks; ++p) detail::wait_sys(o.signals[o.rank] + kSignalDone + p, L.epoch);
-  __syncthreads();
   const int64_t vectors = L.hidden / kVector, n = L.tokens * vectors, slots = L.tokens * L.top_k;
   const __nv_bfloat16* recv = o.recv[o.rank];
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
@@ -339,7 +337,8 @@ void PushGemmCombine::run(std::span<const PushGemmCombineOperands> ranks, cudaSt
   if (!m.initialized || static_cast<int>(ranks.size()) != a.virtual_ranks)
     fail("PushGemmCombine::run", "needs initialize() and one operand set per virtual rank");
   const uint32_t epoch = ++m.epoch;
-  push_steps(m, signal_launch(ranks, a.ranks, epoch), a.virtual_ranks, stream, [&](int v) {
+  SignalLaunch L = signal_launch(ranks, a.ranks, epoch);
+  push_steps(m, L, a.virtual_ranks, stream, [&](int v) {
     SetupLaunch S;
     S.g = m.arrays[static_cast<size_t>(v)];
     S.ops = ranks[static_cast<size_t>(v)];
@@ -351,14 +350,17 @@ void PushGemmCombine::run(std::span<const PushGemmCombineOperands> ranks, cudaSt
     S.recv_rows = a.tokens * a.top_k;
     push_setup_kernel<<<1, kSetupThreads, 0, stream>>>(S);
   });
-  // Each token owner, once every peer's rows are in its buffer: the gate-weighted sum.
+  // Each token owner, once every peer's rows are in its buffer (one spinning CTA per rank): the
+  // gate-weighted sum.
+  L.slot = kSignalDone;
+  wait_kernel<<<static_cast<unsigned>(a.virtual_ranks), 32, 0, stream>>>(L, 0);
+  MOERUN_CUDA_CHECK(cudaGetLastError());
   CombineLaunch C;
   for (int v = 0; v < a.virtual_ranks; ++v) C.ops[v] = ranks[static_cast<size_t>(v)];
   C.ranks = a.ranks;
   C.tokens = a.tokens;
   C.top_k = a.top_k;
   C.hidden = a.hidden;
-  C.epoch = epoch;
   const int64_t vectors = a.tokens * (a.hidden / kVector);
   const auto blocks = static_cast<unsigned>(std::clamp<int64_t>(
       (vectors + kCombineThreads - 1) / kCombineThreads, 1, std::max(1, 4 * m.sm_count / a.virtual_ranks)));
