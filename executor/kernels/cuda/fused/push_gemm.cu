@@ -303,8 +303,7 @@ void push_steps(PushGemmCombine::Impl& m, SignalLaunch L, int virtual_ranks, cud
 
 }  // namespace
 
-// ---- PushGemmCombine
-// ---------------------------------------------------------------------------------------
+// ---- PushGemmCombine -------------------------------------------------------------------------------------
 std::string can_implement(const PushGemmCombineArgs& a) {
   if (std::string why = ranks_rule(a.ranks, a.virtual_ranks); !why.empty()) return why;
   if (a.experts < 1 || groups_of(a) > kMaxGroups) return "1 <= experts and experts x ranks <= 1024 groups";
@@ -368,8 +367,7 @@ void PushGemmCombine::run(std::span<const PushGemmCombineOperands> ranks, cudaSt
   MOERUN_CUDA_CHECK(cudaGetLastError());
 }
 
-// ---- PushGemmAllToAll
-// --------------------------------------------------------------------------------------
+// ---- PushGemmAllToAll ------------------------------------------------------------------------------------
 std::string can_implement(const PushGemmAllToAllArgs& a) {
   if (std::string why = ranks_rule(a.ranks, a.virtual_ranks); !why.empty()) return why;
   if (a.hidden <= 0 || a.cols_per_rank <= 0 || a.hidden % 8 != 0 || a.cols_per_rank % 8 != 0)
