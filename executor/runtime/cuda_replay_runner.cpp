@@ -618,18 +618,10 @@ struct CudaReplayRunner::Impl {
       f.map_rank = upload(rank_of);
       f.map_row = upload(row_of);
     };
-    // The push combine's counts [R][R][E] (each rank's m / experts rows per expert, spread over the token
-    // owners with the remainder rotated by owner, so every rank receives at most m rows) and each slot's
-    // receive row (slot t at row t).
+    // The push combine's counts (push_combine_counts) and each slot's receive row (slot t at row t).
     auto push_routing = [&] {
-      const int R = s.ranks, E = s.experts;
-      const int64_t c = s.m / E;
-      std::vector<int32_t> counts(sz(int64_t{R} * R * E)), rows(sz(s.m));
-      for (int q = 0; q < R; ++q)
-        for (int r = 0; r < R; ++r)
-          for (int e = 0; e < E; ++e)
-            counts[sz((int64_t{q} * R + r) * E + e)] =
-                static_cast<int32_t>(c / R + ((r - q + R) % R < c % R ? 1 : 0));
+      const std::vector<int32_t> counts = push_combine_counts(s);
+      std::vector<int32_t> rows(sz(s.m));
       for (int64_t t = 0; t < s.m; ++t) rows[sz(t)] = static_cast<int32_t>(t);
       f.counts = DeviceBuffer<int32_t>(counts.size());
       f.counts.upload(counts.data(), counts.size());

@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <tuple>
+#include <vector>
 
 #include "simulator/core/fused_ops.h"
 #include "simulator/core/op_graph.h"
@@ -57,6 +58,22 @@ inline FusedShape fused_shape(const Op& op, int ranks) {
   s.experts = grouped ? static_cast<int>(std::max<int64_t>(1, op.gemm.groups)) : 1;
   s.m = grouped ? (op.gemm.m + s.experts - 1) / s.experts * s.experts : op.gemm.m;  // whole rows per expert
   return s;
+}
+
+// The CUTLASS push combine's counts for the replay's uniform routing (push_gemm.h: counts[q][r][e] rows of
+// token owner r at expert owner q's local expert e): each rank's m / experts rows per expert, spread over the
+// token owners with the remainder rotated by expert owner, so each token owner receives at most m rows (its
+// receive slots), and every rank computes the same matrix.
+inline std::vector<int32_t> push_combine_counts(const FusedShape& s) {
+  const int R = s.ranks, E = s.experts;
+  const int64_t c = s.m / E;
+  std::vector<int32_t> counts(static_cast<size_t>(R) * static_cast<size_t>(R) * static_cast<size_t>(E));
+  for (int q = 0; q < R; ++q)
+    for (int r = 0; r < R; ++r)
+      for (int e = 0; e < E; ++e)
+        counts[static_cast<size_t>((int64_t{q} * R + r) * E + e)] =
+            static_cast<int32_t>(c / R + ((r - q + R) % R < c % R ? 1 : 0));
+  return counts;
 }
 
 }  // namespace moeplan::executor

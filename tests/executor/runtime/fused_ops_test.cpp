@@ -112,6 +112,51 @@ TEST_SUITE("executor_runtime") {
       }
     }
   }
+
+  TEST_CASE("the push combine's uniform counts fill no token owner past its slots, the same on every rank") {
+    // Rows that do not split evenly over experts and token owners, one to eight ranks: every count is the
+    // even share or one more, an expert owner holds experts x (m / experts) rows, and a token owner receives
+    // as many (at most m, its receive slots), summed over the expert owners.
+    for (int ranks : {1, 2, 3, 8})
+      for (int experts : {1, 3, 8})
+        for (int64_t m : {int64_t{0}, int64_t{7}, int64_t{96}, int64_t{1000}}) {
+          CAPTURE(ranks);
+          CAPTURE(experts);
+          CAPTURE(m);
+          FusedShape s;
+          s.kind = FusedKind::kGroupedScatter;
+          s.ranks = ranks;
+          s.experts = experts;
+          s.m = m;
+          const std::vector<int32_t> c = push_combine_counts(s);
+          REQUIRE(c.size() == static_cast<size_t>(ranks * ranks * experts));
+          const int64_t per_expert = m / experts;
+          auto at = [&](int q, int r, int e) {
+            return c[static_cast<size_t>((q * ranks + r) * experts + e)];
+          };
+          for (int q = 0; q < ranks; ++q) {
+            int64_t held = 0;
+            for (int e = 0; e < experts; ++e) {
+              int64_t expert_rows = 0;
+              for (int r = 0; r < ranks; ++r) {
+                CHECK(at(q, r, e) >= per_expert / ranks);
+                CHECK(at(q, r, e) <= per_expert / ranks + 1);
+                expert_rows += at(q, r, e);
+              }
+              CHECK(expert_rows == per_expert);
+              held += expert_rows;
+            }
+            CHECK(held <= m);
+          }
+          for (int r = 0; r < ranks; ++r) {
+            int64_t received = 0;
+            for (int q = 0; q < ranks; ++q)
+              for (int e = 0; e < experts; ++e) received += at(q, r, e);
+            CHECK(received == experts * per_expert);
+            CHECK(received <= m);
+          }
+        }
+  }
 }
 
 }  // namespace moeplan::executor
