@@ -599,6 +599,11 @@ struct CudaReplayRunner::Impl {
       count(static_cast<double>(f.workspace.size()));
       kernel->initialize(f.workspace.data(), l.stream);
     };
+    auto upload = [](const std::vector<int32_t>& h) {
+      DeviceBuffer<int32_t> d(std::max<size_t>(h.size(), 1));
+      if (!h.empty()) d.upload(h.data(), h.size());
+      return d;
+    };
     // Row i of this rank's expert-sorted buffer is global row g = rank m + i: it comes from (goes to) rank
     // g % ranks, as that rank's token row (g / ranks) % source_rows (receive slot g / ranks).
     auto routing = [&] {
@@ -609,24 +614,9 @@ struct CudaReplayRunner::Impl {
         rank_of.push_back(static_cast<int32_t>(g % s.ranks));
         row_of.push_back(static_cast<int32_t>(gathers ? (g / s.ranks) % s.source_rows() : g / s.ranks));
       }
-      auto upload = [](const std::vector<int32_t>& h) {
-        DeviceBuffer<int32_t> d(std::max<size_t>(h.size(), 1));
-        if (!h.empty()) d.upload(h.data(), h.size());
-        return d;
-      };
       f.counts = upload(counts);
       f.map_rank = upload(rank_of);
       f.map_row = upload(row_of);
-    };
-    // The push combine's counts (push_combine_counts) and each slot's receive row (slot t at row t).
-    auto push_routing = [&] {
-      const std::vector<int32_t> counts = push_combine_counts(s);
-      std::vector<int32_t> rows(sz(s.m));
-      for (int64_t t = 0; t < s.m; ++t) rows[sz(t)] = static_cast<int32_t>(t);
-      f.counts = DeviceBuffer<int32_t>(counts.size());
-      f.counts.upload(counts.data(), counts.size());
-      f.map_row = DeviceBuffer<int32_t>(std::max<size_t>(rows.size(), 1));
-      if (!rows.empty()) f.map_row.upload(rows.data(), rows.size());
     };
     auto bf = [](void* p) { return static_cast<cuda::fused::Bf16*>(p); };
     // Each peer's data region and this kernel's signal array in it.
@@ -658,13 +648,13 @@ struct CudaReplayRunner::Impl {
         if (push_kernel(s.kind)) {
           if (fresh) {
             init(f.push_combine, push_combine_args(s));
-            push_routing();
+            f.counts = upload(push_combine_counts(s));
           }
           cuda::fused::PushGemmCombineOperands o;
           o.rank = mem.rank;
           peers(o.recv, o.signals);
           o.counts = f.counts.data();
-          o.recv_row = f.map_row.data();
+          o.recv_row = iota(l.row_maps, l, s.m);  // slot t at receive row t
           o.h = bf(slot(l, 0, sz(s.m * s.depth) * 2));
           o.w = bf(slot(l, 1, sz(s.depth * s.width) * 2 * sz(s.experts)));
           o.gates = static_cast<const float*>(slot(l, 3, sz(s.m) * 4));
