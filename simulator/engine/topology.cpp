@@ -2,11 +2,10 @@
 #include "simulator/engine/topology.h"
 
 #include <algorithm>
-#include <deque>
 #include <limits>
 
 #include <fmt/format.h>
-#include <boost/graph/adjacency_list.hpp>
+#include <boost/graph/compressed_sparse_row_graph.hpp>
 
 #include "simulator/core/status.h"
 
@@ -23,9 +22,11 @@ bool Path::crosses_nodes() const {
 }
 
 struct Topology::Impl {
-  using Graph = boost::adjacency_list<boost::vecS, boost::vecS, boost::undirectedS, boost::no_property, Link>;
-  // A vertex's name, written out only for the vertices of a path asked for (a 16,384-GPU cluster has over
-  // 20,000 vertices).
+  // Built once from the edge list (both directions of each link), in compressed sparse rows: a 16,384-GPU
+  // cluster has over 20,000 vertices and 50,000 links, which an adjacency list allocates one by one. Each
+  // vertex's neighbours keep the order its links were added in (the rows are filled in input order).
+  using Graph = boost::compressed_sparse_row_graph<boost::directedS, boost::no_property, Link>;
+  // A vertex's name, written out only for the vertices of a path asked for.
   enum class Role : uint8_t { kGpu, kNvswitch, kLeaf, kSpine, kNic };
   struct Name {
     Role role;
@@ -33,11 +34,24 @@ struct Topology::Impl {
   };
   Graph g;
   std::vector<Name> names;
+  std::vector<std::pair<size_t, size_t>> ends;  // until the graph is built
+  std::vector<Link> links;
   int64_t gpus = 0;
 
   size_t add(Role role, int64_t a = 0, int64_t b = 0) {
     names.push_back({role, a, b});
-    return boost::add_vertex(g);
+    return names.size() - 1;
+  }
+  void link(size_t u, size_t v, Link l) {
+    ends.emplace_back(u, v);
+    ends.emplace_back(v, u);
+    links.push_back(l);
+    links.push_back(l);
+  }
+  void build() {
+    g = Graph(boost::edges_are_unsorted_multi_pass, ends.begin(), ends.end(), links.begin(), names.size());
+    ends = {};
+    links = {};
   }
   std::string name(size_t v) const {
     const Name& n = names[v];
@@ -79,25 +93,24 @@ Topology::Topology(const HardwareProfile& hw, int64_t gpus, int64_t leaf_ports) 
   const size_t spine = leaves > 1 ? t.add(Impl::Role::kSpine) : 0;
   for (int64_t i = 0; i < gpus; ++i) {
     const int64_t n = i / per_node;
-    boost::add_edge(static_cast<size_t>(i), nvswitch[static_cast<size_t>(n)], Link{LinkKind::kNvlink, nvlink},
-                    t.g);
+    t.link(static_cast<size_t>(i), nvswitch[static_cast<size_t>(n)], Link{LinkKind::kNvlink, nvlink});
   }
   for (int64_t n = 0; n < nodes; ++n) {
     for (int64_t r = 0; r < rails; ++r) {
       // The NIC of rail r hangs off the node's GPU r * per_node / rails (one NIC per GPU on HGX boards).
       const size_t nic_v = t.add(Impl::Role::kNic, n, r);
       const int64_t owner = n * per_node + r * per_node / rails;
-      if (owner < gpus) boost::add_edge(static_cast<size_t>(owner), nic_v, Link{LinkKind::kNic, nic}, t.g);
-      boost::add_edge(nic_v, leaf[static_cast<size_t>(r * leaves + n / nodes_per_leaf)],
-                      Link{LinkKind::kFabric, nic}, t.g);
+      if (owner < gpus) t.link(static_cast<size_t>(owner), nic_v, Link{LinkKind::kNic, nic});
+      t.link(nic_v, leaf[static_cast<size_t>(r * leaves + n / nodes_per_leaf)], Link{LinkKind::kFabric, nic});
     }
   }
   if (leaves > 1) {
     // Non-blocking fat tree: each leaf's uplinks carry what its downlinks do.
     for (size_t l : leaf) {
-      boost::add_edge(l, spine, Link{LinkKind::kFabric, nic * static_cast<double>(nodes_per_leaf)}, t.g);
+      t.link(l, spine, Link{LinkKind::kFabric, nic * static_cast<double>(nodes_per_leaf)});
     }
   }
+  t.build();
 }
 
 Topology::~Topology() {
@@ -112,34 +125,35 @@ Path Topology::path(int64_t gpu_a, int64_t gpu_b) const {
   const auto& t = *impl_;
   MOEPLAN_ASSERT(gpu_a >= 0 && gpu_a < t.gpus && gpu_b >= 0 && gpu_b < t.gpus);
   using Vertex = Impl::Graph::vertex_descriptor;
-  // Breadth-first from gpu_a until gpu_b is reached (neighbours in edge order, as Boost's search visits
-  // them), so a path between neighbours does not visit the whole cluster.
-  constexpr Vertex kUnseen = std::numeric_limits<Vertex>::max();
-  std::vector<Vertex> pred(boost::num_vertices(t.g), kUnseen);
+  using Edge = Impl::Graph::edge_descriptor;
+  // Breadth-first from gpu_a until gpu_b is reached (neighbours in the order their links were added), so a
+  // path between neighbours does not visit the whole cluster; each vertex remembers the link it was
+  // reached by.
+  const size_t n = boost::num_vertices(t.g);
+  std::vector<uint8_t> seen(n, 0);
+  std::vector<Edge> via(n);
   const auto src = static_cast<Vertex>(gpu_a), dst = static_cast<Vertex>(gpu_b);
-  pred[src] = src;
-  std::deque<Vertex> frontier{src};
-  while (!frontier.empty() && pred[dst] == kUnseen) {
-    const Vertex u = frontier.front();
-    frontier.pop_front();
-    for (auto [it, end] = boost::adjacent_vertices(u, t.g); it != end; ++it) {
-      if (pred[*it] != kUnseen) continue;
-      pred[*it] = u;
-      frontier.push_back(*it);
+  seen[src] = 1;
+  std::vector<Vertex> frontier{src};
+  for (size_t head = 0; head < frontier.size() && !seen[dst]; ++head) {
+    for (auto [it, end] = boost::out_edges(frontier[head], t.g); it != end; ++it) {
+      const Vertex v = boost::target(*it, t.g);
+      if (seen[v]) continue;
+      seen[v] = 1;
+      via[v] = *it;
+      frontier.push_back(v);
     }
   }
+  MOEPLAN_ASSERT(seen[dst]);  // connected
+  std::vector<Vertex> chain{dst};
+  std::vector<Link> links;
+  for (Vertex v = dst; v != src; v = boost::source(via[v], t.g)) {
+    links.push_back(t.g[via[v]]);
+    chain.push_back(boost::source(via[v], t.g));
+  }
   Path p;
-  std::vector<Vertex> chain;
-  for (Vertex v = dst; v != src; v = pred[v]) {
-    MOEPLAN_ASSERT(pred[v] != kUnseen);  // connected
-    chain.push_back(v);
-  }
-  chain.push_back(src);
-  std::reverse(chain.begin(), chain.end());
-  for (size_t i = 0; i < chain.size(); ++i) {
-    p.hops.push_back(t.name(chain[i]));
-    if (i + 1 < chain.size()) p.links.push_back(t.g[boost::edge(chain[i], chain[i + 1], t.g).first]);
-  }
+  for (auto v = chain.rbegin(); v != chain.rend(); ++v) p.hops.push_back(t.name(*v));
+  p.links.assign(links.rbegin(), links.rend());
   return p;
 }
 
