@@ -1,44 +1,24 @@
 // The op-by-op check that a run is another with one period inserted (see periodic.h).
 #include "simulator/predict/periodic.h"
 
+#include <algorithm>
+
 #include <fmt/format.h>
 
-#include "simulator/core/hash.h"
+#include "simulator/core/parallel.h"
 
 namespace moeplan {
-namespace {
-
-// Each stream's ops in program (id) order, where each op sits in its stream, and each op's signature: its
-// cost fields, layer and chunk, what two runs' versions of one op share.
-struct Streams {
-  std::vector<std::vector<int32_t>> ops;  // by queue = stage * kNumStreams + stream
-  std::vector<uint32_t> queue, pos;       // by op id
-  std::vector<uint64_t> sig;              // by op id
-
-  // `keys`: each op's cost_fields_hash where the caller has them (empty: computed here).
-  Streams(const OpGraph& g, std::span<const uint64_t> keys)
-      : ops(static_cast<size_t>(g.num_stages) * kNumStreams),
-        queue(g.ops.size()),
-        pos(g.ops.size()),
-        sig(g.ops.size()) {
-    for (const Op& op : g.ops) {
-      const auto i = static_cast<size_t>(op.id);
-      queue[i] = static_cast<uint32_t>(op.stage) * kNumStreams + static_cast<uint32_t>(op.stream);
-      auto& list = ops[queue[i]];
-      pos[i] = static_cast<uint32_t>(list.size());
-      list.push_back(op.id);
-      const uint64_t key = keys.empty() ? cost::cost_fields_hash(op) : keys[i];
-      sig[i] = hash_combine(hash_combine(key, static_cast<uint64_t>(static_cast<int64_t>(op.layer))),
-                            static_cast<uint64_t>(op.chunk));
-    }
-  }
-};
-
-}  // namespace
 
 InsertedPeriod inserted_period(const OpGraph& a, const engine::Timeline& ta, const OpGraph& b,
                                const engine::Timeline& tb, std::span<const cost::OpCost> costs_b, double tol,
                                std::span<const uint64_t> keys_a, std::span<const uint64_t> keys_b) {
+  std::vector<uint64_t> ka(keys_a.begin(), keys_a.end()), kb(keys_b.begin(), keys_b.end());
+  return inserted_period(a, ta, StreamIndex(a, ka), b, tb, StreamIndex(b, kb), costs_b, tol);
+}
+
+InsertedPeriod inserted_period(const OpGraph& a, const engine::Timeline& ta, const StreamIndex& sa,
+                               const OpGraph& b, const engine::Timeline& tb, const StreamIndex& sb,
+                               std::span<const cost::OpCost> costs_b, double tol, int threads) {
   InsertedPeriod r;
   r.period_s = tb.step_time - ta.step_time;
   auto fail = [&](std::string why) {
@@ -46,8 +26,7 @@ InsertedPeriod inserted_period(const OpGraph& a, const engine::Timeline& ta, con
     return r;
   };
   if (a.num_stages != b.num_stages || !(r.period_s > tol)) return fail("the step");
-  const Streams sa(a, keys_a), sb(b, keys_b);
-  const size_t queues = sa.ops.size();
+  const size_t queues = sa.queues();
   auto stream_name = [](size_t q) {
     return fmt::format("stage {} stream {}", q / kNumStreams, q % kNumStreams);
   };
@@ -62,7 +41,7 @@ InsertedPeriod inserted_period(const OpGraph& a, const engine::Timeline& ta, con
   // it: the last op of the period before the insertion may run beside an op of the inserted one.
   std::vector<uint32_t> cut(queues), len(queues);
   for (size_t q = 0; q < queues; ++q) {
-    const auto &xa = sa.ops[q], &xb = sb.ops[q];
+    const std::span<const int32_t> xa = sa.of(q), xb = sb.of(q);
     if (xb.size() < xa.size()) return fail(stream_name(q));
     const size_t n = xb.size() - xa.size();
     len[q] = static_cast<uint32_t>(n);
@@ -86,7 +65,7 @@ InsertedPeriod inserted_period(const OpGraph& a, const engine::Timeline& ta, con
     if (y < 0) return -1;
     const auto j = static_cast<size_t>(y);
     const uint32_t q = sa.queue[j], x = sa.pos[j];
-    return sb.ops[q][one_on || x >= cut[q] ? x + len[q] : x];
+    return sb.of(q)[one_on || x >= cut[q] ? x + len[q] : x];
   };
   // The op a block on from b's op `v` in its stream (-1 past the end).
   auto later = [&](int32_t v) -> int32_t {
@@ -94,38 +73,51 @@ InsertedPeriod inserted_period(const OpGraph& a, const engine::Timeline& ta, con
     const auto i = static_cast<size_t>(v);
     const uint32_t q = sb.queue[i];
     const size_t x = sb.pos[i] + len[q];
-    return x < sb.ops[q].size() ? sb.ops[q][x] : -1;
+    return x < sb.of(q).size() ? sb.of(q)[x] : -1;
   };
   // b's op at the place of a's op `y` in its stream.
   auto same_place = [&](int32_t y) -> int32_t {
-    return y < 0 ? -1 : sb.ops[sa.queue[static_cast<size_t>(y)]][sa.pos[static_cast<size_t>(y)]];
+    return y < 0 ? -1 : sb.of(sa.queue[static_cast<size_t>(y)])[sa.pos[static_cast<size_t>(y)]];
   };
   // The dependencies of a's ops, and the op that started each: where the cut puts them. A dependency may
   // also be the same op in both runs (one that every period waits for, such as the step's weight cast). An
   // op at the same times in both runs may also have them at the same place in its stream: the op there
   // may be a copy in b of one that a runs a period later (a send the op did not wait for, which ran beside
   // the next period's ops in b and alone in a).
-  for (const Op& op : a.ops) {
+  auto fits = [&](const Op& op) {
     const auto u = static_cast<size_t>(op.id);
     const bool moved = sa.pos[u] >= cut[sa.queue[u]];
     const int32_t v = version(op.id, false);
     const Op& w = b.ops[static_cast<size_t>(v)];
-    if (w.dep_count != op.dep_count) return fail(name(a, op.id));
+    if (w.dep_count != op.dep_count) return false;
     for (uint32_t k = 0; k < op.dep_count; ++k) {
       const int32_t d = a.deps[op.dep_begin + k], got = b.deps[w.dep_begin + k];
       if (got != version(d, moved) && got != version(d, false) && (moved || got != same_place(d)))
-        return fail(name(a, op.id));
+        return false;
     }
     const int32_t g = ta.gated_by[u], got = tb.gated_by[static_cast<size_t>(v)];
-    if (got != version(g, moved) && (moved || got != same_place(g))) return fail(name(a, op.id));
-  }
+    return got == version(g, moved) || (!moved && got == same_place(g));
+  };
+  // In id order over `threads` slices; the first op that does not fit is named.
+  const size_t slices = static_cast<size_t>(std::max(1, threads));
+  std::vector<size_t> first_misfit(slices, a.ops.size());
+  parallel_for(slices, threads, [&](size_t s) {
+    for (size_t i = a.ops.size() * s / slices, end = a.ops.size() * (s + 1) / slices; i < end; ++i) {
+      if (!fits(a.ops[i])) {
+        first_misfit[s] = i;
+        return;
+      }
+    }
+  });
+  if (const size_t i = *std::min_element(first_misfit.begin(), first_misfit.end()); i < a.ops.size())
+    return fail(name(a, a.ops[i].id));
   // The inserted ops: the ops a block before them, one period later, depending on the ops one block on (or
   // the same ones) and started by the op one block on.
   std::vector<double> host_s(static_cast<size_t>(b.num_stages), 0.0);
   std::vector<uint8_t> waits(static_cast<size_t>(b.num_stages), 0);
   for (size_t q = 0; q < queues; ++q) {
     for (size_t x = cut[q]; x < cut[q] + len[q]; ++x) {
-      const int32_t id = sb.ops[q][x], prev = sb.ops[q][x - len[q]];
+      const int32_t id = sb.of(q)[x], prev = sb.of(q)[x - len[q]];
       const auto i = static_cast<size_t>(id), p = static_cast<size_t>(prev);
       if (!near(tb.ops[i].start, tb.ops[p].start + r.period_s) ||
           !near(tb.ops[i].end, tb.ops[p].end + r.period_s))

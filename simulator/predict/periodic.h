@@ -17,6 +17,7 @@
 #include "simulator/engine/engine.h"
 #include "simulator/io/op_trace.h"
 #include "simulator/predict/predict.h"
+#include "simulator/predict/stream_index.h"
 
 namespace moeplan {
 
@@ -62,6 +63,11 @@ struct InsertedPeriod {
 InsertedPeriod inserted_period(const OpGraph& a, const engine::Timeline& ta, const OpGraph& b,
                                const engine::Timeline& tb, std::span<const cost::OpCost> costs_b, double tol,
                                std::span<const uint64_t> keys_a = {}, std::span<const uint64_t> keys_b = {});
+
+// The same check from the runs' stream indices; `threads` share the walk over a's ops.
+InsertedPeriod inserted_period(const OpGraph& a, const engine::Timeline& ta, const StreamIndex& sa,
+                               const OpGraph& b, const engine::Timeline& tb, const StreamIndex& sb,
+                               std::span<const cost::OpCost> costs_b, double tol, int threads = 1);
 
 // Linear extrapolation of figures at m0 and m0 + d to m0 + k d, each call taking the figure at m0 + 2d too.
 // checked(): the second period must repeat the first, times to `tol` seconds, counts and op summary rows

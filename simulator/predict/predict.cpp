@@ -126,8 +126,7 @@ std::shared_ptr<LoweredGraph> lower_with_keys(const ModelSpec& model, const Plan
                                               const LoweringOptions& lo) {
   auto out = std::make_shared<LoweredGraph>();
   out->graph = lower(model, run, lo);
-  out->cost_keys.reserve(out->graph.ops.size());
-  for (const Op& op : out->graph.ops) out->cost_keys.push_back(cost::cost_fields_hash(op));
+  out->streams = StreamIndex(out->graph, out->cost_keys);
   return out;
 }
 
@@ -407,10 +406,11 @@ std::optional<StepFigures> extrapolate_step(const ModelSpec& model, const Plan& 
   // less than a period of it.)
   for (Run& r : simulate_runs(m0 + d, 2)) runs.push_back(std::move(r));
   const InsertedPeriod inserted =
-      options.op_by_op ? inserted_period(runs[0].graph(), runs[0].timeline, runs[1].graph(), runs[1].timeline,
-                                         runs[1].costs, kInsertedPeriodTolerance * runs[1].timeline.step_time,
-                                         runs[0].cost_keys(), runs[1].cost_keys())
-                       : InsertedPeriod{.failed = "the three-run check was asked for"};
+      options.op_by_op
+          ? inserted_period(runs[0].graph(), runs[0].timeline, runs[0].lowered->streams, runs[1].graph(),
+                            runs[1].timeline, runs[1].lowered->streams, runs[1].costs,
+                            kInsertedPeriodTolerance * runs[1].timeline.step_time, options.threads)
+          : InsertedPeriod{.failed = "the three-run check was asked for"};
   if (inserted.ok) {
     m0 += d;
     auto x = PeriodicExtrapolation::trusted((m - m0) / d);

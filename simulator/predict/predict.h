@@ -18,6 +18,7 @@
 #include "simulator/cost/memory.h"
 #include "simulator/engine/engine.h"
 #include "simulator/io/op_trace.h"
+#include "simulator/predict/stream_index.h"
 #include "simulator/workload/lower.h"
 #include "simulator/workload/routing.h"
 
@@ -125,11 +126,12 @@ struct Prediction {
 // outside glibc.
 void retain_freed_memory();
 
-// One run's op graph with each op's cost key (cost::cost_fields_hash): what the simulated step needs besides
-// the stack's prices.
+// One run's op graph with each op's cost key (cost::cost_fields_hash) and its ops by stream: what the
+// simulated step needs besides the stack's prices.
 struct LoweredGraph {
   OpGraph graph;
   std::vector<uint64_t> cost_keys;  // by op id
+  StreamIndex streams;              // built with the keys, in one pass over the ops
 };
 
 // Op graphs lowered by earlier predictions, handed to later ones of the same model and plan whose lowering is

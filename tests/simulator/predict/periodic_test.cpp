@@ -6,6 +6,7 @@
 #include <string>
 
 #include <doctest/doctest.h>
+#include <fmt/format.h>
 
 #include "simulator/io/hardware_loader.h"
 #include "simulator/io/model_loader.h"
@@ -430,5 +431,52 @@ TEST_SUITE("predict") {
       CHECK_FALSE(r.ok);
       CHECK(r.failed.find("the host of stage") != std::string::npos);
     }
+  }
+
+  TEST_CASE("the check's walk over the dependencies names the same first misfit on any number of threads") {
+    Layout l{"1f1b pp4", truncated("mixtral-8x7b", 8), "megatron-core", base_plan(4, 5)};
+    const HardwareProfile hw = io::load_hardware("h100-sxm").value();
+    const StackProfile stack = io::load_stack(l.stack).value();
+    auto whole = [&](int64_t micro_batches) {
+      Plan p = l.plan;
+      p.global_batch = micro_batches * p.dp();
+      return predict(l.model, p, hw, stack, workload::uniform_routing(8), {.whole_step = true});
+    };
+    const Prediction a = whole(5), b = whole(6);
+    const double tol = kInsertedPeriodTolerance * b.step_time_s;
+    std::vector<uint64_t> keys_b;
+    const StreamIndex sb(b.graph, keys_b);
+    // a's first and last ops that wait for another, each made to wait for an op it does not: in the first
+    // and the last of any number of slices.
+    auto waits = [](const Op& op) { return op.dep_count > 0; };
+    const auto first = std::find_if(a.graph.ops.begin(), a.graph.ops.end(), waits);
+    const auto last = std::find_if(a.graph.ops.rbegin(), a.graph.ops.rend(), waits);
+    REQUIRE(first != a.graph.ops.end());
+    REQUIRE(last != a.graph.ops.rend());
+    REQUIRE(first->id < last->id);
+    auto check = [&](const OpGraph& g, const Op& op) {
+      const std::string named =
+          fmt::format("{} (stage {}, micro-batch {})", op_label(op), op.stage, op.micro_batch);
+      std::vector<uint64_t> keys_a;
+      const StreamIndex sa(g, keys_a);
+      const InsertedPeriod one = inserted_period(g, a.timeline, sa, b.graph, b.timeline, sb, b.costs, tol, 1);
+      CHECK_FALSE(one.ok);
+      CHECK(one.failed == named);
+      for (int threads : {2, 3, 4, 7}) {
+        const InsertedPeriod r =
+            inserted_period(g, a.timeline, sa, b.graph, b.timeline, sb, b.costs, tol, threads);
+        CHECK_FALSE(r.ok);
+        CHECK(r.failed == one.failed);
+      }
+    };
+    std::vector<uint64_t> keys_a;
+    CHECK(inserted_period(a.graph, a.timeline, StreamIndex(a.graph, keys_a), b.graph, b.timeline, sb, b.costs,
+                          tol, 3)
+              .ok);
+    OpGraph g = a.graph;
+    g.deps[last->dep_begin] = a.graph.ops.front().id == g.deps[last->dep_begin] ? 1 : a.graph.ops.front().id;
+    check(g, *last);
+    g.deps[first->dep_begin] = a.graph.ops.back().id;
+    check(g, *first);
   }
 }
