@@ -12,8 +12,7 @@ namespace moeplan {
 InsertedPeriod inserted_period(const OpGraph& a, const engine::Timeline& ta, const OpGraph& b,
                                const engine::Timeline& tb, std::span<const cost::OpCost> costs_b, double tol,
                                std::span<const uint64_t> keys_a, std::span<const uint64_t> keys_b) {
-  std::vector<uint64_t> ka(keys_a.begin(), keys_a.end()), kb(keys_b.begin(), keys_b.end());
-  return inserted_period(a, ta, StreamIndex(a, ka), b, tb, StreamIndex(b, kb), costs_b, tol);
+  return inserted_period(a, ta, StreamIndex(a, keys_a), b, tb, StreamIndex(b, keys_b), costs_b, tol);
 }
 
 InsertedPeriod inserted_period(const OpGraph& a, const engine::Timeline& ta, const StreamIndex& sa,

@@ -123,14 +123,28 @@ cost::MemoryBreakdown predict_memory(const ModelSpec& model, const Plan& plan, c
 namespace {
 
 std::shared_ptr<LoweredGraph> lower_with_keys(const ModelSpec& model, const Plan& run,
-                                              const LoweringOptions& lo) {
+                                              const LoweringOptions& lo, bool indexed) {
   auto out = std::make_shared<LoweredGraph>();
   out->graph = lower(model, run, lo);
-  out->streams = StreamIndex(out->graph, out->cost_keys);
+  if (indexed) {
+    out->index_with_keys();
+  } else {
+    out->cost_keys.reserve(out->graph.ops.size());
+    for (const Op& op : out->graph.ops) out->cost_keys.push_back(cost::cost_fields_hash(op));
+  }
   return out;
 }
 
 }  // namespace
+
+const StreamIndex& LoweredGraph::streams() const {
+  std::call_once(streams_once_, [&] { streams_.emplace(graph, cost_keys); });
+  return *streams_;
+}
+
+void LoweredGraph::index_with_keys() {
+  std::call_once(streams_once_, [&] { streams_.emplace(StreamIndex::with_keys(graph, cost_keys)); });
+}
 
 std::shared_ptr<const LoweredGraph> LoweringCache::find(const ModelSpec& model, const Plan& run,
                                                         const LoweringOptions& options) {
@@ -144,14 +158,14 @@ std::shared_ptr<const LoweredGraph> LoweringCache::find(const ModelSpec& model, 
 }
 
 std::shared_ptr<const LoweredGraph> LoweringCache::get(const ModelSpec& model, const Plan& run,
-                                                       const LoweringOptions& options) {
+                                                       const LoweringOptions& options, bool indexed) {
   {
     const std::lock_guard<std::mutex> lock(mutex_);
     if (auto hit = find(model, run, options)) return hit;
   }
   // Lowered outside the lock (threads lowering other plans go on); a thread that lowered the same graph
   // meanwhile wins, and this one's is dropped.
-  std::shared_ptr<const LoweredGraph> graph = lower_with_keys(model, run, options);
+  std::shared_ptr<const LoweredGraph> graph = lower_with_keys(model, run, options, indexed);
   const std::lock_guard<std::mutex> lock(mutex_);
   if (auto hit = find(model, run, options)) return hit;
   ++lowered_;
@@ -182,12 +196,14 @@ struct Run {
   const OpGraph& graph() const { return lowered->graph; }
   // Each op's cost key: what pricing looks up and the op-by-op check compares.
   const std::vector<uint64_t>& cost_keys() const { return lowered->cost_keys; }
-  void lower_from(const ModelSpec& model, const Plan& run, const LoweringOptions& lo, LoweringCache* cache) {
+  // `indexed`: the run will be checked op by op (see LoweredGraph::streams).
+  void lower_from(const ModelSpec& model, const Plan& run, const LoweringOptions& lo, LoweringCache* cache,
+                  bool indexed) {
     if (cache) {
       owned.reset();
-      lowered = cache->get(model, run, lo);
+      lowered = cache->get(model, run, lo, indexed);
     } else {
-      owned = lower_with_keys(model, run, lo);
+      owned = lower_with_keys(model, run, lo, indexed);
       lowered = owned;
     }
   }
@@ -211,7 +227,7 @@ class Pricing {
 
   Run simulate(const ModelSpec& model, const Plan& run, const LoweringOptions& lo, LoweringCache* cache) {
     Run r;
-    r.lower_from(model, run, lo, cache);
+    r.lower_from(model, run, lo, cache, false);
     price(r);
     time(r);
     return r;
@@ -363,7 +379,7 @@ std::optional<StepFigures> extrapolate_step(const ModelSpec& model, const Plan& 
     std::mutex pricing_mutex;
     parallel_for(n, options.threads, [&](size_t i) {
       out[i].lower_from(model, with_micro_batches(run, from + static_cast<int64_t>(i) * d), lo,
-                        options.lowerings.get());
+                        options.lowerings.get(), options.op_by_op);
       {
         const std::lock_guard<std::mutex> lock(pricing_mutex);
         pricing.price(out[i]);
@@ -407,8 +423,8 @@ std::optional<StepFigures> extrapolate_step(const ModelSpec& model, const Plan& 
   for (Run& r : simulate_runs(m0 + d, 2)) runs.push_back(std::move(r));
   const InsertedPeriod inserted =
       options.op_by_op
-          ? inserted_period(runs[0].graph(), runs[0].timeline, runs[0].lowered->streams, runs[1].graph(),
-                            runs[1].timeline, runs[1].lowered->streams, runs[1].costs,
+          ? inserted_period(runs[0].graph(), runs[0].timeline, runs[0].lowered->streams(), runs[1].graph(),
+                            runs[1].timeline, runs[1].lowered->streams(), runs[1].costs,
                             kInsertedPeriodTolerance * runs[1].timeline.step_time, options.threads)
           : InsertedPeriod{.failed = "the three-run check was asked for"};
   if (inserted.ok) {

@@ -6,6 +6,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -126,12 +127,20 @@ struct Prediction {
 // outside glibc.
 void retain_freed_memory();
 
-// One run's op graph with each op's cost key (cost::cost_fields_hash) and its ops by stream: what the
-// simulated step needs besides the stack's prices.
+// One run's op graph with each op's cost key (cost::cost_fields_hash) and, for the periodic steady state's
+// check, its ops by stream: what the simulated step needs besides the stack's prices.
 struct LoweredGraph {
   OpGraph graph;
   std::vector<uint64_t> cost_keys;  // by op id
-  StreamIndex streams;              // built with the keys, in one pass over the ops
+
+  // Built with the keys, in the same pass over the ops, where the lowering was asked for it; otherwise on
+  // first use (safe from several threads).
+  const StreamIndex& streams() const;
+  void index_with_keys();
+
+ private:
+  mutable std::once_flag streams_once_;
+  mutable std::optional<StreamIndex> streams_;
 };
 
 // Op graphs lowered by earlier predictions, handed to later ones of the same model and plan whose lowering is
@@ -141,9 +150,10 @@ struct LoweredGraph {
 class LoweringCache {
  public:
   // The graph of `run` (its micro-batches included) under `options`, lowered here on a miss. `model` is
-  // compared by address: one cache serves one model object.
+  // compared by address: one cache serves one model object. `indexed`: the caller will check it op by op (on
+  // a miss its stream index is built with its keys).
   std::shared_ptr<const LoweredGraph> get(const ModelSpec& model, const Plan& run,
-                                          const LoweringOptions& options);
+                                          const LoweringOptions& options, bool indexed = false);
   int64_t lowered() const;  // misses so far
   int64_t reused() const;   // hits so far
 

@@ -6,21 +6,28 @@
 
 namespace moeplan {
 
-StreamIndex::StreamIndex(const OpGraph& g, std::vector<uint64_t>& keys)
+StreamIndex::StreamIndex(const OpGraph& g, std::span<const uint64_t> keys) : StreamIndex(g, keys, nullptr) {}
+
+StreamIndex StreamIndex::with_keys(const OpGraph& g, std::vector<uint64_t>& keys) {
+  keys.clear();
+  keys.reserve(g.ops.size());
+  return StreamIndex(g, {}, &keys);
+}
+
+StreamIndex::StreamIndex(const OpGraph& g, std::span<const uint64_t> keys, std::vector<uint64_t>* keys_out)
     : begin(static_cast<size_t>(g.num_stages) * kNumStreams + 1, 0),
       ops(g.ops.size()),
       queue(g.ops.size()),
       pos(g.ops.size()),
       sig(g.ops.size()) {
-  const bool have_keys = !keys.empty();
-  if (!have_keys) keys.reserve(g.ops.size());
   // Counted first, then placed: one array for every stream, each stream's ops in id order.
   for (const Op& op : g.ops) {
     const auto i = static_cast<size_t>(op.id);
     queue[i] = static_cast<uint32_t>(op.stage) * kNumStreams + static_cast<uint32_t>(op.stream);
     ++begin[queue[i] + 1];
-    if (!have_keys) keys.push_back(cost::cost_fields_hash(op));
-    sig[i] = hash_combine(hash_combine(keys[i], static_cast<uint64_t>(static_cast<int64_t>(op.layer))),
+    const uint64_t key = keys.empty() ? cost::cost_fields_hash(op) : keys[i];
+    if (keys_out) keys_out->push_back(key);
+    sig[i] = hash_combine(hash_combine(key, static_cast<uint64_t>(static_cast<int64_t>(op.layer))),
                           static_cast<uint64_t>(op.chunk));
   }
   for (size_t q = 1; q < begin.size(); ++q) begin[q] += begin[q - 1];

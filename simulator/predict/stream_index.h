@@ -19,11 +19,15 @@ struct StreamIndex {
   std::vector<uint32_t> queue, pos;  // by op id
   std::vector<uint64_t> sig;         // by op id
 
-  StreamIndex() = default;
-  // `keys`: each op's cost_fields_hash; where empty, computed here in the same pass over the ops and kept.
-  StreamIndex(const OpGraph& g, std::vector<uint64_t>& keys);
+  // `keys`: each op's cost_fields_hash (where empty, computed here, one op at a time, and not kept).
+  StreamIndex(const OpGraph& g, std::span<const uint64_t> keys);
+  // The index and, into `keys` (cleared first), each op's cost_fields_hash: one pass over the ops for both.
+  static StreamIndex with_keys(const OpGraph& g, std::vector<uint64_t>& keys);
   std::span<const int32_t> of(size_t q) const { return {ops.data() + begin[q], begin[q + 1] - begin[q]}; }
   size_t queues() const { return begin.size() - 1; }
+
+ private:
+  StreamIndex(const OpGraph& g, std::span<const uint64_t> keys, std::vector<uint64_t>* keys_out);
 };
 
 }  // namespace moeplan

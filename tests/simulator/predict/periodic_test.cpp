@@ -444,8 +444,7 @@ TEST_SUITE("predict") {
     };
     const Prediction a = whole(5), b = whole(6);
     const double tol = kInsertedPeriodTolerance * b.step_time_s;
-    std::vector<uint64_t> keys_b;
-    const StreamIndex sb(b.graph, keys_b);
+    const StreamIndex sb(b.graph, {});
     // a's first and last ops that wait for another, each made to wait for an op it does not: in the first
     // and the last of any number of slices.
     auto waits = [](const Op& op) { return op.dep_count > 0; };
@@ -457,8 +456,7 @@ TEST_SUITE("predict") {
     auto check = [&](const OpGraph& g, const Op& op) {
       const std::string named =
           fmt::format("{} (stage {}, micro-batch {})", op_label(op), op.stage, op.micro_batch);
-      std::vector<uint64_t> keys_a;
-      const StreamIndex sa(g, keys_a);
+      const StreamIndex sa(g, {});
       const InsertedPeriod one = inserted_period(g, a.timeline, sa, b.graph, b.timeline, sb, b.costs, tol, 1);
       CHECK_FALSE(one.ok);
       CHECK(one.failed == named);
@@ -469,8 +467,7 @@ TEST_SUITE("predict") {
         CHECK(r.failed == one.failed);
       }
     };
-    std::vector<uint64_t> keys_a;
-    CHECK(inserted_period(a.graph, a.timeline, StreamIndex(a.graph, keys_a), b.graph, b.timeline, sb, b.costs,
+    CHECK(inserted_period(a.graph, a.timeline, StreamIndex(a.graph, {}), b.graph, b.timeline, sb, b.costs,
                           tol, 3)
               .ok);
     OpGraph g = a.graph;

@@ -30,8 +30,8 @@ TEST_SUITE("predict") {
              op_at(2, 1, Stream::kCompute, 3, 1e6), op_at(3, 1, Stream::kComm, 3, 2e6),
              op_at(4, 0, Stream::kCompute, 1, 1e6), op_at(5, 1, Stream::kCompute, 4, 1e6)};
     g.ops[5].chunk = 1;
-    std::vector<uint64_t> keys;
-    const StreamIndex x(g, keys);
+    std::vector<uint64_t> keys{1, 2, 3};  // replaced
+    const StreamIndex x = StreamIndex::with_keys(g, keys);
     REQUIRE(x.queues() == 2 * static_cast<size_t>(kNumStreams));
     const auto compute = static_cast<size_t>(Stream::kCompute), comm = static_cast<size_t>(Stream::kComm);
     auto ids = [&](size_t q) {
@@ -59,12 +59,14 @@ TEST_SUITE("predict") {
     CHECK(x.sig[1] != x.sig[4]);  // another layer
     g.ops[5].chunk = 0;
     g.ops[5].layer = 3;
-    std::vector<uint64_t> again;
-    CHECK(StreamIndex(g, again).sig[5] == x.sig[0]);  // chunk and layer were all that told them apart
+    CHECK(StreamIndex(g, {}).sig[5] == x.sig[0]);  // chunk and layer were all that told them apart
     // Keys given are used as they are (a caller's cost keys).
-    std::vector<uint64_t> given(g.ops.size(), 7);
+    const std::vector<uint64_t> given(g.ops.size(), 7);
     const StreamIndex y(g, given);
     CHECK(y.sig[0] == y.sig[3]);  // their sizes differ only in the keys they were given
-    CHECK(given == std::vector<uint64_t>(g.ops.size(), 7));
+    // Built with the keys or from them: the same index.
+    const StreamIndex z(g, keys);
+    CHECK(z.sig == StreamIndex(g, {}).sig);
+    CHECK(z.ops == StreamIndex(g, {}).ops);
   }
 }
