@@ -3,8 +3,8 @@
 # but none of our Debian packages and no network, it:
 #   1. builds the project with the header-only dependencies carried in .devdeps/prefix.tar.gz
 #      (pack_device_deps.sh) - the full build when an MPI compiler is there, else the GPU-only build;
-#   2. runs every GPU test binary (kernels against the CPU kernels; the fused kernels, wmma and CUTLASS push,
-#      with 1, 2, 4 and 8 virtual ranks; NCCL on one rank, and its symmetric memory where NCCL gives a one-rank group one:
+#   2. runs every GPU test binary (kernels against the CPU kernels; the fused kernels, wmma and CUTLASS push
+#      and gather, with 1, 2, 4 and 8 virtual ranks; NCCL on one rank, and its symmetric memory where NCCL gives a one-rank group one:
 #      2.28.7 on);
 #   3. runs the four kernel benchmarks (RESULT rows with the targets);
 #   4. with the full build: `moerun run --backend cuda` of executor/cuda/device_plan.json on the GPU, the

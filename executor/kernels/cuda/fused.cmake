@@ -6,8 +6,9 @@ target_link_libraries(moerun_cuda_fused PUBLIC moerun_cuda_common moeplan_core)
 moeplan_warnings(moerun_cuda_fused)
 target_link_libraries(moerun_cuda_kernels INTERFACE moerun_cuda_fused)
 
-# The experts' second GEMM with its exchange in the epilogue (fused/push_gemm.h): CUTLASS's SM90
-# grouped kernel, so sm_90a alone and a library of its own, as the grouped GEMM (gemm.cmake).
+# The fused kernels on CUTLASS's SM90 grouped kernel (fused/push_gemm.h: the experts' second GEMM and the
+# Ulysses QKV GEMM with their exchanges in the epilogue, the experts' first GEMM chunk by chunk behind its
+# gathers), so sm_90a alone and a library of its own, as the grouped GEMM (gemm.cmake).
 add_library(moerun_cuda_push_gemm STATIC ${CMAKE_CURRENT_LIST_DIR}/fused/push_gemm.cu)
 set_target_properties(moerun_cuda_push_gemm PROPERTIES CUDA_ARCHITECTURES 90a-real)
 target_link_libraries(moerun_cuda_push_gemm PUBLIC moerun_cuda_common moeplan_core PRIVATE moeplan_cutlass)

@@ -149,6 +149,59 @@ void all_gather_grouped_gemm(double ref_ms) {
   }
 }
 
+// The same job as the CUTLASS grouped kernel chunk by chunk, each token owner's rows gathered beside the
+// chunks before them (fused::GatherGemm).
+void gather_gemm(double ref_ms) {
+  const int64_t out = 2 * kFfn;
+  for (int R : kVirtualRanks) {
+    fused::GatherGemmArgs args;
+    args.ranks = R;
+    args.virtual_ranks = R;
+    args.experts = kExperts;
+    args.tokens = kTokens;
+    args.hidden = kHidden;
+    args.out = out;
+    args.rows = kRows;
+    if (const std::string why = fused::can_implement(args); !why.empty()) {
+      std::printf("CUTLASS gather GEMM, %d ranks: cannot run: %s\n", R, why.c_str());
+      continue;
+    }
+    fused::VirtualSignals sig(R);
+    const std::vector<int32_t> counts(static_cast<size_t>(R * R * kExperts),
+                                      static_cast<int32_t>(kRows / kExperts / R));
+    std::vector<int32_t> src(static_cast<size_t>(kRows));
+    for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<int32_t>(i % kTokens);
+    const DeviceBuffer<int32_t> dcounts = upload(counts), dsrc = upload(src);
+    std::vector<DeviceBuffer<Bf16>> x, g, w, y;
+    std::vector<fused::GatherGemmOperands> ops(static_cast<size_t>(R));
+    for (int r = 0; r < R; ++r) {
+      x.push_back(hashed(kTokens * kHidden, 50 + r));
+      w.push_back(hashed(kExperts * kHidden * out, 60 + r));
+      g.emplace_back(static_cast<size_t>(kRows * kHidden));
+      y.emplace_back(static_cast<size_t>(kRows * out));
+    }
+    for (int r = 0; r < R; ++r) {
+      auto& o = ops[static_cast<size_t>(r)];
+      o.rank = r;
+      for (int p = 0; p < R; ++p) {
+        o.x[p] = x[static_cast<size_t>(p)].data();
+        o.signals[p] = sig.of(p);
+      }
+      o.counts = dcounts.data();
+      o.src_row = dsrc.data();
+      o.gathered = g[static_cast<size_t>(r)].data();
+      o.w = w[static_cast<size_t>(r)].data();
+      o.y = y[static_cast<size_t>(r)].data();
+    }
+    fused::GatherGemm k(args);
+    DeviceBuffer<char> ws(k.workspace_size());
+    k.initialize(ws.data(), nullptr);
+    const double ms = bench::median_ms([&](cudaStream_t s) { k.run(ops, s); }, 2, 5);
+    report("CUTLASS gather GEMM", R, "rows 32768 x 2048 -> 2816, 8 experts/rank, a chunk per rank", ms,
+           2.0 * kRows * kHidden * out, ref_ms);
+  }
+}
+
 void grouped_gemm_reduce_scatter(double ref_ms) {
   for (int R : kVirtualRanks) {
     fused::GroupedGemmReduceScatterArgs args;
@@ -389,7 +442,9 @@ int main() {
     std::printf("skipped: no CUDA device (%s)\n", why.c_str());
     return 0;
   }
-  all_gather_grouped_gemm(grouped_library_ms(kHidden, 2 * kFfn));
+  const double gather_ref_ms = grouped_library_ms(kHidden, 2 * kFfn);
+  all_gather_grouped_gemm(gather_ref_ms);
+  gather_gemm(gather_ref_ms);
   grouped_gemm_reduce_scatter(grouped_library_ms(kFfn, kHidden));
   push_gemm_combine(grouped_library_ms(kFfn, kHidden));
   gemm_all_to_all(dense_library_ms(kSeq, kQkv, kModel));

@@ -1,7 +1,8 @@
 // PushGemmCombine and PushGemmAllToAll (push_gemm.h): CUTLASS's SM90 grouped kernel with each group's output
 // pointed at the rank that needs it, between signal kernels; then the combine's gate-weighted sum, or the
-// wait for every peer's rows. Built for sm_90a alone (the grouped kernel's wgmma and device-side TMA
-// descriptor updates).
+// wait for every peer's rows. GatherGemm: the same kernel once per token owner's chunk of rows, each after
+// that chunk's gather on a side stream. Built for sm_90a alone (the grouped kernel's wgmma and device-side
+// TMA descriptor updates).
 //
 // Memory ordering between GPUs (or virtual ranks): a kernel's stores are complete when the next kernel on
 // its stream starts, so a signal kernel that fences at system scope and stores with release semantics after
@@ -174,6 +175,73 @@ __global__ void __launch_bounds__(kCombineThreads) combine_kernel(const __grid_c
   }
 }
 
+// Virtual rank `v` waits until peer `p` has set `slot` + p in v's array to `epoch`.
+__global__ void wait_peer_kernel(const __grid_constant__ SignalLaunch L, int v, int p) {
+  if (threadIdx.x == 0) detail::wait_sys(L.signals[v][L.rank[v]] + L.slot + p, L.epoch);
+}
+
+// GatherGemm's group arrays of one virtual rank: chunk r's E groups, group e = the rows of token owner r at
+// local expert e (push_source_row's block (e, r)) of gathered and y, and W_e. Counts that are negative or
+// overflow the row buffers are a bug upstream: trap.
+struct GatherSetupLaunch {
+  Arrays g[kMaxRanks];  // by chunk (token owner)
+  GatherGemmOperands ops;
+  int ranks = 0, experts = 0;
+  int64_t hidden = 0, out = 0, rows = 0;
+};
+
+__global__ void __launch_bounds__(kSetupThreads)
+    gather_setup_kernel(const __grid_constant__ GatherSetupLaunch L) {
+  const int R = L.ranks, E = L.experts, q = L.ops.rank;
+  const int32_t* c = L.ops.counts;
+  if (threadIdx.x == 0) {
+    for (int64_t i = 0; i < int64_t{R} * R * E; ++i)
+      if (c[i] < 0) __trap();
+    if (push_source_row(c, R, E, q, 0, E) > L.rows) __trap();
+  }
+  __syncthreads();
+  const auto* g = reinterpret_cast<const gd::Bf16*>(L.ops.gathered);
+  const auto* w = reinterpret_cast<const gd::Bf16*>(L.ops.w);
+  auto* y = reinterpret_cast<gd::Bf16*>(L.ops.y);
+  for (int i = static_cast<int>(threadIdx.x); i < R * E; i += static_cast<int>(blockDim.x)) {
+    const int r = i / E, e = i % E;
+    const Arrays& a = L.g[r];
+    const int64_t m = push_count(c, R, E, q, r, e), row = push_source_row(c, R, E, q, r, e);
+    a.shapes[e] = gd::GroupShape{static_cast<int>(m), static_cast<int>(L.out), static_cast<int>(L.hidden)};
+    a.ptr_a[e] = g + row * L.hidden;
+    a.ptr_b[e] = w + int64_t{e} * L.hidden * L.out;
+    a.ptr_d[e] = y + row * L.out;
+    a.stride_a[e] = gd::packed_stride<Kernel::StrideA>(m, L.hidden);
+    a.stride_b[e] = gd::packed_stride<Kernel::StrideB>(L.out, L.hidden);
+    a.stride_c[e] = gd::packed_stride<Kernel::StrideC>(m, L.out);  // unread (no source), kept defined
+    a.stride_d[e] = gd::packed_stride<Kernel::StrideD>(m, L.out);
+  }
+}
+
+// Chunk r of virtual rank q's rows: block (blockIdx.y, r) of gathered from token owner r's x, 16 bytes per
+// thread, read through L2 (__ldcg: the owner wrote x before its signal, this GPU's L1 holds nothing of it).
+struct GatherLaunch {
+  GatherGemmOperands ops;
+  int ranks = 0, experts = 0, r = 0;
+  int64_t tokens = 0, hidden = 0;
+};
+
+__global__ void __launch_bounds__(kCombineThreads) gather_kernel(const __grid_constant__ GatherLaunch L) {
+  const int R = L.ranks, E = L.experts, q = L.ops.rank, e = static_cast<int>(blockIdx.y);
+  const int64_t m = push_count(L.ops.counts, R, E, q, L.r, e);
+  const int64_t first = push_source_row(L.ops.counts, R, E, q, L.r, e);
+  const int64_t vectors = L.hidden / kVector;
+  const __nv_bfloat16* x = L.ops.x[L.r];
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < m * vectors;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t row = first + i / vectors, col = (i % vectors) * kVector;
+    const int64_t src = L.ops.src_row[row];
+    if (src < 0 || src >= L.tokens) __trap();
+    *reinterpret_cast<uint4*>(L.ops.gathered + row * L.hidden + col) =
+        __ldcg(reinterpret_cast<const uint4*>(x + src * L.hidden + col));
+  }
+}
+
 // The device, then the sm_90a images of the CUTLASS kernel and of `setup`.
 template <class Setup>
 std::string device_and_images(Setup setup) {
@@ -209,14 +277,17 @@ int groups_of(const PushGemmCombineArgs& a) {
 
 }  // namespace
 
-// One CUTLASS grouped kernel per virtual rank, on its part of the workspace: its group arrays, then
-// CUTLASS's own workspace.
+// CUTLASS grouped kernels (one per virtual rank; GatherGemm's, one per chunk of each), each on its part of
+// the workspace: its group arrays, then CUTLASS's own workspace. `gemm_sms`: the SMs the kernels' persistent
+// grid spans (0: every SM).
 struct PushGemmCombine::Impl {
   std::vector<std::unique_ptr<Kernel::Gemm>> gemms;
   std::vector<Arrays> arrays;
-  int device = 0, sm_count = 0, groups = 0;
+  int device = 0, sm_count = 0, groups = 0, gemm_sms = 0;
   uint32_t epoch = 0;
   bool initialized = false;
+
+  int grid_sms() const { return gemm_sms > 0 ? std::min(gemm_sms, sm_count) : sm_count; }
 
   static Kernel::Gemm::Arguments arguments(const Arrays& g, int groups, int device, int sm_count) {
     cutlass::KernelHardwareInfo hw;
@@ -238,16 +309,16 @@ struct PushGemmCombine::Impl {
   size_t per_rank_bytes() const {
     const Arrays none{};
     return gd::align_up(gd::group_arrays_bytes<Kernel>(groups)) +
-           gd::align_up(Kernel::Gemm::get_workspace_size(arguments(none, groups, 0, sm_count)));
+           gd::align_up(Kernel::Gemm::get_workspace_size(arguments(none, groups, 0, grid_sms())));
   }
 
-  size_t workspace_size(int virtual_ranks, int n_groups) {
+  size_t workspace_size(int kernels, int n_groups) {
     gd::sm90_device("the push GEMMs", device, sm_count);
     groups = n_groups;
-    return static_cast<size_t>(virtual_ranks) * per_rank_bytes();
+    return static_cast<size_t>(kernels) * per_rank_bytes();
   }
 
-  void initialize(void* workspace, int virtual_ranks, int n_groups, cudaStream_t stream) {
+  void initialize(void* workspace, int kernels, int n_groups, cudaStream_t stream) {
     if (reinterpret_cast<uintptr_t>(workspace) % gd::kAlign != 0)
       fail("push GEMM initialize", "the workspace must be 256-byte aligned");
     gd::sm90_device("the push GEMMs", device, sm_count);
@@ -255,11 +326,11 @@ struct PushGemmCombine::Impl {
     const size_t per_rank = per_rank_bytes();
     gemms.clear();
     arrays.clear();
-    for (int v = 0; v < virtual_ranks; ++v) {
+    for (int v = 0; v < kernels; ++v) {
       char* base = static_cast<char*>(workspace) + static_cast<size_t>(v) * per_rank;
       arrays.push_back(gd::carve_group_arrays<Kernel>(base, groups));
       void* cutlass_ws = base + gd::align_up(gd::group_arrays_bytes<Kernel>(groups));
-      const auto a = arguments(arrays.back(), groups, device, sm_count);
+      const auto a = arguments(arrays.back(), groups, device, grid_sms());
       auto gemm = std::make_unique<Kernel::Gemm>();
       cutlass::Status st = gemm->can_implement(a);
       if (st != cutlass::Status::kSuccess) fail("push GEMM: CUTLASS can_implement", gd::status_name(st));
@@ -410,6 +481,116 @@ void PushGemmAllToAll::run(std::span<const PushGemmAllToAllOperands> ranks, cuda
   });
   // Every peer's rows in this rank's output before anything after the run on the stream.
   L.slot = kSignalDone;
+  wait_kernel<<<static_cast<unsigned>(a.virtual_ranks), 32, 0, stream>>>(L, 0);
+  MOERUN_CUDA_CHECK(cudaGetLastError());
+}
+
+// ---- GatherGemm -----------------------------------------------------------------------------------------
+std::string can_implement(const GatherGemmArgs& a) {
+  if (std::string why = ranks_rule(a.ranks, a.virtual_ranks); !why.empty()) return why;
+  if (a.experts < 1 || a.experts * a.ranks > kMaxGroups)
+    return "1 <= experts and experts x ranks <= 1024 groups";
+  if (a.hidden <= 0 || a.out <= 0 || a.hidden % 8 != 0 || a.out % 8 != 0)
+    return "hidden and out must be positive multiples of 8 (16-byte TMA rows)";
+  if (a.hidden > (int64_t{1} << 30) || a.out > (int64_t{1} << 30))
+    return "hidden and out must fit int shapes";
+  if (a.tokens <= 0 || a.rows < 0 || a.rows > std::numeric_limits<int>::max())
+    return "tokens must be positive and rows must fit CUTLASS's int shapes";
+  if (std::string why = device_and_images(gather_setup_kernel); !why.empty()) return why;
+  int device = 0, sm_count = 0;
+  gd::sm90_device("the push GEMMs", device, sm_count);
+  if (a.gather_sms < 1 || 2 * a.gather_sms > sm_count) return "1 <= gather_sms <= half the GPU's SMs";
+  return {};
+}
+
+GatherGemm::GatherGemm(const GatherGemmArgs& args)
+    : args_(args), impl_(std::make_unique<PushGemmCombine::Impl>()) {}
+
+GatherGemm::~GatherGemm() {
+  for (cudaEvent_t e : gathered_) cudaEventDestroy(e);
+  if (fork_) cudaEventDestroy(fork_);
+  if (join_) cudaEventDestroy(join_);
+  if (side_) cudaStreamDestroy(side_);
+}
+
+size_t GatherGemm::workspace_size() const {
+  if (std::string why = can_implement(args_); !why.empty()) fail("GatherGemm::workspace_size", why);
+  PushGemmCombine::Impl& m = *impl_;
+  gd::sm90_device("the push GEMMs", m.device, m.sm_count);
+  m.gemm_sms = m.sm_count - args_.gather_sms;
+  return m.workspace_size(args_.virtual_ranks * args_.ranks, args_.experts);
+}
+
+void GatherGemm::initialize(void* workspace, cudaStream_t stream) {
+  if (std::string why = can_implement(args_); !why.empty()) fail("GatherGemm::initialize", why);
+  PushGemmCombine::Impl& m = *impl_;
+  gd::sm90_device("the push GEMMs", m.device, m.sm_count);
+  m.gemm_sms = m.sm_count - args_.gather_sms;
+  m.initialize(workspace, args_.virtual_ranks * args_.ranks, args_.experts, stream);
+  if (!side_) {
+    MOERUN_CUDA_CHECK(cudaStreamCreateWithFlags(&side_, cudaStreamNonBlocking));
+    MOERUN_CUDA_CHECK(cudaEventCreateWithFlags(&fork_, cudaEventDisableTiming));
+    MOERUN_CUDA_CHECK(cudaEventCreateWithFlags(&join_, cudaEventDisableTiming));
+    gathered_.resize(static_cast<size_t>(args_.virtual_ranks * args_.ranks));
+    for (cudaEvent_t& e : gathered_) MOERUN_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  }
+}
+
+void GatherGemm::run(std::span<const GatherGemmOperands> ranks, cudaStream_t stream) {
+  PushGemmCombine::Impl& m = *impl_;
+  const GatherGemmArgs& a = args_;
+  if (!m.initialized || static_cast<int>(ranks.size()) != a.virtual_ranks)
+    fail("GatherGemm::run", "needs initialize() and one operand set per virtual rank");
+  const int R = a.ranks;
+  SignalLaunch L = signal_launch(ranks, R, ++m.epoch);
+  // Every rank's x is ready (the caller wrote it before the run, on this stream); each rank's chunks' group
+  // arrays.
+  L.slot = kSignalReady;
+  signal_kernel<<<static_cast<unsigned>(a.virtual_ranks), 32, 0, stream>>>(L);
+  MOERUN_CUDA_CHECK(cudaGetLastError());
+  for (int v = 0; v < a.virtual_ranks; ++v) {
+    GatherSetupLaunch S;
+    for (int r = 0; r < R; ++r) S.g[r] = m.arrays[static_cast<size_t>(v * R + r)];
+    S.ops = ranks[static_cast<size_t>(v)];
+    S.ranks = R;
+    S.experts = a.experts;
+    S.hidden = a.hidden;
+    S.out = a.out;
+    S.rows = a.rows;
+    gather_setup_kernel<<<1, kSetupThreads, 0, stream>>>(S);
+    MOERUN_CUDA_CHECK(cudaGetLastError());
+  }
+  MOERUN_CUDA_CHECK(cudaEventRecord(fork_, stream));
+  MOERUN_CUDA_CHECK(cudaStreamWaitEvent(side_, fork_, 0));
+  // Chunk by chunk, the own rows first: the gather on the side stream, the chunk's GEMM on the caller's once
+  // it is done. The gathers' CTAs run on the SMs the GEMMs leave.
+  const auto blocks = static_cast<unsigned>(std::max(1, 2 * a.gather_sms / a.experts));
+  for (int v = 0; v < a.virtual_ranks; ++v) {
+    for (int k = 0; k < R; ++k) {
+      const int r = (ranks[static_cast<size_t>(v)].rank + k) % R;
+      wait_peer_kernel<<<1, 32, 0, side_>>>(L, v, r);
+      MOERUN_CUDA_CHECK(cudaGetLastError());
+      GatherLaunch G;
+      G.ops = ranks[static_cast<size_t>(v)];
+      G.ranks = R;
+      G.experts = a.experts;
+      G.r = r;
+      G.tokens = a.tokens;
+      G.hidden = a.hidden;
+      gather_kernel<<<dim3(blocks, static_cast<unsigned>(a.experts)), kCombineThreads, 0, side_>>>(G);
+      MOERUN_CUDA_CHECK(cudaGetLastError());
+      cudaEvent_t done = gathered_[static_cast<size_t>(v * R + r)];
+      MOERUN_CUDA_CHECK(cudaEventRecord(done, side_));
+      MOERUN_CUDA_CHECK(cudaStreamWaitEvent(stream, done, 0));
+      m.run_gemm(v * R + r, stream);
+    }
+  }
+  // Every peer's x read: tell them; then wait until every peer has read this rank's.
+  L.slot = kSignalDone;
+  signal_kernel<<<static_cast<unsigned>(a.virtual_ranks), 32, 0, side_>>>(L);
+  MOERUN_CUDA_CHECK(cudaGetLastError());
+  MOERUN_CUDA_CHECK(cudaEventRecord(join_, side_));
+  MOERUN_CUDA_CHECK(cudaStreamWaitEvent(stream, join_, 0));
   wait_kernel<<<static_cast<unsigned>(a.virtual_ranks), 32, 0, stream>>>(L, 0);
   MOERUN_CUDA_CHECK(cudaGetLastError());
 }

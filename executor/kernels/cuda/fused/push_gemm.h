@@ -11,8 +11,14 @@
 //                      then sums its tokens' top-k rows with their gates
 //   PushGemmAllToAll   the Ulysses QKV projection (GemmAllToAll's job): groups are rank p's column blocks of
 //                      x W, stored in rank p's output at this rank's rows
-// The consumer-side pair (all-gather + grouped GEMM, all-to-all + GEMM) needs a main loop that waits for
-// each chunk before its loads, which CUTLASS's kernels do not have; they stay on fused_gemm_comm.h.
+// And, on the consumer side, one fused kernel as a pipeline of chunks instead (CUTLASS's kernels have no
+// main loop that waits for a chunk before its loads):
+//   GatherGemm         the experts' first GEMM (AllGatherGroupedGemm's job): each token owner's rows are
+//                      gathered from its buffer on a side stream, a chunk per token owner, while the grouped
+//                      GEMM computes the chunks gathered before it (one launch per chunk, leaving SMs to the
+//                      gathers), the own rows first
+// The all-to-all + GEMM stays on fused_gemm_comm.h: its chunks split the GEMM's depth, which would need an
+// fp32 accumulation across launches.
 //
 // One run, per rank: tell every peer that this rank's receive buffer is free (its previous run's reader has
 // read it); wait until every peer's is; the push GEMM; tell every peer that its rows are in place; wait for
@@ -40,6 +46,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "executor/kernels/cuda/fused/schedule.h"
 
@@ -133,6 +140,60 @@ class PushGemmAllToAll {
  private:
   PushGemmAllToAllArgs args_;
   std::unique_ptr<PushGemmCombine::Impl> impl_;  // the same per-virtual-rank kernels
+};
+
+// ---- All-gather + grouped GEMM, chunk by chunk (the experts' first GEMM) ----------------------------------
+// Layouts: `counts` [R][R][E] as PushGemmCombine's; this rank's `gathered` and `y` hold its experts' rows
+// expert by expert and each expert's rows by token owner, PushGemmCombine's h layout, so block (e, r) of
+// the rows comes from token owner r, and its rows are rows src_row[i] of r's x.
+struct GatherGemmArgs {
+  int ranks = 1;          // R: ranks of the group (1..kMaxRanks)
+  int virtual_ranks = 1;  // 1 or R
+  int experts = 0;        // E: local experts per rank (E x R <= 1024)
+  int64_t tokens = 0;     // rows of each rank's x
+  int64_t hidden = 0;     // x's width, the GEMM's depth (multiple of 8)
+  int64_t out = 0;        // the GEMM's width (multiple of 8)
+  int64_t rows = 0;       // capacity of gathered and y: a rank's experts hold at most this many rows
+  int gather_sms = 16;    // SMs the grouped GEMM leaves to the gathers beside it (1..half the GPU)
+};
+struct GatherGemmOperands {
+  int rank = 0;
+  const __nv_bfloat16* x[kMaxRanks] = {};  // peer p's tokens [tokens, hidden] (symmetric)
+  uint32_t* signals[kMaxRanks] = {};       // peer p's signal array (kSignalSlots, symmetric, zeroed once)
+  const int32_t* counts = nullptr;         // [R][R][E] the group's routing (device), as above
+  const int32_t* src_row = nullptr;        // [rows] the row of its token owner's x that row i holds
+  __nv_bfloat16* gathered = nullptr;       // [rows, hidden] the gathered rows (output, local)
+  const __nv_bfloat16* w = nullptr;        // [experts, hidden, out]
+  __nv_bfloat16* y = nullptr;              // [rows, out] y_e = gathered_e W_e
+};
+
+std::string can_implement(const GatherGemmArgs& a);
+
+// One run, per rank: tell every peer that this rank's x is ready; on a side stream, for each token owner r
+// (this rank first), wait for r's x, gather block (e, r) of every expert; on the caller's stream, each
+// chunk's grouped GEMM (E groups) once its gather is done; tell every peer its x has been read; wait until
+// every peer has read this rank's x (so the caller may overwrite it after the run). Lifecycle as
+// PushGemmCombine's; the counts may change from run to run (read on the device; a negative count, a sum
+// over `rows` or a src_row outside x traps).
+class GatherGemm {
+ public:
+  explicit GatherGemm(const GatherGemmArgs& args);
+  ~GatherGemm();
+  GatherGemm(const GatherGemm&) = delete;
+  GatherGemm& operator=(const GatherGemm&) = delete;
+
+  size_t workspace_size() const;
+  void initialize(void* workspace, cudaStream_t stream);
+  void run(std::span<const GatherGemmOperands> ranks, cudaStream_t stream);
+
+  const GatherGemmArgs& args() const { return args_; }
+
+ private:
+  GatherGemmArgs args_;
+  std::unique_ptr<PushGemmCombine::Impl> impl_;  // R grouped kernels (one per chunk) per virtual rank
+  cudaStream_t side_ = nullptr;                  // the gathers
+  cudaEvent_t fork_ = nullptr, join_ = nullptr;
+  std::vector<cudaEvent_t> gathered_;  // [virtual rank][chunk]
 };
 
 }  // namespace moeplan::cuda::fused

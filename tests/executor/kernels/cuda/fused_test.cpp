@@ -125,6 +125,19 @@ Routing route(int ranks, int experts, int64_t tokens) {
   return r;
 }
 
+// The group's counts [expert owner q][token owner r][local expert e] of `routing` (push_gemm.h).
+std::vector<int32_t> group_counts(const Routing& routing, int ranks, int experts) {
+  std::vector<int32_t> counts(static_cast<size_t>(ranks * ranks * experts), 0);
+  for (int q = 0; q < ranks; ++q) {
+    size_t i = 0;
+    for (int e = 0; e < experts; ++e)
+      for (int32_t k = 0; k < routing.counts[static_cast<size_t>(q)][static_cast<size_t>(e)]; ++k, ++i)
+        ++counts[static_cast<size_t>(
+            (q * ranks + routing.rows[static_cast<size_t>(q)][i].src_rank) * experts + e)];
+  }
+  return counts;
+}
+
 constexpr int kRanks[] = {1, 2, 4, 8};
 constexpr int kRuns = 2;  // the second run reuses the signal arrays with the next epoch
 
@@ -344,17 +357,8 @@ TEST_SUITE("gpu") {
       INFO("ranks " << R);
       const Routing routing = route(R, kExperts, kTokens);
       const int64_t cap = kTokens * R * kTopK;
-      // The group's counts [expert owner q][token owner r][expert e] and each token owner's receive rows.
-      std::vector<int32_t> counts(static_cast<size_t>(R * R * kExperts), 0);
-      auto count = [&](int q, int r, int e) -> int32_t& {
-        return counts[static_cast<size_t>((q * R + r) * kExperts + e)];
-      };
-      for (int q = 0; q < R; ++q) {
-        size_t i = 0;
-        for (int e = 0; e < kExperts; ++e)
-          for (int32_t k = 0; k < routing.counts[static_cast<size_t>(q)][static_cast<size_t>(e)]; ++k, ++i)
-            ++count(q, routing.rows[static_cast<size_t>(q)][i].src_rank, e);
-      }
+      // The group's counts and each token owner's receive rows.
+      const std::vector<int32_t> counts = group_counts(routing, R, kExperts);
       std::vector<std::vector<int32_t>> recv_row(
           static_cast<size_t>(R), std::vector<int32_t>(static_cast<size_t>(kTokens * kTopK), -1));
       for (int q = 0; q < R; ++q) {
@@ -427,6 +431,86 @@ TEST_SUITE("gpu") {
           check_ladder(download_bf16(dout[static_cast<size_t>(q)].data(), kTokens, kHidden),
                        c.ref[static_cast<size_t>(q)], c.naive[static_cast<size_t>(q)],
                        "combined output of rank " + std::to_string(q));
+      }
+    }
+  }
+
+  TEST_CASE(
+      "the CUTLASS gather GEMM equals gather then expert GEMM on 1, 2, 4 and 8 virtual ranks, chunk by "
+      "chunk") {
+    MOERUN_SKIP_WITHOUT_DEVICE();
+    constexpr int64_t kTokens = 96, kHidden = 264, kOut = 520;
+    constexpr int kExperts = 3;
+    for (int R : kRanks) {
+      INFO("ranks " << R);
+      const Routing routing = route(R, kExperts, kTokens);
+      const int64_t cap = kTokens * R * kTopK;
+      const DeviceBuffer<int32_t> dcounts = upload(group_counts(routing, R, kExperts));
+      std::vector<MatD> x, w;
+      std::vector<DeviceBuffer<Bf16>> dx, dw, dg, dy;
+      std::vector<DeviceBuffer<int32_t>> dsrc_row;
+      for (int r = 0; r < R; ++r) {
+        x.push_back(random_bf16(kTokens, kHidden, 2100 + r));
+        w.push_back(random_bf16(kExperts * kHidden, kOut, 2200 + r));
+        dx.push_back(upload_bf16(x.back()));
+        dw.push_back(upload_bf16(w.back()));
+        dg.emplace_back(static_cast<size_t>(cap * kHidden));
+        dy.emplace_back(static_cast<size_t>(cap * kOut));
+        std::vector<int32_t> src;  // rows in (expert, token owner) order: the gather GEMM's layout
+        for (const auto& row : routing.rows[static_cast<size_t>(r)])
+          src.push_back(static_cast<int32_t>(row.token));
+        dsrc_row.push_back(upload(src));
+      }
+      VirtualSignals sig(R);
+      GatherGemmArgs args;
+      args.ranks = R;
+      args.virtual_ranks = R;
+      args.experts = kExperts;
+      args.tokens = kTokens;
+      args.hidden = kHidden;
+      args.out = kOut;
+      args.rows = cap;
+      REQUIRE_MESSAGE(can_implement(args).empty(), can_implement(args));
+      GatherGemm k(args);
+      DeviceBuffer<char> ws(k.workspace_size());
+      k.initialize(ws.data(), nullptr);
+      std::vector<GatherGemmOperands> ops(static_cast<size_t>(R));
+      for (int r = 0; r < R; ++r) {
+        auto& o = ops[static_cast<size_t>(r)];
+        o.rank = r;
+        for (int p = 0; p < R; ++p) {
+          o.x[p] = dx[static_cast<size_t>(p)].data();
+          o.signals[p] = sig.of(p);
+        }
+        o.counts = dcounts.data();
+        o.src_row = dsrc_row[static_cast<size_t>(r)].data();
+        o.gathered = dg[static_cast<size_t>(r)].data();
+        o.w = dw[static_cast<size_t>(r)].data();
+        o.y = dy[static_cast<size_t>(r)].data();
+      }
+      for (int run = 0; run < kRuns; ++run) {
+        INFO("run " << run);
+        for (int r = 0; r < R; ++r) {
+          poison(dg[static_cast<size_t>(r)].data(), dg[static_cast<size_t>(r)].size());
+          poison(dy[static_cast<size_t>(r)].data(), dy[static_cast<size_t>(r)].size());
+        }
+        MOERUN_CUDA_CHECK(cudaDeviceSynchronize());
+        k.run(ops, nullptr);
+        finish("gather GEMM, virtual ranks");
+        for (int r = 0; r < R; ++r) {
+          const auto& rows = routing.rows[static_cast<size_t>(r)];
+          const int64_t n = static_cast<int64_t>(rows.size());
+          MatD gathered(n, kHidden);
+          for (int64_t i = 0; i < n; ++i)
+            gathered.row(i) = x[static_cast<size_t>(rows[static_cast<size_t>(i)].src_rank)].row(
+                rows[static_cast<size_t>(i)].token);
+          const MatD got_g = download_bf16(dg[static_cast<size_t>(r)].data(), n, kHidden);
+          CHECK((n == 0 || (got_g - gathered).cwiseAbs().maxCoeff() == 0.0));
+          const MatD ref = executor::cpu::expert_gemm_forward<double>(
+              gathered, w[static_cast<size_t>(r)], routing.counts64[static_cast<size_t>(r)]);
+          check_ladder(download_bf16(dy[static_cast<size_t>(r)].data(), n, kOut), ref, round_bf16(ref),
+                       "y of rank " + std::to_string(r));
+        }
       }
     }
   }
@@ -662,7 +746,8 @@ TEST_SUITE("gpu") {
 }
 
 TEST_CASE(
-    "the CUTLASS push GEMMs refuse the shapes they cannot run with a reason, with or without a device") {
+    "the CUTLASS push and gather GEMMs refuse the shapes they cannot run with a reason, with or without a "
+    "device") {
   PushGemmCombineArgs a;
   a.ranks = 4;
   a.virtual_ranks = 4;
@@ -711,6 +796,28 @@ TEST_CASE(
   u.cols_per_rank = 3072;
   u.ranks = 0;
   CHECK(can_implement(u).find("ranks <= 8") != std::string::npos);
+  GatherGemmArgs g;
+  g.ranks = 8;
+  g.virtual_ranks = 1;
+  g.experts = 32;
+  g.tokens = 4096;
+  g.hidden = 4096;
+  g.out = 3072;
+  g.rows = 32768;
+  if (const std::string got = can_implement(g); !got.empty())
+    CHECK(got.find("multiple") == std::string::npos);
+  GatherGemmArgs h = g;
+  h.out = 3070;
+  CHECK(can_implement(h).find("multiples of 8") != std::string::npos);
+  h = g;
+  h.experts = 129;
+  CHECK(can_implement(h).find("1024 groups") != std::string::npos);
+  h = g;
+  h.virtual_ranks = 3;
+  CHECK(can_implement(h).find("virtual_ranks") != std::string::npos);
+  h = g;
+  h.tokens = 0;
+  CHECK(can_implement(h).find("positive") != std::string::npos);
 }
 
 }  // namespace moeplan::cuda::fused
