@@ -11,7 +11,7 @@
 #      prediction of the same plan on the matching profile (h200-sxm), and `moeplan compare`; the same plan
 #      again after about 45 s of its own steps (the sustained clocks of a long run); then the same
 #      for device_plan_fused.json (intra-operator overlap: the experts' GEMMs on the fused kernels, one rank),
-#      with its wmma kernels and with the CUTLASS push kernels (--fused-kernels cutlass), and for device_plan.json with --host-sync (the host waits for each op), with --routing lowered
+#      with its wmma kernels and with the CUTLASS kernels (--fused-kernels cutlass), and for device_plan.json with --host-sync (the host waits for each op), with --routing lowered
 #      (every expert runs the graph's rows; by default each step's routing is drawn from the plan's) and
 #      with --cuda-graph (the step captured once and replayed), and device_plan_fp8.json (the same plan in
 #      FP8, blockwise: dense GEMMs as e4m3 after the quantiser, weight gradients as e4m3 into fp32); then
@@ -160,8 +160,9 @@ if [[ $full == ON && -x $build/executor/moerun/moerun && -x $build/planner/moepl
   # waiting for each op (--host-sync) and with every expert running the graph's rows (--routing lowered).
   # The unfused plan again after about 45 s of its own steps (:sustained, --warmup 150): the step at the
   # clocks a long run holds, against the prediction at the profile's sustained rate (clocks.csv has both
-  # runs' clocks). The fused plan also on the CUTLASS push kernels (--fused-kernels cutlass: its grouped GEMM +
-  # reduce-scatter ops; never run before this check), against the prediction that prices the wmma kernels.
+  # runs' clocks). The fused plan also on the CUTLASS kernels (--fused-kernels cutlass: its grouped GEMM +
+  # reduce-scatter and all-gather + grouped GEMM ops; never run before this check), against the prediction
+  # that prices the wmma kernels.
   # Then the unfused plan's step captured as a CUDA graph (--cuda-graph: never run before this check). Last,
   # the unfused plan in FP8 (blockwise recipe): its dense GEMMs as e4m3 after the quantiser, their weight
   # gradients as e4m3 accumulated into fp32 (never run).

@@ -482,8 +482,8 @@ int run_plan(const RunOptions& o, int rank, int world) {
     if (on_gpu && plan_has_fused_ops(in.graph))
       report["cuda_fused_kernels"] =
           o.fused_kernels == "cutlass"
-              ? "cutlass: the CUTLASS push kernels for grouped GEMM + reduce-scatter and GEMM + all-to-all, "
-                "the wmma tile kernels for the others"
+              ? "cutlass: the CUTLASS kernels for grouped GEMM + reduce-scatter, GEMM + all-to-all and "
+                "all-gather + grouped GEMM, the wmma tile kernel for all-to-all + GEMM"
               : "wmma: the fused tile kernels (fused_gemm_comm.h)";
 #if MOERUN_WITH_CUDA
     if (gpu_runner != nullptr) {
@@ -614,8 +614,9 @@ Runner add_run(CLI::App& app) {
   app.add_option(
          "--fused-kernels", o->fused_kernels,
          "With --backend cuda: the fused GEMM + communication ops' kernels: wmma (the tile kernels the "
-         "moerun stack is priced from) or cutlass (CUTLASS's grouped kernel with the peers' buffers as "
-         "its outputs, for grouped GEMM + reduce-scatter and GEMM + all-to-all)")
+         "moerun stack is priced from) or cutlass (CUTLASS's grouped kernel: with the peers' buffers as "
+         "its outputs for grouped GEMM + reduce-scatter and GEMM + all-to-all, chunk by chunk behind "
+         "the gathers for all-gather + grouped GEMM)")
       ->capture_default_str()
       ->check(CLI::IsMember({"wmma", "cutlass"}));
   app.add_option("--dump-params", o->dump_params,

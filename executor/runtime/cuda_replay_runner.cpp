@@ -83,23 +83,36 @@ cuda::fused::PushGemmCombineArgs push_combine_args(const FusedShape& s) {
 cuda::fused::PushGemmAllToAllArgs push_a2a_args(const FusedShape& s) {
   return {s.ranks, 1, s.m, s.depth, s.width / s.ranks};
 }
-// The kinds that have a CUTLASS push kernel (their GEMM produces what the peers need).
-bool has_push_kernel(FusedKind k) {
-  return k == FusedKind::kGroupedScatter || k == FusedKind::kGemmA2a;
+// The gather GEMM at the same shape: each rank reads source_rows() tokens of every peer.
+cuda::fused::GatherGemmArgs gather_gemm_args(const FusedShape& s) {
+  cuda::fused::GatherGemmArgs a;
+  a.ranks = s.ranks;
+  a.experts = s.experts;
+  a.tokens = s.source_rows();
+  a.hidden = s.depth;
+  a.out = s.width;
+  a.rows = s.m;
+  return a;
+}
+// The kinds that have a kernel on CUTLASS's grouped GEMM (push_gemm.h): the two whose GEMM produces what
+// the peers need, and the experts' gather + GEMM chunk by chunk.
+bool has_cutlass_kernel(FusedKind k) {
+  return k == FusedKind::kGroupedScatter || k == FusedKind::kGemmA2a || k == FusedKind::kGatherGrouped;
 }
 
-// Empty when the fused kernel (the push kernel where `push`) can run the shape here, else why not.
-std::string fused_unsupported(const FusedShape& s, bool push) {
+// Empty when the fused kernel (the CUTLASS one where `cutlass`) can run the shape here, else why not.
+std::string fused_unsupported(const FusedShape& s, bool cutlass) {
   switch (s.kind) {
     case FusedKind::kGatherGrouped:
-      return cuda::fused::can_implement(gather_grouped_args(s));
+      return cutlass ? cuda::fused::can_implement(gather_gemm_args(s))
+                     : cuda::fused::can_implement(gather_grouped_args(s));
     case FusedKind::kGroupedScatter:
-      return push ? cuda::fused::can_implement(push_combine_args(s))
-                  : cuda::fused::can_implement(grouped_scatter_args(s));
+      return cutlass ? cuda::fused::can_implement(push_combine_args(s))
+                     : cuda::fused::can_implement(grouped_scatter_args(s));
     case FusedKind::kGemmA2a:
       if (s.width % s.ranks != 0) return "the GEMM's width does not split evenly over the group's ranks";
-      return push ? cuda::fused::can_implement(push_a2a_args(s))
-                  : cuda::fused::can_implement(gemm_a2a_args(s));
+      return cutlass ? cuda::fused::can_implement(push_a2a_args(s))
+                     : cuda::fused::can_implement(gemm_a2a_args(s));
     case FusedKind::kA2aGemm:
       if (s.depth % s.ranks != 0) return "the GEMM's depth does not split evenly over the group's ranks";
       return cuda::fused::can_implement(a2a_gemm_args(s));
@@ -179,6 +192,7 @@ struct Lane {
     std::unique_ptr<cuda::fused::AllToAllGemm> a2a_gemm;
     std::unique_ptr<cuda::fused::PushGemmCombine> push_combine;
     std::unique_ptr<cuda::fused::PushGemmAllToAll> push_a2a;
+    std::unique_ptr<cuda::fused::GatherGemm> gather_gemm;
     DeviceBuffer<char> workspace;
     DeviceBuffer<int32_t> counts, map_rank, map_row;  // uniform routing: counts and the row map
   };
@@ -298,9 +312,9 @@ struct CudaReplayRunner::Impl {
     return c;
   }
 
-  // Whether ops of this fused kind run the CUTLASS push kernel.
-  bool push_kernel(FusedKind k) const {
-    return fused_kernels == FusedKernels::kCutlassPush && has_push_kernel(k);
+  // Whether ops of this fused kind run their CUTLASS kernel.
+  bool cutlass_kernel(FusedKind k) const {
+    return fused_kernels == FusedKernels::kCutlassPush && has_cutlass_kernel(k);
   }
 
   int group_ranks(CommGroup g) {
@@ -326,7 +340,7 @@ struct CudaReplayRunner::Impl {
         refuse(op, fmt::format("fused kernels span at most {} ranks (one NVLink domain); the group has {}",
                                cuda::fused::kMaxRanks, ranks));
       const FusedShape s = fused_shape(op, ranks);
-      if (const std::string why = fused_unsupported(s, push_kernel(s.kind)); !why.empty()) refuse(op, why);
+      if (const std::string why = fused_unsupported(s, cutlass_kernel(s.kind)); !why.empty()) refuse(op, why);
       GroupMemory& mem = fused_memory[g];
       mem.ranks = ranks;
       mem.data_bytes = std::max(mem.data_bytes, s.symmetric_bytes());
@@ -628,6 +642,24 @@ struct CudaReplayRunner::Impl {
     };
     switch (s.kind) {
       case FusedKind::kGatherGrouped: {
+        if (cutlass_kernel(s.kind)) {
+          if (fresh) {
+            init(f.gather_gemm, gather_gemm_args(s));
+            const std::vector<int32_t> counts = push_combine_counts(s);
+            f.counts = upload(counts);
+            f.map_row = upload(gather_source_rows(s, counts, mem.rank));
+          }
+          cuda::fused::GatherGemmOperands o;
+          o.rank = mem.rank;
+          peers(o.x, o.signals);
+          o.counts = f.counts.data();
+          o.src_row = f.map_row.data();
+          o.gathered = bf(slot(l, 0, sz(s.m * s.depth) * 2));
+          o.w = bf(slot(l, 1, sz(s.depth * s.width) * 2 * sz(s.experts)));
+          o.y = bf(slot(l, 2, sz(s.m * s.width) * 2));
+          if (!sizing) f.gather_gemm->run(std::span(&o, 1), l.stream);
+          break;
+        }
         if (fresh) {
           init(f.gather_grouped, gather_grouped_args(s));
           routing();
@@ -645,7 +677,7 @@ struct CudaReplayRunner::Impl {
         break;
       }
       case FusedKind::kGroupedScatter: {
-        if (push_kernel(s.kind)) {
+        if (cutlass_kernel(s.kind)) {
           if (fresh) {
             init(f.push_combine, push_combine_args(s));
             f.counts = upload(push_combine_counts(s));
@@ -681,7 +713,7 @@ struct CudaReplayRunner::Impl {
         break;
       }
       case FusedKind::kGemmA2a: {
-        if (push_kernel(s.kind)) {
+        if (cutlass_kernel(s.kind)) {
           if (fresh) init(f.push_a2a, push_a2a_args(s));
           cuda::fused::PushGemmAllToAllOperands o;
           o.rank = mem.rank;

@@ -26,7 +26,7 @@
 //     receives on a CUDA stream of their own, enqueued at once in the sender's order; an op that needs a
 //     received message waits on the device for its receive;
 //   fused GEMM + collective: the fused kernel of its kind (kernels/cuda/fused/fused_gemm_comm.h, or with
-//     FusedKernels::kCutlassPush the CUTLASS push kernel where the kind has one, fused/push_gemm.h) at the
+//     FusedKernels::kCutlassPush the CUTLASS kernel where the kind has one, fused/push_gemm.h) at the
 //     op's GEMM shape, its rows spread evenly over experts and ranks, on the group's NCCL symmetric memory
 //     (made at construction; groups of at most 8 ranks in one NVLink domain); bf16 rows even when the plan
 //     dispatches in FP8 (the fused kernels have no FP8 path).
@@ -87,8 +87,9 @@ class CudaReplayRunner final : public OpRunner {
   // parameter buffers are made here too. `links` is needed with pipeline parallelism.
   enum class Mode { kEnqueue, kHostSync, kGraph };
   // Which kernels run the fused ops: the wmma tile kernels of fused_gemm_comm.h (measured: the moerun stack
-  // prices them), or, for the kinds that have one, the CUTLASS push kernels of fused/push_gemm.h (grouped
-  // GEMM + reduce-scatter as PushGemmCombine, GEMM + all-to-all as PushGemmAllToAll; the others stay wmma).
+  // prices them), or, for the kinds that have one, the CUTLASS kernels of fused/push_gemm.h (grouped GEMM +
+  // reduce-scatter as PushGemmCombine, GEMM + all-to-all as PushGemmAllToAll, all-gather + grouped GEMM as
+  // GatherGemm; all-to-all + GEMM stays wmma).
   enum class FusedKernels { kWmma, kCutlassPush };
   CudaReplayRunner(DeviceGroupLookup groups, const OpGraph& graph, int stage, Mode mode = Mode::kEnqueue,
                    PipelineLinkLookup links = {}, FusedKernels fused_kernels = FusedKernels::kWmma);

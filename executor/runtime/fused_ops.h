@@ -76,4 +76,19 @@ inline std::vector<int32_t> push_combine_counts(const FusedShape& s) {
   return counts;
 }
 
+// The CUTLASS gather GEMM's source rows for rank `q` under the same counts (push_gemm.h: GatherGemm): its m
+// rows block by block (expert by expert, each by token owner r), the j-th row it reads from r being r's
+// token row j mod source_rows(), so that every row read lies in r's buffer.
+inline std::vector<int32_t> gather_source_rows(const FusedShape& s, const std::vector<int32_t>& counts,
+                                               int q) {
+  const int R = s.ranks, E = s.experts;
+  std::vector<int32_t> rows;
+  std::vector<int64_t> read(static_cast<size_t>(R), 0);  // rows read from each token owner so far
+  for (int e = 0; e < E; ++e)
+    for (int r = 0; r < R; ++r)
+      for (int32_t k = 0; k < counts[static_cast<size_t>((int64_t{q} * R + r) * E + e)]; ++k)
+        rows.push_back(static_cast<int32_t>(read[static_cast<size_t>(r)]++ % s.source_rows()));
+  return rows;
+}
+
 }  // namespace moeplan::executor

@@ -159,4 +159,39 @@ TEST_SUITE("executor_runtime") {
   }
 }
 
+TEST_SUITE("executor_runtime") {
+  TEST_CASE("the gather GEMM's source rows lie in each token owner's buffer, block by block") {
+    // Each expert owner's m rows, in (expert, token owner) blocks: as many rows as the counts give it, every
+    // source row inside the owner's source_rows() tokens, and a token owner's rows read in turn (0, 1, ...
+    // wrapping), so no row of its buffer is read twice before every other one has been.
+    for (int ranks : {1, 2, 3, 8})
+      for (int experts : {1, 3, 8})
+        for (int64_t m : {int64_t{0}, int64_t{7}, int64_t{96}, int64_t{1000}}) {
+          CAPTURE(ranks);
+          CAPTURE(experts);
+          CAPTURE(m);
+          FusedShape s;
+          s.kind = FusedKind::kGatherGrouped;
+          s.ranks = ranks;
+          s.experts = experts;
+          s.m = m / experts * experts;
+          const std::vector<int32_t> c = push_combine_counts(s);
+          for (int q = 0; q < ranks; ++q) {
+            const std::vector<int32_t> rows = gather_source_rows(s, c, q);
+            CHECK(static_cast<int64_t>(rows.size()) == s.m);
+            std::vector<int64_t> next(static_cast<size_t>(ranks), 0);
+            size_t i = 0;
+            for (int e = 0; e < experts; ++e)
+              for (int r = 0; r < ranks; ++r)
+                for (int32_t k = 0; k < c[static_cast<size_t>((q * ranks + r) * experts + e)]; ++k, ++i) {
+                  REQUIRE(i < rows.size());
+                  CHECK(rows[i] >= 0);
+                  CHECK(rows[i] < s.source_rows());
+                  CHECK(rows[i] == next[static_cast<size_t>(r)]++ % s.source_rows());
+                }
+          }
+        }
+  }
+}
+
 }  // namespace moeplan::executor
