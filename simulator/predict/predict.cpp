@@ -374,12 +374,13 @@ std::optional<StepFigures> extrapolate_step(const ModelSpec& model, const Plan& 
   // Runs at `from`, from + d, ... each lowered, priced and timed on one of up to options.threads threads.
   // Pricing shares the cost cache, so one run prices at a time, beside the others' lowering and timing (an
   // op's cost does not depend on which run priced it first).
-  auto simulate_runs = [&](int64_t from, size_t n) {
+  // `indexed`: the runs will be checked op by op (the first pair only).
+  auto simulate_runs = [&](int64_t from, size_t n, bool indexed) {
     std::vector<Run> out(n);
     std::mutex pricing_mutex;
     parallel_for(n, options.threads, [&](size_t i) {
       out[i].lower_from(model, with_micro_batches(run, from + static_cast<int64_t>(i) * d), lo,
-                        options.lowerings.get(), options.op_by_op);
+                        options.lowerings.get(), indexed);
       {
         const std::lock_guard<std::mutex> lock(pricing_mutex);
         pricing.price(out[i]);
@@ -420,7 +421,7 @@ std::optional<StepFigures> extrapolate_step(const ModelSpec& model, const Plan& 
   // The runs at m0 + d and m0 + 2d, one period apart op by op: every figure grows by what the period added.
   // (The later pair of the three holds more of the steady phase: the interleaved schedule's first run holds
   // less than a period of it.)
-  for (Run& r : simulate_runs(m0 + d, 2)) runs.push_back(std::move(r));
+  for (Run& r : simulate_runs(m0 + d, 2, options.op_by_op)) runs.push_back(std::move(r));
   const InsertedPeriod inserted =
       options.op_by_op
           ? inserted_period(runs[0].graph(), runs[0].timeline, runs[0].lowered->streams(), runs[1].graph(),
@@ -440,7 +441,7 @@ std::optional<StepFigures> extrapolate_step(const ModelSpec& model, const Plan& 
     sim.why_full = "the batch is too small for the three-run check to save time, and " + sim.why_three_runs;
     return std::nullopt;
   }
-  runs.push_front(std::move(simulate_runs(m0, 1).front()));
+  runs.push_front(std::move(simulate_runs(m0, 1, false).front()));
   for (int slide = 0;; ++slide) {
     auto x = PeriodicExtrapolation::checked((m - m0) / d, 1e-11 * runs[2].timeline.step_time);
     int64_t stage = 0;
@@ -453,7 +454,7 @@ std::optional<StepFigures> extrapolate_step(const ModelSpec& model, const Plan& 
     }
     runs.pop_front();
     m0 += d;
-    runs.push_back(std::move(simulate_runs(m0 + 2 * d, 1).front()));
+    runs.push_back(std::move(simulate_runs(m0 + 2 * d, 1, false).front()));
   }
 }
 
