@@ -640,6 +640,16 @@ struct CudaReplayRunner::Impl {
         signals[p] = mem.signals(p, sig);
       }
     };
+    // Either gather kernel's operands: the peers' tokens, the routing, this rank's rows, weights and output.
+    auto gather_operands = [&](auto& o) {
+      o.rank = mem.rank;
+      peers(o.x, o.signals);
+      o.counts = f.counts.data();
+      o.src_row = f.map_row.data();
+      o.gathered = bf(slot(l, 0, sz(s.m * s.depth) * 2));
+      o.w = bf(slot(l, 1, sz(s.depth * s.width) * 2 * sz(s.experts)));
+      o.y = bf(slot(l, 2, sz(s.m * s.width) * 2));
+    };
     switch (s.kind) {
       case FusedKind::kGatherGrouped: {
         if (cutlass_kernel(s.kind)) {
@@ -650,13 +660,7 @@ struct CudaReplayRunner::Impl {
             f.map_row = upload(gather_source_rows(s, counts, mem.rank));
           }
           cuda::fused::GatherGemmOperands o;
-          o.rank = mem.rank;
-          peers(o.x, o.signals);
-          o.counts = f.counts.data();
-          o.src_row = f.map_row.data();
-          o.gathered = bf(slot(l, 0, sz(s.m * s.depth) * 2));
-          o.w = bf(slot(l, 1, sz(s.depth * s.width) * 2 * sz(s.experts)));
-          o.y = bf(slot(l, 2, sz(s.m * s.width) * 2));
+          gather_operands(o);
           if (!sizing) f.gather_gemm->run(std::span(&o, 1), l.stream);
           break;
         }
@@ -665,14 +669,8 @@ struct CudaReplayRunner::Impl {
           routing();
         }
         cuda::fused::AllGatherGroupedGemmOperands o;
-        o.rank = mem.rank;
-        peers(o.x, o.signals);
-        o.counts = f.counts.data();
+        gather_operands(o);
         o.src_rank = f.map_rank.data();
-        o.src_row = f.map_row.data();
-        o.gathered = bf(slot(l, 0, sz(s.m * s.depth) * 2));
-        o.w = bf(slot(l, 1, sz(s.depth * s.width) * 2 * sz(s.experts)));
-        o.y = bf(slot(l, 2, sz(s.m * s.width) * 2));
         if (!sizing) f.gather_grouped->run(std::span(&o, 1), l.stream);
         break;
       }

@@ -51,6 +51,25 @@ std::map<std::pair<OpName, bool>, Seen> fused_ops(const OpGraph& g) {
   return out;
 }
 
+// Fused shapes of `kind` whose rows do not split evenly over experts and ranks (one to eight of each, 0 to
+// 1000 rows), each handed to `f`.
+template <class F>
+void for_each_uneven_shape(FusedKind kind, F&& f) {
+  for (int ranks : {1, 2, 3, 8})
+    for (int experts : {1, 3, 8})
+      for (int64_t m : {int64_t{0}, int64_t{7}, int64_t{96}, int64_t{1000}}) {
+        CAPTURE(ranks);
+        CAPTURE(experts);
+        CAPTURE(m);
+        FusedShape s;
+        s.kind = kind;
+        s.ranks = ranks;
+        s.experts = experts;
+        s.m = m;
+        f(s);
+      }
+}
+
 }  // namespace
 
 TEST_SUITE("executor_runtime") {
@@ -117,45 +136,35 @@ TEST_SUITE("executor_runtime") {
     // Rows that do not split evenly over experts and token owners, one to eight ranks: every count is the
     // even share or one more, an expert owner holds experts x (m / experts) rows, and a token owner receives
     // as many (at most m, its receive slots), summed over the expert owners.
-    for (int ranks : {1, 2, 3, 8})
-      for (int experts : {1, 3, 8})
-        for (int64_t m : {int64_t{0}, int64_t{7}, int64_t{96}, int64_t{1000}}) {
-          CAPTURE(ranks);
-          CAPTURE(experts);
-          CAPTURE(m);
-          FusedShape s;
-          s.kind = FusedKind::kGroupedScatter;
-          s.ranks = ranks;
-          s.experts = experts;
-          s.m = m;
-          const std::vector<int32_t> c = push_combine_counts(s);
-          REQUIRE(c.size() == static_cast<size_t>(ranks * ranks * experts));
-          const int64_t per_expert = m / experts;
-          auto at = [&](int q, int r, int e) {
-            return c[static_cast<size_t>((q * ranks + r) * experts + e)];
-          };
-          for (int q = 0; q < ranks; ++q) {
-            int64_t held = 0;
-            for (int e = 0; e < experts; ++e) {
-              int64_t expert_rows = 0;
-              for (int r = 0; r < ranks; ++r) {
-                CHECK(at(q, r, e) >= per_expert / ranks);
-                CHECK(at(q, r, e) <= per_expert / ranks + 1);
-                expert_rows += at(q, r, e);
-              }
-              CHECK(expert_rows == per_expert);
-              held += expert_rows;
-            }
-            CHECK(held <= m);
-          }
+    for_each_uneven_shape(FusedKind::kGroupedScatter, [](const FusedShape& s) {
+      const int ranks = s.ranks, experts = s.experts;
+      const int64_t m = s.m;
+      const std::vector<int32_t> c = push_combine_counts(s);
+      REQUIRE(c.size() == static_cast<size_t>(ranks * ranks * experts));
+      const int64_t per_expert = m / experts;
+      auto at = [&](int q, int r, int e) { return c[static_cast<size_t>((q * ranks + r) * experts + e)]; };
+      for (int q = 0; q < ranks; ++q) {
+        int64_t held = 0;
+        for (int e = 0; e < experts; ++e) {
+          int64_t expert_rows = 0;
           for (int r = 0; r < ranks; ++r) {
-            int64_t received = 0;
-            for (int q = 0; q < ranks; ++q)
-              for (int e = 0; e < experts; ++e) received += at(q, r, e);
-            CHECK(received == experts * per_expert);
-            CHECK(received <= m);
+            CHECK(at(q, r, e) >= per_expert / ranks);
+            CHECK(at(q, r, e) <= per_expert / ranks + 1);
+            expert_rows += at(q, r, e);
           }
+          CHECK(expert_rows == per_expert);
+          held += expert_rows;
         }
+        CHECK(held <= m);
+      }
+      for (int r = 0; r < ranks; ++r) {
+        int64_t received = 0;
+        for (int q = 0; q < ranks; ++q)
+          for (int e = 0; e < experts; ++e) received += at(q, r, e);
+        CHECK(received == experts * per_expert);
+        CHECK(received <= m);
+      }
+    });
   }
 }
 
@@ -164,33 +173,25 @@ TEST_SUITE("executor_runtime") {
     // Each expert owner's m rows, in (expert, token owner) blocks: as many rows as the counts give it, every
     // source row inside the owner's source_rows() tokens, and a token owner's rows read in turn (0, 1, ...
     // wrapping), so no row of its buffer is read twice before every other one has been.
-    for (int ranks : {1, 2, 3, 8})
-      for (int experts : {1, 3, 8})
-        for (int64_t m : {int64_t{0}, int64_t{7}, int64_t{96}, int64_t{1000}}) {
-          CAPTURE(ranks);
-          CAPTURE(experts);
-          CAPTURE(m);
-          FusedShape s;
-          s.kind = FusedKind::kGatherGrouped;
-          s.ranks = ranks;
-          s.experts = experts;
-          s.m = m / experts * experts;
-          const std::vector<int32_t> c = push_combine_counts(s);
-          for (int q = 0; q < ranks; ++q) {
-            const std::vector<int32_t> rows = gather_source_rows(s, c, q);
-            CHECK(static_cast<int64_t>(rows.size()) == s.m);
-            std::vector<int64_t> next(static_cast<size_t>(ranks), 0);
-            size_t i = 0;
-            for (int e = 0; e < experts; ++e)
-              for (int r = 0; r < ranks; ++r)
-                for (int32_t k = 0; k < c[static_cast<size_t>((q * ranks + r) * experts + e)]; ++k, ++i) {
-                  REQUIRE(i < rows.size());
-                  CHECK(rows[i] >= 0);
-                  CHECK(rows[i] < s.source_rows());
-                  CHECK(rows[i] == next[static_cast<size_t>(r)]++ % s.source_rows());
-                }
-          }
-        }
+    for_each_uneven_shape(FusedKind::kGatherGrouped, [](FusedShape s) {
+      const int ranks = s.ranks, experts = s.experts;
+      s.m = s.m / experts * experts;  // whole rows per expert, as fused_shape rounds them
+      const std::vector<int32_t> c = push_combine_counts(s);
+      for (int q = 0; q < ranks; ++q) {
+        const std::vector<int32_t> rows = gather_source_rows(s, c, q);
+        CHECK(static_cast<int64_t>(rows.size()) == s.m);
+        std::vector<int64_t> next(static_cast<size_t>(ranks), 0);
+        size_t i = 0;
+        for (int e = 0; e < experts; ++e)
+          for (int r = 0; r < ranks; ++r)
+            for (int32_t k = 0; k < c[static_cast<size_t>((q * ranks + r) * experts + e)]; ++k, ++i) {
+              REQUIRE(i < rows.size());
+              CHECK(rows[i] >= 0);
+              CHECK(rows[i] < s.source_rows());
+              CHECK(rows[i] == next[static_cast<size_t>(r)]++ % s.source_rows());
+            }
+      }
+    });
   }
 }
 

@@ -77,6 +77,14 @@ __global__ void wait_kernel(const __grid_constant__ SignalLaunch L, int first) {
     for (int p = 0; p < L.ranks; ++p) detail::wait_sys(L.signals[v][L.rank[v]] + L.slot + p, L.epoch);
 }
 
+// Counts [R][R][E] that are negative, or that give expert owner q more rows than its buffers hold, are a bug
+// upstream: trap rather than let a GEMM write out of bounds, on this GPU or a peer's.
+__device__ void check_counts(const int32_t* c, int R, int E, int q, int64_t rows) {
+  for (int64_t i = 0; i < int64_t{R} * R * E; ++i)
+    if (c[i] < 0) __trap();
+  if (push_source_row(c, R, E, q, 0, E) > rows) __trap();
+}
+
 struct SetupLaunch {
   Arrays g;
   PushGemmCombineOperands ops;
@@ -92,9 +100,7 @@ __global__ void __launch_bounds__(kSetupThreads) push_setup_kernel(const __grid_
   const int R = L.ranks, E = L.experts, q = L.ops.rank;
   const int32_t* c = L.ops.counts;
   if (threadIdx.x == 0) {
-    for (int64_t i = 0; i < int64_t{R} * R * E; ++i)
-      if (c[i] < 0) __trap();
-    if (push_source_row(c, R, E, q, 0, E) > L.rows) __trap();
+    check_counts(c, R, E, q, L.rows);
     for (int r = 0; r < R; ++r)
       if (push_receive_row(c, R, E, r, R, 0) > L.recv_rows) __trap();
   }
@@ -194,11 +200,7 @@ __global__ void __launch_bounds__(kSetupThreads)
     gather_setup_kernel(const __grid_constant__ GatherSetupLaunch L) {
   const int R = L.ranks, E = L.experts, q = L.ops.rank;
   const int32_t* c = L.ops.counts;
-  if (threadIdx.x == 0) {
-    for (int64_t i = 0; i < int64_t{R} * R * E; ++i)
-      if (c[i] < 0) __trap();
-    if (push_source_row(c, R, E, q, 0, E) > L.rows) __trap();
-  }
+  if (threadIdx.x == 0) check_counts(c, R, E, q, L.rows);
   __syncthreads();
   const auto* g = reinterpret_cast<const gd::Bf16*>(L.ops.gathered);
   const auto* w = reinterpret_cast<const gd::Bf16*>(L.ops.w);

@@ -186,6 +186,62 @@ CombineCase combine_case(const Routing& routing, int ranks, int experts, int64_t
   return c;
 }
 
+// The experts' first GEMM of `routing` on R virtual ranks, for either gather kernel: each rank's tokens x and
+// weights w (seeds `seed` + rank and `seed` + 100 + rank) on the CPU and the device, its gathered and output
+// buffers, and the check of a run against the CPU's gather then expert GEMM (gathered rows bit-exact, y on
+// the ladder).
+struct GatherCase {
+  const Routing& routing;
+  int64_t tokens, hidden, out, cap;
+  std::vector<MatD> x, w;
+  std::vector<DeviceBuffer<Bf16>> dx, dw, dg, dy;
+
+  GatherCase(const Routing& r, int ranks, int64_t tokens_, int64_t hidden_, int64_t out_, uint64_t seed)
+      : routing(r), tokens(tokens_), hidden(hidden_), out(out_), cap(tokens_ * ranks * kTopK) {
+    for (int q = 0; q < ranks; ++q) {
+      x.push_back(random_bf16(tokens, hidden, seed + q));
+      w.push_back(random_bf16(static_cast<int64_t>(r.counts[0].size()) * hidden, out, seed + 100 + q));
+      dx.push_back(upload_bf16(x.back()));
+      dw.push_back(upload_bf16(w.back()));
+      dg.emplace_back(static_cast<size_t>(cap * hidden));
+      dy.emplace_back(static_cast<size_t>(cap * out));
+    }
+  }
+  // Rank q's operands common to both kernels (their x, signals, gathered, w and y).
+  template <class Operands>
+  void wire(Operands& o, int q, const VirtualSignals& sig) {
+    o.rank = q;
+    for (int p = 0; p < static_cast<int>(x.size()); ++p) {
+      o.x[p] = dx[static_cast<size_t>(p)].data();
+      o.signals[p] = sig.of(p);
+    }
+    o.gathered = dg[static_cast<size_t>(q)].data();
+    o.w = dw[static_cast<size_t>(q)].data();
+    o.y = dy[static_cast<size_t>(q)].data();
+  }
+  void poison_outputs() {
+    for (size_t q = 0; q < dg.size(); ++q) {
+      poison(dg[q].data(), dg[q].size());
+      poison(dy[q].data(), dy[q].size());
+    }
+  }
+  void check() const {
+    for (size_t q = 0; q < x.size(); ++q) {
+      const auto& rows = routing.rows[q];
+      const int64_t n = static_cast<int64_t>(rows.size());
+      MatD gathered(n, hidden);
+      for (int64_t i = 0; i < n; ++i)
+        gathered.row(i) = x[static_cast<size_t>(rows[static_cast<size_t>(i)].src_rank)].row(
+            rows[static_cast<size_t>(i)].token);
+      const MatD got_g = download_bf16(dg[q].data(), n, hidden);
+      CHECK((n == 0 || (got_g - gathered).cwiseAbs().maxCoeff() == 0.0));
+      const MatD ref = executor::cpu::expert_gemm_forward<double>(gathered, w[q], routing.counts64[q]);
+      check_ladder(download_bf16(dy[q].data(), n, out), ref, round_bf16(ref),
+                   "y of rank " + std::to_string(q));
+    }
+  }
+};
+
 }  // namespace
 
 TEST_SUITE("gpu") {
@@ -196,17 +252,9 @@ TEST_SUITE("gpu") {
     for (int R : kRanks) {
       INFO("ranks " << R);
       const Routing routing = route(R, kExperts, kTokens);
-      const int64_t cap = kTokens * R * kTopK;
-      std::vector<MatD> x, w;
-      std::vector<DeviceBuffer<Bf16>> dx, dw, dg, dy;
+      GatherCase c(routing, R, kTokens, kHidden, kOut, 100);
       std::vector<DeviceBuffer<int32_t>> dcounts, dsrc_rank, dsrc_row;
       for (int r = 0; r < R; ++r) {
-        x.push_back(random_bf16(kTokens, kHidden, 100 + r));
-        w.push_back(random_bf16(kExperts * kHidden, kOut, 200 + r));
-        dx.push_back(upload_bf16(x.back()));
-        dw.push_back(upload_bf16(w.back()));
-        dg.emplace_back(static_cast<size_t>(cap * kHidden));
-        dy.emplace_back(static_cast<size_t>(cap * kOut));
         std::vector<int32_t> sr, sw;
         for (const auto& row : routing.rows[static_cast<size_t>(r)]) {
           sr.push_back(row.src_rank);
@@ -223,7 +271,7 @@ TEST_SUITE("gpu") {
       args.tokens = kTokens;
       args.hidden = kHidden;
       args.out = kOut;
-      args.rows = cap;
+      args.rows = c.cap;
       REQUIRE_MESSAGE(can_implement(args).empty(), can_implement(args));
       AllGatherGroupedGemm k(args);
       DeviceBuffer<char> ws(k.workspace_size());
@@ -231,40 +279,17 @@ TEST_SUITE("gpu") {
       std::vector<AllGatherGroupedGemmOperands> ops(static_cast<size_t>(R));
       for (int r = 0; r < R; ++r) {
         auto& o = ops[static_cast<size_t>(r)];
-        o.rank = r;
-        for (int p = 0; p < R; ++p) {
-          o.x[p] = dx[static_cast<size_t>(p)].data();
-          o.signals[p] = sig.of(p);
-        }
+        c.wire(o, r, sig);
         o.counts = dcounts[static_cast<size_t>(r)].data();
         o.src_rank = dsrc_rank[static_cast<size_t>(r)].data();
         o.src_row = dsrc_row[static_cast<size_t>(r)].data();
-        o.gathered = dg[static_cast<size_t>(r)].data();
-        o.w = dw[static_cast<size_t>(r)].data();
-        o.y = dy[static_cast<size_t>(r)].data();
       }
       for (int run = 0; run < kRuns; ++run) {
         INFO("run " << run);
-        for (int r = 0; r < R; ++r) {
-          poison(dg[static_cast<size_t>(r)].data(), dg[static_cast<size_t>(r)].size());
-          poison(dy[static_cast<size_t>(r)].data(), dy[static_cast<size_t>(r)].size());
-        }
+        c.poison_outputs();
         k.run(ops, nullptr);
         finish("virtual ranks");
-        for (int r = 0; r < R; ++r) {
-          const auto& rows = routing.rows[static_cast<size_t>(r)];
-          const int64_t n = static_cast<int64_t>(rows.size());
-          MatD gathered(n, kHidden);
-          for (int64_t i = 0; i < n; ++i)
-            gathered.row(i) = x[static_cast<size_t>(rows[static_cast<size_t>(i)].src_rank)].row(
-                rows[static_cast<size_t>(i)].token);
-          const MatD got_g = download_bf16(dg[static_cast<size_t>(r)].data(), n, kHidden);
-          CHECK((n == 0 || (got_g - gathered).cwiseAbs().maxCoeff() == 0.0));
-          const MatD ref = executor::cpu::expert_gemm_forward<double>(
-              gathered, w[static_cast<size_t>(r)], routing.counts64[static_cast<size_t>(r)]);
-          check_ladder(download_bf16(dy[static_cast<size_t>(r)].data(), n, kOut), ref, round_bf16(ref),
-                       "y of rank " + std::to_string(r));
-        }
+        c.check();
       }
     }
   }
@@ -444,18 +469,10 @@ TEST_SUITE("gpu") {
     for (int R : kRanks) {
       INFO("ranks " << R);
       const Routing routing = route(R, kExperts, kTokens);
-      const int64_t cap = kTokens * R * kTopK;
+      GatherCase c(routing, R, kTokens, kHidden, kOut, 2100);
       const DeviceBuffer<int32_t> dcounts = upload(group_counts(routing, R, kExperts));
-      std::vector<MatD> x, w;
-      std::vector<DeviceBuffer<Bf16>> dx, dw, dg, dy;
       std::vector<DeviceBuffer<int32_t>> dsrc_row;
       for (int r = 0; r < R; ++r) {
-        x.push_back(random_bf16(kTokens, kHidden, 2100 + r));
-        w.push_back(random_bf16(kExperts * kHidden, kOut, 2200 + r));
-        dx.push_back(upload_bf16(x.back()));
-        dw.push_back(upload_bf16(w.back()));
-        dg.emplace_back(static_cast<size_t>(cap * kHidden));
-        dy.emplace_back(static_cast<size_t>(cap * kOut));
         std::vector<int32_t> src;  // rows in (expert, token owner) order: the gather GEMM's layout
         for (const auto& row : routing.rows[static_cast<size_t>(r)])
           src.push_back(static_cast<int32_t>(row.token));
@@ -469,7 +486,7 @@ TEST_SUITE("gpu") {
       args.tokens = kTokens;
       args.hidden = kHidden;
       args.out = kOut;
-      args.rows = cap;
+      args.rows = c.cap;
       REQUIRE_MESSAGE(can_implement(args).empty(), can_implement(args));
       GatherGemm k(args);
       DeviceBuffer<char> ws(k.workspace_size());
@@ -477,40 +494,17 @@ TEST_SUITE("gpu") {
       std::vector<GatherGemmOperands> ops(static_cast<size_t>(R));
       for (int r = 0; r < R; ++r) {
         auto& o = ops[static_cast<size_t>(r)];
-        o.rank = r;
-        for (int p = 0; p < R; ++p) {
-          o.x[p] = dx[static_cast<size_t>(p)].data();
-          o.signals[p] = sig.of(p);
-        }
+        c.wire(o, r, sig);
         o.counts = dcounts.data();
         o.src_row = dsrc_row[static_cast<size_t>(r)].data();
-        o.gathered = dg[static_cast<size_t>(r)].data();
-        o.w = dw[static_cast<size_t>(r)].data();
-        o.y = dy[static_cast<size_t>(r)].data();
       }
       for (int run = 0; run < kRuns; ++run) {
         INFO("run " << run);
-        for (int r = 0; r < R; ++r) {
-          poison(dg[static_cast<size_t>(r)].data(), dg[static_cast<size_t>(r)].size());
-          poison(dy[static_cast<size_t>(r)].data(), dy[static_cast<size_t>(r)].size());
-        }
+        c.poison_outputs();
         MOERUN_CUDA_CHECK(cudaDeviceSynchronize());
         k.run(ops, nullptr);
         finish("gather GEMM, virtual ranks");
-        for (int r = 0; r < R; ++r) {
-          const auto& rows = routing.rows[static_cast<size_t>(r)];
-          const int64_t n = static_cast<int64_t>(rows.size());
-          MatD gathered(n, kHidden);
-          for (int64_t i = 0; i < n; ++i)
-            gathered.row(i) = x[static_cast<size_t>(rows[static_cast<size_t>(i)].src_rank)].row(
-                rows[static_cast<size_t>(i)].token);
-          const MatD got_g = download_bf16(dg[static_cast<size_t>(r)].data(), n, kHidden);
-          CHECK((n == 0 || (got_g - gathered).cwiseAbs().maxCoeff() == 0.0));
-          const MatD ref = executor::cpu::expert_gemm_forward<double>(
-              gathered, w[static_cast<size_t>(r)], routing.counts64[static_cast<size_t>(r)]);
-          check_ladder(download_bf16(dy[static_cast<size_t>(r)].data(), n, kOut), ref, round_bf16(ref),
-                       "y of rank " + std::to_string(r));
-        }
+        c.check();
       }
     }
   }
