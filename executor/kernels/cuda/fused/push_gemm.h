@@ -17,8 +17,9 @@
 //                      gathered from its buffer on a side stream, a chunk per token owner, while the grouped
 //                      GEMM computes the chunks gathered before it (one launch per chunk, leaving SMs to the
 //                      gathers), the own rows first
-// The all-to-all + GEMM stays on fused_gemm_comm.h: its chunks split the GEMM's depth, which would need an
-// fp32 accumulation across launches.
+// The all-to-all + GEMM stays on fused_gemm_comm.h: its chunks split the GEMM's depth, so chunked launches
+// would each read and write an fp32 partial of the whole output; at the Ulysses shapes (4096 tokens, 4096
+// wide, 8 ranks: 128 MB per chunk against a 17 GFLOP chunk GEMM) that traffic outlasts the chunk's GEMM.
 //
 // One run, per rank: tell every peer that this rank's receive buffer is free (its previous run's reader has
 // read it); wait until every peer's is; the push GEMM; tell every peer that its rows are in place; wait for
