@@ -581,6 +581,7 @@ Prediction predict(const ModelSpec& model, const Plan& plan, const HardwareProfi
 void retain_freed_memory() {
 #if defined(__GLIBC__)
   mallopt(M_MMAP_THRESHOLD, 32 << 20);  // glibc's largest: arrays below it come from the heap
+  mallopt(M_MMAP_MAX, 0);               // and so do larger ones (a thread's arena still maps above 64 MB)
   mallopt(M_TRIM_THRESHOLD, 1 << 30);   // and freed heap stays mapped for the next prediction
 #endif
 }

@@ -123,7 +123,8 @@ struct Prediction {
 
 // Keeps the memory of one prediction for the next: glibc would otherwise map each large op graph, cost and
 // timeline array afresh and return it on free, and a 100k-op step then spends a third of its time in page
-// faults. Programs that predict many steps (plan, sweep, the benchmarks) call it once at start; a no-op
+// faults. Arrays above glibc's largest mapping threshold (32 MB: a whole step of 200k ops) come from the
+// heap too. Programs that predict many steps (plan, sweep, the benchmarks) call it once at start; a no-op
 // outside glibc.
 void retain_freed_memory();
 
