@@ -650,6 +650,24 @@ struct CudaReplayRunner::Impl {
       o.w = bf(slot(l, 1, sz(s.depth * s.width) * 2 * sz(s.experts)));
       o.y = bf(slot(l, 2, sz(s.m * s.width) * 2));
     };
+    // Either combine kernel's: the peers' receive buffers, the routing, this rank's rows, weights, gates
+    // and output.
+    auto combine_operands = [&](auto& o) {
+      o.rank = mem.rank;
+      peers(o.recv, o.signals);
+      o.counts = f.counts.data();
+      o.h = bf(slot(l, 0, sz(s.m * s.depth) * 2));
+      o.w = bf(slot(l, 1, sz(s.depth * s.width) * 2 * sz(s.experts)));
+      o.gates = static_cast<const float*>(slot(l, 3, sz(s.m) * 4));
+      o.out = bf(slot(l, 4, sz(s.m * s.width) * 2));
+    };
+    // Either GEMM + all-to-all kernel's: the peers' outputs, this rank's input and weight.
+    auto all_to_all_operands = [&](auto& o) {
+      o.rank = mem.rank;
+      peers(o.out, o.signals);
+      o.x = bf(slot(l, 0, sz(s.m * s.depth) * 2));
+      o.w = bf(slot(l, 1, sz(s.depth * s.width) * 2));
+    };
     switch (s.kind) {
       case FusedKind::kGatherGrouped: {
         if (cutlass_kernel(s.kind)) {
@@ -681,14 +699,8 @@ struct CudaReplayRunner::Impl {
             f.counts = upload(push_combine_counts(s));
           }
           cuda::fused::PushGemmCombineOperands o;
-          o.rank = mem.rank;
-          peers(o.recv, o.signals);
-          o.counts = f.counts.data();
+          combine_operands(o);
           o.recv_row = iota(l.row_maps, l, s.m);  // slot t at receive row t
-          o.h = bf(slot(l, 0, sz(s.m * s.depth) * 2));
-          o.w = bf(slot(l, 1, sz(s.depth * s.width) * 2 * sz(s.experts)));
-          o.gates = static_cast<const float*>(slot(l, 3, sz(s.m) * 4));
-          o.out = bf(slot(l, 4, sz(s.m * s.width) * 2));
           if (!sizing) f.push_combine->run(std::span(&o, 1), l.stream);
           break;
         }
@@ -697,16 +709,10 @@ struct CudaReplayRunner::Impl {
           routing();
         }
         cuda::fused::GroupedGemmReduceScatterOperands o;
-        o.rank = mem.rank;
-        peers(o.recv, o.signals);
-        o.counts = f.counts.data();
+        combine_operands(o);
         o.dst_rank = f.map_rank.data();
         o.dst_slot = f.map_row.data();
-        o.h = bf(slot(l, 0, sz(s.m * s.depth) * 2));
-        o.w = bf(slot(l, 1, sz(s.depth * s.width) * 2 * sz(s.experts)));
         o.y = bf(slot(l, 2, sz(s.m * s.width) * 2));
-        o.gates = static_cast<const float*>(slot(l, 3, sz(s.m) * 4));
-        o.out = bf(slot(l, 4, sz(s.m * s.width) * 2));
         if (!sizing) f.grouped_scatter->run(std::span(&o, 1), l.stream);
         break;
       }
@@ -714,19 +720,13 @@ struct CudaReplayRunner::Impl {
         if (cutlass_kernel(s.kind)) {
           if (fresh) init(f.push_a2a, push_a2a_args(s));
           cuda::fused::PushGemmAllToAllOperands o;
-          o.rank = mem.rank;
-          peers(o.out, o.signals);
-          o.x = bf(slot(l, 0, sz(s.m * s.depth) * 2));
-          o.w = bf(slot(l, 1, sz(s.depth * s.width) * 2));
+          all_to_all_operands(o);
           if (!sizing) f.push_a2a->run(std::span(&o, 1), l.stream);
           break;
         }
         if (fresh) init(f.gemm_a2a, gemm_a2a_args(s));
         cuda::fused::GemmAllToAllOperands o;
-        o.rank = mem.rank;
-        peers(o.out, o.signals);
-        o.x = bf(slot(l, 0, sz(s.m * s.depth) * 2));
-        o.w = bf(slot(l, 1, sz(s.depth * s.width) * 2));
+        all_to_all_operands(o);
         o.staged = bf(slot(l, 2, sz(s.m * s.width) * 2));
         if (!sizing) f.gemm_a2a->run(std::span(&o, 1), l.stream);
         break;

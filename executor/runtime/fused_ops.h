@@ -10,6 +10,7 @@
 #include <tuple>
 #include <vector>
 
+#include "executor/kernels/cuda/fused/schedule.h"
 #include "simulator/core/fused_ops.h"
 #include "simulator/core/op_graph.h"
 
@@ -86,7 +87,7 @@ inline std::vector<int32_t> gather_source_rows(const FusedShape& s, const std::v
   std::vector<int64_t> read(static_cast<size_t>(R), 0);  // rows read from each token owner so far
   for (int e = 0; e < E; ++e)
     for (int r = 0; r < R; ++r)
-      for (int32_t k = 0; k < counts[static_cast<size_t>((int64_t{q} * R + r) * E + e)]; ++k)
+      for (int64_t k = 0; k < cuda::fused::push_count(counts.data(), R, E, q, r, e); ++k)
         rows.push_back(static_cast<int32_t>(read[static_cast<size_t>(r)]++ % s.source_rows()));
   return rows;
 }

@@ -280,16 +280,16 @@ int groups_of(const PushGemmCombineArgs& a) {
 }  // namespace
 
 // CUTLASS grouped kernels (one per virtual rank; GatherGemm's, one per chunk of each), each on its part of
-// the workspace: its group arrays, then CUTLASS's own workspace. `gemm_sms`: the SMs the kernels' persistent
-// grid spans (0: every SM).
+// the workspace: its group arrays, then CUTLASS's own workspace. `sms_left`: SMs the kernels' persistent grid
+// leaves to other kernels (0: it spans every SM).
 struct PushGemmCombine::Impl {
   std::vector<std::unique_ptr<Kernel::Gemm>> gemms;
   std::vector<Arrays> arrays;
-  int device = 0, sm_count = 0, groups = 0, gemm_sms = 0;
+  int device = 0, sm_count = 0, groups = 0, sms_left = 0;
   uint32_t epoch = 0;
   bool initialized = false;
 
-  int grid_sms() const { return gemm_sms > 0 ? std::min(gemm_sms, sm_count) : sm_count; }
+  int grid_sms() const { return std::max(1, sm_count - sms_left); }
 
   static Kernel::Gemm::Arguments arguments(const Arrays& g, int groups, int device, int sm_count) {
     cutlass::KernelHardwareInfo hw;
@@ -517,18 +517,14 @@ GatherGemm::~GatherGemm() {
 
 size_t GatherGemm::workspace_size() const {
   if (std::string why = can_implement(args_); !why.empty()) fail("GatherGemm::workspace_size", why);
-  PushGemmCombine::Impl& m = *impl_;
-  gd::sm90_device("the push GEMMs", m.device, m.sm_count);
-  m.gemm_sms = m.sm_count - args_.gather_sms;
-  return m.workspace_size(args_.virtual_ranks * args_.ranks, args_.experts);
+  impl_->sms_left = args_.gather_sms;
+  return impl_->workspace_size(args_.virtual_ranks * args_.ranks, args_.experts);
 }
 
 void GatherGemm::initialize(void* workspace, cudaStream_t stream) {
   if (std::string why = can_implement(args_); !why.empty()) fail("GatherGemm::initialize", why);
-  PushGemmCombine::Impl& m = *impl_;
-  gd::sm90_device("the push GEMMs", m.device, m.sm_count);
-  m.gemm_sms = m.sm_count - args_.gather_sms;
-  m.initialize(workspace, args_.virtual_ranks * args_.ranks, args_.experts, stream);
+  impl_->sms_left = args_.gather_sms;
+  impl_->initialize(workspace, args_.virtual_ranks * args_.ranks, args_.experts, stream);
   if (!side_) {
     MOERUN_CUDA_CHECK(cudaStreamCreateWithFlags(&side_, cudaStreamNonBlocking));
     MOERUN_CUDA_CHECK(cudaEventCreateWithFlags(&fork_, cudaEventDisableTiming));
