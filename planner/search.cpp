@@ -17,6 +17,7 @@
 
 #include <fmt/format.h>
 
+#include "planner/pipeline_span.h"
 #include "simulator/core/hash.h"
 #include "simulator/core/model_stats.h"
 #include "simulator/core/parallel.h"
@@ -448,7 +449,8 @@ struct LayerTimes {
   // Combined 1F1B (overlap.cross_micro_batch): seconds per model layer of a steady pair, one micro-batch's
   // forward beside another's backward, per micro-batch (`layer` where the plan does not pair them).
   std::vector<double> paired;
-  double head = 0;  // embedding + output layer + loss, fwd + bwd
+  double head = 0;          // embedding + output layer + loss, fwd + bwd
+  double head_forward = 0;  // its forward
   // Seconds per model layer of its own forward and backward collectives, by link (cost::Resource): beside a
   // data-parallel transfer on the same link, the engine gives each of the two half of it.
   std::vector<std::array<double, 3>> forward_comm, backward_comm;
@@ -478,8 +480,9 @@ struct StageDp {
 struct StageShapes {
   std::vector<std::vector<int64_t>> layers;                     // each stage's layers, in model order
   std::vector<std::vector<std::pair<int64_t, int64_t>>> kinds;  // each stage's: (a layer of a kind, how many)
-  std::vector<double> sync, gather, sync_drag, gather_drag;     // sums over the stage's layers (and below)
-  std::vector<double> optimizer;                                // the optimizer step over the stage's shard
+  std::vector<std::vector<std::pair<int64_t, int64_t>>> chunk_kinds;  // the same per virtual stage
+  std::vector<double> sync, gather, sync_drag, gather_drag;  // sums over the stage's layers (and below)
+  std::vector<double> optimizer;                             // the optimizer step over the stage's shard
   // The parts outside the layers (OutsideDp), in the sums above too: the syncs the data-parallel stream runs
   // before the layers' (the output layer's, the MTP embedding's) and after them (the embedding's), and the
   // gathers it runs before the layers' (once a step, under ZeRO-3 too), with their drag.
@@ -510,16 +513,110 @@ class Screener {
   }
 
   // The screened step. With `reject_at`, a plan whose step cannot come under it is left before its
-  // data-parallel walk (the costliest part of the screen): it returns a lower bound instead, at least
-  // `reject_at`. The bound is the step without the data-parallel time, which only adds (each stage's
-  // per-micro-batch share and the tail are >= 0); it must clear `reject_at` by a relative 1e-9 so that the
-  // rounding of the sums the full screen adds (about 1e-15 per term) cannot reverse the comparison.
+  // data-parallel walk (the costliest part of the screen), and where it can be told sooner before its
+  // pipeline run: it returns a lower bound instead, at least `reject_at`. The bounds are each stage's own
+  // passes back to back after the first forward reaches it, then the pipeline run without the data-parallel
+  // time, which only adds (each stage's per-micro-batch share and the tail are >= 0); a bound must clear
+  // `reject_at` by a relative 1e-9 so that the rounding of the sums the full screen adds (about 1e-15 per
+  // term) cannot reverse the comparison.
   double step_time(const Plan& p, double reject_at = std::numeric_limits<double>::infinity(),
                    bool* bounded = nullptr) {
     const LayerTimes& lt = layer_times(p);
     const std::vector<LayerDp>& dp = layer_dp(p);
     const int64_t pp = p.pipeline.pp, vpp = p.pipeline.vpp;
     const StageShapes& shapes = stage_shapes(p, dp);
+    if (p.pipeline.schedule == Schedule::kDualPipeV) return dualpipev_step_time(p, lt, dp, shapes);
+    const bool pairs = combined(p);
+    const double m = d(p.num_micro_batches());
+    // Pipeline sends, the lowering's op. Not overlapped, each runs on its stage's compute stream after the
+    // pass that produced it: every forward but the last virtual stage's, every backward but the first's.
+    // Overlapped, each costs the latency of its way to the next stage (`hop`).
+    const double t_send = pp > 1 ? send_seconds(p) : 0.0;
+    const double hop = p.overlap.pp_comm ? t_send : 0.0, on_stream = p.overlap.pp_comm ? 0.0 : t_send;
+    const auto virtual_stages = static_cast<int64_t>(shapes.chunk_kinds.size());
+    // A virtual stage's forward and backward per micro-batch, alone and in a combined 1F1B pair.
+    auto times_of = [&](int64_t v) {
+      VirtualStageTimes c;
+      for (const auto& [x, n] : shapes.chunk_kinds[static_cast<size_t>(v)]) {
+        const auto i = static_cast<size_t>(x);
+        const double forward = d(n) * lt.forward[i], backward = d(n) * (lt.layer[i] - lt.forward[i]);
+        const double paired = pairs && lt.layer[i] > 0 ? lt.paired[i] / lt.layer[i] : 1.0;
+        c.forward += forward;
+        c.backward += backward;
+        c.paired_forward += forward * paired;
+        c.paired_backward += backward * paired;
+      }
+      if (v == virtual_stages - 1) {  // the output layer and loss (the embedding's share is small)
+        c.forward += lt.head_forward;
+        c.backward += lt.head - lt.head_forward;
+        c.paired_forward += lt.head_forward;
+        c.paired_backward += lt.head - lt.head_forward;
+      }
+      const double send_forward = v + 1 < virtual_stages ? on_stream : 0.0,
+                   send_backward = v > 0 ? on_stream : 0.0;
+      c.forward += send_forward, c.paired_forward += send_forward;
+      c.backward += send_backward, c.paired_backward += send_backward;
+      return c;
+    };
+    // First a bound no run can beat (from each stage's sums and its first chunk alone): a stage starts once
+    // the first micro-batch's forward has reached it, runs every pass of its own at least at the cheaper of
+    // its times alone and paired (kind by kind), and ends with the last micro-batch's backward of its first
+    // chunk, which the stages before it then pass down.
+    double quick = 0, reach = 0, drain = 0;
+    for (int64_t s = 0; s < pp; ++s) {
+      double own = 0;
+      for (const auto& [x, n] : shapes.kinds[static_cast<size_t>(s)]) {
+        const auto i = static_cast<size_t>(x);
+        own += d(n) * std::min(lt.layer[i], pairs ? lt.paired[i] : lt.layer[i]);
+      }
+      if (s == pp - 1) own += lt.head;
+      own += d(2 * vpp - (s == 0 ? 1 : 0) - (s == pp - 1 ? 1 : 0)) * on_stream;
+      quick = std::max(quick, reach + m * own + drain);
+      const VirtualStageTimes first = times_of(s);
+      reach += std::min(first.forward, first.paired_forward) + hop;
+      drain += std::min(first.backward, first.paired_backward) + hop;
+    }
+    if (quick >= reject_at * (1.0 + kRejectMargin)) {
+      if (bounded) *bounded = true;
+      return quick;
+    }
+    // The schedule run pass by pass as the lowering orders each stage (one stage that pairs nothing never
+    // waits: the bound above is its run); then each stage's data-parallel work per micro-batch (ZeRO-2/3
+    // traffic, and what overlapped traffic takes from its compute), once per micro-batch, and its
+    // data-parallel tail after its last backward. (Stretching every pass by the per-micro-batch share
+    // instead, the fill and drain too, put the screen further from the simulation: up to 8 % over it where
+    // ZeRO-3 gathers per micro-batch, against 4 % this way.)
+    std::vector<double> ends{quick};
+    if (pp > 1 || pairs) {
+      std::vector<VirtualStageTimes>& chunk = chunk_times_;
+      chunk.clear();
+      for (int64_t v = 0; v < virtual_stages; ++v) chunk.push_back(times_of(v));
+      ends = span_.stage_ends({pp, vpp, p.num_micro_batches(), p.pipeline.schedule, pairs}, chunk, hop);
+    }
+    double bound = 0;
+    for (double e : ends) bound = std::max(bound, e);
+    if (bound >= reject_at * (1.0 + kRejectMargin)) {
+      if (bounded) *bounded = true;
+      return bound;
+    }
+    double step = 0;
+    for (size_t s = 0; s < ends.size(); ++s) {
+      const StageDp x = stage_dp(p, shapes, s, lt, dp);
+      step = std::max(step, ends[s] + m * x.per_micro_batch + x.tail);
+    }
+    return step;
+  }
+
+ private:
+  static constexpr double kRejectMargin = 1e-9;  // see step_time
+
+  // DualPipeV's step in closed form: its two chunks travel the stages both ways, which PipelineSpan does not
+  // run (the search never enumerates DualPipeV; a plan that names it is screened here alone): m
+  // micro-batches at the slowest stage's pace, plus the others' fill and drain / v, then the slowest data-
+  // parallel tail.
+  double dualpipev_step_time(const Plan& p, const LayerTimes& lt, const std::vector<LayerDp>& dp,
+                             const StageShapes& shapes) {
+    const int64_t pp = p.pipeline.pp, vpp = p.pipeline.vpp;
     // Each stage's time per micro-batch, its forwards and backwards apart (`stage`) and as it runs them in
     // its schedule (`paced`: combined 1F1B pairs the share `paired_share` of them).
     std::vector<double> stage(static_cast<size_t>(pp), 0.0), paced(static_cast<size_t>(pp), 0.0);
@@ -554,18 +651,12 @@ class Screener {
     // 1F1B with v chunks: m micro-batches at the slowest stage's pace (its compute as its schedule runs it
     // and the data-parallel time it adds to each micro-batch), plus the others' fill and drain / v (unpaired
     // forwards and backwards), then the step's data-parallel tail, the slowest stage's.
-    double slowest = 0, sum = 0, compute_pace = 0;
+    double slowest = 0, sum = 0;
     for (size_t s = 0; s < stage.size(); ++s) {
       slowest = std::max(slowest, stage[s]);
       sum += stage[s];
-      compute_pace = std::max(compute_pace, paced[s]);
     }
     const double m = d(p.num_micro_batches()), fill = (sum - slowest) / d(vpp) + send_latency;
-    const double bound = m * compute_pace + fill;
-    if (bound >= reject_at * (1.0 + kRejectMargin)) {
-      if (bounded) *bounded = true;
-      return bound;
-    }
     double pace = 0, tail = 0;
     for (size_t s = 0; s < stage.size(); ++s) {
       const StageDp x = stage_dp(p, shapes, s, lt, dp);
@@ -574,9 +665,6 @@ class Screener {
     }
     return m * pace + fill + tail;
   }
-
- private:
-  static constexpr double kRejectMargin = 1e-9;  // see step_time
 
   // f(layer) for each layer of the model, computed once per kind of layer (layers of one kind cost the same).
   template <class F>
@@ -680,7 +768,14 @@ class Screener {
     ModelSpec no_layers = m_;
     no_layers.layers.clear();
     lo.embedding_and_head = true;
-    lt.head = simulate(lower(no_layers, one, lo));
+    const OpGraph head = lower(no_layers, one, lo);
+    if (!head.ops.empty()) {
+      const engine::Timeline t = run(head);
+      lt.head = t.step_time;
+      for (const Op& op : head.ops)
+        if (op.phase == Phase::kForward)
+          lt.head_forward = std::max(lt.head_forward, t.ops[static_cast<size_t>(op.id)].end);
+    }
     return cache_.emplace(key, std::move(lt)).first->second;
   }
 
@@ -994,7 +1089,13 @@ class Screener {
     int64_t l = 0;
     for (size_t v = 0; v < chunks.size(); ++v) {
       const size_t s = v % static_cast<size_t>(pp);
-      for (size_t k = 0; k < kinds_.kinds().size(); ++k) counts[s][k] += kinds_.in(k, l, l + chunks[v]);
+      std::vector<std::pair<int64_t, int64_t>> in_chunk;
+      for (size_t k = 0; k < kinds_.kinds().size(); ++k) {
+        const int64_t n = kinds_.in(k, l, l + chunks[v]);
+        counts[s][k] += n;
+        if (n > 0) in_chunk.emplace_back(kinds_.first_of(k), n);
+      }
+      out.chunk_kinds.push_back(std::move(in_chunk));
       for (int64_t i = 0; i < chunks[v]; ++i) out.layers[s].push_back(l++);
     }
     for (const std::vector<int64_t>& stage : counts) {
@@ -1053,6 +1154,8 @@ class Screener {
                      LayerTimes, KeyHash>
       cache_;
   std::unordered_map<std::tuple<int64_t, int64_t, int64_t, int>, std::vector<double>, KeyHash> shares_;
+  PipelineSpan span_;
+  std::vector<VirtualStageTimes> chunk_times_;  // step_time's, kept to spare an allocation per plan
   cost::CostCache op_costs_{cm_};
   std::unordered_map<std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int, bool>,
                      std::vector<LayerDp>, KeyHash>

@@ -1,7 +1,8 @@
 // The plan search: enumerate every legal plan for a model, cluster and job; prune by the validation rules and
 // the memory model (counting each reason); screen the rest with a fast estimate built from the same op graph
 // (one layer of each kind, one micro-batch, through the same cost model and engine, then the pipeline's
-// closed form); re-score the finalists with the full event simulation; rank by tokens/s.
+// schedule run pass by pass in the lowering's order: PipelineSpan); re-score the finalists with the full
+// event simulation; rank by tokens/s.
 #pragma once
 
 #include <cstdint>

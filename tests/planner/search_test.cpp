@@ -712,6 +712,36 @@ TEST_SUITE("planner.search") {
     }
   }
 
+  TEST_CASE("the screen runs the pipeline schedule pass by pass, as the simulation does") {
+    // Qwen3-235B-A22B on 256 H100s (Megatron-Core): twelve pipeline plans spread over the enumeration (2-16
+    // stages, 1-4 chunks, 8-512 micro-batches, combined 1F1B or not, sends on or off the compute stream,
+    // ZeRO 1-3). Each screened step within 5 % of the simulated one. With the closed form of 1F1B and the
+    // interleaved schedule the screen had one of them 15 % short (16 stages, 4 chunks, combined 1F1B: 0.85
+    // of the simulated step, against 0.96 run pass by pass) and the twelve 2.7 % off on average (1.8 %).
+    Setup s("qwen3-235b-a22b");
+    s.stack = io::load_stack("megatron-core").value();
+    const planner::Job job{256, 4096, 1024};
+    std::vector<Plan> pipelines;
+    for (Plan& p : planner::enumerate_plans(s.model, s.hw, s.stack, job, {}))
+      if (p.pipeline.pp > 1 && validate(p, s.model, s.hw, false).empty()) pipelines.push_back(std::move(p));
+    REQUIRE(pipelines.size() >= 12);
+    double off = 0;
+    bool interleaved = false, paired = false;
+    for (size_t i = 0; i < 12; ++i) {
+      const Plan& p = pipelines[i * (pipelines.size() / 12)];
+      CAPTURE(io::plan_to_json(p).dump());
+      const double ratio = screen_over_sim(s, p);
+      CHECK(ratio > 0.95);
+      CHECK(ratio < 1.05);
+      off += std::abs(ratio - 1.0) / 12.0;
+      interleaved = interleaved || p.pipeline.vpp > 1;
+      paired = paired || p.overlap.cross_micro_batch;
+    }
+    CHECK(off < 0.025);
+    CHECK(interleaved);
+    CHECK(paired);
+  }
+
   TEST_CASE(
       "the screen's data-parallel tail shares links with the backward's transfers, as the engine does") {
     // Qwen3-235B-A22B on 256 H100s at one stage, tp 2, data-parallel communication overlapped: the gradient
