@@ -451,6 +451,9 @@ struct LayerTimes {
   std::vector<double> paired;
   double head = 0;          // embedding + output layer + loss, fwd + bwd
   double head_forward = 0;  // its forward
+  // The embedding's part of it (its lookup and, under Megatron's TP, its exchange), which the pipeline's
+  // first virtual stage runs; the rest runs on the last.
+  double embedding_forward = 0, embedding_backward = 0;
   // Seconds per model layer of its own forward and backward collectives, by link (cost::Resource): beside a
   // data-parallel transfer on the same link, the engine gives each of the two half of it.
   std::vector<std::array<double, 3>> forward_comm, backward_comm;
@@ -546,11 +549,15 @@ class Screener {
         c.paired_forward += forward * paired;
         c.paired_backward += backward * paired;
       }
-      if (v == virtual_stages - 1) {  // the output layer and loss (the embedding's share is small)
-        c.forward += lt.head_forward;
-        c.backward += lt.head - lt.head_forward;
-        c.paired_forward += lt.head_forward;
-        c.paired_backward += lt.head - lt.head_forward;
+      if (v == 0) {  // the embedding
+        c.forward += lt.embedding_forward, c.paired_forward += lt.embedding_forward;
+        c.backward += lt.embedding_backward, c.paired_backward += lt.embedding_backward;
+      }
+      if (v == virtual_stages - 1) {  // the output layer and loss
+        const double forward = lt.head_forward - lt.embedding_forward;
+        const double backward = lt.head - lt.head_forward - lt.embedding_backward;
+        c.forward += forward, c.paired_forward += forward;
+        c.backward += backward, c.paired_backward += backward;
       }
       const double send_forward = v + 1 < virtual_stages ? on_stream : 0.0,
                    send_backward = v > 0 ? on_stream : 0.0;
@@ -569,7 +576,8 @@ class Screener {
         const auto i = static_cast<size_t>(x);
         own += d(n) * std::min(lt.layer[i], pairs ? lt.paired[i] : lt.layer[i]);
       }
-      if (s == pp - 1) own += lt.head;
+      if (s == 0) own += lt.embedding_forward + lt.embedding_backward;
+      if (s == pp - 1) own += lt.head - lt.embedding_forward - lt.embedding_backward;
       own += d(2 * vpp - (s == 0 ? 1 : 0) - (s == pp - 1 ? 1 : 0)) * on_stream;
       quick = std::max(quick, reach + m * own + drain);
       const VirtualStageTimes first = times_of(s);
@@ -772,9 +780,13 @@ class Screener {
     if (!head.ops.empty()) {
       const engine::Timeline t = run(head);
       lt.head = t.step_time;
-      for (const Op& op : head.ops)
-        if (op.phase == Phase::kForward)
-          lt.head_forward = std::max(lt.head_forward, t.ops[static_cast<size_t>(op.id)].end);
+      for (const Op& op : head.ops) {
+        const OpTiming& x = t.ops[static_cast<size_t>(op.id)];
+        if (op.phase == Phase::kForward) lt.head_forward = std::max(lt.head_forward, x.end);
+        const auto name = static_cast<OpName>(op.name);
+        if (name == OpName::kEmbedding || name == OpName::kEmbedRs || name == OpName::kEmbedAg)
+          (op.phase == Phase::kForward ? lt.embedding_forward : lt.embedding_backward) += x.end - x.start;
+      }
     }
     return cache_.emplace(key, std::move(lt)).first->second;
   }
