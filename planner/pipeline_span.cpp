@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <bit>
 #include <cmath>
+#include <deque>
 #include <optional>
 
 #include "simulator/core/status.h"
@@ -25,37 +26,60 @@ const std::vector<std::vector<PipelineTask>>& PipelineSpan::orders(const Pipelin
 std::vector<double> PipelineSpan::run(const PipelineShape& shape, const std::vector<VirtualStageTimes>& times,
                                       double hop) {
   const int64_t pp = shape.stages, m = shape.micro_batches, last = pp * shape.chunks - 1;
+  const Schedule sched = shape.schedule;
   const auto& order = orders(shape);
   const auto cells = static_cast<size_t>((last + 1) * m);
   forward_end_.assign(cells, -1.0);
   backward_end_.assign(cells, -1.0);
   task_end_.resize(static_cast<size_t>(pp));
-  for (int64_t s = 0; s < pp; ++s)
+  deferred_.resize(static_cast<size_t>(pp));
+  for (int64_t s = 0; s < pp; ++s) {
     task_end_[static_cast<size_t>(s)].assign(order[static_cast<size_t>(s)].size(), 0.0);
+    deferred_[static_cast<size_t>(s)].clear();
+  }
   next_.assign(static_cast<size_t>(pp), 0);
   free_.assign(static_cast<size_t>(pp), 0.0);
   ++runs_;
   micro_batches_run_ += m;
   auto cell = [&](int64_t v, int64_t mb) { return static_cast<size_t>(v * m + mb); };
+  auto vstage = [&](int64_t s, const PipelineTask& t) { return virtual_stage(t.chunk, s, pp, sched); };
   // When the task may start as far as its inputs go (negative while one is not done): a forward waits for
   // the previous virtual stage's forward of its micro-batch, a backward for the next one's backward (the last
-  // virtual stage's for its own forward), with `hop` between stages.
+  // virtual stage's for its own forward), with `hop` between stages; a weights task for nothing but its
+  // stage.
   auto ready = [&](int64_t s, const PipelineTask& t) {
-    const int64_t v = t.chunk * pp + s;
+    if (t.weights) return 0.0;
+    const int64_t v = vstage(s, t);
     if (t.forward) {
       if (v == 0) return 0.0;
       const double end = forward_end_[cell(v - 1, t.micro_batch)];
-      return end < 0 ? -1.0 : end + ((v - 1) % pp != s ? hop : 0.0);
+      return end < 0 ? -1.0 : end + (stage_of_virtual(v - 1, pp, sched) != s ? hop : 0.0);
     }
     if (v == last) return forward_end_[cell(v, t.micro_batch)];
     const double end = backward_end_[cell(v + 1, t.micro_batch)];
-    return end < 0 ? -1.0 : end + ((v + 1) % pp != s ? hop : 0.0);
+    return end < 0 ? -1.0 : end + (stage_of_virtual(v + 1, pp, sched) != s ? hop : 0.0);
   };
   auto at = [&](int64_t s, const PipelineTask& t) -> const VirtualStageTimes& {
-    return times[static_cast<size_t>(t.chunk * pp + s)];
+    return times[static_cast<size_t>(vstage(s, t))];
+  };
+  // A pass's own time: a backward that holds its weight gradients back runs without them; a weights task
+  // runs those of the oldest such backward on its stage.
+  auto alone = [&](int64_t s, const PipelineTask& t) {
+    std::deque<double>& held = deferred_[static_cast<size_t>(s)];
+    if (t.weights) {
+      if (held.empty()) return 0.0;
+      const double w = held.front();
+      held.pop_front();
+      return w;
+    }
+    const VirtualStageTimes& x = at(s, t);
+    if (t.forward) return x.forward;
+    if (!t.input_grad_only) return x.backward;
+    held.push_back(x.weights);
+    return x.backward - x.weights;
   };
   auto done = [&](int64_t s, const PipelineTask& t, double end) {
-    (t.forward ? forward_end_ : backward_end_)[cell(t.chunk * pp + s, t.micro_batch)] = end;
+    if (!t.weights) (t.forward ? forward_end_ : backward_end_)[cell(vstage(s, t), t.micro_batch)] = end;
   };
   size_t remaining = 0;
   for (const auto& o : order) remaining += o.size();
@@ -69,8 +93,8 @@ std::vector<double> PipelineSpan::run(const PipelineShape& shape, const std::vec
         const PipelineTask& t = o[k];
         const double r = ready(s, t);
         if (r < 0) break;
-        if (t.paired && k + 1 < o.size() && !o[k + 1].forward) {
-          // A combined 1F1B pair: the forward and the backward beside it start together and end together.
+        if (t.paired && k + 1 < o.size() && !o[k + 1].forward && !o[k + 1].weights) {
+          // A pair: the forward and the backward beside it, layer by layer, start together and end together.
           const PipelineTask& b = o[k + 1];
           const double rb = ready(s, b);
           if (rb < 0) break;
@@ -81,7 +105,7 @@ std::vector<double> PipelineSpan::run(const PipelineShape& shape, const std::vec
           k += 2;
           remaining -= 2;
         } else {
-          free = std::max(free, r) + (t.forward ? at(s, t).forward : at(s, t).backward);
+          free = std::max(free, r) + alone(s, t);
           done(s, t, free);
           task_end_[static_cast<size_t>(s)][k] = free;
           ++k;
@@ -98,7 +122,6 @@ std::vector<double> PipelineSpan::run(const PipelineShape& shape, const std::vec
 std::vector<double> PipelineSpan::stage_ends(const PipelineShape& shape,
                                              const std::vector<VirtualStageTimes>& times, double hop,
                                              bool whole) {
-  MOEPLAN_ASSERT(shape.schedule != Schedule::kDualPipeV);
   MOEPLAN_ASSERT(static_cast<int64_t>(times.size()) == shape.stages * shape.chunks);
   runs_ = micro_batches_run_ = 0;
   key_.clear();
@@ -108,7 +131,7 @@ std::vector<double> PipelineSpan::stage_ends(const PipelineShape& shape,
   auto bits = [&](double x) { key_.push_back(std::bit_cast<uint64_t>(x)); };
   bits(hop);
   for (const VirtualStageTimes& t : times)
-    bits(t.forward), bits(t.backward), bits(t.paired_forward), bits(t.paired_backward);
+    bits(t.forward), bits(t.backward), bits(t.paired_forward), bits(t.paired_backward), bits(t.weights);
   if (auto it = memo_.find(key_); it != memo_.end()) return it->second;
   if (memo_.size() >= kMemoEntries) memo_.clear();
   std::vector<double> out = settle(shape, times, hop, whole);
@@ -128,7 +151,7 @@ std::vector<double> PipelineSpan::settle(const PipelineShape& shape,
   // forwards fewer than stage s - 1 when interleaved, one when not, so the k-th pair from the end is the same
   // moment of the schedule on every stage): no task waits on a task more than two patterns back (a forward's
   // input comes from the same pair on the stage before, or `stages` pairs back where a chunk wraps to the
-  // first stage; a backward's from 2 pairs back on the stage after, at most 3 * stages - 2 where it wraps,
+  // first stage; a backward's from at most 2 pairs back on the stage after, 3 * stages - 2 where it wraps,
   // and a pattern is `stages` * chunks >= 2 * stages pairs when interleaved). So where every task of the
   // probe's last kWindow = 2 patterns ends the same time after its counterpart a pattern before, on every
   // stage, each later pattern repeats the last one that much later, up to the step's end of pairs, and the
@@ -140,8 +163,8 @@ std::vector<double> PipelineSpan::settle(const PipelineShape& shape,
   const int64_t warmup = (v > 1 ? 2 * (pp - 1) + (v - 1) * pp : pp - 1) + (shape.combined ? 1 : 0);
   const int64_t need = (kWindow + 1) * period + (warmup + v - 1) / v;
   // A probe of `need` micro-batches first; where it has not settled yet, probes of twice as many, and so
-  // on, before the whole step.
-  for (int64_t least = need; !whole;) {
+  // on, before the whole step. DualPipeV's phases are not warm-up, pairs and cool-down: it runs whole.
+  for (int64_t least = need; !whole && shape.schedule != Schedule::kDualPipeV;) {
     const int64_t probe = m - period * std::max<int64_t>(0, (m - least) / period);
     if (probe >= m) break;
     PipelineShape at = shape;

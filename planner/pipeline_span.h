@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <optional>
 #include <tuple>
@@ -15,15 +16,19 @@
 
 namespace moeplan::planner {
 
-// Seconds one micro-batch spends in a virtual stage (v = chunk * stages + stage, the lowering's order) on its
-// stage's compute stream: forward and backward run alone, and each side of a combined 1F1B pair (a forward
-// beside the previous micro-batch's backward, layer by layer).
+// Seconds one micro-batch spends in a virtual stage (virtual_stage(chunk, stage): chunk * stages + stage, or
+// DualPipeV's V) on its stage's compute stream: forward and backward run alone, each side of a pair (combined
+// 1F1B's or DualPipeV's: a forward beside another micro-batch's backward, layer by layer), and the share of
+// the backward that is weight gradients (which DualPipeV's zero-bubble backwards hold back for a later
+// weights task).
 struct VirtualStageTimes {
   double forward = 0, backward = 0;
   double paired_forward = 0, paired_backward = 0;
+  double weights = 0;
 };
 
-// A schedule to run: 1F1B or interleaved 1F1B (chunks > 1), combined 1F1B pairs with `combined`.
+// A schedule to run: 1F1B, interleaved 1F1B (chunks > 1) or DualPipeV (chunks 2), combined 1F1B pairs with
+// `combined`.
 struct PipelineShape {
   int64_t stages = 1, chunks = 1, micro_batches = 1;
   Schedule schedule = Schedule::k1F1B;
@@ -38,9 +43,8 @@ class PipelineSpan {
   // steady state repeats exactly (every task of the last few periods of the schedule, one micro-batch or
   // `stages` of them when interleaved, on every stage, ends the same time after its counterpart a period
   // before, to 1e-12), the rest of the periods are added in closed form; otherwise (or with `whole`) every
-  // micro-batch is run. DualPipeV is not run here (its chunks travel both ways): the caller must not ask
-  // for it. Up to 65,536 answers are kept, and dropped together when full (plans that differ only in
-  // what the pipeline does not see, a ZeRO stage or a gradient sync, ask again).
+  // micro-batch is run (always for DualPipeV). Up to 65,536 answers are kept, and dropped together when full
+  // (plans that differ only in what the pipeline does not see, a ZeRO stage or a gradient sync, ask again).
   std::vector<double> stage_ends(const PipelineShape& shape, const std::vector<VirtualStageTimes>& times,
                                  double hop, bool whole = false);
 
@@ -73,6 +77,7 @@ class PipelineSpan {
   std::map<std::tuple<int64_t, int64_t, int64_t, bool, int>, std::vector<std::vector<PipelineTask>>> orders_;
   std::vector<double> forward_end_, backward_end_;  // scratch of run(), per (virtual stage, micro-batch)
   std::vector<std::vector<double>> task_end_;       // per stage, each task of its order
+  std::vector<std::deque<double>> deferred_;        // per stage, the weights its backwards held back
   std::vector<size_t> next_;
   std::vector<double> free_;
   int64_t runs_ = 0, micro_batches_run_ = 0;

@@ -446,6 +446,7 @@ namespace {
 struct LayerTimes {
   std::vector<double> layer;    // seconds per model layer: forward, recompute and backward of one micro-batch
   std::vector<double> forward;  // the forward's share of it
+  std::vector<double> weights;  // the backward's weight-gradient GEMMs (DualPipeV holds them back)
   // Combined 1F1B (overlap.cross_micro_batch): seconds per model layer of a steady pair, one micro-batch's
   // forward beside another's backward, per micro-batch (`layer` where the plan does not pair them).
   std::vector<double> paired;
@@ -528,16 +529,22 @@ class Screener {
     const std::vector<LayerDp>& dp = layer_dp(p);
     const int64_t pp = p.pipeline.pp, vpp = p.pipeline.vpp;
     const StageShapes& shapes = stage_shapes(p, dp);
-    if (p.pipeline.schedule == Schedule::kDualPipeV) return dualpipev_step_time(p, lt, dp, shapes);
+    const Schedule sched = p.pipeline.schedule;
+    // DualPipeV's pairs run each side at its time alone unless the stack overlaps micro-batches (combined).
     const bool pairs = combined(p);
     const double m = d(p.num_micro_batches());
     // Pipeline sends, the lowering's op. Not overlapped, each runs on its stage's compute stream after the
-    // pass that produced it: every forward but the last virtual stage's, every backward but the first's.
-    // Overlapped, each costs the latency of its way to the next stage (`hop`).
+    // pass that produced it, where the next virtual stage (forward) or the one before (backward) lies on
+    // another stage. Overlapped, each costs the latency of its way there (`hop`).
     const double t_send = pp > 1 ? send_seconds(p) : 0.0;
     const double hop = p.overlap.pp_comm ? t_send : 0.0, on_stream = p.overlap.pp_comm ? 0.0 : t_send;
     const auto virtual_stages = static_cast<int64_t>(shapes.chunk_kinds.size());
-    // A virtual stage's forward and backward per micro-batch, alone and in a combined 1F1B pair.
+    auto stage_of = [&](int64_t v) { return stage_of_virtual(v, pp, sched); };
+    auto sends = [&](int64_t v, bool forward) {
+      const int64_t next = forward ? v + 1 : v - 1;
+      return next >= 0 && next < virtual_stages && stage_of(next) != stage_of(v) ? on_stream : 0.0;
+    };
+    // A virtual stage's forward and backward per micro-batch, alone and in a pair, and its weight gradients.
     auto times_of = [&](int64_t v) {
       VirtualStageTimes c;
       for (const auto& [x, n] : shapes.chunk_kinds[static_cast<size_t>(v)]) {
@@ -548,6 +555,7 @@ class Screener {
         c.backward += backward;
         c.paired_forward += forward * paired;
         c.paired_backward += backward * paired;
+        c.weights += d(n) * lt.weights[i];
       }
       if (v == 0) {  // the embedding
         c.forward += lt.embedding_forward, c.paired_forward += lt.embedding_forward;
@@ -559,16 +567,16 @@ class Screener {
         c.forward += forward, c.paired_forward += forward;
         c.backward += backward, c.paired_backward += backward;
       }
-      const double send_forward = v + 1 < virtual_stages ? on_stream : 0.0,
-                   send_backward = v > 0 ? on_stream : 0.0;
+      const double send_forward = sends(v, true), send_backward = sends(v, false);
       c.forward += send_forward, c.paired_forward += send_forward;
       c.backward += send_backward, c.paired_backward += send_backward;
       return c;
     };
     // First a bound no run can beat (from each stage's sums and its first chunk alone): a stage starts once
     // the first micro-batch's forward has reached it, runs every pass of its own at least at the cheaper of
-    // its times alone and paired (kind by kind), and ends with the last micro-batch's backward of its first
-    // chunk, which the stages before it then pass down.
+    // its times alone and paired (kind by kind), and (1F1B, interleaved) ends with the last micro-batch's
+    // backward of its first chunk, which the stages before it then pass down (DualPipeV ends with weights).
+    const bool drains = sched != Schedule::kDualPipeV;
     double quick = 0, reach = 0, drain = 0;
     for (int64_t s = 0; s < pp; ++s) {
       double own = 0;
@@ -577,12 +585,15 @@ class Screener {
         own += d(n) * std::min(lt.layer[i], pairs ? lt.paired[i] : lt.layer[i]);
       }
       if (s == 0) own += lt.embedding_forward + lt.embedding_backward;
-      if (s == pp - 1) own += lt.head - lt.embedding_forward - lt.embedding_backward;
-      own += d(2 * vpp - (s == 0 ? 1 : 0) - (s == pp - 1 ? 1 : 0)) * on_stream;
+      if (s == stage_of(virtual_stages - 1)) own += lt.head - lt.embedding_forward - lt.embedding_backward;
+      for (int64_t c = 0; c < vpp; ++c) {
+        const int64_t v = virtual_stage(c, s, pp, sched);
+        own += sends(v, true) + sends(v, false);
+      }
       quick = std::max(quick, reach + m * own + drain);
       const VirtualStageTimes first = times_of(s);
       reach += std::min(first.forward, first.paired_forward) + hop;
-      drain += std::min(first.backward, first.paired_backward) + hop;
+      if (drains) drain += std::min(first.backward, first.paired_backward) + hop;
     }
     if (quick >= reject_at * (1.0 + kRejectMargin)) {
       if (bounded) *bounded = true;
@@ -599,7 +610,7 @@ class Screener {
       std::vector<VirtualStageTimes>& chunk = chunk_times_;
       chunk.clear();
       for (int64_t v = 0; v < virtual_stages; ++v) chunk.push_back(times_of(v));
-      ends = span_.stage_ends({pp, vpp, p.num_micro_batches(), p.pipeline.schedule, pairs}, chunk, hop);
+      ends = span_.stage_ends({pp, vpp, p.num_micro_batches(), sched, pairs}, chunk, hop);
     }
     double bound = 0;
     for (double e : ends) bound = std::max(bound, e);
@@ -618,62 +629,6 @@ class Screener {
  private:
   static constexpr double kRejectMargin = 1e-9;  // see step_time
 
-  // DualPipeV's step in closed form: its two chunks travel the stages both ways, which PipelineSpan does not
-  // run (the search never enumerates DualPipeV; a plan that names it is screened here alone): m
-  // micro-batches at the slowest stage's pace, plus the others' fill and drain / v, then the slowest data-
-  // parallel tail.
-  double dualpipev_step_time(const Plan& p, const LayerTimes& lt, const std::vector<LayerDp>& dp,
-                             const StageShapes& shapes) {
-    const int64_t pp = p.pipeline.pp, vpp = p.pipeline.vpp;
-    // Each stage's time per micro-batch, its forwards and backwards apart (`stage`) and as it runs them in
-    // its schedule (`paced`: combined 1F1B pairs the share `paired_share` of them).
-    std::vector<double> stage(static_cast<size_t>(pp), 0.0), paced(static_cast<size_t>(pp), 0.0);
-    const std::vector<double>* shares = combined(p) ? &paired_share(p) : nullptr;
-    for (size_t s = 0; s < stage.size(); ++s) {
-      double pairs = 0;
-      for (const auto& [x, n] : shapes.kinds[s]) {
-        stage[s] += d(n) * lt.layer[static_cast<size_t>(x)];
-        pairs += d(n) * lt.paired[static_cast<size_t>(x)];
-      }
-      paced[s] = shares ? stage[s] - (*shares)[s] * (stage[s] - pairs) : stage[s];
-    }
-    stage.back() += lt.head;
-    paced.back() += lt.head;
-    // Pipeline sends, the lowering's op. Not overlapped, each runs on its stage's compute stream: per
-    // micro-batch a stage sends from each of its virtual stages forward (but the last) and backward (but the
-    // first). Overlapped, they cost only the latency of the first activation's and the last gradient's way
-    // through the pipeline.
-    double send_latency = 0;
-    if (pp > 1) {
-      const double t_send = send_seconds(p);
-      if (p.overlap.pp_comm) {
-        send_latency = 2.0 * d(pp - 1) * t_send;
-      } else {
-        for (int64_t s = 0; s < pp; ++s) {
-          const int64_t sends = 2 * vpp - (s == 0 ? 1 : 0) - (s == pp - 1 ? 1 : 0);
-          stage[static_cast<size_t>(s)] += d(sends) * t_send;
-          paced[static_cast<size_t>(s)] += d(sends) * t_send;
-        }
-      }
-    }
-    // 1F1B with v chunks: m micro-batches at the slowest stage's pace (its compute as its schedule runs it
-    // and the data-parallel time it adds to each micro-batch), plus the others' fill and drain / v (unpaired
-    // forwards and backwards), then the step's data-parallel tail, the slowest stage's.
-    double slowest = 0, sum = 0;
-    for (size_t s = 0; s < stage.size(); ++s) {
-      slowest = std::max(slowest, stage[s]);
-      sum += stage[s];
-    }
-    const double m = d(p.num_micro_batches()), fill = (sum - slowest) / d(vpp) + send_latency;
-    double pace = 0, tail = 0;
-    for (size_t s = 0; s < stage.size(); ++s) {
-      const StageDp x = stage_dp(p, shapes, s, lt, dp);
-      pace = std::max(pace, paced[s] + x.per_micro_batch);
-      tail = std::max(tail, x.tail);
-    }
-    return m * pace + fill + tail;
-  }
-
   // f(layer) for each layer of the model, computed once per kind of layer (layers of one kind cost the same).
   template <class F>
   auto per_layer_kind(F&& f) const {
@@ -689,23 +644,6 @@ class Screener {
   // Whether the stack runs the plan's forwards and backwards in combined 1F1B pairs.
   bool combined(const Plan& p) const {
     return p.overlap.cross_micro_batch && st_.overlaps.cross_micro_batch.value;
-  }
-
-  // Per stage: the share of its forwards that the schedule pairs with a backward (combined 1F1B), from the
-  // lowering's pipeline order; the warm-up forwards and cool-down backwards run alone.
-  const std::vector<double>& paired_share(const Plan& p) {
-    const int64_t pp = p.pipeline.pp, vpp = p.pipeline.vpp, m = p.num_micro_batches();
-    const auto key = std::make_tuple(pp, vpp, m, static_cast<int>(p.pipeline.schedule));
-    auto it = shares_.find(key);
-    if (it != shares_.end()) return it->second;
-    std::vector<double> out;
-    for (int64_t s = 0; s < pp; ++s) {
-      int64_t pairs = 0;
-      for (const PipelineTask& t : pipeline_order(s, pp, vpp, m, true, p.pipeline.schedule))
-        pairs += t.paired ? 1 : 0;
-      out.push_back(d(pairs) / d(m * vpp));
-    }
-    return shares_.emplace(key, std::move(out)).first->second;
   }
 
   // What one more layer of a kind adds to a steady combined 1F1B pair (one micro-batch's forward beside the
@@ -764,6 +702,7 @@ class Screener {
     for (const SecondLayer& x : per_layer) {
       lt.layer.push_back(x.whole);
       lt.forward.push_back(x.forward);
+      lt.weights.push_back(x.weights);
       lt.forward_comm.push_back(x.forward_comm);
       lt.backward_comm.push_back(x.backward_comm);
     }
@@ -809,9 +748,9 @@ class Screener {
 
   // What the second of two layers adds, whole and forward: from the end of the first layer's forward to the
   // end of the second's backward (the first's backward follows either way), and to the end of its forward;
-  // and its collectives' seconds by phase and link.
+  // and its collectives' seconds by phase and link; and its weight-gradient GEMMs' seconds.
   struct SecondLayer {
-    double whole = 0, forward = 0;
+    double whole = 0, forward = 0, weights = 0;
     std::array<double, 3> forward_comm{}, backward_comm{};
   };
   SecondLayer second_layer(const OpGraph& g) {
@@ -824,6 +763,7 @@ class Screener {
       if (op.layer != 1) continue;
       if (op.phase == Phase::kForward) second_forward = std::max(second_forward, end);
       second = std::max(second, end);
+      if (op.part == GemmPart::kWgrad) out.weights += end - t.ops[static_cast<size_t>(op.id)].start;
       if (op.kind == OpKind::kCollective) {
         const cost::OpCost c = op_costs_.cost(op);
         auto& by_link = op.phase == Phase::kForward ? out.forward_comm : out.backward_comm;
@@ -1089,7 +1029,8 @@ class Screener {
   // pipeline split and a layer's data-parallel ops.
   const StageShapes& stage_shapes(const Plan& p, const std::vector<LayerDp>& dp) {
     const int64_t pp = p.pipeline.pp;
-    auto key = std::make_tuple(&dp, pp, p.pipeline.vpp, p.pipeline.layers_per_stage);  // empty: even split
+    auto key = std::make_tuple(&dp, pp, p.pipeline.vpp, static_cast<int>(p.pipeline.schedule),
+                               p.pipeline.layers_per_stage);  // empty: even split
     auto it = shapes_.find(key);
     if (it != shapes_.end()) return it->second;
     const std::vector<int64_t> chunks = layers_per_virtual_stage(m_, p);
@@ -1100,7 +1041,7 @@ class Screener {
                                              std::vector<int64_t>(kinds_.kinds().size(), 0));
     int64_t l = 0;
     for (size_t v = 0; v < chunks.size(); ++v) {
-      const size_t s = v % static_cast<size_t>(pp);
+      const auto s = static_cast<size_t>(stage_of_virtual(static_cast<int64_t>(v), pp, p.pipeline.schedule));
       std::vector<std::pair<int64_t, int64_t>> in_chunk;
       for (size_t k = 0; k < kinds_.kinds().size(); ++k) {
         const int64_t n = kinds_.in(k, l, l + chunks[v]);
@@ -1165,7 +1106,6 @@ class Screener {
                                 bool, bool, int, int, bool, int, int>,
                      LayerTimes, KeyHash>
       cache_;
-  std::unordered_map<std::tuple<int64_t, int64_t, int64_t, int>, std::vector<double>, KeyHash> shares_;
   PipelineSpan span_;
   std::vector<VirtualStageTimes> chunk_times_;  // step_time's, kept to spare an allocation per plan
   cost::CostCache op_costs_{cm_};
@@ -1175,7 +1115,7 @@ class Screener {
   std::unordered_map<std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int, int64_t, int, bool>,
                      std::vector<OutsideDp>, KeyHash>
       outside_cache_;
-  std::unordered_map<std::tuple<const std::vector<LayerDp>*, int64_t, int64_t, std::vector<int64_t>>,
+  std::unordered_map<std::tuple<const std::vector<LayerDp>*, int64_t, int64_t, int, std::vector<int64_t>>,
                      StageShapes, KeyHash>
       shapes_;
   std::unordered_map<std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool>, double,
