@@ -1025,8 +1025,8 @@ class Screener {
     return out;
   }
 
-  // The stages' layers (virtual stage v runs on stage v % pp) and their data-parallel totals, for a
-  // pipeline split and a layer's data-parallel ops.
+  // The stages' layers (virtual stage v runs on stage stage_of_virtual(v): v % pp, or DualPipeV's V) and
+  // their data-parallel totals, for a pipeline split, its schedule and a layer's data-parallel ops.
   const StageShapes& stage_shapes(const Plan& p, const std::vector<LayerDp>& dp) {
     const int64_t pp = p.pipeline.pp;
     auto key = std::make_tuple(&dp, pp, p.pipeline.vpp, static_cast<int>(p.pipeline.schedule),
