@@ -101,6 +101,16 @@ void report(const char* kernel, int ranks, const std::string& shape, double ms, 
                       ms, rate, ref, "TFLOP/s", 0);
 }
 
+// A fused kernel's median time over two warm-up and five timed runs on its operands: built from its
+// arguments, its workspace allocated and initialised first.
+template <class Kernel, class Args, class Ops>
+double time_fused(const Args& args, const Ops& ops) {
+  Kernel k(args);
+  DeviceBuffer<char> ws(k.workspace_size());
+  k.initialize(ws.data(), nullptr);
+  return bench::median_ms([&](cudaStream_t s) { k.run(ops, s); }, 2, 5);
+}
+
 void all_gather_grouped_gemm(double ref_ms) {
   const int64_t out = 2 * kFfn;
   for (int R : kVirtualRanks) {
@@ -140,10 +150,7 @@ void all_gather_grouped_gemm(double ref_ms) {
       o.w = w[static_cast<size_t>(r)].data();
       o.y = y[static_cast<size_t>(r)].data();
     }
-    fused::AllGatherGroupedGemm k(args);
-    DeviceBuffer<char> ws(k.workspace_size());
-    k.initialize(ws.data(), nullptr);
-    const double ms = bench::median_ms([&](cudaStream_t s) { k.run(ops, s); }, 2, 5);
+    const double ms = time_fused<fused::AllGatherGroupedGemm>(args, ops);
     report("all-gather + grouped GEMM", R, "rows 32768 x 2048 -> 2816, 8 experts/rank", ms,
            2.0 * kRows * kHidden * out, ref_ms);
   }
@@ -193,10 +200,7 @@ void gather_gemm(double ref_ms) {
       o.w = w[static_cast<size_t>(r)].data();
       o.y = y[static_cast<size_t>(r)].data();
     }
-    fused::GatherGemm k(args);
-    DeviceBuffer<char> ws(k.workspace_size());
-    k.initialize(ws.data(), nullptr);
-    const double ms = bench::median_ms([&](cudaStream_t s) { k.run(ops, s); }, 2, 5);
+    const double ms = time_fused<fused::GatherGemm>(args, ops);
     report("CUTLASS gather GEMM", R, "rows 32768 x 2048 -> 2816, 8 experts/rank, a chunk per rank", ms,
            2.0 * kRows * kHidden * out, ref_ms);
   }
@@ -246,10 +250,7 @@ void grouped_gemm_reduce_scatter(double ref_ms) {
       o.gates = gates[static_cast<size_t>(r)].data();
       o.out = out[static_cast<size_t>(r)].data();
     }
-    fused::GroupedGemmReduceScatter k(args);
-    DeviceBuffer<char> ws(k.workspace_size());
-    k.initialize(ws.data(), nullptr);
-    const double ms = bench::median_ms([&](cudaStream_t s) { k.run(ops, s); }, 2, 5);
+    const double ms = time_fused<fused::GroupedGemmReduceScatter>(args, ops);
     report("grouped GEMM + reduce-scatter", R, "rows 32768 x 1408 -> 2048, top-8 combine", ms,
            2.0 * kRows * kFfn * kHidden, ref_ms);
   }
@@ -302,10 +303,7 @@ void push_gemm_combine(double ref_ms) {
       o.gates = gates[static_cast<size_t>(r)].data();
       o.out = out[static_cast<size_t>(r)].data();
     }
-    fused::PushGemmCombine k(args);
-    DeviceBuffer<char> ws(k.workspace_size());
-    k.initialize(ws.data(), nullptr);
-    const double ms = bench::median_ms([&](cudaStream_t s) { k.run(ops, s); }, 2, 5);
+    const double ms = time_fused<fused::PushGemmCombine>(args, ops);
     report("CUTLASS push GEMM + combine", R, "rows 32768 x 1408 -> 2048, top-8 combine", ms,
            2.0 * kRows * kFfn * kHidden, ref_ms);
   }
@@ -345,10 +343,7 @@ void gemm_all_to_all(double ref_ms) {
         o.signals[p] = sig.of(p);
       }
     }
-    fused::GemmAllToAll k(args);
-    DeviceBuffer<char> ws(k.workspace_size());
-    k.initialize(ws.data(), nullptr);
-    const double ms = bench::median_ms([&](cudaStream_t s) { k.run(ops, s); }, 2, 5);
+    const double ms = time_fused<fused::GemmAllToAll>(args, ops);
     report("GEMM + all-to-all", R, "4096 x 4096 -> 12288 (QKV)", ms, 2.0 * kSeq * kModel * kQkv, ref_ms);
   }
 }
@@ -384,10 +379,7 @@ void push_gemm_all_to_all(double ref_ms) {
         o.signals[p] = sig.of(p);
       }
     }
-    fused::PushGemmAllToAll k(args);
-    DeviceBuffer<char> ws(k.workspace_size());
-    k.initialize(ws.data(), nullptr);
-    const double ms = bench::median_ms([&](cudaStream_t s) { k.run(ops, s); }, 2, 5);
+    const double ms = time_fused<fused::PushGemmAllToAll>(args, ops);
     report("CUTLASS push GEMM + all-to-all", R, "4096 x 4096 -> 12288 (QKV)", ms, 2.0 * kSeq * kModel * kQkv,
            ref_ms);
   }
@@ -424,10 +416,7 @@ void all_to_all_gemm(double ref_ms) {
       o.w = w.data();
       o.y = y[static_cast<size_t>(r)].data();
     }
-    fused::AllToAllGemm k(args);
-    DeviceBuffer<char> ws(k.workspace_size());
-    k.initialize(ws.data(), nullptr);
-    const double ms = bench::median_ms([&](cudaStream_t s) { k.run(ops, s); }, 2, 5);
+    const double ms = time_fused<fused::AllToAllGemm>(args, ops);
     report("all-to-all + GEMM", R, "4096 x 4096 -> 4096 (output proj.)", ms, 2.0 * kSeq * kModel * kModel,
            ref_ms);
   }
