@@ -134,6 +134,9 @@ struct Op {
   // D the buffer; Megatron's gradient-accumulation fusion): that buffer's bytes per element; 0 when the GEMM
   // writes its own output.
   uint8_t accum_bytes = 0;
+  // An FP8 GEMM whose operands carry block scales (the plan's --fp8-recipe blockwise): the scales are applied
+  // in the main loop, so it runs at the stack's fp8_block_gemm_rate of the per-tensor scaled rate.
+  bool block_scaled = false;
   int16_t stage = 0;   // pipeline stage (the representative rank)
   int16_t chunk = 0;   // virtual pipeline chunk on that stage
   int32_t layer = -1;  // model layer, -1 for embedding, head, optimizer

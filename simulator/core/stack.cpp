@@ -87,6 +87,7 @@ std::vector<const std::string*> StackProfile::number_sources() const {
                                          &overlap_compute_efficiency.source,
                                          &fused_gemm_efficiency.source,
                                          &userbuffers_rs_speed.source,
+                                         &fp8_block_gemm_rate.source,
                                          &recurrent_scan_chunk_s.source,
                                          &overlaps.inter_op.source,
                                          &overlaps.intra_op.source,
@@ -129,6 +130,8 @@ std::vector<StackProfile::Number> StackProfile::numbers() {
     out.push_back({"userbuffers_rs_speed", &userbuffers_rs_speed, 1.0});
   if (recurrent_scan_chunk_s.source != kNotStated)
     out.push_back({"recurrent_scan.chunk_us", &recurrent_scan_chunk_s, us});
+  if (fp8_block_gemm_rate.source != kNotStated)
+    out.push_back({"fp8_block_gemm_rate", &fp8_block_gemm_rate, 1.0});
   for (const KindNumber& k : memory_bound_kind_numbers()) {
     Stated<double>& n = memory_bound_by_kind.*k.number;
     if (n.value > 0) out.push_back({k.path, &n, 1.0});

@@ -173,6 +173,10 @@ struct StackProfile {
   // GEMM's chunk runs TE's own kernel on 16 SMs, priced as the profile's NCCL reduce-scatter of the chunk's
   // bytes divided by this. 1 where a stack does not state it.
   Stated<double> userbuffers_rs_speed{1.0, kNotStated};
+  // FP8 GEMMs under block scaling (--fp8-recipe blockwise: 1x128 activation and 128x128 weight scales,
+  // applied inside the main loop) run at this fraction of the hardware profile's FP8 GEMM rate, which
+  // per-tensor scaled kernels measured (Op::block_scaled). 1 where a stack does not state it.
+  Stated<double> fp8_block_gemm_rate{1.0, kNotStated};
   // FLA's chunked gated delta rule (Gated DeltaNet under Megatron-Core): the time one chain of its recurrence
   // takes per chunk, for the scan ops whose walked shape states chunks, chains and passes (lower.cpp). Not
   // stated (0): the scan is priced by its bytes alone.

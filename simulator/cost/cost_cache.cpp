@@ -41,8 +41,8 @@ uint64_t cost_fields_hash(const Op& op) {
                (static_cast<uint64_t>(op.mem) << 32) | (static_cast<uint64_t>(op.name) << 40),
            static_cast<uint64_t>(op.kernels) | (static_cast<uint64_t>(op.host_sync) << 16) |
                (static_cast<uint64_t>(op.comm.node_dedup) << 17) | (static_cast<uint64_t>(op.graphed) << 18) |
-               (static_cast<uint64_t>(op.stream) << 24) | (static_cast<uint64_t>(op.aux_kernels) << 32) |
-               (static_cast<uint64_t>(op.accum_bytes) << 40) |
+               (static_cast<uint64_t>(op.block_scaled) << 19) | (static_cast<uint64_t>(op.stream) << 24) |
+               (static_cast<uint64_t>(op.aux_kernels) << 32) | (static_cast<uint64_t>(op.accum_bytes) << 40) |
                (static_cast<uint64_t>(op.comm.collective) << 48) |
                (static_cast<uint64_t>(op.comm.group) << 56));
   h = fold(h, bits(op.flops), bits(op.hbm_bytes));

@@ -727,6 +727,12 @@ double userbuffers_sm_fraction(double sm_count) {
 }
 }  // namespace
 
+// An FP8 GEMM with block-scaled operands takes 1 / fp8_block_gemm_rate of the per-tensor scaled time the
+// profile's FP8 tables give (1 where the stack does not state the rate, and for every other op).
+double CostModel::block_scaling(const Op& op) const {
+  return op.block_scaled ? 1.0 / stack_.fp8_block_gemm_rate.value : 1.0;
+}
+
 double CostModel::userbuffers_seconds(const Op& op, double* rel_error) const {
   const int64_t n = std::max<int32_t>(1, op.comm.group_size);
   double e1 = 0, e2 = 0;
@@ -734,7 +740,7 @@ double CostModel::userbuffers_seconds(const Op& op, double* rel_error) const {
   GemmShape chunk = op.gemm;
   if (op.comm.collective == Collective::kAllGather) {
     chunk.m = std::max<int64_t>(1, op.gemm.m / n);
-    const double g = gemm_seconds(chunk, op.dtype, &e1, op.part);
+    const double g = gemm_seconds(chunk, op.dtype, &e1, op.part) * block_scaling(op);
     CommSpec step = op.comm;
     step.collective = Collective::kSendRecv;
     step.stride = 1;
@@ -744,8 +750,8 @@ double CostModel::userbuffers_seconds(const Op& op, double* rel_error) const {
   } else {
     const double sms = d(hw_.gpu.sm_count.value);
     chunk.m = std::max<int64_t>(1, op.gemm.m / kUbPipelineSplits);
-    const double g = gemm_seconds(chunk, op.dtype, &e1, op.part) * sms / (sms - d(kUbCommSms)) /
-                     stack_.overlap_compute_efficiency.value;
+    const double g = gemm_seconds(chunk, op.dtype, &e1, op.part) * block_scaling(op) * sms /
+                     (sms - d(kUbCommSms)) / stack_.overlap_compute_efficiency.value;
     CommSpec part = op.comm;
     part.bytes = op.comm.bytes / d(kUbPipelineSplits);
     const double r = collective_seconds(part, &e2, nullptr) / stack_.userbuffers_rs_speed.value;
@@ -777,6 +783,8 @@ OpCost CostModel::cost(const Op& op) const {
   const double aux = op.aux_bytes > 0 ? op.aux_bytes / mem_bw + min_kernel * aux_launches : 0.0;
   if (op.aux_bytes > 0) r.basis = weaker(r.basis, stack_.memory_bound_efficiency.basis);
   if (op.accum_bytes > 0) r.basis = weaker(r.basis, stack_.wgrad_accumulation.epilogue_overlap.basis);
+  if (op.block_scaled && stack_.fp8_block_gemm_rate.source != kNotStated)
+    r.basis = weaker(r.basis, stack_.fp8_block_gemm_rate.basis);
   // Tensor-core kernels run at the GPU's sustained rate where the hardware profile states one.
   const bool tensor_core = op.kind == OpKind::kGemm || op.kind == OpKind::kGroupedGemm ||
                            op.kind == OpKind::kAttention || op.kind == OpKind::kFusedGemmComm;
@@ -787,11 +795,15 @@ OpCost CostModel::cost(const Op& op) const {
   }
   switch (op.kind) {
     case OpKind::kGemm:
-      r.seconds = std::max(accumulating(op, gemm_seconds(op.gemm, op.dtype, &err, op.part)), min_kernel) +
-                  aux + launch;
+      r.seconds =
+          std::max(accumulating(op, gemm_seconds(op.gemm, op.dtype, &err, op.part) * block_scaling(op)),
+                   min_kernel) +
+          aux + launch;
       break;
     case OpKind::kGroupedGemm: {
-      r.seconds = accumulating(op, grouped_gemm_seconds(op.gemm, op.dtype, &err, op.part)) + aux + launch;
+      r.seconds =
+          accumulating(op, grouped_gemm_seconds(op.gemm, op.dtype, &err, op.part) * block_scaling(op)) + aux +
+          launch;
       const auto& gg = stack_.grouped_gemm;
       r.basis =
           weaker(r.basis, op.part == GemmPart::kWgrad ? gg.wgrad_efficiency.basis : gg.efficiency.basis);
@@ -887,7 +899,7 @@ OpCost CostModel::cost(const Op& op) const {
       const double sms = d(hw_.gpu.sm_count.value);
       const double comp = (grouped ? grouped_gemm_seconds(op.gemm, op.dtype, &e1, op.part)
                                    : gemm_seconds(op.gemm, op.dtype, &e1, op.part)) *
-                          sms / (sms - d(fp.comm_sms + kFusedSmsLeftForCollectives)) /
+                          block_scaling(op) * sms / (sms - d(fp.comm_sms + kFusedSmsLeftForCollectives)) /
                           stack_.fused_gemm_efficiency.value;
       const double comm = collective_seconds(op.comm, &e2, &res);
       const double chunks = d(fp.chunks_per_peer * std::max<int64_t>(1, op.comm.group_size));

@@ -73,6 +73,8 @@ class CostModel {
   // A GEMM with its TP exchange pipelined by Transformer Engine's userbuffers (CommSpec::userbuffers; see
   // the .cpp).
   double userbuffers_seconds(const Op& op, double* rel_error) const;
+  // 1 / the stack's fp8_block_gemm_rate for a block-scaled FP8 GEMM (Op::block_scaled), else 1.
+  double block_scaling(const Op& op) const;
   double attention_seconds(const Op& op, double* rel_error) const;
   double memory_bound_seconds(double bytes) const;
   double collective_seconds(const CommSpec& c, double* rel_error, Resource* resource) const;

@@ -164,6 +164,7 @@ Result<StackProfile> stack_from_json(const json& j, const std::string& label) {
                     "overlap_compute_efficiency",
                     "fused_gemm_efficiency",
                     "userbuffers_rs_speed",
+                    "fp8_block_gemm_rate",
                     "recurrent_scan",
                     "overlaps",
                     "capabilities",
@@ -274,6 +275,8 @@ Result<StackProfile> stack_from_json(const json& j, const std::string& label) {
       s.fused_gemm_efficiency = stated_fraction(root, "fused_gemm_efficiency", Interval::kEfficiency);
     if (root.has("userbuffers_rs_speed"))
       s.userbuffers_rs_speed = stated_number(root, "userbuffers_rs_speed", 0.1, 10.0);
+    if (root.has("fp8_block_gemm_rate"))
+      s.fp8_block_gemm_rate = stated_fraction(root, "fp8_block_gemm_rate", Interval::kEfficiency);
     if (auto rs = root.optional_object("recurrent_scan")) {
       rs->only_keys({"chunk_us"});
       s.recurrent_scan_chunk_s = stated_number(*rs, "chunk_us", 0.01, 1e3, kMicro);
@@ -410,6 +413,7 @@ nlohmann::ordered_json stack_to_json(const StackProfile& s) {
     j["fused_gemm_efficiency"] = num(s.fused_gemm_efficiency, 1.0);
   if (s.userbuffers_rs_speed.source != kNotStated)
     j["userbuffers_rs_speed"] = num(s.userbuffers_rs_speed, 1.0);
+  if (s.fp8_block_gemm_rate.source != kNotStated) j["fp8_block_gemm_rate"] = num(s.fp8_block_gemm_rate, 1.0);
   if (s.recurrent_scan_chunk_s.source != kNotStated)
     j["recurrent_scan"] = oj{{"chunk_us", num(s.recurrent_scan_chunk_s, kMicro)}};
   j["overlaps"] = oj{{"inter_op", flag(s.overlaps.inter_op)},

@@ -28,23 +28,6 @@ DType op_dtype(const Plan& p) {
   return p.precision == Precision::kFp8 ? DType::kFp8 : DType::kBf16;
 }
 
-// Bytes an FP8 recipe moves per element to quantise a BF16 GEMM operand for forward and its transposed use
-// in backward (Hopper's FP8 GEMMs are TN only, so TE materialises the FP8 transpose): read 2, write the FP8
-// copy and its transpose (1 + 1); current scaling (tensorwise) first reads the tensor once more for its amax;
-// blockwise adds one fp32 scale per 128 values to each copy.
-double fp8_cast_bytes_per_element(Fp8Recipe r) {
-  switch (r) {
-    case Fp8Recipe::kDelayed:
-      return 4.0;
-    case Fp8Recipe::kTensorwise:
-      return 6.0;
-    case Fp8Recipe::kBlockwise:
-    case Fp8Recipe::kMxfp8:
-      return 2.0 + 2.0 * kFp8ScaleOverhead;
-  }
-  return 4.0;
-}
-
 // The all-gather a column-parallel linear's op holds under TE's userbuffers, by the name it has unfused.
 OpName ub_gather_name(OpName linear) {
   switch (linear) {
@@ -238,6 +221,7 @@ class Builder {
     // nvte_transpose of the output when its columnwise data is wanted; after an FP8 gather, the gathered
     // copy's transpose): record_norm_into_linear, linear_after_norm.
     fp8_norm_out_ = megatron_ && p.precision == Precision::kFp8 && p.fp8_recipe == Fp8Recipe::kDelayed;
+    fp8_block_ = p.precision == Precision::kFp8 && p.fp8_recipe == Fp8Recipe::kBlockwise;
     layers_ = layers_per_virtual_stage(m, p);
     // Multi-token prediction modules (DeepSeek-V3) run on the last virtual stage, after its layers, as layer
     // indices past the model's own (Megatron's layout puts them there, 'm' before the loss).
@@ -615,6 +599,7 @@ class Builder {
   DType dt_;
   bool combined_ = false, delay_wgrad_ = false, megatron_ = false, ub_ = false;
   bool fp8_tp_gather_ = false, fp8_amax_ar_ = false, fp8_norm_out_ = false;
+  bool fp8_block_ = false;  // FP8 GEMMs with block-scaled operands (Op::block_scaled)
   // MLA's down projections under TP: the plan's layout, else the stack's.
   MlaDownProj mla_down_ = MlaDownProj::kGathered;
   // Where an FP8 plan pads the experts' rows (kNone under BF16); the alignment of its recipe.
@@ -1915,6 +1900,9 @@ int32_t Builder::emit(const Op& proto, int16_t stage, int16_t chunk, int32_t lay
   op.phase = phase;
   if (op.part == GemmPart::kWgrad && (op.kind == OpKind::kGemm || op.kind == OpKind::kGroupedGemm))
     op.accum_bytes = static_cast<uint8_t>(wgrad_accum_bytes(p_, o_));
+  op.block_scaled =
+      fp8_block_ && op.dtype == DType::kFp8 &&
+      (op.kind == OpKind::kGemm || op.kind == OpKind::kGroupedGemm || op.kind == OpKind::kFusedGemmComm);
   for (int32_t x : deps) dep(op.id, x);
   if (op.stream == Stream::kDpComm) last_dp_op_ = op.id;
   return op.id;
@@ -2945,6 +2933,19 @@ LoweringOptions lowering_options(const HardwareProfile& hw, const StackProfile& 
   o.mla_down_proj = stack_mla_down_proj(stack);
   o.fp8_padding = stack_fp8_padding(stack);
   return o;
+}
+
+double fp8_cast_bytes_per_element(Fp8Recipe r) {
+  switch (r) {
+    case Fp8Recipe::kDelayed:
+      return 4.0;
+    case Fp8Recipe::kTensorwise:
+      return 6.0;
+    case Fp8Recipe::kBlockwise:
+    case Fp8Recipe::kMxfp8:
+      return 2.0 + 2.0 * kFp8ScaleOverhead;
+  }
+  return 4.0;
 }
 
 int wgrad_accum_bytes(const Plan& plan, const LoweringOptions& options) {

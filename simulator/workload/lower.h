@@ -77,6 +77,12 @@ OpGraph lower(const ModelSpec& model, const Plan& plan, const LoweringOptions& o
 // way the ZeRO stage and the gradient sync change a layer's ops.
 int wgrad_accum_bytes(const Plan& plan, const LoweringOptions& options);
 
+// Bytes an FP8 recipe moves per element to quantise a BF16 GEMM operand for forward and its transposed use
+// in backward (Hopper's FP8 GEMMs are TN only, so TE materialises the FP8 transpose): read 2, write the FP8
+// copy and its transpose (1 + 1); current scaling (tensorwise) first reads the tensor once more for its amax;
+// blockwise adds one fp32 scale per 128 values to each copy.
+double fp8_cast_bytes_per_element(Fp8Recipe r);
+
 // How a plan runs on a stack, built in one place for predict() and moerun, so the graph moerun executes is
 // the graph the simulator prices: the plan with only the overlaps the stack achieves (with_stack_overlaps,
 // its notices), the stack's lowering facts, and the busiest EP rank's routing load under `routing`.

@@ -794,6 +794,67 @@ TEST_SUITE("cost") {
     CHECK(cm.cost(g).host_seconds == rel(25e-6 + 8 * 10e-6));
   }
 
+  TEST_CASE("a block-scaled FP8 GEMM runs at the stack's block rate of the per-tensor FP8 rate") {
+    // Megatron-Core on H100 states fp8_block_gemm_rate 0.81 (derived from TE's H200 GEMM profile): a GEMM, a
+    // grouped GEMM and a userbuffers GEMM + all-gather with block-scaled operands take 1 / 0.81 of their GEMM
+    // time, launches and quantisation kernels unchanged, and rest on the rate's basis. A stack that does not
+    // state it (moerun) runs them at the per-tensor rate, and so does every op without block scales.
+    const HardwareProfile hw = io::load_hardware("h100-sxm").value();
+    const StackProfile stack = io::load_stack("megatron-core").value();
+    REQUIRE(stack.fp8_block_gemm_rate.value == 0.81);
+    REQUIRE(stack.fp8_block_gemm_rate.basis == Basis::kDerived);
+    const cost::CostModel cm(hw, stack);
+    Op dense = gemm_op();
+    dense.dtype = DType::kFp8;
+    dense.kernels = 2;
+    dense.aux_kernels = 1;
+    dense.aux_bytes = 1e8;
+    Op block = dense;
+    block.block_scaled = true;
+    const double gemm = cm.gemm_seconds(dense.gemm, DType::kFp8, nullptr);
+    CHECK(cm.cost(block).seconds - cm.cost(dense).seconds == rel(gemm * (1.0 / 0.81 - 1.0)));
+    CHECK(cm.cost(block).host_seconds == cm.cost(dense).host_seconds);
+    Op grouped = dense;
+    grouped.kind = OpKind::kGroupedGemm;
+    grouped.gemm = {8 * 4096, 4096, 4096, 8};
+    Op grouped_block = grouped;
+    grouped_block.block_scaled = true;
+    const double g = cm.grouped_gemm_seconds(grouped.gemm, DType::kFp8, nullptr);
+    CHECK(cm.cost(grouped_block).seconds - cm.cost(grouped).seconds == rel(g * (1.0 / 0.81 - 1.0)));
+    Op ub = dense;
+    ub.kind = OpKind::kFusedGemmComm;
+    ub.aux_bytes = 0;
+    ub.aux_kernels = 0;
+    ub.comm.collective = Collective::kAllGather;
+    ub.comm.group = CommGroup::kTp;
+    ub.comm.group_size = 4;
+    ub.comm.stride = 1;
+    ub.comm.bytes = 1e3;  // a negligible exchange: four chunk GEMMs back to back
+    ub.comm.userbuffers = true;
+    Op ub_block = ub;
+    ub_block.block_scaled = true;
+    const double chunk = cm.gemm_seconds({2048, 8192, 8192, 1}, DType::kFp8, nullptr);
+    CHECK(cm.cost(ub_block).seconds - cm.cost(ub).seconds == rel(4.0 * chunk * (1.0 / 0.81 - 1.0)));
+    // The cost cache tells the two apart.
+    CHECK(cost::cost_fields_hash(block) != cost::cost_fields_hash(dense));
+    // At the tables' own rate (no sustained rate) a bare GEMM rests on measurements; block-scaled, on the
+    // derived rate.
+    HardwareProfile tables = hw;
+    tables.gpu.sustained_rate.clear();
+    const cost::CostModel at_tables(tables, stack);
+    Op bare = gemm_op();
+    bare.dtype = DType::kFp8;
+    CHECK(at_tables.cost(bare).basis == Basis::kMeasured);
+    bare.block_scaled = true;
+    CHECK(at_tables.cost(bare).basis == Basis::kDerived);
+
+    const StackProfile unstated = io::load_stack("moerun").value();
+    REQUIRE(unstated.fp8_block_gemm_rate.source == kNotStated);
+    const cost::CostModel plain(hw, unstated);
+    CHECK(plain.cost(block).seconds == plain.cost(dense).seconds);
+    CHECK(plain.cost(block).basis == plain.cost(dense).basis);
+  }
+
   TEST_CASE("an op inside a CUDA graph issues nothing from the host, a replay's first op carries its copy") {
     // Megatron-Core on H100: 25 us of host per framework call, 1.3 us launch gap, 4 us shortest kernel,
     // memory-bound work at 0.64 of achieved HBM. A graphed GEMM keeps its device time and loses its host

@@ -9,6 +9,7 @@
 #include "simulator/io/builtin_catalog.h"
 #include "simulator/io/json_reader.h"
 #include "simulator/io/stack_loader.h"
+#include "simulator/workload/lower.h"
 
 using namespace moeplan;
 
@@ -321,6 +322,44 @@ TEST_SUITE("io") {
         error_of(j) ==
         "s.json: field 'wgrad_accumulation.epilogue_overlap.value': expected a finite number in [0, 1], got "
         "number 1.5");
+  }
+
+  TEST_CASE(
+      "the block-scaled FP8 GEMM rate is TE's H200 GEMM profile under the lowering's quantisation bytes") {
+    // TE's GEMM profiling guide (docs/examples/gemm_profiling at 1609c890e), H200 NVL, the 12 GEMMs of one
+    // layer: the per-tensor scaled kernels alone 16.785 ms; with their quantisation, delayed scaling (one
+    // cast per operand) 18.978 ms, current scaling 20.285 ms, block scaling 22.882 ms. Priced at the bytes
+    // per element the lowering counts for each recipe's quantisation, block scaling's GEMM kernels take what
+    // is left of its 22.882 ms; the rate is the per-tensor kernels' time over theirs. The range's upper end
+    // is block quantisation as costly as current scaling's.
+    const double kernels = 16.785, delayed = 18.978, current = 20.285, block = 22.882;
+    const double per_byte = (delayed - kernels) / fp8_cast_bytes_per_element(Fp8Recipe::kDelayed);
+    const double rate = kernels / (block - per_byte * fp8_cast_bytes_per_element(Fp8Recipe::kBlockwise));
+    const double upper = kernels / (block - (current - kernels));
+    CHECK(rate == doctest::Approx(0.8126).epsilon(1e-3));
+    for (const char* name : {"megatron-core", "megatron-core-deepep", "megatron-core-hybridep"}) {
+      CAPTURE(name);
+      const StackProfile s = load(name);
+      CHECK(s.fp8_block_gemm_rate.value == doctest::Approx(rate).epsilon(0.005));
+      CHECK(s.fp8_block_gemm_rate.basis == Basis::kDerived);
+      REQUIRE(s.fp8_block_gemm_rate.range.has_value());
+      CHECK(s.fp8_block_gemm_rate.range->second == doctest::Approx(upper).epsilon(0.005));
+      StackProfile copy = s;
+      int listed = 0;
+      for (const auto& n : copy.numbers()) listed += std::string(n.path) == "fp8_block_gemm_rate";
+      CHECK(listed == 1);
+      const auto back = io::stack_from_json(io::stack_to_json(s), "back.json");
+      REQUIRE(back.ok());
+      CHECK(back.value().fp8_block_gemm_rate.value == s.fp8_block_gemm_rate.value);
+    }
+    // moerun and MegaScale-MoE run their own FP8 kernels: not stated, the per-tensor rate.
+    for (const char* name : {"moerun", "megascale-moe"}) {
+      CAPTURE(name);
+      const StackProfile s = load(name);
+      CHECK(s.fp8_block_gemm_rate.source == kNotStated);
+      CHECK(s.fp8_block_gemm_rate.value == 1.0);
+      CHECK(io::stack_to_json(s).count("fp8_block_gemm_rate") == 0);
+    }
   }
 
   TEST_CASE("the fused kernels' GEMM efficiency is optional, listed where stated, and round-trips") {

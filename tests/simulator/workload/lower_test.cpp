@@ -2235,6 +2235,36 @@ TEST_SUITE("workload") {
     CHECK(the_op(bf16, OpName::kQkvProj).aux_bytes == 0.0);
   }
 
+  TEST_CASE("under block scaling exactly the FP8 GEMMs are block-scaled, under per-tensor scales none") {
+    // Mixtral, one layer on a node, ep 8: every GEMM an FP8 plan runs in FP8 (dense, grouped, each part) is
+    // marked block-scaled under the blockwise recipe, which the cost model prices at the stack's block rate;
+    // the BF16 router GEMM, memory-bound ops and exchanges are not, and no op is under delayed or
+    // tensorwise scaling or in BF16.
+    for (Fp8Recipe recipe : {Fp8Recipe::kBlockwise, Fp8Recipe::kTensorwise, Fp8Recipe::kDelayed}) {
+      CAPTURE(static_cast<int>(recipe));
+      Plan p = node_plan(8);
+      p.precision = Precision::kFp8;
+      p.fp8_recipe = recipe;
+      const OpGraph g = lower(mixtral(1), p, stack_options("megatron-core"));
+      int fp8_gemms = 0, marked = 0;
+      for (const Op& op : g.ops) {
+        const bool gemm = op.kind == OpKind::kGemm || op.kind == OpKind::kGroupedGemm;
+        const bool fp8_gemm = gemm && op.dtype == DType::kFp8;
+        fp8_gemms += fp8_gemm ? 1 : 0;
+        marked += op.block_scaled ? 1 : 0;
+        if (op.block_scaled) CHECK(fp8_gemm);
+        if (recipe == Fp8Recipe::kBlockwise && fp8_gemm) CHECK(op.block_scaled);
+      }
+      CHECK(fp8_gemms > 0);
+      CHECK(marked == (recipe == Fp8Recipe::kBlockwise ? fp8_gemms : 0));
+      CHECK_FALSE(the_op(g, OpName::kExpertFc13, 0, Phase::kBackward, GemmPart::kWgrad).block_scaled ==
+                  (recipe != Fp8Recipe::kBlockwise));
+      CHECK_FALSE(the_op(g, OpName::kRouter).block_scaled);
+    }
+    const OpGraph bf16 = lower(mixtral(1), node_plan(8), stack_options("megatron-core"));
+    for (const Op& op : bf16.ops) CHECK_FALSE(op.block_scaled);
+  }
+
   TEST_CASE("TE gathers TP linears' inputs and gradients in FP8 under per-tensor scales after the amax") {
     // Mixtral-8x7B, one layer, tp 2 with sequence parallelism on Megatron-Core: 2048 tokens per rank, 4096
     // gathered, h = 4096. Under FP8 with per-tensor scales TE quantises the QKV projection's input before
