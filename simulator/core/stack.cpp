@@ -151,7 +151,9 @@ const std::vector<StackProfile::KindNumber>& StackProfile::memory_bound_kind_num
       {"loss_native", false, "memory_bound_efficiency_by_kind.loss_native.forward", MemOp::kLossNative,
        &B::loss_native_forward},
       {"loss_native", true, "memory_bound_efficiency_by_kind.loss_native.backward", MemOp::kLossNative,
-       &B::loss_native_backward}};
+       &B::loss_native_backward},
+      {"cast", false, "memory_bound_efficiency_by_kind.cast.forward", MemOp::kCast, &B::cast_forward},
+      {"cast", true, "memory_bound_efficiency_by_kind.cast.backward", MemOp::kCast, &B::cast_backward}};
   return kinds;
 }
 

@@ -91,6 +91,9 @@ struct StackProfile {
     Stated<double> glu_forward, glu_backward;                    // MemOp::kGlu
     Stated<double> loss_unfused_forward, loss_unfused_backward;  // MemOp::kLossUnfused
     Stated<double> loss_native_forward, loss_native_backward;    // MemOp::kLossNative
+    // MemOp::kCast: FP8 quantisation kernels (the weights' casts, and those an FP8 GEMM runs on its operand,
+    // Op::aux_bytes)
+    Stated<double> cast_forward, cast_backward;
   } memory_bound_by_kind;
   // Each of them: its key under memory_bound_efficiency_by_kind, its kind and phase, and where it is held.
   struct KindNumber {

@@ -764,7 +764,6 @@ double CostModel::userbuffers_seconds(const Op& op, double* rel_error) const {
 OpCost CostModel::cost(const Op& op) const {
   OpCost r;
   const double launch = stack_.launch_s_per_kernel.value * d(std::max<uint16_t>(1, op.kernels));
-  const double mem_bw = hw_.gpu.hbm_bw_achieved_bytes_per_s.value * stack_.memory_bound_efficiency.value;
   double err = 0;
   r.host_seconds = stack_.host_s_per_kernel.value * d(op.kernels);
   // Basis: the hardware profile's rates are measurements; each stack number that prices the op weakens it to
@@ -777,11 +776,16 @@ OpCost CostModel::cost(const Op& op) const {
   const double min_kernel = stack_.min_kernel_s.value;
   const double floor = min_kernel * d(std::max<uint16_t>(1, op.kernels));
   // Memory-bound kernels the stack runs around the main kernel (FP8 amax, scale, quantise / transpose of its
-  // operand), per group of a grouped GEMM: each its fixed time plus its bytes at the memory-bound rate.
+  // operand), per group of a grouped GEMM: each its fixed time plus its bytes at the rate of the stack's cast
+  // kernels (its memory-bound rate where it does not state theirs).
   const double aux_launches =
       d(op.aux_kernels) * (op.kind == OpKind::kGroupedGemm ? d(std::max<int64_t>(1, op.gemm.groups)) : 1.0);
-  const double aux = op.aux_bytes > 0 ? op.aux_bytes / mem_bw + min_kernel * aux_launches : 0.0;
-  if (op.aux_bytes > 0) r.basis = weaker(r.basis, stack_.memory_bound_efficiency.basis);
+  const Stated<double>& cast_eff = stack_.memory_bound_efficiency_of(MemOp::kCast, op.phase);
+  const double aux = op.aux_bytes > 0
+                         ? op.aux_bytes / (hw_.gpu.hbm_bw_achieved_bytes_per_s.value * cast_eff.value) +
+                               min_kernel * aux_launches
+                         : 0.0;
+  if (op.aux_bytes > 0) r.basis = weaker(r.basis, cast_eff.basis);
   if (op.accum_bytes > 0) r.basis = weaker(r.basis, stack_.wgrad_accumulation.epilogue_overlap.basis);
   if (op.block_scaled && stack_.fp8_block_gemm_rate.source != kNotStated)
     r.basis = weaker(r.basis, stack_.fp8_block_gemm_rate.basis);

@@ -205,7 +205,7 @@ Result<StackProfile> stack_from_json(const json& j, const std::string& label) {
 
     s.memory_bound_efficiency = stated_fraction(root, "memory_bound_efficiency", Interval::kEfficiency);
     if (auto by_kind = root.optional_object("memory_bound_efficiency_by_kind")) {
-      by_kind->only_keys({"glu", "loss_unfused", "loss_native"});
+      by_kind->only_keys({"glu", "loss_unfused", "loss_native", "cast"});
       for (const auto& k : StackProfile::memory_bound_kind_numbers()) {
         if (!by_kind->has(k.kind_key)) continue;
         const JsonNode directions = by_kind->object(k.kind_key);

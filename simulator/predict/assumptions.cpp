@@ -120,12 +120,14 @@ AssumptionRange assumption_range(const ModelSpec& model, const Plan& plan, const
   AssumptionRange out;
   out.step_time_s = out.fastest_s = out.slowest_s = step_time_s;
   // A number that prices nothing the plan runs is left out: the userbuffers' reduce-scatter speed of a plan
-  // without them, the FP8 sustained rate of a BF16 plan, the block-scaled GEMM rate of a plan without block
-  // scaling, the scan's chain time of a model without its layers.
+  // without them, the FP8 sustained rate and the FP8 casts' rate of a BF16 plan, the block-scaled GEMM rate
+  // of a plan without block scaling, the scan's chain time of a model without its layers.
   StackProfile own = priced_for(stack, model);
   if (!plan.overlap.tp_comm) own.userbuffers_rs_speed = {1.0, kNotStated};
   if (plan.precision != Precision::kFp8 || plan.fp8_recipe != Fp8Recipe::kBlockwise)
     own.fp8_block_gemm_rate = {1.0, kNotStated};
+  if (plan.precision != Precision::kFp8)  // no FP8 casts (0: not listed)
+    own.memory_bound_by_kind.cast_forward = own.memory_bound_by_kind.cast_backward = {0.0, kNotStated};
   const Ranged ranged(own, hw, plan.precision == Precision::kFp8);
   for (size_t j = 0; j < ranged.numbers.size(); ++j) {
     const Ranged::Number& num = ranged.number(j);

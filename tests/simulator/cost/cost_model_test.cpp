@@ -761,14 +761,17 @@ TEST_SUITE("cost") {
 
   TEST_CASE("FP8 quantisation kernels add their bytes and a fixed time each, and host launches") {
     // Megatron-Core on H100: 4 us per kernel, 1.3 us launch gap, 25 us host per kernel, 10 us host per local
-    // expert launch, memory-bound work at 0.64 of achieved HBM. A current-scaling GEMM quantises its input in
-    // 3 kernels (amax, scale, cast): the GEMM, then 3 x 4 us and the input's bytes, then 4 launch gaps. A
-    // grouped GEMM over 8 experts quantises per expert: 24 kernels, 8 x (1 + 3) host launches; its wgrad
-    // quantises nothing.
+    // expert launch, TE's FP8 casts at the achieved HBM rate (memory_bound_efficiency_by_kind.cast, 1; other
+    // memory-bound work at 0.64 of it). A current-scaling GEMM quantises its input in 3 kernels (amax, scale,
+    // cast): the GEMM, then 3 x 4 us and the input's bytes, then 4 launch gaps. A grouped GEMM over 8 experts
+    // quantises per expert: 24 kernels, 8 x (1 + 3) host launches; its wgrad quantises nothing.
     const HardwareProfile hw = io::load_hardware("h100-sxm").value();
     const StackProfile stack = io::load_stack("megatron-core").value();
+    REQUIRE(stack.memory_bound_efficiency_of(MemOp::kCast, Phase::kForward).value == 1.0);
+    REQUIRE(stack.memory_bound_efficiency_of(MemOp::kCast, Phase::kBackward).value == 1.0);
+    REQUIRE(stack.memory_bound_efficiency.value == 0.64);
     const cost::CostModel cm(hw, stack);
-    const double bw = 0.64 * hw.gpu.hbm_bw_achieved_bytes_per_s.value;
+    const double bw = hw.gpu.hbm_bw_achieved_bytes_per_s.value;
     Op op = gemm_op();
     op.kernels = 4;
     op.aux_kernels = 3;
@@ -792,6 +795,12 @@ TEST_SUITE("cost") {
     g.aux_kernels = 0;
     g.aux_bytes = 0;
     CHECK(cm.cost(g).host_seconds == rel(25e-6 + 8 * 10e-6));
+
+    // A stack that states no rate for its casts prices them at its memory-bound efficiency.
+    StackProfile plain = stack;
+    plain.memory_bound_by_kind.cast_forward = plain.memory_bound_by_kind.cast_backward = {};
+    const cost::CostModel generic(hw, plain);
+    CHECK(generic.cost(op).seconds == rel(gemm + 1e9 / (0.64 * bw) + 3 * 4e-6 + 4 * 1.3e-6));
   }
 
   TEST_CASE("a block-scaled FP8 GEMM runs at the stack's block rate of the per-tensor FP8 rate") {

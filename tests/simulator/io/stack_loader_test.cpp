@@ -2,11 +2,13 @@
 // write back to the same profile, and every bad input is one line naming the field.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <regex>
 #include <string>
 
 #include "simulator/core/stack.h"
 #include "simulator/io/builtin_catalog.h"
+#include "simulator/io/hardware_loader.h"
 #include "simulator/io/json_reader.h"
 #include "simulator/io/stack_loader.h"
 #include "simulator/workload/lower.h"
@@ -359,6 +361,47 @@ TEST_SUITE("io") {
       CHECK(s.fp8_block_gemm_rate.source == kNotStated);
       CHECK(s.fp8_block_gemm_rate.value == 1.0);
       CHECK(io::stack_to_json(s).count("fp8_block_gemm_rate") == 0);
+    }
+  }
+
+  TEST_CASE(
+      "TE's FP8 casts run at the achieved HBM rate: a fit to the quantisation in TE's H200 GEMM profile") {
+    // TE's GEMM profiling guide (1609c890e, H200 NVL): each timed te.Linear forward casts its input with the
+    // transposed copy (the lowering's bytes per element) and its weight without it (one FP8 byte fewer); the
+    // layer's 12 GEMMs (15,872 tokens, hidden 4,096, intermediate 16,384) take 20.285 ms under current
+    // scaling (3 kernels per cast) and 18.978 ms under delayed scaling (1), 16.785 ms for the kernels alone.
+    // A fixed time per kernel plus bytes at a rate fits both; the rate is at least the H200 profile's
+    // achieved HBM bandwidth, so the Megatron stacks state the casts at efficiency 1.
+    const double m = 15872, h = 4096, f = 16384, q = 3 * h;
+    const double shapes[12][3] = {{m, h, q}, {m, h, h}, {m, h, f}, {m, f, h}, {m, q, h}, {m, h, h},
+                                  {m, f, h}, {m, h, f}, {h, m, q}, {h, m, h}, {h, m, f}, {f, m, h}};
+    auto bytes = [&](Fp8Recipe r) {
+      const double input = fp8_cast_bytes_per_element(r), weight = input - 1;
+      double total = 0;
+      for (const auto& s : shapes) total += s[0] * s[1] * input + s[1] * s[2] * weight;
+      return total;
+    };
+    const double b_cur = bytes(Fp8Recipe::kTensorwise), b_del = bytes(Fp8Recipe::kDelayed);
+    const double k_cur = 12 * 2 * 3, k_del = 12 * 2 * 1;
+    const double t_cur = (20.285 - 16.785) * 1e-3, t_del = (18.978 - 16.785) * 1e-3;
+    // b_cur / rate + k_cur c = t_cur and b_del / rate + k_del c = t_del.
+    const double inv_rate = (t_cur * k_del - t_del * k_cur) / (b_cur * k_del - b_del * k_cur);
+    const double fixed = (t_cur - b_cur * inv_rate) / k_cur;
+    CHECK(b_cur == doctest::Approx(13.91e9).epsilon(1e-3));
+    CHECK(b_del == doctest::Approx(8.94e9).epsilon(1e-3));
+    CHECK(fixed > 0);
+    CHECK(fixed < 4e-6);
+    const HardwareProfile h200 = io::load_hardware("h200-sxm").value();
+    const double share = 1.0 / inv_rate / h200.gpu.hbm_bw_achieved_bytes_per_s.value;
+    CHECK(share == doctest::Approx(1.01).epsilon(0.01));
+    for (const char* name : {"megatron-core", "megatron-core-deepep", "megatron-core-hybridep"}) {
+      CAPTURE(name);
+      const StackProfile s = load(name);
+      for (Phase ph : {Phase::kForward, Phase::kBackward}) {
+        const Stated<double>& e = s.memory_bound_efficiency_of(MemOp::kCast, ph);
+        CHECK(e.value == std::min(1.0, share));
+        CHECK(e.basis == Basis::kDerived);
+      }
     }
   }
 
