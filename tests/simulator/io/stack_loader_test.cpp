@@ -31,6 +31,13 @@ io::json moerun_json() {
   return j.value();
 }
 
+// How many times the stack lists the number at `path` among its numbers (StackProfile::numbers).
+int times_listed(StackProfile s, const std::string& path) {
+  int listed = 0;
+  for (const auto& n : s.numbers()) listed += path == n.path ? 1 : 0;
+  return listed;
+}
+
 // The error message for `j` read as "s.json"; the test fails if it loads.
 std::string error_of(const io::json& j) {
   auto s = io::stack_from_json(j, "s.json");
@@ -304,11 +311,7 @@ TEST_SUITE("io") {
     REQUIRE(mc.wgrad_accumulation.epilogue_overlap.range.has_value());
     CHECK(mc.wgrad_accumulation.epilogue_overlap.range->first == 0.0);
     CHECK(mc.wgrad_accumulation.epilogue_overlap.range->second == 0.7);
-    StackProfile mc_copy = mc;
-    int listed = 0;
-    for (const auto& n : mc_copy.numbers())
-      listed += std::string(n.path) == "wgrad_accumulation.epilogue_overlap";
-    CHECK(listed == 1);
+    CHECK(times_listed(mc, "wgrad_accumulation.epilogue_overlap") == 1);
 
     const StackProfile mr = load("moerun");  // not stated: each weight gradient is written once
     CHECK_FALSE(mr.wgrad_accumulation.into_main_grad.value);
@@ -346,10 +349,7 @@ TEST_SUITE("io") {
       CHECK(s.fp8_block_gemm_rate.basis == Basis::kDerived);
       REQUIRE(s.fp8_block_gemm_rate.range.has_value());
       CHECK(s.fp8_block_gemm_rate.range->second == doctest::Approx(upper).epsilon(0.005));
-      StackProfile copy = s;
-      int listed = 0;
-      for (const auto& n : copy.numbers()) listed += std::string(n.path) == "fp8_block_gemm_rate";
-      CHECK(listed == 1);
+      CHECK(times_listed(s, "fp8_block_gemm_rate") == 1);
       const auto back = io::stack_from_json(io::stack_to_json(s), "back.json");
       REQUIRE(back.ok());
       CHECK(back.value().fp8_block_gemm_rate.value == s.fp8_block_gemm_rate.value);
@@ -409,10 +409,7 @@ TEST_SUITE("io") {
     const StackProfile mr = load("moerun");
     CHECK(mr.fused_gemm_efficiency.basis == Basis::kMeasured);
     CHECK(mr.fused_gemm_efficiency.value == 0.13);
-    StackProfile mr_copy = mr;
-    int listed = 0;
-    for (const auto& n : mr_copy.numbers()) listed += std::string(n.path) == "fused_gemm_efficiency";
-    CHECK(listed == 1);
+    CHECK(times_listed(mr, "fused_gemm_efficiency") == 1);
     const auto back = io::stack_from_json(io::stack_to_json(mr), "back.json");
     REQUIRE(back.ok());
     CHECK(back.value().fused_gemm_efficiency.value == 0.13);
@@ -440,10 +437,7 @@ TEST_SUITE("io") {
     CHECK(dep.dispatcher.overlap_efficiency.range->first <= dep.dispatcher.overlap_efficiency.value);
     CHECK(dep.dispatcher.overlap_efficiency.value <= dep.dispatcher.overlap_efficiency.range->second);
     CHECK(load("megatron-core-hybridep").dispatcher.overlap_efficiency.basis == Basis::kAssumed);
-    StackProfile dep_copy = dep;
-    int listed = 0;
-    for (const auto& n : dep_copy.numbers()) listed += std::string(n.path) == "dispatcher.overlap_efficiency";
-    CHECK(listed == 1);
+    CHECK(times_listed(dep, "dispatcher.overlap_efficiency") == 1);
     const auto back = io::stack_from_json(io::stack_to_json(dep), "back.json");
     REQUIRE(back.ok());
     CHECK(back.value().dispatcher.overlap_efficiency.value ==
