@@ -926,80 +926,26 @@ class Screener {
     const int64_t zero = p.data.zero;
     const std::vector<int64_t>& layers = shapes.layers[stage];
     const double sync = shapes.sync[stage], gather = shapes.gather[stage];
-    const double sync_drag = shapes.sync_drag[stage], gather_drag = shapes.gather_drag[stage];
     // ZeRO-3 gathers the layers' parameters twice per micro-batch; the parts outside the layers once a step.
     const double first = shapes.gather_first[stage];
-    const double per_pass = gather - first, per_pass_drag = gather_drag - shapes.gather_first_drag[stage];
-    double work = 0;
-    for (int64_t l : layers) work += lt.layer[static_cast<size_t>(l)];
+    const double per_pass = gather - first;
     if (!p.overlap.dp_comm) {
       if (zero >= 2) out.per_micro_batch = sync + (zero == 3 ? 2.0 * per_pass : 0.0);
       out.tail = (zero < 2 ? sync : 0.0) + (zero == 1 || zero == 2 ? gather : zero == 3 ? first : 0.0);
     } else {
-      // compute: when the stage's compute stream is free; stream: when the data-parallel stream is
-      double compute = 0, stream = 0, after_first = 0, stream_after_first = 0;
-      double contention = 0;  // ZeRO-0/1: what sharing links with the synchronisation added to the backward
-      const int passes = zero >= 2 ? 2 : 1;  // ZeRO-0/1: only the last backward synchronises
-      for (int mb = 0; mb < passes; ++mb) {
-        if (zero >= 2) {  // ZeRO-0/1 walk the last backward alone
-          for (int64_t l : layers) {
-            const auto i = static_cast<size_t>(l);
-            if (zero == 3) compute = std::max(compute, stream += dp[i].gather);
-            compute += lt.forward[i];
-          }
-        }
-        const LayerDp* syncing = nullptr;  // the layer whose synchronisation the stream runs
-        // The output layer's (and an MTP copy's) gradients are complete before the layers' backward; under
-        // ZeRO-3 the stream has the first layer's gather for its backward ahead of their synchronisation
-        // (the lowering emits it before the layer's backward, the synchronisation after).
-        const double head_ready = compute;
-        bool head_pending = shapes.sync_before[stage] > 0;
-        auto sync_head = [&] {
-          stream = std::max(stream, head_ready) + shapes.sync_before[stage];
-          head_pending = false;
-        };
-        for (auto l = layers.rbegin(); l != layers.rend(); ++l) {
-          const auto i = static_cast<size_t>(*l);
-          if (zero == 3) compute = std::max(compute, stream += dp[i].gather);
-          if (head_pending) sync_head();
-          const double backward = lt.layer[i] - lt.forward[i];
-          // The backward's own transfers on the link the synchronisation holds share it for as long as the
-          // stream is busy beside them, each at half rate; both take that much longer.
-          if (syncing && stream > compute && backward > 0) {
-            const double shared = std::min(stream - compute, backward) / backward *
-                                  lt.backward_comm[i][static_cast<size_t>(syncing->sync_on)];
-            compute += shared;
-            stream += shared;
-            contention += shared;
-          }
-          compute += backward;
-          stream = std::max(stream, compute) + dp[i].sync;
-          syncing = &dp[i];
-        }
-        if (head_pending) sync_head();
-        if (shapes.sync_after[stage] > 0)  // the embedding's, after its backward
-          stream = std::max(stream, compute) + shapes.sync_after[stage];
-        if (mb == 0) after_first = compute, stream_after_first = stream;
-      }
-      // ZeRO-2/3: the second micro-batch is the steady one; its compute slows beside the stream's work, for
-      // as much of it as it overlaps. The stream may fall behind the compute by more each micro-batch.
-      if (zero >= 2) {
-        const double busy = sync + (zero == 3 ? 2.0 * per_pass : 0.0);
-        const double drag = sync_drag + (zero == 3 ? 2.0 * per_pass_drag : 0.0);
-        const double cycle = compute - after_first + (busy > 0 ? drag * std::min(1.0, work / busy) : 0.0);
-        const double stream_cycle = stream - stream_after_first, m = d(p.num_micro_batches() - 1);
-        out.per_micro_batch = cycle - work;
-        out.tail = std::max(0.0, stream_after_first + m * stream_cycle - (after_first + m * cycle));
-        // The first micro-batch takes its own walk, not the steady one: no syncs queue ahead of its gathers.
-        // And the last one's synchronisations that run after its backward slow no compute: that part of the
-        // drag goes (as much of it as one micro-batch's work could hold). The data-parallel time stays >= 0
-        // (each walk holds the stage's work, each micro-batch's share holds its drag), so the bound above
-        // holds.
-        out.tail += after_first - (compute - after_first);
-        const double after_last = std::min(work, std::max(0.0, stream_after_first - after_first));
-        if (busy > 0) out.tail -= drag * std::min(1.0, after_last / busy);
-      } else {
-        out.tail = stream - (compute - contention);  // the pace holds the backward without it
+      // ZeRO-3 under combined 1F1B: in a pair the data-parallel stream takes the forward's gather (the next
+      // micro-batch's layer) before the backward's, as the lowering emits a pair (emit_pair); the walk is
+      // then the first forward alone and each backward beside the next micro-batch's forward. The
+      // schedule's warm-up forwards and cool-down backwards run alone: the steady share per micro-batch is
+      // the two walks' in the proportion of the stage's backwards that the lowering's order pairs, and the
+      // tail is the unpaired walk's (the last backwards are the cool-down's).
+      const bool pairs = zero == 3 && p.overlap.cross_micro_batch;
+      const StageDp apart = overlapped_walk(p, shapes, stage, lt, dp, false);
+      out = apart;
+      if (pairs) {
+        const double share = paired_share(p, stage);
+        const StageDp beside = overlapped_walk(p, shapes, stage, lt, dp, true);
+        out.per_micro_batch = share * beside.per_micro_batch + (1.0 - share) * apart.per_micro_batch;
       }
       if (zero == 1 || zero == 2) {
         // The next step's first forward waits for each layer's gathered parameters, and its transfers share
@@ -1023,6 +969,125 @@ class Screener {
     }
     out.tail += shapes.optimizer[stage];
     return out;
+  }
+
+  // stage_dp's walk of two micro-batches with overlapped data-parallel communication (see there): the
+  // per-micro-batch share and the tail, without the step-level gathers and the optimizer step. `paired`:
+  // each backward beside the next micro-batch's forward (ZeRO-3 under combined 1F1B; only its
+  // per-micro-batch share is used).
+  StageDp overlapped_walk(const Plan& p, const StageShapes& shapes, size_t stage, const LayerTimes& lt,
+                          const std::vector<LayerDp>& dp, bool paired) const {
+    StageDp out;
+    const int64_t zero = p.data.zero;
+    const std::vector<int64_t>& layers = shapes.layers[stage];
+    const double sync = shapes.sync[stage], gather = shapes.gather[stage];
+    const double sync_drag = shapes.sync_drag[stage], gather_drag = shapes.gather_drag[stage];
+    const double per_pass = gather - shapes.gather_first[stage];
+    const double per_pass_drag = gather_drag - shapes.gather_first_drag[stage];
+    double work = 0;
+    for (int64_t l : layers) work += lt.layer[static_cast<size_t>(l)];
+    // compute: when the stage's compute stream is free; stream: when the data-parallel stream is
+    double compute = 0, stream = 0, after_first = 0, stream_after_first = 0;
+    double contention = 0;  // ZeRO-0/1: what sharing links with the synchronisation added to the backward
+    const int passes = zero >= 2 ? 2 : 1;  // ZeRO-0/1: only the last backward synchronises
+    for (int mb = 0; mb < passes; ++mb) {
+      if (zero >= 2 && (!paired || mb == 0)) {  // ZeRO-0/1 walk the last backward alone
+        for (int64_t l : layers) {
+          const auto i = static_cast<size_t>(l);
+          if (zero == 3) compute = std::max(compute, stream += dp[i].gather);
+          compute += lt.forward[i];
+        }
+      }
+      const LayerDp* syncing = nullptr;  // the layer whose synchronisation the stream runs
+      // The output layer's (and an MTP copy's) gradients are complete before the layers' backward; under
+      // ZeRO-3 the stream has the first layer's gather for its backward ahead of their synchronisation
+      // (the lowering emits it before the layer's backward, the synchronisation after).
+      const double head_ready = compute;
+      bool head_pending = shapes.sync_before[stage] > 0;
+      auto sync_head = [&] {
+        stream = std::max(stream, head_ready) + shapes.sync_before[stage];
+        head_pending = false;
+      };
+      // Megatron-FSDP (zero3_backward_prefetch): a layer's backward gather is issued with the previous
+      // layer's in the virtual stage (the next in model order), ahead of that layer's synchronisation; the
+      // end of the gather so prefetched, -1 where none.
+      double prefetched = -1;
+      auto partner = layers.begin();  // paired: the next micro-batch's forward layer beside this backward
+      for (auto l = layers.rbegin(); l != layers.rend(); ++l) {
+        const auto i = static_cast<size_t>(*l);
+        // Paired: the forward's gather goes first on the stream; the pair's nodes alternate from its start,
+        // so the pair waits for both gathers.
+        size_t f = 0;
+        if (paired) {
+          f = static_cast<size_t>(*partner++);
+          compute = std::max(compute, stream += dp[f].gather);
+        }
+        if (zero == 3) {
+          compute = std::max(compute, prefetched >= 0 ? prefetched : stream += dp[i].gather);
+          prefetched = -1;
+          const auto next = std::next(l);
+          if (lowering_.zero3_backward_prefetch && next != layers.rend() && *next == *l - 1 &&
+              *l < m_.num_layers())
+            prefetched = stream += dp[static_cast<size_t>(*next)].gather;
+        }
+        if (head_pending) sync_head();
+        const double backward = lt.layer[i] - lt.forward[i];
+        // The backward's own transfers on the link the synchronisation holds share it for as long as the
+        // stream is busy beside them, each at half rate; both take that much longer.
+        if (syncing && stream > compute && backward > 0) {
+          const double shared = std::min(stream - compute, backward) / backward *
+                                lt.backward_comm[i][static_cast<size_t>(syncing->sync_on)];
+          compute += shared;
+          stream += shared;
+          contention += shared;
+        }
+        compute += backward;
+        if (paired) compute += lt.forward[f];
+        stream = std::max(stream, compute) + dp[i].sync;
+        syncing = &dp[i];
+      }
+      if (head_pending) sync_head();
+      if (shapes.sync_after[stage] > 0)  // the embedding's, after its backward
+        stream = std::max(stream, compute) + shapes.sync_after[stage];
+      if (mb == 0) after_first = compute, stream_after_first = stream;
+    }
+    // ZeRO-2/3: the second micro-batch is the steady one; its compute slows beside the stream's work, for
+    // as much of it as it overlaps. The stream may fall behind the compute by more each micro-batch.
+    if (zero >= 2) {
+      const double busy = sync + (zero == 3 ? 2.0 * per_pass : 0.0);
+      const double drag = sync_drag + (zero == 3 ? 2.0 * per_pass_drag : 0.0);
+      const double cycle = compute - after_first + (busy > 0 ? drag * std::min(1.0, work / busy) : 0.0);
+      const double stream_cycle = stream - stream_after_first, m = d(p.num_micro_batches() - 1);
+      out.per_micro_batch = cycle - work;
+      out.tail = std::max(0.0, stream_after_first + m * stream_cycle - (after_first + m * cycle));
+      // The first micro-batch takes its own walk, not the steady one: no syncs queue ahead of its gathers.
+      // And the last one's synchronisations that run after its backward slow no compute: that part of the
+      // drag goes (as much of it as one micro-batch's work could hold). The data-parallel time stays >= 0
+      // (each walk holds the stage's work, each micro-batch's share holds its drag), so the bound above
+      // holds.
+      out.tail += after_first - (compute - after_first);
+      const double after_last = std::min(work, std::max(0.0, stream_after_first - after_first));
+      if (busy > 0) out.tail -= drag * std::min(1.0, after_last / busy);
+    } else {
+      out.tail = stream - (compute - contention);  // the pace holds the backward without it
+    }
+    return out;
+  }
+
+  // The share of a stage's backwards that the lowering's combined 1F1B order runs beside a forward.
+  double paired_share(const Plan& p, size_t stage) const {
+    const auto key = std::make_tuple(static_cast<int64_t>(stage), p.pipeline.pp, p.pipeline.vpp,
+                                     p.num_micro_batches(), static_cast<int>(p.pipeline.schedule));
+    auto it = paired_share_.find(key);
+    if (it != paired_share_.end()) return it->second;
+    int64_t paired = 0, backwards = 0;
+    for (const PipelineTask& t : pipeline_order(static_cast<int64_t>(stage), p.pipeline.pp, p.pipeline.vpp,
+                                                p.num_micro_batches(), true, p.pipeline.schedule)) {
+      paired += t.forward && t.paired;
+      backwards += !t.forward && !t.weights;
+    }
+    const double share = backwards > 0 ? d(paired) / d(backwards) : 0.0;
+    return paired_share_.emplace(key, share).first->second;
   }
 
   // The stages' layers (virtual stage v runs on stage stage_of_virtual(v): v % pp, or DualPipeV's V) and
@@ -1121,6 +1186,8 @@ class Screener {
   std::unordered_map<std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool>, double,
                      KeyHash>
       sends_;
+  mutable std::unordered_map<std::tuple<int64_t, int64_t, int64_t, int64_t, int>, double, KeyHash>
+      paired_share_;
 };
 
 // The op graph, costs and timeline of a prediction, released (its numbers stay).

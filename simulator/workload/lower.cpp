@@ -661,6 +661,10 @@ class Builder {
   // overlap), which the layer's gradient sync must also wait for; -1 when the side stream is not used.
   std::vector<int32_t> layer_last_side_bwd_;
   std::vector<int32_t> layer_param_gather_;
+  // ZeRO-3 with backward prefetch: the gather a layer's backward prefetched for the next layer in backward
+  // order (that layer, its micro-batch and the gather's last op; layer -1: none).
+  int64_t prefetched_layer_ = -1;
+  int32_t prefetched_mb_ = -1, prefetched_gather_ = -1;
   // The parameters outside the layers on Megatron stacks: the embedding (with virtual stage 0), the output
   // layer and final norm (with the last), and an MTP module's copy of the embedding (beside the output layer
   // on another stage, untied). Per part: the op after which its gradient is complete (the last micro-batch's
@@ -1981,8 +1985,20 @@ void Builder::backward_begin(LayerPass& pass, int64_t layer, int16_t stage, int1
   pass.re.assign(rc.ops.size(), -1);
   pass.grad.assign(rc.ops.size(), -1);
   pass.recomputed_node.assign(kNodes, 0);
-  if (p_.data.zero == 3 && o_.data_parallel)
+  if (p_.data.zero != 3 || !o_.data_parallel) return;
+  if (prefetched_layer_ == layer && prefetched_mb_ == mb) {
+    pass.zero3_gather = prefetched_gather_;
+  } else {
     pass.zero3_gather = emit_param_gather(layer, stage, chunk, mb, Phase::kBackward, dp_stream_);
+  }
+  prefetched_layer_ = -1;
+  // Megatron-FSDP prefetches the next layer of the virtual stage in backward order now, ahead of this
+  // layer's reduce-scatter (backward_done).
+  if (o_.zero3_backward_prefetch && layer < n_main_ && chunk_position_[static_cast<size_t>(layer)] > 0) {
+    prefetched_gather_ = emit_param_gather(layer - 1, stage, chunk, mb, Phase::kBackward, dp_stream_);
+    prefetched_layer_ = layer - 1;
+    prefetched_mb_ = mb;
+  }
 }
 
 // Backward of one node of a recorded layer: its ops in reverse; a GEMM gives dgrad then wgrad, a collective
@@ -2930,6 +2946,8 @@ LoweringOptions lowering_options(const HardwareProfile& hw, const StackProfile& 
   o.eager_glu_clamp = stack.expert_mlp.eager_glu_clamp.value;
   o.wgrad_into_main_grad = stack.wgrad_accumulation.into_main_grad.value;
   o.eager_framework = stack.dispatcher.kind.value != DispatcherKind::kFused;
+  // The Megatron stacks' ZeRO-3 is Megatron-FSDP (as the memory model takes it, memory.cpp fused_stack).
+  o.zero3_backward_prefetch = o.eager_framework;
   o.mla_down_proj = stack_mla_down_proj(stack);
   o.fp8_padding = stack_fp8_padding(stack);
   return o;

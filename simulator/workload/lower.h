@@ -42,6 +42,12 @@ struct LoweringOptions {
   // Weight-gradient GEMMs accumulate into the parameters' main gradient buffer (Op::accum_bytes,
   // main_grad_bytes); not under ZeRO-2/3 (Megatron-FSDP runs without gradient-accumulation fusion).
   bool wgrad_into_main_grad = false;
+  // ZeRO-3 as Megatron-FSDP runs it: a layer's pre-backward hook gathers its own parameters and prefetches
+  // the next layer's in backward order, so that gather precedes the layer's post-backward reduce-scatter on
+  // the shared communicator (custom_fsdp/fully_sharded_data_parallel.py _pre_backward at 1e057005,
+  // PrefetchOrder.BACKWARD_PASS_ORDER; megatron_fsdp's runtime_schedule.md at d98e8a64). false: each layer's
+  // gather is issued when its backward begins, behind the previous layer's reduce-scatter.
+  bool zero3_backward_prefetch = false;
   // Kernels the framework launches per op where an op of the graph stands for several (PyTorch eager:
   // Megatron's router, megatron_router_kernels); moerun launches one kernel per op.
   bool eager_framework = false;

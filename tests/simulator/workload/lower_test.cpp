@@ -1056,6 +1056,40 @@ TEST_SUITE("workload") {
     CHECK(outside(lower(with_mtp, one, stack_options("megatron-core")), OpName::kEmbedGradAr, 0).empty());
   }
 
+  TEST_CASE("ZeRO-3 on Megatron gathers the next layer's parameters before this layer's reduce-scatter") {
+    // Mixtral-8x7B cut to three layers on 16 GPUs: tp 2, ep 8, one stage, 8 attention replicas and 2 expert
+    // replicas, two micro-batches per rank, ZeRO-3 with overlapped DP communication. Megatron-FSDP's
+    // pre-backward hook of layer L gathers L's parameters and prefetches L-1's, both ahead of L's
+    // post-backward reduce-scatter on the shared communicator; moerun's executor gathers each layer when its
+    // backward begins, after the previous layer's reduce-scatter.
+    const ModelSpec m = mixtral(3);
+    Plan p = tp2_pp2_plan(16);
+    p.pipeline.pp = 1;
+    p.data.zero = 3;
+    p.overlap.dp_comm = true;
+    // The backward's dense-parameter gathers ('G') and gradient reduce-scatters ('R') of the layers, with
+    // their layer, in the order they are issued (op id), and the gathers of each layer and pass.
+    auto sequence = [&](const char* stack) {
+      const OpGraph g = lower(m, p, stack_options(stack));
+      std::string seq;
+      std::map<std::tuple<int32_t, int32_t, Phase>, int> gathers;
+      for (const Op& op : g.ops) {
+        if (op.layer < 0 || op.comm.group != CommGroup::kAttnReplica) continue;
+        if (op.name == static_cast<uint16_t>(OpName::kParamAg)) {
+          ++gathers[{op.layer, op.micro_batch, op.phase}];
+          if (op.phase == Phase::kBackward) seq += "G" + std::to_string(op.layer);
+        } else if (op.name == static_cast<uint16_t>(OpName::kGradRs)) {
+          seq += "R" + std::to_string(op.layer);
+        }
+      }
+      CHECK(gathers.size() == 3 * 2 * 2);  // each layer, micro-batch and pass
+      for (const auto& [key, n] : gathers) CHECK(n == 1);
+      return seq;
+    };
+    CHECK(sequence("megatron-core") == "G2G1R2G0R1R0G2G1R2G0R1R0");
+    CHECK(sequence("moerun") == "G2R2G1R1G0R0G2R2G1R1G0R0");
+  }
+
   TEST_CASE("Megatron all-reduces over TP the gradients every TP rank holds whole, before the optimizer") {
     // DeepSeek-V3, one MoE layer, tp 2, pp 1: the two norms and the router (marked sequence_parallel), the
     // q and kv latent norms (1536 + 512), MLA's duplicated down projections (7168 x (1536 + 512 + 64)) and
