@@ -1008,9 +1008,9 @@ class Screener {
         stream = std::max(stream, head_ready) + shapes.sync_before[stage];
         head_pending = false;
       };
-      // Megatron-FSDP (zero3_backward_prefetch): a layer's backward gather is issued with the previous
-      // layer's in the virtual stage (the next in model order), ahead of that layer's synchronisation; the
-      // end of the gather so prefetched, -1 where none.
+      // Megatron-FSDP (zero3_backward_prefetch): layer L-1's backward gather is issued with layer L's (L-1
+      // in the same virtual stage), ahead of L's synchronisation; `prefetched`: when the gather so issued
+      // ends, -1 where none.
       double prefetched = -1;
       auto partner = layers.begin();  // paired: the next micro-batch's forward layer beside this backward
       for (auto l = layers.rbegin(); l != layers.rend(); ++l) {
