@@ -97,6 +97,7 @@ class Simulation {
     std::vector<uint32_t> queue_count(queues + 1, 0);
     std::vector<uint32_t> stage_count(stages + 1, 0);
     for (size_t i = 0; i < n; ++i) {
+      prefetch_op_ahead(g.ops, i);
       const Op& op = g.ops[i];
       MOEPLAN_ASSERT(static_cast<size_t>(op.id) == i);  // ops are stored by id
       OpState& st = op_[i];
@@ -248,6 +249,20 @@ class Simulation {
     }
     advance(s);  // the others' progress so far is at the old rates
     st.started = 1;
+    // The stream's next op and this op's successors are touched when it ends: fetch their lines now (a large
+    // graph's states are out of cache).
+    if (prefetch_) {
+      if (head_[q] + 1 < queue_end_[q]) {
+        const auto nx = static_cast<size_t>(queue_ops_[head_[q] + 1]);
+        __builtin_prefetch(&op_[nx]);
+        __builtin_prefetch(&timeline_.issued[nx]);
+        __builtin_prefetch(&timeline_.ops[nx], 1);
+        __builtin_prefetch(&timeline_.gated_by[nx], 1);
+      }
+      for (uint32_t k = succ_begin_[static_cast<size_t>(id)]; k < succ_begin_[static_cast<size_t>(id) + 1];
+           ++k)
+        __builtin_prefetch(&op_[static_cast<size_t>(succ_[k])]);
+    }
     st.remaining = std::max(0.0, st.seconds);
     timeline_.ops[static_cast<size_t>(id)].start = now_;
     record_gate(id, st, q);
@@ -341,16 +356,19 @@ class Simulation {
         compute_share_beside_comm(comm_sms, comm_running && n_sm > 0 ? o_.overlap_compute_efficiency : 1.0);
     const double hbm_share =
         o_.hbm_bytes_per_s > 0 ? std::max(0.2, 1.0 - comm_hbm / o_.hbm_bytes_per_s) : 1.0;
+    // The same share for every kernel on the SMs (computed once: the same value as per op).
+    const double sm_rate = n_sm > 0 ? sm_share / n_sm : 0.0;
+    const double memory_rate = sm_rate * hbm_share;
     double next = kNever;
     for (int32_t id : act) {
       OpState& st = op_[static_cast<size_t>(id)];
       double rate;
       switch (st.kind) {
         case 0:
-          rate = sm_share / n_sm;
+          rate = sm_rate;
           break;
         case 1:
-          rate = sm_share / n_sm * hbm_share;
+          rate = memory_rate;
           break;
         default:  // a transfer: its link's share, slowed while compute runs beside it
           rate = (n_sm > 0 ? beside_compute_[static_cast<size_t>(id)] : 1.0) / (st.kind == 2 ? n_nv : n_nic);
@@ -400,6 +418,7 @@ class Simulation {
 
   const OpGraph& g_;
   const EngineOptions& o_;
+  const bool prefetch_ = g_.ops.size() >= kOpPrefetchMinOps;
   double now_ = 0;
   std::vector<OpState> op_;
   std::vector<uint32_t> succ_begin_;

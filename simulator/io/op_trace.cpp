@@ -33,7 +33,11 @@ std::vector<OpSummaryRow> op_summary(const OpGraph& graph, std::span<const OpTim
     return i;
   };
   std::vector<OpSummaryRow> rows;
-  for (const Op& op : graph.ops) {
+  std::vector<size_t> last_op;  // per row: its last op (index in graph.ops), whose kind and message it shows
+  const size_t n = graph.ops.size();
+  for (size_t at = 0; at < n; ++at) {
+    const Op& op = graph.ops[at];
+    prefetch_op_ahead(graph.ops, at);
     const uint64_t k = key(op);
     size_t i = slot_of(k);
     if (keys[i] == kEmpty) {
@@ -44,9 +48,9 @@ std::vector<OpSummaryRow> op_summary(const OpGraph& graph, std::span<const OpTim
         old_rows.swap(row_at);
         for (size_t j = 0; j < old_keys.size(); ++j) {
           if (old_keys[j] == kEmpty) continue;
-          const size_t at = slot_of(old_keys[j]);
-          keys[at] = old_keys[j];
-          row_at[at] = old_rows[j];
+          const size_t slot = slot_of(old_keys[j]);
+          keys[slot] = old_keys[j];
+          row_at[slot] = old_rows[j];
         }
         i = slot_of(k);
       }
@@ -57,12 +61,20 @@ std::vector<OpSummaryRow> op_summary(const OpGraph& graph, std::span<const OpTim
       r.op = op_label(op);
       r.phase = op.phase;
       rows.push_back(std::move(r));
+      last_op.push_back(at);
     }
-    OpSummaryRow& r = rows[row_at[i]];
+    const uint32_t row = row_at[i];
+    OpSummaryRow& r = rows[row];
     const auto& t = timing[static_cast<size_t>(op.id)];
     r.count += 1;
     r.total_s += t.end - t.start;
-    // The kind and message of the row's last op.
+    last_op[row] = at;
+  }
+  // The kind and message of each row's last op (read once per row: an op's message lies beyond the fields
+  // the loop reads).
+  for (size_t row = 0; row < rows.size(); ++row) {
+    const Op& op = graph.ops[last_op[row]];
+    OpSummaryRow& r = rows[row];
     r.kind = op.kind;
     r.comm =
         op.kind == OpKind::kCollective || op.kind == OpKind::kSendRecv || op.kind == OpKind::kFusedGemmComm;

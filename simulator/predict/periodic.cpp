@@ -102,6 +102,7 @@ InsertedPeriod inserted_period(const OpGraph& a, const engine::Timeline& ta, con
   std::vector<size_t> first_misfit(slices, a.ops.size());
   parallel_for(slices, threads, [&](size_t s) {
     for (size_t i = a.ops.size() * s / slices, end = a.ops.size() * (s + 1) / slices; i < end; ++i) {
+      prefetch_op_ahead(a.ops, i);
       if (!fits(a.ops[i])) {
         first_misfit[s] = i;
         return;

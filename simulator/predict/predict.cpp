@@ -36,8 +36,9 @@ double StepBreakdown::total() const {
 StepBreakdown stage_breakdown(const OpGraph& graph, const std::vector<cost::OpCost>& costs,
                               const engine::Timeline& timeline, int64_t stage) {
   std::vector<int32_t> ids;
-  for (const Op& op : graph.ops) {
-    if (op.stage == stage) ids.push_back(op.id);
+  for (size_t i = 0; i < graph.ops.size(); ++i) {
+    prefetch_op_ahead(graph.ops, i);
+    if (graph.ops[i].stage == stage) ids.push_back(graph.ops[i].id);
   }
   return stage_breakdown(graph, costs, timeline, ids);
 }
@@ -130,7 +131,11 @@ std::shared_ptr<LoweredGraph> lower_with_keys(const ModelSpec& model, const Plan
     out->index_with_keys();
   } else {
     out->cost_keys.reserve(out->graph.ops.size());
-    for (const Op& op : out->graph.ops) out->cost_keys.push_back(cost::cost_fields_hash(op));
+    const auto& ops = out->graph.ops;
+    for (size_t i = 0; i < ops.size(); ++i) {
+      prefetch_whole_op_ahead(ops, i);
+      out->cost_keys.push_back(cost::cost_fields_hash(ops[i]));
+    }
   }
   return out;
 }
@@ -239,7 +244,9 @@ class Pricing {
     // Appended in id order (ops are stored by id), each written once.
     r.costs.clear();
     r.costs.reserve(g.ops.size());
-    for (const Op& op : g.ops) {
+    for (size_t i = 0; i < g.ops.size(); ++i) {
+      prefetch_op_ahead(g.ops, i);
+      const Op& op = g.ops[i];
       r.costs.push_back(op.kind == OpKind::kSendRecv && !paths_.empty()
                             ? send_cost(op, g.num_stages)
                             : cache_.cost(op, r.cost_keys()[static_cast<size_t>(op.id)]));
@@ -286,7 +293,9 @@ class Pricing {
 // CostModel::collective_seconds: a table of the shape with a uniform row, else the busiest rank's bytes).
 std::vector<Prediction::HotExchange> hot_exchanges_of(const OpGraph& g, const HardwareProfile& hw) {
   std::vector<Prediction::HotExchange> out;
-  for (const Op& op : g.ops) {
+  for (size_t i = 0; i < g.ops.size(); ++i) {
+    prefetch_op_ahead(g.ops, i);
+    const Op& op = g.ops[i];
     const CommSpec& c = op.comm;
     if ((op.kind != OpKind::kCollective && op.kind != OpKind::kFusedGemmComm) || !c.hot_routed()) continue;
     const cost::Placement pl = cost::place_group(c.group_size, c.stride, hw.node.gpus_per_node.value);

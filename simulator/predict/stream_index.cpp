@@ -21,7 +21,13 @@ StreamIndex::StreamIndex(const OpGraph& g, std::span<const uint64_t> keys, std::
       pos(g.ops.size()),
       sig(g.ops.size()) {
   // Counted first, then placed: one array for every stream, each stream's ops in id order.
-  for (const Op& op : g.ops) {
+  for (size_t at = 0; at < g.ops.size(); ++at) {
+    const Op& op = g.ops[at];
+    // Hashing reads every field when no keys are given.
+    if (keys.empty())
+      prefetch_whole_op_ahead(g.ops, at);
+    else
+      prefetch_op_ahead(g.ops, at);
     const auto i = static_cast<size_t>(op.id);
     queue[i] = static_cast<uint32_t>(op.stage) * kNumStreams + static_cast<uint32_t>(op.stream);
     ++begin[queue[i] + 1];

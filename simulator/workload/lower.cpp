@@ -2885,6 +2885,7 @@ OpGraph Builder::build() {
   std::vector<uint32_t> fill(count.begin(), count.end() - 1);
   for (auto [op, on] : dep_pairs_) g_.deps[fill[static_cast<size_t>(op)]++] = on;
   for (size_t i = 0; i < g_.ops.size(); ++i) {
+    prefetch_op_ahead(g_.ops, i);
     g_.ops[i].dep_begin = count[i];
     g_.ops[i].dep_count = count[i + 1] - count[i];
   }
