@@ -172,19 +172,15 @@ enum class OpName : uint16_t {
 // A pass over every op of a large graph waits on memory for each op: measured on the 2-core VM, a third of
 // op_summary's time on a 115k-op step was the load of each op's first field, the hardware fetching no stride
 // of sizeof(Op) ahead. Such a pass asks for the op `kOpPrefetchDistance` places ahead: the line of its first
-// bytes (id, dependencies, kind, stream, stage, layer, name) or, for a pass that reads every field, all of
-// its lines. Graphs below `kOpPrefetchMinOps` (the screen's runs of a layer or two) stay in cache, and the
-// prefetches would only add instructions: the search's screen took 8-24 % longer with them.
+// bytes (id, dependencies, kind, stream, stage, layer, name) or, for a pass that reads every field (`whole`),
+// all of its lines. Graphs below `kOpPrefetchMinOps` (the screen's runs of a layer or two) stay in cache, and
+// the prefetches would only add instructions: the search's screen took 8-24 % longer with them.
 inline constexpr size_t kOpPrefetchDistance = 8;
 inline constexpr size_t kOpPrefetchMinOps = 4096;
-inline void prefetch_op_ahead(const std::vector<Op>& ops, size_t i) {
-  if (ops.size() >= kOpPrefetchMinOps && i + kOpPrefetchDistance < ops.size())
-    __builtin_prefetch(&ops[i + kOpPrefetchDistance]);
-}
-inline void prefetch_whole_op_ahead(const std::vector<Op>& ops, size_t i) {
+inline void prefetch_op_ahead(const std::vector<Op>& ops, size_t i, bool whole = false) {
   if (ops.size() < kOpPrefetchMinOps || i + kOpPrefetchDistance >= ops.size()) return;
   const char* at = reinterpret_cast<const char*>(&ops[i + kOpPrefetchDistance]);
-  for (size_t line = 0; line < sizeof(Op); line += 64) __builtin_prefetch(at + line);
+  for (size_t line = 0; line < (whole ? sizeof(Op) : 1); line += 64) __builtin_prefetch(at + line);
 }
 
 struct OpGraph {

@@ -133,7 +133,7 @@ std::shared_ptr<LoweredGraph> lower_with_keys(const ModelSpec& model, const Plan
     out->cost_keys.reserve(out->graph.ops.size());
     const auto& ops = out->graph.ops;
     for (size_t i = 0; i < ops.size(); ++i) {
-      prefetch_whole_op_ahead(ops, i);
+      prefetch_op_ahead(ops, i, /*whole=*/true);
       out->cost_keys.push_back(cost::cost_fields_hash(ops[i]));
     }
   }

@@ -23,11 +23,7 @@ StreamIndex::StreamIndex(const OpGraph& g, std::span<const uint64_t> keys, std::
   // Counted first, then placed: one array for every stream, each stream's ops in id order.
   for (size_t at = 0; at < g.ops.size(); ++at) {
     const Op& op = g.ops[at];
-    // Hashing reads every field when no keys are given.
-    if (keys.empty())
-      prefetch_whole_op_ahead(g.ops, at);
-    else
-      prefetch_op_ahead(g.ops, at);
+    prefetch_op_ahead(g.ops, at, keys.empty());  // hashing reads every field when no keys are given
     const auto i = static_cast<size_t>(op.id);
     queue[i] = static_cast<uint32_t>(op.stage) * kNumStreams + static_cast<uint32_t>(op.stream);
     ++begin[queue[i] + 1];
