@@ -1399,11 +1399,12 @@ SearchResult search(const ModelSpec& model, const HardwareProfile& hw, const Sta
   finalists = std::min(best.size(), std::max(finalists, static_cast<size_t>(options.top)));
   const auto t_simulate = std::chrono::steady_clock::now();
   std::vector<RankedPlan> ranked(finalists);
-  // Each finalist's step.
+  // Each finalist's step. Its per-op summary is left out: the kept plans are predicted again with it when
+  // asked (keep_graphs), and the summary of a large step costs about a tenth of its prediction.
   const auto fit = cost::CostModel::fit_hardware(hw);
+  const PredictOptions finalist_options{.critical_path = true, .op_summary = false, .hardware_fit = fit};
   parallel_for(finalists, threads, [&](size_t i) {
-    ranked[i] = {best[i].plan, predict(model, best[i].plan, hw, stack, routing,
-                                       {.critical_path = true, .hardware_fit = fit})};
+    ranked[i] = {best[i].plan, predict(model, best[i].plan, hw, stack, routing, finalist_options)};
     drop_graph(ranked[i].prediction);
   });
   r.simulated = static_cast<int64_t>(finalists);
@@ -1434,8 +1435,7 @@ SearchResult search(const ModelSpec& model, const HardwareProfile& hw, const Sta
     parallel_for(tried.size(), threads, [&](size_t j) {
       RankedPlan& rp = ranked[tried[j].first];
       const Plan& graphed = tried[j].second;
-      Prediction g =
-          predict(model, graphed, hw, stack, routing, {.critical_path = true, .hardware_fit = fit});
+      Prediction g = predict(model, graphed, hw, stack, routing, finalist_options);
       drop_graph(g);
       if (g.violations.empty() && g.memory.fits() == rp.prediction.memory.fits() &&
           g.step_time_s < rp.prediction.step_time_s) {

@@ -94,8 +94,8 @@ struct SearchOptions {
   // tests), at most `finalists`, at least `top`.
   int64_t finalists = 96;
   double finalist_window = 0.15;
-  // Keep the op graph, costs and timeline of the top plans (for traces). Without it only the numbers are
-  // kept: a large job's graph takes hundreds of MB.
+  // Keep the op graph, costs, timeline and per-op summary of the top plans (for traces and reports). Without
+  // it only the numbers are kept: a large job's graph takes hundreds of MB.
   bool keep_graphs = false;
   int threads = 2;
   // A finalist whose GPU waits for the host longer than this share of its step, and whose step less that
