@@ -298,4 +298,30 @@ TEST_SUITE("cli") {
     CHECK_MESSAGE(sim.exit_code == 0, sim.err);
     fs::remove_all(dir);
   }
+
+  TEST_CASE("a saved plan's report holds the per-op summary that simulate gives for it") {
+    // The search predicts its finalists without the summary; the plans it keeps for --out-dir are predicted
+    // again with it.
+    const fs::path dir = fs::temp_directory_path() / ("moeplan_outdir_ops_" + std::to_string(::getpid()));
+    const Run r = run_cli("plan " + std::string(kTinyJob) + " --global-batch 32 --top 2 --out-dir '" +
+                          (dir / "plans").string() + "'");
+    REQUIRE_MESSAGE(r.exit_code == 0, r.err);
+    for (const char* name : {"plan1", "plan2"}) {
+      CAPTURE(name);
+      const json report = json::parse(slurp((dir / "plans" / (std::string(name) + ".report.json")).string()));
+      const Run sim = run_cli("simulate '" + (dir / "plans" / (std::string(name) + ".json")).string() +
+                              "' --json --no-assumptions");
+      REQUIRE_MESSAGE(sim.exit_code == 0, sim.err);
+      const json simulated = json::parse(sim.out);
+      REQUIRE(!report.at("ops").empty());
+      REQUIRE(report.at("ops").size() == simulated.at("ops").size());
+      for (size_t i = 0; i < report.at("ops").size(); ++i) {
+        CHECK(report.at("ops")[i].at("op") == simulated.at("ops")[i].at("op"));
+        CHECK(report.at("ops")[i].at("count") == simulated.at("ops")[i].at("count"));
+        CHECK(report.at("ops")[i].at("total_s").get<double>() ==
+              doctest::Approx(simulated.at("ops")[i].at("total_s").get<double>()).epsilon(1e-9));
+      }
+    }
+    fs::remove_all(dir);
+  }
 }
