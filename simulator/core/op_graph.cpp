@@ -1,9 +1,26 @@
 // Names of op-graph vocabulary, shared by reports and traces of both the simulator and moerun.
 #include "simulator/core/op_graph.h"
 
+#include <numeric>
 #include <string>
 
 namespace moeplan {
+
+std::vector<int32_t> stage_ops(const OpGraph& graph, int64_t stage) {
+  std::vector<int32_t> ids;
+  if (graph.stage_first.size() == static_cast<size_t>(graph.num_stages) + 1) {
+    if (stage < 0 || stage >= graph.num_stages) return ids;
+    const auto s = static_cast<size_t>(stage);
+    ids.resize(graph.stage_first[s + 1] - graph.stage_first[s]);
+    std::iota(ids.begin(), ids.end(), static_cast<int32_t>(graph.stage_first[s]));
+    return ids;
+  }
+  for (size_t i = 0; i < graph.ops.size(); ++i) {
+    prefetch_op_ahead(graph.ops, i);
+    if (graph.ops[i].stage == stage) ids.push_back(graph.ops[i].id);
+  }
+  return ids;
+}
 
 std::string op_label(const Op& op) {
   std::string s;

@@ -189,9 +189,16 @@ struct OpGraph {
   int num_stages = 1;
   int chunks_per_stage = 1;
   int64_t micro_batches = 1;
+  // Where the lowering emitted the ops stage after stage: stage s's ops are the ids [stage_first[s],
+  // stage_first[s + 1]) (num_stages + 1 entries). Empty where a graph's stages interleave (one built by
+  // hand), so a pass over one stage's ops need not read every op (stage_ops).
+  std::vector<uint32_t> stage_first;
 
   std::span<const int32_t> deps_of(const Op& op) const { return {deps.data() + op.dep_begin, op.dep_count}; }
 };
+
+// The ids of one stage's ops in id order: from stage_first where the graph has it, else by reading every op.
+std::vector<int32_t> stage_ops(const OpGraph& graph, int64_t stage);
 
 // When one op ran (simulated or measured), in seconds from the step's start. Indexed by op id.
 struct OpTiming {

@@ -35,28 +35,36 @@ double StepBreakdown::total() const {
 // starting the moment the host issued it is the host's (host_wait, inside the bubble).
 StepBreakdown stage_breakdown(const OpGraph& graph, const std::vector<cost::OpCost>& costs,
                               const engine::Timeline& timeline, int64_t stage) {
-  std::vector<int32_t> ids;
-  for (size_t i = 0; i < graph.ops.size(); ++i) {
-    prefetch_op_ahead(graph.ops, i);
-    if (graph.ops[i].stage == stage) ids.push_back(graph.ops[i].id);
-  }
-  return stage_breakdown(graph, costs, timeline, ids);
+  return stage_breakdown(graph, costs, timeline, stage_ops(graph, stage));
 }
 
 StepBreakdown stage_breakdown(const OpGraph& graph, const std::vector<cost::OpCost>& costs,
-                              const engine::Timeline& timeline, const std::vector<int32_t>& stage_ops) {
+                              const engine::Timeline& timeline, const std::vector<int32_t>& ids) {
+  // Each edge carries what the sweep attributes its op's time to (its kind on the SMs, else its
+  // communication group), read once per op here rather than once per span in the sweep.
   struct Edge {
     double t;
     int32_t op;
     bool start;
+    bool sm;       // runs on the SMs (compute), else communication
+    uint8_t slot;  // the OpKind (compute) or CommGroup (communication) its time goes to
+  };
+  struct Running {
+    int32_t op;
+    uint8_t slot;
   };
   std::vector<Edge> edges;
-  edges.reserve(2 * stage_ops.size());
-  for (int32_t id : stage_ops) {
-    const auto& tm = timeline.ops[static_cast<size_t>(id)];
+  edges.reserve(2 * ids.size());
+  for (int32_t id : ids) {
+    const auto i = static_cast<size_t>(id);
+    const auto& tm = timeline.ops[i];
     if (tm.end <= tm.start) continue;
-    edges.push_back({tm.start, id, true});
-    edges.push_back({tm.end, id, false});
+    const Op& op = graph.ops[i];
+    const bool sm = costs[i].resource == cost::Resource::kSm;
+    const auto slot =
+        static_cast<uint8_t>(sm ? static_cast<uint8_t>(op.kind) : static_cast<uint8_t>(op.comm.group));
+    edges.push_back({tm.start, id, true, sm, slot});
+    edges.push_back({tm.end, id, false, sm, slot});
   }
   std::sort(edges.begin(), edges.end(), [](const Edge& a, const Edge& b) {
     return a.t != b.t ? a.t < b.t : (a.start != b.start ? !a.start : a.op < b.op);
@@ -67,19 +75,17 @@ StepBreakdown stage_breakdown(const OpGraph& graph, const std::vector<cost::OpCo
   std::array<double, kKinds> by_kind{};
   std::array<double, kGroups> by_group{};
   double bubble = 0, host_wait = 0;
-  std::vector<int32_t> compute, comm;
+  std::vector<Running> compute, comm;
   double prev = 0;
   // `next`: the edge that ends the span (null at the end of the step).
   auto attribute = [&](double span, const Edge* next) {
     if (span <= 0) return;
     if (!compute.empty()) {
       const double share = span / static_cast<double>(compute.size());
-      for (int32_t id : compute)
-        by_kind[static_cast<size_t>(graph.ops[static_cast<size_t>(id)].kind)] += share;
+      for (const Running& r : compute) by_kind[r.slot] += share;
     } else if (!comm.empty()) {
       const double share = span / static_cast<double>(comm.size());
-      for (int32_t id : comm)
-        by_group[static_cast<size_t>(graph.ops[static_cast<size_t>(id)].comm.group)] += share;
+      for (const Running& r : comm) by_group[r.slot] += share;
     } else {
       bubble += span;
       if (next && next->start && timeline.issued[static_cast<size_t>(next->op)] >= next->t) host_wait += span;
@@ -88,11 +94,11 @@ StepBreakdown stage_breakdown(const OpGraph& graph, const std::vector<cost::OpCo
   for (const Edge& e : edges) {
     attribute(e.t - prev, &e);
     prev = e.t;
-    auto& set = costs[static_cast<size_t>(e.op)].resource == cost::Resource::kSm ? compute : comm;
+    auto& set = e.sm ? compute : comm;
     if (e.start) {
-      set.push_back(e.op);
+      set.push_back({e.op, e.slot});
     } else {
-      set.erase(std::find(set.begin(), set.end(), e.op));
+      set.erase(std::find_if(set.begin(), set.end(), [&](const Running& r) { return r.op == e.op; }));
     }
   }
   attribute(timeline.step_time - prev, nullptr);  // the stage idles until the slowest stage ends

@@ -2884,11 +2884,23 @@ OpGraph Builder::build() {
   g_.deps.resize(dep_pairs_.size());
   std::vector<uint32_t> fill(count.begin(), count.end() - 1);
   for (auto [op, on] : dep_pairs_) g_.deps[fill[static_cast<size_t>(op)]++] = on;
+  // The stages' id ranges, checked here: the loop above emits stage after stage.
+  g_.stage_first.assign(static_cast<size_t>(g_.num_stages) + 1, 0);
+  bool in_order = true;
   for (size_t i = 0; i < g_.ops.size(); ++i) {
     prefetch_op_ahead(g_.ops, i);
-    g_.ops[i].dep_begin = count[i];
-    g_.ops[i].dep_count = count[i + 1] - count[i];
+    Op& op = g_.ops[i];
+    op.dep_begin = count[i];
+    op.dep_count = count[i + 1] - count[i];
+    const auto s = static_cast<size_t>(op.stage);
+    in_order =
+        in_order && s < static_cast<size_t>(g_.num_stages) && (i == 0 || op.stage >= g_.ops[i - 1].stage);
+    if (in_order) g_.stage_first[s + 1] = static_cast<uint32_t>(i + 1);
   }
+  // Stages without ops end where the one before them ends.
+  for (size_t s = 1; s < g_.stage_first.size(); ++s)
+    g_.stage_first[s] = std::max(g_.stage_first[s], g_.stage_first[s - 1]);
+  if (!in_order) g_.stage_first.clear();
   return std::move(g_);
 }
 

@@ -331,6 +331,31 @@ TEST_SUITE("workload") {
     }
   }
 
+  TEST_CASE(
+      "the lowering records each stage's id range, holding exactly that stage's ops, under each schedule") {
+    ModelSpec m = io::load_model("mixtral-8x7b").value();
+    m.layers.resize(4);
+    for (const Schedule schedule : {Schedule::k1F1B, Schedule::kInterleaved1F1B, Schedule::kDualPipeV}) {
+      CAPTURE(static_cast<int>(schedule));
+      Plan p = tp2_pp2_plan(16);
+      p.pipeline.schedule = schedule;
+      if (schedule != Schedule::k1F1B) p.pipeline.vpp = 2;
+      const OpGraph g = lower(m, p, {});
+      REQUIRE(g.stage_first.size() == static_cast<size_t>(g.num_stages) + 1);
+      CHECK(g.stage_first.front() == 0);
+      CHECK(g.stage_first.back() == g.ops.size());
+      for (int s = 0; s < g.num_stages; ++s) {
+        CAPTURE(s);
+        const auto first = g.stage_first[static_cast<size_t>(s)],
+                   end = g.stage_first[static_cast<size_t>(s) + 1];
+        CHECK(first < end);
+        int wrong = 0;
+        for (uint32_t i = first; i < end; ++i) wrong += g.ops[i].stage == s ? 0 : 1;
+        CHECK(wrong == 0);
+      }
+    }
+  }
+
   TEST_CASE("every forward collective has a backward transpose and every GEMM a dgrad and a wgrad") {
     const ModelSpec m = io::load_model("mixtral-8x7b").value();
     const Plan p = tp2_pp2_plan(16);
