@@ -129,6 +129,11 @@ cost::MemoryBreakdown predict_memory(const ModelSpec& model, const Plan& plan, c
 
 namespace {
 
+// A routed all-to-all whose busiest rank receives more than the mean (priced by the hot-receiver rule).
+bool is_hot_routed(const Op& op) {
+  return (op.kind == OpKind::kCollective || op.kind == OpKind::kFusedGemmComm) && op.comm.hot_routed();
+}
+
 std::shared_ptr<LoweredGraph> lower_with_keys(const ModelSpec& model, const Plan& run,
                                               const LoweringOptions& lo, bool indexed) {
   auto out = std::make_shared<LoweredGraph>();
@@ -138,9 +143,11 @@ std::shared_ptr<LoweredGraph> lower_with_keys(const ModelSpec& model, const Plan
   } else {
     out->cost_keys.reserve(out->graph.ops.size());
     const auto& ops = out->graph.ops;
+    std::vector<int32_t>& hot = out->hot_routed.emplace();
     for (size_t i = 0; i < ops.size(); ++i) {
       prefetch_op_ahead(ops, i, /*whole=*/true);
       out->cost_keys.push_back(cost::cost_fields_hash(ops[i]));
+      if (is_hot_routed(ops[i])) hot.push_back(static_cast<int32_t>(i));
     }
   }
   return out;
@@ -297,13 +304,20 @@ class Pricing {
 
 // The group shapes of the graph's routed all-to-alls under skewed routing and what priced them (the rule of
 // CostModel::collective_seconds: a table of the shape with a uniform row, else the busiest rank's bytes).
-std::vector<Prediction::HotExchange> hot_exchanges_of(const OpGraph& g, const HardwareProfile& hw) {
+// `lowered`'s hot routed ops where it found them, else every op read again.
+std::vector<Prediction::HotExchange> hot_exchanges_of(const LoweredGraph& lowered,
+                                                      const HardwareProfile& hw) {
+  const OpGraph& g = lowered.graph;
+  std::vector<int32_t> every;
+  if (!lowered.hot_routed) {
+    for (size_t i = 0; i < g.ops.size(); ++i) {
+      prefetch_op_ahead(g.ops, i);
+      if (is_hot_routed(g.ops[i])) every.push_back(static_cast<int32_t>(i));
+    }
+  }
   std::vector<Prediction::HotExchange> out;
-  for (size_t i = 0; i < g.ops.size(); ++i) {
-    prefetch_op_ahead(g.ops, i);
-    const Op& op = g.ops[i];
-    const CommSpec& c = op.comm;
-    if ((op.kind != OpKind::kCollective && op.kind != OpKind::kFusedGemmComm) || !c.hot_routed()) continue;
+  for (int32_t id : lowered.hot_routed ? *lowered.hot_routed : every) {
+    const CommSpec& c = g.ops[static_cast<size_t>(id)].comm;
     const cost::Placement pl = cost::place_group(c.group_size, c.stride, hw.node.gpus_per_node.value);
     if (pl.ranks <= 1) continue;
     auto row = std::find_if(out.begin(), out.end(), [&](const Prediction::HotExchange& e) {
@@ -523,7 +537,7 @@ Prediction predict(const ModelSpec& model, const Plan& plan, const HardwareProfi
     step = figures_of(simulated, r.critical_stage, options);
   }
   StepFigures& f = *step;
-  r.hot_exchanges = hot_exchanges_of(simulated.graph(), hw);
+  r.hot_exchanges = hot_exchanges_of(*simulated.lowered, hw);
   if (simulated.owned) {
     r.graph = std::move(simulated.owned->graph);
     r.costs = std::move(simulated.costs);

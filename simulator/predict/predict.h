@@ -133,6 +133,9 @@ void retain_freed_memory();
 struct LoweredGraph {
   OpGraph graph;
   std::vector<uint64_t> cost_keys;  // by op id
+  // The ids of its routed all-to-alls with a hot receiver (CommSpec::hot_routed), in id order, found in the
+  // pass that hashes the keys; absent where that pass was the stream index's (every op is read again).
+  std::optional<std::vector<int32_t>> hot_routed;
 
   // Built with the keys, in the same pass over the ops, where the lowering was asked for it; otherwise on
   // first use (safe from several threads).

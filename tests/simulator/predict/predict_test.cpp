@@ -342,6 +342,20 @@ TEST_SUITE("predict") {
     const nlohmann::json row = prediction_json(plain, ctx)["routing"]["hot_alltoalls"].at(0);
     CHECK(row["priced_from"] == "busiest_rank_uniform");
     CHECK(row["table_source"].is_null());
+    // The whole step finds its hot exchanges while it hashes the ops' cost keys; the periodic steady state's
+    // runs (checked op by op, so hashed by their stream index) read every op again. The same exchanges.
+    Plan longer = c.plan;
+    longer.global_batch *= 16;
+    const Prediction periodic = predict(c.model, longer, c.hw, c.stack, zipf);
+    const Prediction whole = predict(c.model, longer, c.hw, c.stack, zipf, {.whole_step = true});
+    REQUIRE(periodic.simulation.extrapolated);
+    REQUIRE(!whole.simulation.extrapolated);
+    REQUIRE(periodic.hot_exchanges.size() == 1);
+    REQUIRE(whole.hot_exchanges.size() == 1);
+    CHECK(whole.hot_exchanges[0].ranks == periodic.hot_exchanges[0].ranks);
+    CHECK(whole.hot_exchanges[0].nodes == periodic.hot_exchanges[0].nodes);
+    CHECK(whole.hot_exchanges[0].hot_factor == periodic.hot_exchanges[0].hot_factor);
+    CHECK(whole.hot_exchanges[0].hot_factor > 1.0);
 
     HardwareProfile measured = c.hw;
     AllToAllSkewTable t;
