@@ -1400,7 +1400,7 @@ SearchResult search(const ModelSpec& model, const HardwareProfile& hw, const Sta
   const auto t_simulate = std::chrono::steady_clock::now();
   std::vector<RankedPlan> ranked(finalists);
   // Each finalist's step. Its per-op summary is left out: the kept plans are predicted again with it when
-  // asked (keep_graphs), and the summary of a large step costs about a tenth of its prediction.
+  // asked (keep_graphs), and the summary of a large step reads every op once more.
   const auto fit = cost::CostModel::fit_hardware(hw);
   const PredictOptions finalist_options{.critical_path = true, .op_summary = false, .hardware_fit = fit};
   parallel_for(finalists, threads, [&](size_t i) {
