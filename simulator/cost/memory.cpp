@@ -554,7 +554,6 @@ void visit_stages(const ModelSpec& m, const Plan& p, const HardwareProfile& hw, 
   // The bf16 parameter buffer (param_and_grad_buffer.py:1180-1195) and the fp32 main parameters with Adam's
   // m and v (distrib_optimizer.py:370-463), per parameter, as the training job states them (model_stats.h).
   const TrainingBytesPerParam job = bytes_per_param(DType::kBf16);
-  const double param_bytes = job.weights, optimizer_bytes = job.optimizer;
 
   std::vector<int64_t> layers(static_cast<size_t>(chunks), m.num_layers() / chunks);
   if (!p.pipeline.layers_per_stage.empty()) {
@@ -645,7 +644,7 @@ void visit_stages(const ModelSpec& m, const Plan& p, const HardwareProfile& hw, 
     // not in an FSDP unit (lower.cpp, the stage's gathers).
     const double whole_vocab = zero == 3 && !fused_stack(stack) ? embeddings - embeddings / replicas : 0.0;
     b.weights =
-        zero == 3 ? (sharded_params + whole_vocab + 2.0 * largest_layer) * param_bytes : params * param_bytes;
+        zero == 3 ? (sharded_params + whole_vocab + 2.0 * largest_layer) * job.weights : params * job.weights;
     // FP8: TE's cached weight and transpose; moerun / MegaScale-MoE: one FP8 copy per GEMM weight
     // (assumption, as before this model). With FP8 parameters (--fp8-param-gather) a GEMM weight is its FP8
     // data (1 B in the uint8 parameter buffer) and the transpose made after each gather (1 B): the 2 B of
@@ -656,7 +655,7 @@ void visit_stages(const ModelSpec& m, const Plan& p, const HardwareProfile& hw, 
       b.weights += gemm * (fp8_params(p) && !fused ? cache - 2.0 : cache);
     }
     b.gradients = (zero >= 2 ? sharded_params : params) * grad_bytes;
-    b.optimizer = (zero >= 1 ? sharded_params : params) * optimizer_bytes;
+    b.optimizer = (zero >= 1 ? sharded_params : params) * job.optimizer;
 
     // Activations: each in-flight micro-batch chunk holds its layers' saved tensors; the layer whose backward
     // runs adds its working set: its activation gradients and what recompute restores, taken as the tensors
