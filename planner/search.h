@@ -125,8 +125,9 @@ struct SearchOptions {
 // last chunks) when the layers do not divide.
 //
 // Calls `visit(index, plan)` for every plan of the space for the job (legal or not), in a deterministic
-// order; with a stride, only for the plans whose index % stride == offset (so threads can share the work
-// without materialising the space). Returns the size of the space.
+// order; with a stride, only for the plans of share `offset` of `stride` shares (so threads can share the
+// work without materialising the space): every plan of one mesh (tp, sp, cp, ep, etp) is in the same share,
+// chosen by a hash of the mesh. Returns the size of the space.
 using PlanVisitor = std::function<void(int64_t index, Plan&& plan)>;
 int64_t for_each_plan(const ModelSpec& model, const HardwareProfile& hw, const StackProfile& stack,
                       const Job& job, const SearchSpace& space, const PlanVisitor& visit, int64_t stride = 1,

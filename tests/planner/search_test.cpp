@@ -7,6 +7,7 @@
 #include <map>
 #include <set>
 #include <string>
+#include <tuple>
 
 #include "planner/search.h"
 #include "simulator/io/hardware_loader.h"
@@ -320,6 +321,41 @@ TEST_SUITE("planner.search") {
       CHECK(r.rejected.at(rule) == n);
     }
     CHECK(r.rejected.size() == expected.size() + (memory > 0 ? 1 : 0));
+  }
+
+  TEST_CASE("the threads' shares of the space partition it, each mesh's plans in one share") {
+    // Every index of the enumeration in exactly one of 3 shares, each at its place in the enumeration, and
+    // every plan of one mesh (tp, sp, cp, ep, etp) in the same share, so that one thread lowers the mesh's
+    // layers for the screen. Split index by index, a mesh's plans fall in every share.
+    const Setup s("deepseek-moe-16b");
+    const planner::Job job{16, 16384, 16};
+    const planner::SearchSpace space = small_space();
+    std::map<int64_t, std::string> whole;
+    const int64_t size = planner::for_each_plan(s.model, s.hw, s.stack, job, space,
+                                                [&](int64_t i, Plan&& p) { whole[i] = key_of(p); });
+    REQUIRE(size == static_cast<int64_t>(whole.size()));
+    std::map<int64_t, int64_t> share_of;
+    std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t>, std::set<int64_t>> shares_of_mesh;
+    for (int64_t offset = 0; offset < 3; ++offset) {
+      const int64_t n = planner::for_each_plan(
+          s.model, s.hw, s.stack, job, space,
+          [&](int64_t i, Plan&& p) {
+            CHECK(share_of.emplace(i, offset).second);
+            CHECK(whole.at(i) == key_of(p));
+            shares_of_mesh[{p.attention.tp, p.attention.sp, p.attention.cp, p.experts.ep, p.experts.etp}]
+                .insert(offset);
+          },
+          3, offset);
+      CHECK(n == size);
+    }
+    CHECK(share_of.size() == whole.size());
+    REQUIRE(shares_of_mesh.size() > 10);
+    std::set<int64_t> used;
+    for (const auto& [mesh, shares] : shares_of_mesh) {
+      CHECK(shares.size() == 1);
+      used.insert(*shares.begin());
+    }
+    CHECK(used.size() == 3);  // the meshes spread over the shares
   }
 
   TEST_CASE("the finalists are the best estimates of the whole space, whatever the thread count") {
