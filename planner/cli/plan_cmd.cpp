@@ -387,8 +387,10 @@ Runner add_plan(CLI::App& app) {
         }
         nlohmann::json faster = nlohmann::json::array();
         for (size_t p : ranking.faster_as_given) faster.push_back(p + 1);
-        out["ranking_over_assumptions"] = {
-            {"ends", ranking.ends}, {"overtakes", overtakes}, {"faster_as_given", faster}};
+        out["ranking_over_assumptions"] = {{"ends", ranking.ends},
+                                           {"predictions", ranking.predictions},
+                                           {"overtakes", overtakes},
+                                           {"faster_as_given", faster}};
       }
       print_json(out);
       return r.plans.empty() ? kExitInfeasible : kExitOk;

@@ -112,6 +112,20 @@ StackProfile priced_for(const StackProfile& stack, const ModelSpec& model) {
   return own;
 }
 
+// The same for one plan of the model: also the userbuffers' reduce-scatter speed of a plan without them, the
+// block-scaled GEMM rate of a plan without block scaling, and the casts' rate of a BF16 plan without casts
+// (the lowering's casts are FP8's, and the BF16 cast of MegaScale-MoE's gradient all-to-all), with the FP8
+// sustained rate, which Ranged leaves out of a BF16 plan.
+StackProfile priced_for(const StackProfile& stack, const ModelSpec& model, const Plan& plan) {
+  StackProfile own = priced_for(stack, model);
+  if (!plan.overlap.tp_comm) own.userbuffers_rs_speed = {1.0, kNotStated};
+  if (plan.precision != Precision::kFp8 || plan.fp8_recipe != Fp8Recipe::kBlockwise)
+    own.fp8_block_gemm_rate = {1.0, kNotStated};
+  if (plan.precision != Precision::kFp8 && plan.compression.grad_sync != GradSync::kBf16AllToAll)
+    own.memory_bound_by_kind.cast_forward = own.memory_bound_by_kind.cast_backward = {0.0, kNotStated};
+  return own;
+}
+
 }  // namespace
 
 AssumptionRange assumption_range(const ModelSpec& model, const Plan& plan, const HardwareProfile& hw,
@@ -119,15 +133,8 @@ AssumptionRange assumption_range(const ModelSpec& model, const Plan& plan, const
                                  double step_time_s, int threads) {
   AssumptionRange out;
   out.step_time_s = out.fastest_s = out.slowest_s = step_time_s;
-  // A number that prices nothing the plan runs is left out: the userbuffers' reduce-scatter speed of a plan
-  // without them, the FP8 sustained rate and the FP8 casts' rate of a BF16 plan, the block-scaled GEMM rate
-  // of a plan without block scaling, the scan's chain time of a model without its layers.
-  StackProfile own = priced_for(stack, model);
-  if (!plan.overlap.tp_comm) own.userbuffers_rs_speed = {1.0, kNotStated};
-  if (plan.precision != Precision::kFp8 || plan.fp8_recipe != Fp8Recipe::kBlockwise)
-    own.fp8_block_gemm_rate = {1.0, kNotStated};
-  if (plan.precision != Precision::kFp8)  // no FP8 casts (0: not listed)
-    own.memory_bound_by_kind.cast_forward = own.memory_bound_by_kind.cast_backward = {0.0, kNotStated};
+  // A number that prices nothing the plan runs is left out (priced_for).
+  const StackProfile own = priced_for(stack, model, plan);
   const Ranged ranged(own, hw, plan.precision == Precision::kFp8);
   for (size_t j = 0; j < ranged.numbers.size(); ++j) {
     const Ranged::Number& num = ranged.number(j);
@@ -208,14 +215,30 @@ AssumptionRanking ranking_over_assumptions(const ModelSpec& model, const std::ve
   const size_t n = counted.size();
   std::vector<double> step(ends.size() * n);
   const auto fit = cost::CostModel::fit_hardware(hw);
-  // Plan by plan, so that only one plan's op graphs are held at a time (its ends share them).
+  // Plan by plan, so that only one plan's op graphs are held at a time (its ends share them). An end of a
+  // number that prices nothing the plan runs (priced_for) leaves its step as given, unpredicted.
   for (size_t k = 0; k < n; ++k) {
     const size_t p = counted[k];
+    const StackProfile own_p = priced_for(stack, model, plans[p]);
+    const Ranged priced(own_p, hw, plans[p].precision == Precision::kFp8);
+    std::vector<size_t> runs;
+    for (size_t e = 0; e < ends.size(); ++e) {
+      const std::string_view path = ranged.number(ends[e].first).path;
+      const bool prices = std::any_of(priced.numbers.begin(), priced.numbers.end(),
+                                      [&](const Ranged::Number& x) { return path == x.path; });
+      if (prices) {
+        runs.push_back(e);
+      } else {
+        step[e * n + k] = steps[p];
+      }
+    }
     const auto lowerings = std::make_shared<LoweringCache>();
-    parallel_for(ends.size(), threads, [&](size_t e) {
+    parallel_for(runs.size(), threads, [&](size_t i) {
+      const size_t e = runs[i];
       step[e * n + k] =
           ranged.step_with(model, plans[p], fit, lowerings, routing, ranged.with_end(ends[e]), steps[p]);
     });
+    out.predictions += static_cast<int64_t>(runs.size());
   }
   for (size_t e = 0; e < ends.size(); ++e) {
     const double* at = &step[e * n];

@@ -59,6 +59,7 @@ struct RankOvertake {
 };
 struct AssumptionRanking {
   int64_t ends = 0;                     // number ends tried
+  int64_t predictions = 0;              // steps predicted (an end of a number a plan does not price: none)
   std::vector<RankOvertake> overtakes;  // one per end where the first plan is not the fastest
   std::vector<size_t> faster_as_given;  // indices of the plans not counted: already faster as given
 };

@@ -140,6 +140,9 @@ TEST_SUITE("cli") {
     CHECK(a.at("step_time_s_range")[1].get<double>() >= step);
     const json& rank = j.at("ranking_over_assumptions");
     CHECK(rank.at("ends").get<int>() >= 10);
+    // Each counted plan at each end, less the ends of numbers a plan does not price.
+    CHECK(rank.at("predictions").get<int>() > 0);
+    CHECK(rank.at("predictions").get<int>() <= 4 * rank.at("ends").get<int>());
     // Plans listed after #1 although faster as given (for memory) are named, and never counted as overtaking.
     std::vector<int> faster_as_given;
     for (const json& p : rank.at("faster_as_given")) {

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <string>
+#include <vector>
 
 #include "simulator/predict/assumptions.h"
 #include "tests/simulator/predict/megatron_case.h"
@@ -162,6 +163,28 @@ TEST_SUITE("predict") {
     CHECK(e.step_at_high >= base.step_time_s);
   }
 
+  TEST_CASE("the casts' rate is varied in a BF16 plan only where it casts its gradients for an all-to-all") {
+    // MegaScale-MoE's BF16 gradient all-to-all casts each shard first (a cast kernel, priced at the stack's
+    // cast rate): on a stack that states that rate and runs that sync, a BF16 plan prices the rate and its
+    // ends move the step; without that sync a BF16 plan casts nothing and the rate is not varied.
+    const Job job;
+    StackProfile s = job.stack;
+    s.capabilities.grad_sync.push_back("bf16_all_to_all");
+    for (const AssumptionEffect& e : job.range(s).effects)
+      CHECK(e.path.rfind("memory_bound_efficiency_by_kind.cast", 0) != 0);
+    Plan a2a = job.plan;
+    a2a.compression.grad_sync = GradSync::kBf16AllToAll;
+    const auto routing = workload::uniform_routing(job.model.moe.num_experts);
+    const Prediction base = predict(job.model, a2a, job.hw, s, routing);
+    REQUIRE(base.violations.empty());
+    const AssumptionRange r = assumption_range(job.model, a2a, job.hw, s, routing, base.step_time_s, 1);
+    const AssumptionEffect& e = effect(r, "memory_bound_efficiency_by_kind.cast.backward");
+    CHECK(e.low == doctest::Approx(0.9));
+    // A slower cast of every gradient shard moves the step (here 8 us shorter: the engine's sharing of SMs
+    // and links need not make a slower kernel a longer step).
+    CHECK(e.step_at_low != base.step_time_s);
+  }
+
   TEST_CASE("threads change nothing") {
     const Job job;
     const AssumptionRange a = job.range(job.stack, 1), b = job.range(job.stack, 3);
@@ -174,6 +197,67 @@ TEST_SUITE("predict") {
       CHECK(a.effects[i].step_at_low == b.effects[i].step_at_low);
       CHECK(a.effects[i].step_at_high == b.effects[i].step_at_high);
     }
+  }
+
+  TEST_CASE("a ranking predicts no end of a number a plan does not price, which leaves that plan's step") {
+    // A BF16 plan and its FP8 (per-tensor) copy, neither with TE's userbuffers. The BF16 plan prices no FP8
+    // number (the FP8 tensor-core rate, the casts, the block-scaled GEMM rate) and neither prices the
+    // userbuffers' reduce-scatter speed or the block-scaled rate: those ends are not predicted for that plan,
+    // and predicting them anyway gives its step as given, bit for bit.
+    const Job job;
+    Plan fp8 = job.plan;
+    fp8.precision = Precision::kFp8;
+    const double step_bf16 = job.step(job.stack), step_fp8 = job.step_on(fp8);
+    const bool fp8_first = step_fp8 <= step_bf16;
+    const std::vector<Plan> plans =
+        fp8_first ? std::vector<Plan>{fp8, job.plan} : std::vector<Plan>{job.plan, fp8};
+    const std::vector<double> steps =
+        fp8_first ? std::vector<double>{step_fp8, step_bf16} : std::vector<double>{step_bf16, step_fp8};
+    const auto routing = workload::uniform_routing(job.model.moe.num_experts);
+    const AssumptionRanking r =
+        ranking_over_assumptions(job.model, plans, steps, job.hw, job.stack, routing, 2);
+    REQUIRE(r.faster_as_given.empty());
+
+    // Each unpriced number's ends, set one at a time: the step of the plan that does not price it stays.
+    struct Unpriced {
+      const Plan* plan;
+      double step;
+      std::vector<std::string> paths;
+    };
+    const std::vector<std::string> not_fp8 = {"userbuffers_rs_speed", "fp8_block_gemm_rate"};
+    std::vector<std::string> not_bf16 = not_fp8;
+    for (const char* p : {"memory_bound_efficiency_by_kind.cast.forward",
+                          "memory_bound_efficiency_by_kind.cast.backward", "gpu.sustained_rate.fp8"})
+      not_bf16.push_back(p);
+    int64_t skipped = 0;
+    for (const Unpriced& u : {Unpriced{&job.plan, step_bf16, not_bf16}, Unpriced{&fp8, step_fp8, not_fp8}}) {
+      for (const std::string& path : u.paths) {
+        CAPTURE(path);
+        StackProfile probe = job.stack;
+        HardwareProfile hw = job.hw;
+        const Stated<double>* n = nullptr;
+        for (const StackProfile::Number& x : probe.numbers()) {
+          if (x.path == path) n = x.number;
+        }
+        if (path == "gpu.sustained_rate.fp8") n = &hw.gpu.sustained_rate.at("fp8");
+        if (n == nullptr || !n->range) continue;  // not a ranged number of this stack
+        for (const double end : {n->range->first, n->range->second}) {
+          if (end == n->value) continue;
+          ++skipped;
+          StackProfile s = job.stack;
+          HardwareProfile h = job.hw;
+          for (const StackProfile::Number& x : s.numbers()) {
+            if (x.path == path) x.number->value = end;
+          }
+          if (path == "gpu.sustained_rate.fp8") h.gpu.sustained_rate.at("fp8").value = end;
+          const Prediction p = predict(job.model, *u.plan, h, s, routing);
+          REQUIRE(p.violations.empty());
+          CHECK(p.step_time_s == u.step);
+        }
+      }
+    }
+    CHECK(skipped >= 5);
+    CHECK(r.predictions == 2 * r.ends - skipped);
   }
 
   TEST_CASE(
