@@ -112,10 +112,10 @@ StackProfile priced_for(const StackProfile& stack, const ModelSpec& model) {
   return own;
 }
 
-// The same for one plan of the model: also the userbuffers' reduce-scatter speed of a plan without them, the
-// block-scaled GEMM rate of a plan without block scaling, and the casts' rate of a BF16 plan without casts
-// (the lowering's casts are FP8's, and the BF16 cast of MegaScale-MoE's gradient all-to-all), with the FP8
-// sustained rate, which Ranged leaves out of a BF16 plan.
+// The same for one plan of the model: also left unstated, the userbuffers' reduce-scatter speed of a plan
+// without them, the block-scaled GEMM rate of a plan without block scaling, and the casts' rate of a plan
+// that casts nothing (a BF16 plan, unless it casts its gradients for MegaScale-MoE's all-to-all). Ranged
+// leaves the FP8 sustained rate out of a BF16 plan.
 StackProfile priced_for(const StackProfile& stack, const ModelSpec& model, const Plan& plan) {
   StackProfile own = priced_for(stack, model);
   if (!plan.overlap.tp_comm) own.userbuffers_rs_speed = {1.0, kNotStated};
