@@ -177,10 +177,7 @@ std::vector<ExplainRow> explain(const ModelSpec& model, const Plan& plan, const 
       continue;
     }
     r.prediction = predict(model, r.plan, hw, stack, routing, {.hardware_fit = fit});
-    r.prediction.graph = {};
-    r.prediction.costs.clear();
-    r.prediction.timeline = {};
-    r.prediction.critical_path.clear();
+    release_simulated_run(r.prediction);
     if (!r.valid()) {
       r.reason = joined_reasons(r.prediction.violations);
       continue;

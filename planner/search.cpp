@@ -1198,14 +1198,6 @@ class Screener {
       paired_share_;
 };
 
-// The op graph, costs and timeline of a prediction, released (its numbers stay).
-void drop_graph(Prediction& p) {
-  p.graph = {};
-  p.costs = {};
-  p.timeline = {};
-  p.critical_path = {};  // op ids into the dropped graph: prediction_json would read past its end
-}
-
 }  // namespace
 
 double screen_step_time(const ModelSpec& model, const Plan& plan, const HardwareProfile& hw,
@@ -1413,7 +1405,7 @@ SearchResult search(const ModelSpec& model, const HardwareProfile& hw, const Sta
   const PredictOptions finalist_options{.critical_path = true, .op_summary = false, .hardware_fit = fit};
   parallel_for(finalists, threads, [&](size_t i) {
     ranked[i] = {best[i].plan, predict(model, best[i].plan, hw, stack, routing, finalist_options)};
-    drop_graph(ranked[i].prediction);
+    release_simulated_run(ranked[i].prediction);
   });
   r.simulated = static_cast<int64_t>(finalists);
   // CUDA graphs remove only the host's issue time: they can shorten a step by at most the time its GPU waits
@@ -1444,7 +1436,7 @@ SearchResult search(const ModelSpec& model, const HardwareProfile& hw, const Sta
       RankedPlan& rp = ranked[tried[j].first];
       const Plan& graphed = tried[j].second;
       Prediction g = predict(model, graphed, hw, stack, routing, finalist_options);
-      drop_graph(g);
+      release_simulated_run(g);
       if (g.violations.empty() && g.memory.fits() == rp.prediction.memory.fits() &&
           g.step_time_s < rp.prediction.step_time_s) {
         rp = {graphed, std::move(g)};

@@ -108,10 +108,7 @@ std::string no_plan_reason(const SearchResult& r, const SearchSpace& space) {
 }
 
 Prediction without_trace(Prediction p) {
-  p.graph = {};
-  p.costs.clear();
-  p.timeline = {};
-  p.critical_path.clear();
+  release_simulated_run(p);
   return p;
 }
 

@@ -50,8 +50,8 @@ struct Topology::Impl {
   }
   void build() {
     g = Graph(boost::edges_are_unsorted_multi_pass, ends.begin(), ends.end(), links.begin(), names.size());
-    ends = {};
-    links = {};
+    ends = std::vector<std::pair<size_t, size_t>>();  // freed (`= {}` would keep the buffers)
+    links = std::vector<Link>();
   }
   std::string name(size_t v) const {
     const Name& n = names[v];

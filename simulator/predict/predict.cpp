@@ -607,6 +607,14 @@ Prediction predict(const ModelSpec& model, const Plan& plan, const HardwareProfi
   return r;
 }
 
+void release_simulated_run(Prediction& p) {
+  // Moved from empty ones: `v = {}` on a vector picks the initializer-list overload, which keeps the buffer.
+  p.graph = OpGraph{};
+  p.costs = std::vector<cost::OpCost>();
+  p.timeline = engine::Timeline{};
+  p.critical_path = std::vector<int32_t>();
+}
+
 void retain_freed_memory() {
 #if defined(__GLIBC__)
   mallopt(M_MMAP_THRESHOLD, 32 << 20);  // glibc's largest: arrays below it come from the heap
