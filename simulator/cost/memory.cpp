@@ -9,6 +9,7 @@
 #include <optional>
 
 #include "simulator/core/model_stats.h"
+#include "simulator/core/status.h"
 #include "simulator/core/units.h"
 
 namespace moeplan::cost {
@@ -532,67 +533,47 @@ double dispatcher_buffer_bytes(const ModelSpec& m, const Plan& p, const StackPro
 
 namespace {
 
-// Each pipeline stage's memory, in stage order, passed to `visit` (memory_per_stage keeps them all,
-// memory_per_gpu only the largest).
-template <class Visit>
-void visit_stages(const ModelSpec& m, const Plan& p, const HardwareProfile& hw, const StackProfile& stack,
-                  const std::vector<std::vector<int64_t>>& in_flight, double expert_load_scale,
-                  const LayerKindCounts* counts_in, const MemoryParts* parts_in, Visit&& visit) {
-  // The model's layer kinds and the plan's memory parts, computed here when the caller has none.
-  std::optional<LayerKindCounts> own;
-  const LayerKindCounts& counts = counts_in ? *counts_in : own.emplace(m);
-  std::optional<MemoryParts> own_parts;
-  const MemoryParts& parts =
-      parts_in ? *parts_in : own_parts.emplace(memory_parts(m, p, hw, stack, expert_load_scale, counts));
+// What each stage holds (MemoryParts::stages and chunk_bytes), from the layer kinds' memory in `parts`.
+void hold_stages(const ModelSpec& m, const Plan& p, const LayerKindCounts& counts, MemoryParts& parts) {
   const int64_t pp = p.pipeline.pp, vpp = p.pipeline.vpp, tp = p.attention.tp;
   const int64_t chunks = pp * vpp;
-  const double replicas = d(p.attention.sp * p.attention.cp * p.dp());  // ranks holding the same dense params
-  const double edp = d(p.expert_dp());
-  const bool fp8 = p.precision == Precision::kFp8;
-  // Megatron's main-gradient buffer (F §4.1, param_and_grad_buffer.py:888-899).
-  const double grad_bytes = main_grad_bytes(p);
-  // The bf16 parameter buffer (param_and_grad_buffer.py:1180-1195) and the fp32 main parameters with Adam's
-  // m and v (distrib_optimizer.py:370-463), per parameter, as the training job states them (model_stats.h).
-  const TrainingBytesPerParam job = bytes_per_param(DType::kBf16);
-
-  std::vector<int64_t> layers(static_cast<size_t>(chunks), m.num_layers() / chunks);
-  if (!p.pipeline.layers_per_stage.empty()) {
-    layers = p.pipeline.layers_per_stage;
-  } else {
-    for (int64_t i = 0; i < m.num_layers() % chunks; ++i) ++layers[static_cast<size_t>(i)];
+  // Decoder layers of virtual stage v: [first(v), first(v + 1)).
+  const int64_t base = m.num_layers() / chunks, extra = m.num_layers() % chunks;
+  const std::vector<int64_t>& split = p.pipeline.layers_per_stage;
+  std::vector<int64_t> first;
+  if (!split.empty()) {
+    first.assign(split.size() + 1, 0);
+    for (size_t i = 0; i < split.size(); ++i) first[i + 1] = first[i] + split[i];
   }
-  std::vector<int64_t> first(layers.size() + 1, 0);
-  for (size_t i = 0; i < layers.size(); ++i) first[i + 1] = first[i] + layers[i];
+  auto first_layer = [&](int64_t v) {
+    return split.empty() ? v * base + std::min(v, extra) : first[static_cast<size_t>(v)];
+  };
 
   const std::vector<LayerMemory>& kinds = parts.kinds;
-  const double comm = parts.comm, head = parts.head;
   const double input_bytes = tokens_per_rank(p) * d(m.hidden) * kBf16;
   const bool full = p.recompute == Recompute::kFull;
   const int64_t group_layers = std::max<int64_t>(1, p.recompute_num_layers);
+  const double vocab_params = d(m.vocab) * d(m.hidden) / d(tp);
 
-  std::vector<double> chunk_bytes(static_cast<size_t>(vpp));  // each chunk's saved activations
+  parts.stages.assign(static_cast<size_t>(pp), StageHolding{});
+  parts.chunk_bytes.assign(static_cast<size_t>(chunks), 0.0);
   for (int64_t s = 0; s < pp; ++s) {
-    MemoryBreakdown b;
-    b.stage = s;
-    b.capacity = hw.gpu.hbm_capacity_bytes.value;
-    double sharded = 0, replicated = 0, experts = 0, gemm = 0, largest_layer = 0, working = 0;
-    int64_t stage_layers = 0, longest_chunk = 0;
-    std::fill(chunk_bytes.begin(), chunk_bytes.end(), 0.0);
+    StageHolding& h = parts.stages[static_cast<size_t>(s)];
     // `count` layers of one kind: their parameters, and the largest layer and working set among them.
     auto hold = [&](const LayerMemory& k, int64_t count) {
-      sharded += d(count) * k.params.sharded;
-      gemm += d(count) * k.params.gemm;
-      replicated += d(count) * k.params.replicated;
-      experts += d(count) * k.params.experts;
-      largest_layer = std::max(largest_layer, k.params.dense() + k.params.experts);
-      working = std::max(working, k.working);
+      h.sharded += d(count) * k.params.sharded;
+      h.gemm += d(count) * k.params.gemm;
+      h.replicated += d(count) * k.params.replicated;
+      h.experts += d(count) * k.params.experts;
+      h.largest_layer = std::max(h.largest_layer, k.params.dense() + k.params.experts);
+      h.working = std::max(h.working, k.working);
     };
     for (int64_t c = 0; c < vpp; ++c) {
       const int64_t v = virtual_stage(c, s, pp, p.pipeline.schedule);
       const bool last = v == chunks - 1;
-      const int64_t a = first[static_cast<size_t>(v)], e = first[static_cast<size_t>(v) + 1];
+      const int64_t a = first_layer(v), e = first_layer(v + 1);
       const int64_t n = e - a;  // decoder layers; MTP layers follow on the last
-      double& bytes = chunk_bytes[static_cast<size_t>(c)];
+      double& bytes = parts.chunk_bytes[static_cast<size_t>(s * vpp + c)];
       // Full recompute (recompute.py:157-181): uniform keeps one input per group of N layers of the chunk;
       // block checkpoints the first N layers of the chunk and keeps everything of the rest.
       if (full) {
@@ -611,40 +592,72 @@ void visit_stages(const ModelSpec& m, const Plan& p, const HardwareProfile& hw, 
         }
       }
       if (last && m.mtp_layers > 0) hold(parts.mtp, m.mtp_layers);  // its activations are among the head's
-      stage_layers += n + (last ? m.mtp_layers : 0);
-      longest_chunk = std::max(longest_chunk, n);
+      h.layers += n + (last ? m.mtp_layers : 0);
+      h.longest_chunk = std::max(h.longest_chunk, n);
       if (last) {
-        bytes += head;
+        bytes += parts.head;
         // MTP: the projection [2h -> h] (TP-sharded) and three norms (replicated) (lower.cpp local_params).
-        sharded += d(m.mtp_layers) * 2.0 * d(m.hidden) * d(m.hidden) / d(tp);
-        gemm += d(m.mtp_layers) * 2.0 * d(m.hidden) * d(m.hidden) / d(tp);
-        replicated += d(m.mtp_layers) * 3.0 * d(m.hidden);
+        h.sharded += d(m.mtp_layers) * 2.0 * d(m.hidden) * d(m.hidden) / d(tp);
+        h.gemm += d(m.mtp_layers) * 2.0 * d(m.hidden) * d(m.hidden) / d(tp);
+        h.replicated += d(m.mtp_layers) * 3.0 * d(m.hidden);
       }
     }
     // Embedding with the first virtual stage, output layer with the last (vocabulary split over tp): the
     // first and last pipeline stages, or both on stage 0 under DualPipeV's V. The MTP stage holds its own
     // copy of the embedding (gpt_model.py:173) unless it also holds the embedding or it is tied to the
     // output.
-    const double vocab_params = d(m.vocab) * d(m.hidden) / d(tp);
     const bool has_embedding = stage_of_virtual(0, pp, p.pipeline.schedule) == s;
     const bool has_head = stage_of_virtual(chunks - 1, pp, p.pipeline.schedule) == s;
     const bool shared = has_embedding && has_head;  // one stage holds both ends
-    double embeddings = 0;
-    if (has_embedding) embeddings += vocab_params;
-    if (has_head && (!m.tied_embeddings || !shared)) embeddings += vocab_params;
-    if (has_head && !shared && m.mtp_layers > 0 && !m.tied_embeddings) embeddings += vocab_params;
-    if (has_head) replicated += d(m.hidden) * (m.norm == NormKind::kLayerNorm ? 2.0 : 1.0);  // final norm
-    const double dense = sharded + replicated + embeddings;
-    const double params = dense + experts;
+    if (has_embedding) h.embeddings += vocab_params;
+    if (has_head && (!m.tied_embeddings || !shared)) h.embeddings += vocab_params;
+    if (has_head && !shared && m.mtp_layers > 0 && !m.tied_embeddings) h.embeddings += vocab_params;
+    if (has_head) h.replicated += d(m.hidden) * (m.norm == NormKind::kLayerNorm ? 2.0 : 1.0);  // final norm
+  }
+}
+
+// Each pipeline stage's memory, in stage order, passed to `visit` (memory_per_stage keeps them all,
+// memory_per_gpu only the largest).
+template <class Visit>
+void visit_stages(const ModelSpec& m, const Plan& p, const HardwareProfile& hw, const StackProfile& stack,
+                  const std::vector<std::vector<int64_t>>& in_flight, double expert_load_scale,
+                  const LayerKindCounts* counts_in, const MemoryParts* parts_in, Visit&& visit) {
+  // The model's layer kinds and the plan's memory parts, computed here when the caller has none.
+  std::optional<LayerKindCounts> own;
+  const LayerKindCounts& counts = counts_in ? *counts_in : own.emplace(m);
+  std::optional<MemoryParts> own_parts;
+  const MemoryParts& parts =
+      parts_in ? *parts_in : own_parts.emplace(memory_parts(m, p, hw, stack, expert_load_scale, counts));
+  const int64_t pp = p.pipeline.pp, vpp = p.pipeline.vpp;
+  MOEPLAN_ASSERT(parts.stages.size() == static_cast<size_t>(pp) &&
+                 parts.chunk_bytes.size() == static_cast<size_t>(pp * vpp));
+  const double replicas = d(p.attention.sp * p.attention.cp * p.dp());  // ranks holding the same dense params
+  const double edp = d(p.expert_dp());
+  const bool fp8 = p.precision == Precision::kFp8;
+  // Megatron's main-gradient buffer (F §4.1, param_and_grad_buffer.py:888-899).
+  const double grad_bytes = main_grad_bytes(p);
+  // The bf16 parameter buffer (param_and_grad_buffer.py:1180-1195) and the fp32 main parameters with Adam's
+  // m and v (distrib_optimizer.py:370-463), per parameter, as the training job states them (model_stats.h).
+  const TrainingBytesPerParam job = bytes_per_param(DType::kBf16);
+
+  for (int64_t s = 0; s < pp; ++s) {
+    const StageHolding& h = parts.stages[static_cast<size_t>(s)];
+    const double* chunk_bytes = parts.chunk_bytes.data() + s * vpp;
+    MemoryBreakdown b;
+    b.stage = s;
+    b.capacity = hw.gpu.hbm_capacity_bytes.value;
+    const double dense = h.sharded + h.replicated + h.embeddings;
+    const double params = dense + h.experts;
 
     const int64_t zero = p.data.zero;
-    const double sharded_params = dense / replicas + experts / edp;
+    const double sharded_params = dense / replicas + h.experts / edp;
     // ZeRO-3 keeps the parameter shards and two layers gathered (the one running and the one prefetched). On
     // the Megatron stacks (Megatron-FSDP) the embedding and output layer stay gathered all step: they are
     // not in an FSDP unit (lower.cpp, the stage's gathers).
-    const double whole_vocab = zero == 3 && !fused_stack(stack) ? embeddings - embeddings / replicas : 0.0;
-    b.weights =
-        zero == 3 ? (sharded_params + whole_vocab + 2.0 * largest_layer) * job.weights : params * job.weights;
+    const double whole_vocab =
+        zero == 3 && !fused_stack(stack) ? h.embeddings - h.embeddings / replicas : 0.0;
+    b.weights = zero == 3 ? (sharded_params + whole_vocab + 2.0 * h.largest_layer) * job.weights
+                          : params * job.weights;
     // FP8: TE's cached weight and transpose; moerun / MegaScale-MoE: one FP8 copy per GEMM weight
     // (assumption, as before this model). With FP8 parameters (--fp8-param-gather) a GEMM weight is its FP8
     // data (1 B in the uint8 parameter buffer) and the transpose made after each gather (1 B): the 2 B of
@@ -652,7 +665,7 @@ void visit_stages(const ModelSpec& m, const Plan& p, const HardwareProfile& hw, 
     if (fp8) {
       const bool fused = fused_stack(stack);
       const double cache = fused ? 1.0 : fp8_weight_cache_bytes(p.fp8_recipe);
-      b.weights += gemm * (fp8_params(p) && !fused ? cache - 2.0 : cache);
+      b.weights += h.gemm * (fp8_params(p) && !fused ? cache - 2.0 : cache);
     }
     b.gradients = (zero >= 2 ? sharded_params : params) * grad_bytes;
     b.optimizer = (zero >= 1 ? sharded_params : params) * job.optimizer;
@@ -666,7 +679,7 @@ void visit_stages(const ModelSpec& m, const Plan& p, const HardwareProfile& hw, 
     for (int64_t c = 0; c < vpp; ++c) {
       const int64_t n = by_chunk ? in_flight[static_cast<size_t>(s)][static_cast<size_t>(c)] : 1;
       b.in_flight += n;
-      b.activations += d(n) * chunk_bytes[static_cast<size_t>(c)];
+      b.activations += d(n) * chunk_bytes[c];
     }
     if (!by_chunk && s < static_cast<int64_t>(in_flight.size()) &&
         !in_flight[static_cast<size_t>(s)].empty()) {
@@ -674,17 +687,17 @@ void visit_stages(const ModelSpec& m, const Plan& p, const HardwareProfile& hw, 
       int64_t total = 0;
       for (int64_t n : in_flight[static_cast<size_t>(s)]) total += n;
       double all = 0;
-      for (double x : chunk_bytes) all += x;
+      for (int64_t c = 0; c < vpp; ++c) all += chunk_bytes[c];
       b.in_flight = total;
       b.activations = d(total) * all / d(vpp);
     }
-    if (stage_layers > 0) {
+    if (h.layers > 0) {
       const int64_t group = p.recompute == Recompute::kFull && p.recompute_method == RecomputeMethod::kUniform
-                                ? std::min(std::max<int64_t>(1, p.recompute_num_layers), longest_chunk)
+                                ? std::min(std::max<int64_t>(1, p.recompute_num_layers), h.longest_chunk)
                                 : 1;
-      b.activations += d(group) * working;
+      b.activations += d(group) * h.working;
     }
-    b.comm_buffers = comm;
+    b.comm_buffers = parts.comm;
 
     // The allocator's reserve and fragmentation, as the stack states them (a range).
     const double allocated = b.allocated();
@@ -712,6 +725,7 @@ MemoryParts memory_parts(const ModelSpec& m, const Plan& p, const HardwareProfil
   if (m.mtp_layers > 0) out.mtp = kind_of(LayerSpec{m.is_moe(), 0, true});
   out.comm = dispatcher_buffer_bytes(m, p, stack, hw, expert_load_scale, &counts);
   out.head = head_activations(m, p, stack, expert_load_scale);
+  hold_stages(m, p, counts, out);
   return out;
 }
 

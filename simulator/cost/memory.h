@@ -87,15 +87,32 @@ struct LayerMemory {
   double working = 0;  // without recompute: the backward's working set
 };
 
-// What memory_per_gpu computes before it walks the stages: each layer kind's memory (by LayerKindCounts
-// kind), the MTP layer's, the dispatcher's buffers and the head's activations. None of it depends on the
+// What one pipeline stage holds of the model, summed over its chunks' layers (and the embedding, output
+// layer and MTP layers where it has them), before ZeRO shards it.
+struct StageHolding {
+  double sharded = 0, replicated = 0, experts = 0;  // parameters (LocalParams), with the stage's extras
+  double gemm = 0;                                  // GEMM weights (TE's FP8 caches)
+  double embeddings = 0;                            // vocabulary tables
+  double largest_layer = 0;                         // dense + expert parameters of its largest layer
+  double working = 0;                               // the largest backward working set of its layers
+  int64_t layers = 0;                               // decoder and MTP layers
+  int64_t longest_chunk = 0;                        // decoder layers of its longest chunk
+};
+
+// What memory_per_gpu computes before it applies the plan's ZeRO stage, gradient synchronisation and
+// in-flight micro-batches: each layer kind's memory (by LayerKindCounts kind), the MTP layer's, the
+// dispatcher's buffers, the head's activations, and what each stage holds. None of it depends on the
 // plan's ZeRO stage, gradient synchronisation or overlap flags, so a search computes it once for the plans
 // that differ only in those (its innermost choices) and passes it to memory_per_gpu.
 struct MemoryParts {
   std::vector<LayerMemory> kinds;
-  LayerMemory mtp;  // zero without MTP layers
-  double comm = 0;  // dispatcher_buffer_bytes
-  double head = 0;  // head_activations
+  LayerMemory mtp;                   // zero without MTP layers
+  double comm = 0;                   // dispatcher_buffer_bytes
+  double head = 0;                   // head_activations
+  std::vector<StageHolding> stages;  // by pipeline stage
+  // By stage and chunk (stage * vpp + chunk): the activations one micro-batch leaves saved in the chunk's
+  // layers (the head's on the last virtual stage).
+  std::vector<double> chunk_bytes;
 };
 
 MemoryParts memory_parts(const ModelSpec& m, const Plan& p, const HardwareProfile& hw,
