@@ -732,13 +732,4 @@ std::vector<std::string> recompute_module_names(uint16_t modules) {
   return out;
 }
 
-int64_t virtual_stage(int64_t chunk, int64_t stage, int64_t stages, Schedule schedule) {
-  if (schedule == Schedule::kDualPipeV) return chunk == 0 ? stage : 2 * stages - 1 - stage;
-  return chunk * stages + stage;
-}
-int64_t stage_of_virtual(int64_t v, int64_t stages, Schedule schedule) {
-  if (schedule == Schedule::kDualPipeV) return v < stages ? v : 2 * stages - 1 - v;
-  return v % stages;
-}
-
 }  // namespace moeplan

@@ -336,8 +336,15 @@ std::vector<std::string> cuda_graph_scope_names(uint8_t scopes);
 
 // The virtual stage a (chunk, stage) pair runs: chunk * stages + stage, or under DualPipeV's V the stage on
 // the way down (chunk 0) and 2 stages - 1 - stage on the way back (chunk 1).
-int64_t virtual_stage(int64_t chunk, int64_t stage, int64_t stages, Schedule schedule);
+inline int64_t virtual_stage(int64_t chunk, int64_t stage, int64_t stages, Schedule schedule) {
+  if (schedule == Schedule::kDualPipeV) return chunk == 0 ? stage : 2 * stages - 1 - stage;
+  return chunk * stages + stage;
+}
 // The pipeline stage (rank) that runs virtual stage v; the inverse of virtual_stage.
-int64_t stage_of_virtual(int64_t v, int64_t stages, Schedule schedule);
+// Inline: the search's screen asks it about a hundred times per plan.
+inline int64_t stage_of_virtual(int64_t v, int64_t stages, Schedule schedule) {
+  if (schedule == Schedule::kDualPipeV) return v < stages ? v : 2 * stages - 1 - v;
+  return v % stages;
+}
 
 }  // namespace moeplan
