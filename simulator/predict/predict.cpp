@@ -53,8 +53,16 @@ StepBreakdown stage_breakdown(const OpGraph& graph, const std::vector<cost::OpCo
     int32_t op;
     uint8_t slot;
   };
-  std::vector<Edge> edges;
-  edges.reserve(2 * ids.size());
+  // Edges in time order, ends before starts at one time, then by op: one order, whatever the input order.
+  auto before = [](const Edge& a, const Edge& b) {
+    return a.t != b.t ? a.t < b.t : (a.start != b.start ? !a.start : a.op < b.op);
+  };
+  // A stream runs its ops one after another in id order, so each stream's edges (start, end, next start,
+  // ...) arrive in that order already: merged stream by stream instead of sorted (a timeline where they do
+  // not, one built by hand, is sorted).
+  std::array<std::vector<Edge>, kNumStreams> by_stream;
+  for (auto& v : by_stream) v.reserve(2 * ids.size() / kNumStreams + 16);
+  bool in_order = true;
   for (int32_t id : ids) {
     const auto i = static_cast<size_t>(id);
     const auto& tm = timeline.ops[i];
@@ -63,12 +71,22 @@ StepBreakdown stage_breakdown(const OpGraph& graph, const std::vector<cost::OpCo
     const bool sm = costs[i].resource == cost::Resource::kSm;
     const auto slot =
         static_cast<uint8_t>(sm ? static_cast<uint8_t>(op.kind) : static_cast<uint8_t>(op.comm.group));
-    edges.push_back({tm.start, id, true, sm, slot});
-    edges.push_back({tm.end, id, false, sm, slot});
+    std::vector<Edge>& v = by_stream[static_cast<size_t>(op.stream)];
+    const Edge start{tm.start, id, true, sm, slot};
+    in_order = in_order && (v.empty() || before(v.back(), start));
+    v.push_back(start);
+    v.push_back({tm.end, id, false, sm, slot});
   }
-  std::sort(edges.begin(), edges.end(), [](const Edge& a, const Edge& b) {
-    return a.t != b.t ? a.t < b.t : (a.start != b.start ? !a.start : a.op < b.op);
-  });
+  std::vector<Edge> edges, merged;
+  edges.reserve(2 * ids.size());
+  merged.reserve(2 * ids.size());
+  for (const auto& v : by_stream) {
+    if (v.empty()) continue;
+    merged.clear();
+    std::merge(edges.begin(), edges.end(), v.begin(), v.end(), std::back_inserter(merged), before);
+    edges.swap(merged);
+  }
+  if (!in_order) std::sort(edges.begin(), edges.end(), before);
   // Accumulate by op kind and comm group index, then name them.
   constexpr size_t kKinds = static_cast<size_t>(OpKind::kOptimizer) + 1;
   constexpr size_t kGroups = static_cast<size_t>(CommGroup::kPp) + 1;

@@ -147,6 +147,30 @@ TEST_SUITE("predict") {
     CHECK(p.mfu < 0.8);
   }
 
+  TEST_CASE("the breakdown merges each stream's ops in time order as a sort of all of them would") {
+    // stage_breakdown merges the streams' edges (each stream runs its ops in id order) and sorts only where
+    // a stream's ops arrive out of time order: a stage's ids in reverse order take the sort, and every
+    // figure must be the same bit for bit, on every stage of a pipelined, overlapped step.
+    const Case c;
+    const Prediction p = predict(c.model, c.plan, c.hw, c.stack,
+                                 workload::uniform_routing(c.model.moe.num_experts), {.whole_step = true});
+    REQUIRE(p.violations.empty());
+    for (int64_t s = 0; s < c.plan.pipeline.pp; ++s) {
+      CAPTURE(s);
+      std::vector<int32_t> ids = stage_ops(p.graph, s);
+      REQUIRE(ids.size() > 100);
+      const StepBreakdown merged = stage_breakdown(p.graph, p.costs, p.timeline, ids);
+      std::reverse(ids.begin(), ids.end());
+      const StepBreakdown sorted = stage_breakdown(p.graph, p.costs, p.timeline, ids);
+      CHECK(merged.compute == sorted.compute);
+      CHECK(merged.exposed_comm == sorted.exposed_comm);
+      CHECK(merged.bubble == sorted.bubble);
+      CHECK(merged.host_wait == sorted.host_wait);
+      CHECK(merged.optimizer == sorted.optimizer);
+      CHECK(merged.total() > 0);
+    }
+  }
+
   TEST_CASE("idle time that ends when the host issues the next op is the host's, inside the bubble") {
     // One stage: a GEMM over [0, 1]; a collective issued at 0.5 over [1, 2] (running, so not idle); a GEMM
     // whose inputs were ready at 2 but which the host issued at 3, over [3, 4]; a GEMM issued at 4.2 that
