@@ -122,9 +122,9 @@ struct Prediction {
 };
 
 // Frees the simulated run a prediction holds (graph, costs, timeline and the critical path's op ids into the
-// graph), keeping every figure. For callers that keep many predictions (the search's finalists, sweeps):
-// emptying a vector with `v = {}` or `v.clear()` keeps its buffer, so 96 finalists of 115k ops each held
-// 8 MB of op costs apiece.
+// graph), keeping every figure. For callers that keep many predictions (the search's finalists, sweeps).
+// Emptying a vector with `v = {}` or `v.clear()` keeps its buffer: the search's 96 finalists of up to 115k
+// ops had kept 8 MB of op costs each that way.
 void release_simulated_run(Prediction& p);
 
 // Keeps the memory of one prediction for the next: glibc would otherwise map each large op graph, cost and
